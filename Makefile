@@ -1,0 +1,75 @@
+# gazette-py: the two commands a newcomer runs are `make demo` and `make test`.
+# Everything the tests need is installed and started from here; nothing is assumed to have been
+# installed by hand.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PG_DIR := /tmp/gazette-test-pg-$(PG_PORT)
+PG_PORT ?= 55432
+APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+
+# Sans-IO modules are type-checked with --strict; the rest with the default settings.
+MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/fragment/cover_set.py \
+	broker/fragment/naming.py broker/protocol/selector.py broker/protocol/validate.py \
+	gazette_consumer/message gazette_consumer/sequencer broker/logging.py
+
+.PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev,spark]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## demo: set up and run the main job on the embedded default (no external services).
+demo: install
+	$(VENV)/bin/gazette demo
+
+## system-deps: etcd (Debian etcd-server), PostgreSQL 15 server binaries, Java for Spark.
+system-deps:
+	@need=""; \
+	command -v etcd >/dev/null || need="$$need etcd-server"; \
+	test -x /usr/lib/postgresql/15/bin/initdb || need="$$need postgresql-15"; \
+	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing system packages:$$need"; \
+	  $(APT_GET) update -qq && $(APT_GET) install -y -qq $$need >/dev/null; \
+	fi
+
+## pg-start / pg-stop: a throwaway PostgreSQL cluster on loopback, run as a non-root user.
+pg-start: system-deps
+	scripts/pg_cluster.sh start $(PG_DIR) $(PG_PORT)
+
+pg-stop:
+	scripts/pg_cluster.sh stop $(PG_DIR) $(PG_PORT)
+
+protos: install
+	$(PY) scripts/gen_protos.py
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy --strict $(wildcard $(MYPY_STRICT))
+	$(VENV)/bin/mypy broker gazette_consumer spark_integration
+
+pytest: install system-deps
+	@set -e; scripts/pg_cluster.sh start $(PG_DIR) $(PG_PORT); \
+	trap 'scripts/pg_cluster.sh stop $(PG_DIR) $(PG_PORT)' EXIT; \
+	GAZETTE_TEST_PG_URL="postgresql+psycopg://gazette@127.0.0.1:$(PG_PORT)/gazette" \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+## test: set up, provision etcd/PostgreSQL/Java, lint, type-check and run the whole suite.
+test: lint typecheck pytest
+
+clean:
+	rm -rf .tmp build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,142 @@
+"""Well-known label names, and helpers over `LabelSet` messages.
+
+A LabelSet is kept sorted and unique over (name, value), so that two sets compare equal exactly
+when they hold the same labels, and lookups can bisect. The helpers here maintain that order;
+they do not validate (see `validate.validate_label_set`).
+
+Names follow Gazette's labels package, so that journals and shards labelled by Gazette's own
+tools mean the same thing here.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+
+from broker.protocol import protocol_pb2 as pb
+
+# Media type of a journal's content (RFC 1521). Only one value is allowed.
+CONTENT_TYPE = "content-type"
+CONTENT_TYPE_CSV = "text/csv"
+CONTENT_TYPE_JSON_LINES = "application/x-ndjson"
+# 4-byte magic word, 4-byte little-endian length, then the packed protobuf message.
+CONTENT_TYPE_PROTO_FIXED = "application/x-protobuf-fixed"
+# A shard's recovery log journal must carry this content type.
+CONTENT_TYPE_RECOVERY_LOG = "application/x-gazette-recoverylog"
+
+# Type of the journal's messages; requires CONTENT_TYPE. Only one value is allowed.
+MESSAGE_TYPE = "app.gazette.dev/message-type"
+# Sub-type of a union MESSAGE_TYPE; requires MESSAGE_TYPE. Only one value is allowed.
+MESSAGE_SUB_TYPE = "app.gazette.dev/message-subtype"
+# Free-form tags; any number of values.
+TAG = "app.gazette.dev/tag"
+# Tool or process which manages the spec. Only one value is allowed.
+MANAGED_BY = "app.gazette.dev/managed-by"
+# Application release the spec belongs to. Only one value is allowed.
+INSTANCE = "app.gazette.dev/instance"
+# Geographic region. Only one value is allowed.
+REGION = "app.gazette.dev/region"
+
+SINGLE_VALUE_LABELS = frozenset(
+    {CONTENT_TYPE, INSTANCE, MANAGED_BY, MESSAGE_SUB_TYPE, MESSAGE_TYPE, REGION}
+)
+
+# Meta-labels: derived from a spec's identity at selection time, never stored in the spec.
+# "name" is a journal's name; "prefix" is each prefix of it ending in '/'; "id" is a shard's ID.
+META_NAME = "name"
+META_PREFIX = "prefix"
+META_ID = "id"
+JOURNAL_RESERVED_LABELS = (META_NAME, META_PREFIX)
+SHARD_RESERVED_LABELS = (META_ID,)
+
+# Suffix of a label name which asks a selector to match values by prefix ("team:prefix=a/").
+PREFIX_SUFFIX = ":prefix"
+
+
+def _split_prefix(name: str) -> tuple[str, bool]:
+    if name.endswith(PREFIX_SUFFIX):
+        return name[: -len(PREFIX_SUFFIX)], True
+    return name, False
+
+
+def _keys(label_set: pb.LabelSet) -> list[tuple[str, str]]:
+    return [(label.name, label.value) for label in label_set.labels]
+
+
+def _name_range(label_set: pb.LabelSet, name: str) -> tuple[int, int]:
+    """[begin, end) indices of labels named `name` (an empty range at its insertion point)."""
+    names = [label.name for label in label_set.labels]
+    return bisect_left(names, name), bisect_right(names, name)
+
+
+def add_value(label_set: pb.LabelSet, name: str, value: str) -> None:
+    """Insert label `name`=`value` in order, keeping other values of `name`; a no-op if present.
+
+    A `name` ending in ":prefix" adds a prefix-matching label, meaningful only in a selector."""
+    name, prefix = _split_prefix(name)
+    keys = _keys(label_set)
+    index = bisect_left(keys, (name, value))
+    if index < len(keys) and keys[index] == (name, value):
+        return
+    label_set.labels.insert(index, pb.Label(name=name, value=value, prefix=prefix))
+
+
+def set_value(label_set: pb.LabelSet, name: str, value: str) -> None:
+    """Make `value` the only value of label `name`."""
+    name, prefix = _split_prefix(name)
+    begin, end = _name_range(label_set, name)
+    del label_set.labels[begin:end]
+    label_set.labels.insert(begin, pb.Label(name=name, value=value, prefix=prefix))
+
+
+def remove(label_set: pb.LabelSet, name: str) -> None:
+    """Remove every label named `name`."""
+    begin, end = _name_range(label_set, name)
+    del label_set.labels[begin:end]
+
+
+def values_of(label_set: pb.LabelSet, name: str) -> list[str]:
+    """Values of label `name`, in order; empty if absent."""
+    begin, end = _name_range(label_set, name)
+    return [label_set.labels[index].value for index in range(begin, end)]
+
+
+def value_of(label_set: pb.LabelSet, name: str) -> str:
+    """The first value of label `name`, or "" if absent."""
+    begin, end = _name_range(label_set, name)
+    return label_set.labels[begin].value if begin != end else ""
+
+
+def label_set(pairs: Iterable[tuple[str, str]] = ()) -> pb.LabelSet:
+    """A LabelSet of (name, value) pairs in any order, sorted and de-duplicated."""
+    out = pb.LabelSet()
+    for name, value in pairs:
+        add_value(out, name, value)
+    return out
+
+
+def journal_meta_labels(journal: str) -> pb.LabelSet:
+    """Meta-labels a journal is matched with besides its own labels: "name" (the journal name)
+    and one "prefix" per path component boundary, so "prefix=a/b/" selects "a/b/c" and
+    "a/b/c/d" but not "a/bc". (For arbitrary prefixes, select "name:prefix=a/b".)"""
+    out = label_set([(META_NAME, journal)])
+    for index, char in enumerate(journal):
+        if char == "/":
+            add_value(out, META_PREFIX, journal[: index + 1])
+    return out
+
+
+def shard_meta_labels(shard_id: str) -> pb.LabelSet:
+    """Meta-labels a shard is matched with besides its own labels: "id"."""
+    return label_set([(META_ID, shard_id)])
+
+
+def union(lhs: pb.LabelSet, rhs: pb.LabelSet) -> pb.LabelSet:
+    """Labels of either set; where both have a name, the values of `lhs` win."""
+    names = {label.name for label in lhs.labels}
+    out = pb.LabelSet()
+    out.CopyFrom(lhs)
+    for label in rhs.labels:
+        if label.name not in names:
+            add_value(out, label.name, label.value)
+    return out

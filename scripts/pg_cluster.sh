@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Start or stop a throwaway PostgreSQL cluster for the tests, on a loopback port.
+# initdb refuses to run as root, so the cluster belongs to an unprivileged user.
+# Usage: pg_cluster.sh start|stop DATA_DIR PORT
+set -euo pipefail
+action=$1; dir=$2; port=$3
+bin=/usr/lib/postgresql/15/bin
+pg_user=postgres
+abs=$(mkdir -p "$(dirname "$dir")" && cd "$(dirname "$dir")" && pwd)/$(basename "$dir")
+
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then
+    id -u "$pg_user" >/dev/null 2>&1 || useradd --system --no-create-home "$pg_user"
+    runuser -u "$pg_user" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+case "$action" in
+start)
+  if [ -f "$abs/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$abs" status >/dev/null 2>&1; then
+    echo "postgres already running in $abs"; exit 0
+  fi
+  rm -rf "$abs"; mkdir -p "$abs"
+  [ "$(id -u)" = 0 ] && { id -u "$pg_user" >/dev/null 2>&1 || useradd --system --no-create-home "$pg_user"; chown "$pg_user" "$abs"; }
+  as_pg "$bin/initdb" -D "$abs" -U gazette --auth=trust --no-sync -E UTF8 >/dev/null
+  as_pg "$bin/pg_ctl" -D "$abs" -l "$abs/server.log" -w -t 60 \
+    -o "-h 127.0.0.1 -p $port -k $abs -c fsync=off -c max_connections=200" start >/dev/null
+  as_pg "$bin/createdb" -h 127.0.0.1 -p "$port" -U gazette gazette
+  echo "postgres running on 127.0.0.1:$port (data in $abs)"
+  ;;
+stop)
+  if [ -d "$abs" ]; then
+    as_pg "$bin/pg_ctl" -D "$abs" -m fast -w stop >/dev/null 2>&1 || true
+    rm -rf "$abs"
+  fi
+  ;;
+*) echo "usage: $0 start|stop DATA_DIR PORT" >&2; exit 2 ;;
+esac
