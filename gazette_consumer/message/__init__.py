@@ -1,0 +1,99 @@
+"""Gazette messages: UUIDs and clocks, the Message interface, and framings.
+
+Importing this package registers the built-in framings under their content types, as Gazette's
+Go ``message`` package does on import.
+"""
+
+from gazette_consumer.message.clock import Clock, ClockError
+from gazette_consumer.message.csv_framing import CSVFrameable, CSVFraming, CSVRecord
+from gazette_consumer.message.framing import (
+    CONTENT_TYPE_CSV,
+    CONTENT_TYPE_JSON_LINES,
+    CONTENT_TYPE_LABEL,
+    CONTENT_TYPE_PROTO_FIXED,
+    MESSAGE_BYTES_MAX_DEFAULT,
+    Decoder,
+    FeedOffsetError,
+    Frame,
+    FrameDesyncError,
+    FrameTooLargeError,
+    Framing,
+    FramingError,
+    MessageDecodeError,
+    MessageEncodeError,
+    MessageTooLargeError,
+    TruncatedFrameError,
+    UnknownContentTypeError,
+    Unpacker,
+    UnpackEvent,
+    decode_envelope,
+    framing_for_content_type,
+    register_framing,
+)
+from gazette_consumer.message.json_framing import JSONFraming, JSONMessage
+from gazette_consumer.message.message import Envelope, InvalidEnvelopeError, Message, message_uuid
+from gazette_consumer.message.protobuf_framing import FixedFraming
+from gazette_consumer.message.uuid import (
+    NIL_UUID,
+    Flag,
+    InvalidUUIDError,
+    ProducerID,
+    UUIDParts,
+    build_uuid,
+    get_clock,
+    get_flags,
+    get_producer_id,
+    new_producer_id,
+    parse_uuid,
+)
+
+for _framing in (JSONFraming, FixedFraming, CSVFraming):
+    register_framing(_framing)
+
+__all__ = [
+    "CONTENT_TYPE_CSV",
+    "CONTENT_TYPE_JSON_LINES",
+    "CONTENT_TYPE_LABEL",
+    "CONTENT_TYPE_PROTO_FIXED",
+    "MESSAGE_BYTES_MAX_DEFAULT",
+    "NIL_UUID",
+    "CSVFrameable",
+    "CSVFraming",
+    "CSVRecord",
+    "Clock",
+    "ClockError",
+    "Decoder",
+    "Envelope",
+    "FeedOffsetError",
+    "FixedFraming",
+    "Flag",
+    "Frame",
+    "FrameDesyncError",
+    "FrameTooLargeError",
+    "Framing",
+    "FramingError",
+    "InvalidEnvelopeError",
+    "InvalidUUIDError",
+    "JSONFraming",
+    "JSONMessage",
+    "Message",
+    "MessageDecodeError",
+    "MessageEncodeError",
+    "MessageTooLargeError",
+    "ProducerID",
+    "TruncatedFrameError",
+    "UUIDParts",
+    "UnknownContentTypeError",
+    "UnpackEvent",
+    "Unpacker",
+    "build_uuid",
+    "decode_envelope",
+    "framing_for_content_type",
+    "get_clock",
+    "get_flags",
+    "get_producer_id",
+    "message_uuid",
+    "new_producer_id",
+    "parse_uuid",
+    "register_framing",
+]
