@@ -8,13 +8,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-PG_DIR := /tmp/gazette-test-pg-$(PG_PORT)
 PG_PORT ?= 55432
+PG_DIR := /tmp/gazette-test-pg-$(PG_PORT)
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
 # Sans-IO modules are type-checked with --strict; the rest with the default settings.
 MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/fragment/cover_set.py \
-	broker/fragment/naming.py broker/protocol/selector.py broker/protocol/validate.py \
+	broker/fragment/naming.py broker/fragment/spool.py broker/fragment/spool_file.py broker/fragment/codecs.py broker/protocol/selector.py broker/protocol/validate.py \
 	gazette_consumer/message gazette_consumer/sequencer broker/logging.py
 
 .PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean

@@ -1,0 +1,784 @@
+"""The Spool: a journal's fragment under construction, and the state machine of replication.
+
+Every broker of a journal's route (the primary and each replica) owns one Spool per journal. The
+primary streams each append to all of them as ReplicateRequests: content chunks, then a
+*proposal* of the fragment the spool should hold next. Because every spool applies the same
+requests by the same rules, they stay identical, and an append the primary reports as committed
+is on every replica (DESIGN.md §3.1). `Spool.apply` is that one rule book; it is sans-IO apart
+from the SpoolFile it writes through, and the caller owns all networking.
+
+State
+  - `fragment`: the committed fragment [begin, end) with the SHA1 `sum` of exactly that content
+    (all-zero when empty), its compression codec and backing store.
+  - `registers`: the journal's registers as of the last commit (DESIGN.md §3.5).
+  - `delta`: bytes received since the last commit and not yet committed. They sit in the content
+    file at [length, length + delta); a SHA1 running over committed + pending content sits next
+    to a snapshot of it as of the last commit, so a rollback restores the sum in O(1).
+
+Content chunks must arrive contiguously: a chunk's `content_delta` must equal the pending delta,
+or the peer is broken and the chunk is refused with `ContentDeltaError`.
+
+A proposal is classified into exactly one Outcome, then applied:
+
+  COMMITTED    the proposal is `next()`: the fragment extended by exactly the pending bytes, with
+               their sum. Pending bytes become committed; registers become the proposed ones.
+  ROLLED_BACK  the proposal is the current fragment, with the current registers: pending bytes
+               are dropped. (The same request re-sent after a commit is therefore a no-op.)
+  ROLLED       the proposal is the empty fragment at the end of everything known here, either at
+               the committed end, or beyond the pending end. The current fragment, if not empty,
+               is *completed* (handed to the observer for persisting) and a new empty fragment
+               begins, with the proposal's codec and backing store. That is the only way those
+               change: a fragment file has one codec, and its name is its content.
+  CAUGHT_UP    the proposal ends beyond everything this spool holds but is not an empty
+               fragment: another broker holds content this one missed (a new route member, or
+               one that lost a partition). The spool rolls forward to the proposal's end, takes
+               the proposal's registers, and answers PROPOSAL_MISMATCH with the new empty
+               fragment, which tells the primary to re-propose a roll to that offset. This is
+               Gazette's catch-up; a Go primary relies on it to add a peer.
+  MISMATCH     anything else. Answered PROPOSAL_MISMATCH with the current fragment and registers;
+               nothing changes (DESIGN.md §3.10).
+
+This is Gazette's fragment.Spool with one deliberate narrowing: Gazette also rolls when a
+zero-length proposal at the committed end mismatches afterwards (e.g. on its registers), and
+reports the rolled fragment. Here such a proposal is a plain MISMATCH that changes nothing. A Go
+primary treats both answers as a failed synchronization (neither lets it make progress), so
+only the local side effect differs, and "a mismatch changes nothing" is worth more.
+
+Compression. A fragment file is stored compressed with the fragment's codec. The primary
+compresses committed content incrementally as it commits (in batches of at least
+`compress_batch_bytes_min`), so the cost is spread over appends and a completed fragment can be
+persisted at once. Replicas do not compress: only the primary persists promptly, and a replica
+that does need to persist compresses on demand with `compress_file`. Compression is a cache of
+the content file, never a source of truth: on any I/O error it is dropped and rebuilt.
+
+Only content whose bytes reached the file is counted, and a failed file operation raises before
+any state changes, so an OSError leaves the spool consistent and the caller may retry or fail
+the stream.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from broker.fragment import codecs
+from broker.fragment.naming import OFFSET_MAX, sum_from_digest
+from broker.fragment.spool_file import SpoolFile
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import (
+    ValidationError,
+    at,
+    validate_compression_codec,
+    validate_fragment,
+    validate_journal_name,
+    validate_label_set,
+)
+
+# The primary compresses committed content once at least this much awaits compression. Small
+# batches would pay per-call overhead (and, for some codecs, framing) on every small append.
+compress_batch_bytes_min_default: Final = 1 << 20
+# Content is read back from the content file for compression in pieces of at most this size,
+# which bounds the memory one compression step holds.
+compress_chunk_bytes_max: Final = 1 << 20
+
+_ZERO_SUM: Final = pb.SHA1Sum()
+
+
+# --- Errors -----------------------------------------------------------------------------------
+
+
+class SpoolRequestError(ValidationError):
+    """A ReplicateRequest that no correct primary sends to this spool. The spool is unchanged."""
+
+
+class ContentDeltaError(SpoolRequestError):
+    """A content chunk is not contiguous with the pending content."""
+
+    def __init__(self, expected: int, got: int) -> None:
+        self.expected = expected
+        self.got = got
+        super().__init__(f"must equal the pending delta {expected} (got {got})", "content_delta")
+
+
+class SpoolClosedError(RuntimeError):
+    """The spool was closed; it accepts no more requests."""
+
+
+class SpoolInvariantError(AssertionError):
+    """An internal invariant broke: a bug, not bad input. Raised explicitly (not by `assert`),
+    so that `python -O` keeps the checks."""
+
+
+# --- Outcomes, phases and roll reasons ----------------------------------------------------------
+
+
+class Outcome(enum.Enum):
+    """What one `Spool.apply` did (see the module docstring)."""
+
+    CONTENT_APPENDED = "content_appended"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+    ROLLED = "rolled"
+    CAUGHT_UP = "caught_up"
+    MISMATCH = "mismatch"
+
+
+class SpoolPhase(enum.Enum):
+    """Where a spool is, as far as the legality of transitions goes."""
+
+    EMPTY = "empty"  # No committed content, nothing pending.
+    HOLDING = "holding"  # Committed content, nothing pending.
+    STREAMING = "streaming"  # Pending (uncommitted) content.
+    CLOSED = "closed"  # Closed: accepts nothing.
+
+
+_OPEN: Final = frozenset({SpoolPhase.EMPTY, SpoolPhase.HOLDING, SpoolPhase.STREAMING})
+
+# Each outcome's legal source phases, and the phases it may lead to (None: phase unchanged).
+# The classifier decides outcomes from offsets and sums; this table cross-checks it against
+# the coarser phase, so that a classification bug is caught where it happens.
+_TRANSITIONS: Final[dict[Outcome, tuple[frozenset[SpoolPhase], frozenset[SpoolPhase] | None]]] = {
+    Outcome.CONTENT_APPENDED: (_OPEN, frozenset({SpoolPhase.STREAMING})),
+    Outcome.COMMITTED: (frozenset({SpoolPhase.STREAMING}), frozenset({SpoolPhase.HOLDING})),
+    Outcome.ROLLED_BACK: (_OPEN, frozenset({SpoolPhase.EMPTY, SpoolPhase.HOLDING})),
+    Outcome.ROLLED: (_OPEN, frozenset({SpoolPhase.EMPTY})),
+    Outcome.CAUGHT_UP: (_OPEN, frozenset({SpoolPhase.EMPTY})),
+    Outcome.MISMATCH: (_OPEN, None),
+}
+
+
+class RollReason(enum.Enum):
+    """Why a primary should roll the spool to a new fragment before the next append."""
+
+    ROLL_TO_OFFSET = "roll_to_offset"  # Synchronization requires a roll to a given offset.
+    EMPTY = "empty"  # Empty: rolling costs nothing and adopts the journal's current spec.
+    LENGTH = "length"  # The fragment reached the spec's target length.
+    FLUSH_INTERVAL = "flush_interval"  # Its first append is in an earlier flush interval.
+    CODEC = "codec"  # The spec's compression codec changed.
+
+
+# --- Values handed to observers -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFragment:
+    """A committed fragment and the local file holding its content at [0, end - begin).
+
+    Readers may read that range while the spool keeps writing beyond it. `fragment` is a copy
+    owned by this value; do not mutate it."""
+
+    fragment: pb.Fragment
+    file: SpoolFile
+
+    @property
+    def begin(self) -> int:
+        return self.fragment.begin
+
+    @property
+    def end(self) -> int:
+        return self.fragment.end
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedSpool:
+    """A completed (non-empty, rolled) fragment, handed to the observer for persisting.
+
+    The observer owns both files from then on and must close them. `content_file` holds exactly
+    the fragment's content. `compressed_file`, when not None, holds the complete compressed
+    stream of that content in its first `compressed_length` bytes; it is None for the NONE
+    codec, and when this broker did not compress (see `compress_file`)."""
+
+    fragment: pb.Fragment
+    registers: pb.LabelSet
+    first_append_time: float  # Unix seconds of the fragment's first commit (path postfixes use it).
+    content_file: SpoolFile
+    compressed_file: SpoolFile | None
+    compressed_length: int
+    primary: bool
+
+    @property
+    def begin(self) -> int:
+        return self.fragment.begin
+
+    @property
+    def end(self) -> int:
+        return self.fragment.end
+
+
+class SpoolObserver(Protocol):
+    """Told of commits (the index serves the new content) and completions (the persister
+    stores the fragment). Called after the spool's state has changed."""
+
+    def on_commit(self, fragment: LocalFragment) -> None: ...
+
+    def on_complete(self, completed: CompletedSpool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """The outcome of one request, and the response owed to the primary: None for a content
+    chunk (the protocol acknowledges proposals only)."""
+
+    outcome: Outcome
+    response: pb.ReplicateResponse | None
+
+
+# --- Compression ----------------------------------------------------------------------------------
+
+
+class IncrementalCompression:
+    """The compressed form of a content file's prefix, extended as more of it commits."""
+
+    __slots__ = ("_compressor", "_file", "length", "through")
+
+    def __init__(self, codec: codecs.CompressionCodec, new_file: Callable[[], SpoolFile]) -> None:
+        self._compressor = codecs.new_compressor(codec)
+        self._file = new_file()
+        self.through = 0  # Content bytes compressed so far.
+        self.length = 0  # Compressed bytes written so far.
+
+    def extend(self, content: SpoolFile, through: int) -> None:
+        """Compress content [self.through, through). On error this object is unusable."""
+        if through < self.through:
+            raise SpoolInvariantError(f"compression cannot go back ({through} < {self.through})")
+        while self.through < through:
+            want = min(compress_chunk_bytes_max, through - self.through)
+            chunk = content.pread(want, self.through)
+            if len(chunk) != want:
+                raise SpoolInvariantError(
+                    f"content file is short: read {len(chunk)} of {want} bytes at {self.through}"
+                )
+            self._write(self._compressor.compress(chunk))
+            self.through += want
+
+    def finish(self) -> tuple[SpoolFile, int]:
+        """End the stream; return the file and the length of its compressed content."""
+        self._write(self._compressor.close())
+        return self._file, self.length
+
+    def discard(self) -> None:
+        self._file.close()
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            self._file.pwrite(data, self.length)
+            self.length += len(data)
+
+
+def compress_file(
+    codec: codecs.CompressionCodec | int,
+    content: SpoolFile,
+    length: int,
+    new_file: Callable[[], SpoolFile],
+) -> tuple[SpoolFile, int]:
+    """Compress content [0, length) into a new file: for a persister holding a CompletedSpool
+    whose `compressed_file` is None. Returns the file and its compressed length."""
+    compression = IncrementalCompression(codecs.CompressionCodec(codec), new_file)
+    try:
+        compression.extend(content, length)
+        return compression.finish()
+    except BaseException:
+        compression.discard()
+        raise
+
+
+# --- The Spool ----------------------------------------------------------------------------------
+
+
+class Spool:
+    """See the module docstring. Owned by one task at a time; not thread-safe."""
+
+    def __init__(
+        self,
+        journal: str,
+        observer: SpoolObserver,
+        *,
+        new_file: Callable[[], SpoolFile],
+        clock: Callable[[], float] = time.time,
+        compress_batch_bytes_min: int = compress_batch_bytes_min_default,
+    ) -> None:
+        with at("journal"):
+            validate_journal_name(journal)
+        if compress_batch_bytes_min < 0:
+            raise ValueError(
+                f"compress_batch_bytes_min: must be >= 0 (got {compress_batch_bytes_min})"
+            )
+        self._journal = journal
+        self._observer = observer
+        self._new_file = new_file
+        self._clock = clock
+        self._compress_batch_bytes_min = compress_batch_bytes_min
+        # A new journal starts at offset zero, uncompressed; the primary's first synchronization
+        # rolls every spool to the journal's actual offset and codec.
+        self._fragment = pb.Fragment(journal=journal, sum=_ZERO_SUM, compression_codec=pb.NONE)
+        self._registers = pb.LabelSet()
+        self._closed = False
+        self._reset_content()
+
+    def _reset_content(self) -> None:
+        """Forget the content of the current fragment (its files were handed over or closed)."""
+        self._file: SpoolFile | None = None
+        self._delta = 0
+        self._summer = hashlib.sha1()
+        self._sum_at_commit = self._summer.copy()
+        self._first_append_time: float | None = None
+        self._compression: IncrementalCompression | None = None
+
+    # --- Read-only views ---
+
+    @property
+    def journal(self) -> str:
+        return self._journal
+
+    @property
+    def fragment(self) -> pb.Fragment:
+        """A copy of the committed fragment."""
+        return _copy_fragment(self._fragment)
+
+    @property
+    def registers(self) -> pb.LabelSet:
+        """A copy of the registers as of the last commit."""
+        return _copy_registers(self._registers)
+
+    @property
+    def delta(self) -> int:
+        """Pending (uncommitted) bytes."""
+        return self._delta
+
+    @property
+    def content_length(self) -> int:
+        """Committed bytes of the current fragment."""
+        return self._fragment.end - self._fragment.begin
+
+    @property
+    def first_append_time(self) -> float | None:
+        """Unix seconds of the current fragment's first commit; None while it is empty."""
+        return self._first_append_time
+
+    @property
+    def local_fragment(self) -> LocalFragment | None:
+        """The committed fragment with its content file; None while it is empty."""
+        if self._file is None or self.content_length == 0:
+            return None
+        return LocalFragment(self.fragment, self._file)
+
+    @property
+    def phase(self) -> SpoolPhase:
+        if self._closed:
+            return SpoolPhase.CLOSED
+        if self._delta:
+            return SpoolPhase.STREAMING
+        return SpoolPhase.HOLDING if self.content_length else SpoolPhase.EMPTY
+
+    def next(self) -> pb.Fragment:
+        """The proposal that would commit exactly the pending content: what a primary proposes
+        at the end of an append."""
+        proposal = _copy_fragment(self._fragment)
+        proposal.end += self._delta
+        if proposal.begin == proposal.end:
+            # Gazette names empty fragments with the zero sum, not SHA1(b"").
+            proposal.sum.CopyFrom(_ZERO_SUM)
+        else:
+            proposal.sum.CopyFrom(sum_from_digest(self._summer.digest()))
+        return proposal
+
+    def __repr__(self) -> str:
+        f = self._fragment
+        return (
+            f"Spool<{self._journal} [{f.begin}, {f.end}) codec={f.compression_codec}"
+            f" delta={self._delta} phase={self.phase.value}>"
+        )
+
+    # --- Roll decisions of a primary ---
+
+    def roll_reason(
+        self, spec: pb.JournalSpec.Fragment, now: float, roll_to_offset: int = 0
+    ) -> RollReason | None:
+        """Why the primary must roll before the next append under `spec` at Unix time `now`,
+        or None if the current fragment should be extended. A non-zero `roll_to_offset` (a
+        peer's greater offset learned while synchronizing) always requires a roll.
+
+        A backing-store change is deliberately no reason: the persister picks the store when it
+        persists (as in Gazette), and Go replicas drop a proposal's backing store when they
+        roll, so proposing one would never synchronize with them."""
+        if roll_to_offset:
+            if roll_to_offset < self._fragment.end:
+                raise ValueError(
+                    f"roll_to_offset: must be >= the spool's end {self._fragment.end}"
+                    f" (got {roll_to_offset})"
+                )
+            return RollReason.ROLL_TO_OFFSET
+        length = self.content_length
+        if length == 0:
+            return RollReason.EMPTY
+        if length >= spec.length:
+            return RollReason.LENGTH
+        # Flush intervals are aligned to the Unix epoch, so that every broker cuts fragments at
+        # the same wall-clock boundaries (e.g. on the hour), whatever its spool's history.
+        interval_s = spec.flush_interval.seconds
+        if interval_s > 0:
+            if self._first_append_time is None:
+                raise SpoolInvariantError(f"{self!r}: non-empty fragment without first append time")
+            if int(self._first_append_time) // interval_s != int(now) // interval_s:
+                return RollReason.FLUSH_INTERVAL
+        if spec.compression_codec != self._fragment.compression_codec:
+            return RollReason.CODEC
+        return None
+
+    def roll_proposal(
+        self, spec: pb.JournalSpec.Fragment, now: float, roll_to_offset: int = 0
+    ) -> pb.Fragment:
+        """The fragment a primary proposes before the next append: the current one, or (if
+        `roll_reason` says so) the empty fragment at the end (or `roll_to_offset`) with the
+        spec's codec. Equal to `fragment` when no roll request need be sent."""
+        reason = self.roll_reason(spec, now, roll_to_offset)
+        if reason is None:
+            return self.fragment
+        with at("compression_codec"):
+            validate_compression_codec(spec.compression_codec)
+        end = roll_to_offset or self._fragment.end
+        proposal = _copy_fragment(self._fragment)
+        proposal.begin = end
+        proposal.end = end
+        proposal.sum.CopyFrom(_ZERO_SUM)
+        proposal.compression_codec = spec.compression_codec
+        return proposal
+
+    # --- Applying requests ---
+
+    def apply(self, request: pb.ReplicateRequest, primary: bool) -> ApplyResult:
+        """Apply one content chunk or proposal (see the module docstring). `primary` says
+        whether this broker is the journal's primary (it then compresses as it commits).
+
+        Raises SpoolRequestError (spool unchanged) for a request no correct primary sends,
+        SpoolClosedError after close(), and OSError if the content file fails (spool
+        unchanged, except that compression may have to be rebuilt)."""
+        if self._closed:
+            raise SpoolClosedError(f"{self!r}: apply() after close()")
+        if request.HasField("proposal"):
+            return self._apply_proposal(request, primary)
+        return self._apply_content(request)
+
+    def must_apply(self, request: pb.ReplicateRequest) -> ApplyResult:
+        """Apply a request derived from this spool itself (a rollback, or a roll at its end),
+        which cannot mismatch unless the spool is broken."""
+        result = self.apply(request, primary=False)
+        if result.outcome is Outcome.MISMATCH or result.outcome is Outcome.CAUGHT_UP:
+            raise SpoolInvariantError(
+                f"{self!r}: self-derived request mismatched ({result.outcome})"
+            )
+        return result
+
+    def close(self) -> None:
+        """Discard the spool: close its files, dropping any content not yet completed (roll
+        first to persist it). Files already handed to the observer are not touched."""
+        if self._closed:
+            return
+        self._discard_files()
+        self._closed = True
+
+    # --- Content chunks ---
+
+    def _apply_content(self, request: pb.ReplicateRequest) -> ApplyResult:
+        if request.HasField("registers"):
+            raise SpoolRequestError("unexpected without a proposal", "registers")
+        content = request.content
+        if not content:
+            raise SpoolRequestError("expected content or a proposal (got neither)")
+        if request.content_delta != self._delta:
+            raise ContentDeltaError(self._delta, request.content_delta)
+        end = self._fragment.end + self._delta + len(content)
+        if end > OFFSET_MAX:
+            raise SpoolRequestError(
+                f"would extend the journal to offset {end}, beyond the int64 maximum", "content"
+            )
+        before = self._enter(Outcome.CONTENT_APPENDED)
+
+        if self._file is None:
+            if self.content_length:
+                raise SpoolInvariantError(f"{self!r}: non-empty fragment without a content file")
+            self._file = self._new_file()
+        self._file.pwrite(content, self.content_length + self._delta)
+        # Only bytes that reached the file are counted, so a failed write above leaves the spool
+        # as it was (any partial bytes lie beyond the pending end, and are overwritten later).
+        self._summer.update(content)
+        self._delta += len(content)
+
+        self._leave(before, Outcome.CONTENT_APPENDED)
+        return ApplyResult(Outcome.CONTENT_APPENDED, None)
+
+    # --- Proposals ---
+
+    def _apply_proposal(self, request: pb.ReplicateRequest, primary: bool) -> ApplyResult:
+        proposal = request.proposal
+        self._validate_proposal(request)
+        registers = request.registers
+
+        outcome = self._classify(proposal, registers)
+        before = self._enter(outcome)
+        committed: LocalFragment | None = None
+        completed: CompletedSpool | None = None
+        if outcome is Outcome.COMMITTED:
+            committed = self._commit(proposal, registers, primary)
+        elif outcome is Outcome.ROLLED_BACK:
+            self._rollback()
+        elif outcome is Outcome.ROLLED or outcome is Outcome.CAUGHT_UP:
+            completed = self._roll(proposal, registers, primary)
+        self._leave(before, outcome)
+
+        # Observers hear of a transition only once it is complete and checked, so that what
+        # they see (and anything they do to the index or persister) matches the spool.
+        if committed is not None:
+            self._observer.on_commit(committed)
+        if completed is not None:
+            self._observer.on_complete(completed)
+
+        if outcome is Outcome.MISMATCH or outcome is Outcome.CAUGHT_UP:
+            response = pb.ReplicateResponse(
+                status=pb.PROPOSAL_MISMATCH,
+                fragment=_copy_fragment(self._fragment),
+                registers=_copy_registers(self._registers),
+            )
+        else:
+            response = pb.ReplicateResponse(status=pb.OK)
+        return ApplyResult(outcome, response)
+
+    def _validate_proposal(self, request: pb.ReplicateRequest) -> None:
+        proposal = request.proposal
+        with at("proposal"):
+            validate_fragment(proposal)
+            if proposal.begin < 0:
+                raise ValidationError(f"must be >= 0 (got {proposal.begin})", "begin")
+            if proposal.end > OFFSET_MAX:
+                raise ValidationError(f"must fit in an int64 (got {proposal.end})", "end")
+            if proposal.journal != self._journal:
+                raise SpoolRequestError(
+                    f"must be the spool's journal {self._journal!r} (got {proposal.journal!r})",
+                    "journal",
+                )
+        if not request.HasField("registers"):
+            raise SpoolRequestError("expected with a proposal (got none)", "registers")
+        with at("registers"):
+            validate_label_set(request.registers)
+        if request.content:
+            raise SpoolRequestError(
+                f"unexpected with a proposal (got {len(request.content)} bytes)", "content"
+            )
+        if request.content_delta:
+            raise SpoolRequestError(
+                f"unexpected with a proposal (got {request.content_delta})", "content_delta"
+            )
+
+    def _classify(self, proposal: pb.Fragment, registers: pb.LabelSet) -> Outcome:
+        """Decide what `proposal` means to this spool. Pure: changes nothing."""
+        end = self._fragment.end
+        if proposal.end > end + self._delta:
+            # Beyond everything we hold: roll forward to it, whatever else it says. The roll
+            # takes the proposal's registers, so only the fragment can mismatch afterwards.
+            if same_fragment(self._rolled_fragment(proposal), proposal):
+                return Outcome.ROLLED
+            return Outcome.CAUGHT_UP
+        if proposal.begin == proposal.end == end:
+            rolled = self._rolled_fragment(proposal)
+            if not same_fragment(rolled, proposal) or registers != self._registers:
+                return Outcome.MISMATCH
+            # Re-proposing the current empty fragment only drops pending content.
+            if same_fragment(rolled, self._fragment):
+                return Outcome.ROLLED_BACK
+            return Outcome.ROLLED
+        if same_fragment(proposal, self._fragment) and registers == self._registers:
+            return Outcome.ROLLED_BACK
+        if self._delta and same_fragment(proposal, self.next()):
+            return Outcome.COMMITTED
+        return Outcome.MISMATCH
+
+    def _rolled_fragment(self, proposal: pb.Fragment) -> pb.Fragment:
+        """The empty fragment a roll to `proposal` starts. It keeps what the proposal may
+        change through a roll (codec, backing store) and nothing else."""
+        return pb.Fragment(
+            journal=self._journal,
+            begin=proposal.end,
+            end=proposal.end,
+            sum=_ZERO_SUM,
+            compression_codec=proposal.compression_codec,
+            backing_store=proposal.backing_store,
+        )
+
+    def _commit(
+        self, proposal: pb.Fragment, registers: pb.LabelSet, primary: bool
+    ) -> LocalFragment:
+        length = proposal.end - proposal.begin
+        if primary and self._fragment.compression_codec != pb.NONE:
+            through = self._compression.through if self._compression is not None else 0
+            if length - through >= self._compress_batch_bytes_min:
+                # First, so that a failing compression raises before the commit changes state.
+                self._compress_through(length)
+        self._fragment.CopyFrom(proposal)
+        self._fragment.sum.SetInParent()  # Always present, as Go's non-nullable field is.
+        self._registers.CopyFrom(registers)
+        self._delta = 0
+        self._sum_at_commit = self._summer.copy()
+        if self._first_append_time is None:
+            self._first_append_time = self._clock()
+        if self._file is None:
+            raise SpoolInvariantError("commit without a content file")
+        return LocalFragment(self.fragment, self._file)
+
+    def _rollback(self) -> None:
+        self._delta = 0
+        self._summer = self._sum_at_commit.copy()
+
+    def _roll(
+        self, proposal: pb.Fragment, registers: pb.LabelSet, primary: bool
+    ) -> CompletedSpool | None:
+        """Roll to the empty fragment of `proposal`; return the completed fragment, if any."""
+        catching_up = proposal.end > self._fragment.end + self._delta
+        completed = self._complete(primary) if self.content_length else None
+        if completed is None:
+            self._discard_files()
+        if catching_up:
+            # Whoever holds content up to the proposal's end holds the registers that go with it.
+            self._registers.CopyFrom(registers)
+        self._fragment = self._rolled_fragment(proposal)
+        self._reset_content()
+        return completed
+
+    def _complete(self, primary: bool) -> CompletedSpool:
+        """Package the non-empty current fragment for the persister. Raises (and changes
+        nothing but the compression cache) if the files fail."""
+        file = self._file
+        first_append_time = self._first_append_time
+        if file is None or first_append_time is None:
+            raise SpoolInvariantError("non-empty fragment without a content file or first append")
+        length = self.content_length
+        compressed_file: SpoolFile | None = None
+        compressed_length = 0
+        if self._fragment.compression_codec != pb.NONE and (
+            self._compression is not None or primary
+        ):
+            compression = self._compress_through(length)
+            try:
+                compressed_file, compressed_length = compression.finish()
+                # Hand over exactly the fragment's bytes: drop pending and rolled-back bytes
+                # beyond its end, so the persister may read the file whole.
+                file.truncate(length)
+            except BaseException:
+                self._drop_compression()
+                raise
+            self._compression = None  # Now the CompletedSpool's.
+        else:
+            file.truncate(length)
+        return CompletedSpool(
+            fragment=self.fragment,
+            registers=self.registers,
+            first_append_time=first_append_time,
+            content_file=file,
+            compressed_file=compressed_file,
+            compressed_length=compressed_length,
+            primary=primary,
+        )
+
+    def _compress_through(self, length: int) -> IncrementalCompression:
+        """Extend compression to content [0, length); start it if needed. On error, drop it
+        (it is rebuilt from the content file next time) and raise."""
+        file = self._file
+        if file is None:
+            raise SpoolInvariantError("compressing without a content file")
+        try:
+            if self._compression is None:
+                codec = codecs.CompressionCodec(self._fragment.compression_codec)
+                self._compression = IncrementalCompression(codec, self._new_file)
+            self._compression.extend(file, length)
+        except BaseException:
+            self._drop_compression()
+            raise
+        return self._compression
+
+    def _drop_compression(self) -> None:
+        if self._compression is not None:
+            compression, self._compression = self._compression, None
+            compression.discard()
+
+    def _discard_files(self) -> None:
+        self._drop_compression()
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.close()
+
+    # --- Transition checks ---
+
+    def _enter(self, outcome: Outcome) -> SpoolPhase:
+        phase = self.phase
+        legal_from, _ = _TRANSITIONS[outcome]
+        if phase not in legal_from:
+            raise SpoolInvariantError(f"{self!r}: {outcome.value} is illegal from {phase.value}")
+        return phase
+
+    def _leave(self, before: SpoolPhase, outcome: Outcome) -> None:
+        _, leads_to = _TRANSITIONS[outcome]
+        after = self.phase
+        if after not in (leads_to or (before,)):
+            raise SpoolInvariantError(
+                f"{self!r}: {outcome.value} from {before.value} led to {after.value}"
+            )
+        self._check_invariants()
+
+    def _check_invariants(self) -> None:
+        """Checked after every transition. Messages are built only on failure: this runs on
+        every chunk of every append."""
+        f = self._fragment
+        empty = f.begin == f.end
+        pending_end = self.content_length + self._delta
+        if f.journal != self._journal:
+            raise SpoolInvariantError(f"fragment of another journal {f.journal!r}")
+        if not 0 <= f.begin <= f.end or f.end + self._delta > OFFSET_MAX or self._delta < 0:
+            raise SpoolInvariantError(f"bad range [{f.begin}, {f.end}) + delta {self._delta}")
+        if empty != (f.sum == _ZERO_SUM):
+            raise SpoolInvariantError(f"sum must be zero exactly when empty (got {f.sum})")
+        if empty != (self._first_append_time is None):
+            raise SpoolInvariantError("first append time must be set exactly when not empty")
+        if self._file is None and pending_end != 0:
+            raise SpoolInvariantError(f"{pending_end} content bytes without a content file")
+        if self._file is not None and self._file.size() < pending_end:
+            raise SpoolInvariantError(
+                f"content file holds {self._file.size()} bytes, fewer than {pending_end}"
+            )
+        if self._compression is not None and (
+            f.compression_codec == pb.NONE or self._compression.through > self.content_length
+        ):
+            raise SpoolInvariantError(
+                f"compressed {self._compression.through} bytes of {self.content_length}"
+                f" under codec {f.compression_codec}"
+            )
+
+
+def same_fragment(a: pb.Fragment, b: pb.Fragment) -> bool:
+    """Whether two Fragments are equal field by field.
+
+    Protobuf's `==` also compares the *presence* of the `sum` sub-message, which carries no
+    meaning here: Go's Fragment.Sum is a non-nullable struct, always sent, while a zero sum built
+    in Python may be absent. Proposals must match on values only, or a Go primary's proposal of
+    an empty fragment could never equal ours."""
+    return _with_sum(a) == _with_sum(b)
+
+
+def _with_sum(fragment: pb.Fragment) -> pb.Fragment:
+    copy = _copy_fragment(fragment)
+    copy.sum.SetInParent()
+    return copy
+
+
+def _copy_fragment(fragment: pb.Fragment) -> pb.Fragment:
+    copy = pb.Fragment()
+    copy.CopyFrom(fragment)
+    return copy
+
+
+def _copy_registers(registers: pb.LabelSet) -> pb.LabelSet:
+    copy = pb.LabelSet()
+    copy.CopyFrom(registers)
+    return copy
