@@ -1,0 +1,522 @@
+"""EtcdBackend: the keyspace Backend over etcd's v3 gRPC API, with ``grpc.aio``.
+
+Why our own client rather than a package: see docs/etcd-client.md. The stubs come from our
+minimal copies of etcd's API protos in ``broker/keyspace/etcdpb``.
+
+Connections. Each endpoint gets one lazily created channel. Every call starts at the *preferred*
+endpoint (the last one that worked); if its channel cannot connect within ``dial_timeout_s`` the
+call moves on to the next endpoint, at most ``endpoint_rounds_max`` times round the list. A
+request that fails UNAVAILABLE after it was sent may or may not have been applied, so only
+idempotent requests (reads, lease refreshes, watch creation) are re-sent elsewhere; mutations
+raise UnavailableError and leave the retry decision to the caller, whose retry then starts at
+the next endpoint.
+
+Watches. Each ``watch()`` opens its own Watch stream, so one slow consumer never holds up
+another's events, and a broken stream fails just that watch. Responses are read from the stream
+only as the consumer asks for them: the sole buffer is gRPC's HTTP/2 flow-control window
+(bounded), and a consumer that stops reading back-pressures etcd rather than growing memory here.
+We never ask for progress notifications, so every response after ``created`` carries events;
+should an empty one arrive anyway it is skipped, because the Backend contract promises events
+only (the embedded backend never yields empty responses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from broker.keyspace import backend as b
+from broker.keyspace.etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from broker.logging import get_logger
+
+log = get_logger(__name__)
+
+dial_timeout_s_default = 5.0
+request_timeout_s_default = 10.0
+# A call tries each endpoint up to this many times (the first try of an endpoint may find a
+# connection that broke since its last use; the second re-dials it).
+endpoint_rounds_max = 2
+# Largest response accepted. gRPC's default (4 MiB) is smaller than a Range over a large prefix
+# or a watch response catching up many revisions can be.
+response_bytes_max = 256 * 1024 * 1024
+# Reconnect backoff after a lost connection. gRPC's defaults (1 s initial, 120 s max) would keep
+# a client away from a restarted etcd for minutes.
+reconnect_backoff_initial_ms = 100
+reconnect_backoff_max_ms = 2000
+# HTTP/2 keepalive pings find connections that died without a TCP reset (a partitioned or
+# frozen server), which would otherwise hang a watch forever. etcd rejects pings more frequent
+# than every 5 s by default.
+keepalive_time_ms = 10_000
+keepalive_timeout_ms = 5_000
+
+_channel_options: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", response_bytes_max),
+    ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
+    ("grpc.min_reconnect_backoff_ms", reconnect_backoff_initial_ms),
+    ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
+    ("grpc.keepalive_time_ms", keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
+]
+
+_unavailable_codes = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Conn:
+    """One endpoint's channel and its stubs (the generated stubs are untyped)."""
+
+    channel: grpc.aio.Channel
+    kv: Any
+    watch: Any
+    lease: Any
+    maintenance: Any
+
+    @classmethod
+    def dial(cls, target: str) -> _Conn:
+        channel = grpc.aio.insecure_channel(target, options=_channel_options)
+        return cls(
+            channel,
+            kv=rpc_pb2_grpc.KVStub(channel),
+            watch=rpc_pb2_grpc.WatchStub(channel),
+            lease=rpc_pb2_grpc.LeaseStub(channel),
+            maintenance=rpc_pb2_grpc.MaintenanceStub(channel),
+        )
+
+
+class EndpointError(ValueError):
+    """An etcd endpoint list or address that cannot be used."""
+
+
+class EtcdError(b.KeySpaceError):
+    """An etcd error with no more specific KeySpaceError (e.g. an invalid request)."""
+
+    def __init__(self, rpc: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"etcd {rpc}: {code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+def parse_endpoint(endpoint: str) -> str:
+    """``host:port`` from ``host:port`` or ``http://host:port`` (TLS is not supported)."""
+    target = endpoint.strip()
+    if target.startswith("http://"):
+        target = target[len("http://") :]
+    elif "://" in target:
+        raise EndpointError(f"etcd endpoint {endpoint!r}: only plain http:// is supported")
+    target = target.rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or "/" in target:
+        raise EndpointError(f"etcd endpoint {endpoint!r}: expected host:port")
+    return target
+
+
+class EtcdBackend(b.Backend):
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        dial_timeout_s: float = dial_timeout_s_default,
+        request_timeout_s: float = request_timeout_s_default,
+    ) -> None:
+        if isinstance(endpoints, str) or not endpoints:
+            raise EndpointError(f"etcd endpoints: need a non-empty list (got {endpoints!r})")
+        if dial_timeout_s <= 0 or request_timeout_s <= 0:
+            raise ValueError("etcd timeouts: dial_timeout_s and request_timeout_s must be > 0")
+        self._targets = [parse_endpoint(e) for e in endpoints]
+        self._dial_timeout_s = dial_timeout_s
+        self._timeout_s = request_timeout_s
+        # Channels are created on first use: a grpc.aio channel binds to the running loop.
+        self._conns: dict[int, _Conn] = {}
+        self._preferred = 0
+        self._closed = False
+        self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._targets)
+
+    @property
+    def preferred_endpoint(self) -> str:
+        """The endpoint the next call tries first (the last one that worked)."""
+        return self._targets[self._preferred]
+
+    # -- KV ---------------------------------------------------------------------------------
+
+    async def range(
+        self, key: bytes, range_end: bytes | None = None, revision: int = 0
+    ) -> b.RangeResponse:
+        req = rpc_pb2.RangeRequest(key=key, range_end=range_end or b"", revision=revision)
+        resp = await self._call(
+            "Range",
+            lambda c: c.kv.Range(req, timeout=self._timeout_s),
+            idempotent=True,
+            revision=revision,
+        )
+        return b.RangeResponse(_header(resp.header), tuple(_kv(kv) for kv in resp.kvs))
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> b.Header:
+        req = rpc_pb2.PutRequest(key=key, value=value, lease=lease)
+        resp = await self._call(
+            "Put", lambda c: c.kv.Put(req, timeout=self._timeout_s), lease=lease
+        )
+        return _header(resp.header)
+
+    async def delete(self, key: bytes, range_end: bytes | None = None) -> tuple[b.Header, int]:
+        req = rpc_pb2.DeleteRangeRequest(key=key, range_end=range_end or b"")
+        resp = await self._call(
+            "DeleteRange", lambda c: c.kv.DeleteRange(req, timeout=self._timeout_s)
+        )
+        return _header(resp.header), int(resp.deleted)
+
+    async def txn(
+        self,
+        compares: Sequence[b.Compare],
+        success: Sequence[b.Op],
+        failure: Sequence[b.Op] = (),
+    ) -> b.TxnResponse:
+        req = rpc_pb2.TxnRequest(
+            compare=[_compare(i, c) for i, c in enumerate(compares)],
+            success=[_request_op(op) for op in success],
+            failure=[_request_op(op) for op in failure],
+        )
+        # A lease error can only come from a put; name the (first) lease the txn puts with.
+        lease = next((op.lease for op in (*success, *failure) if isinstance(op, b.OpPut)), 0)
+        resp = await self._call(
+            "Txn", lambda c: c.kv.Txn(req, timeout=self._timeout_s), lease=lease
+        )
+        return b.TxnResponse(
+            succeeded=bool(resp.succeeded),
+            header=_header(resp.header),
+            results=tuple(_op_result(r) for r in resp.responses),
+        )
+
+    async def compact(self, revision: int) -> None:
+        # physical=True returns only once the old revisions are gone, so that what a caller
+        # observes right after compact() does not depend on a background compaction's progress.
+        req = rpc_pb2.CompactionRequest(revision=revision, physical=True)
+        await self._call(
+            "Compact", lambda c: c.kv.Compact(req, timeout=self._timeout_s), revision=revision
+        )
+
+    # -- Leases -----------------------------------------------------------------------------
+
+    async def lease_grant(self, ttl_s: int) -> tuple[int, int]:
+        req = rpc_pb2.LeaseGrantRequest(TTL=ttl_s)
+        resp = await self._call(
+            "LeaseGrant", lambda c: c.lease.LeaseGrant(req, timeout=self._timeout_s)
+        )
+        if resp.error:
+            raise EtcdError("LeaseGrant", grpc.StatusCode.UNKNOWN, resp.error)
+        return int(resp.ID), int(resp.TTL)
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        req = rpc_pb2.LeaseRevokeRequest(ID=lease_id)
+        await self._call(
+            "LeaseRevoke",
+            lambda c: c.lease.LeaseRevoke(req, timeout=self._timeout_s),
+            lease=lease_id,
+        )
+
+    async def lease_keepalive_once(self, lease_id: int) -> int:
+        # etcd refreshes leases only over the LeaseKeepAlive stream. One short stream per
+        # refresh is plenty at the rate leases are refreshed (every TTL/3), and keeps no state.
+        async def once(conn: _Conn) -> int:
+            call = conn.lease.LeaseKeepAlive(timeout=self._timeout_s)
+            try:
+                await call.write(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
+                resp = await call.read()
+            finally:
+                call.cancel()
+            if resp is grpc.aio.EOF:
+                raise b.UnavailableError("etcd LeaseKeepAlive: stream ended without a reply")
+            return int(resp.TTL)
+
+        ttl = await self._call("LeaseKeepAlive", once, idempotent=True, lease=lease_id)
+        if ttl <= 0:
+            # etcd answers an unknown lease with TTL 0 rather than an error status.
+            raise b.LeaseNotFoundError(lease_id)
+        return ttl
+
+    async def lease_time_to_live(self, lease_id: int) -> int:
+        """Remaining TTL of a lease in seconds (not part of Backend; used by tests and tools).
+        Raises LeaseNotFoundError if it is gone."""
+        req = rpc_pb2.LeaseTimeToLiveRequest(ID=lease_id)
+        resp = await self._call(
+            "LeaseTimeToLive",
+            lambda c: c.lease.LeaseTimeToLive(req, timeout=self._timeout_s),
+            idempotent=True,
+            lease=lease_id,
+        )
+        if resp.TTL < 0:
+            raise b.LeaseNotFoundError(lease_id)
+        return int(resp.TTL)
+
+    # -- Watch ------------------------------------------------------------------------------
+
+    async def watch(
+        self, key: bytes, range_end: bytes | None = None, start_revision: int = 0
+    ) -> AsyncGenerator[b.WatchResponse, None]:
+        create = rpc_pb2.WatchRequest(
+            create_request=rpc_pb2.WatchCreateRequest(
+                key=key, range_end=range_end or b"", start_revision=start_revision
+            )
+        )
+
+        async def open_stream(conn: _Conn) -> grpc.aio.StreamStreamCall:
+            call: grpc.aio.StreamStreamCall = conn.watch.Watch()
+            try:
+                await call.write(create)
+                first = await call.read()
+                if first is grpc.aio.EOF or not first.created:
+                    raise b.UnavailableError("etcd Watch: stream ended before the watch started")
+                self._check_watch_response(first, start_revision)
+            except BaseException:
+                call.cancel()
+                raise
+            return call
+
+        if self._closed:
+            return
+        call = await self._call("Watch", open_stream, idempotent=True)
+        self._watch_calls.add(call)
+        try:
+            while True:
+                resp = await self._read_watch(call)
+                if resp is None:
+                    return
+                self._check_watch_response(resp, start_revision)
+                if resp.events:
+                    yield b.WatchResponse(_header(resp.header), tuple(map(_event, resp.events)))
+        finally:
+            self._watch_calls.discard(call)
+            call.cancel()
+
+    async def _read_watch(self, call: grpc.aio.StreamStreamCall) -> Any:
+        """The next response, or None if the backend was closed. Raises UnavailableError when
+        the stream breaks."""
+        try:
+            resp = await call.read()
+        except asyncio.CancelledError:
+            # close() cancels open watch calls, which surfaces here as CancelledError; that is
+            # the watch ending, not this task being cancelled (unless it is that too).
+            task = asyncio.current_task()
+            if self._closed and (task is None or task.cancelling() == 0):
+                return None
+            raise
+        except grpc.aio.AioRpcError as err:
+            if self._closed:
+                return None
+            raise b.UnavailableError(f"etcd Watch: stream broke: {_describe(err)}") from err
+        if resp is grpc.aio.EOF:
+            if self._closed:
+                return None
+            raise b.UnavailableError("etcd Watch: stream ended by the server")
+        return resp
+
+    @staticmethod
+    def _check_watch_response(resp: Any, start_revision: int) -> None:
+        if resp.compact_revision:
+            raise b.CompactedError(start_revision, int(resp.compact_revision))
+        if resp.canceled:
+            raise EtcdError("Watch", grpc.StatusCode.CANCELLED, resp.cancel_reason or "canceled")
+
+    # -- Lifecycle --------------------------------------------------------------------------
+
+    async def status(self) -> rpc_pb2.StatusResponse:
+        """The preferred endpoint's Maintenance.Status (not part of Backend; for health checks)."""
+        req = rpc_pb2.StatusRequest()
+        resp: rpc_pb2.StatusResponse = await self._call(
+            "Status", lambda c: c.maintenance.Status(req, timeout=self._timeout_s), idempotent=True
+        )
+        return resp
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for call in list(self._watch_calls):
+            call.cancel()
+        conns = list(self._conns.values())
+        self._conns.clear()
+        for conn in conns:
+            await conn.channel.close()
+
+    # -- Calls and endpoints ----------------------------------------------------------------
+
+    async def _call(
+        self,
+        rpc: str,
+        fn: Callable[[_Conn], Awaitable[T]],
+        *,
+        idempotent: bool = False,
+        lease: int = 0,
+        revision: int = 0,
+    ) -> T:
+        """Run ``fn`` against the preferred endpoint, failing over as described in the module
+        docstring, and translate gRPC errors into KeySpaceErrors (``lease`` and ``revision``
+        name what a lease or revision error is about)."""
+        if self._closed:
+            raise b.UnavailableError(f"etcd {rpc}: the backend is closed")
+        last: b.UnavailableError | None = None
+        for _ in range(endpoint_rounds_max * len(self._targets)):
+            index = self._preferred
+            try:
+                conn = await self._connected(index)
+            except b.UnavailableError as err:
+                last = err
+                self._fail_over(index, err)
+                continue
+            try:
+                return await fn(conn)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _unavailable_codes:
+                    raise await self._translate(rpc, err, lease, revision) from err
+                last = b.UnavailableError(f"etcd {rpc} at {self._targets[index]}: {_describe(err)}")
+                self._fail_over(index, last)
+                if not idempotent:
+                    raise last from err
+            except b.UnavailableError as err:
+                last = err
+                self._fail_over(index, err)
+                if not idempotent:
+                    raise
+        assert last is not None
+        raise last
+
+    async def _connected(self, index: int) -> _Conn:
+        conn = self._conns.get(index)
+        if conn is None:
+            conn = self._conns[index] = _Conn.dial(self._targets[index])
+        if conn.channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+            try:
+                await asyncio.wait_for(conn.channel.channel_ready(), self._dial_timeout_s)
+            except TimeoutError:
+                raise b.UnavailableError(
+                    f"etcd endpoint {self._targets[index]}: "
+                    f"not connected within {self._dial_timeout_s}s"
+                ) from None
+        return conn
+
+    def _fail_over(self, index: int, err: Exception) -> None:
+        if len(self._targets) > 1 and self._preferred == index:
+            self._preferred = (index + 1) % len(self._targets)
+            log.info(
+                "etcd endpoint failed; trying the next",
+                failed=self._targets[index],
+                next=self._targets[self._preferred],
+                error=str(err),
+            )
+
+    async def _translate(
+        self, rpc: str, err: grpc.aio.AioRpcError, lease: int, revision: int
+    ) -> b.KeySpaceError:
+        """The KeySpaceError for a non-UNAVAILABLE etcd error status. etcd's statuses are
+        coarse (OUT_OF_RANGE covers both compaction and future revisions), so the message text,
+        which etcd keeps stable as API (rpctypes), tells them apart."""
+        details = err.details() or ""
+        if "lease not found" in details:
+            return b.LeaseNotFoundError(lease)
+        if "future revision" in details:
+            return b.FutureRevisionError(f"etcd {rpc}: revision {revision}: {details}")
+        if "has been compacted" in details:
+            return b.CompactedError(revision, await self._compact_revision())
+        return EtcdError(rpc, err.code(), details)
+
+    async def _compact_revision(self) -> int:
+        """The current compact revision, or 0 if it cannot be learned. etcd's compaction error
+        does not carry it; HashKV at the current revision does (at the cost of hashing the
+        retained history, acceptable on this rare error path)."""
+        try:
+            req = rpc_pb2.HashKVRequest(revision=0)
+            resp = await self._call(
+                "HashKV",
+                lambda c: c.maintenance.HashKV(req, timeout=self._timeout_s),
+                idempotent=True,
+            )
+        except b.KeySpaceError:
+            return 0
+        return int(resp.compact_revision)
+
+
+# -- Conversions between our dataclasses and etcd's messages ----------------------------------
+
+_compare_fields = {
+    b.CompareTarget.VERSION: "version",
+    b.CompareTarget.CREATE: "create_revision",
+    b.CompareTarget.MOD: "mod_revision",
+    b.CompareTarget.VALUE: "value",
+    b.CompareTarget.LEASE: "lease",
+}
+
+
+def _header(h: rpc_pb2.ResponseHeader) -> b.Header:
+    return b.Header(
+        revision=h.revision, cluster_id=h.cluster_id, member_id=h.member_id, raft_term=h.raft_term
+    )
+
+
+def _kv(kv: kv_pb2.KeyValue) -> b.KeyValue:
+    return b.KeyValue(
+        key=kv.key,
+        value=kv.value,
+        create_revision=kv.create_revision,
+        mod_revision=kv.mod_revision,
+        version=kv.version,
+        lease=kv.lease,
+    )
+
+
+def _event(ev: kv_pb2.Event) -> b.Event:
+    return b.Event(b.EventType(ev.type), _kv(ev.kv))
+
+
+def _compare(index: int, c: b.Compare) -> rpc_pb2.Compare:
+    is_value = c.target is b.CompareTarget.VALUE
+    # bool is an int subclass but never a meaningful revision, version or lease.
+    if is_value != isinstance(c.value, bytes) or isinstance(c.value, bool):
+        want = "bytes" if is_value else "int"
+        raise TypeError(
+            f"compares[{index}].value: {c.target.name} compares take {want} "
+            f"(got {type(c.value).__name__})"
+        )
+    msg = rpc_pb2.Compare(
+        key=c.key,
+        # Our enums mirror etcd's by name and number.
+        target=c.target.name,
+        result=c.result.name,
+    )
+    setattr(msg, _compare_fields[c.target], c.value)
+    return msg
+
+
+def _request_op(op: b.Op) -> rpc_pb2.RequestOp:
+    if isinstance(op, b.OpPut):
+        put = rpc_pb2.PutRequest(key=op.key, value=op.value, lease=op.lease)
+        return rpc_pb2.RequestOp(request_put=put)
+    if isinstance(op, b.OpDelete):
+        delete = rpc_pb2.DeleteRangeRequest(key=op.key, range_end=op.range_end or b"")
+        return rpc_pb2.RequestOp(request_delete_range=delete)
+    if isinstance(op, b.OpGet):
+        get = rpc_pb2.RangeRequest(key=op.key, range_end=op.range_end or b"")
+        return rpc_pb2.RequestOp(request_range=get)
+    raise TypeError(f"txn op: expected OpPut, OpDelete or OpGet (got {type(op).__name__})")
+
+
+def _op_result(r: rpc_pb2.ResponseOp) -> tuple[b.KeyValue, ...] | int | None:
+    kind = r.WhichOneof("response")
+    if kind == "response_range":
+        return tuple(_kv(kv) for kv in r.response_range.kvs)
+    if kind == "response_delete_range":
+        return int(r.response_delete_range.deleted)
+    return None
+
+
+def _describe(err: grpc.aio.AioRpcError) -> str:
+    return f"{err.code().name}: {err.details()}"
