@@ -1,0 +1,186 @@
+"""Hierarchical journal specs, as ``gazctl journals apply`` reads and ``list --format yaml``
+writes them (the layout of Gazette's journalspace).
+
+A node is either a *directory* (its name ends in ``/``) with ``children``, or a *journal* (a leaf).
+Every field a node leaves unset is inherited from its parent, so common settings (replication,
+stores, codec, labels) are written once at the top::
+
+    name: examples/
+    replication: 1
+    fragment:
+      length: 4194304
+      compression_codec: ZSTANDARD
+      stores: [file:///tmp/fragments/]
+      refresh_interval: 30s
+    children:
+      - name: examples/words
+        labels: [{name: content-type, value: application/x-ndjson}]
+      - name: examples/counts
+
+A child's name must extend its parent's (``examples/`` → ``examples/words``). Durations are Go
+durations (``30s``, ``1m30s``, ``24h``) because that is what Gazette's YAML uses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import ValidationError, validate_journal_spec
+
+# A journal space of more nodes than this is refused: it would be applied in one etcd
+# transaction per batch, and a typo that generates thousands of journals should not go far.
+nodes_max = 10_000
+# Nesting deeper than this is almost certainly a generated mistake.
+depth_max = 32
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_DURATION_FIELDS = ("refresh_interval", "retention", "flush_interval")
+_NODE_KEYS = {"name", "children", "delete", "comment"}
+
+
+class JournalSpaceError(ValidationError):
+    """The journal-space document is malformed; the message names the node and the field."""
+
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(rule, path)
+
+
+def parse_go_duration(text: str, path: str) -> float:
+    """Seconds of a Go duration string such as ``1h30m`` or ``90s``."""
+    if not isinstance(text, str) or not text:
+        raise JournalSpaceError(path, f"must be a duration like '30s' or '1h' (got {text!r})")
+    pos, total = 0, 0.0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text):
+        raise JournalSpaceError(path, f"must be a duration like '30s' or '1h' (got {text!r})")
+    return total
+
+
+def format_go_duration(seconds: float) -> str:
+    """The shortest Go-style rendering of whole or fractional seconds."""
+    if seconds == 0:
+        return "0s"
+    whole = int(seconds)
+    out = ""
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        out += f"{hours}h"
+    if minutes:
+        out += f"{minutes}m"
+    frac = seconds - whole
+    if secs or frac or not out:
+        out += f"{secs + frac:g}s"
+    return out
+
+
+def _merge(parent: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """Child fields override the parent's; nested mappings (fragment) merge field by field."""
+    out = dict(parent)
+    for key, value in child.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _spec_from_fields(fields: Mapping[str, Any], path: str) -> pb.JournalSpec:
+    doc = {k: v for k, v in fields.items() if k not in _NODE_KEYS}
+    fragment = dict(doc.get("fragment") or {})
+    for name in _DURATION_FIELDS:
+        if name in fragment:
+            seconds = parse_go_duration(fragment[name], f"{path}.fragment.{name}")
+            fragment[name] = f"{seconds:.9f}s"
+    if fragment:
+        doc["fragment"] = fragment
+    doc["name"] = fields["name"]
+    # Gazette writes a LabelSet as a bare list of {name, value}.
+    if isinstance(doc.get("labels"), list):
+        doc["labels"] = {"labels": doc["labels"]}
+    spec = pb.JournalSpec()
+    try:
+        json_format.ParseDict(doc, spec, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise JournalSpaceError(path, f"is not a valid journal spec: {exc}") from None
+    return spec
+
+
+def _walk(
+    node: Any, inherited: dict[str, Any], parent_name: str, path: str, depth: int
+) -> Iterator[tuple[pb.JournalSpec | None, str]]:
+    if depth > depth_max:
+        raise JournalSpaceError(path, f"nesting deeper than {depth_max} levels")
+    if not isinstance(node, Mapping):
+        raise JournalSpaceError(path, "must be a mapping with at least a 'name'")
+    name = node.get("name")
+    if not isinstance(name, str) or not name:
+        raise JournalSpaceError(f"{path}.name", "is required")
+    if parent_name and not name.startswith(parent_name):
+        raise JournalSpaceError(f"{path}.name", f"must extend its parent's name {parent_name!r}")
+    fields = _merge(inherited, node)
+    children = node.get("children")
+    if children is not None:
+        if not name.endswith("/"):
+            raise JournalSpaceError(f"{path}.name", "a node with children must end in '/'")
+        if not isinstance(children, list):
+            raise JournalSpaceError(f"{path}.children", "must be a list")
+        fields.pop("children", None)
+        for i, child in enumerate(children):
+            yield from _walk(child, fields, name, f"{path}.children[{i}]", depth + 1)
+        return
+    if name.endswith("/"):
+        raise JournalSpaceError(f"{path}.name", "a journal name must not end in '/'")
+    if node.get("delete"):
+        yield None, name
+        return
+    spec = _spec_from_fields(fields, path)
+    try:
+        validate_journal_spec(spec)
+    except ValidationError as exc:
+        raise JournalSpaceError(f"{path} ({name})", str(exc)) from None
+    yield spec, name
+
+
+def parse_journal_space(text: str) -> list[tuple[pb.JournalSpec | None, str]]:
+    """Every journal of a YAML journal space: ``(spec, name)``, or ``(None, name)`` for a leaf
+    marked ``delete: true``. Raises JournalSpaceError naming the first bad node."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise JournalSpaceError("document", f"is not valid YAML: {exc}") from None
+    out: list[tuple[pb.JournalSpec | None, str]] = []
+    seen: set[str] = set()
+    for spec, name in _walk(doc, {}, "", "root", 0):
+        if name in seen:
+            raise JournalSpaceError(name, "is declared more than once")
+        seen.add(name)
+        out.append((spec, name))
+        if len(out) > nodes_max:
+            raise JournalSpaceError("document", f"declares more than {nodes_max} journals")
+    return out
+
+
+def spec_to_yaml_dict(spec: pb.JournalSpec) -> dict[str, Any]:
+    """A JournalSpec as the YAML mapping ``parse_journal_space`` reads back."""
+    doc: dict[str, Any] = json_format.MessageToDict(spec, preserving_proto_field_name=True)
+    if "labels" in doc:
+        doc["labels"] = doc["labels"].get("labels", [])
+    fragment = doc.get("fragment", {})
+    for name in _DURATION_FIELDS:
+        if name in fragment:
+            fragment[name] = format_go_duration(float(fragment[name].rstrip("s")))
+    if "length" in fragment:
+        fragment["length"] = int(fragment["length"])
+    return doc
