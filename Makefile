@@ -13,7 +13,7 @@ PG_DIR := /tmp/gazette-test-pg-$(PG_PORT)
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
 # Sans-IO modules are type-checked with --strict; the rest with the default settings.
-MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspace/keyspace.py broker/keyspace/embedded.py broker/keyspace/conformance.py broker/fragment/cover_set.py \
+MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspace/keyspace.py broker/keyspace/embedded.py broker/keyspace/conformance.py broker/allocator broker/fragment/cover_set.py \
 	broker/fragment/naming.py broker/fragment/spool.py broker/fragment/spool_file.py broker/fragment/codecs.py broker/protocol/selector.py broker/protocol/validate.py \
 	gazette_consumer/message gazette_consumer/sequencer broker/logging.py
 
