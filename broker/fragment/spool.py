@@ -463,10 +463,10 @@ class Spool:
             return self._apply_proposal(request, primary)
         return self._apply_content(request)
 
-    def must_apply(self, request: pb.ReplicateRequest) -> ApplyResult:
+    def must_apply(self, request: pb.ReplicateRequest, *, primary: bool = False) -> ApplyResult:
         """Apply a request derived from this spool itself (a rollback, or a roll at its end),
         which cannot mismatch unless the spool is broken."""
-        result = self.apply(request, primary=False)
+        result = self.apply(request, primary=primary)
         if result.outcome is Outcome.MISMATCH or result.outcome is Outcome.CAUGHT_UP:
             raise SpoolInvariantError(
                 f"{self!r}: self-derived request mismatched ({result.outcome})"

@@ -1,0 +1,249 @@
+"""The Append RPC: validate the request, run the append machine, answer or proxy.
+
+The first message of an Append stream names the journal and the append's preconditions; the
+messages after it carry content; an empty message followed by the end of the stream commits.
+Anything else (the stream ends without the empty message, the client cancels, a malformed
+message) rolls the append back on every replica.
+
+Flow control. Appends are not buffered by the broker: content goes straight to the replicas
+while this append holds the journal's pipeline, which every other append of the journal waits
+for. A client that streams slowly would hold them all up, so the broker polices a minimum rate:
+a client may fall behind ``min_rate_bytes_per_s`` by at most ``burst_s`` worth of bytes, after
+which its append is aborted (and rolled back) with RESOURCE_EXHAUSTED. The allowance is
+generous: an append that sends a 64 KiB chunk at least once a second never comes near it.
+
+Proxying. A broker that is not the journal's primary forwards the whole stream to the primary,
+unchanged except for the resolved header (which tells the primary which revision we saw), and
+relays its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from broker.append_fsm import (
+    AppendEnv,
+    AppendFSM,
+    AppendStreamError,
+    ClientAbortedError,
+    IndexNotReadyError,
+    State,
+)
+from broker.keyspace.backend import KeySpaceError
+from broker.keyspace.keyspace import WatchStoppedError
+from broker.logging import get_logger
+from broker.pipeline import PeerError
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import (
+    ValidationError,
+    at,
+    validate_journal_name,
+    validate_label_selector,
+    validate_label_set,
+)
+from broker.resolver import ResolveError
+from broker.topology import as_status, member_index, validate_header
+
+log = get_logger(__name__)
+
+# Gazette's MinAppendRate (64 KiB/s) and burst allowance (one second of it).
+min_append_rate_bytes_per_s_default = 1 << 16
+flow_control_burst_s_default = 1.0
+
+
+class FlowControlUnderflowError(Exception):
+    """The client did not sustain the minimum append rate."""
+
+    def __init__(self, min_rate: int) -> None:
+        super().__init__(f"client stream did not sustain the minimum append rate ({min_rate} B/s)")
+
+
+def validate_append_request(req: pb.AppendRequest) -> None:
+    """The first message of an Append stream."""
+    if req.HasField("header"):
+        with at("header"):
+            validate_header(req.header)
+    with at("journal"):
+        validate_journal_name(req.journal)
+    if req.offset < 0:
+        raise ValidationError(f"must be >= 0 (got {req.offset})", "offset")
+    if req.content:
+        raise ValidationError("unexpected in the first message", "content")
+    if req.HasField("check_registers"):
+        with at("check_registers"):
+            validate_label_selector(req.check_registers)
+    if req.HasField("union_registers"):
+        with at("union_registers"):
+            validate_label_set(req.union_registers)
+    if req.HasField("subtract_registers"):
+        with at("subtract_registers"):
+            validate_label_set(req.subtract_registers)
+    if req.suspend != pb.AppendRequest.SUSPEND_RESUME:
+        # Suspension is not implemented by this broker yet; refuse rather than ignore it.
+        raise ValidationError(
+            f"only SUSPEND_RESUME is supported (got {pb.AppendRequest.Suspend.Name(req.suspend)})",
+            "suspend",
+        )
+
+
+class ChunkReceiver:
+    """Reads an Append stream's content messages under the minimum-rate policy.
+
+    ``credit`` is how many bytes the client is ahead of the minimum rate: it starts at a burst
+    allowance, drains at the minimum rate, is topped up by every chunk (capped at the
+    allowance), and the append fails when it runs out while the broker waits for a message.
+    """
+
+    def __init__(
+        self,
+        stream: AsyncIterator[pb.AppendRequest],
+        *,
+        min_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default,
+        burst_s: float = flow_control_burst_s_default,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if min_rate_bytes_per_s <= 0 or burst_s <= 0:
+            raise ValueError("flow control: min_rate_bytes_per_s and burst_s must be > 0")
+        self._stream = stream
+        self._min_rate = min_rate_bytes_per_s
+        self._credit_max = min_rate_bytes_per_s * burst_s
+        self._clock = clock
+        self._credit = self._credit_max
+        self._at: float | None = None  # Starts with the first receive (STREAM_CONTENT).
+        self.total_chunks = 0
+
+    async def recv(self) -> tuple[pb.AppendRequest | None, BaseException | None]:
+        now = self._clock()
+        if self._at is not None:
+            self._credit -= (now - self._at) * self._min_rate
+        self._at = now
+        if self._credit <= 0:
+            return None, FlowControlUnderflowError(self._min_rate)
+        try:
+            async with asyncio.timeout(self._credit / self._min_rate):
+                req = await anext(self._stream)
+        except StopAsyncIteration:
+            return None, None
+        except TimeoutError:
+            return None, FlowControlUnderflowError(self._min_rate)
+        except grpc.RpcError as exc:
+            return None, exc
+        now = self._clock()
+        self._credit = min(
+            self._credit - (now - self._at) * self._min_rate + len(req.content), self._credit_max
+        )
+        self._at = now
+        self.total_chunks += 1
+        return req, None
+
+
+async def proxy_append(
+    env: AppendEnv,
+    first: pb.AppendRequest,
+    header: pb.Header,
+    stream: AsyncIterator[pb.AppendRequest],
+) -> pb.AppendResponse:
+    """Forward the Append stream to the broker ``header`` resolved it to; relay its answer."""
+    route = header.route
+    index = member_index(route, header.process_id)
+    endpoint = route.endpoints[index] if 0 <= index < len(route.endpoints) else ""
+    if not endpoint:
+        raise PeerError(f"no endpoint known for {header.process_id}")
+    forwarded = pb.AppendRequest()
+    forwarded.CopyFrom(first)
+    forwarded.header.CopyFrom(header)
+    call = env.dialer.stub(endpoint).Append()
+    try:
+        try:
+            await call.write(forwarded)
+            async for req in stream:
+                await call.write(req)
+            await call.done_writing()
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # The primary ended the call; its status (awaited below) says why.
+        resp: pb.AppendResponse = await call
+        return resp
+    finally:
+        # Our client went away (or we failed) before the primary answered: cancel, so that
+        # the primary rolls the append back.
+        if not call.done():
+            call.cancel()
+
+
+class AppendApi:
+    """The Append RPC handler of one broker."""
+
+    def __init__(
+        self,
+        env: AppendEnv,
+        *,
+        min_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default,
+        burst_s: float = flow_control_burst_s_default,
+    ) -> None:
+        self.env = env
+        self._min_rate = min_rate_bytes_per_s
+        self._burst_s = burst_s
+
+    async def append(
+        self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext
+    ) -> pb.AppendResponse:
+        stream = aiter(request_iterator)
+        first = await anext(stream, None)
+        if first is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "append: empty request stream")
+            raise AssertionError("not reached")  # context.abort raises.
+        try:
+            validate_append_request(first)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"append: {err}")
+
+        fsm = AppendFSM(self.env, first)
+        receiver = ChunkReceiver(stream, min_rate_bytes_per_s=self._min_rate, burst_s=self._burst_s)
+        await fsm.run(receiver.recv)
+
+        res = fsm.resolved
+        if fsm.state is State.PROXY and res is not None:
+            try:
+                return await proxy_append(self.env, first, res.header, stream)
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), f"append (proxied): {exc.details()}")
+            except PeerError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"append (proxy): {exc}")
+        if fsm.state is State.FINISHED and res is not None and fsm.client_fragment is not None:
+            return pb.AppendResponse(
+                status=pb.OK,
+                header=res.header,
+                commit=fsm.client_fragment,
+                registers=fsm.registers,
+                total_chunks=receiver.total_chunks,
+            )
+        if res is not None and fsm.status != pb.OK:
+            resp = pb.AppendResponse(status=as_status(fsm.status), header=res.header)
+            if fsm.status == pb.REGISTER_MISMATCH:
+                resp.registers.CopyFrom(fsm.registers)
+            return resp
+        code, detail = _grpc_error(fsm.err)
+        log.warning("served Append RPC failed", journal=first.journal, error=detail)
+        await context.abort(code, f"append: {detail}")
+        raise AssertionError("not reached")  # context.abort raises.
+
+
+def _grpc_error(err: BaseException | None) -> tuple[grpc.StatusCode, str]:
+    detail = str(err) if err is not None else "failed"
+    if isinstance(err, FlowControlUnderflowError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, detail
+    if isinstance(err, ClientAbortedError):
+        return grpc.StatusCode.CANCELLED, detail
+    if isinstance(err, ValidationError | AppendStreamError):
+        return grpc.StatusCode.INVALID_ARGUMENT, detail
+    if isinstance(err, ResolveError):
+        return grpc.StatusCode.FAILED_PRECONDITION, detail
+    if isinstance(err, TimeoutError | WatchStoppedError | IndexNotReadyError):
+        return grpc.StatusCode.UNAVAILABLE, detail
+    if isinstance(err, PeerError | KeySpaceError | grpc.RpcError):
+        return grpc.StatusCode.UNAVAILABLE, detail
+    return grpc.StatusCode.INTERNAL, detail

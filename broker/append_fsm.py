@@ -1,0 +1,772 @@
+"""The append state machine: every Append RPC (and every pulse) is one run of it.
+
+An append must be all-or-nothing, serializable, durable on every replica of the journal's route
+before it reports success, and must never re-assign a journal offset (DESIGN.md §3.1-3.3). The
+machine converges on the distributed state those guarantees need, a *synchronised* replication
+pipeline owned by this append, possibly backing up and re-resolving several times, and then
+streams the client's content through it.
+
+States (one ``on_<state>`` handler each; tests drive them one at a time):
+
+  RESOLVE                 resolve the journal, first waiting for any etcd revision we know of.
+                          Not the primary: AWAIT_DESIRED_REPLICAS (we will proxy). Already own
+                          the pipeline: START_PIPELINE. Else ACQUIRE_PIPELINE.
+  ACQUIRE_PIPELINE        take the replica's pipeline slot (exclusive), or RESOLVE if the
+                          resolution is invalidated while waiting.
+  START_PIPELINE          a pipeline of the resolved route: UPDATE_ASSIGNMENTS. Otherwise tear
+                          down any old one, take the spool, build a new one: SEND_PIPELINE_SYNC.
+  SEND_PIPELINE_SYNC      propose the current (or a rolled) fragment and the registers to all.
+  RECV_PIPELINE_SYNC      all agree: UPDATE_ASSIGNMENTS. A peer is ahead, or cannot extend the
+                          fragment: roll everyone forward (SEND_PIPELINE_SYNC). A peer knows a
+                          later route: RESOLVE at that revision.
+  UPDATE_ASSIGNMENTS      advertise the synchronised route in the assignment values (a
+                          compare-and-set on their mod revisions), then RESOLVE at the new
+                          revision; a no-op when they already advertise it.
+  AWAIT_DESIRED_REPLICAS  too many replicas (the allocator is moving the journal): RESOLVE at
+                          the next revision. Too few: INSUFFICIENT_JOURNAL_BROKERS. Not primary:
+                          PROXY. Else VALIDATE_PRECONDITIONS.
+  VALIDATE_PRECONDITIONS  registers and offsets (see ``on_validate_preconditions``).
+  STREAM_CONTENT          forward each client chunk to all replicas; on the commit marker (an
+                          empty chunk, then end of stream) propose the commit, on anything else
+                          propose the rollback. Then READ_ACKNOWLEDGEMENTS.
+  READ_ACKNOWLEDGEMENTS   hand the pipeline to the next append, and in turn read every
+                          replica's acknowledgement: FINISHED, or ERROR.
+  ERROR, PROXY, FINISHED  terminal.
+
+One round trip in the common case: a pipeline already synchronised for the resolved route makes
+every state before STREAM_CONTENT a no-op, and the only wait on the network is reading the
+acknowledgements, overlapped with the next append's streaming.
+
+Errors are of two kinds, as in Gazette: a *status* (``resolved.status`` != OK) is an answer the
+client gets in its AppendResponse; an *error* (``err``) is a failure of the RPC itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from broker.fragment.naming import sum_from_digest
+from broker.keyspace.backend import (
+    Backend,
+    Compare,
+    CompareResult,
+    CompareTarget,
+    KeySpaceError,
+    OpPut,
+)
+from broker.keyspace.keyspace import WatchStoppedError
+from broker.logging import get_logger
+from broker.pipeline import Dialer, Pipeline
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.selector import matches
+from broker.protocol.validate import ValidationError
+from broker.replica import Replica, SlotInvalidatedError, wait_first
+from broker.resolver import Resolution, ResolveError, Resolver, ResolverStoppedError
+from broker.topology import (
+    advertised_value,
+    assignment_of,
+    route_matches_assignments,
+    routes_equivalent,
+)
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+# How long an append waits for the replica's first fragment store listing before it fails.
+# Until that listing, the broker cannot know the journal's largest offset (another broker may
+# have persisted content beyond what this one holds), so it must not append.
+index_refresh_wait_s_default = 30.0
+
+
+class State(enum.Enum):
+    RESOLVE = "resolve"
+    ACQUIRE_PIPELINE = "acquire_pipeline"
+    START_PIPELINE = "start_pipeline"
+    SEND_PIPELINE_SYNC = "send_pipeline_sync"
+    RECV_PIPELINE_SYNC = "recv_pipeline_sync"
+    UPDATE_ASSIGNMENTS = "update_assignments"
+    AWAIT_DESIRED_REPLICAS = "await_desired_replicas"
+    VALIDATE_PRECONDITIONS = "validate_preconditions"
+    STREAM_CONTENT = "stream_content"
+    READ_ACKNOWLEDGEMENTS = "read_acknowledgements"
+    ERROR = "error"
+    PROXY = "proxy"
+    FINISHED = "finished"
+
+
+TERMINAL = frozenset({State.ERROR, State.PROXY, State.FINISHED})
+
+
+class FSMStateError(AssertionError):
+    """A handler was called in another state than its own: a bug."""
+
+
+class AppendStreamError(Exception):
+    """The client's stream broke the Append protocol, or ended without committing."""
+
+
+class UnexpectedEOFError(AppendStreamError):
+    def __init__(self) -> None:
+        super().__init__("append stream ended without the empty commit chunk (rolled back)")
+
+
+class ExpectedEOFError(AppendStreamError):
+    def __init__(self) -> None:
+        super().__init__("expected the end of the stream after the empty commit chunk")
+
+
+class RegisterUpdateWithEmptyAppendError(AppendStreamError):
+    def __init__(self) -> None:
+        super().__init__("register updates require a non-empty append (rolled back)")
+
+
+class ClientAbortedError(AppendStreamError):
+    def __init__(self) -> None:
+        super().__init__("append was cancelled by its client (rolled back)")
+
+
+class IndexNotReadyError(Exception):
+    """The journal's fragment index had no first store listing within the bound."""
+
+
+@dataclass(frozen=True)
+class AppendEnv:
+    """What the append machine needs of its broker."""
+
+    resolver: Resolver
+    backend: Backend
+    dialer: Dialer
+    # Wall clock, Unix seconds: flush intervals are aligned to it.
+    clock: Callable[[], float]
+    index_refresh_wait_s: float = index_refresh_wait_s_default
+    peer_response_timeout_s: float = 30.0
+    peer_send_timeout_s: float = 30.0
+
+
+# --- Pure helpers ------------------------------------------------------------------------------
+
+
+def may_write(spec: pb.JournalSpec) -> bool:
+    """Whether the journal's flags allow appending content (NOT_SPECIFIED means read-write)."""
+    flags = spec.flags
+    return flags == pb.JournalSpec.NOT_SPECIFIED or bool(
+        flags & (pb.JournalSpec.O_WRONLY | pb.JournalSpec.O_RDWR)
+    )
+
+
+def desired_replication(spec: pb.JournalSpec) -> int:
+    """Replicas the journal should have: fewer while it is suspended."""
+    level = spec.suspend.level
+    if level == pb.JournalSpec.Suspend.FULL:
+        return 0
+    if level == pb.JournalSpec.Suspend.PARTIAL:
+        return 1
+    return spec.replication
+
+
+def subtract_registers(registers: pb.LabelSet, subtract: pb.LabelSet) -> pb.LabelSet:
+    """Gazette's SubtractLabelSet: drop every label of a name whose values in ``subtract`` are
+    exactly its values in ``registers`` (so "owner=a" removes owner=a, but not owner=b)."""
+
+    def groups(label_set: pb.LabelSet) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for label in label_set.labels:
+            out.setdefault(label.name, []).append(label.value)
+        return out
+
+    theirs = groups(subtract)
+    out = pb.LabelSet()
+    for name, values in groups(registers).items():
+        if theirs.get(name) != values:
+            out.labels.extend(pb.Label(name=name, value=v) for v in values)
+    return out
+
+
+def apply_register_updates(registers: pb.LabelSet, req: pb.AppendRequest) -> pb.LabelSet:
+    """The registers after a committed, non-empty append: subtract, then union (request values
+    win on a shared name), as Gazette orders them."""
+    out = pb.LabelSet()
+    out.CopyFrom(registers)
+    if req.HasField("subtract_registers"):
+        out = subtract_registers(out, req.subtract_registers)
+    if req.HasField("union_registers"):
+        out = gl.union(req.union_registers, out)
+    return out
+
+
+def _assignment_creations(resolved: Resolution) -> frozenset[tuple[bytes, int]]:
+    return frozenset((e.kv.key, e.kv.create_revision) for e in resolved.assignments)
+
+
+def _has_register_updates(req: pb.AppendRequest) -> bool:
+    return bool(req.union_registers.labels) or bool(req.subtract_registers.labels)
+
+
+def validate_content_chunk(req: pb.AppendRequest) -> None:
+    """A message after the first carries content only (or nothing: the commit marker)."""
+    for name in ("header", "check_registers", "union_registers", "subtract_registers"):
+        if req.HasField(name):
+            raise ValidationError("unexpected after the first message", name)
+    if req.journal:
+        raise ValidationError("unexpected after the first message", "journal")
+    if req.do_not_proxy:
+        raise ValidationError("unexpected after the first message", "do_not_proxy")
+    if req.offset:
+        raise ValidationError("unexpected after the first message", "offset")
+
+
+async def update_assignments(backend: Backend, resolved: Resolution) -> int:
+    """Advertise ``resolved.route`` as the value of every assignment of the journal, in one
+    transaction that holds only if none of them changed since the resolution. Returns the
+    revision to read through (0 if nothing needed updating).
+
+    The transaction may lose a race (e.g. with the allocator removing an assignment): that is
+    normal, and re-resolving at the returned revision converges."""
+    route = resolved.route
+    value = advertised_value(route)
+    compares: list[Compare] = []
+    ops: list[OpPut] = []
+    for entry in resolved.assignments:
+        advertised = assignment_of(entry).route
+        if advertised is None or not routes_equivalent(route, advertised):
+            # Keep the key's lease: the assignment must still vanish with its member.
+            ops.append(OpPut(entry.kv.key, value, lease=entry.kv.lease))
+        compares.append(
+            Compare(entry.kv.key, CompareTarget.MOD, CompareResult.EQUAL, entry.kv.mod_revision)
+        )
+    if not ops:
+        return 0
+    resp = await backend.txn(compares, ops)
+    return resp.header.revision
+
+
+async def complete_despite_cancellation(aw: Awaitable[T]) -> T:
+    """Run ``aw`` to completion even if the caller is cancelled meanwhile, then re-raise the
+    cancellation. For the steps that keep the pipeline consistent (a rollback, reading
+    acknowledgements): abandoning them half-way would leave responses unread that the next
+    append would then take for its own. Every wait inside them is bounded."""
+    task = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError()
+    return result
+
+
+# --- The machine -------------------------------------------------------------------------------
+
+Recv = Callable[[], Awaitable[tuple[pb.AppendRequest | None, BaseException | None]]]
+
+
+class AppendFSM:
+    """One append. ``req`` is the validated first message of the RPC."""
+
+    def __init__(self, env: AppendEnv, req: pb.AppendRequest) -> None:
+        self.env = env
+        self.req = req
+        self.state = State.RESOLVE
+        self.resolved: Resolution | None = None
+        self.err: BaseException | None = None
+        # The pipeline, and the slot it must go back to while this append owns it.
+        self.pln: Pipeline | None = None
+        self._pln_slot_of: Replica | None = None
+        # True while requests are on the wire whose answers or rollback are still owed: giving
+        # the pipeline back then would hand the next append someone else's responses.
+        self._pln_dirty = False
+        self.read_through_rev = 0
+        self.roll_to_offset = 0
+        self.registers = pb.LabelSet()
+        self.client_commit = False
+        self.client_fragment: pb.Fragment | None = None
+        self._client_summer = hashlib.sha1()
+
+    # --- Accessors ---
+
+    @property
+    def owns_pipeline(self) -> bool:
+        return self._pln_slot_of is not None
+
+    @property
+    def status(self) -> int:
+        return self.resolved.status if self.resolved is not None else pb.OK
+
+    def _res(self) -> Resolution:
+        if self.resolved is None:
+            raise FSMStateError(f"{self.state}: no resolution")
+        return self.resolved
+
+    def _replica(self) -> Replica:
+        replica = self._res().replica
+        if replica is None:
+            raise FSMStateError(f"{self.state}: resolved locally without a replica")
+        return replica
+
+    def _spec(self) -> pb.JournalSpec:
+        spec = self._res().spec
+        if spec is None:
+            raise FSMStateError(f"{self.state}: resolved without a spec")
+        return spec
+
+    def _pipeline(self) -> Pipeline:
+        if self.pln is None:
+            raise FSMStateError(f"{self.state}: no pipeline")
+        return self.pln
+
+    def _must_state(self, state: State) -> None:
+        if self.state is not state:
+            raise FSMStateError(f"handler of {state.value} called in state {self.state.value}")
+
+    def _fail(self, err: BaseException | None = None, status: int | None = None) -> None:
+        if err is not None:
+            self.err = err
+        if status is not None:
+            self._res().status = status
+        self.state = State.ERROR
+
+    # --- Driving ---
+
+    async def run_to(self, target: State) -> bool:
+        """Run handlers until ``target`` (True) or another terminal state (False)."""
+        handlers: dict[State, Callable[[], Awaitable[None]]] = {
+            State.RESOLVE: self.on_resolve,
+            State.ACQUIRE_PIPELINE: self.on_acquire_pipeline,
+            State.START_PIPELINE: self.on_start_pipeline,
+            State.SEND_PIPELINE_SYNC: self.on_send_pipeline_sync,
+            State.RECV_PIPELINE_SYNC: self.on_recv_pipeline_sync,
+            State.UPDATE_ASSIGNMENTS: self.on_update_assignments,
+            State.AWAIT_DESIRED_REPLICAS: self.on_await_desired_replicas,
+            State.VALIDATE_PRECONDITIONS: self.on_validate_preconditions,
+        }
+        while self.state is not target:
+            handler = handlers.get(self.state)
+            if handler is None:
+                return False  # Terminal, or STREAM_CONTENT which needs client input.
+            await handler()
+        return True
+
+    async def run(self, recv: Recv) -> None:
+        """Run the whole append, reading content chunks with ``recv`` (which returns (message,
+        None), (None, None) at the end of the stream, or (None, error))."""
+        try:
+            if not await self.run_to(State.STREAM_CONTENT):
+                return
+            while self.state is State.STREAM_CONTENT:
+                try:
+                    req, err = await recv()
+                except asyncio.CancelledError:
+                    # The client went away mid-append: roll back on every replica, keeping the
+                    # pipeline healthy for the appends queued behind this one.
+                    await complete_despite_cancellation(self._roll_back(ClientAbortedError()))
+                    raise
+                await self.on_stream_content(req, err)
+            await complete_despite_cancellation(self.on_read_acknowledgements())
+        finally:
+            self.return_pipeline()
+
+    async def _roll_back(self, err: BaseException) -> None:
+        if self.state is State.STREAM_CONTENT:
+            await self.on_stream_content(None, err)
+        if self.state is State.READ_ACKNOWLEDGEMENTS:
+            await self.on_read_acknowledgements()
+
+    def return_pipeline(self) -> None:
+        """Give the pipeline back if this append still owns it. A pipeline left mid-exchange
+        (this append was cancelled or failed while requests were outstanding) is torn down
+        rather than handed on."""
+        replica, self._pln_slot_of = self._pln_slot_of, None
+        if replica is None:
+            return
+        pln = self.pln
+        if pln is not None and self._pln_dirty:
+            self._tear_down(replica, pln, expect_err=True)
+            pln = self.pln = None
+        self._pln_dirty = False
+        replica.pipeline_slot.put(pln)
+
+    def _tear_down(self, replica: Replica, pln: Pipeline, *, expect_err: bool) -> None:
+        """Release the pipeline's spool now; drain its streams in the replica's TaskGroup."""
+        pln.begin_shutdown()
+        if not replica.spawn(pln.finish_shutdown(expect_err=expect_err)):
+            pln.abort_streams()
+
+    # --- Handlers ---
+
+    async def on_resolve(self) -> None:
+        self._must_state(State.RESOLVE)
+        req = self.req
+        try:
+            self.resolved = await self.env.resolver.resolve(
+                req.journal,
+                require_primary=True,
+                may_proxy=not req.do_not_proxy,
+                min_revision=self.read_through_rev,
+                proxy_header=req.header if req.HasField("header") else None,
+            )
+        except (ResolveError, TimeoutError, WatchStoppedError) as exc:
+            self.err = exc
+            self.state = State.ERROR
+            return
+        res = self.resolved
+        if res.status != pb.OK:
+            self.state = State.ERROR
+        elif not res.is_local:
+            # We hold a pipeline from an earlier resolution but are no longer the primary.
+            self.return_pipeline()
+            self.pln = None
+            self.state = State.AWAIT_DESIRED_REPLICAS
+        elif res.replica is None:
+            self._fail(ResolveError(f"{res.journal}: resolved to this broker without a replica"))
+        elif self.owns_pipeline:
+            self.state = State.START_PIPELINE
+        else:
+            self.state = State.ACQUIRE_PIPELINE
+
+    async def on_acquire_pipeline(self) -> None:
+        self._must_state(State.ACQUIRE_PIPELINE)
+        replica = self._replica()
+        try:
+            self.pln = await replica.pipeline_slot.take(self._res().invalidated)
+        except SlotInvalidatedError:
+            self.state = State.RESOLVE
+            return
+        self._pln_slot_of = replica
+        self.state = State.START_PIPELINE
+
+    async def on_start_pipeline(self) -> None:
+        self._must_state(State.START_PIPELINE)
+        res, replica = self._res(), self._replica()
+        pln = self.pln
+        creations = _assignment_creations(res)
+        if (
+            pln is not None
+            and pln.matches(res.route)
+            and pln.assignment_creations == creations
+            and not pln.broken
+        ):
+            # By construction, a pipeline of the resolved route was synchronised when built.
+            self.registers = pln.spool.registers
+            self.state = State.UPDATE_ASSIGNMENTS
+            return
+        if pln is not None:
+            self._tear_down(replica, pln, expect_err=pln.broken)
+            self.pln = None
+
+        try:
+            spool = await replica.spool_slot.take(res.invalidated)
+        except SlotInvalidatedError:
+            self.state = State.RESOLVE
+            return
+        self.registers = spool.registers
+        self.roll_to_offset = 0
+        previous = replica.synced_route
+        if previous is not None and not routes_equivalent(previous, res.route):
+            # The route changed since the last synchronised pipeline: start a new fragment, so
+            # that no fragment mixes appends replicated to different sets of brokers, and a new
+            # member never has to extend content it does not hold.
+            self.roll_to_offset = spool.fragment.end
+        self.pln = Pipeline.start(
+            res.header,
+            spool,
+            replica.spool_slot,
+            self.env.dialer,
+            response_timeout_s=self.env.peer_response_timeout_s,
+            send_timeout_s=self.env.peer_send_timeout_s,
+        )
+        self.pln.assignment_creations = creations
+        self.state = State.SEND_PIPELINE_SYNC
+
+    async def on_send_pipeline_sync(self) -> None:
+        self._must_state(State.SEND_PIPELINE_SYNC)
+        pln = self._pipeline()
+        proposal = pln.spool.roll_proposal(
+            self._spec().fragment, self.env.clock(), self.roll_to_offset
+        )
+        self._pln_dirty = True
+        await pln.scatter(
+            pb.ReplicateRequest(proposal=proposal, registers=self.registers, acknowledge=True)
+        )
+        self.state = State.RECV_PIPELINE_SYNC
+
+    async def on_recv_pipeline_sync(self) -> None:
+        self._must_state(State.RECV_PIPELINE_SYNC)
+        pln = self._pipeline()
+        result = await pln.gather_sync()
+        self._pln_dirty = False
+        err = pln.recv_err() or pln.send_err()
+        if err is not None:
+            self._tear_down(self._replica(), pln, expect_err=True)
+            self.pln = None
+            self._fail(err)
+            return
+        self.roll_to_offset = result.roll_to_offset
+        self.read_through_rev = result.read_through_rev
+        if result.roll_to_offset:
+            # A peer holds more of the journal, or cannot extend our fragment: roll everyone
+            # forward to a new fragment there; all peers can agree to that.
+            if result.roll_to_registers is not None:
+                self.registers = result.roll_to_registers
+            self.state = State.SEND_PIPELINE_SYNC
+        elif result.read_through_rev:
+            # A peer knows a later, different route: our resolution is stale.
+            self._tear_down(self._replica(), pln, expect_err=False)
+            self.pln = None
+            self.state = State.RESOLVE
+        else:
+            self._replica().synced_route = pln.route
+            self.state = State.UPDATE_ASSIGNMENTS
+
+    async def on_update_assignments(self) -> None:
+        self._must_state(State.UPDATE_ASSIGNMENTS)
+        res = self._res()
+        if route_matches_assignments(res.route, res.assignments):
+            self.state = State.AWAIT_DESIRED_REPLICAS
+            return
+        try:
+            self.read_through_rev = await update_assignments(self.env.backend, res)
+        except KeySpaceError as exc:
+            self._fail(exc)
+            return
+        self.state = State.RESOLVE
+
+    async def on_await_desired_replicas(self) -> None:
+        self._must_state(State.AWAIT_DESIRED_REPLICAS)
+        res = self._res()
+        have, want = len(res.route.members), desired_replication(self._spec())
+        if have > want:
+            # The allocator over-subscribed the journal ahead of removing a member (maybe us):
+            # wait for the route to shrink rather than replicate to, or proxy to, a leaver.
+            self.read_through_rev = res.revision + 1
+            self.state = State.RESOLVE
+        elif have < want:
+            self._fail(status=pb.INSUFFICIENT_JOURNAL_BROKERS)
+        elif not res.is_local:
+            self.state = State.PROXY
+        else:
+            self.state = State.VALIDATE_PRECONDITIONS
+
+    async def on_validate_preconditions(self) -> None:
+        """Registers and offsets.
+
+        Appends must land at the furthest known offset of the journal. That is normally the end
+        of the pipeline's spool, but if consistency was lost (too many broker or etcd failures),
+        the fragment index may know of a larger one: content persisted by brokers this one never
+        heard from. The broker does not repair this by itself. Other brokers, partitioned from
+        etcd, may still hold local fragments not yet persisted; rolling forward to the index's
+        end could double-write offsets they already committed. An operator must instead send an
+        append with the explicit new offset (gazctl journals reset-head), as confirmation that
+        those brokers are gone. The exception is a journal that may not be written: only
+        zero-byte appends (transaction barriers) can reach it, which write no offsets, so it can
+        serve as a read-only view of a store written by another cluster.
+
+        An explicit offset is also how a client makes an at-most-once append.
+        """
+        self._must_state(State.VALIDATE_PRECONDITIONS)
+        res, replica, spec, pln = self._res(), self._replica(), self._spec(), self._pipeline()
+        index = replica.index
+        if not index.first_refresh.is_set():
+            ready = await wait_first(
+                [index.first_refresh, res.invalidated], self.env.index_refresh_wait_s
+            )
+            if not ready:
+                self._fail(IndexNotReadyError(f"{res.journal}: no fragment store listing yet"))
+                return
+            if not index.first_refresh.is_set():
+                self.state = State.RESOLVE
+                return
+
+        # A peer may hold a larger offset than the index if a commit was not acknowledged by
+        # all; such an append failed for its client, which retries (journals are at-least-once
+        # under failures), and synchronisation has already rolled us past it.
+        index_begin, index_end = index.begin_offset, index.end_offset
+        spool_fragment = pln.spool.fragment
+        spool_end = spool_fragment.end
+        max_offset = max(spool_end, index_end)
+        req = self.req
+
+        if (
+            req.HasField("check_registers")
+            and self.registers.labels
+            and not matches(req.check_registers, self.registers)
+        ):
+            self._fail(status=pb.REGISTER_MISMATCH)
+            return
+        if spool_end != max_offset and req.offset == 0 and may_write(spec):
+            self._fail(status=pb.INDEX_HAS_GREATER_OFFSET)
+            return
+        if req.offset != 0 and req.offset != max_offset:
+            self._fail(status=pb.WRONG_APPEND_OFFSET)
+            return
+        if req.offset != 0 and spool_end != max_offset:
+            # The operator confirmed the index's end: re-synchronise every spool there.
+            self.roll_to_offset = max_offset
+            self.state = State.SEND_PIPELINE_SYNC
+            return
+        if spool_fragment.begin == index_begin and spool_fragment.end > spool_fragment.begin:
+            # The spool holds the journal's very first content: roll it now, so that it is
+            # persisted promptly. A store holding any fragment tells a recovering cluster that
+            # the journal was written (and needs reset-head); an empty store would look like a
+            # new journal, inviting double-writes of its offsets.
+            self.roll_to_offset = spool_end
+        self.state = State.STREAM_CONTENT
+
+    async def on_stream_content(
+        self, req: pb.AppendRequest | None, err: BaseException | None
+    ) -> None:
+        """One client message (``req``), the end of the client's stream (both None), or its
+        failure (``err``). See the module docstring."""
+        self._must_state(State.STREAM_CONTENT)
+        pln, spec = self._pipeline(), self._spec()
+
+        if self.client_fragment is None:
+            # First call: maybe roll to a new fragment ahead of this append. The pipeline is
+            # synchronised, so every peer will agree; no acknowledgement is needed.
+            proposal = pln.spool.roll_proposal(spec.fragment, self.env.clock(), self.roll_to_offset)
+            spool_fragment = pln.spool.fragment
+            if proposal != spool_fragment:
+                self._pln_dirty = True
+                await pln.scatter(pb.ReplicateRequest(proposal=proposal, registers=self.registers))
+                spool_fragment = pln.spool.fragment
+            self.client_fragment = pb.Fragment(
+                journal=spool_fragment.journal,
+                begin=spool_fragment.end,
+                end=spool_fragment.end,
+                compression_codec=spool_fragment.compression_codec,
+            )
+            self._client_summer = hashlib.sha1()
+        fragment = self.client_fragment
+
+        if err is None and req is not None:
+            try:
+                validate_content_chunk(req)
+            except ValidationError as exc:
+                err = exc
+        eof = err is None and req is None
+
+        if eof and not self.client_commit:
+            err = UnexpectedEOFError()
+        elif err is None and req is not None and self.client_commit:
+            err = ExpectedEOFError()
+        elif err is None and req is not None and not req.content:
+            # The commit marker; the end of the stream must follow.
+            self.client_commit = True
+            return
+        elif err is None and req is not None and not may_write(spec):
+            self._res().status = pb.NOT_ALLOWED
+        elif err is None and req is not None:
+            self._pln_dirty = True
+            await pln.scatter(
+                pb.ReplicateRequest(
+                    content=req.content, content_delta=fragment.end - fragment.begin
+                )
+            )
+            self._client_summer.update(req.content)
+            fragment.end += len(req.content)
+            if pln.send_err() is None:
+                return
+
+        # The end of this append's content: commit it, or roll it back.
+        if fragment.end > fragment.begin:
+            fragment.sum.CopyFrom(sum_from_digest(self._client_summer.digest()))
+        if eof and fragment.end == fragment.begin and _has_register_updates(self.req):
+            err = RegisterUpdateWithEmptyAppendError()
+
+        if err is None and eof and pln.send_err() is None and self.status == pb.OK:
+            proposal = pln.spool.next()
+            if fragment.end > fragment.begin:
+                self.registers = apply_register_updates(self.registers, self.req)
+        else:
+            # A client or peer error: the pipeline is still consistent, but every replica
+            # must drop the partial content it has spooled.
+            proposal = pln.spool.fragment
+            self.err = err
+        self._pln_dirty = True
+        await pln.scatter(
+            pb.ReplicateRequest(proposal=proposal, registers=self.registers, acknowledge=True)
+        )
+        self.state = State.READ_ACKNOWLEDGEMENTS
+
+    async def on_read_acknowledgements(self) -> None:
+        self._must_state(State.READ_ACKNOWLEDGEMENTS)
+        pln = self._pipeline()
+        replica = self._pln_slot_of
+        if replica is None:
+            raise FSMStateError("read_acknowledgements without owning the pipeline")
+        send_err = pln.send_err()
+        wait_for, close_after = pln.barrier()
+
+        # Release the send side now: the next append may stream while we wait for our turn.
+        self._pln_slot_of = None
+        self._pln_dirty = False
+        if send_err is None:
+            replica.pipeline_slot.put(pln)
+        else:
+            pln.release_spool()
+            replica.pipeline_slot.put(None)  # The next append builds a new pipeline.
+        try:
+            if send_err is not None:
+                await pln.close_send()
+            # Our turn comes when every append that sent before us has read its responses.
+            await wait_for.wait()
+            await pln.gather_ok()
+            if send_err is not None:
+                await pln.gather_eof()
+        finally:
+            close_after.set()
+        if send_err is not None:
+            pln.abort_streams()
+
+        if self.err is not None or self.status != pb.OK:
+            self.state = State.ERROR
+        elif (recv_err := pln.recv_err()) is not None:
+            self._fail(recv_err)
+        elif send_err is not None:
+            self._fail(send_err)
+        else:
+            self.state = State.FINISHED
+
+
+# --- Pulses --------------------------------------------------------------------------------------
+
+# Outcomes of a pulse that are not worth a warning: only the primary pulses, and a journal
+# may be deleted or reassigned while a pulse runs.
+_QUIET_PULSE_STATUSES = frozenset(
+    {pb.NOT_JOURNAL_PRIMARY_BROKER, pb.NO_JOURNAL_PRIMARY_BROKER, pb.JOURNAL_NOT_FOUND}
+)
+
+
+async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
+    """One zero-byte append to ``journal`` from this broker, if it is the primary: it
+    synchronises the pipeline, advertises the route, and rolls a fragment whose flush interval
+    passed. Returns the event signalling that the resolution it used was invalidated."""
+    fsm = AppendFSM(env, pb.AppendRequest(journal=journal, do_not_proxy=True))
+
+    async def empty_commit() -> tuple[pb.AppendRequest | None, BaseException | None]:
+        # The commit marker, then the end of the stream.
+        if not fsm.client_commit:
+            return pb.AppendRequest(), None
+        return None, None
+
+    await fsm.run(empty_commit)
+    if fsm.state is not State.FINISHED and fsm.status not in _QUIET_PULSE_STATUSES:
+        if not isinstance(fsm.err, ResolverStoppedError):
+            log.warning(
+                "journal pulse failed (will retry)",
+                journal=journal,
+                status=pb.Status.Name(fsm.status),
+                error=str(fsm.err) if fsm.err else None,
+            )
+    return fsm.resolved.invalidated if fsm.resolved is not None else None

@@ -1,0 +1,228 @@
+"""Appender: one Append RPC, streamed in chunks, committed on close.
+
+An append is a transaction: everything written to one Appender lands in the journal together,
+contiguously, or none of it does. The first write starts the RPC at the journal's primary (as
+far as the route cache knows; any broker proxies it otherwise) by sending the request's
+metadata; each write then streams content in chunks of at most `chunk_bytes_max`; `commit`
+sends the empty chunk that asks the broker to commit, and returns the committed span of the
+journal (`AppendResponse.commit`). `abort` (or any exception inside `async with`) cancels the
+RPC, which the broker rolls back.
+
+A non-OK status raises its typed error (`WrongAppendOffsetError`, `RegisterMismatchError`,
+`NotJournalPrimaryBrokerError`, ...), with the broker's response kept in `response`.
+
+`append()` wraps a whole append of in-memory content with retries of the failures that leave
+nothing behind: an unreachable broker, or a stale route. (As in Gazette, a commit whose response
+is lost to a broken connection may then be appended twice: callers that need exactly-once use
+`offset` or registers to make a retry conditional.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+
+from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import GazetteError, raise_for_status
+from broker.protocol.validate import ValidationError, at, validate_journal_name, validate_label_set
+
+log = get_logger(__name__)
+
+# Content is sent in messages of at most this size: large enough that per-message overhead is
+# negligible (DESIGN.md §8: ~680 MB/s at 1 MiB), well under gRPC's message limits.
+chunk_bytes_max_default: Final = 1 << 20
+# Attempts of `append()` (the first included) before the last error is raised.
+attempts_max_default: Final = 10
+# Back-off between attempts of `append()`: doubling from the initial delay, capped.
+backoff_initial_s: Final = 0.05
+backoff_max_s: Final = 5.0
+
+
+class AppenderStateError(RuntimeError):
+    """The Appender was used after it committed or aborted."""
+
+
+def validate_append_request(request: pb.AppendRequest) -> None:
+    """The metadata of an append (the first message of the RPC), with the field named."""
+    with at("journal"):
+        validate_journal_name(request.journal)
+    if request.offset < 0:
+        raise ValidationError(f"must be >= 0 (got {request.offset})", "offset")
+    if request.content:
+        raise ValidationError("must be empty in the request metadata (write it instead)", "content")
+    for name in ("union_registers", "subtract_registers"):
+        if request.HasField(name):
+            with at(name):
+                validate_label_set(getattr(request, name))
+    if request.HasField("check_registers"):
+        with at("check_registers"):
+            validate_label_set(request.check_registers.include, in_selector=True)
+            validate_label_set(request.check_registers.exclude, in_selector=True)
+
+
+class Appender:
+    """See the module docstring. Use once: write, then commit or abort."""
+
+    def __init__(
+        self,
+        client: JournalClient,
+        request: pb.AppendRequest,
+        *,
+        chunk_bytes_max: int = chunk_bytes_max_default,
+    ) -> None:
+        if chunk_bytes_max < 1:
+            raise ValueError(f"chunk_bytes_max: must be >= 1 (got {chunk_bytes_max})")
+        validate_append_request(request)
+        self.client = client
+        self.request = pb.AppendRequest()
+        self.request.CopyFrom(request)
+        self.response: pb.AppendResponse | None = None
+        self.bytes_written = 0
+        self._chunk_bytes_max = chunk_bytes_max
+        self._call: Any = None  # grpc.aio.StreamUnaryCall; the generated stubs are untyped.
+        self._finished = False
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Stream `data` as part of the append (it commits only with `commit`)."""
+        self._check_usable()
+        view = memoryview(data).cast("B")
+        if not view:
+            return  # An empty chunk means "commit" on the wire: never send one by accident.
+        try:
+            await self._start()
+            for start in range(0, len(view), self._chunk_bytes_max):
+                piece = bytes(view[start : start + self._chunk_bytes_max])
+                await self._send(pb.AppendRequest(content=piece))
+                self.bytes_written += len(piece)
+        except BaseException:
+            # A failed write leaves the append unusable: roll it back now.
+            self._finished = True
+            await self._cancel()
+            raise
+
+    async def commit(self) -> pb.Fragment:
+        """Commit everything written; return the journal span it landed in. Raises the typed
+        status error if the broker refused (nothing was appended then)."""
+        self._check_usable()
+        self._finished = True
+        try:
+            await self._start()
+            await self._send(pb.AppendRequest())  # The empty chunk: commit.
+            await self._call.done_writing()
+            response = await self._call
+        except BaseException:
+            await self._cancel()
+            raise
+        return self._on_response(response).commit
+
+    close = commit
+
+    async def abort(self) -> None:
+        """Roll the append back (nothing written is appended). Idempotent."""
+        self._finished = True
+        await self._cancel()
+
+    async def _start(self) -> None:
+        if self._call is not None:
+            return
+        stub = self.client.stub_for(self.request.journal, require_primary=True)
+        self._call = stub.Append()
+        await self._send(self.request)
+
+    async def _send(self, message: pb.AppendRequest) -> None:
+        try:
+            await self._call.write(message)
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            # The broker already answered (it refuses the append, e.g. not the primary): its
+            # response says why, and is the error to raise.
+            if not self._call.done():
+                raise
+            self._finished = True
+            self._on_response(await self._call)
+            raise  # An OK response before the commit is a broker bug; do not hide it.
+
+    def _on_response(self, response: pb.AppendResponse) -> pb.AppendResponse:
+        self.response = response
+        if response.HasField("header"):
+            self.client.update_route(self.request.journal, response.header)
+        raise_for_status(response.status, f"appending to {self.request.journal}")
+        if not response.HasField("commit"):
+            raise ValidationError("expected with status OK", "AppendResponse", "commit")
+        return response
+
+    async def _cancel(self) -> None:
+        call, self._call = self._call, None
+        if call is not None and not call.done():
+            call.cancel()
+
+    def _check_usable(self) -> None:
+        if self._finished:
+            raise AppenderStateError("appender already committed or aborted")
+
+    async def __aenter__(self) -> Appender:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            await self.abort()
+        elif not self._finished:
+            await self.commit()
+
+
+def _retriable(err: BaseException) -> bool:
+    if isinstance(err, GazetteError):
+        return err.retriable
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.code() == grpc.StatusCode.UNAVAILABLE
+    return False
+
+
+async def append(
+    client: JournalClient,
+    request: pb.AppendRequest,
+    content: bytes | Sequence[bytes] = b"",
+    *,
+    attempts_max: int = attempts_max_default,
+    chunk_bytes_max: int = chunk_bytes_max_default,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> pb.AppendResponse:
+    """Append `content` (bytes, or pieces to write in order) as one transaction, retrying
+    unreachable brokers and stale routes up to `attempts_max` times. Returns the response."""
+    if attempts_max < 1:
+        raise ValueError(f"attempts_max: must be >= 1 (got {attempts_max})")
+    pieces = [content] if isinstance(content, bytes | bytearray | memoryview) else list(content)
+    attempt = 0
+    while True:
+        attempt += 1
+        appender = Appender(client, request, chunk_bytes_max=chunk_bytes_max)
+        try:
+            async with appender:
+                for piece in pieces:
+                    await appender.write(piece)
+            if appender.response is None:
+                raise AppenderStateError("append finished without a response")
+            return appender.response
+        except Exception as err:
+            if not _retriable(err) or attempt >= attempts_max:
+                raise
+            delay = min(backoff_max_s, backoff_initial_s * 2.0 ** (attempt - 1))
+            log.warning(
+                "append failed (will retry)",
+                journal=request.journal,
+                attempt=attempt,
+                delay_s=delay,
+                error=str(err),
+            )
+            await sleep(delay)

@@ -1,0 +1,245 @@
+"""Dispatch: which broker a journal request goes to, over which channel.
+
+Any broker answers any request, proxying it to a broker of the journal's route if it is not one
+itself. Sending the request straight to the right broker saves that hop (and, across zones, its
+cost), so clients remember each journal's Route as brokers report it in response headers
+(`RouteCache`), and keep one gRPC channel per broker endpoint (`ChannelPool`). `JournalClient`
+puts the two together: appends go to the journal's primary; reads and fragment listings to a
+member of the route in the client's own zone if there is one, else to the primary, else to any
+member; requests of journals with no known route go to the client's default endpoint, which
+proxies them.
+
+Both caches are bounded LRUs: a client of many journals, or of a cluster whose brokers come
+and go, must not grow without limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+import grpc
+import grpc.aio
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.protocol.validate import ValidationError
+
+# Journals whose routes are remembered.
+routes_max_default: Final = 1024
+# A remembered route is used for at most this long; then the next request asks again. Routes
+# are also replaced whenever a response header carries a newer one.
+route_ttl_s_default: Final = 3600.0
+# Broker endpoints with an open channel. Each channel holds a connection (and its buffers).
+channels_max_default: Final = 64
+# gRPC messages a client receives may be this large: a List response carries up to 1000
+# journal specs, a Read chunk is smaller, and gRPC's default of 4 MiB is too tight for the former.
+message_bytes_max: Final = 64 << 20
+
+_CHANNEL_OPTIONS: Final = (
+    ("grpc.max_receive_message_length", message_bytes_max),
+    ("grpc.max_send_message_length", message_bytes_max),
+)
+
+
+class EndpointError(ValidationError):
+    """An endpoint that is not a usable broker address."""
+
+
+def grpc_target(endpoint: str) -> tuple[str, bool]:
+    """(gRPC target, secure) of a broker endpoint: `http://host:port` (plain), `https://...`
+    (TLS), `unix:///path` (a Unix socket), or a bare `host:port`."""
+    if "://" not in endpoint:
+        if not endpoint:
+            raise EndpointError("must not be empty", "endpoint")
+        return endpoint, False
+    parts = urlsplit(endpoint)
+    if parts.scheme == "unix":
+        return endpoint, False
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise EndpointError(
+            f"must be http://host:port, https://host:port or unix:///path (got {endpoint!r})",
+            "endpoint",
+        )
+    return parts.netloc, parts.scheme == "https"
+
+
+class ChannelPool:
+    """One gRPC channel per endpoint, at most `channels_max` of them (least recently used
+    channels are closed first). Close the pool to close every channel."""
+
+    def __init__(self, *, channels_max: int = channels_max_default) -> None:
+        if channels_max < 1:
+            raise ValueError(f"channels_max: must be >= 1 (got {channels_max})")
+        self._channels_max = channels_max
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+        # Evicted channels are closed by the next `close`/`prune` await, since closing is
+        # async and `get` is not; at most `channels_max` wait there.
+        self._evicted: list[grpc.aio.Channel] = []
+
+    def get(self, endpoint: str) -> grpc.aio.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is not None:
+            self._channels.move_to_end(endpoint)
+            return channel
+        target, secure = grpc_target(endpoint)
+        if secure:
+            channel = grpc.aio.secure_channel(
+                target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS
+            )
+        else:
+            channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._channels[endpoint] = channel
+        if len(self._channels) > self._channels_max:
+            _, evicted = self._channels.popitem(last=False)
+            self._evicted.append(evicted)
+        return channel
+
+    def stub(self, endpoint: str) -> pb_grpc.JournalStub:
+        return pb_grpc.JournalStub(self.get(endpoint))
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    async def prune(self) -> None:
+        """Close channels evicted since the last prune (their RPCs are cancelled)."""
+        evicted, self._evicted = self._evicted, []
+        for channel in evicted:
+            await channel.close()
+
+    async def close(self) -> None:
+        await self.prune()
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            await channel.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    route: pb.Route
+    at: float
+
+
+class RouteCache:
+    """Routes of journals as last reported by brokers, at most `routes_max` of them (least
+    recently used dropped first), each trusted for `ttl_s`."""
+
+    def __init__(
+        self,
+        *,
+        routes_max: int = routes_max_default,
+        ttl_s: float = route_ttl_s_default,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if routes_max < 1 or ttl_s <= 0:
+            raise ValueError("routes_max: must be >= 1, ttl_s: must be > 0")
+        self._routes_max = routes_max
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._routes: OrderedDict[str, _Cached] = OrderedDict()
+
+    def update(self, journal: str, route: pb.Route | None) -> None:
+        """Remember `route` for `journal`; forget it if `route` is None or has no members (a
+        broker that reports an empty route knows of no broker serving the journal)."""
+        if route is None or not route.members:
+            self._routes.pop(journal, None)
+            return
+        copy = pb.Route()
+        copy.CopyFrom(route)
+        self._routes[journal] = _Cached(copy, self._clock())
+        self._routes.move_to_end(journal)
+        while len(self._routes) > self._routes_max:
+            self._routes.popitem(last=False)
+
+    def get(self, journal: str) -> pb.Route | None:
+        """The remembered route (a copy), or None if unknown or expired."""
+        cached = self._routes.get(journal)
+        if cached is None:
+            return None
+        if self._clock() - cached.at > self._ttl_s:
+            del self._routes[journal]
+            return None
+        self._routes.move_to_end(journal)
+        out = pb.Route()
+        out.CopyFrom(cached.route)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+
+def pick_endpoint(route: pb.Route, *, require_primary: bool, zone: str = "") -> str:
+    """The endpoint of the route member a request should go to, or "" if the route names none
+    suitable: the primary when required; else a member of `zone`, else the primary, else the
+    first member with an endpoint."""
+    endpoints = list(route.endpoints)
+    if len(endpoints) != len(route.members):
+        return ""
+
+    def primary() -> str:
+        return endpoints[route.primary] if 0 <= route.primary < len(endpoints) else ""
+
+    if require_primary:
+        return primary()
+    if zone:
+        for member, endpoint in zip(route.members, endpoints, strict=True):
+            if member.zone == zone and endpoint:
+                return endpoint
+    return primary() or next((e for e in endpoints if e), "")
+
+
+def endpoint_of_header(header: pb.Header) -> str:
+    """The endpoint of the broker a Header names (its process_id), from its route; "" if the
+    route does not list it with an endpoint."""
+    route = header.route
+    for index, member in enumerate(route.members):
+        if member.zone == header.process_id.zone and member.suffix == header.process_id.suffix:
+            return route.endpoints[index] if index < len(route.endpoints) else ""
+    return ""
+
+
+class JournalClient:
+    """A client of a broker cluster: stubs dispatched by journal (see the module docstring).
+
+    `endpoint` is the default broker, used for journals with no known route and for List and
+    Apply. `zone` is the client's failure zone, to prefer brokers in it for reads."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        zone: str = "",
+        channels: ChannelPool | None = None,
+        routes: RouteCache | None = None,
+    ) -> None:
+        grpc_target(endpoint)  # Validate early.
+        self.endpoint = endpoint
+        self.zone = zone
+        self.channels = channels if channels is not None else ChannelPool()
+        self.routes = routes if routes is not None else RouteCache()
+
+    def endpoint_for(self, journal: str, *, require_primary: bool) -> str:
+        route = self.routes.get(journal)
+        if route is not None:
+            endpoint = pick_endpoint(route, require_primary=require_primary, zone=self.zone)
+            if endpoint:
+                return endpoint
+        return self.endpoint
+
+    def stub_for(self, journal: str, *, require_primary: bool) -> pb_grpc.JournalStub:
+        return self.channels.stub(self.endpoint_for(journal, require_primary=require_primary))
+
+    def default_stub(self) -> pb_grpc.JournalStub:
+        return self.channels.stub(self.endpoint)
+
+    def update_route(self, journal: str, header: pb.Header | None) -> None:
+        """Learn the route of a response header (a header without one forgets the route)."""
+        self.routes.update(journal, header.route if header is not None else None)
+
+    async def close(self) -> None:
+        await self.channels.close()

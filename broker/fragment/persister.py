@@ -1,0 +1,385 @@
+"""Persister: uploads completed spool fragments to the journal's BLOB store.
+
+A spool that rolls hands its completed fragment (content file, and the compressed file the
+primary built as it committed) to the persister, which uploads it to the *first* store of the
+journal's current spec, under its content-addressed name. Names are content addresses, so an
+upload is idempotent: a file that already exists under the name (uploaded by another replica,
+or by an earlier attempt) counts as done, and the upload is skipped.
+
+Once the fragment is in the store, the index learns it as a persisted fragment (backing store
+and modification time set), reads of its offsets go through the store from then on, and the
+local files are closed. Until then, the index keeps serving the content from the local file.
+
+Timing. The primary persists at once. Replicas hold the same content and persist it too, but
+only after `replica_delay_s`: usually the primary's upload is done by then, and the replica's
+attempt costs one existence check. This is what keeps the content durable if the primary dies
+before uploading (Gazette's persister does the same with its rotating queues).
+
+Bounds. Completed fragments wait in a queue of at most `queue_len_max`; a full queue makes
+`submit` wait (back-pressure on whoever rolls spools) and `submit_nowait` raise. Each upload is
+tried at most `attempts_max` times, with exponential back-off between attempts, each attempt
+limited to `upload_timeout_s`. A fragment that still fails is *not* lost: it stays a local
+fragment of the index (served from its file, and covered by a later store listing if another
+broker uploads it), and the failure is logged and counted.
+
+File ownership. The persister owns the files of each fragment it is given. It closes the
+compressed file when it is done with the fragment. It closes the content file when the fragment
+was persisted and its index told (the index no longer reads it), or when that index is closed.
+Otherwise (no store configured, journal removed, attempts exhausted, or no index known) the
+content file is left to whoever may still read it: the index, which closes the files it holds
+when it is closed, or else the garbage collector (a TempSpoolFile closes itself when dropped).
+Closing a file an index still serves would make its reads fail, which is worse than a late close.
+
+Path postfixes. Gazette evaluates the spec's `path_postfix_template` (a Go text/template) to
+place fragments under per-date "directories". That is not evaluated here yet: fragments are
+written without a postfix, which every reader (ours and Gazette's) lists and reads alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import io
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from broker.fragment import codecs
+from broker.fragment.index import FragmentIndex, IndexClosedError
+from broker.fragment.spool import CompletedSpool, compress_file
+from broker.fragment.spool_file import SpoolFile
+from broker.fragment.stores.base import StoreError
+from broker.fragment.stores.registry import StoreRegistry
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import ValidationError
+
+log = get_logger(__name__)
+
+# Completed fragments waiting to be persisted. Each holds up to a fragment's target length of
+# local disk, so the bound also bounds the disk a stalled store can make a broker hold.
+queue_len_max_default: Final = 64
+# Attempts per fragment (the first included) before the persister gives up on it.
+attempts_max_default: Final = 8
+# Back-off between attempts: doubling from the initial delay, capped.
+backoff_initial_s_default: Final = 0.5
+backoff_max_s_default: Final = 60.0
+# A single upload (existence check and put) may take this long before it counts as failed.
+# Gazette uses the same limit, having seen store clients wedge on multi-part uploads.
+upload_timeout_s_default: Final = 300.0
+# How long a replica waits before persisting what the primary is expected to persist first.
+replica_delay_s_default: Final = 120.0
+
+
+class PersistQueueFullError(Exception):
+    """`submit_nowait` found the persister's queue full."""
+
+
+class PersisterClosedError(Exception):
+    """The persister was closed; it accepts no more fragments."""
+
+
+class Outcome(enum.Enum):
+    """What became of one completed fragment."""
+
+    PERSISTED = "persisted"  # Uploaded now.
+    ALREADY_PRESENT = "already_present"  # The store already held it.
+    NO_STORE = "no_store"  # The journal has no store: it lives only on brokers.
+    JOURNAL_REMOVED = "journal_removed"  # The journal's spec is gone: dropped.
+    EMPTY = "empty"  # Nothing to persist.
+    GAVE_UP = "gave_up"  # Every attempt failed.
+    QUEUE_FULL = "queue_full"  # Not queued (on_complete with a full queue or when closed).
+
+
+_DONE: Final = frozenset({Outcome.PERSISTED, Outcome.ALREADY_PRESENT})
+
+# Errors of one attempt that a later attempt may not meet: store and file-system failures,
+# time-outs, and a spec naming a store that cannot be built (the spec may be fixed meanwhile).
+_RETRIABLE: Final = (StoreError, OSError, TimeoutError, ValidationError)
+
+SpecOf = Callable[[str], pb.JournalSpec | None]
+
+
+@dataclass
+class _Job:
+    completed: CompletedSpool
+    index: FragmentIndex | None
+    not_before: float
+    compressed: tuple[SpoolFile, int] | None = field(default=None)
+
+
+class _FileSection(io.RawIOBase):
+    """The first `length` bytes of a SpoolFile as a readable stream, for store uploads."""
+
+    def __init__(self, file: SpoolFile, length: int) -> None:
+        super().__init__()
+        self._file = file
+        self._length = length
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        want = min(len(buffer), self._length - self._pos)
+        if want <= 0:
+            return 0
+        data = self._file.pread(want, self._pos)
+        if not data:
+            raise OSError(f"spool file is short: expected {self._length} bytes, at {self._pos}")
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+@dataclass
+class Stats:
+    """Counts of outcomes, for logs, metrics and tests."""
+
+    outcomes: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
+    failed_attempts: int = 0
+
+
+class Persister:
+    """See the module docstring. `spec_of(journal)` returns the journal's current spec (None
+    once it is deleted); `new_file` makes files for compressing fragments whose spool did not
+    compress them (those of replicas). `index_of(journal)` finds the index to tell of a
+    persisted fragment when none was given with it (e.g. the local replica's)."""
+
+    def __init__(
+        self,
+        registry: StoreRegistry,
+        spec_of: SpecOf,
+        *,
+        new_file: Callable[[], SpoolFile],
+        index_of: Callable[[str], FragmentIndex | None] = lambda _journal: None,
+        queue_len_max: int = queue_len_max_default,
+        attempts_max: int = attempts_max_default,
+        backoff_initial_s: float = backoff_initial_s_default,
+        backoff_max_s: float = backoff_max_s_default,
+        upload_timeout_s: float = upload_timeout_s_default,
+        replica_delay_s: float = replica_delay_s_default,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if queue_len_max < 1 or attempts_max < 1:
+            raise ValueError("queue_len_max and attempts_max: must be >= 1")
+        if not 0 <= backoff_initial_s <= backoff_max_s or upload_timeout_s <= 0:
+            raise ValueError(
+                "need 0 <= backoff_initial_s <= backoff_max_s and upload_timeout_s > 0"
+            )
+        self._registry = registry
+        self._spec_of = spec_of
+        self._new_file = new_file
+        self._index_of = index_of
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_len_max)
+        self._attempts_max = attempts_max
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._upload_timeout_s = upload_timeout_s
+        self._replica_delay_s = replica_delay_s
+        self._clock = clock
+        self._sleep = sleep
+        self._closed = False
+        self._draining = False
+        self.stats = Stats()
+
+    # --- Intake -----------------------------------------------------------------------------
+
+    def submit_nowait(self, completed: CompletedSpool, index: FragmentIndex | None = None) -> None:
+        """Queue a completed fragment; raise PersistQueueFullError if the queue is full (the
+        caller still owns the files then)."""
+        self._check_open()
+        try:
+            self._queue.put_nowait(self._job(completed, index))
+        except asyncio.QueueFull:
+            raise PersistQueueFullError(
+                f"persister queue is full ({self._queue.maxsize} fragments)"
+            ) from None
+
+    def on_complete(self, completed: CompletedSpool) -> None:
+        """The spool observer's hook: queue `completed` without waiting. It must not fail the
+        spool, so a full queue leaves the fragment local (its index keeps serving it; another
+        replica may persist it) and counts it as QUEUE_FULL."""
+        # The index is the one of the replica completing the fragment now, not whichever
+        # replica of the journal exists when the upload is done.
+        index = self._index_of(completed.fragment.journal)
+        try:
+            self.submit_nowait(completed, index)
+        except (PersistQueueFullError, PersisterClosedError) as err:
+            log.error(
+                "cannot queue completed fragment for persisting (it stays local)",
+                journal=completed.fragment.journal,
+                begin=completed.begin,
+                end=completed.end,
+                error=str(err),
+            )
+            self.stats.outcomes[Outcome.QUEUE_FULL] += 1
+            self._release(_Job(completed, index, 0.0), None)
+
+    async def submit(self, completed: CompletedSpool, index: FragmentIndex | None = None) -> None:
+        """Queue a completed fragment, waiting while the queue is full."""
+        self._check_open()
+        await self._queue.put(self._job(completed, index))
+
+    def _job(self, completed: CompletedSpool, index: FragmentIndex | None) -> _Job:
+        delay = 0.0 if completed.primary else self._replica_delay_s
+        return _Job(completed, index, self._clock() + delay)
+
+    def close(self) -> None:
+        """Accept no more fragments. `run` returns once those queued are done."""
+        self._closed = True
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    # --- The worker -------------------------------------------------------------------------
+
+    async def run(self, *, drain: bool = False) -> None:
+        """Persist queued fragments, in order, until cancelled; or, with `drain`, until the
+        queue is empty (replica delays are then not waited out: the broker is exiting)."""
+        self._draining = drain
+        while not (drain and self._queue.empty()):
+            await self.step()
+
+    async def step(self) -> Outcome | None:
+        """Wait for the next queued fragment and persist it (after its replica delay, unless
+        draining). Returns its outcome (None if interrupted)."""
+        return await self._process(await self._queue.get())
+
+    async def _process(self, job: _Job) -> Outcome | None:
+        outcome: Outcome | None = None
+        try:
+            wait = job.not_before - self._clock()
+            if wait > 0 and not self._draining:
+                await self._sleep(wait)
+            outcome = await self._persist_job(job)
+        finally:
+            self._release(job, outcome)
+        return outcome
+
+    async def persist(
+        self, completed: CompletedSpool, index: FragmentIndex | None = None
+    ) -> Outcome:
+        """Persist one completed fragment now (no queue, no replica delay), with retries. The
+        persister owns its files from this call on."""
+        job = _Job(completed, index, 0.0)
+        outcome: Outcome | None = None
+        try:
+            outcome = await self._persist_job(job)
+        finally:
+            self._release(job, outcome)
+        return outcome
+
+    async def _persist_job(self, job: _Job) -> Outcome:
+        fragment = job.completed.fragment
+        if job.index is None:
+            job.index = self._index_of(fragment.journal)
+        outcome = Outcome.GAVE_UP
+        for attempt in range(1, self._attempts_max + 1):
+            try:
+                outcome = await self._attempt(job)
+                break
+            except _RETRIABLE as err:
+                self.stats.failed_attempts += 1
+                if attempt == self._attempts_max:
+                    log.error(
+                        "giving up persisting fragment (content stays on this broker)",
+                        journal=fragment.journal,
+                        begin=fragment.begin,
+                        end=fragment.end,
+                        attempts=attempt,
+                        error=str(err),
+                    )
+                    break
+                delay = self.backoff_s(attempt)
+                log.warning(
+                    "persisting fragment failed (will retry)",
+                    journal=fragment.journal,
+                    begin=fragment.begin,
+                    end=fragment.end,
+                    attempt=attempt,
+                    delay_s=delay,
+                    error=str(err),
+                )
+                await self._sleep(delay)
+        self.stats.outcomes[outcome] += 1
+        return outcome
+
+    def backoff_s(self, attempt: int) -> float:
+        """Delay after failed attempt `attempt` (1-based)."""
+        return min(self._backoff_max_s, self._backoff_initial_s * 2.0 ** (attempt - 1))
+
+    async def _attempt(self, job: _Job) -> Outcome:
+        completed = job.completed
+        if completed.end == completed.begin:
+            return Outcome.EMPTY
+        spec = self._spec_of(completed.fragment.journal)
+        if spec is None:
+            log.warning(
+                "dropping completed fragment: its journal was removed",
+                journal=completed.fragment.journal,
+            )
+            return Outcome.JOURNAL_REMOVED
+        if not spec.fragment.stores:
+            return Outcome.NO_STORE
+        fragment = pb.Fragment()
+        fragment.CopyFrom(completed.fragment)
+        fragment.backing_store = spec.fragment.stores[0]
+        fragment.path_postfix = ""
+        store = self._registry.get(fragment.backing_store)
+
+        async with asyncio.timeout(self._upload_timeout_s):
+            if await store.exists(fragment):
+                outcome = Outcome.ALREADY_PRESENT
+            else:
+                file, length = await self._content(job)
+                await store.put(fragment, io.BufferedReader(_FileSection(file, length)))
+                outcome = Outcome.PERSISTED
+        # The store's own modification time is learned at the next listing; until then, the
+        # upload's time stands in (a persisted fragment must have one, or reads would treat it
+        # as local-only).
+        fragment.mod_time = int(self._clock())
+        if job.index is not None:
+            try:
+                job.index.add_persisted(fragment)
+            except IndexClosedError:
+                pass  # The replica went away meanwhile; the upload itself stands.
+        return outcome
+
+    async def _content(self, job: _Job) -> tuple[SpoolFile, int]:
+        """The file and length to upload: the compressed file, built now if the spool did not
+        build it (kept for later attempts), or the content file for the NONE codec."""
+        completed = job.completed
+        codec = completed.fragment.compression_codec
+        if codec == pb.NONE:
+            return completed.content_file, completed.end - completed.begin
+        if completed.compressed_file is not None:
+            return completed.compressed_file, completed.compressed_length
+        if job.compressed is None:
+            job.compressed = await asyncio.to_thread(
+                compress_file,
+                codecs.CompressionCodec(codec),
+                completed.content_file,
+                completed.end - completed.begin,
+                self._new_file,
+            )
+        return job.compressed
+
+    def _release(self, job: _Job, outcome: Outcome | None) -> None:
+        """Close the files the persister no longer needs (see "File ownership"). `outcome` is
+        None if persisting was interrupted (cancelled)."""
+        completed = job.completed
+        if completed.compressed_file is not None:
+            completed.compressed_file.close()
+        if job.compressed is not None:
+            job.compressed[0].close()
+        index = job.index
+        if index is not None and (outcome in _DONE or index.closed):
+            completed.content_file.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PersisterClosedError("persister is closed")

@@ -1,0 +1,185 @@
+"""The ListFragments RPC: a page of a journal's fragments, local and persisted.
+
+Answered from a replica's FragmentIndex (any broker of the route), once the index has listed the
+stores at least once: before that, it knows only the local spool and would answer a partial
+listing. Fragments come in offset order, at most `page_limit` per response (1000 by default,
+10000 at most); `next_page_token` is the begin offset to ask for next, or 0 after the last page.
+
+A time range selects fragments by modification time: `begin_mod_time` drops fragments persisted
+before it, and a non-zero `end_mod_time` drops those persisted after it *and* those not yet
+persisted (they have no modification time). With `signatureTTL`, each persisted fragment comes
+with a signed URL of its file, valid that long.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Final, cast
+
+import grpc
+import grpc.aio
+
+from broker.client.route_cache import ChannelPool
+from broker.fragment.index import IndexClosedError
+from broker.fragment.stores.base import StoreError, signed_url_ttl_max_s
+from broker.fragment.stores.registry import StoreRegistry
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import ValidationError, at, validate_journal_name
+from broker.read_api import (
+    Context,
+    Resolver,
+    may_read,
+    proxy_header,
+    proxy_target,
+    resolve_or_abort,
+    validate_request_header,
+)
+
+# Fragments per response when the request sets no page limit, and the largest limit allowed
+# (Gazette's values).
+page_limit_default: Final = 1000
+page_limit_max: Final = 10_000
+# How long a listing waits for the replica's first store listing before failing UNAVAILABLE.
+first_refresh_wait_s_default: Final = 30.0
+
+
+def validate_fragments_request(request: pb.FragmentsRequest) -> None:
+    """Gazette's FragmentsRequest rules, with the offending field named."""
+    validate_request_header(request)
+    with at("journal"):
+        validate_journal_name(request.journal)
+    if request.end_mod_time != 0 and request.end_mod_time < request.begin_mod_time:
+        raise ValidationError(
+            f"must be 0 or >= begin_mod_time {request.begin_mod_time} (got {request.end_mod_time})",
+            "end_mod_time",
+        )
+    if request.next_page_token < 0:
+        raise ValidationError(f"must be >= 0 (got {request.next_page_token})", "next_page_token")
+    if not 0 <= request.page_limit <= page_limit_max:
+        raise ValidationError(
+            f"must be in [0, {page_limit_max}] (got {request.page_limit})", "page_limit"
+        )
+    if request.HasField("signatureTTL"):
+        ttl_s = request.signatureTTL.ToNanoseconds() / 1e9
+        if not 0 < ttl_s <= signed_url_ttl_max_s:
+            raise ValidationError(
+                f"must be in (0s, {signed_url_ttl_max_s:g}s] (got {ttl_s:g}s)", "signatureTTL"
+            )
+
+
+def _begin(fragment: pb.Fragment) -> int:
+    return fragment.begin
+
+
+def select_page(
+    request: pb.FragmentsRequest, fragments: Sequence[pb.Fragment]
+) -> tuple[list[pb.Fragment], int]:
+    """The fragments of one page (from the first beginning at or after `next_page_token`) and
+    the token of the next page (0 if none). `fragments` are in offset order."""
+    limit = request.page_limit or page_limit_default
+    position = bisect.bisect_left(fragments, request.next_page_token, key=_begin)
+    out: list[pb.Fragment] = []
+    while position < len(fragments) and len(out) < limit:
+        fragment = fragments[position]
+        position += 1
+        mod_time = fragment.mod_time
+        if mod_time != 0 and mod_time < request.begin_mod_time:
+            continue  # Persisted before the range.
+        if request.end_mod_time != 0 and (mod_time == 0 or mod_time > request.end_mod_time):
+            continue  # Persisted after the range, or not persisted at all.
+        out.append(fragment)
+    next_token = fragments[position].begin if position < len(fragments) else 0
+    return out, next_token
+
+
+class FragmentsAPI:
+    """The ListFragments RPC handler: `list_fragments(request, context)` is a grpc.aio unary
+    method body."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        registry: StoreRegistry,
+        channels: ChannelPool,
+        *,
+        zone: str = "",
+        first_refresh_wait_s: float = first_refresh_wait_s_default,
+    ) -> None:
+        self._resolver = resolver
+        self._first_refresh_wait_s = first_refresh_wait_s
+        self._registry = registry
+        self._channels = channels
+        self._zone = zone
+
+    async def list_fragments(
+        self, request: pb.FragmentsRequest, context: Context
+    ) -> pb.FragmentsResponse:
+        try:
+            validate_fragments_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"FragmentsRequest.{err}")
+        resolution = await resolve_or_abort(
+            self._resolver,
+            context,
+            request.journal,
+            require_primary=False,
+            may_proxy=not request.do_not_proxy,
+            header=request.header if request.HasField("header") else None,
+        )
+        status = cast(pb.Status, resolution.status)
+        if status != pb.OK:
+            return pb.FragmentsResponse(status=status, header=resolution.header)
+        if not may_read(resolution.spec):
+            return pb.FragmentsResponse(status=pb.NOT_ALLOWED, header=resolution.header)
+        replica = resolution.replica
+        if not resolution.is_local or replica is None:
+            return await self._proxy(request, resolution.header, context)
+
+        index = replica.index
+        try:
+            await index.wait_first_refresh(self._first_refresh_wait_s)
+        except (TimeoutError, IndexClosedError) as err:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"fragments of {request.journal} are not listed yet: {str(err) or 'timed out'}",
+            )
+        page, next_token = select_page(request, index.fragments())
+        response = pb.FragmentsResponse(
+            status=pb.OK, header=resolution.header, next_page_token=next_token
+        )
+        sign_ttl_s = (
+            request.signatureTTL.ToNanoseconds() / 1e9 if request.HasField("signatureTTL") else 0.0
+        )
+        for fragment in page:
+            entry = response.fragments.add(spec=fragment)
+            if sign_ttl_s and fragment.backing_store and fragment.mod_time:
+                try:
+                    store = self._registry.get(fragment.backing_store)
+                    entry.signed_url = await store.signed_url(fragment, sign_ttl_s)
+                except (StoreError, ValidationError) as err:
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"signing {fragment.backing_store} fragment of {request.journal}: {err}",
+                    )
+        return response
+
+    async def _proxy(
+        self, request: pb.FragmentsRequest, header: pb.Header, context: Context
+    ) -> pb.FragmentsResponse:
+        member, endpoint = proxy_target(header, self._zone)
+        if not endpoint:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no endpoint to proxy the listing of {request.journal} to",
+            )
+        forwarded = pb.FragmentsRequest()
+        forwarded.CopyFrom(request)
+        forwarded.header.CopyFrom(proxy_header(header, member))
+        try:
+            response: pb.FragmentsResponse = await self._channels.stub(endpoint).ListFragments(
+                forwarded
+            )
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), f"proxied listing via {endpoint}: {err.details()}")
+        return response

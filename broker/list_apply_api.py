@@ -1,0 +1,302 @@
+"""The List and Apply RPCs: journal specs, read from the KeySpace and written to etcd.
+
+List. The journals whose labels match the request's selector, each with its spec, its etcd
+create and mod revisions, and its current Route (from the assignments, with endpoints). Besides
+a journal's own labels, selectors match its meta-labels: `name` (the journal name) and `prefix`
+(each prefix of the name ending in '/'). As in Gazette, `prefix=a/b/` is rewritten into
+`name:prefix=a/b/` (a prefix match of the name), so the two spellings select the same journals.
+
+The response is a stream: a listing of more than `journals_per_response_max` journals is split
+over several messages (the first carries status and header; the rest only journals), which keeps
+each under gRPC's message size limits. With `watch`, the stream stays open: each snapshot is
+followed by an empty message marking its end, and a new snapshot is sent whenever the selected
+journals change (a journal created, updated or deleted). `watch_resume` (the header of the last
+snapshot a client saw) resumes a watch: the next snapshot is of a later revision.
+
+Apply. Upserts and deletions of specs in one etcd transaction: each change is guarded by its
+`expect_mod_revision` (0: the journal must not exist; -1: no check), and if any guard fails,
+nothing is applied and the answer is ETCD_TRANSACTION_FAILED. Every upsert is validated first
+(`validate_journal_spec`), and a bad one fails the whole request with INVALID_ARGUMENT naming
+the change and field (`changes[2].upsert.fragment.length: ...`). A successful Apply answers once
+this broker's KeySpace reflects the transaction, so a List that follows sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Final
+
+import grpc
+import grpc.aio
+
+from broker.keyspace.backend import (
+    Backend,
+    Compare,
+    CompareResult,
+    CompareTarget,
+    KeySpaceError,
+    OpDelete,
+    OpPut,
+    UnavailableError,
+)
+from broker.keyspace.keyspace import Entry, KeySpace
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.selector import matches
+from broker.protocol.validate import (
+    ValidationError,
+    at,
+    validate_journal_name,
+    validate_journal_spec,
+    validate_label_selector,
+)
+from broker.read_api import Context
+from broker.topology import (
+    Decoded,
+    JournalItem,
+    assignment_of,
+    attach_endpoints,
+    etcd_header,
+    item_key,
+    items_prefix,
+    journal_assignments,
+    route_from_assignments,
+)
+
+# Journals per List message (Gazette's value): a snapshot larger than this is split.
+journals_per_response_max: Final = 1000
+# Changes of one Apply. Each is one compare and one operation of the etcd transaction, and etcd
+# refuses transactions of more than 128 operations by default (--max-txn-ops).
+apply_changes_max: Final = 128
+# How long an Apply waits for the KeySpace to reflect its own transaction.
+apply_revision_wait_s: Final = 10.0
+# A watching List re-checks its end of stream at least this often while nothing changes.
+watch_poll_s: Final = 60.0
+
+
+def validate_list_request(request: pb.ListRequest) -> None:
+    with at("selector"):
+        validate_label_selector(request.selector)
+        for side in ("include", "exclude"):
+            for value in gl.values_of(getattr(request.selector, side), gl.META_PREFIX):
+                if not value.endswith("/"):
+                    raise ValidationError(
+                        f"must end in '/' (got {value!r})", side, f"labels[{gl.META_PREFIX}]"
+                    )
+
+
+def validate_apply_request(request: pb.ApplyRequest) -> None:
+    if len(request.changes) > apply_changes_max:
+        raise ValidationError(
+            f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
+            " apply them in batches",
+            "changes",
+        )
+    seen: dict[str, int] = {}
+    for index, change in enumerate(request.changes):
+        with at(f"changes[{index}]"):
+            name = _validate_change(change)
+            if name in seen:
+                raise ValidationError(
+                    f"must not change journal {name!r} twice (also changes[{seen[name]}])"
+                )
+            seen[name] = index
+
+
+def _validate_change(change: pb.ApplyRequest.Change) -> str:
+    """The journal a change is about, once it is validated."""
+    if change.HasField("upsert"):
+        if change.delete:
+            raise ValidationError("both upsert and delete are set (expected exactly one)")
+        with at("upsert"):
+            validate_journal_spec(change.upsert)
+        if change.expect_mod_revision < -1:
+            raise ValidationError(
+                f"must be >= 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
+            )
+        return change.upsert.name
+    if change.delete:
+        with at("delete"):
+            validate_journal_name(change.delete)
+        if change.expect_mod_revision <= 0 and change.expect_mod_revision != -1:
+            raise ValidationError(
+                f"must be > 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
+            )
+        return change.delete
+    raise ValidationError("neither upsert nor delete is set (expected exactly one)")
+
+
+def rewrite_prefix_labels(selector: pb.LabelSelector) -> pb.LabelSelector:
+    """`selector` with each "prefix" label turned into a prefix match of "name"."""
+    out = pb.LabelSelector()
+    out.CopyFrom(selector)
+    for side in (out.include, out.exclude):
+        prefixes = gl.values_of(side, gl.META_PREFIX)
+        if prefixes:
+            gl.remove(side, gl.META_PREFIX)
+            for value in prefixes:
+                gl.add_value(side, gl.META_NAME + gl.PREFIX_SUFFIX, value)
+    return out
+
+
+class ListApplyAPI:
+    """The List and Apply RPC handlers over a broker's KeySpace mirror (kept current by the
+    broker's watch) and its etcd backend. `process_id` is this broker's, for headers."""
+
+    def __init__(
+        self,
+        ks: KeySpace[Decoded],
+        backend: Backend,
+        root: str,
+        process_id: pb.ProcessSpec.ID,
+        *,
+        revision_wait_s: float = apply_revision_wait_s,
+        journals_per_response: int = journals_per_response_max,
+    ) -> None:
+        if journals_per_response < 1:
+            raise ValueError(f"journals_per_response: must be >= 1 (got {journals_per_response})")
+        self._journals_per_response = journals_per_response
+        self._ks = ks
+        self._backend = backend
+        self._root = root
+        self._process_id = process_id
+        self._revision_wait_s = revision_wait_s
+
+    def _header(self, revision: int | None = None) -> pb.Header:
+        # Not about one journal: no route (Gazette's "unrouted" header).
+        header = pb.Header(route=pb.Route(primary=-1), etcd=etcd_header(self._ks.header))
+        header.process_id.CopyFrom(self._process_id)
+        if revision is not None:
+            header.etcd.revision = revision
+        return header
+
+    # --- List ---
+
+    def snapshot(self, selector: pb.LabelSelector) -> tuple[list[pb.ListResponse.Journal], int]:
+        """The journals `selector` matches now, and the largest mod revision among them."""
+        items = self._ks.search(items_prefix(self._root))
+        name_values = gl.values_of(selector.include, gl.META_NAME)
+        if len(name_values) == 1 and not any(
+            label.name == gl.META_NAME and label.prefix for label in selector.include.labels
+        ):
+            # One exact name: look it up rather than scan every journal.
+            entry = self._ks.get(item_key(self._root, name_values[0]))
+            items = [entry] if entry is not None else []
+        journals: list[pb.ListResponse.Journal] = []
+        max_mod_revision = -1
+        for entry in items:
+            journal = self._journal_if_selected(entry, selector)
+            if journal is not None:
+                journals.append(journal)
+                max_mod_revision = max(max_mod_revision, journal.mod_revision)
+        return journals, max_mod_revision
+
+    def _journal_if_selected(
+        self, entry: Entry[Decoded], selector: pb.LabelSelector
+    ) -> pb.ListResponse.Journal | None:
+        item = entry.decoded
+        if not isinstance(item, JournalItem):
+            return None
+        spec = item.spec
+        if not matches(selector, gl.union(gl.journal_meta_labels(spec.name), spec.labels)):
+            return None
+        route = route_from_assignments(
+            assignment_of(a) for a in journal_assignments(self._ks, self._root, spec.name)
+        )
+        attach_endpoints(route, self._ks, self._root)
+        return pb.ListResponse.Journal(
+            spec=spec,
+            mod_revision=entry.kv.mod_revision,
+            create_revision=entry.kv.create_revision,
+            route=route,
+        )
+
+    def _messages(self, journals: list[pb.ListResponse.Journal]) -> list[pb.ListResponse]:
+        step = self._journals_per_response
+        messages = [pb.ListResponse(status=pb.OK, header=self._header(), journals=journals[:step])]
+        for start in range(step, len(journals), step):
+            messages.append(pb.ListResponse(journals=journals[start : start + step]))
+        return messages
+
+    async def list(
+        self, request: pb.ListRequest, context: Context
+    ) -> AsyncIterator[pb.ListResponse]:
+        try:
+            validate_list_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ListRequest.{err}")
+        selector = rewrite_prefix_labels(request.selector)
+        min_revision = 0
+        if request.HasField("watch_resume"):
+            min_revision = request.watch_resume.etcd.revision + 1
+        last: list[tuple[str, int, bytes]] | None = None  # What the last snapshot showed.
+        while True:
+            if not await self._reached(min_revision, context):
+                continue
+            min_revision = self._ks.header.revision + 1
+            journals, _ = self.snapshot(selector)
+            # A watcher wants a new snapshot when a journal is created, updated or deleted, and
+            # also when its route changes (assignments, a new primary): compare all three.
+            seen = [(j.spec.name, j.mod_revision, j.route.SerializeToString()) for j in journals]
+            if seen == last:
+                continue
+            last = seen
+            for message in self._messages(journals):
+                yield message
+            if not request.watch:
+                return
+            yield pb.ListResponse()  # End of this snapshot.
+
+    async def _reached(self, revision: int, context: Context) -> bool:
+        """Whether the KeySpace reached `revision`, after waiting at most `watch_poll_s`."""
+        if revision <= self._ks.header.revision:
+            return True
+        try:
+            await self._ks.wait_for_revision(revision, watch_poll_s)
+        except TimeoutError:
+            return False
+        except KeySpaceError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"keyspace watch stopped: {err}")
+        return True
+
+    # --- Apply ---
+
+    async def apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:
+        try:
+            validate_apply_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
+        compares: list[Compare] = []
+        ops: list[OpPut | OpDelete] = []
+        for change in request.changes:
+            if change.HasField("upsert"):
+                key = item_key(self._root, change.upsert.name).encode()
+                ops.append(OpPut(key, change.upsert.SerializeToString()))
+            else:
+                key = item_key(self._root, change.delete).encode()
+                ops.append(OpDelete(key))
+            if change.expect_mod_revision != -1:
+                compares.append(
+                    Compare(key, CompareTarget.MOD, CompareResult.EQUAL, change.expect_mod_revision)
+                )
+        try:
+            txn = await self._backend.txn(compares, ops)
+        except UnavailableError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
+        except KeySpaceError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"etcd transaction: {err}")
+        revision = txn.header.revision
+        if not txn.succeeded:
+            return pb.ApplyResponse(
+                status=pb.ETCD_TRANSACTION_FAILED, header=self._header(revision)
+            )
+        if ops:
+            try:
+                await self._ks.wait_for_revision(revision, self._revision_wait_s)
+            except (TimeoutError, KeySpaceError) as err:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"applied at revision {revision}, but this broker's view of etcd did not"
+                    f" catch up: {err}",
+                )
+        return pb.ApplyResponse(status=pb.OK, header=self._header(revision))

@@ -1,0 +1,406 @@
+"""The primary's replication pipeline: one long-lived Replicate stream to every peer of a route.
+
+Appends do not open streams of their own. The primary keeps one full-duplex Replicate stream to
+each peer of the journal's route and reuses it for append after append, so that the setup and
+synchronisation cost is paid once per route rather than once per append. The primary's own spool
+is one more participant: every request scattered to the peers is applied to it in-process, and
+it is always "acknowledged" at once.
+
+Full duplex. Sending and receiving are owned separately. An append owns the *send* side while it
+streams its content and its commit proposal; it then hands the pipeline to the next append (back
+into the replica's pipeline slot) and, behind a *read barrier*, reads its own acknowledgements.
+The barrier is a chain of events: each reader waits for the one before it to finish reading and
+then releases the one after it, so that responses (which every peer sends in request order) are
+read in the order their requests were sent, while the next append is already sending. In the
+common case an append thus costs one round trip, overlapped with its neighbours'.
+
+Synchronisation (``gather_sync``) is how a pipeline agrees with its peers before its first
+append: every peer checks the route and revision in the stream's header, and the proposed
+fragment against its own spool. A peer that knows a later, different route makes the primary
+re-resolve; a peer that holds more of the journal (it took part in commits the primary missed),
+or that cannot extend the current fragment (it just joined), makes the primary roll every spool
+forward to a common, empty fragment at the largest offset, adopting the registers that go with
+it. Nothing already committed is ever re-assigned an offset.
+
+Errors never raise out of scatter/gather: they are recorded per peer (``send_err``/``recv_err``)
+and read by the append once it is its turn, as in Gazette. A pipeline with any error is
+*broken* and is torn down by its next owner. Every wait on a peer is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+
+from broker.fragment.spool import Spool
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pbg
+from broker.replica import Slot
+from broker.topology import format_id, routes_equivalent
+
+log = get_logger(__name__)
+
+# Largest gRPC message a broker sends or accepts (channels and server alike). Appends stream in
+# chunks far below this; it bounds the memory one message can claim.
+message_bytes_max = 64 << 20
+# How long a peer may take to answer one acknowledged request, or to accept one send (gRPC flow
+# control). Peers answer as soon as they have written the bytes to their spool file, so this is
+# generous; a peer past it is treated as failed and the pipeline is rebuilt.
+peer_response_timeout_s_default = 30.0
+peer_send_timeout_s_default = 30.0
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", message_bytes_max),
+    ("grpc.max_receive_message_length", message_bytes_max),
+]
+
+
+class PipelineInvariantError(AssertionError):
+    """The local spool refused a request the pipeline derived from it: a bug."""
+
+
+class PeerError(Exception):
+    """A peer's stream failed, or answered something it should not have."""
+
+
+def grpc_target(endpoint: str) -> str:
+    """The gRPC target of a broker endpoint URL ("http://host:port" -> "host:port")."""
+    parts = urlsplit(endpoint)
+    if parts.scheme == "unix":
+        return endpoint
+    if not parts.netloc:
+        raise ValueError(f"endpoint {endpoint!r}: expected a URL such as http://host:port")
+    return parts.netloc
+
+
+class Dialer:
+    """gRPC channels to peer brokers, one per endpoint, shared by every pipeline and proxied
+    request of a broker."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def stub(self, endpoint: str) -> pbg.JournalStub:
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(grpc_target(endpoint), options=_CHANNEL_OPTIONS)
+            self._channels[endpoint] = channel
+        return pbg.JournalStub(channel)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
+@dataclass
+class SyncResult:
+    """What synchronisation asks of the primary next (all zero: the pipeline is in sync)."""
+
+    # A peer holds content through this offset (or must start a new fragment here): roll every
+    # spool forward to an empty fragment at it.
+    roll_to_offset: int = 0
+    # The registers that go with the content through roll_to_offset, when a peer was ahead.
+    roll_to_registers: pb.LabelSet | None = None
+    # A peer resolved a different route at this later revision: re-resolve at it.
+    read_through_rev: int = 0
+
+
+@dataclass
+class _Peer:
+    member: pb.ProcessSpec.ID
+    call: Any = None  # grpc.aio.StreamStreamCall; None for the primary's own spool.
+    header_sent: bool = False
+    send_err: BaseException | None = None
+    recv_err: BaseException | None = None
+    last: pb.ReplicateResponse = field(default_factory=pb.ReplicateResponse)
+
+
+_SEND_ERRORS = (grpc.RpcError, asyncio.InvalidStateError, OSError, TimeoutError)
+
+
+class Pipeline:
+    """See the module docstring. Built by ``start``; owned through the replica's pipeline slot."""
+
+    def __init__(
+        self,
+        header: pb.Header,
+        spool: Spool,
+        spool_slot: Slot[Spool],
+        *,
+        response_timeout_s: float = peer_response_timeout_s_default,
+        send_timeout_s: float = peer_send_timeout_s_default,
+    ) -> None:
+        route = header.route
+        if not 0 <= route.primary < len(route.members):
+            raise ValueError(f"pipeline: route has no primary ({route})")
+        self.header = header
+        self.spool = spool
+        self._spool_slot = spool_slot
+        self._response_timeout_s = response_timeout_s
+        self._send_timeout_s = send_timeout_s
+        self._peers = [_Peer(member) for member in route.members]
+        self._primary = route.primary
+        # The first reader need not wait for anyone.
+        self._read_barrier = asyncio.Event()
+        self._read_barrier.set()
+        self._spool_released = False
+        # (key, create revision) of the assignments the pipeline was built for. A member that
+        # left and came back (a restarted broker) has an equivalent route but new assignment
+        # keys, and a fresh spool: the pipeline must be rebuilt and re-synchronised.
+        self.assignment_creations: frozenset[tuple[bytes, int]] = frozenset()
+
+    @classmethod
+    def start(
+        cls,
+        header: pb.Header,
+        spool: Spool,
+        spool_slot: Slot[Spool],
+        dialer: Dialer,
+        **kwargs: float,
+    ) -> Pipeline:
+        """A pipeline around ``spool`` (owned by the caller, and from now on by the pipeline),
+        with a Replicate stream opened to every other member of ``header.route``."""
+        pln = cls(header, spool, spool_slot, **kwargs)
+        route = header.route
+        for index, peer in enumerate(pln._peers):
+            if index == pln._primary:
+                continue
+            endpoint = route.endpoints[index] if index < len(route.endpoints) else ""
+            if not endpoint:
+                peer.send_err = PeerError(f"{format_id(peer.member)}: no endpoint known")
+                continue
+            try:
+                peer.call = dialer.stub(endpoint).Replicate()
+            except (ValueError, grpc.RpcError) as exc:
+                peer.send_err = exc
+        return pln
+
+    def __repr__(self) -> str:
+        return f"Pipeline<{self.spool!r} rev={self.header.etcd.revision}>"
+
+    @property
+    def route(self) -> pb.Route:
+        return self.header.route
+
+    def matches(self, route: pb.Route) -> bool:
+        return routes_equivalent(self.header.route, route)
+
+    @property
+    def broken(self) -> bool:
+        """A peer failed, or a peer's stream already ended: the pipeline must be rebuilt."""
+        if self.send_err() is not None or self.recv_err() is not None:
+            return True
+        return any(p.call is not None and p.call.done() for p in self._peers)
+
+    # --- Sending ---
+
+    async def scatter(self, request: pb.ReplicateRequest) -> None:
+        """Send ``request`` to every healthy peer, then apply it to the local spool. The first
+        request on each stream carries the pipeline's header, addressed to that peer."""
+        for index, peer in enumerate(self._peers):
+            if index == self._primary or peer.call is None or peer.send_err is not None:
+                continue
+            out = request
+            if not peer.header_sent:
+                out = pb.ReplicateRequest()
+                out.CopyFrom(request)
+                out.header.CopyFrom(self.header)
+                out.header.process_id.CopyFrom(peer.member)
+            try:
+                async with asyncio.timeout(self._send_timeout_s):
+                    await peer.call.write(out)
+                peer.header_sent = True
+            except _SEND_ERRORS as exc:
+                # Usually the peer broke the stream; its actual error is read by gather.
+                peer.send_err = exc
+        local = self._peers[self._primary]
+        if local.send_err is None:
+            try:
+                result = self.spool.apply(request, primary=True)
+            except OSError as exc:
+                local.send_err = exc
+                return
+            if result.response is not None and result.response.status != pb.OK:
+                raise PipelineInvariantError(
+                    f"{self!r}: local spool refused a self-derived proposal: {result.response}"
+                )
+
+    async def close_send(self) -> None:
+        """Roll back any partial content of the local spool, give the spool back, and close the
+        send side of every stream (peers then roll back theirs and end their streams)."""
+        self.release_spool()
+        for index, peer in enumerate(self._peers):
+            if index == self._primary or peer.call is None or peer.send_err is not None:
+                continue
+            try:
+                async with asyncio.timeout(self._send_timeout_s):
+                    await peer.call.done_writing()
+            except _SEND_ERRORS as exc:
+                peer.send_err = exc
+
+    def release_spool(self) -> None:
+        """Roll back the local spool's pending content and return it to its slot (once)."""
+        if self._spool_released:
+            return
+        self._spool_released = True
+        spool = self.spool
+        spool.must_apply(pb.ReplicateRequest(proposal=spool.fragment, registers=spool.registers))
+        self._spool_slot.put(spool)
+
+    def send_err(self) -> BaseException | None:
+        for peer in self._peers:
+            if peer.send_err is not None:
+                return _describe(peer, peer.send_err, "send to")
+        return None
+
+    # --- Receiving ---
+
+    def barrier(self) -> tuple[asyncio.Event, asyncio.Event]:
+        """Install a read barrier: returns (wait_for, close_after). The caller, after sending
+        everything and handing the pipeline on, waits for ``wait_for``, reads its responses,
+        then sets ``close_after`` (always: in a ``finally``)."""
+        wait_for = self._read_barrier
+        self._read_barrier = close_after = asyncio.Event()
+        return wait_for, close_after
+
+    async def _read(self, peer: _Peer) -> pb.ReplicateResponse | None:
+        """The peer's next response; None at a clean end of stream."""
+        async with asyncio.timeout(self._response_timeout_s):
+            msg = await peer.call.read()
+        if msg is grpc.aio.EOF:
+            return None
+        if not isinstance(msg, pb.ReplicateResponse):
+            raise PeerError(f"unexpected message {msg!r}")
+        return msg
+
+    async def gather(self) -> None:
+        """Read the next response of every healthy peer."""
+        for index, peer in enumerate(self._peers):
+            if index == self._primary or peer.call is None or peer.recv_err is not None:
+                continue
+            try:
+                resp = await self._read(peer)
+            except (grpc.RpcError, PeerError, TimeoutError, asyncio.InvalidStateError) as exc:
+                peer.recv_err = exc
+                continue
+            if resp is None:
+                # An end of stream is only expected by gather_eof.
+                peer.recv_err = PeerError("unexpected end of stream")
+                continue
+            peer.last = resp
+
+    async def gather_ok(self) -> None:
+        """gather, treating any status but OK as an error of that peer."""
+        await self.gather()
+        for index, peer in enumerate(self._peers):
+            if index == self._primary or peer.call is None or peer.recv_err is not None:
+                continue
+            if peer.last.status != pb.OK:
+                peer.recv_err = PeerError(f"unexpected response {_brief(peer.last)}")
+
+    async def gather_sync(self) -> SyncResult:
+        """gather the answers to a synchronising proposal (see the module docstring)."""
+        await self.gather()
+        out = SyncResult()
+        end = self.spool.fragment.end
+        for index, peer in enumerate(self._peers):
+            if index == self._primary or peer.call is None or peer.recv_err is not None:
+                continue
+            resp = peer.last
+            if resp.status == pb.OK:
+                continue
+            if resp.status == pb.WRONG_ROUTE:
+                later = resp.header.etcd.revision > self.header.etcd.revision
+                if later and not routes_equivalent(resp.header.route, self.header.route):
+                    out.read_through_rev = max(out.read_through_rev, resp.header.etcd.revision)
+                else:
+                    peer.recv_err = PeerError(f"unexpected WRONG_ROUTE: {resp.header}")
+            elif resp.status == pb.PROPOSAL_MISMATCH:
+                theirs = resp.fragment
+                if theirs.end > end:
+                    # The peer took part in commits we did not see: everything up to its end
+                    # is (possibly) committed, so we must continue from there, never below.
+                    if theirs.end > out.roll_to_offset:
+                        out.roll_to_offset = theirs.end
+                        out.roll_to_registers = resp.registers
+                elif theirs.end == end and theirs.begin == theirs.end:
+                    # The peer is at our end but cannot extend our fragment (it has none of
+                    # its content): start a new, empty fragment here that all can extend.
+                    out.roll_to_offset = max(out.roll_to_offset, end)
+                else:
+                    peer.recv_err = PeerError(
+                        f"unexpected PROPOSAL_MISMATCH: [{theirs.begin}, {theirs.end}) "
+                        f"registers {resp.registers}"
+                    )
+            else:
+                peer.recv_err = PeerError(f"unexpected response {_brief(resp)}")
+        return out
+
+    async def gather_eof(self) -> None:
+        """Read the expected end of every healthy peer's stream (after close_send)."""
+        for index, peer in enumerate(self._peers):
+            if index == self._primary or peer.call is None or peer.recv_err is not None:
+                continue
+            try:
+                resp = await self._read(peer)
+            except (grpc.RpcError, PeerError, TimeoutError, asyncio.InvalidStateError) as exc:
+                peer.recv_err = exc
+                continue
+            if resp is not None:
+                peer.recv_err = PeerError(f"expected end of stream, got {_brief(resp)}")
+
+    def recv_err(self) -> BaseException | None:
+        for peer in self._peers:
+            if peer.recv_err is not None:
+                return _describe(peer, peer.recv_err, "recv from")
+        return None
+
+    # --- Teardown ---
+
+    def begin_shutdown(self) -> None:
+        """The synchronous half of a shutdown: give the spool back at once (so that a new
+        pipeline can be built right away). ``finish_shutdown`` must follow."""
+        self.release_spool()
+
+    async def finish_shutdown(self, *, expect_err: bool) -> None:
+        """Close every stream gracefully, after the readers still owed responses are done."""
+        wait_for, close_after = self.barrier()
+        try:
+            await self.close_send()
+            if not expect_err and self.send_err() is not None:
+                log.warning("tearing down pipeline: close failed", error=str(self.send_err()))
+            await wait_for.wait()
+            await self.gather_eof()
+            if not expect_err and self.recv_err() is not None:
+                log.warning(
+                    "tearing down pipeline: streams ended badly", error=str(self.recv_err())
+                )
+        finally:
+            close_after.set()
+            self.abort_streams()
+
+    def abort_streams(self) -> None:
+        """Cancel every peer stream (peers roll back whatever was not committed)."""
+        for peer in self._peers:
+            if peer.call is not None and not peer.call.done():
+                peer.call.cancel()
+
+
+def _describe(peer: _Peer, err: BaseException, verb: str) -> PeerError:
+    if isinstance(err, grpc.aio.AioRpcError):
+        detail = f"{err.code().name}: {err.details()}"
+    else:
+        detail = str(err) or type(err).__name__
+    out = PeerError(f"{verb} {format_id(peer.member)}: {detail}")
+    out.__cause__ = err
+    return out
+
+
+def _brief(resp: pb.ReplicateResponse) -> str:
+    return f"{pb.Status.Name(resp.status)} {resp.fragment.begin}-{resp.fragment.end}"

@@ -1,0 +1,364 @@
+"""The Read RPC: a journal's content, from any offset, optionally blocking at the write head.
+
+A read is resolved like any journal request, but any broker of the journal's route may serve it
+(replicas hold the same committed content as the primary). A broker outside the route proxies
+the whole stream to a member, unless the client asked it not to (`do_not_proxy`: the answer is
+then NOT_JOURNAL_BROKER and the client re-dispatches by the route in the header).
+
+A served read is a loop over the replica's FragmentIndex, exactly as Gazette's:
+
+1. Query the index at the read offset (-1: the write head). A blocking read waits until some
+   fragment covers it; a non-blocking one answers OFFSET_NOT_YET_AVAILABLE there.
+2. Send a *metadata* response: the offset the read resolved to (larger than asked after a jump
+   over a gap), the write head, the covering fragment, and for a persisted fragment a signed URL
+   of its file. The first response also carries the header (route and etcd revision).
+3. Stop after it if the client wanted `metadata_only`, if the fragment is persisted and the
+   client reads store files itself (`do_not_proxy`), or if `end_offset` is reached.
+4. Stream the fragment's content from the offset in chunks of at most `chunk_bytes_max`: from
+   the local spool file if the fragment is local, else from the store (decompressed). Stop at
+   `end_offset`; otherwise go to 1 at the fragment's end.
+
+Cancellation by the client (or a replica going away, which closes its index) ends the stream
+without an error: a blocking read lives until one of them happens, and that is normal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final, Protocol, TypeAlias, cast
+
+import grpc
+import grpc.aio
+
+from broker.client.reader import FragmentContentError, FragmentContentReader, validate_read_request
+from broker.client.route_cache import ChannelPool, pick_endpoint
+from broker.fragment.index import FragmentIndex, IndexClosedError, QueryResult
+from broker.fragment.spool_file import SpoolFile
+from broker.fragment.stores.base import StoreError
+from broker.fragment.stores.registry import StoreRegistry
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import ValidationError, at
+from broker.topology import validate_header
+
+log = get_logger(__name__)
+
+# Content chunks of a Read stream are at most this large (Gazette's 128 KiB).
+chunk_bytes_max_default: Final = 1 << 17
+# Signed fragment URLs in read metadata are valid this long: long enough to open the file, not
+# to pass it around. Gazette's value.
+fragment_url_ttl_s: Final = 60.0
+# A local fragment whose file is closed under a read (it was just persisted) is re-queried; if
+# the index keeps answering with closed files this many times in a row, something is broken.
+closed_file_requeries_max: Final = 8
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+# --- What the read path needs from the resolver (broker/resolver.py) -----------------------------
+
+
+class Replica(Protocol):
+    @property
+    def index(self) -> FragmentIndex: ...
+
+
+class Resolution(Protocol):
+    """The parts of resolver.Resolution a read uses."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def header(self) -> pb.Header: ...
+
+    @property
+    def spec(self) -> pb.JournalSpec | None: ...
+
+    @property
+    def replica(self) -> Replica | None: ...
+
+    @property
+    def is_local(self) -> bool: ...
+
+
+class Resolver(Protocol):
+    async def resolve(
+        self,
+        journal: str,
+        *,
+        require_primary: bool,
+        may_proxy: bool,
+        min_revision: int = 0,
+        proxy_header: pb.Header | None = None,
+    ) -> Resolution: ...
+
+
+def may_read(spec: pb.JournalSpec | None) -> bool:
+    """Whether the spec's flags allow reads (all but write-only journals)."""
+    return spec is not None and spec.flags != pb.JournalSpec.O_WRONLY
+
+
+def proxy_target(header: pb.Header, zone: str = "") -> tuple[pb.ProcessSpec.ID, str]:
+    """The route member (and its endpoint) a request resolved to `header` is proxied to: the
+    header's process if it names one, else a member in `zone`, else the primary, else any."""
+    route = header.route
+    if header.process_id.zone or header.process_id.suffix:
+        for index, member in enumerate(route.members):
+            if member == header.process_id and index < len(route.endpoints):
+                return member, route.endpoints[index]
+        return header.process_id, ""
+    endpoint = pick_endpoint(route, require_primary=False, zone=zone)
+    for index, candidate in enumerate(route.endpoints):
+        if endpoint and candidate == endpoint:
+            return route.members[index], endpoint
+    return pb.ProcessSpec.ID(), ""
+
+
+def proxy_header(header: pb.Header, member: pb.ProcessSpec.ID) -> pb.Header:
+    """`header` addressed to `member`, to forward with a proxied request."""
+    out = pb.Header()
+    out.CopyFrom(header)
+    out.process_id.CopyFrom(member)
+    return out
+
+
+def validate_request_header(request: Any) -> None:
+    if request.HasField("header"):
+        with at("header"):
+            validate_header(request.header)
+
+
+# --- Serving from the local index -----------------------------------------------------------------
+
+
+async def serve_read(
+    request: pb.ReadRequest,
+    header: pb.Header,
+    index: FragmentIndex,
+    registry: StoreRegistry,
+    *,
+    chunk_bytes_max: int = chunk_bytes_max_default,
+) -> AsyncGenerator[pb.ReadResponse, None]:
+    """The responses of a read served from `index` (see the module docstring). Raises
+    IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails."""
+    req = pb.ReadRequest()
+    req.CopyFrom(request)
+    first = True
+    closed_files = 0
+    while True:
+        if req.block:
+            result = await index.wait_for(req.offset, begin_mod_time=req.begin_mod_time)
+        else:
+            result = index.query(req.offset, begin_mod_time=req.begin_mod_time)
+        response = await _metadata(result, registry)
+        if first:
+            response.header.CopyFrom(header)
+            first = False
+        yield response
+
+        if (
+            response.status != pb.OK
+            or req.metadata_only
+            or (result.file is None and req.do_not_proxy)
+            or (req.end_offset and response.offset >= req.end_offset)
+        ):
+            return
+        fragment = response.fragment
+        req.offset = response.offset
+
+        if result.file is not None:
+            content = _local_content(result.file, fragment, req.offset, chunk_bytes_max)
+        else:
+            content = _store_content(registry, fragment, req.offset, chunk_bytes_max)
+        try:
+            async for chunk in content:
+                if req.end_offset:
+                    chunk = chunk[: req.end_offset - req.offset]
+                yield pb.ReadResponse(offset=req.offset, content=chunk)
+                req.offset += len(chunk)
+                if req.end_offset and req.offset >= req.end_offset:
+                    return
+            closed_files = 0
+        except _FileClosedError:
+            # Persisted and closed under us: the index now answers with the stored fragment.
+            closed_files += 1
+            if closed_files > closed_file_requeries_max:
+                raise
+        finally:
+            await content.aclose()
+
+
+async def _metadata(result: QueryResult, registry: StoreRegistry) -> pb.ReadResponse:
+    if result.fragment is None:
+        return pb.ReadResponse(
+            status=pb.OFFSET_NOT_YET_AVAILABLE, offset=result.offset, write_head=result.write_head
+        )
+    response = pb.ReadResponse(
+        status=pb.OK, offset=result.offset, write_head=result.write_head, fragment=result.fragment
+    )
+    fragment = result.fragment
+    if result.file is None and fragment.backing_store and fragment.mod_time:
+        store = registry.get(fragment.backing_store)
+        response.fragment_url = await store.signed_url(fragment, fragment_url_ttl_s)
+    return response
+
+
+class _FileClosedError(Exception):
+    """A local fragment's file was closed while being read."""
+
+
+async def _local_content(
+    file: SpoolFile, fragment: pb.Fragment, offset: int, chunk_bytes_max: int
+) -> AsyncGenerator[bytes, None]:
+    # Committed content is immutable in the file (the spool writes only beyond it), so it is
+    # read without coordinating with the spool's owner. Reads are positional and small; they
+    # are served from the page cache in the common case of a reader near the head.
+    while offset < fragment.end:
+        want = min(chunk_bytes_max, fragment.end - offset)
+        if file.closed:
+            raise _FileClosedError()
+        try:
+            data = file.pread(want, offset - fragment.begin)
+        except ValueError:
+            if file.closed:
+                raise _FileClosedError() from None
+            raise
+        if len(data) != want:
+            raise FragmentContentError(
+                f"local file of {fragment.journal} [{fragment.begin}, {fragment.end}) is short:"
+                f" read {len(data)} of {want} bytes at offset {offset}"
+            )
+        yield data
+        offset += want
+
+
+async def _store_content(
+    registry: StoreRegistry, fragment: pb.Fragment, offset: int, chunk_bytes_max: int
+) -> AsyncGenerator[bytes, None]:
+    raw = await registry.get(fragment.backing_store).open(fragment)
+    reader = FragmentContentReader(raw, fragment, offset, chunk_bytes_max=chunk_bytes_max)
+    try:
+        while data := await reader.read():
+            yield data
+    finally:
+        await reader.aclose()
+
+
+# --- The RPC --------------------------------------------------------------------------------------
+
+
+class ReadAPI:
+    """The Read RPC handler of a broker: `read(request, context)` is a grpc.aio server-streaming
+    method body. `zone` is this broker's zone (proxied reads prefer members in it)."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        registry: StoreRegistry,
+        channels: ChannelPool,
+        *,
+        zone: str = "",
+        chunk_bytes_max: int = chunk_bytes_max_default,
+    ) -> None:
+        if chunk_bytes_max < 1:
+            raise ValueError(f"chunk_bytes_max: must be >= 1 (got {chunk_bytes_max})")
+        self._resolver = resolver
+        self._registry = registry
+        self._channels = channels
+        self._zone = zone
+        self._chunk_bytes_max = chunk_bytes_max
+
+    async def read(
+        self, request: pb.ReadRequest, context: Context
+    ) -> AsyncIterator[pb.ReadResponse]:
+        try:
+            validate_read_request(request)
+            validate_request_header(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReadRequest.{err}")
+        resolution = await resolve_or_abort(
+            self._resolver,
+            context,
+            request.journal,
+            require_primary=False,
+            may_proxy=not request.do_not_proxy,
+            header=request.header if request.HasField("header") else None,
+        )
+        if resolution.status != pb.OK:
+            yield pb.ReadResponse(
+                status=cast(pb.Status, resolution.status), header=resolution.header
+            )
+            return
+        if not may_read(resolution.spec):
+            yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolution.header)
+            return
+        replica = resolution.replica
+        if not resolution.is_local or replica is None:
+            async for response in self._proxy(request, resolution.header, context):
+                yield response
+            return
+        responses = serve_read(
+            request,
+            resolution.header,
+            replica.index,
+            self._registry,
+            chunk_bytes_max=self._chunk_bytes_max,
+        )
+        try:
+            async for response in responses:
+                yield response
+        except IndexClosedError:
+            return  # The replica went away: end the stream; the client re-resolves.
+        except (StoreError, FragmentContentError, _FileClosedError) as err:
+            log.warning("read failed", journal=request.journal, error=str(err))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading {request.journal}: {err}")
+        finally:
+            await responses.aclose()
+
+    async def _proxy(
+        self, request: pb.ReadRequest, header: pb.Header, context: Context
+    ) -> AsyncIterator[pb.ReadResponse]:
+        member, endpoint = proxy_target(header, self._zone)
+        if not endpoint:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no endpoint to proxy the read of {request.journal} to (route {header.route})",
+            )
+        forwarded = pb.ReadRequest()
+        forwarded.CopyFrom(request)
+        forwarded.header.CopyFrom(proxy_header(header, member))
+        call = self._channels.stub(endpoint).Read(forwarded)
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), f"proxied read via {endpoint}: {err.details()}")
+        finally:
+            call.cancel()
+
+
+async def resolve_or_abort(
+    resolver: Resolver,
+    context: Context,
+    journal: str,
+    *,
+    require_primary: bool,
+    may_proxy: bool,
+    header: pb.Header | None,
+) -> Resolution:
+    """Resolve, turning failures to resolve at all into gRPC errors."""
+    try:
+        return await resolver.resolve(
+            journal,
+            require_primary=require_primary,
+            may_proxy=may_proxy,
+            proxy_header=header,
+        )
+    except TimeoutError as err:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"resolving {journal}: {err}")
+    except Exception as err:
+        # The resolver's own errors (a proxied request from another cluster, a broker that is
+        # stopping) are not retriable as the same request to the same broker.
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"resolving {journal}: {err}")
+    raise AssertionError("unreachable: context.abort raises")

@@ -1,0 +1,331 @@
+"""A journal replica: the per-journal state a broker keeps while it is assigned the journal.
+
+One Replica exists per journal assigned to this broker (the resolver creates and stops them as
+assignments come and go). It owns:
+
+- the **Spool**, the replica's transactional memory of the journal (see fragment/spool.py);
+- the **Pipeline** slot, holding the primary's replication pipeline (or None when none is built);
+- the **FragmentIndex** of local and persisted fragments that reads are served from.
+
+Ownership is a value handed over. The spool and the pipeline each sit in a one-slot hand-off
+(`Slot`, an ``asyncio.Queue(maxsize=1)``): whoever took the value owns it, exclusively, until it
+puts it back. This is what makes appends serializable. A Replicate RPC from the primary holds the
+spool for the whole life of its stream; an append holds the pipeline (which holds the primary's
+own spool) while it streams content. A synchronised pipeline is therefore a distributed lock over
+the journal: every replica's spool is owned by the one primary's streams.
+
+Taking a value is always raced against the *invalidation* of the resolution that led there (the
+journal's assignments changed, or the replica is stopping): a request must not sit on a slot for
+a replica whose route it no longer agrees with.
+
+Daemons, all in the replica's one TaskGroup (a failing daemon fails the replica, and through the
+resolver the broker: loud, never silent):
+
+- *refresh*: lists the journal's fragment stores every ``refresh_interval`` and replaces the
+  index's remote fragments; the first listing gates appends (see append_fsm).
+- *pulse*: on the primary, a zero-byte append every ``pulse_interval_s`` and whenever the route
+  changes. It (re)synchronises the pipeline, advertises the route in the assignments once every
+  replica agrees, and rolls fragments whose flush interval has passed, so that consistency is
+  re-established and content persisted without client traffic.
+
+Stopping rolls the spool forward, completing its current fragment so that the persister stores
+it, then releases everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from broker.fragment.index import FragmentIndex, IndexRefresher
+from broker.fragment.spool import CompletedSpool, LocalFragment, Spool
+from broker.fragment.spool_file import SpoolFile
+from broker.fragment.stores.registry import StoreRegistry
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+
+if TYPE_CHECKING:
+    from broker.pipeline import Pipeline
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+# How long a stopping replica waits for an append to return its pipeline, and for a Replicate
+# stream to return its spool. Both watch for invalidation and give them back promptly; a peer
+# whose primary vanished without closing its stream is what this bound is for.
+shutdown_wait_s_default = 10.0
+# A pulse is a zero-byte append; it may wait this long before it is abandoned (and retried at
+# the next interval). Gazette uses its pulse interval for both.
+pulse_interval_s_default = 60.0
+
+
+class SlotInvalidatedError(Exception):
+    """The resolution a caller waited under was invalidated before it could take the value."""
+
+
+class SlotStateError(RuntimeError):
+    """A value was put into an occupied slot: two owners at once, a bug."""
+
+
+class Slot(Generic[T]):
+    """A one-value hand-off (an ``asyncio.Queue(maxsize=1)``): ``take`` waits for the value and
+    makes the caller its owner; the owner gives it back with ``put``."""
+
+    __slots__ = ("_name", "_queue")
+
+    def __init__(self, name: str, value: T) -> None:
+        self._name = name
+        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=1)
+        self._queue.put_nowait(value)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def available(self) -> bool:
+        return not self._queue.empty()
+
+    def take_nowait(self) -> T | None:
+        """The value if it is there now (the caller owns it), else None."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    async def take(self, invalidated: asyncio.Event) -> T:
+        """Wait for the value; raise SlotInvalidatedError if ``invalidated`` is set first.
+
+        The value is never lost: if it arrives in the same instant as the invalidation, or as
+        a cancellation of the caller, it is put back before this returns or raises.
+        """
+        if invalidated.is_set():
+            raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        getter = asyncio.ensure_future(self._queue.get())
+        waiter = asyncio.ensure_future(invalidated.wait())
+        taken = False
+        try:
+            await asyncio.wait((getter, waiter), return_when=asyncio.FIRST_COMPLETED)
+            # Post-check, as Gazette does: even with the value in hand, an invalidation that
+            # became visible at the same moment wins, so that the caller re-resolves.
+            if getter.done() and not invalidated.is_set():
+                taken = True
+                return getter.result()
+            raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
+        finally:
+            waiter.cancel()
+            if not taken:
+                getter.cancel()
+                if getter.done() and not getter.cancelled():
+                    self._queue.put_nowait(getter.result())
+            # Both are finished or cancelled here; await them so that nothing is left running.
+            await asyncio.gather(getter, waiter, return_exceptions=True)
+
+    def put(self, value: T) -> None:
+        """Give the value back (or hand a new one over)."""
+        try:
+            self._queue.put_nowait(value)
+        except asyncio.QueueFull:
+            raise SlotStateError(f"{self._name}: put into an occupied slot") from None
+
+
+async def wait_first(events: Sequence[asyncio.Event], timeout_s: float | None) -> bool:
+    """Wait until any of ``events`` is set (True) or ``timeout_s`` passes (False)."""
+    if any(e.is_set() for e in events):
+        return True
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        done, _ = await asyncio.wait(
+            waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        return bool(done)
+    finally:
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+
+# --- What a replica needs from its collaborators ------------------------------------------------
+
+
+class CompletedSpoolSink(Protocol):
+    """Takes completed spools, files included, to persist them (fragment/persister.py)."""
+
+    def on_complete(self, completed: CompletedSpool) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReplicaEnv:
+    """Everything a replica needs from its broker, injected so tests can control it."""
+
+    # The journal's current spec (None once the journal is deleted).
+    lookup_spec: Callable[[str], pb.JournalSpec | None]
+    new_spool_file: Callable[[], SpoolFile]
+    stores: StoreRegistry | None
+    persister: CompletedSpoolSink | None
+    # One pulse of the journal: a zero-byte append. Returns the event that signals the pulse's
+    # resolution was invalidated (the route changed: pulse again at once), or None.
+    pulse: Callable[[str], Awaitable[asyncio.Event | None]] | None
+    clock: Callable[[], float]
+    pulse_interval_s: float = pulse_interval_s_default
+    shutdown_wait_s: float = shutdown_wait_s_default
+
+
+class _SpoolObserver:
+    """Routes spool events: commits to the index (readers see them), completions to the
+    persister. Without a persister a completed fragment stays readable from its local file
+    (the index holds it) until the replica goes; only the compressed copy is released."""
+
+    def __init__(self, index: FragmentIndex, persister: CompletedSpoolSink | None) -> None:
+        self._index = index
+        self._persister = persister
+
+    def on_commit(self, fragment: LocalFragment) -> None:
+        self._index.spool_commit(fragment)
+
+    def on_complete(self, completed: CompletedSpool) -> None:
+        if self._persister is not None:
+            self._persister.on_complete(completed)
+        elif completed.compressed_file is not None:
+            completed.compressed_file.close()
+
+
+class Replica:
+    """See the module docstring."""
+
+    def __init__(self, journal: str, env: ReplicaEnv) -> None:
+        self.journal = journal
+        self.env = env
+        self.index = FragmentIndex(journal, clock=env.clock)
+        spool = Spool(
+            journal,
+            _SpoolObserver(self.index, env.persister),
+            new_file=env.new_spool_file,
+            clock=env.clock,
+        )
+        self.spool_slot: Slot[Spool] = Slot(f"{journal}: spool", spool)
+        self.pipeline_slot: Slot[Pipeline | None] = Slot(f"{journal}: pipeline", None)
+        # The route of the last pipeline that synchronised: a new pipeline of another route
+        # starts a new fragment (see append_fsm).
+        self.synced_route: pb.Route | None = None
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._stop_callbacks: set[Callable[[], None]] = set()
+        self._tg: asyncio.TaskGroup | None = None
+
+    def __repr__(self) -> str:
+        return f"Replica<{self.journal}>"
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        """Begin shutting down (the resolver also invalidates the replica's resolutions)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        for callback in list(self._stop_callbacks):
+            callback()
+
+    def on_stop(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (synchronously) when the replica begins stopping; at once if it
+        already has. Returns the function that unregisters it."""
+        if self._stopping.is_set():
+            callback()
+        self._stop_callbacks.add(callback)
+        return lambda: self._stop_callbacks.discard(callback)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
+        """Run ``coro`` in the replica's TaskGroup (e.g. the drain of a torn-down pipeline).
+        Returns False, closing ``coro`` unrun, if the replica is not running."""
+        if self._tg is None:
+            coro.close()
+            return False
+        self._tg.create_task(coro)
+        return True
+
+    async def serve(self) -> None:
+        """Run the replica's daemons until ``stop()``, then shut down."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                daemons = [tg.create_task(self._refresh_daemon())]
+                if self.env.pulse is not None:
+                    daemons.append(tg.create_task(self._pulse_daemon(self.env.pulse)))
+                await self._stopping.wait()
+                for task in daemons:
+                    task.cancel()
+                await self._shut_down()
+        finally:
+            self._tg = None
+            self._stopped.set()
+
+    async def _shut_down(self) -> None:
+        wait_s = self.env.shutdown_wait_s
+        try:
+            async with asyncio.timeout(wait_s):
+                pln = await self.pipeline_slot.take(asyncio.Event())
+        except TimeoutError:
+            log.warning("replica stopping: pipeline not returned in time", journal=self.journal)
+        else:
+            if pln is not None:
+                pln.begin_shutdown()
+                await pln.finish_shutdown(expect_err=False)
+        try:
+            async with asyncio.timeout(wait_s):
+                spool = await self.spool_slot.take(asyncio.Event())
+        except TimeoutError:
+            log.warning("replica stopping: spool not returned in time", journal=self.journal)
+            return
+        # Roll forward to an empty fragment at the end: this completes the current fragment,
+        # handing it to the persister, so that what this broker holds is not lost with it.
+        fragment = spool.fragment
+        fragment.begin = fragment.end
+        fragment.sum.Clear()
+        # Completed as a primary would complete it: this broker is leaving and nothing else may
+        # hold this content, so the persister uploads it now rather than after the delay it
+        # gives replicas to let the primary upload first.
+        spool.must_apply(
+            pb.ReplicateRequest(proposal=fragment, registers=spool.registers), primary=True
+        )
+        spool.close()
+        # Files of local fragments stay open: the persister may still be uploading them, and
+        # closes them itself.
+        self.index.close(close_files=False)
+        # Neither value is put back: the replica is gone, and anyone still waiting on a slot
+        # was released by the invalidation of its resolution.
+
+    # --- Daemons ---
+
+    async def _refresh_daemon(self) -> None:
+        if self.env.stores is None:
+            # No stores to list: the index holds exactly what this broker spools.
+            self.index.replace_remote([])
+            return
+        refresher = IndexRefresher(
+            self.index, lambda: self.env.lookup_spec(self.journal), self.env.stores
+        )
+        await refresher.run()
+
+    async def _pulse_daemon(self, pulse: Callable[[str], Awaitable[asyncio.Event | None]]) -> None:
+        # Each turn awaits (a pulse resolves, at least), and the loop ends once stopping: a
+        # stopping replica's resolutions are all invalidated, which must not spin it.
+        while not self._stopping.is_set():
+            invalidated: asyncio.Event | None = None
+            try:
+                async with asyncio.timeout(self.env.pulse_interval_s):
+                    invalidated = await pulse(self.journal)
+            except TimeoutError:
+                log.warning("journal pulse timed out (will retry)", journal=self.journal)
+            events = [self._stopping]
+            if invalidated is not None:
+                events.append(invalidated)
+            await wait_first(events, self.env.pulse_interval_s)

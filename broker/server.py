@@ -1,0 +1,399 @@
+"""The broker process: the gRPC Journal service over a keyspace, a resolver and local replicas.
+
+A ``Broker`` is one broker of a cluster, runnable in-process (tests, the embedded mode) or as
+``gazette serve``. Starting it:
+
+1. binds the gRPC server (port 0 picks a free one), so that the endpoint is known;
+2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = BrokerSpec,
+   under it: if the broker dies, the lease expires, the key vanishes, and the allocator moves
+   its journals elsewhere;
+3. loads the KeySpace mirror, then runs, in one TaskGroup: the keyspace watch, the lease
+   keep-alive, the resolver (which runs a Replica per assigned journal) and the persister.
+
+Any of those failing fails the broker (``stop()`` re-raises): a broker that lost its lease or its
+view of etcd must not go on serving. Stopping is graceful: the gRPC server drains (appends in
+flight roll back), local replicas roll their spools (completing fragments for the persister),
+queued fragments are persisted within a bound, and the lease is revoked.
+
+Each RPC of the Journal service is implemented by its own module: ``append_api``,
+``replicate_api``, ``read_api``, ``fragments_api`` (ListFragments) and ``list_apply_api``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from broker.append_api import (
+    AppendApi,
+    flow_control_burst_s_default,
+    min_append_rate_bytes_per_s_default,
+)
+from broker.append_fsm import AppendEnv, pulse
+from broker.client.route_cache import ChannelPool
+from broker.fragment.index import FragmentIndex
+from broker.fragment.persister import Persister
+from broker.fragment.spool_file import MemorySpoolFile, SpoolFile, TempSpoolFile
+from broker.fragment.stores.registry import StoreRegistry, new_registry
+from broker.fragments_api import FragmentsAPI
+from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
+from broker.keyspace.keyspace import KeySpace
+from broker.keyspace.lease import keep_lease_alive
+from broker.list_apply_api import ListApplyAPI
+from broker.logging import get_logger
+from broker.pipeline import Dialer, message_bytes_max
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pbg
+from broker.protocol.validate import validate_broker_spec
+from broker.read_api import ReadAPI
+from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
+from broker.replicate_api import ReplicateApi
+from broker.resolver import Resolver, revision_wait_s_default
+from broker.topology import DEFAULT_ROOT, Decoded, member_key, new_keyspace
+
+log = get_logger(__name__)
+
+# Member keys live this long without a keep-alive (etcd TTL, whole seconds).
+lease_ttl_s_default = 20
+# How long a stopping broker lets in-flight RPCs finish before cancelling them.
+stop_grace_s_default = 1.0
+# How long a stopping broker spends persisting the fragments its replicas completed last.
+persist_drain_s_default = 30.0
+# Gazette's default per-broker journal limit.
+journal_limit_default = 1024
+
+_SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", message_bytes_max),
+    ("grpc.max_receive_message_length", message_bytes_max),
+    # Peers hold Replicate streams open across idle periods; let them ping.
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+]
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    zone: str
+    suffix: str
+    root: str = DEFAULT_ROOT
+    host: str = "127.0.0.1"
+    port: int = 0
+    journal_limit: int = journal_limit_default
+    lease_ttl_s: int = lease_ttl_s_default
+    # Directory of spool files (None: the system's temporary directory).
+    spool_dir: str | None = None
+    # Keep spools in memory instead of (unlinked) temporary files: tests, simulations.
+    memory_spools: bool = False
+    pulse_interval_s: float = pulse_interval_s_default
+    # Run the primary's pulse (tests that drive the append machine by hand turn it off).
+    pulse_enabled: bool = True
+    min_append_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default
+    flow_control_burst_s: float = flow_control_burst_s_default
+    revision_wait_s: float = revision_wait_s_default
+    shutdown_wait_s: float = shutdown_wait_s_default
+    stop_grace_s: float = stop_grace_s_default
+    persist_drain_s: float = persist_drain_s_default
+    peer_response_timeout_s: float = 30.0
+
+
+class BrokerStateError(RuntimeError):
+    """start()/stop() called out of order."""
+
+
+class JournalService(pbg.JournalServicer):
+    """The gRPC Journal service of one broker: each RPC delegates to its module."""
+
+    def __init__(
+        self,
+        append: AppendApi,
+        replicate: ReplicateApi,
+        read: ReadAPI,
+        fragments: FragmentsAPI,
+        list_apply: ListApplyAPI,
+    ) -> None:
+        self._append = append
+        self._replicate = replicate
+        self._read = read
+        self._fragments = fragments
+        self._list_apply = list_apply
+
+    # grpc.aio serves a streaming response only from an async generator method.
+
+    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
+        async for response in self._read.read(request, context):
+            yield response
+
+    async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
+        async for response in self._list_apply.list(request, context):
+            yield response
+
+    async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
+        return await self._list_apply.apply(request, context)
+
+    async def ListFragments(
+        self, request: pb.FragmentsRequest, context: Any
+    ) -> pb.FragmentsResponse:
+        return await self._fragments.list_fragments(request, context)
+
+    async def Append(
+        self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
+    ) -> pb.AppendResponse:
+        return await self._append.append(request_iterator, context)
+
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Any
+    ) -> None:
+        await self._replicate.replicate(request_iterator, context)
+
+
+class Broker:
+    """One broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: BrokerConfig,
+        *,
+        stores: StoreRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        self.stores = stores
+        self.clock = clock
+        self.id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
+        self.ks: KeySpace[Decoded] = new_keyspace(config.root)
+        self.dialer = Dialer()
+        # Channels of the read path (proxied reads and fragment listings).
+        self.channels = ChannelPool()
+        self.resolver = Resolver(
+            self.ks,
+            config.root,
+            self.id,
+            self._new_replica,
+            revision_wait_s=config.revision_wait_s,
+        )
+        self.append_env = AppendEnv(
+            resolver=self.resolver,
+            backend=backend,
+            dialer=self.dialer,
+            clock=clock,
+            peer_response_timeout_s=config.peer_response_timeout_s,
+        )
+        self.persister: Persister | None = None
+        if stores is not None:
+            self.persister = Persister(
+                stores,
+                self.resolver.lookup_spec,
+                new_file=self._new_spool_file,
+                index_of=self._index_of,
+                clock=clock,
+            )
+        self.replica_env = ReplicaEnv(
+            lookup_spec=self.resolver.lookup_spec,
+            new_spool_file=self._new_spool_file,
+            stores=stores,
+            persister=self.persister,
+            pulse=self._pulse if config.pulse_enabled else None,
+            clock=clock,
+            pulse_interval_s=config.pulse_interval_s,
+            shutdown_wait_s=config.shutdown_wait_s,
+        )
+        self._server: grpc.aio.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.lease_id = 0
+        self.endpoint = ""
+
+    def __repr__(self) -> str:
+        return f"Broker<{self.config.zone}#{self.config.suffix} {self.endpoint}>"
+
+    # --- Wiring ---
+
+    def _new_spool_file(self) -> SpoolFile:
+        if self.config.memory_spools:
+            return MemorySpoolFile()
+        return TempSpoolFile(self.config.spool_dir)
+
+    def _new_replica(self, journal: str) -> Replica:
+        return Replica(journal, self.replica_env)
+
+    def _index_of(self, journal: str) -> FragmentIndex | None:
+        replica = self.resolver.replicas.get(journal)
+        return replica.index if replica is not None else None
+
+    async def _pulse(self, journal: str) -> asyncio.Event | None:
+        return await pulse(self.append_env, journal)
+
+    # --- Lifecycle ---
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise BrokerStateError(f"{self!r}: already started")
+        cfg = self.config
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        registry = self.stores if self.stores is not None else new_registry()
+        service = JournalService(
+            AppendApi(
+                self.append_env,
+                min_rate_bytes_per_s=cfg.min_append_rate_bytes_per_s,
+                burst_s=cfg.flow_control_burst_s,
+            ),
+            ReplicateApi(self.resolver),
+            ReadAPI(self.resolver, registry, self.channels, zone=cfg.zone),
+            FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
+            ListApplyAPI(self.ks, self.backend, cfg.root, self.id),
+        )
+        pbg.add_JournalServicer_to_server(service, server)
+        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        await server.start()
+        self._server = server
+        self.endpoint = f"http://{cfg.host}:{port}"
+
+        spec = pb.BrokerSpec(
+            process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
+            journal_limit=cfg.journal_limit,
+        )
+        validate_broker_spec(spec)
+        self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
+        await self.backend.put(
+            member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
+            spec.SerializeToString(),
+            lease=self.lease_id,
+        )
+        await self.ks.load(self.backend)
+        self._task = asyncio.create_task(self._run(ttl_s), name=f"{self!r}")
+
+    async def _run(self, ttl_s: int) -> None:
+        persister = self.persister
+        try:
+            async with asyncio.TaskGroup() as tg:
+                daemons = [
+                    tg.create_task(self.ks.watch(self.backend)),
+                    tg.create_task(keep_lease_alive(self.backend, self.lease_id, ttl_s)),
+                ]
+                if persister is not None:
+                    daemons.append(tg.create_task(persister.run()))
+                await self.resolver.run()
+                for task in daemons:
+                    task.cancel()
+        except Exception:
+            # A lost lease, a dead keyspace watch, a failed replica: this broker's view of the
+            # cluster can no longer be trusted. Stop answering at once, rather than serve (or
+            # proxy) on it until someone calls stop().
+            log.exception("broker failed; no longer serving", broker=repr(self))
+            server = self._server
+            if server is not None:
+                await server.stop(0)
+            raise
+        if persister is not None:
+            # Replicas completed their last fragments as they stopped: persist them now.
+            persister.close()
+            try:
+                async with asyncio.timeout(self.config.persist_drain_s):
+                    await persister.run(drain=True)
+            except TimeoutError:
+                log.warning(
+                    "stopping broker: fragments left unpersisted", pending=persister.pending
+                )
+
+    async def wait(self) -> None:
+        """Wait until the broker stops (or fails: its error is raised)."""
+        if self._task is None:
+            raise BrokerStateError(f"{self!r}: not started")
+        await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop gracefully (see the module docstring). Raises what made the broker fail, if it
+        did."""
+        if self._server is None or self._task is None:
+            raise BrokerStateError(f"{self!r}: not started")
+        server, self._server = self._server, None
+        try:
+            await server.stop(self.config.stop_grace_s)
+            self.resolver.stop_serving()
+            await self._task
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
+                await self.backend.lease_revoke(self.lease_id)
+            await self.dialer.close()
+            await self.channels.close()
+
+
+# --- gazette serve ---------------------------------------------------------------------------------
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve journals")
+    serve.add_argument("--zone", required=True)
+    serve.add_argument("--suffix", required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--root", default=DEFAULT_ROOT)
+    serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
+    serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
+    serve.add_argument("--spool-dir", default=None)
+    demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
+    demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
+    return p.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from broker.keyspace.embedded import EmbeddedBackend
+    from broker.keyspace.etcd import EtcdBackend
+
+    backend: Backend = EtcdBackend(args.etcd) if args.etcd else EmbeddedBackend()
+    broker = Broker(
+        backend,
+        BrokerConfig(
+            zone=args.zone,
+            suffix=args.suffix,
+            root=args.root,
+            host=args.host,
+            port=args.port,
+            spool_dir=args.spool_dir,
+        ),
+        stores=new_registry(file_root=args.file_root),
+    )
+    await broker.start()
+    log.info("broker serving", endpoint=broker.endpoint)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.ensure_future(broker.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        waiter.cancel()
+        await asyncio.gather(stopper, waiter, return_exceptions=True)
+        await broker.stop()
+        await backend.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from broker import logging as gazette_logging
+
+    args = _parse_args(argv)
+    if args.command != "demo":  # The demo configures quieter logging itself.
+        gazette_logging.configure()
+    if args.command == "demo":
+        from broker.demo import main as demo_main
+
+        sys.exit(demo_main(args.data_dir))
+    asyncio.run(_serve(args))

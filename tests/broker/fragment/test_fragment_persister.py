@@ -1,0 +1,304 @@
+"""Persister: uploads with bounded retries against a fault-injecting store, hand-over of the
+persisted fragment to the index, file ownership, the bounded queue and replica delays."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.fragment import codecs, naming
+from broker.fragment.codecs import CompressionCodec
+from broker.fragment.index import FragmentIndex
+from broker.fragment.persister import (
+    Outcome,
+    Persister,
+    PersisterClosedError,
+    PersistQueueFullError,
+)
+from broker.fragment.spool import CompletedSpool, LocalFragment, Spool
+from broker.fragment.spool_file import MemorySpoolFile
+from broker.fragment.stores.base import Content, StoreError, StoreURL
+from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
+from broker.fragment.stores.registry import StoreRegistry
+from broker.protocol import protocol_pb2 as pb
+
+JOURNAL = "a/journal"
+STORE = "memory://bucket/prefix/"
+NOW = 1_700_000_000.0
+
+
+class FaultyStore(MemoryStore):
+    """A memory store whose puts fail `put_failures` times (then succeed), counting calls."""
+
+    def __init__(self, url: StoreURL, buckets: MemoryBuckets) -> None:
+        super().__init__(url, buckets=buckets)
+        self.put_failures = 0
+        self.puts = 0
+        self.exists_calls = 0
+
+    async def _put(self, key: str, content: Content, content_encoding: str) -> None:
+        self.puts += 1
+        if self.put_failures > 0:
+            self.put_failures -= 1
+            raise StoreError("put failed (injected)")
+        await super()._put(key, content, content_encoding)
+
+    async def _exists(self, key: str) -> bool:
+        self.exists_calls += 1
+        return await super()._exists(key)
+
+
+class Env:
+    def __init__(self, *, stores: list[str] | None = None, **persister_args: object) -> None:
+        self.buckets = MemoryBuckets(clock=lambda: NOW)
+        self.stores: dict[str, FaultyStore] = {}
+        self.registry = StoreRegistry({"memory": self._build})
+        self.spec: pb.JournalSpec | None = pb.JournalSpec(
+            name=JOURNAL,
+            replication=1,
+            fragment=pb.JournalSpec.Fragment(
+                length=1 << 20,
+                compression_codec=pb.GZIP,
+                stores=[STORE] if stores is None else stores,
+                refresh_interval=Duration(seconds=60),
+            ),
+        )
+        self.index = FragmentIndex(JOURNAL, clock=lambda: NOW)
+        self.sleeps: list[float] = []
+        self.now = NOW
+        self.persister = Persister(
+            self.registry,
+            lambda journal: self.spec if journal == JOURNAL else None,
+            new_file=MemorySpoolFile,
+            clock=lambda: self.now,
+            sleep=self._sleep,
+            **persister_args,  # type: ignore[arg-type]
+        )
+
+    def _build(self, url: StoreURL) -> FaultyStore:
+        self.stores[url.url] = FaultyStore(url, self.buckets)
+        return self.stores[url.url]
+
+    async def _sleep(self, delay: float) -> None:
+        self.sleeps.append(delay)
+        self.now += delay
+
+    @property
+    def store(self) -> FaultyStore:
+        store = self.registry.get(STORE)
+        assert isinstance(store, FaultyStore)
+        return store
+
+    async def stored(self, fragment: pb.Fragment) -> bytes:
+        f = pb.Fragment()
+        f.CopyFrom(fragment)
+        f.backing_store = STORE
+        raw = await self.store.read(f, 1 << 30)
+        return codecs.decompress(f.compression_codec, raw)
+
+
+def completed(
+    begin: int,
+    content: bytes,
+    *,
+    codec: CompressionCodec = CompressionCodec.NONE,
+    primary: bool = True,
+    index: FragmentIndex | None = None,
+) -> CompletedSpool:
+    """A completed spool of `content`, also committed to `index` as a local fragment."""
+    file = MemorySpoolFile()
+    file.pwrite(content, 0)
+    fragment = pb.Fragment(
+        journal=JOURNAL,
+        begin=begin,
+        end=begin + len(content),
+        sum=naming.content_sum(content),
+        compression_codec=naming.pb_codec(codec),
+    )
+    if index is not None:
+        index.spool_commit(LocalFragment(fragment, file))
+    return CompletedSpool(
+        fragment=fragment,
+        registers=pb.LabelSet(),
+        first_append_time=NOW,
+        content_file=file,
+        compressed_file=None,
+        compressed_length=0,
+        primary=primary,
+    )
+
+
+async def test_persists_to_the_first_store_and_hands_over_to_the_index() -> None:
+    env = Env(stores=[STORE, "memory://other/"])
+    done = completed(100, b"some content\n", index=env.index)
+    assert await env.persister.persist(done, env.index) is Outcome.PERSISTED
+    assert await env.stored(done.fragment) == b"some content\n"
+    assert "memory://other/" not in env.stores  # Only the first store is written.
+    # Reads now go through the store: the index indexes the persisted fragment, not the file.
+    result = env.index.query(105)
+    assert result.file is None and result.fragment is not None
+    assert (result.fragment.backing_store, result.fragment.mod_time) == (STORE, int(NOW))
+    assert not env.index.has_local
+    assert done.content_file.closed
+
+
+async def test_compresses_when_the_spool_did_not() -> None:
+    env = Env()
+    content = b"line of text\n" * 1000
+    done = completed(0, content, codec=CompressionCodec.ZSTANDARD)
+    assert await env.persister.persist(done) is Outcome.PERSISTED
+    assert await env.stored(done.fragment) == content
+    keys = [k for k, _ in env.buckets.items("bucket", "")]
+    assert keys == ["prefix/" + naming.content_path(done.fragment)]
+    assert keys[0].endswith(".zst")
+
+
+async def test_uploads_the_primary_spools_compressed_file() -> None:
+    env = Env()
+    index = FragmentIndex(JOURNAL)
+    completions: list[CompletedSpool] = []
+
+    class Observer:
+        def on_commit(self, fragment: LocalFragment) -> None:
+            index.spool_commit(fragment)
+
+        def on_complete(self, c: CompletedSpool) -> None:
+            completions.append(c)
+
+    spool = Spool(JOURNAL, Observer(), new_file=MemorySpoolFile, clock=lambda: NOW)
+    roll = pb.Fragment(journal=JOURNAL, begin=0, end=0, compression_codec=pb.GZIP)
+    spool.must_apply(pb.ReplicateRequest(proposal=roll, registers=pb.LabelSet()))
+    spool.apply(pb.ReplicateRequest(content=b"hello, world\n"), primary=True)
+    spool.apply(pb.ReplicateRequest(proposal=spool.next(), registers=pb.LabelSet()), primary=True)
+    end = spool.fragment.end
+    spool.apply(
+        pb.ReplicateRequest(
+            proposal=pb.Fragment(journal=JOURNAL, begin=end, end=end, compression_codec=pb.GZIP),
+            registers=pb.LabelSet(),
+        ),
+        primary=True,  # A primary's roll completes the compression.
+    )
+    (done,) = completions
+    assert done.compressed_file is not None
+    assert await env.persister.persist(done, index) is Outcome.PERSISTED
+    assert await env.stored(done.fragment) == b"hello, world\n"
+    assert done.compressed_file.closed and done.content_file.closed
+    assert index.query(0).file is None
+
+
+async def test_retries_with_backoff_until_the_store_recovers() -> None:
+    env = Env(attempts_max=5, backoff_initial_s=0.5)
+    env.store.put_failures = 3
+    done = completed(0, b"abc", index=env.index)
+    assert await env.persister.persist(done, env.index) is Outcome.PERSISTED
+    assert env.store.puts == 4
+    assert env.sleeps == [0.5, 1.0, 2.0]
+    assert env.persister.stats.failed_attempts == 3
+    assert await env.stored(done.fragment) == b"abc"
+
+
+async def test_gives_up_after_attempts_max_and_keeps_the_content_local() -> None:
+    env = Env(attempts_max=3, backoff_initial_s=1.0, backoff_max_s=1.5)
+    env.store.put_failures = 100
+    done = completed(0, b"abc", index=env.index)
+    assert await env.persister.persist(done, env.index) is Outcome.GAVE_UP
+    assert env.store.puts == 3
+    assert env.sleeps == [1.0, 1.5]  # Capped back-off, and none after the last attempt.
+    assert env.persister.stats.outcomes[Outcome.GAVE_UP] == 1
+    # Nothing is lost: the index still serves the content from the (still open) local file.
+    result = env.index.query(1)
+    assert result.file is done.content_file and not done.content_file.closed
+    assert result.file.pread(3, 0) == b"abc"
+
+
+async def test_already_present_counts_as_done() -> None:
+    env = Env()
+    first = completed(0, b"same bytes")
+    assert await env.persister.persist(first) is Outcome.PERSISTED
+    again = completed(0, b"same bytes", index=env.index)
+    assert await env.persister.persist(again, env.index) is Outcome.ALREADY_PRESENT
+    assert env.store.puts == 1
+    assert env.index.query(0).file is None
+    assert again.content_file.closed
+
+
+async def test_no_store_and_removed_journal_leave_content_to_the_index() -> None:
+    env = Env(stores=[])
+    done = completed(0, b"abc", index=env.index)
+    assert await env.persister.persist(done, env.index) is Outcome.NO_STORE
+    assert env.index.query(0).file is done.content_file and not done.content_file.closed
+
+    env.spec = None
+    gone = completed(3, b"def", index=env.index)
+    assert await env.persister.persist(gone, env.index) is Outcome.JOURNAL_REMOVED
+    assert not gone.content_file.closed
+    # The index closes what it still holds when it is closed itself.
+    env.index.close()
+    assert done.content_file.closed and gone.content_file.closed
+
+
+async def test_empty_fragments_are_not_uploaded() -> None:
+    env = Env()
+    assert await env.persister.persist(completed(7, b"")) is Outcome.EMPTY
+    assert env.store.exists_calls == 0
+
+
+async def test_queue_is_bounded() -> None:
+    index = FragmentIndex(JOURNAL)
+    # index_of: the broker's lookup of a journal's local replica.
+    env = Env(queue_len_max=2, index_of=lambda journal: index)
+    first, second, third = (completed(i, b"x") for i in range(3))
+    env.persister.submit_nowait(first)
+    env.persister.submit_nowait(second)
+    with pytest.raises(PersistQueueFullError):
+        env.persister.submit_nowait(third)
+    assert env.persister.pending == 2
+    # The spool's hook never raises: the fragment stays local, counted.
+    fourth = completed(3, b"y", index=index)
+    env.persister.on_complete(fourth)
+    assert env.persister.stats.outcomes[Outcome.QUEUE_FULL] == 1
+    assert index.query(3).file is fourth.content_file and not fourth.content_file.closed
+    # A blocking submit waits for room.
+    waiter = asyncio.create_task(env.persister.submit(third))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    await env.persister.run(drain=True)
+    await waiter
+    await env.persister.run(drain=True)
+    assert env.persister.stats.outcomes[Outcome.PERSISTED] == 3
+    env.persister.close()
+    with pytest.raises(PersisterClosedError):
+        env.persister.submit_nowait(completed(9, b"z"))
+
+
+async def test_replicas_wait_for_the_primary_and_find_it_done() -> None:
+    env = Env(replica_delay_s=120.0)
+    replica = completed(0, b"replicated", primary=False, index=env.index)
+    env.persister.submit_nowait(replica, env.index)
+    # Meanwhile, the primary uploads the same fragment.
+    primary_copy = completed(0, b"replicated")
+    await env.persister.persist(primary_copy)
+    puts = env.store.puts
+
+    assert await env.persister.step() is Outcome.ALREADY_PRESENT
+    assert env.sleeps == [120.0]
+    assert env.store.puts == puts  # The replica only checked.
+    assert env.index.query(0).file is None
+
+
+async def test_drain_does_not_wait_out_replica_delays() -> None:
+    env = Env(replica_delay_s=120.0)
+    env.persister.submit_nowait(completed(0, b"abc", primary=False))
+    await env.persister.run(drain=True)
+    assert env.sleeps == []
+    assert env.persister.stats.outcomes[Outcome.PERSISTED] == 1
+
+
+@pytest.mark.parametrize("attempts_max", [0])
+def test_bad_bounds_are_refused(attempts_max: int) -> None:
+    make: Callable[[], object] = lambda: Env(attempts_max=attempts_max)  # noqa: E731
+    with pytest.raises(ValueError, match="attempts_max"):
+        make()

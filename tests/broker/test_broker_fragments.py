@@ -1,0 +1,189 @@
+"""Fragment boundaries and persistence as driven by the write path: rolls at the target
+length, at flush-interval boundaries, on codec and route changes; the pulse; the fragment index
+ahead of the spool (INDEX_HAS_GREATER_OFFSET) and its explicit recovery."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from broker_testkit import Cluster, journal_spec, local_content, replica_of, wait_until
+
+from broker.append_fsm import pulse
+from broker.fragment.naming import sum_from_digest
+from broker.fragment.stores.registry import new_registry
+from broker.protocol import protocol_pb2 as pb
+from broker.server import Broker
+
+J = "frag/journal"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def boundaries(broker: Broker) -> list[tuple[int, int]]:
+    """Fragment boundaries as this broker's index sees its local (spool) fragments."""
+    return [(f.begin, f.end) for f in replica_of(broker, J).index.local_fragments()]
+
+
+def stored(root: Path) -> list[tuple[int, int]]:
+    """(begin, end) of every fragment file under a file:// store root."""
+    out = []
+    for path in sorted((root / J).glob("*")):
+        begin, end, _ = path.name.split("-")
+        out.append((int(begin, 16), int(end, 16)))
+    return out
+
+
+async def test_fragments_roll_at_the_target_length(cluster: Cluster) -> None:
+    b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    await cluster.create(journal_spec(J, length=1024), [b])
+    for _ in range(4):
+        assert (await cluster.append(b, J, [b"x" * 600])).status == pb.OK
+    # [0, 600) is the journal's first write (rolled at once); [600, 1800) reached the target
+    # length with its second append, so the fourth append starts a new fragment.
+    assert boundaries(b) == [(0, 600), (600, 1800), (1800, 2400)]
+
+
+async def test_fragments_roll_when_the_codec_changes(cluster: Cluster) -> None:
+    b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    await cluster.create(journal_spec(J), [b])
+    await cluster.append(b, J, [b"first"])
+    await cluster.append(b, J, [b"second"])
+    resp = await cluster.append(b, J, [b"third"])
+    assert resp.commit.compression_codec == pb.NONE
+    await cluster.sync(await cluster.put_spec(journal_spec(J, codec=pb.GZIP)))
+
+    resp = await cluster.append(b, J, [b"fourth"])
+    assert resp.commit.compression_codec == pb.GZIP
+    assert boundaries(b) == [(0, 5), (5, 16), (16, 22)]
+
+
+async def test_fragments_roll_when_the_route_changes(cluster: Cluster) -> None:
+    a = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)
+    await cluster.create(journal_spec(J, replication=2), [a, b])
+    for chunk in (b"one", b"two", b"three"):
+        await cluster.append(a, J, [chunk])
+    assert boundaries(a) == [(0, 3), (3, 11)]
+
+    # b leaves the route. Every remaining replica could extend the fragment, but a fragment
+    # holds appends of one route only: it is closed, and a new one begins.
+    await cluster.put_spec(journal_spec(J, replication=1))
+    await cluster.assign(J, [a])
+    await cluster.append(a, J, [b"four"])
+    await cluster.append(a, J, [b"five"])
+    assert boundaries(a) == [(0, 3), (3, 11), (11, 19)]
+
+    # b joins again (it cannot extend [11, 19), which it never saw).
+    await cluster.put_spec(journal_spec(J, replication=2))
+    await cluster.assign(J, [a, b])
+    await cluster.append(a, J, [b"six"])
+    assert boundaries(a) == [(0, 3), (3, 11), (11, 19), (19, 22)]
+    assert local_content(b, J)[1].endswith(b"six")
+
+
+async def test_pulse_rolls_at_flush_interval_boundaries(cluster: Cluster) -> None:
+    now = [600.0 * 1000 + 1]  # Just after a 10-minute boundary.
+    b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False, clock=lambda: now[0])
+    await cluster.create(journal_spec(J, flush_interval_s=600), [b])
+
+    await cluster.append(b, J, [b"first"])
+    await pulse(b.append_env, J)  # Rolls the journal's first write.
+    await cluster.append(b, J, [b"a"])
+    now[0] += 300
+    await pulse(b.append_env, J)  # Same interval: nothing to roll.
+    await cluster.append(b, J, [b"b"])
+    now[0] += 300
+    await pulse(b.append_env, J)  # The interval has passed: roll without any traffic.
+    await cluster.append(b, J, [b"c"])
+    assert boundaries(b) == [(0, 5), (5, 7), (7, 8)]
+
+
+async def test_pulse_persists_content_without_traffic(cluster: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    await cluster.create(journal_spec(J, stores=["file:///frags/"]), [b])
+    index = replica_of(b, J).index
+    await index.wait_first_refresh(5.0)
+
+    resp = await cluster.append(b, J, [b"persist me"])
+    assert resp.status == pb.OK
+    assert stored(tmp_path / "frags") == []
+    await pulse(b.append_env, J)  # Rolls: the completed fragment goes to the persister.
+    # The persister uploads in the background, then tells the index (which drops its copy).
+    await wait_until(lambda: not index.has_local)
+    assert stored(tmp_path / "frags") == [(0, 10)]
+    assert [f.backing_store for f in index.fragments()] == ["file:///frags/"]
+    name = next((tmp_path / "frags" / J).iterdir()).name
+    assert name.split("-")[2].startswith(hashlib.sha1(b"persist me").hexdigest())
+
+
+async def test_index_ahead_of_the_spool_refuses_until_an_explicit_offset(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Another cluster (or a lost broker) persisted [0, 100) that this route never saw.
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    content = b"z" * 100
+    fragment = pb.Fragment(
+        journal=J,
+        begin=0,
+        end=100,
+        sum=sum_from_digest(hashlib.sha1(content).digest()),
+        compression_codec=pb.NONE,
+    )
+    await cluster.stores.get("file:///frags/").put(fragment, content)
+
+    brokers = [await cluster.start_broker(f"zone-{z}", f"broker-{z}") for z in "ab"]
+    await cluster.create(journal_spec(J, replication=2, stores=["file:///frags/"]), brokers)
+    await replica_of(brokers[0], J).index.wait_first_refresh(5.0)
+
+    resp = await cluster.append(brokers[0], J, [b"lost?"])
+    assert resp.status == pb.INDEX_HAS_GREATER_OFFSET
+    resp = await cluster.append(brokers[0], J, [b"lost?"], offset=50)
+    assert resp.status == pb.WRONG_APPEND_OFFSET
+
+    # The operator confirms the journal's end (gazctl journals reset-head).
+    resp = await cluster.append(brokers[0], J, [b"resumed"], offset=100)
+    assert resp.status == pb.OK
+    assert (resp.commit.begin, resp.commit.end) == (100, 107)
+    resp = await cluster.append(brokers[1], J, [b"!"])  # Proxied; no offset needed now.
+    assert (resp.status, resp.commit.begin) == (pb.OK, 107)
+    for b in brokers:
+        assert local_content(b, J) == (100, b"resumed!")
+
+
+async def test_read_only_journal_accepts_zero_byte_appends_past_the_index(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    content = b"y" * 10
+    fragment = pb.Fragment(
+        journal=J,
+        begin=0,
+        end=10,
+        sum=sum_from_digest(hashlib.sha1(content).digest()),
+        compression_codec=pb.NONE,
+    )
+    await cluster.stores.get("file:///frags/").put(fragment, content)
+    b = await cluster.start_broker("zone-a", "broker-a")
+    spec = journal_spec(J, stores=["file:///frags/"], flags=pb.JournalSpec.O_RDONLY)
+    await cluster.create(spec, [b])
+    await replica_of(b, J).index.wait_first_refresh(5.0)
+
+    # A transaction barrier: no bytes, so no offset can be double-written.
+    resp = await cluster.append(b, J, [])
+    assert resp.status == pb.OK
+    resp = await cluster.append(b, J, [b"data"])
+    assert resp.status == pb.NOT_ALLOWED

@@ -1,0 +1,158 @@
+"""Replication across routes of 1 to 5 brokers, recovery of a restarted primary, the Replicate
+RPC's refusals, flow control, and bad input at the Append boundary."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from broker_testkit import Cluster, journal_spec, local_content, replica_of
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
+from broker.topology import etcd_header, make_header
+
+J = "repl/journal"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize("replication", [1, 2, 3, 4, 5])
+async def test_appends_are_on_every_replica(cluster: Cluster, replication: int) -> None:
+    brokers = [
+        await cluster.start_broker(f"zone-{i % 2}", f"broker-{i}") for i in range(replication)
+    ]
+    await cluster.create(journal_spec(J, replication=replication), brokers)
+    responses = await asyncio.gather(
+        *(cluster.append(brokers[i % replication], J, [b"%d;" % i]) for i in range(10))
+    )
+    assert all(r.status == pb.OK for r in responses)
+    assert len(responses[0].header.route.members) == replication
+    _, content = local_content(brokers[0], J)
+    assert sorted(content.split(b";")[:-1]) == sorted(b"%d" % i for i in range(10))
+    for b in brokers:
+        assert local_content(b, J) == (0, content)
+
+
+async def test_restarted_primary_rolls_forward_and_adopts_the_registers(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.start_broker("zone-a", "broker-a")
+    b = await cluster.start_broker("zone-b", "broker-b")
+    await cluster.create(journal_spec(J, replication=2), [a, b])
+    owner = label_set([("owner", "a")])
+    resp = await cluster.append(a, J, [b"abc"], union_registers=owner)
+    assert resp.status == pb.OK
+
+    # The primary restarts with a fresh (empty) spool; the replica still holds [0, 3).
+    await cluster.stop_broker(a)
+    a = await cluster.start_broker("zone-a", "broker-a")
+    await cluster.assign(J, [a, b])
+
+    resp = await cluster.append(a, J, [b"def"])
+    assert resp.status == pb.OK
+    # Never below what a replica holds: offsets are not written twice.
+    assert (resp.commit.begin, resp.commit.end) == (3, 6)
+    assert resp.registers == owner
+    assert local_content(b, J) == (0, b"abcdef")
+    assert local_content(a, J) == (3, b"def")
+
+
+async def test_replicate_refuses_a_stale_route(cluster: Cluster) -> None:
+    a = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)
+    await cluster.create(journal_spec(J, replication=2), [a, b])
+    stale_route = pb.Route(members=[a.id], primary=0)
+    header = make_header(b.id, stale_route, etcd_header(b.ks.header))
+
+    call = cluster.stub(b).Replicate()
+    await call.write(
+        pb.ReplicateRequest(
+            header=header,
+            proposal=pb.Fragment(journal=J, compression_codec=pb.NONE),
+            registers=pb.LabelSet(),
+            acknowledge=True,
+        )
+    )
+    resp = await call.read()
+    assert resp.status == pb.WRONG_ROUTE
+    assert [m.suffix for m in resp.header.route.members] == ["broker-a", "broker-b"]
+    assert replica_of(b, J).spool_slot.available()  # The spool was never taken.
+
+
+async def test_replicate_refuses_a_malformed_first_message(cluster: Cluster) -> None:
+    b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)
+    await cluster.create(journal_spec(J), [b])
+    call = cluster.stub(b).Replicate()
+    await call.write(pb.ReplicateRequest(proposal=pb.Fragment(journal=J)))  # No header.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "header: expected in the first message" in (info.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("first", "detail"),
+    [
+        (pb.AppendRequest(journal="bad journal name"), "journal"),
+        (pb.AppendRequest(journal=J, offset=-1), "offset: must be >= 0"),
+        (pb.AppendRequest(journal=J, content=b"x"), "content: unexpected"),
+        (
+            pb.AppendRequest(journal=J, union_registers=label_set([("b", "1"), ("a", "1")])),
+            "union_registers",
+        ),
+    ],
+)
+async def test_append_refuses_a_malformed_first_message(
+    cluster: Cluster, first: pb.AppendRequest, detail: str
+) -> None:
+    b = await cluster.start_broker("zone-b", "broker-b")
+    await cluster.create(journal_spec(J), [b])
+    call = cluster.stub(b).Append()
+    await call.write(first)
+    await call.done_writing()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert detail in (info.value.details() or "")
+    # Nothing changed: the next append starts at 0.
+    resp = await cluster.append(b, J, [b"ok"])
+    assert (resp.status, resp.commit.begin) == (pb.OK, 0)
+
+
+async def test_a_slow_client_is_aborted_and_rolled_back(cluster: Cluster) -> None:
+    b = await cluster.start_broker(
+        "zone-b",
+        "broker-b",
+        min_append_rate_bytes_per_s=1000,
+        flow_control_burst_s=0.1,
+    )
+    await cluster.create(journal_spec(J), [b])
+    call = cluster.stub(b).Append()
+    await call.write(pb.AppendRequest(journal=J))
+    await call.write(pb.AppendRequest(content=b"slow"))
+    # ... and then nothing: the client has stalled.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    resp = await cluster.append(b, J, [b"fast"])
+    assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 0, 4)
+    assert local_content(b, J) == (0, b"fast")
+
+
+async def test_append_to_an_unassigned_journal(cluster: Cluster) -> None:
+    b = await cluster.start_broker("zone-b", "broker-b")
+    await cluster.put_spec(journal_spec(J))
+    resp = await cluster.append(b, J, [b"x"])
+    assert resp.status == pb.NO_JOURNAL_PRIMARY_BROKER
+    resp = await cluster.append(b, "no/such/journal", [b"x"])
+    assert resp.status == pb.JOURNAL_NOT_FOUND

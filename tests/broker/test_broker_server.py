@@ -1,0 +1,60 @@
+"""The Broker object: member announcement under a lease, lifecycle, and failing loudly."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from broker_testkit import Cluster, journal_spec
+
+from broker.keyspace.backend import LeaseNotFoundError
+from broker.protocol import protocol_pb2 as pb
+from broker.server import BrokerStateError
+from broker.topology import Member, lookup_member, member_key
+
+J = "srv/journal"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_broker_announces_itself_under_its_lease(cluster: Cluster) -> None:
+    b = await cluster.start_broker("zone-a", "broker-a")
+    resp = await cluster.admin.range(member_key(b.config.root, "zone-a", "broker-a").encode())
+    (kv,) = resp.kvs
+    assert kv.lease == b.lease_id
+    spec = pb.BrokerSpec.FromString(kv.value)
+    assert spec.process_spec.endpoint == b.endpoint and spec.process_spec.id == b.id
+    member = lookup_member(b.ks, b.config.root, "zone-a", "broker-a")
+    assert isinstance(member, Member)
+    with pytest.raises(BrokerStateError):
+        await b.start()
+
+    await cluster.stop_broker(b)
+    resp = await cluster.admin.range(member_key(b.config.root, "zone-a", "broker-a").encode())
+    assert resp.kvs == ()  # Revoked with the lease.
+
+
+async def test_a_broker_that_loses_its_lease_fails_and_stops_serving(cluster: Cluster) -> None:
+    b = await cluster.start_broker("zone-a", "broker-a", lease_ttl_s=2)
+    await cluster.create(journal_spec(J), [b])
+    assert (await cluster.append(b, J, [b"x"])).status == pb.OK
+
+    await cluster.admin.lease_revoke(b.lease_id)  # As if etcd expired it.
+    with pytest.raises(ExceptionGroup) as info:
+        await b.wait()
+    assert info.group_contains(LeaseNotFoundError)
+    with pytest.raises(grpc.aio.AioRpcError) as rpc:
+        await cluster.append(b, J, [b"y"])
+    assert rpc.value.code() == grpc.StatusCode.UNAVAILABLE
+    cluster.brokers.remove(b)
+    with pytest.raises(ExceptionGroup):
+        await b.stop()
+    await b.backend.close()
