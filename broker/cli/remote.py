@@ -1,0 +1,128 @@
+"""gazctl commands that talk to a broker (``gazctl.py`` parses; this module does the RPCs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from broker import client
+from broker.cli.journalspace import spec_to_yaml_dict
+from broker.cli.output import emit
+from broker.fragment.naming import content_name
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import OffsetNotYetAvailableError
+from broker.protocol.validate import ValidationError
+from broker.topology import format_id
+
+# An append from gazctl is read into memory first: it must be one atomic append, and a size
+# above this is better done with a program using the Appender directly.
+append_bytes_max = 64 << 20
+
+
+async def apply_journals(broker: str, nodes: Sequence[tuple[pb.JournalSpec | None, str]]) -> None:
+    """Upsert or delete every node in one transaction, expecting current mod revisions (so a
+    concurrent change makes the whole apply fail with ETCD_TRANSACTION_FAILED)."""
+    c = client.JournalClient(broker)
+    try:
+        current = {j.spec.name: j.mod_revision for j in (await client.list_journals(c)).journals}
+        changes = []
+        for spec, name in nodes:
+            if spec is None:
+                if name in current:
+                    changes.append(client.delete(name, current[name]))
+            else:
+                changes.append(client.upsert(spec, current.get(name, 0)))
+        if changes:
+            await client.apply_journals(c, changes)
+    finally:
+        await c.channels.close()
+
+
+async def run(args: argparse.Namespace) -> int:
+    c = client.JournalClient(args.broker)
+    try:
+        if args.verb == "list":
+            return await _list(c, args)
+        if args.verb == "append":
+            return await _append(c, args)
+        if args.verb == "read":
+            return await _read(c, args)
+        if args.verb == "fragments":
+            return await _fragments(c, args)
+        raise ValidationError(f"unknown command {args.verb!r}", "journals")
+    finally:
+        await c.channels.close()
+
+
+async def _list(c: client.JournalClient, args: argparse.Namespace) -> int:
+    listing = await client.list_journals(c, args.selector or None)
+    records: list[dict[str, Any]] = []
+    for j in listing.journals:
+        doc = spec_to_yaml_dict(j.spec)
+        records.append(
+            {
+                "name": j.spec.name,
+                "replication": j.spec.replication,
+                "route": _route_text(j.route),
+                "mod_revision": j.mod_revision,
+                "spec": doc,
+            }
+        )
+    emit(sys.stdout, args.format, records, ["name", "replication", "route", "mod_revision"])
+    return 0
+
+
+def _route_text(route: pb.Route) -> str:
+    """Members of a route, the primary marked with a '*'."""
+    return ",".join(
+        format_id(m) + ("*" if i == route.primary else "") for i, m in enumerate(route.members)
+    )
+
+
+def _read_input(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read(append_bytes_max + 1)
+    with open(path, "rb") as f:
+        return f.read(append_bytes_max + 1)
+
+
+async def _append(c: client.JournalClient, args: argparse.Namespace) -> int:
+    data = await asyncio.to_thread(_read_input, args.file)
+    if len(data) > append_bytes_max:
+        raise ValidationError(f"must be at most {append_bytes_max} bytes", "append")
+    response = await client.append(c, pb.AppendRequest(journal=args.journal), data)
+    print(f"appended {args.journal} [{response.commit.begin}, {response.commit.end})")
+    return 0
+
+
+async def _read(c: client.JournalClient, args: argparse.Namespace) -> int:
+    reader = client.RetryReader(
+        c, pb.ReadRequest(journal=args.journal, offset=args.offset, block=args.block)
+    )
+    out = sys.stdout.buffer
+    try:
+        while chunk := await reader.read():
+            out.write(chunk)
+            out.flush()
+    except OffsetNotYetAvailableError:
+        pass  # A non-blocking read reached the write head: done.
+    return 0
+
+
+async def _fragments(c: client.JournalClient, args: argparse.Namespace) -> int:
+    response = await client.list_all_fragments(c, pb.FragmentsRequest(journal=args.journal))
+    records = [
+        {
+            "begin": f.spec.begin,
+            "end": f.spec.end,
+            "name": content_name(f.spec),
+            "store": f.spec.backing_store or "(local)",
+            "mod_time": f.spec.mod_time,
+        }
+        for f in response.fragments
+    ]
+    emit(sys.stdout, args.format, records, ["begin", "end", "store", "name"])
+    return 0
