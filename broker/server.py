@@ -338,14 +338,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve journals")
-    serve.add_argument("--zone", required=True)
-    serve.add_argument("--suffix", required=True)
+    serve.add_argument("--zone", default="local")
+    serve.add_argument("--suffix", "--id", default="broker")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--root", default=DEFAULT_ROOT)
     serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
     serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
-    serve.add_argument("--spool-dir", default=None)
+    serve.add_argument("--spool-dir", "--data-dir", dest="spool_dir", default=None)
+    serve.add_argument(
+        "--no-allocator",
+        action="store_true",
+        help="do not run the allocator (assignments are made by someone else)",
+    )
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
     return p.parse_args(argv)
@@ -370,6 +375,22 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     await broker.start()
     log.info("broker serving", endpoint=broker.endpoint)
+    print(f"serving on {broker.endpoint}", flush=True)
+    # Every broker runs the allocator; it acts only while this broker is the leader (the
+    # member with the oldest key), so one process on the embedded keyspace assigns itself.
+    allocator: asyncio.Future[None] | None = None
+    if not args.no_allocator:
+        from broker.allocator import MemberId, broker_is_consistent
+        from broker.allocator import serve as allocate
+
+        allocator = asyncio.ensure_future(
+            allocate(
+                backend,
+                broker.ks,
+                MemberId(args.zone, args.suffix),
+                is_consistent=broker_is_consistent,
+            )
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -381,7 +402,11 @@ async def _serve(args: argparse.Namespace) -> None:
     finally:
         stopper.cancel()
         waiter.cancel()
-        await asyncio.gather(stopper, waiter, return_exceptions=True)
+        if allocator is not None:
+            allocator.cancel()
+        await asyncio.gather(
+            stopper, waiter, *([allocator] if allocator else []), return_exceptions=True
+        )
         await broker.stop()
         await backend.close()
 

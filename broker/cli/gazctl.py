@@ -20,9 +20,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
+
 from broker import logging as gazette_logging
 from broker.cli import journalspace
 from broker.cli.output import FORMATS, emit
+from broker.protocol.status import StatusError
 from broker.protocol.validate import ValidationError
 
 EXIT_BAD_INPUT = 2
@@ -117,6 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, OSError) as exc:
         print(f"gazctl: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except StatusError as exc:
+        # A refusal by the broker (journal not found, wrong offset, ...): one line, its status.
+        print(f"gazctl: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except grpc.aio.AioRpcError as exc:
+        print(f"gazctl: broker {args.broker}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED
 

@@ -174,6 +174,8 @@ class Persister:
         self._new_file = new_file
         self._index_of = index_of
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_len_max)
+        # Jobs whose worker was cancelled mid-way; the next run() persists them first.
+        self._interrupted: list[_Job] = []
         self._attempts_max = attempts_max
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
@@ -241,6 +243,8 @@ class Persister:
         """Persist queued fragments, in order, until cancelled; or, with `drain`, until the
         queue is empty (replica delays are then not waited out: the broker is exiting)."""
         self._draining = drain
+        while self._interrupted:
+            await self._process(self._interrupted.pop(0))
         while not (drain and self._queue.empty()):
             await self.step()
 
@@ -251,13 +255,22 @@ class Persister:
 
     async def _process(self, job: _Job) -> Outcome | None:
         outcome: Outcome | None = None
+        kept = False
         try:
             wait = job.not_before - self._clock()
             if wait > 0 and not self._draining:
                 await self._sleep(wait)
             outcome = await self._persist_job(job)
+        except asyncio.CancelledError:
+            # Interrupted, typically because the broker is stopping and cancels this worker
+            # before draining: keep the job (files included) for the next run() instead of
+            # dropping content that may exist nowhere else. Bounded: one job per interruption.
+            self._interrupted.append(job)
+            kept = True
+            raise
         finally:
-            self._release(job, outcome)
+            if not kept:
+                self._release(job, outcome)
         return outcome
 
     async def persist(
