@@ -177,3 +177,40 @@ async def test_registers_check_union_subtract(cluster: Cluster) -> None:
     assert resp.status == pb.OK
     assert resp.registers == owner_a
     assert local_content(b, J) == (0, b"1345")
+
+
+async def test_register_check_and_set_race_has_exactly_one_winner(cluster: Cluster) -> None:
+    # The fencing pattern of recovery logs: every contender checks that the register still holds
+    # the epoch it read and sets its own. Appends are serialised, so exactly one wins; the rest
+    # see REGISTER_MISMATCH and append nothing.
+    brokers = [
+        await cluster.start_broker("zone-a", "broker-a"),
+        await cluster.start_broker("zone-b", "broker-b"),
+        await cluster.start_broker("zone-a", "broker-c"),
+    ]
+    await cluster.create(journal_spec(J, replication=3), brokers)
+    epoch0 = label_set([("epoch", "0")])
+    assert (await cluster.append(brokers[0], J, [b"init;"], union_registers=epoch0)).status == pb.OK
+
+    contenders = 8
+    responses = await asyncio.gather(
+        *(
+            cluster.append(
+                brokers[i % 3],  # Non-primaries proxy to the primary.
+                J,
+                [f"writer-{i};".encode()],
+                check_registers=pb.LabelSelector(include=epoch0),
+                subtract_registers=epoch0,
+                union_registers=label_set([("epoch", f"1-{i}")]),
+            )
+            for i in range(contenders)
+        )
+    )
+    winners = [i for i, r in enumerate(responses) if r.status == pb.OK]
+    assert len(winners) == 1
+    assert all(r.status == pb.REGISTER_MISMATCH for r in responses if r.status != pb.OK)
+    winner = winners[0]
+    expected = b"init;" + f"writer-{winner};".encode()
+    for b in brokers:
+        assert local_content(b, J) == (0, expected)
+    assert responses[winner].registers == label_set([("epoch", f"1-{winner}")])
