@@ -1,0 +1,222 @@
+"""Sequencing cases beyond the single outcomes: partial ACKs, replays with duplicates, ring
+eviction, mixed flags and zero clocks."""
+
+from __future__ import annotations
+
+from gazette_consumer.sequencer import (
+    FLAG_ACK_TXN,
+    FLAG_CONTINUE_TXN,
+    FLAG_OUTSIDE_TXN,
+    JournalProducer,
+    ProducerState,
+    QueueOutcome,
+    ReplayRequired,
+    SeqEnvelope,
+    Sequencer,
+)
+
+OUT, CONT, ACK = FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN
+J = "test/journal"
+A = bytes.fromhex("01aaaaaaaaaa")
+B = bytes.fromhex("01bbbbbbbbbb")
+ZERO = bytes(6)
+Q = QueueOutcome
+
+
+class Gen:
+    """Envelopes at increasing offsets with 2 bytes of dead space between them."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.all: list[SeqEnvelope] = []
+
+    def __call__(self, producer: bytes, clock: int, flags: int) -> SeqEnvelope:
+        env = SeqEnvelope(J, self.offset, self.offset + 100, producer, clock, flags, len(self.all))
+        self.offset += 102
+        self.all.append(env)
+        return env
+
+    def replay(self, seq: Sequencer) -> ReplayRequired:
+        """Service the Sequencer's replay request from everything generated so far."""
+        r = seq.replay_required
+        assert r is not None
+        seq.replay(e for e in self.all if r.begin <= e.begin and e.end <= r.end)
+        return r
+
+
+def queue(seq: Sequencer, *envs: SeqEnvelope) -> list[QueueOutcome]:
+    return [seq.queue_uncommitted(env) for env in envs]
+
+
+def drain(seq: Sequencer) -> list[SeqEnvelope]:
+    out = []
+    while seq.step():
+        assert seq.dequeued is not None
+        out.append(seq.dequeued)
+    return out
+
+
+def test_ack_commits_only_clocks_up_to_its_own() -> None:
+    seq, gen = Sequencer(8), Gen()
+    a5, a7, a6_ack = gen(A, 5, CONT), gen(A, 7, CONT), gen(A, 6, ACK)
+    a8_ack = gen(A, 8, ACK)
+
+    assert queue(seq, a5, a7, a6_ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
+    # a7 is larger than the ACK: it rolls back, and a later ACK does not revive it.
+    assert drain(seq) == [a5, a6_ack]
+    assert queue(seq, a8_ack) == [Q.ACK_EMPTY]
+    assert drain(seq) == [a8_ack]
+
+
+def test_ack_older_than_last_ack_resets_the_bound() -> None:
+    seq, gen = Sequencer(8), Gen()
+    a5_ack, a3_ack, a4 = gen(A, 5, ACK), gen(A, 3, ACK), gen(A, 4, OUT)
+
+    assert queue(seq, a5_ack) == [Q.ACK_EMPTY]
+    assert drain(seq) == [a5_ack]
+    # An upstream recovered an older checkpoint: its clock becomes the bound again (Gazette
+    # trades exactly-once for at-least-once here rather than drop possibly new messages).
+    assert queue(seq, a3_ack) == [Q.ACK_ROLLBACK]
+    assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(3, -1)
+    assert queue(seq, a4) == [Q.OUTSIDE_COMMIT]
+    assert drain(seq) == [a4]
+
+
+def test_outside_after_pending_span_discards_it() -> None:
+    seq, gen = Sequencer(8), Gen()
+    a1, a2, a3, a4_ack = gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, OUT), gen(A, 4, ACK)
+
+    assert queue(seq, a1, a2, a3) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.OUTSIDE_COMMIT,
+    ]
+    assert drain(seq) == [a3]
+    assert queue(seq, a4_ack) == [Q.ACK_EMPTY]
+    assert drain(seq) == [a4_ack]
+
+
+def test_unknown_flags_are_treated_as_outside() -> None:
+    seq, gen = Sequencer(8), Gen()
+    a1, a2_odd, a2_odd_dup = gen(A, 1, CONT), gen(A, 2, 0x100), gen(A, 2, 0x100)
+
+    assert queue(seq, a1, a2_odd) == [Q.CONTINUE_BEGIN_SPAN, Q.OUTSIDE_COMMIT]
+    assert drain(seq) == [a2_odd]
+    assert queue(seq, a2_odd_dup) == [Q.OUTSIDE_ALREADY_ACKED]
+    assert drain(seq) == []
+
+
+def test_zero_clock_messages_are_always_delivered_and_carry_no_state() -> None:
+    seq, gen = Sequencer(2), Gen()
+    a1, z1, z2, a2_ack = gen(A, 1, CONT), gen(ZERO, 0, OUT), gen(A, 0, ACK), gen(A, 2, ACK)
+
+    assert queue(seq, a1, z1) == [Q.CONTINUE_BEGIN_SPAN, Q.OUTSIDE_COMMIT]
+    assert drain(seq) == [z1]
+    # A zero clock commits regardless of flags or of the producer's pending span.
+    assert queue(seq, z2) == [Q.OUTSIDE_COMMIT]
+    assert drain(seq) == [z2]
+    cp = seq.checkpoint()
+    assert cp.producers == {JournalProducer(J, A): ProducerState(0, a1.begin)}
+    assert cp.read_through == {J: z2.end}
+
+    # a1 was evicted by the zero-clock entries; the replay skips them.
+    assert queue(seq, a2_ack) == [Q.ACK_COMMIT_REPLAY]
+    assert gen.replay(seq) == ReplayRequired(J, a1.begin, a2_ack.begin)
+    assert drain(seq) == [a1, a2_ack]
+
+
+def test_replay_skips_other_producers_duplicates_and_larger_clocks() -> None:
+    seq, gen = Sequencer(3), Gen()
+    b1 = gen(B, 1, CONT)
+    a4, b1_dup, a4_dup, a5, a6 = (
+        gen(A, 4, CONT),
+        gen(B, 1, CONT),
+        gen(A, 4, CONT),
+        gen(A, 5, CONT),
+        gen(A, 6, CONT),
+    )
+    a9 = gen(A, 9, CONT)
+    a10, a11, a12 = gen(A, 10, CONT), gen(A, 11, CONT), gen(A, 12, CONT)
+    a8_ack = gen(A, 8, ACK)
+
+    assert queue(seq, b1, a4, b1_dup, a4_dup, a5, a6, a9, a10, a11, a12, a8_ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
+    # The ring holds a11, a12 and the ACK; everything from a4 up to a11 is replayed.
+    assert gen.replay(seq) == ReplayRequired(J, a4.begin, a11.begin)
+    # Clocks 9 and up are larger than the ACK's, whether replayed or in the ring.
+    assert drain(seq) == [a4, a5, a6, a8_ack]
+
+
+def test_interleaved_acks_each_replay_their_own_span() -> None:
+    seq, gen = Sequencer(2), Gen()
+    b11, a7, a8, b12 = gen(B, 11, CONT), gen(A, 7, CONT), gen(A, 8, CONT), gen(B, 12, CONT)
+    a9_ack, b13_ack = gen(A, 9, ACK), gen(B, 13, ACK)
+
+    assert queue(seq, b11, a7, a8, b12, a9_ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
+    assert gen.replay(seq) == ReplayRequired(J, a7.begin, a9_ack.begin)
+    assert drain(seq) == [a7, a8, a9_ack]
+    assert seq.has_pending({})
+
+    assert queue(seq, b13_ack) == [Q.ACK_COMMIT_REPLAY]
+    assert gen.replay(seq) == ReplayRequired(J, b11.begin, b13_ack.begin)
+    assert drain(seq) == [b11, b12, b13_ack]
+    assert not seq.has_pending({})
+
+
+def test_ring_of_one_replays_everything_but_the_ack() -> None:
+    seq, gen = Sequencer(1), Gen()
+    a1, a2, b1 = gen(A, 1, CONT), gen(A, 2, CONT), gen(B, 1, CONT)
+    a1_dup, a2_dup, a3_ack = gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
+    b2, b3_ack = gen(B, 2, CONT), gen(B, 3, ACK)
+
+    assert queue(seq, a1, a2, b1, a1_dup, a2_dup, a3_ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.ACK_COMMIT_REPLAY,
+    ]
+    assert gen.replay(seq) == ReplayRequired(J, a1.begin, a3_ack.begin)
+    assert drain(seq) == [a1, a2, a3_ack]
+
+    assert queue(seq, b2, b3_ack) == [Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_REPLAY]
+    assert gen.replay(seq) == ReplayRequired(J, b1.begin, b3_ack.begin)
+    assert drain(seq) == [b1, b2, b3_ack]
+
+
+def test_clock_reuse_after_rollback() -> None:
+    """A producer reset to an older ACK may reuse the clocks after it."""
+    seq, gen = Sequencer(8), Gen()
+    b11, b12_ack = gen(B, 11, CONT), gen(B, 12, ACK)
+    b8_reset, b9, b10_ack = gen(B, 8, ACK), gen(B, 9, CONT), gen(B, 10, ACK)
+
+    assert queue(seq, b11, b12_ack) == [Q.CONTINUE_BEGIN_SPAN, Q.ACK_COMMIT_RING]
+    assert drain(seq) == [b11, b12_ack]
+    assert queue(seq, b8_reset, b9, b10_ack) == [
+        Q.ACK_ROLLBACK,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
+    assert drain(seq) == [b9, b10_ack]

@@ -1,0 +1,250 @@
+"""Checkpoints: round trips, restarts mid-dequeue and before a replay, and pruning."""
+
+from __future__ import annotations
+
+import pytest
+
+from gazette_consumer.sequencer import (
+    FLAG_ACK_TXN,
+    FLAG_CONTINUE_TXN,
+    FLAG_OUTSIDE_TXN,
+    JournalProducer,
+    ProducerState,
+    QueueOutcome,
+    ReplayRequired,
+    SeqEnvelope,
+    Sequencer,
+    SequencerCheckpoint,
+)
+
+OUT, CONT, ACK = FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN
+J = "test/journal"
+A = bytes.fromhex("01aaaaaaaaaa")
+B = bytes.fromhex("01bbbbbbbbbb")
+C = bytes.fromhex("01cccccccccc")
+Q = QueueOutcome
+
+
+def jp(producer: bytes) -> JournalProducer:
+    return JournalProducer(J, producer)
+
+
+class Gen:
+    """Envelopes at increasing offsets with 2 bytes of dead space between them."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.all: list[SeqEnvelope] = []
+
+    def __call__(self, producer: bytes, clock: int, flags: int) -> SeqEnvelope:
+        env = SeqEnvelope(J, self.offset, self.offset + 100, producer, clock, flags, len(self.all))
+        self.offset += 102
+        self.all.append(env)
+        return env
+
+    def replay(self, seq: Sequencer) -> ReplayRequired:
+        r = seq.replay_required
+        assert r is not None
+        seq.replay(e for e in self.all if r.begin <= e.begin and e.end <= r.end)
+        return r
+
+
+def queue(seq: Sequencer, *envs: SeqEnvelope) -> list[QueueOutcome]:
+    return [seq.queue_uncommitted(env) for env in envs]
+
+
+def drain(seq: Sequencer) -> list[SeqEnvelope]:
+    out = []
+    while seq.step():
+        assert seq.dequeued is not None
+        out.append(seq.dequeued)
+    return out
+
+
+def restart(seq: Sequencer, ring_size: int = 12) -> Sequencer:
+    """A new Sequencer from `seq`'s checkpoint, twice over: a round trip must be stable."""
+    cp = seq.checkpoint()
+    again = Sequencer(ring_size, cp).checkpoint()
+    assert again == cp
+    return Sequencer(ring_size, again)
+
+
+def test_round_trip_then_identical_outputs() -> None:
+    seq1, gen = Sequencer(12), Gen()
+    a1, a2, b1, b2 = gen(A, 1, CONT), gen(A, 2, CONT), gen(B, 1, CONT), gen(B, 2, CONT)
+    c1_ack, z1 = gen(C, 1, ACK), gen(bytes(6), 0, OUT)
+    b3_ack, c2, c1_resent, a3_ack = gen(B, 3, ACK), gen(C, 2, CONT), gen(C, 1, ACK), gen(A, 3, ACK)
+
+    assert queue(seq1, a1, a2, b1, b2, c1_ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_EMPTY,
+    ]
+    assert drain(seq1) == [c1_ack]
+    assert queue(seq1, z1) == [Q.OUTSIDE_COMMIT]
+    assert drain(seq1) == [z1]
+
+    cp = seq1.checkpoint()
+    assert cp.read_through == {J: z1.end}
+    assert cp.producers == {
+        jp(A): ProducerState(0, a1.begin),
+        jp(B): ProducerState(0, b1.begin),
+        jp(C): ProducerState(1, -1),
+    }
+    seq2 = restart(seq1)
+
+    # Same outputs from here, though seq2 must replay what seq1 still holds in its ring.
+    assert queue(seq1, b3_ack) == [Q.ACK_COMMIT_RING]
+    assert queue(seq2, b3_ack) == [Q.ACK_COMMIT_REPLAY]
+    assert gen.replay(seq2) == ReplayRequired(J, b1.begin, b3_ack.begin)
+    assert drain(seq1) == drain(seq2) == [b1, b2, b3_ack]
+
+    for seq in (seq1, seq2):
+        assert queue(seq, c2, c1_resent) == [Q.CONTINUE_BEGIN_SPAN, Q.ACK_ROLLBACK]
+        assert drain(seq) == []
+
+    assert queue(seq1, a3_ack) == [Q.ACK_COMMIT_RING]
+    assert queue(seq2, a3_ack) == [Q.ACK_COMMIT_REPLAY]
+    assert gen.replay(seq2) == ReplayRequired(J, a1.begin, a3_ack.begin)
+    assert drain(seq1) == drain(seq2) == [a1, a2, a3_ack]
+    assert seq1.checkpoint() == seq2.checkpoint()
+
+
+def test_checkpoint_mid_dequeue_resumes_after_the_consumed_envelope() -> None:
+    seq1, gen = Sequencer(12), Gen()
+    a1, a2, a3_ack = gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
+
+    assert queue(seq1, a1, a2, a3_ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
+    assert seq1.step() and seq1.dequeued == a1
+    # a1 is consumed; the ACK is not yet past, so a restart reads it again.
+    cp = seq1.checkpoint()
+    assert cp == SequencerCheckpoint({J: a2.end}, {jp(A): ProducerState(1, a1.end)})
+    seq2 = restart(seq1)
+
+    assert queue(seq2, a3_ack) == [Q.ACK_COMMIT_REPLAY]
+    assert gen.replay(seq2) == ReplayRequired(J, a1.end, a3_ack.begin)
+    assert drain(seq2) == [a2, a3_ack]
+    assert drain(seq1) == [a2, a3_ack]
+    assert seq1.checkpoint() == seq2.checkpoint()
+
+
+def test_checkpoint_after_the_committing_envelope_is_past_it() -> None:
+    seq, gen = Sequencer(12), Gen()
+    a1, a2_ack = gen(A, 1, CONT), gen(A, 2, ACK)
+
+    queue(seq, a1, a2_ack)
+    assert seq.step() and seq.step() and seq.dequeued == a2_ack
+    # Before the final step() returns False, the ACK already counts as consumed.
+    assert seq.checkpoint() == SequencerCheckpoint({J: a2_ack.end}, {jp(A): ProducerState(2)})
+    assert not seq.step()
+
+
+def test_checkpoint_before_replay_restarts_the_whole_commit() -> None:
+    seq1, gen = Sequencer(1), Gen()
+    a1, a2, a3_ack = gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
+
+    assert queue(seq1, a1, a2, a3_ack)[-1] is Q.ACK_COMMIT_REPLAY
+    seq2 = restart(seq1, ring_size=1)
+    assert seq2.checkpoint() == SequencerCheckpoint(
+        {J: a2.end}, {jp(A): ProducerState(0, a1.begin)}
+    )
+
+    assert queue(seq2, a3_ack) == [Q.ACK_COMMIT_REPLAY]
+    for seq in (seq1, seq2):
+        assert gen.replay(seq) == ReplayRequired(J, a1.begin, a3_ack.begin)
+        assert drain(seq) == [a1, a2, a3_ack]
+
+
+def test_restart_with_span_reappended_after_the_checkpoint() -> None:
+    seq1, gen = Sequencer(12), Gen()
+    a1, a2 = gen(A, 1, CONT), gen(A, 2, CONT)
+    a1_dup, a2_dup, a3_ack = gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
+
+    queue(seq1, a1, a2)
+    seq2 = restart(seq1)
+
+    # seq2 no longer knows the span's largest clock, so it links the duplicates into the span;
+    # they are dropped on delivery, after the replay has delivered the originals.
+    assert queue(seq1, a1_dup, a2_dup, a3_ack) == [
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.ACK_COMMIT_RING,
+    ]
+    assert queue(seq2, a1_dup, a2_dup, a3_ack) == [
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
+    assert gen.replay(seq2) == ReplayRequired(J, a1.begin, a1_dup.begin)
+    assert drain(seq1) == drain(seq2) == [a1, a2, a3_ack]
+
+
+def test_pruning_drops_only_old_producers_without_pending_spans() -> None:
+    seq, gen = Sequencer(12), Gen()
+    a_cont, b_cont, b_ack = gen(A, 10 << 4, CONT), gen(B, 19 << 4, CONT), gen(B, 20 << 4, ACK)
+    c_cont, b_ack_dup = gen(C, 30 << 4, CONT), gen(B, 20 << 4, ACK)
+
+    queue(seq, a_cont, b_cont, b_ack)
+    assert drain(seq) == [b_cont, b_ack]
+    queue(seq, c_cont)
+
+    everyone = {
+        jp(A): ProducerState((10 << 4) - 1, a_cont.begin),
+        jp(B): ProducerState(20 << 4),
+        jp(C): ProducerState((30 << 4) - 1, c_cont.begin),
+    }
+    assert seq.checkpoint(0).producers == everyone
+    assert seq.checkpoint(20 << 4).producers == everyone  # B's last ACK is not older.
+    # A is older still, but its pending span must survive to be replayed.
+    pruned = seq.checkpoint((20 << 4) + 1).producers
+    assert pruned == {jp(A): everyone[jp(A)], jp(C): everyone[jp(C)]}
+    assert seq.checkpoint(0).producers == pruned
+
+    # The price of pruning: a late duplicate of a pruned producer is delivered again.
+    assert queue(seq, b_ack_dup) == [Q.ACK_EMPTY]
+    assert drain(seq) == [b_ack_dup]
+
+
+def test_checkpoint_is_a_snapshot() -> None:
+    seq, gen = Sequencer(4), Gen()
+    a1, a2_ack = gen(A, 1, CONT), gen(A, 2, ACK)
+    queue(seq, a1)
+    cp = seq.checkpoint()
+    queue(seq, a2_ack)
+    drain(seq)
+
+    assert cp == SequencerCheckpoint({J: a1.end}, {jp(A): ProducerState(0, a1.begin)})
+    with pytest.raises(TypeError):
+        cp.read_through[J] = 0  # type: ignore[index]
+
+
+def test_has_pending_since_offsets() -> None:
+    seq, gen = Sequencer(4), Gen()
+    a1, b1, a2_ack = gen(A, 1, CONT), gen(B, 1, CONT), gen(A, 2, ACK)
+    queue(seq, a1, b1)
+
+    assert seq.has_pending({J: b1.begin})
+    assert not seq.has_pending({J: b1.end})
+    queue(seq, a2_ack)
+    drain(seq)
+    assert seq.has_pending({J: a1.begin})
+    assert not seq.has_pending({J: b1.begin + 1})
+
+
+def test_checkpoint_before_a_lone_commit_is_dequeued() -> None:
+    seq1, gen = Sequencer(4), Gen()
+    a1, b1_ack = gen(A, 1, OUT), gen(B, 1, ACK)
+
+    for env, outcome in ((a1, Q.OUTSIDE_COMMIT), (b1_ack, Q.ACK_EMPTY)):
+        assert queue(seq1, env) == [outcome]
+        seq2 = restart(seq1)
+        # The restored Sequencer reads the message again and delivers it alone, like seq1.
+        assert queue(seq2, env)[0].commits
+        assert drain(seq1) == drain(seq2) == [env]
+        assert seq1.checkpoint() == seq2.checkpoint()
