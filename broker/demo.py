@@ -58,6 +58,12 @@ async def _wait_assigned(c: client.JournalClient) -> pb.Route:
     raise RuntimeError("journal listing ended before the journal was assigned")
 
 
+async def _write_head(c: client.JournalClient) -> int:
+    """The end of the journal's persisted fragments (0 for a new journal)."""
+    listing = await client.list_all_fragments(c, pb.FragmentsRequest(journal=JOURNAL))
+    return max((f.spec.end for f in listing.fragments), default=0)
+
+
 async def run(data_dir: Path) -> int:
     fragments = (data_dir / "fragments").resolve()
     fragments.mkdir(parents=True, exist_ok=True)
@@ -73,16 +79,24 @@ async def run(data_dir: Path) -> int:
         allocate(backend, broker.ks, MemberId("local", "demo"), is_consistent=broker_is_consistent)
     )
     c = client.JournalClient(broker.endpoint)
+    start = 0
     try:
         await client.apply_journals(c, [client.upsert(_spec(f"file://{fragments}/"))])
         route = await _wait_assigned(c)
         print(f"created {JOURNAL}; primary is {route.members[route.primary].suffix}")
 
-        for line in LINES:
-            response = await client.append(c, pb.AppendRequest(journal=JOURNAL), line)
+        start = await _write_head(c)
+        if start:
+            # An earlier run left fragments in the store. The broker will not re-write their
+            # offsets (INDEX_HAS_GREATER_OFFSET) unless told explicitly where to continue:
+            # exactly what an operator does, here with the head the store shows.
+            print(f"continuing after {start} bytes persisted by an earlier run")
+        for i, line in enumerate(LINES):
+            request = pb.AppendRequest(journal=JOURNAL, offset=start if i == 0 else 0)
+            response = await client.append(c, request, line)
             print(f"appended [{response.commit.begin:>3}, {response.commit.end:>3}) {line!r}")
 
-        reader = client.RetryReader(c, pb.ReadRequest(journal=JOURNAL, offset=0, block=False))
+        reader = client.RetryReader(c, pb.ReadRequest(journal=JOURNAL, offset=start, block=False))
         content = b""
         with contextlib.suppress(OffsetNotYetAvailableError):
             while chunk := await reader.read():
@@ -106,8 +120,8 @@ async def run(data_dir: Path) -> int:
         print(f"  {path}")
     spans = [parse_content_name(p.name)[:2] for p in persisted]
     covered = sum(end - begin for begin, end in spans)
-    if covered != len(content):
-        print(f"demo: fragments cover {covered} of {len(content)} bytes", file=sys.stderr)
+    if covered != start + len(content):
+        print(f"demo: fragments cover {covered} of {start + len(content)} bytes", file=sys.stderr)
         return 1
     return 0
 
