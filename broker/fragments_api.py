@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Final, cast
+from typing import Final
 
 import grpc
 import grpc.aio
@@ -29,10 +29,9 @@ from broker.protocol.validate import ValidationError, at, validate_journal_name
 from broker.read_api import (
     Context,
     Resolver,
-    may_read,
     proxy_header,
     proxy_target,
-    resolve_or_abort,
+    resolve_for_reading,
     validate_request_header,
 )
 
@@ -119,19 +118,9 @@ class FragmentsAPI:
             validate_fragments_request(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"FragmentsRequest.{err}")
-        resolution = await resolve_or_abort(
-            self._resolver,
-            context,
-            request.journal,
-            require_primary=False,
-            may_proxy=not request.do_not_proxy,
-            header=request.header if request.HasField("header") else None,
-        )
-        status = cast(pb.Status, resolution.status)
+        resolution, status = await resolve_for_reading(self._resolver, context, request)
         if status != pb.OK:
             return pb.FragmentsResponse(status=status, header=resolution.header)
-        if not may_read(resolution.spec):
-            return pb.FragmentsResponse(status=pb.NOT_ALLOWED, header=resolution.header)
         replica = resolution.replica
         if not resolution.is_local or replica is None:
             return await self._proxy(request, resolution.header, context)

@@ -277,21 +277,9 @@ class ReadAPI:
             validate_request_header(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReadRequest.{err}")
-        resolution = await resolve_or_abort(
-            self._resolver,
-            context,
-            request.journal,
-            require_primary=False,
-            may_proxy=not request.do_not_proxy,
-            header=request.header if request.HasField("header") else None,
-        )
-        if resolution.status != pb.OK:
-            yield pb.ReadResponse(
-                status=cast(pb.Status, resolution.status), header=resolution.header
-            )
-            return
-        if not may_read(resolution.spec):
-            yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=resolution.header)
+        resolution, status = await resolve_for_reading(self._resolver, context, request)
+        if status != pb.OK:
+            yield pb.ReadResponse(status=status, header=resolution.header)
             return
         replica = resolution.replica
         if not resolution.is_local or replica is None:
@@ -336,6 +324,25 @@ class ReadAPI:
             await context.abort(err.code(), f"proxied read via {endpoint}: {err.details()}")
         finally:
             call.cancel()
+
+
+async def resolve_for_reading(
+    resolver: Resolver, context: Context, request: pb.ReadRequest | pb.FragmentsRequest
+) -> tuple[Resolution, pb.Status]:
+    """Resolve a read-only request (Read, ListFragments: any replica serves it, proxied unless
+    `do_not_proxy`), and the status to answer with: OK to serve it, or why not."""
+    resolution = await resolve_or_abort(
+        resolver,
+        context,
+        request.journal,
+        require_primary=False,
+        may_proxy=not request.do_not_proxy,
+        header=request.header if request.HasField("header") else None,
+    )
+    status = cast(pb.Status, resolution.status)
+    if status == pb.OK and not may_read(resolution.spec):
+        status = pb.NOT_ALLOWED
+    return resolution, status
 
 
 async def resolve_or_abort(
