@@ -156,7 +156,8 @@ def _validate_member_id(zone: str, suffix: str) -> None:
 
 def _decode_item(name: str, value: bytes) -> JournalItem:
     spec = pb.JournalSpec.FromString(value)
-    validate_journal_spec(spec)
+    # Lenient on postfix templates: see validate_journal_spec.
+    validate_journal_spec(spec, check_postfix_template=False)
     if spec.name != name:
         raise TopologyDecodeError(f"JournalSpec.name {spec.name!r} does not match its key")
     return JournalItem(name, spec)

@@ -30,9 +30,10 @@ content file is left to whoever may still read it: the index, which closes the f
 when it is closed, or else the garbage collector (a TempSpoolFile closes itself when dropped).
 Closing a file an index still serves would make its reads fail, which is worse than a late close.
 
-Path postfixes. Gazette evaluates the spec's `path_postfix_template` (a Go text/template) to
-place fragments under per-date "directories". That is not evaluated here yet: fragments are
-written without a postfix, which every reader (ours and Gazette's) lists and reads alike.
+Path postfixes. The spec's `path_postfix_template` is evaluated for each fragment (see
+`postfix.py`) and places its file under "directories" between the journal name and the content
+name, e.g. by the UTC date and hour of the fragment's first append. A template that renders no
+valid postfix fails the attempt like a store error would (the spec may be fixed meanwhile).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from broker import metrics
 from broker.fragment import codecs
 from broker.fragment.index import FragmentIndex, IndexClosedError
+from broker.fragment.postfix import postfix_of
 from broker.fragment.spool import CompletedSpool, compress_file
 from broker.fragment.spool_file import SpoolFile
 from broker.fragment.stores.base import StoreError
@@ -341,7 +344,9 @@ class Persister:
         fragment = pb.Fragment()
         fragment.CopyFrom(completed.fragment)
         fragment.backing_store = spec.fragment.stores[0]
+        # Evaluated with backing_store set and no postfix yet, as Gazette evaluates it.
         fragment.path_postfix = ""
+        fragment.path_postfix = postfix_of(fragment, completed.first_append_time, spec)
         store = self._registry.get(fragment.backing_store)
 
         async with asyncio.timeout(self._upload_timeout_s):
@@ -350,6 +355,7 @@ class Persister:
             else:
                 file, length = await self._content(job)
                 await store.put(fragment, io.BufferedReader(_FileSection(file, length)))
+                metrics.record_persisted(fragment.end - fragment.begin)
                 outcome = Outcome.PERSISTED
         # The store's own modification time is learned at the next listing; until then, the
         # upload's time stands in (a persisted fragment must have one, or reads would treat it

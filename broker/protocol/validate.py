@@ -504,7 +504,9 @@ def validate_flags(flags: int) -> None:
         )
 
 
-def validate_fragment_config(fragment: pb.JournalSpec.Fragment) -> None:
+def validate_fragment_config(
+    fragment: pb.JournalSpec.Fragment, *, check_postfix_template: bool = True
+) -> None:
     with at("length"):
         check_range(fragment.length, FRAGMENT_LENGTH_MIN, FRAGMENT_LENGTH_MAX)
     with at("compression_codec"):
@@ -536,12 +538,16 @@ def validate_fragment_config(fragment: pb.JournalSpec.Fragment) -> None:
             f" (got {_fmt_duration(flush_ns)})",
             "flush_interval",
         )
-    with at("path_postfix_template"):
-        validate_path_postfix_template(fragment.path_postfix_template)
+    if check_postfix_template:
+        with at("path_postfix_template"):
+            validate_path_postfix_template(fragment.path_postfix_template)
     # Retention needs no check: every value is meaningful (<= 0 keeps fragments forever).
 
 
-def validate_journal_spec(spec: pb.JournalSpec) -> None:
+def validate_journal_spec(spec: pb.JournalSpec, *, check_postfix_template: bool = True) -> None:
+    """Gazette's JournalSpec rules. `check_postfix_template=False` is for specs read back from
+    etcd: one written by Go's gazctl may use template constructs outside the subset we
+    evaluate, and such a journal must still be served (only persisting it fails, loudly)."""
     with at("name"):
         validate_journal_name(spec.name)
         _, meta = split_journal_meta(spec.name)
@@ -556,7 +562,7 @@ def validate_journal_spec(spec: pb.JournalSpec) -> None:
         _check_reserved_labels(spec.labels, gl.JOURNAL_RESERVED_LABELS)
         _validate_journal_label_constraints(spec.labels)
     with at("fragment"):
-        validate_fragment_config(spec.fragment)
+        validate_fragment_config(spec.fragment, check_postfix_template=check_postfix_template)
     with at("flags"):
         validate_flags(spec.flags)
     with at("max_append_rate"):
@@ -596,72 +602,16 @@ def validate_offsets(offsets: Mapping[str, int]) -> None:
 
 # --- Path postfix templates ---------------------------------------------------------------------
 
-# Fields reachable from the root of the value a postfix template is evaluated against, as Gazette
-# shapes it: {Spool: {Fragment fields, FirstAppendTime, Registers}, JournalSpec (embedded)}.
-_TEMPLATE_ROOT_FIELDS = frozenset(
-    {
-        "Spool", "JournalSpec", "Name", "Replication", "LabelSet", "Labels", "Fragment",
-        "Flags", "MaxAppendRate", "Suspend", "ValueOf", "ValuesOf",
-    }
-)  # fmt: skip
-_TEMPLATE_SPOOL_FIELDS = frozenset(
-    {
-        "Fragment", "Journal", "Begin", "End", "Sum", "CompressionCodec", "BackingStore",
-        "ModTime", "PathPostfix", "FirstAppendTime", "Registers",
-    }
-)  # fmt: skip
-_TEMPLATE_FIELD_CHAIN = re.compile(r"(?<![\w$)\]])\.([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?")
-_TEMPLATE_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|`[^`]*`|\'(?:[^\'\\\n]|\\.)*\'')
-_TEMPLATE_DOT_REBINDING = re.compile(r"^\s*(range|with)\b")
-
-
-def _template_actions(template: str) -> Iterator[str]:
-    """Bodies of the {{ }} actions of a Go text/template, with trim markers removed."""
-    position = 0
-    while (start := template.find("{{", position)) != -1:
-        index = start + 2
-        while True:
-            if index >= len(template):
-                raise ValidationError(
-                    f"has an unclosed action at offset {start} (got {_quote(template)})"
-                )
-            if template.startswith("}}", index):
-                break
-            if template.startswith("/*", index):
-                close = template.find("*/", index + 2)
-                index = len(template) if close == -1 else close + 2
-                continue
-            quoted = _TEMPLATE_STRING.match(template, index)
-            index = quoted.end() if quoted else index + 1
-        body = template[start + 2 : index]
-        body = body[2:] if body.startswith("- ") else body
-        body = body[:-2] if body.endswith(" -") else body
-        yield body
-        position = index + 2
-
 
 def validate_path_postfix_template(template: str) -> None:
-    """A conservative check of a Go text/template, standing in for Gazette's parse-and-execute
-    against a zero value: actions are closed and non-empty, and field references name fields
-    the evaluation value has. Templates which rebind dot (range, with) skip the field check."""
-    actions = list(_template_actions(template))
-    rebinds = any(_TEMPLATE_DOT_REBINDING.match(body) for body in actions)
-    for body in actions:
-        stripped = body.strip()
-        if stripped.startswith("/*") and stripped.endswith("*/"):
-            continue
-        if not stripped:
-            raise ValidationError(f"has an empty action (got {_quote(template)})")
-        if rebinds:
-            continue
-        for chain in _TEMPLATE_FIELD_CHAIN.finditer(_TEMPLATE_STRING.sub('""', stripped)):
-            root, child = chain.group(1), chain.group(2)
-            if root not in _TEMPLATE_ROOT_FIELDS or (
-                root == "Spool" and child is not None and child not in _TEMPLATE_SPOOL_FIELDS
-            ):
-                raise ValidationError(
-                    f"refers to unknown field {_quote(chain.group(0))} (got {_quote(template)})"
-                )
+    """A Go text/template of the subset brokers evaluate (`broker/fragment/postfix.py`), that
+    evaluates over Go's zero values, as Gazette checks, to text allowed in a path. Templates
+    outside the subset (functions, pipelines, range / with, ...) are refused here, when a spec
+    is applied, rather than failing every persist of the journal's fragments later."""
+    # Imported here: broker.fragment modules import this one.
+    from broker.fragment.postfix import check_template
+
+    check_template(template)
 
 
 # --- Processes and shards -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from broker.append_fsm import (
 from broker.keyspace.backend import KeyValue
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
-from broker.protocol.validate import ValidationError
+from broker.protocol.validate import ValidationError, validate_journal_spec
 from broker.replica import Slot, SlotInvalidatedError, SlotStateError, wait_first
 from broker.topology import (
     Assignment,
@@ -87,6 +87,16 @@ def test_decodes_items_members_and_assignments() -> None:
     )
     assert isinstance(advertised, Assignment) and advertised.slot == 1
     assert advertised.route is not None and routes_equivalent(advertised.route, route)
+
+
+def test_decodes_a_go_written_spec_whose_postfix_template_we_cannot_evaluate() -> None:
+    # Apply refuses such a template, but a journal Go's gazctl created must still be served.
+    go_spec = spec()
+    go_spec.fragment.path_postfix_template = '{{ printf "%05d" .Spool.Begin }}'
+    with pytest.raises(ValidationError, match="path_postfix_template"):
+        validate_journal_spec(go_spec)
+    item = decode(kv(item_key(ROOT, "a/journal"), go_spec.SerializeToString()))
+    assert isinstance(item, JournalItem) and item.spec == go_spec
 
 
 @pytest.mark.parametrize(

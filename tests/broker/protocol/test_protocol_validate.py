@@ -495,9 +495,7 @@ def test_journal_spec_boundaries_accepted(mutate: Callable[[pb.JournalSpec], obj
         'date={{ .Spool.FirstAppendTime.Format "2006-01-02" }}/hour={{ .Spool.FirstAppendTime.Format "15" }}',
         "{{- .Name -}}/{{ .Spool.Begin }}",
         "{{/* a comment }} */}}x",
-        '{{ printf "%s}}" .Name }}',
-        "{{ with .Spool }}{{ .Begin }}{{ end }}",
-        "{{ .Labels }}",
+        '{{ "date=" }}{{ .Spool.Begin }}',
     ],
 )
 def test_path_postfix_template_accepted(template: str) -> None:
@@ -511,6 +509,23 @@ def test_path_postfix_template_accepted(template: str) -> None:
         ("a/{{ }}", 'has an empty action (got "a/{{ }}")'),
         ("{{ .Spool.Nope }}", 'refers to unknown field ".Spool.Nope" (got "{{ .Spool.Nope }}")'),
         ("{{ .Nope.Format }}", 'refers to unknown field ".Nope.Format" (got "{{ .Nope.Format }}")'),
+        # Outside the subset brokers evaluate (broker/fragment/postfix.py): refused at apply.
+        (
+            '{{ printf "%s" .Name }}',
+            'uses unsupported construct "printf" (supported: text, "strings", fields such as .Spool.Begin, .Spool.FirstAppendTime.Format "2006") (got "{{ printf \\"%s\\" .Name }}")',
+        ),
+        (
+            "{{ with .Spool }}{{ .Begin }}{{ end }}",
+            'uses unsupported construct "with" (supported: text, "strings", fields such as .Spool.Begin, .Spool.FirstAppendTime.Format "2006") (got "{{ with .Spool }}{{ .Begin }}{{ end }}")',
+        ),
+        (
+            "{{ .Labels }}",
+            'refers to field ".Labels", which has no value usable in a path (supported: text, "strings", fields such as .Spool.Begin, .Spool.FirstAppendTime.Format "2006") (got "{{ .Labels }}")',
+        ),
+        (
+            '{{ "a}}b" }}',
+            'renders text that cannot be part of a path: must be only letters, numbers and "-_+/.=%" (got "a}}b": \'}\' at index 1) (got "{{ \\"a}}b\\" }}")',
+        ),
     ],
 )
 def test_path_postfix_template_rejected(template: str, message: str) -> None:

@@ -1,0 +1,107 @@
+"""Prometheus metrics of a gazette process, served by the HTTP gateway at ``/debug/metrics``.
+
+The metric objects are module-level and registered once, in prometheus_client's default
+registry, so that every broker of a process (tests run several) adds to the same series, as
+Gazette's own `promauto` collectors do. A test that wants to see its own effect reads a value
+before and after (``value_of``) rather than expecting an absolute number.
+
+Names follow Gazette's where it has an equivalent (`gazette_allocator_converge_total`,
+`gazette_store_persisted_bytes_total`); the rest use the same `gazette_` prefix and Prometheus
+conventions (a `_total` counter, base units in the name).
+
+Code paths record through the objects (or the small helpers below) with one line each; nothing
+here blocks or allocates per call beyond prometheus_client's own lock-protected increments.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+from broker.protocol import protocol_pb2 as pb
+
+# --- Appends (broker/append_api.py, broker/append_fsm.py, broker/pipeline.py) ---------------------
+
+APPENDS: Final = Counter(
+    "gazette_appends_total",
+    "Append RPCs this broker answered as the journal's primary, by response status.",
+    ["status"],
+)
+APPEND_BYTES: Final = Counter(
+    "gazette_append_bytes_total",
+    "Bytes committed by Append RPCs this broker served as the journal's primary.",
+)
+PIPELINE_COMMITS: Final = Counter(
+    "gazette_pipeline_commits_total",
+    "Transactions (client appends and pulses) a primary committed through its replication"
+    " pipeline, acknowledged by every peer.",
+)
+PIPELINE_SYNCS: Final = Counter(
+    "gazette_pipeline_syncs_total",
+    "Synchronisation rounds of replication pipelines with their peers (one or more per new"
+    " pipeline).",
+)
+
+# --- Reads (broker/read_api.py) -------------------------------------------------------------------
+
+READS: Final = Counter(
+    "gazette_reads_total",
+    "Read RPCs received by this broker (served locally, proxied or refused).",
+)
+READ_BYTES: Final = Counter(
+    "gazette_read_bytes_total",
+    "Journal content bytes this broker's Read RPCs streamed from its local fragment index.",
+)
+
+# --- Persistence (broker/fragment/persister.py) ---------------------------------------------------
+
+FRAGMENTS_PERSISTED: Final = Counter(
+    "gazette_fragments_persisted_total",
+    "Fragment files this broker uploaded to fragment stores.",
+)
+PERSISTED_BYTES: Final = Counter(
+    "gazette_store_persisted_bytes_total",
+    "Journal (uncompressed) bytes of the fragment files this broker uploaded.",
+)
+
+# --- Allocator (broker/allocator/allocator.py) ----------------------------------------------------
+
+ALLOCATOR_ROUNDS: Final = Counter(
+    "gazette_allocator_converge_total",
+    "Rounds of the allocator's convergence loop run while this member led.",
+)
+
+# --- Operator interfaces (broker/http_gateway.py, broker/auth.py) ---------------------------------
+
+HTTP_REQUESTS: Final = Counter(
+    "gazette_http_gateway_requests_total",
+    "Requests answered by the HTTP gateway, by method and HTTP status code.",
+    ["method", "code"],
+)
+AUTH_REJECTIONS: Final = Counter(
+    "gazette_auth_rejections_total",
+    "RPCs refused for their authorization, by reason (missing, invalid, capability, selector).",
+    ["reason"],
+)
+
+
+def record_append(status: int, committed_bytes: int = 0) -> None:
+    """One Append RPC answered with `status` (a protocol.Status), committing `committed_bytes`."""
+    APPENDS.labels(pb.Status.Name(status)).inc()
+    if committed_bytes:
+        APPEND_BYTES.inc(committed_bytes)
+
+
+def record_persisted(fragment_bytes: int) -> None:
+    """One fragment file of `fragment_bytes` (uncompressed) uploaded."""
+    FRAGMENTS_PERSISTED.inc()
+    PERSISTED_BYTES.inc(fragment_bytes)
+
+
+def value_of(
+    name: str, labels: dict[str, str] | None = None, registry: CollectorRegistry = REGISTRY
+) -> float:
+    """The current value of sample `name` (0 if it has not been recorded yet)."""
+    value = registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
