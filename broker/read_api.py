@@ -30,6 +30,7 @@ from typing import Any, Final, Protocol, TypeAlias, cast
 import grpc
 import grpc.aio
 
+from broker import metrics
 from broker.client.reader import FragmentContentError, FragmentContentReader, validate_read_request
 from broker.client.route_cache import ChannelPool, pick_endpoint
 from broker.fragment.index import FragmentIndex, IndexClosedError, QueryResult
@@ -175,6 +176,7 @@ async def serve_read(
             async for chunk in content:
                 if req.end_offset:
                     chunk = chunk[: req.end_offset - req.offset]
+                metrics.READ_BYTES.inc(len(chunk))
                 yield pb.ReadResponse(offset=req.offset, content=chunk)
                 req.offset += len(chunk)
                 if req.end_offset and req.offset >= req.end_offset:
@@ -272,6 +274,7 @@ class ReadAPI:
     async def read(
         self, request: pb.ReadRequest, context: Context
     ) -> AsyncIterator[pb.ReadResponse]:
+        metrics.READS.inc()
         try:
             validate_read_request(request)
             validate_request_header(request)

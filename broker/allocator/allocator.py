@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from broker import metrics
 from broker.allocator.converge import IsConsistent, Plan, plan, txn_ops_max_default
 from broker.allocator.solver import Solution, solve_state
 from broker.allocator.state import Assignment, Item, MemberId, State, parse_state
@@ -199,6 +200,7 @@ async def serve(
                 backend, state, member, cache[1], solved, rounds, is_consistent, txn_ops_max
             )
             rounds += 1
+            metrics.ALLOCATOR_ROUNDS.inc()
             if observer is not None:
                 observer(report)
             if report.applied:

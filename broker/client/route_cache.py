@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
+from broker.auth import client_interceptors_from_env
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validate import ValidationError
@@ -70,12 +71,19 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
 
 class ChannelPool:
     """One gRPC channel per endpoint, at most `channels_max` of them (least recently used
-    channels are closed first). Close the pool to close every channel."""
+    channels are closed first). Close the pool to close every channel. `interceptors` are
+    installed on every channel (e.g. `broker.auth.client_interceptors`)."""
 
-    def __init__(self, *, channels_max: int = channels_max_default) -> None:
+    def __init__(
+        self,
+        *,
+        channels_max: int = channels_max_default,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:
         if channels_max < 1:
             raise ValueError(f"channels_max: must be >= 1 (got {channels_max})")
         self._channels_max = channels_max
+        self._interceptors = list(interceptors) or None
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         # Evicted channels are closed by the next `close`/`prune` await, since closing is
         # async and `get` is not; at most `channels_max` wait there.
@@ -89,10 +97,15 @@ class ChannelPool:
         target, secure = grpc_target(endpoint)
         if secure:
             channel = grpc.aio.secure_channel(
-                target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS
+                target,
+                grpc.ssl_channel_credentials(),
+                options=_CHANNEL_OPTIONS,
+                interceptors=self._interceptors,
             )
         else:
-            channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(
+                target, options=_CHANNEL_OPTIONS, interceptors=self._interceptors
+            )
         self._channels[endpoint] = channel
         if len(self._channels) > self._channels_max:
             _, evicted = self._channels.popitem(last=False)
@@ -220,7 +233,10 @@ class JournalClient:
         grpc_target(endpoint)  # Validate early.
         self.endpoint = endpoint
         self.zone = zone
-        self.channels = channels if channels is not None else ChannelPool()
+        if channels is None:
+            # Authorization as the environment says (GAZETTE_AUTH_TOKEN or GAZETTE_AUTH_KEYS).
+            channels = ChannelPool(interceptors=client_interceptors_from_env())
+        self.channels = channels
         self.routes = routes if routes is not None else RouteCache()
 
     def endpoint_for(self, journal: str, *, require_primary: bool) -> str:
