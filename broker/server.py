@@ -15,6 +15,12 @@ view of etcd must not go on serving. Stopping is graceful: the gRPC server drain
 flight roll back), local replicas roll their spools (completing fragments for the persister),
 queued fragments are persisted within a bound, and the lease is revoked.
 
+A graceful *exit* (``gazette serve`` on SIGTERM, as Gazette's broker does) first hands the
+broker's journals off (``hand_off``): it re-announces itself with a zero journal limit, keeps
+serving while the allocator moves each journal to other brokers without ever leaving it short
+of consistent replicas, and stops once it serves none (or after a bound). Appends in flight
+meanwhile wait for the new route, then go to (or are proxied to) the new primary: none fail.
+
 Each RPC of the Journal service is implemented by its own module: ``append_api``,
 ``replicate_api``, ``read_api``, ``fragments_api`` (ListFragments) and ``list_apply_api``.
 """
@@ -24,21 +30,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from broker.allocator import journal_replication
 from broker.append_api import (
     AppendApi,
     flow_control_burst_s_default,
     min_append_rate_bytes_per_s_default,
 )
 from broker.append_fsm import AppendEnv, pulse
+from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors, decode_keys
+from broker.auth_server import AuthInterceptor, ResolverScope
 from broker.client.route_cache import ChannelPool
 from broker.fragment.index import FragmentIndex
 from broker.fragment.persister import Persister
@@ -58,7 +68,17 @@ from broker.read_api import ReadAPI
 from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver, revision_wait_s_default
-from broker.topology import DEFAULT_ROOT, Decoded, member_key, new_keyspace
+from broker.topology import (
+    DEFAULT_ROOT,
+    Decoded,
+    Member,
+    local_journals,
+    lookup_item,
+    member_key,
+    members_prefix,
+    new_keyspace,
+    validate_process_id,
+)
 
 log = get_logger(__name__)
 
@@ -70,6 +90,9 @@ stop_grace_s_default = 1.0
 persist_drain_s_default = 30.0
 # Gazette's default per-broker journal limit.
 journal_limit_default = 1024
+# How long a broker asked to exit waits for the allocator to move its journals elsewhere before
+# it stops anyway (its journals then fail over once its lease is revoked).
+handoff_wait_s_default = 60.0
 
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", message_bytes_max),
@@ -102,6 +125,8 @@ class BrokerConfig:
     stop_grace_s: float = stop_grace_s_default
     persist_drain_s: float = persist_drain_s_default
     peer_response_timeout_s: float = 30.0
+    # Pre-shared keys (base64, comma/space separated; see broker.auth); "": no authorization.
+    auth_keys: str = field(default="", repr=False)
 
 
 class BrokerStateError(RuntimeError):
@@ -171,9 +196,12 @@ class Broker:
         self.clock = clock
         self.id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
         self.ks: KeySpace[Decoded] = new_keyspace(config.root)
-        self.dialer = Dialer()
+        # With keys, every RPC must be authorized, and this broker signs its own calls.
+        self.auth = KeyedAuth.parse(config.auth_keys) if config.auth_keys else None
+        signing = client_interceptors(KeyedAuthorizer(self.auth) if self.auth else None)
+        self.dialer = Dialer(signing)
         # Channels of the read path (proxied reads and fragment listings).
-        self.channels = ChannelPool()
+        self.channels = ChannelPool(interceptors=signing)
         self.resolver = Resolver(
             self.ks,
             config.root,
@@ -211,9 +239,15 @@ class Broker:
         self._task: asyncio.Task[None] | None = None
         self.lease_id = 0
         self.endpoint = ""
+        # The BrokerSpec announced under the lease (set by start()).
+        self.spec = pb.BrokerSpec()
 
     def __repr__(self) -> str:
         return f"Broker<{self.config.zone}#{self.config.suffix} {self.endpoint}>"
+
+    def is_ready(self) -> bool:
+        """Whether the broker serves: started, and neither stopping nor failed."""
+        return self._server is not None and self._task is not None and not self._task.done()
 
     # --- Wiring ---
 
@@ -238,7 +272,9 @@ class Broker:
         if self._server is not None:
             raise BrokerStateError(f"{self!r}: already started")
         cfg = self.config
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        validate_process_id(self.id)  # Before binding anything: a bad ID changes nothing.
+        auth = [AuthInterceptor(self.auth, ResolverScope(self.resolver))] if self.auth else []
+        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=auth)
         registry = self.stores if self.stores is not None else new_registry()
         service = JournalService(
             AppendApi(
@@ -256,19 +292,25 @@ class Broker:
         await server.start()
         self._server = server
         self.endpoint = f"http://{cfg.host}:{port}"
-
-        spec = pb.BrokerSpec(
-            process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
-            journal_limit=cfg.journal_limit,
-        )
-        validate_broker_spec(spec)
-        self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
-        await self.backend.put(
-            member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
-            spec.SerializeToString(),
-            lease=self.lease_id,
-        )
-        await self.ks.load(self.backend)
+        try:
+            spec = pb.BrokerSpec(
+                process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
+                journal_limit=cfg.journal_limit,
+            )
+            validate_broker_spec(spec)
+            self.spec = spec
+            self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
+            await self.backend.put(
+                member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
+                spec.SerializeToString(),
+                lease=self.lease_id,
+            )
+            await self.ks.load(self.backend)
+        except BaseException:
+            # Not announced (or half): release the port rather than serve as no member.
+            self._server = None
+            await server.stop(0)
+            raise
         self._task = asyncio.create_task(self._run(ttl_s), name=f"{self!r}")
 
     async def _run(self, ttl_s: int) -> None:
@@ -304,6 +346,79 @@ class Broker:
                     "stopping broker: fragments left unpersisted", pending=persister.pending
                 )
 
+    async def hand_off(self, timeout_s: float = handoff_wait_s_default) -> bool:
+        """Announce that this broker is exiting, then wait until it serves no journal.
+
+        Re-puts the BrokerSpec under the broker's lease with ``journal_limit`` 0 and ``exiting``
+        set (a Go allocator reads the former, ours either). The allocator then moves every
+        journal off this broker without letting it drop below its consistent replicas: it adds
+        a replacement first, the journal's primary (maybe this broker) synchronises it and
+        advertises the new route, and only then is this broker's assignment removed (with a
+        promotion in the same transaction if it was the primary). Appends meanwhile wait while
+        the route has a surplus replica, then go (or are proxied) to the new primary.
+
+        Returns True once no assignment names this broker, or as soon as every journal it still
+        serves is one the allocator can never take off it: fewer *other* brokers accept
+        journals than the journal's replication, so removing this one would leave it short of
+        consistent replicas (the whole cluster is stopping, or it is too small to lose a
+        broker). Returns False if ``timeout_s`` passes first. Call between start() and stop();
+        the broker keeps serving throughout (stop() does the rest of a graceful exit).
+        """
+        if self._task is None or self._server is None:
+            raise BrokerStateError(f"{self!r}: not started")
+        cfg = self.config
+        exiting = pb.BrokerSpec()
+        exiting.CopyFrom(self.spec)
+        exiting.journal_limit = 0
+        exiting.exiting = True
+        header = await self.backend.put(
+            member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
+            exiting.SerializeToString(),
+            lease=self.lease_id,
+        )
+        log.info("broker exiting: handing off its journals", broker=repr(self))
+        try:
+            async with asyncio.timeout(timeout_s):
+                revision = header.revision
+                while True:
+                    await self.ks.wait_for_revision(revision, timeout_s)
+                    held = local_journals(self.ks, cfg.root, self.id)
+                    if not held:
+                        log.info("broker exiting: every journal handed off", broker=repr(self))
+                        return True
+                    if all(self._cannot_hand_off(journal) for journal in held):
+                        log.warning(
+                            "broker exiting: no broker can take its remaining journals",
+                            broker=repr(self),
+                            journals=len(held),
+                        )
+                        return True
+                    revision = self.ks.header.revision + 1
+        except TimeoutError:
+            log.warning(
+                "broker exiting: journals not handed off in time",
+                broker=repr(self),
+                journals=len(local_journals(self.ks, cfg.root, self.id)),
+                timeout_s=timeout_s,
+            )
+            return False
+
+    def _cannot_hand_off(self, journal: str) -> bool:
+        """Whether fewer other brokers accept journals than ``journal``'s replication."""
+        item = lookup_item(self.ks, self.config.root, journal)
+        replication = journal_replication(item) if item is not None else 0
+        accepting = 0
+        for entry in self.ks.search(members_prefix(self.config.root)):
+            m = entry.decoded
+            if (
+                isinstance(m, Member)
+                and (m.zone, m.suffix) != (self.config.zone, self.config.suffix)
+                and m.spec.journal_limit > 0
+                and not m.spec.exiting
+            ):
+                accepting += 1
+        return accepting < replication
+
     async def wait(self) -> None:
         """Wait until the broker stops (or fails: its error is raised)."""
         if self._task is None:
@@ -334,6 +449,35 @@ class Broker:
 # --- gazette serve ---------------------------------------------------------------------------------
 
 
+def _auth_keys(text: str) -> str:
+    if text.strip():
+        try:
+            decode_keys(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {value})")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (got {text!r})") from None
+    if not value >= 0:  # Also refuses NaN.
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {text})")
+    return value
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -342,7 +486,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--suffix", "--id", default="broker")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve the HTTP gateway, /debug/metrics and /debug/ready here (0: any free port)",
+    )
     serve.add_argument("--root", default=DEFAULT_ROOT)
+    serve.add_argument(
+        "--auth-keys",
+        type=_auth_keys,
+        default=os.environ.get("GAZETTE_AUTH_KEYS", ""),
+        help="base64 pre-shared keys, comma separated: every RPC then needs a token signed by"
+        " one of them (the first signs the broker's own); default $GAZETTE_AUTH_KEYS",
+    )
     serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
     serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
     serve.add_argument("--spool-dir", "--data-dir", dest="spool_dir", default=None)
@@ -351,12 +508,27 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="do not run the allocator (assignments are made by someone else)",
     )
+    serve.add_argument(
+        "--lease-ttl",
+        dest="lease_ttl_s",
+        type=_positive_int,
+        default=lease_ttl_s_default,
+        help="seconds the broker's etcd lease outlives it (how fast a crash is noticed)",
+    )
+    serve.add_argument(
+        "--handoff-timeout",
+        dest="handoff_timeout_s",
+        type=_non_negative_float,
+        default=handoff_wait_s_default,
+        help="seconds an exiting broker waits for its journals to move before it stops anyway",
+    )
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
     return p.parse_args(argv)
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from broker.http_gateway import HttpGateway
     from broker.keyspace.embedded import EmbeddedBackend
     from broker.keyspace.etcd import EtcdBackend
 
@@ -370,12 +542,29 @@ async def _serve(args: argparse.Namespace) -> None:
             host=args.host,
             port=args.port,
             spool_dir=args.spool_dir,
+            auth_keys=args.auth_keys,
+            lease_ttl_s=args.lease_ttl_s,
         ),
         stores=new_registry(file_root=args.file_root),
     )
+    # The first SIGTERM (or SIGINT) asks for a graceful exit; a second one cuts the hand-off.
+    # Handled from here on: a signal that arrives while the broker starts is not lost (nor
+    # fatal), and whoever saw "serving on" may signal at once.
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
+    # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
+    gateway = HttpGateway(ready=broker.is_ready) if args.http_port is not None else None
+    if gateway is not None:
+        await gateway.start(args.host, args.http_port)
     await broker.start()
     log.info("broker serving", endpoint=broker.endpoint)
     print(f"serving on {broker.endpoint}", flush=True)
+    if gateway is not None:
+        gateway.attach(broker.endpoint)
+        log.info("http gateway serving", port=gateway.port)
+        print(f"http gateway on http://{args.host}:{gateway.port}", flush=True)
     # Every broker runs the allocator; it acts only while this broker is the leader (the
     # member with the oldest key), so one process on the embedded keyspace assigns itself.
     allocator: asyncio.Future[None] | None = None
@@ -391,24 +580,66 @@ async def _serve(args: argparse.Namespace) -> None:
                 is_consistent=broker_is_consistent,
             )
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    waiter = asyncio.ensure_future(broker.wait())
-    stopper = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
+        await _serve_until_exit(broker, allocator, stop, hurry, args.handoff_timeout_s)
     finally:
-        stopper.cancel()
-        waiter.cancel()
         if allocator is not None:
             allocator.cancel()
-        await asyncio.gather(
-            stopper, waiter, *([allocator] if allocator else []), return_exceptions=True
-        )
+            await asyncio.gather(allocator, return_exceptions=True)
         await broker.stop()
+        if gateway is not None:
+            await gateway.stop()  # After the broker: /debug/ready says 503 while it stops.
         await backend.close()
+
+
+async def _serve_until_exit(
+    broker: Broker,
+    allocator: asyncio.Future[None] | None,
+    stop: asyncio.Event,
+    hurry: asyncio.Event,
+    handoff_timeout_s: float,
+) -> None:
+    """Serve until ``stop``, then hand every journal off (``Broker.hand_off``) while the
+    allocator keeps running, for at most ``handoff_timeout_s`` or until ``hurry``. Raises if
+    the broker or the allocator fails meanwhile; the caller then stops the broker."""
+    waiter = asyncio.ensure_future(broker.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    hurrier = asyncio.ensure_future(hurry.wait())
+    handoff: asyncio.Future[bool] | None = None
+    tasks: list[asyncio.Future[Any]] = [waiter, stopper, hurrier]
+    try:
+        pending: set[asyncio.Future[Any]] = {waiter, stopper}
+        if allocator is not None:
+            pending.add(allocator)
+        while not stopper.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            _raise_failures(done)
+            if waiter in done:
+                return  # The broker ended on its own (it was stopped).
+        handoff = asyncio.ensure_future(broker.hand_off(handoff_timeout_s))
+        tasks.append(handoff)
+        pending |= {handoff, hurrier}
+        while not handoff.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # The allocator returns by itself once this broker is drained: that is no failure.
+            _raise_failures(done - {handoff})
+            if hurrier in done:
+                log.warning("broker exiting: hand-off cut short by a second signal")
+                return
+            if waiter in done:
+                return
+        handoff.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _raise_failures(done: set[asyncio.Future[Any]]) -> None:
+    for task in done:
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            raise exc
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -421,4 +652,7 @@ def main(argv: list[str] | None = None) -> None:
         from broker.demo import main as demo_main
 
         sys.exit(demo_main(args.data_dir))
+    from broker.malloc_tuning import tune_malloc
+
+    tune_malloc()  # Large append buffers: see malloc_tuning.py.
     asyncio.run(_serve(args))

@@ -72,6 +72,10 @@ _FATAL_CODES: Final = frozenset(
 )
 
 
+def _unavailable(err: grpc.aio.AioRpcError) -> bool:
+    return bool(err.code() == grpc.StatusCode.UNAVAILABLE)
+
+
 def backoff_s(attempt: int) -> float:
     """Delay before retry `attempt` (1-based)."""
     return backoff_schedule_s[min(max(attempt, 1), len(backoff_schedule_s)) - 1]
@@ -137,6 +141,10 @@ class RetryReader:
                 # The Reader is spent either way: the next read, now or after surfacing the
                 # error, continues with a fresh one where it stopped.
                 progressed = await self._renew()
+                if isinstance(err, grpc.aio.AioRpcError) and _unavailable(err):
+                    # The broker read from may be gone (it exited or crashed): go through the
+                    # default broker next, which knows the journal's current route.
+                    self.client.update_route(self.journal, None)
                 attempt = self._attempt_after(err, 0 if progressed else attempt)
             else:
                 if chunk.content or self._complete():

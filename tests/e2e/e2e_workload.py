@@ -1,0 +1,222 @@
+"""Workloads and checks shared by the process-level tests: journal specs, concurrent appenders of
+self-describing records, whole-journal reads, and verification of persisted fragment files.
+
+Records are lines ``<writer>:<seq>:<journal>:<padding>\\n``, unique per (writer, seq), so that a
+journal's content can be checked record by record: every committed append is found whole at
+the offsets its commit named, no line is torn, and duplicates (an append retried after a lost
+response) are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+import re
+import shutil
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client.appender import append
+from broker.client.retry_reader import RetryReader
+from broker.client.route_cache import JournalClient
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import OffsetNotYetAvailableError
+
+requires_etcd = pytest.mark.skipif(
+    shutil.which("etcd") is None, reason="etcd not installed: run `make system-deps`"
+)
+
+# Four brokers in two zones: a journal of replication 3 keeps both zones after losing any one.
+FOUR_BROKERS = [
+    ("zone-a", "broker-a1"),
+    ("zone-a", "broker-a2"),
+    ("zone-b", "broker-b1"),
+    ("zone-b", "broker-b2"),
+]
+
+# A writer whose append failed waits this long before its next one.
+failure_pause_s = 0.05
+
+RECORD = re.compile(rb"(\d{2}):(\d{6}):([a-z0-9/-]+):(x*)\n")
+
+
+def journal_spec(
+    name: str, replication: int, store: str, *, length: int = 1 << 20, codec: int = pb.GZIP
+) -> pb.JournalSpec:
+    return pb.JournalSpec(
+        name=name,
+        replication=replication,
+        fragment=pb.JournalSpec.Fragment(
+            length=length,
+            compression_codec=codec,  # type: ignore[arg-type]
+            stores=[store],
+            refresh_interval=Duration(seconds=1),
+        ),
+    )
+
+
+def record(writer: int, seq: int, journal: str, padding: int = 40) -> bytes:
+    return f"{writer:02d}:{seq:06d}:{journal}:{'x' * padding}\n".encode()
+
+
+@dataclass(frozen=True)
+class Committed:
+    journal: str
+    begin: int
+    end: int
+    data: bytes
+
+
+@dataclass
+class Writers:
+    """``count`` concurrent appenders, round-robin over ``journals``, each through ``client``
+    with ``append()``'s retries (``attempts_max``). Successes and failures are recorded."""
+
+    client: JournalClient
+    journals: Sequence[str]
+    count: int
+    attempts_max: int = 10
+    committed: list[Committed] = field(default_factory=list)
+    failed: list[tuple[str, bytes, BaseException]] = field(default_factory=list)
+    # Attempts that failed and were retried by append(): an append whose response was lost may
+    # have committed anyway, so only a retry can explain a record found twice.
+    retries: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run(w)) for w in range(self.count)]
+
+    async def _run(self, writer: int) -> None:
+        seq = 0
+        while not self._stop.is_set():
+            journal = self.journals[(writer + seq) % len(self.journals)]
+            data = record(writer, seq, journal)
+            seq += 1
+            try:
+                resp = await append(
+                    self.client,
+                    pb.AppendRequest(journal=journal),
+                    data,
+                    attempts_max=self.attempts_max,
+                    sleep=self._before_retry,
+                )
+            except Exception as err:
+                self.failed.append((journal, data, err))
+                # Pace a writer whose appends fail at once (a replica gone until its lease
+                # expires), so that it does not spin.
+                await asyncio.sleep(failure_pause_s)
+            else:
+                self.committed.append(Committed(journal, resp.commit.begin, resp.commit.end, data))
+            progress, self._progress = self._progress, asyncio.Event()
+            progress.set()
+
+    async def _before_retry(self, delay_s: float) -> None:
+        self.retries += 1
+        await asyncio.sleep(delay_s)
+
+    async def wait_for(self, successes: int, timeout_s: float = 30.0) -> None:
+        """Wait until ``successes`` appends in all have committed."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.committed) < successes:
+                await self._progress.wait()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+async def read_journal(client: JournalClient, journal: str, timeout_s: float = 30.0) -> bytes:
+    """The journal's whole content, from offset 0 to its write head (no offset jumps)."""
+    reader = RetryReader(client, pb.ReadRequest(journal=journal, offset=0, block=False))
+    out = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                try:
+                    chunk = await reader.read_chunk()
+                except OffsetNotYetAvailableError:
+                    break
+                assert chunk.offset == len(out), f"{journal}: read jumped to {chunk.offset}"
+                out += chunk.content
+    finally:
+        await reader.close()
+    assert reader.jumps == 0
+    return bytes(out)
+
+
+def check_records(journal: str, content: bytes, committed: Sequence[Committed]) -> Counter[bytes]:
+    """Assert ``content`` is whole records only and holds every committed one of ``journal``
+    at its offsets; returns how often each record occurs."""
+    pos = 0
+    counts: Counter[bytes] = Counter()
+    while pos < len(content):
+        m = RECORD.match(content, pos)
+        assert m is not None, f"{journal}: torn or foreign bytes at offset {pos}"
+        assert m.group(3).decode() == journal, f"{journal}: a record of {m.group(3)!r}"
+        counts[m.group(0)] += 1
+        pos = m.end()
+    for c in committed:
+        if c.journal == journal:
+            assert content[c.begin : c.end] == c.data, f"{journal}: commit [{c.begin}, {c.end})"
+    return counts
+
+
+@dataclass(frozen=True)
+class FragmentFile:
+    begin: int
+    end: int
+    digest: str
+    content: bytes
+
+
+def fragment_files(fragments_dir: Path, journal: str) -> list[FragmentFile]:
+    """The journal's persisted fragment files, decompressed and checked against their names
+    (begin and end offsets, SHA1 of the uncompressed content), sorted by offsets."""
+    out: list[FragmentFile] = []
+    directory = fragments_dir / journal
+    for path in sorted(directory.iterdir()) if directory.exists() else []:
+        name, _, ext = path.name.partition(".")
+        begin_hex, end_hex, digest = name.split("-")
+        raw = path.read_bytes()
+        data = gzip.decompress(raw) if ext == "gz" else raw
+        assert ext in ("gz", "raw"), path
+        begin, end = int(begin_hex, 16), int(end_hex, 16)
+        assert end - begin == len(data), f"{path.name}: holds {len(data)} bytes"
+        expected = hashlib.sha1(data).hexdigest() if data else "0" * 40
+        assert digest == expected, f"{path.name}: content SHA1 is {expected}"
+        out.append(FragmentFile(begin, end, digest, data))
+    return sorted(out, key=lambda f: (f.begin, f.end))
+
+
+def stored_prefix(files: Sequence[FragmentFile]) -> bytes:
+    """The content the files cover contiguously from offset 0. Files may overlap (replicas that
+    rolled at different offsets), but wherever they do, their bytes must agree."""
+    out = bytearray()
+    for f in files:
+        if f.begin > len(out):
+            break
+        overlap = out[f.begin : f.end]
+        assert f.content[: len(overlap)] == overlap, f"[{f.begin}, {f.end}) disagrees"
+        out += f.content[len(overlap) :]
+    return bytes(out)
+
+
+def by_journal(committed: Sequence[Committed]) -> dict[str, list[Committed]]:
+    out: dict[str, list[Committed]] = {}
+    for c in committed:
+        out.setdefault(c.journal, []).append(c)
+    return out
+
+
+def most(items: Sequence[str], key: Callable[[str], str | None]) -> str:
+    """The most common ``key(item)`` (ties: the first seen)."""
+    counts = Counter(k for k in map(key, items) if k is not None)
+    return counts.most_common(1)[0][0]
