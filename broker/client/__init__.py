@@ -3,6 +3,7 @@
 - `JournalClient`: dispatches requests to the right broker (route cache + channel pool).
 - `Reader` / `RetryReader`: read a journal from an offset, optionally blocking at the head.
 - `Appender` / `append`: transactional appends.
+- `AppendService`: asynchronous appends, batched and ordered per journal, with retries.
 - `list_journals`, `watch_journals`, `get_journal`, `apply_journals`, `list_all_fragments`.
 
     client = JournalClient("http://localhost:8080")
@@ -11,7 +12,13 @@
         ...
 """
 
+from broker.client.append_service import (
+    AppendService,
+    AppendServiceClosedError,
+    DependencyFailedError,
+)
 from broker.client.appender import Appender, AppenderStateError, append
+from broker.client.async_append import AsyncAppend, AsyncAppendStateError
 from broker.client.list_apply import (
     apply_journals,
     delete,
@@ -26,10 +33,15 @@ from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient, RouteCache
 
 __all__ = [
+    "AppendService",
+    "AppendServiceClosedError",
     "Appender",
     "AppenderStateError",
+    "AsyncAppend",
+    "AsyncAppendStateError",
     "ChannelPool",
     "Chunk",
+    "DependencyFailedError",
     "FragmentContentError",
     "JournalClient",
     "ReadProtocolError",

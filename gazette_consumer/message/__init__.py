@@ -1,4 +1,4 @@
-"""Gazette messages: UUIDs and clocks, the Message interface, and framings.
+"""Gazette messages: UUIDs and clocks, the Message interface, framings, mappings, Publisher.
 
 Importing this package registers the built-in framings under their content types, as Gazette's
 Go ``message`` package does on import.
@@ -31,8 +31,18 @@ from gazette_consumer.message.framing import (
     register_framing,
 )
 from gazette_consumer.message.json_framing import JSONFraming, JSONMessage
+from gazette_consumer.message.mapping import (
+    EmptyPartitionsError,
+    Partition,
+    Partitions,
+    PartitionsWatch,
+    modulo_mapping,
+    random_mapping,
+    rendezvous_mapping,
+)
 from gazette_consumer.message.message import Envelope, InvalidEnvelopeError, Message, message_uuid
 from gazette_consumer.message.protobuf_framing import FixedFraming
+from gazette_consumer.message.publisher import InvalidMessageError, Publisher, write_ack_intents
 from gazette_consumer.message.uuid import (
     NIL_UUID,
     Flag,
@@ -63,6 +73,7 @@ __all__ = [
     "Clock",
     "ClockError",
     "Decoder",
+    "EmptyPartitionsError",
     "Envelope",
     "FeedOffsetError",
     "FixedFraming",
@@ -73,6 +84,7 @@ __all__ = [
     "Framing",
     "FramingError",
     "InvalidEnvelopeError",
+    "InvalidMessageError",
     "InvalidUUIDError",
     "JSONFraming",
     "JSONMessage",
@@ -80,7 +92,11 @@ __all__ = [
     "MessageDecodeError",
     "MessageEncodeError",
     "MessageTooLargeError",
+    "Partition",
+    "Partitions",
+    "PartitionsWatch",
     "ProducerID",
+    "Publisher",
     "TruncatedFrameError",
     "UUIDParts",
     "UnknownContentTypeError",
@@ -93,7 +109,11 @@ __all__ = [
     "get_flags",
     "get_producer_id",
     "message_uuid",
+    "modulo_mapping",
     "new_producer_id",
     "parse_uuid",
+    "random_mapping",
     "register_framing",
+    "rendezvous_mapping",
+    "write_ack_intents",
 ]

@@ -1,0 +1,504 @@
+"""AppendService: asynchronous appends, batched and ordered per journal, retried until they land.
+
+Many small writes (messages a publisher produces one at a time) would cost one Append RPC each
+if made directly; gRPC alone manages only ~9k small messages a second on one stream. The
+service instead queues writes per journal and sends them in batches: while one batch of a
+journal is being appended, later writes join the next one, which is sent as soon as the first
+commits. A batch is one Append RPC, one transaction: its writes commit together, contiguously,
+in the order they were released.
+
+Use:
+
+    async with AppendService(client) as service:
+        aa = await service.start_append("a/journal")  # exclusive use of the journal's batch
+        aa.write(b"one whole message\\n")               # synchronous: no await while held
+        aa.release()                                    # queue it (or aa.abort() to drop it)
+        response = await aa                             # AppendResponse of the whole batch
+
+Call order and concurrency (one event loop; nothing here is thread-safe):
+
+- `start_append` hands out the journal's open batch (`AsyncAppend`) to one writer at a time;
+  other writers of that journal wait until it is released. Writers must not await between
+  `start_append` and `release`/`abort` (the batch cannot be sent while held), and must
+  release or abort every append they start.
+- Writes to one journal commit in release order. Journals proceed independently: each has
+  its own worker task, started when it has something to send and ended when it has nothing.
+- Consecutive appends join one batch until it holds `batch_bytes_max` bytes, or until its
+  request (preconditions such as `offset` or registers) or dependencies differ. Every writer of
+  a batch awaits the same future, whose response spans the whole batch (as in Gazette).
+- Content waits in memory, then in spill files (`append_buffer`); while both are full,
+  `start_append` waits (backpressure) until batches commit.
+- A batch with `dependencies` (other AsyncAppends, or futures) is sent only after all of them
+  succeed; if one fails, the batch fails with DependencyFailedError.
+- Transient failures (an unreachable broker, a stale route, no primary yet, a timeout) are
+  retried with doubling back-off, re-sending the same bytes, up to `retry_attempts_max`
+  attempts; a transport error also drops the cached route, so that the next attempt asks the
+  default broker. Nothing is remembered after the batch resolves: a later batch starts afresh.
+  Other failures (JOURNAL_NOT_FOUND, WRONG_APPEND_OFFSET, REGISTER_MISMATCH, ...) fail the
+  batch's future with their typed error, and the journal's queue goes on with later batches.
+- Retries make appends at-least-once: a commit whose response was lost is appended again.
+  Messages carry UUIDs (the Publisher) so that readers drop the duplicates.
+- A batch that nobody wrote to (every writer aborted) and that has no preconditions is not
+  sent: its response is an OK AppendResponse without a commit.
+- Leaving the `async with` block waits for every queued append to resolve; leaving it by an
+  exception cancels them, failing their futures with AppendServiceClosedError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+
+from broker.client.append_buffer import (
+    BufferBudget,
+    memory_bytes_max_default,
+    spill_bytes_max_default,
+)
+from broker.client.appender import Appender, chunk_bytes_max_default, validate_append_request
+from broker.client.async_append import (
+    AppendState,
+    AsyncAppend,
+    JournalQueue,
+    notify,
+    wait_on,
+)
+from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import GazetteError
+from broker.protocol.validate import at, validate_journal_name
+
+log = get_logger(__name__)
+
+# A batch stops taking writes at this size: large enough to amortise an RPC, small enough that
+# one batch does not hold a journal's pipeline (and every other writer of it) for long.
+batch_bytes_max_default: Final = 4 << 20
+# Attempts of one batch (the first included) before its future fails with the last error.
+retry_attempts_max_default: Final = 100
+# Back-off between attempts: doubling from the initial delay, capped.
+backoff_initial_s_default: Final = 0.05
+backoff_max_s_default: Final = 5.0
+# One attempt (sending a batch and awaiting its commit) is abandoned, and retried, after this.
+append_timeout_s_default: Final = 60.0
+# A writer that never awaits anything else would starve the tasks that send its batches; after
+# this many released bytes, `start_append` gives the event loop a turn.
+writer_yield_bytes_default: Final = 256 << 10
+
+# gRPC codes that no retry of the same request can fix.
+_FATAL_CODES: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
+
+
+class AppendServiceClosedError(RuntimeError):
+    """The service is not running (not entered yet, closing, or closed)."""
+
+
+class DependencyFailedError(RuntimeError):
+    """A dependency of a batch failed, so the batch was not sent (the cause is chained)."""
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether a failed append attempt may succeed if the same request is sent again."""
+    if isinstance(err, GazetteError):
+        return err.retriable
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.code() not in _FATAL_CODES
+    return isinstance(err, TimeoutError | ConnectionError)
+
+
+def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:
+    """Delay after failed attempt number `attempt` (1-based)."""
+    return float(min(max_s, initial_s * 2.0 ** min(attempt - 1, 62)))
+
+
+@dataclass
+class AppendServiceStats:
+    """Counters of a service's work, for tests, benchmarks and metrics."""
+
+    batches: int = 0  # AsyncAppends created (each becomes one committed or failed batch).
+    releases: int = 0  # release() calls: the writes that joined batches.
+    aborts: int = 0  # abort() calls.
+    rpcs: int = 0  # Append RPC attempts, retries included.
+    retries: int = 0
+    committed: int = 0  # Batches committed.
+    committed_bytes: int = 0
+    failed: int = 0  # Batches whose future holds an error.
+
+
+class _Run(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+_NO_DEPENDENCIES: Final[frozenset[Any]] = frozenset()
+# Enum members as module constants: reading a member through its class costs ~80 ns, which
+# matters on the per-write path.
+_OPEN: Final = AppendState.OPEN
+_RUNNING: Final = _Run.RUNNING
+
+
+class AppendService:
+    """See the module docstring. Use as `async with AppendService(client) as service:`."""
+
+    def __init__(
+        self,
+        client: JournalClient,
+        *,
+        batch_bytes_max: int = batch_bytes_max_default,
+        memory_bytes_max: int = memory_bytes_max_default,
+        spill_bytes_max: int = spill_bytes_max_default,
+        spill_dir: str | os.PathLike[str] | None = None,
+        retry_attempts_max: int = retry_attempts_max_default,
+        backoff_initial_s: float = backoff_initial_s_default,
+        backoff_max_s: float = backoff_max_s_default,
+        append_timeout_s: float = append_timeout_s_default,
+        chunk_bytes_max: int = chunk_bytes_max_default,
+        writer_yield_bytes: int = writer_yield_bytes_default,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        for name, value in (
+            ("batch_bytes_max", batch_bytes_max),
+            ("retry_attempts_max", retry_attempts_max),
+            ("chunk_bytes_max", chunk_bytes_max),
+            ("writer_yield_bytes", writer_yield_bytes),
+        ):
+            if value < 1:
+                raise ValueError(f"{name}: must be >= 1 (got {value})")
+        if not 0 <= backoff_initial_s <= backoff_max_s:
+            raise ValueError("backoff_initial_s, backoff_max_s: must be 0 <= initial <= max")
+        if append_timeout_s <= 0:
+            raise ValueError(f"append_timeout_s: must be > 0 (got {append_timeout_s})")
+        self.client = client
+        self.stats = AppendServiceStats()
+        self.budget = BufferBudget(
+            memory_bytes_max=memory_bytes_max, spill_bytes_max=spill_bytes_max, spill_dir=spill_dir
+        )
+        self._batch_bytes_max = batch_bytes_max
+        self._retry_attempts_max = retry_attempts_max
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._append_timeout_s = append_timeout_s
+        self._chunk_bytes_max = chunk_bytes_max
+        self._writer_yield_bytes = writer_yield_bytes
+        self._sleep = sleep
+        self._queues: dict[str, JournalQueue] = {}
+        self._budget_waiters: list[asyncio.Future[None]] = []
+        self._unyielded_bytes = 0
+        self._run = _Run.NEW
+        self._tg: asyncio.TaskGroup | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AppendService:
+        if self._run is not _Run.NEW:
+            raise AppendServiceClosedError("an AppendService runs once")
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        self._run = _Run.RUNNING
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._run = _Run.CLOSED
+        # Writers waiting for room or for their journal learn that the service closed.
+        for queue in self._queues.values():
+            notify(queue.waiters)
+        notify(self._budget_waiters)
+        assert self._tg is not None
+        if exc is not None:
+            # The block failed: stop sending. Cancelled workers fail the futures of what they
+            # still held; the block's own error is what propagates.
+            for queue in list(self._queues.values()):
+                if queue.task is not None:
+                    queue.task.cancel()
+        # The task group waits for the workers: each ends once its queue is drained (or it was
+        # cancelled). A worker that failed by itself (a bug) raises from here.
+        try:
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            # A worker cancelled before its first step never ran its own clean-up.
+            for queue in list(self._queues.values()):
+                self._fail_queue(queue, exc)
+            self._queues.clear()
+        return None
+
+    # --- writers -----------------------------------------------------------------------------
+
+    async def start_append(
+        self, journal: str | pb.AppendRequest, dependencies: Collection[Any] = ()
+    ) -> AsyncAppend:
+        """The batch of `journal` (a name, or an AppendRequest with preconditions) that the
+        caller now holds: write to it, then `release()` (or `abort()`) without awaiting in
+        between. Waits while another writer holds the journal, and while the buffers are
+        full. `dependencies` are AsyncAppends or asyncio futures that must succeed first."""
+        if self._unyielded_bytes >= self._writer_yield_bytes:
+            self._unyielded_bytes = 0
+            await asyncio.sleep(0)
+        key: object
+        if isinstance(journal, str):
+            name, request, key = journal, None, journal
+        else:
+            name, request, key = _request_key(journal)
+        deps = _dependencies(dependencies) if dependencies else _NO_DEPENDENCIES
+        queue = self._queues.get(name)
+        if queue is None or queue.holder is not None or not self._admits():
+            queue = await self._admit(name, request is None)
+        return self._hold(queue, request, key, deps)
+
+    def start_append_nowait(self, journal: str) -> AsyncAppend | None:
+        """`start_append(journal)` if it would not wait (nor yield); else None, and the caller
+        awaits `start_append`. Saves a coroutine per write on a publisher's hot path."""
+        queue = self._queues.get(journal)
+        budget = self.budget
+        if (
+            queue is None
+            or queue.holder is not None
+            or self._unyielded_bytes >= self._writer_yield_bytes
+            or self._run is not _RUNNING
+            or budget.memory_bytes + budget.spill_bytes >= budget.bytes_max
+        ):
+            return None
+        return self._hold(queue, None, journal, _NO_DEPENDENCIES)
+
+    def _admits(self) -> bool:
+        budget = self.budget
+        return self._run is _RUNNING and budget.memory_bytes + budget.spill_bytes < budget.bytes_max
+
+    def _hold(
+        self,
+        queue: JournalQueue,
+        request: pb.AppendRequest | None,
+        key: object,
+        deps: frozenset[Any],
+    ) -> AsyncAppend:
+        """Hand the journal's open batch to the caller, chaining a new one if the open one
+        cannot take this append. Call without awaiting after checking `queue` is unheld."""
+        tail = queue.batches[-1] if queue.batches else None
+        budget = self.budget
+        if (
+            tail is None
+            or tail._state is not _OPEN
+            or tail._key != key
+            or tail._buffer.size >= self._batch_bytes_max
+            or (deps and not deps <= tail.dependencies)
+            or (tail._buffer.spilled and budget.spill_bytes >= budget.spill_bytes_max)
+        ):
+            tail = self._chain(queue, request, key, deps)
+        tail._held = True
+        queue.holder = tail
+        return tail
+
+    async def _admit(self, name: str, validate: bool) -> JournalQueue:
+        """The queue of journal `name` once no writer holds it and the budget has room."""
+        while True:
+            if self._run is not _RUNNING:
+                raise AppendServiceClosedError(
+                    f"append service is {self._run.value}: appends are taken only inside "
+                    "`async with AppendService(...)`"
+                )
+            queue = self._queues.get(name)
+            if queue is None:
+                if validate:
+                    with at("journal"):
+                        validate_journal_name(name)
+                queue = self._queues[name] = JournalQueue(name)
+            if queue.holder is not None:
+                await wait_on(queue.waiters)
+            elif self.budget.full:
+                await wait_on(self._budget_waiters)
+            else:
+                return queue
+
+    def _chain(
+        self,
+        queue: JournalQueue,
+        request: pb.AppendRequest | None,
+        key: object,
+        deps: frozenset[Any],
+    ) -> AsyncAppend:
+        future: asyncio.Future[pb.AppendResponse] = asyncio.get_running_loop().create_future()
+        batch = AsyncAppend(
+            queue, request, key, deps, self.budget.new_buffer(), future, self._on_release
+        )
+        queue.batches.append(batch)
+        self.stats.batches += 1
+        if queue.task is None:
+            assert self._tg is not None
+            queue.task = self._tg.create_task(self._serve(queue), name=f"append {queue.journal}")
+        return batch
+
+    def _on_release(self, batch: AsyncAppend, released_bytes: int) -> None:
+        """`batch` was released with `released_bytes` more content (-1: aborted)."""
+        batch._held = False
+        batch._queue.holder = None
+        if released_bytes < 0:
+            self.stats.aborts += 1
+        else:
+            self.stats.releases += 1
+            self._unyielded_bytes += released_bytes
+        if batch._queue.waiters:
+            notify(batch._queue.waiters)
+
+    @property
+    def waiting_writers(self) -> int:
+        """Writers waiting in `start_append` for the buffers to have room."""
+        return sum(1 for waiter in self._budget_waiters if not waiter.done())
+
+    def pending_except(self, journal: str = "") -> list[AsyncAppend]:
+        """The unresolved batches of every journal other than `journal` ("": of all): await
+        them as a barrier before appending to `journal`."""
+        return [
+            batch
+            for name, queue in self._queues.items()
+            if name != journal
+            for batch in queue.batches
+            if not batch.done()
+        ]
+
+    async def flush(self) -> None:
+        """Wait until every batch queued now has resolved (committed or failed: the outcome
+        is on each batch's future)."""
+        futures = [batch.future for batch in self.pending_except()]
+        if futures:
+            await asyncio.wait(futures)
+
+    # --- workers -----------------------------------------------------------------------------
+
+    async def _serve(self, queue: JournalQueue) -> None:
+        """Send the journal's batches in order until none is left."""
+        try:
+            while queue.batches:
+                batch = queue.batches[0]
+                while batch._held:
+                    await wait_on(queue.waiters)
+                batch._state = AppendState.SENDING  # Later writers start the next batch.
+                try:
+                    response = await self._send(batch)
+                except Exception as err:
+                    self._fail(batch, err)
+                else:
+                    self._commit(batch, response)
+                queue.batches.popleft()
+                batch._buffer.close()
+                notify(self._budget_waiters)
+        except BaseException as err:
+            # Cancelled (the service is closing on an error) or a bug: nothing will send the
+            # remaining batches, so their writers must hear about it now.
+            self._fail_queue(queue, err)
+            raise
+        finally:
+            queue.task = None
+            if self._queues.get(queue.journal) is queue and not queue.batches:
+                del self._queues[queue.journal]
+
+    def _fail_queue(self, queue: JournalQueue, cause: BaseException | None) -> None:
+        closed = AppendServiceClosedError(f"journal {queue.journal}: append service stopped")
+        closed.__cause__ = cause
+        for batch in queue.batches:
+            if not batch.done():
+                self._fail(batch, closed)
+            batch._buffer.close()
+        queue.batches.clear()
+        notify(self._budget_waiters)
+
+    async def _send(self, batch: AsyncAppend) -> pb.AppendResponse:
+        for dependency in batch.dependencies:
+            try:
+                await dependency
+            except Exception as err:
+                raise DependencyFailedError(
+                    f"journal {batch.journal}: a dependency of the append failed: {err}"
+                ) from err
+        if not batch._buffer.size and batch._key == batch.journal:
+            # Every writer aborted, and a plain empty append changes nothing: skip the RPC.
+            return pb.AppendResponse(status=pb.OK)
+        attempt = 0
+        while True:
+            attempt += 1
+            self.stats.rpcs += 1
+            try:
+                async with asyncio.timeout(self._append_timeout_s):
+                    return await self._append_once(batch)
+            except Exception as err:
+                if not is_transient(err) or attempt >= self._retry_attempts_max:
+                    raise
+                if not isinstance(err, GazetteError):
+                    # The broker we reached (or failed to) may be gone: ask the default one.
+                    self.client.routes.update(batch.journal, None)
+                delay = backoff_s(attempt, *self._backoff)
+                self.stats.retries += 1
+                log.warning(
+                    "append failed (will retry)",
+                    journal=batch.journal,
+                    attempt=attempt,
+                    delay_s=delay,
+                    error=str(err) or type(err).__name__,
+                )
+                await self._sleep(delay)
+
+    async def _append_once(self, batch: AsyncAppend) -> pb.AppendResponse:
+        appender = Appender(self.client, batch.request, chunk_bytes_max=self._chunk_bytes_max)
+        try:
+            for chunk in batch._buffer.chunks(self._chunk_bytes_max):
+                await appender.write(chunk)
+            await appender.commit()
+        except BaseException:
+            await appender.abort()
+            raise
+        assert appender.response is not None  # commit() returned, so the response was OK.
+        return appender.response
+
+    def _commit(self, batch: AsyncAppend, response: pb.AppendResponse) -> None:
+        batch._state = AppendState.DONE
+        self.stats.committed += 1
+        self.stats.committed_bytes += len(batch._buffer)
+        batch._future.set_result(response)
+
+    def _fail(self, batch: AsyncAppend, err: BaseException) -> None:
+        batch._state = AppendState.DONE
+        self.stats.failed += 1
+        batch._future.set_exception(err)
+        # Logged here, so asyncio need not warn if no writer ever looks (fire-and-forget).
+        batch._future.exception()
+        log.warning("append failed", journal=batch.journal, error=str(err) or type(err).__name__)
+
+
+def _request_key(request: pb.AppendRequest) -> tuple[str, pb.AppendRequest | None, object]:
+    """(journal, request to send, batching key) of an AppendRequest: batches join only
+    appends with identical requests; a request of a journal name alone is the plain one."""
+    validate_append_request(request)
+    if request == pb.AppendRequest(journal=request.journal):
+        return request.journal, None, request.journal
+    copy = pb.AppendRequest()
+    copy.CopyFrom(request)
+    return copy.journal, copy, (copy.journal, copy.SerializeToString(deterministic=True))
+
+
+def _dependencies(dependencies: Collection[Any]) -> frozenset[Any]:
+    for index, dependency in enumerate(dependencies):
+        if not isinstance(dependency, AsyncAppend | asyncio.Future):
+            raise TypeError(
+                f"dependencies[{index}]: must be an AsyncAppend or an asyncio.Future "
+                f"(got {type(dependency).__name__})"
+            )
+    return frozenset(dependencies)

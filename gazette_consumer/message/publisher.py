@@ -1,0 +1,315 @@
+"""Publisher: maps, sequences, frames and appends messages, and builds ACK intents.
+
+Each Publisher draws a random ProducerID and owns a strictly monotonic Clock; every message it
+publishes gets a UUID of (producer, next clock, flags). Readers use those UUIDs to drop
+duplicates (appends are at-least-once) and to hold transactional messages until acknowledged.
+
+- `publish_committed(mapping, msg)`: flag OUTSIDE_TXN; read-committed readers deliver the
+  message as soon as they read it. For producers that are not consumers (API servers, tools).
+- `publish_uncommitted(mapping, msg)`: flag CONTINUE_TXN; the journal is remembered, and the
+  message is delivered only once an ACK_TXN of this producer with a larger clock is read.
+- `build_ack_intents()`: one framed ACK_TXN message per journal published to uncommitted since
+  the last call, as ``{journal: bytes}`` (the shape checkpoints store). A consumer commits them
+  in its checkpoint *before* appending them (`write_ack_intents`), and re-appends them on
+  recovery: so every journal of a transaction gets its ACK, or the transaction is rolled back.
+
+Publishing appends through an *appender*, normally an `AppendService`: the message is written
+whole into the journal's current batch, and the batch's AsyncAppend is returned; await it to
+learn when the message committed, or ignore it (fire and forget) and `flush` the service later.
+
+The UUID is assigned after `start_append` returns, with no await before the write: the
+appender serializes writers of a journal, so clocks reach each journal in increasing order
+even when many coroutines publish through one Publisher (a smaller clock written after a
+larger one would read as a duplicate). `publish_uncommitted` and `build_ack_intents` belong to
+one transaction at a time and must not interleave across transactions.
+
+A message whose frame would exceed the framing's `message_bytes_max` is refused with
+MessageTooLargeError, and nothing is appended.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid as uuid_module
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
+from typing import Any, Final, Generic, Protocol, TypeVar
+from uuid import UUID
+
+from gazette_consumer.message.clock import (
+    CLOCK_MAX,
+    CLOCK_SEQUENCE_BITS,
+    G1582_NS100,
+    Clock,
+    check_clock,
+)
+from gazette_consumer.message.framing import (
+    MESSAGE_BYTES_MAX_DEFAULT,
+    MESSAGE_BYTES_MAX_LIMIT,
+    Framing,
+    FramingConfigError,
+    framing_for_content_type,
+)
+from gazette_consumer.message.mapping import Partition
+from gazette_consumer.message.message import Message
+from gazette_consumer.message.uuid import Flag, ProducerID, new_producer_id
+from gazette_consumer.message.uuid import producer_id as as_producer_id
+
+
+class AppendHandle(Protocol):
+    """The batch a writer holds between `start_append` and `release` (an AsyncAppend)."""
+
+    def write(self, data: bytes, /) -> None: ...
+
+    def release(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+A_co = TypeVar("A_co", bound=AppendHandle, covariant=True)
+A = TypeVar("A", bound=AppendHandle)
+
+
+class AsyncJournalAppender(Protocol[A_co]):
+    """What a Publisher appends through: `broker.client.AppendService`, or a test double."""
+
+    def start_append(self, journal: str, dependencies: Collection[Any] = ..., /) -> Awaitable[A_co]:
+        """Hold `journal`'s current batch (see AppendService.start_append)."""
+        ...
+
+    def start_append_nowait(self, journal: str, /) -> A_co | None:
+        """The same, if it need not wait; else None."""
+        ...
+
+
+class InvalidMessageError(TypeError):
+    """A published object does not implement the Message interface."""
+
+
+# Flags as plain ints: reading an enum member through its class costs ~80 ns per message.
+_OUTSIDE_TXN: Final = int(Flag.OUTSIDE_TXN)
+_CONTINUE_TXN: Final = int(Flag.CONTINUE_TXN)
+_ACK_TXN: Final = int(Flag.ACK_TXN)
+
+# The layout of Gazette UUIDs (see `uuid.py`), folded into one expression for the hot path.
+_VERSION_1: Final = 0x1000 << 64
+_VARIANT: Final = 0x8000 << 48
+
+
+def _uuid_int(node: int, clock: int, flags: int) -> int:
+    return (
+        ((clock >> 4) & 0xFFFF_FFFF) << 96
+        | ((clock >> 36) & 0xFFFF) << 80
+        | ((clock >> 52) & 0x0FFF) << 64
+        | _VERSION_1
+        | (((clock & 0xF) << 10) | flags) << 48
+        | _VARIANT
+        | node
+    )
+
+
+_SAFE_UNKNOWN: Final = uuid_module.SafeUUID.unknown
+
+
+def _new_uuid(value: int) -> UUID:
+    # uuid.UUID's constructor parses and checks its many argument forms (about 1 µs); a
+    # publisher mints one per message from an int it built itself. This sets the same slots
+    # the constructor would; `_check_fast_uuid` proves the result equal at import.
+    out = object.__new__(UUID)
+    object.__setattr__(out, "int", value)
+    object.__setattr__(out, "is_safe", _SAFE_UNKNOWN)
+    return out
+
+
+def _check_fast_uuid() -> Callable[[int], UUID]:
+    probe = _uuid_int(0x0123456789AB, 0x1EDCBA98765432F, int(Flag.ACK_TXN))
+    try:
+        fast = _new_uuid(probe)
+        if fast == UUID(int=probe) and hash(fast) == hash(UUID(int=probe)) and str(fast):
+            return _new_uuid
+    except (AttributeError, TypeError):  # A future UUID with other slots.
+        pass
+    return lambda value: UUID(int=value)
+
+
+_make_uuid: Final = _check_fast_uuid()
+
+
+class Publisher(Generic[A]):
+    """See the module docstring.
+
+    `clock`: pass one to control time (tests, the simulation) and move it forward yourself
+    (`update_clock`); without one, the publisher's own clock follows `time_ns` at every
+    publish. `producer_id`: random unless given. `message_bytes_max`: the bound on one
+    message's encoding, given to each journal's framing.
+    """
+
+    def __init__(
+        self,
+        appender: AsyncJournalAppender[A],
+        clock: Clock | None = None,
+        *,
+        producer_id: ProducerID | None = None,
+        message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+        time_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if not 1 <= message_bytes_max <= MESSAGE_BYTES_MAX_LIMIT:
+            raise FramingConfigError(
+                f"message_bytes_max: {message_bytes_max} must be in [1, {MESSAGE_BYTES_MAX_LIMIT}]"
+            )
+        self._appender = appender
+        self._auto_clock = clock is None
+        self._clock = clock if clock is not None else Clock.from_unix_nanos(time_ns())
+        self._time_ns = time_ns
+        self._producer = _checked_producer(producer_id)
+        self._node = int.from_bytes(self._producer, "big")
+        self._high_clock = -1  # Clock bits above the low 36 that `_high_bits` was built for.
+        self._high_bits = 0
+        self._message_bytes_max = message_bytes_max
+        self._framings: dict[str, Framing] = {}
+        # Journal → (acknowledgement message, framing) of the open transaction, in first-publish
+        # order.
+        self._intents: dict[str, tuple[Message, Framing]] = {}
+
+    @property
+    def producer_id(self) -> ProducerID:
+        return self._producer
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def update_clock(self, unix_nanos: int | None = None) -> None:
+        """Move the clock forward to wall time (now, or `unix_nanos`); never backward."""
+        self._clock.update(self._time_ns() if unix_nanos is None else unix_nanos)
+
+    def sequence_uuid(self, flags: Flag | int = Flag.OUTSIDE_TXN) -> UUID:
+        """A UUID of this producer with the next clock value (for messages appended by other
+        means, which must still be ordered with this publisher's)."""
+        if self._auto_clock:
+            self.update_clock()
+        return _make_uuid(_uuid_int(self._node, self._clock.tick(), _checked_flags(flags)))
+
+    def publish_committed(
+        self, mapping: Callable[[Any], Partition], message: Any
+    ) -> Coroutine[Any, Any, A]:
+        """Publish `message` to the journal `mapping` chooses, readable at once by
+        read-committed readers: ``aa = await publisher.publish_committed(mapping, msg)``
+        returns the batch it joined (await that to learn when it committed)."""
+        # A plain function returning the append's coroutine, rather than a coroutine awaiting
+        # it: one coroutine less per message on the hottest path. Mapping errors raise at the
+        # call, which `await publisher.publish_committed(...)` cannot tell apart.
+        journal, content_type = mapping(message)
+        framing = self._framings.get(content_type) or self._framing(content_type)
+        return self._append(journal, framing, message, _OUTSIDE_TXN)
+
+    async def publish_uncommitted(self, mapping: Callable[[Any], Partition], message: Any) -> A:
+        """Publish `message` as part of the open transaction; it is delivered to read-committed
+        readers only after the ACK intent of `build_ack_intents` is appended."""
+        new_acknowledgement = getattr(message, "new_acknowledgement", None)
+        if new_acknowledgement is None:
+            raise InvalidMessageError(
+                f"{type(message).__name__} is not a Message: it has no new_acknowledgement"
+            )
+        journal, content_type = mapping(message)
+        framing = self._framings.get(content_type) or self._framing(content_type)
+        appended = await self._append(journal, framing, message, _CONTINUE_TXN)
+        if journal not in self._intents:
+            ack: Message = new_acknowledgement(journal)
+            self._intents[journal] = (ack, framing)
+        return appended
+
+    def build_ack_intents(self) -> dict[str, bytes]:
+        """The framed ACK_TXN message of each journal published to uncommitted since the last
+        call, and forget them. On an error (an ACK that cannot be marshalled) nothing is
+        forgotten."""
+        out: dict[str, bytes] = {}
+        for journal, (ack, framing) in self._intents.items():
+            ack.set_uuid(self.sequence_uuid(_ACK_TXN))
+            out[journal] = framing.marshal(ack)
+        self._intents.clear()
+        return out
+
+    async def write_ack_intents(
+        self, intents: Mapping[str, bytes], dependencies: Collection[Any] = ()
+    ) -> list[A]:
+        """Append each intent to its journal (see `write_ack_intents`)."""
+        return await write_ack_intents(self._appender, intents, dependencies)
+
+    async def _append(self, journal: str, framing: Framing, message: Any, flags: int) -> A:
+        set_uuid = getattr(message, "set_uuid", None)
+        if set_uuid is None:
+            raise InvalidMessageError(
+                f"{type(message).__name__} is not a Message: it has no set_uuid"
+            )
+        appended = self._appender.start_append_nowait(journal)
+        if appended is None:
+            appended = await self._appender.start_append(journal)
+        # Held from here to release: no await, so clocks reach the journal in order.
+        try:
+            clock = self._clock
+            if self._auto_clock:
+                # Clock.update, inlined: this runs for every message.
+                wall = (self._time_ns() // 100 + G1582_NS100) << CLOCK_SEQUENCE_BITS
+                if wall > clock.value:
+                    if wall > CLOCK_MAX:
+                        check_clock(wall)  # Raises ClockError.
+                    clock.value = wall
+            value = clock.tick()
+            if value >> 36 != self._high_clock:
+                # The UUID bits above the clock's low 36 change every ~7 minutes: rebuild them
+                # (with the producer and the version and variant bits) only then.
+                self._high_clock = value >> 36
+                self._high_bits = _uuid_int(self._node, value & ~0xF_FFFF_FFFF, 0)
+            set_uuid(
+                _make_uuid(
+                    self._high_bits
+                    | ((value >> 4) & 0xFFFF_FFFF) << 96
+                    | (((value & 0xF) << 10) | flags) << 48
+                )
+            )
+            frame = framing.marshal(message)
+        except BaseException:
+            appended.abort()  # Nothing was written: the batch goes on without this message.
+            raise
+        appended.write(frame)
+        appended.release()
+        return appended
+
+    def _framing(self, content_type: str) -> Framing:
+        framing = framing_for_content_type(content_type, message_bytes_max=self._message_bytes_max)
+        self._framings[content_type] = framing
+        return framing
+
+
+async def write_ack_intents(
+    appender: AsyncJournalAppender[A],
+    intents: Mapping[str, bytes],
+    dependencies: Collection[Any] = (),
+) -> list[A]:
+    """Append each ACK intent (journal → framed ACK message) to its journal, each after
+    `dependencies` (e.g. the commit of the checkpoint holding the intents). Returns the batches
+    to await. Re-appending the same intents (recovery) is harmless: readers ignore an ACK
+    whose clock they have already passed."""
+    for journal, intent in intents.items():
+        if not intent:  # Checked before appending anything.
+            raise ValueError(f"ack intent of journal {journal}: must not be empty")
+    out: list[A] = []
+    for journal, intent in intents.items():
+        appended = await appender.start_append(journal, dependencies)
+        appended.write(intent)
+        appended.release()
+        out.append(appended)
+    return out
+
+
+def _checked_producer(value: ProducerID | None) -> ProducerID:
+    if value is None:
+        return new_producer_id()
+    return as_producer_id(value)
+
+
+def _checked_flags(flags: Flag | int) -> int:
+    value = int(flags)
+    if value not in (Flag.OUTSIDE_TXN, Flag.CONTINUE_TXN, Flag.ACK_TXN):
+        raise ValueError(f"flags: must be OUTSIDE_TXN, CONTINUE_TXN or ACK_TXN (got {value:#x})")
+    return value

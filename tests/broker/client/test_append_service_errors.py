@@ -1,0 +1,275 @@
+"""AppendService failures against real in-process brokers: typed errors on the futures of the
+batches that failed (and the queue goes on), transient failures retried until they succeed,
+exhausted retries not remembered, dependencies, closing, and refused input."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.client.append_service import (
+    AppendService,
+    AppendServiceClosedError,
+    DependencyFailedError,
+    backoff_s,
+    is_transient,
+)
+from broker.client.route_cache import JournalClient
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import (
+    JournalNotFoundError,
+    NoJournalPrimaryBrokerError,
+    WrongAppendOffsetError,
+)
+from broker.protocol.validate import ValidationError
+from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+
+J = "test/errors"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[JournalClient]:
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    out = JournalClient(broker.endpoint)
+    try:
+        yield out
+    finally:
+        await out.close()
+
+
+class GatedSleep:
+    """A back-off sleep that tells the test a retry is pending, and holds it until the test
+    opens the gate (after that, back-offs pass at once)."""
+
+    def __init__(self, *, then_sleep: bool = False) -> None:
+        self.calls: list[float] = []
+        self.called = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.then_sleep = then_sleep
+
+    async def __call__(self, delay: float) -> None:
+        self.calls.append(delay)
+        self.called.set()
+        await self.gate.wait()
+        if self.then_sleep:
+            await asyncio.sleep(delay)
+
+
+async def append_line(service: AppendService, journal: str | pb.AppendRequest, line: bytes):  # type: ignore[no-untyped-def]
+    aa = await service.start_append(journal)
+    aa.write(line)
+    aa.release()
+    return aa
+
+
+def content(cluster: Cluster, journal: str) -> bytes:
+    return local_content(cluster.brokers[0], journal)[1]
+
+
+async def test_journal_not_found_fails_the_batch_and_is_not_remembered(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    missing = "test/created-later"
+    await cluster.create(journal_spec(J), cluster.brokers)
+    async with AppendService(client) as service:
+        lost = await append_line(service, missing, b"lost\n")
+        with pytest.raises(JournalNotFoundError):
+            await lost
+        assert service.stats.retries == 0  # Not transient: surfaced at once.
+        # Other journals are unaffected.
+        await (await append_line(service, J, b"fine\n"))
+        # Once the journal exists, appends to it succeed: the failure was not cached.
+        await cluster.create(journal_spec(missing), cluster.brokers)
+        response = await (await append_line(service, missing, b"found\n"))
+    assert (response.commit.begin, response.commit.end) == (0, 6)
+    assert content(cluster, missing) == b"found\n"
+    assert content(cluster, J) == b"fine\n"
+    assert service.stats.failed == 1 and service.stats.committed == 2
+
+
+async def test_wrong_append_offset_fails_its_batch_and_the_queue_goes_on(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    await cluster.create(journal_spec(J), cluster.brokers)
+    async with AppendService(client) as service:
+        first = await append_line(service, J, b"first\n")
+        wrong = await append_line(service, pb.AppendRequest(journal=J, offset=1000), b"wrong\n")
+        after = await append_line(service, J, b"after\n")
+        # Different requests never share a batch.
+        assert len({id(first), id(wrong), id(after)}) == 3
+        with pytest.raises(WrongAppendOffsetError):
+            await wrong
+        assert (await first).commit.end == 6
+        assert (await after).commit.end == 12
+        # The right offset is accepted.
+        right = await append_line(service, pb.AppendRequest(journal=J, offset=12), b"right\n")
+        assert ((await right).commit.begin, (await right).commit.end) == (12, 18)
+    assert content(cluster, J) == b"first\nafter\nright\n"
+    assert service.stats.retries == 0
+
+
+async def test_no_primary_yet_is_retried_until_the_journal_is_assigned(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    await cluster.put_spec(journal_spec(J))  # A spec, but no broker assigned yet.
+    sleep = GatedSleep()
+    async with AppendService(client, sleep=sleep) as service:
+        aa = await append_line(service, J, b"waits for a primary\n")
+        await asyncio.wait_for(sleep.called.wait(), 10)
+        assert not aa.done() and service.stats.retries == 1
+        await cluster.assign(J, cluster.brokers)
+        sleep.gate.set()
+        response = await asyncio.wait_for(aa, 10)
+    assert response.commit.end == len(b"waits for a primary\n")
+    assert content(cluster, J) == b"waits for a primary\n"
+    assert service.stats.committed == 1 and service.stats.failed == 0
+    assert service.stats.rpcs == service.stats.retries + 1
+
+
+async def test_a_broker_that_is_down_is_retried_until_it_is_up(cluster: Cluster) -> None:
+    # A free loopback port, where the broker will come up once the append is being retried.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = JournalClient(f"http://127.0.0.1:{port}")
+    await cluster.put_spec(journal_spec(J))
+    sleep = GatedSleep(then_sleep=True)
+    try:
+        async with AppendService(client, backoff_max_s=0.2, sleep=sleep) as service:
+            aa = await append_line(service, J, b"survives the outage\n")
+            await asyncio.wait_for(sleep.called.wait(), 10)
+            assert not aa.done()
+            broker = await cluster.start_broker("zone-a", "broker-late", port=port)
+            await cluster.assign(J, [broker])
+            sleep.gate.set()
+            response = await asyncio.wait_for(aa, 60)
+    finally:
+        await client.close()
+    assert response.header.process_id == broker.id
+    assert content(cluster, J) == b"survives the outage\n"
+    assert service.stats.retries >= 1 and service.stats.committed == 1
+
+
+async def test_exhausted_retries_fail_the_batch_but_not_the_journal(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    await cluster.put_spec(journal_spec(J))
+    sleep = GatedSleep()
+    sleep.gate.set()
+    async with AppendService(client, retry_attempts_max=3, sleep=sleep) as service:
+        failed = await append_line(service, J, b"given up\n")
+        with pytest.raises(NoJournalPrimaryBrokerError):
+            await failed
+        assert service.stats.rpcs == 3 and len(sleep.calls) == 2
+        assert sleep.calls == [backoff_s(1, 0.05, 5.0), backoff_s(2, 0.05, 5.0)]
+        await cluster.assign(J, cluster.brokers)
+        response = await (await append_line(service, J, b"later\n"))
+    assert response.commit.end == 6 and content(cluster, J) == b"later\n"
+
+
+async def test_dependencies_order_and_fail_batches(cluster: Cluster, client: JournalClient) -> None:
+    await cluster.create(journal_spec(J), cluster.brokers)
+    loop = asyncio.get_running_loop()
+    async with AppendService(client) as service:
+        gate: asyncio.Future[None] = loop.create_future()
+        waiting = await service.start_append(J, [gate])
+        waiting.write(b"after the gate\n")
+        waiting.release()
+        broken: asyncio.Future[None] = loop.create_future()
+        broken.set_exception(RuntimeError("checkpoint commit failed"))
+        other = "test/errors-other"
+        await cluster.create(journal_spec(other), cluster.brokers)
+        refused = await service.start_append(other, [broken])
+        refused.write(b"must not land\n")
+        refused.release()
+        with pytest.raises(DependencyFailedError) as failure:
+            await refused
+        assert isinstance(failure.value.__cause__, RuntimeError)
+        assert not waiting.done()
+        assert service.pending_except(other) == [waiting]
+        gate.set_result(None)
+        await waiting
+        # A batch depending on another journal's batch is sent after it.
+        first = await append_line(service, other, b"first\n")
+        dependent = await service.start_append(J, [first])
+        dependent.write(b"second\n")
+        dependent.release()
+        await dependent
+        assert first.done()
+    assert content(cluster, J) == b"after the gate\nsecond\n"
+    assert content(cluster, other) == b"first\n"
+
+
+async def test_leaving_by_an_error_fails_what_is_still_queued(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    await cluster.create(journal_spec(J), cluster.brokers)
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    service = AppendService(client)
+    with pytest.raises(RuntimeError, match="application failed"):
+        async with service:
+            stuck = await service.start_append(J, [never])
+            stuck.write(b"never sent\n")
+            stuck.release()
+            raise RuntimeError("application failed")
+    with pytest.raises(AppendServiceClosedError):
+        await stuck
+    with pytest.raises(AppendServiceClosedError):
+        await service.start_append(J)
+    assert content(cluster, J) == b""
+    assert service.budget.memory_bytes == 0
+
+
+async def test_start_append_outside_the_service_block_is_refused(client: JournalClient) -> None:
+    service = AppendService(client)
+    with pytest.raises(AppendServiceClosedError, match="new"):
+        await service.start_append(J)
+    async with service:
+        pass
+    with pytest.raises(AppendServiceClosedError, match="closed"):
+        await service.start_append(J)
+    with pytest.raises(AppendServiceClosedError):
+        async with service:
+            pass
+
+
+async def test_bad_input_is_refused_and_queues_nothing(client: JournalClient) -> None:
+    async with AppendService(client) as service:
+        with pytest.raises(ValidationError, match="journal"):
+            await service.start_append("not a journal name")
+        with pytest.raises(ValidationError, match="offset"):
+            await service.start_append(pb.AppendRequest(journal=J, offset=-1))
+        with pytest.raises(TypeError, match=r"dependencies\[0\]"):
+            await service.start_append(J, ["not a future"])
+        assert service.pending_except() == [] and service.stats.batches == 0
+    for bad in (
+        {"batch_bytes_max": 0},
+        {"retry_attempts_max": 0},
+        {"backoff_initial_s": 2.0, "backoff_max_s": 1.0},
+        {"append_timeout_s": 0},
+        {"memory_bytes_max": 0, "spill_bytes_max": 0},
+        {"memory_bytes_max": -1},
+    ):
+        with pytest.raises(ValueError):
+            AppendService(client, **bad)  # type: ignore[arg-type]
+
+
+def test_transient_errors_are_the_retriable_ones() -> None:
+    assert is_transient(NoJournalPrimaryBrokerError())
+    assert is_transient(TimeoutError())
+    assert not is_transient(JournalNotFoundError())
+    assert not is_transient(WrongAppendOffsetError())
+    assert not is_transient(ValueError())
+    assert [backoff_s(n, 0.05, 1.0) for n in range(1, 7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0]
