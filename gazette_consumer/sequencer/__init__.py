@@ -1,4 +1,6 @@
-"""Read-committed sequencing of read-uncommitted messages (sans-IO)."""
+"""Read-committed sequencing of read-uncommitted messages (sans-IO), and the read iterators."""
+
+from typing import TYPE_CHECKING
 
 from gazette_consumer.sequencer.sequencer import (
     RING_SIZE_MAX,
@@ -33,6 +35,9 @@ __all__ = [
     "OffsetRegressionError",
     "ProducerState",
     "QueueOutcome",
+    "ReadCommittedIter",
+    "ReadIterClosedError",
+    "ReadUncommittedIter",
     "ReplayMismatchError",
     "ReplayRequired",
     "SeqEnvelope",
@@ -41,3 +46,24 @@ __all__ = [
     "SequencerError",
     "SequencerStateError",
 ]
+
+# The read iterators are asyncio shells over the broker client; they are imported on first use
+# so that importing the sans-IO Sequencer does not pull in grpc and asyncio.
+if TYPE_CHECKING:
+    from gazette_consumer.sequencer.read_iter import ReadCommittedIter, ReadIterClosedError
+    from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
+
+_LAZY = {
+    "ReadCommittedIter": "gazette_consumer.sequencer.read_iter",
+    "ReadIterClosedError": "gazette_consumer.sequencer.read_iter",
+    "ReadUncommittedIter": "gazette_consumer.sequencer.read_uncommitted",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,169 @@
+"""Chunks of journal content in, Envelopes out: the decoding core of the read iterators (sans-IO).
+
+A `ChunkDecoder` follows one journal's byte stream as a Reader hands it out, in chunks tagged
+with the offset they begin at. Each chunk goes through the journal's framing (`Unpacker.feed`)
+and each complete frame through the reader's message decoder, in one synchronous pass: the cost
+of a chunk is paid once, not once per message or per byte, and no await sits between messages.
+
+What the framing could not make sense of (garbage in fixed framing, over-long JSON lines, a
+frame cut short by an offset jump) was skipped by the unpacker, which resynchronised at the next
+frame it found; here each skipped range is logged as an error naming journal and offsets, and
+reading goes on. A well-framed message that does not decode (malformed JSON, a protobuf that
+does not parse, an invalid UUID) cannot be skipped silently: it is a `MessageDecodeError`
+naming journal and offsets, and the decoder stops there (see `ChunkDecoder.error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.message.framing import (
+    MESSAGE_BYTES_MAX_DEFAULT,
+    Decoder,
+    Frame,
+    Framing,
+    FramingError,
+    MessageDecodeError,
+    UnknownContentTypeError,
+    framing_for_content_type,
+)
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.sequencer.types import SeqEnvelope
+
+MessageTypeFor = Callable[[pb.JournalSpec], type[Any]]
+"""Picks the message type of a journal from its spec (Gazette's NewMessageFunc)."""
+
+MessageTypeSource = type[Any] | MessageTypeFor
+"""A message type for every journal, or a function of the journal's spec returning one."""
+
+_log = structlog.get_logger(__name__)
+
+
+def framing_of(
+    spec: pb.JournalSpec, *, message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT
+) -> Framing:
+    """The framing named by the journal's `content-type` label.
+
+    Raises `UnknownContentTypeError` naming the journal if the label is missing or names no
+    registered framing.
+    """
+    content_type = labels.value_of(spec.labels, labels.CONTENT_TYPE)
+    try:
+        return framing_for_content_type(content_type, message_bytes_max=message_bytes_max)
+    except UnknownContentTypeError as err:
+        raise UnknownContentTypeError(f"journal {spec.name}: {err}") from None
+
+
+def message_type_of(source: MessageTypeSource, spec: pb.JournalSpec) -> type[Any]:
+    """Resolve a `MessageTypeSource` for `spec`: a class is used as is, anything else is called."""
+    if isinstance(source, type):
+        return source
+    message_type = source(spec)
+    if not isinstance(message_type, type):
+        raise TypeError(
+            f"journal {spec.name}: message type function returned {message_type!r}, not a type"
+        )
+    return message_type
+
+
+def to_seq_envelope(env: Envelope[Any]) -> SeqEnvelope:
+    """The Sequencer's view of `env`, carrying `env` itself as the opaque message."""
+    return SeqEnvelope(env.journal, env.begin, env.end, env.producer, env.clock, env.flags, env)
+
+
+class ChunkDecoder:
+    """Decodes one journal's content, fed in order, into Envelopes. Not thread-safe.
+
+    Call order: `feed(content, offset)` for each chunk (offsets may jump forward, never back),
+    then `flush()` at the end of a bounded read. After a call that set `error`, the envelopes it
+    returned precede the undecodable message; the caller delivers them, then raises `error`.
+    Further calls raise it again.
+    """
+
+    def __init__(self, journal: str, offset: int, framing: Framing, decoder: Decoder[Any]) -> None:
+        self.journal = journal
+        self._unpacker = framing.new_unpacker(journal, offset)
+        self._decoder = decoder
+        self.through = offset
+        """Where reading may resume: the end of the last decoded envelope or skipped range."""
+        self.skipped_bytes = 0
+        """Bytes skipped as unreadable so far (each skipped range was logged)."""
+        self.error: MessageDecodeError | None = None
+        """The message the decoder stopped at, if any."""
+
+    @property
+    def offset(self) -> int:
+        """The offset of the next byte the decoder expects to be fed."""
+        return self._unpacker.offset
+
+    def feed(self, content: bytes, offset: int) -> list[Envelope[Any]]:
+        """Decode the frames `content` (which begins at `offset`) completes."""
+        if self.error is not None:
+            raise self.error
+        expected = self._unpacker.offset
+        if offset > expected:
+            # Content was removed from the journal (or a read of the head resolved past it):
+            # what lay in between is gone, and any frame begun before the jump with it.
+            _log.warning(
+                "source journal offset jump", journal=self.journal, to=offset, **{"from": expected}
+            )
+        return self._decode(self._unpacker.feed(content, offset))
+
+    def flush(self) -> list[Envelope[Any]]:
+        """End of input: report (log) a frame left incomplete. Returns envelopes, if any."""
+        if self.error is not None:
+            raise self.error
+        return self._decode(self._unpacker.flush())
+
+    def _decode(self, events: list[Frame | FramingError]) -> list[Envelope[Any]]:
+        out: list[Envelope[Any]] = []
+        decode, journal = self._decoder.decode, self.journal
+        for event in events:
+            if type(event) is Frame:
+                try:
+                    out.append(Envelope.of(journal, event.begin, event.end, decode(event)))
+                except MessageDecodeError as err:
+                    self.error = err
+                    break
+                except (ValueError, TypeError) as err:
+                    # An invalid UUID, or a message type that rejected the content: the message
+                    # is as undecodable as malformed JSON, and is reported the same way.
+                    self.error = MessageDecodeError(journal, event.begin, event.end, str(err))
+                    break
+                self.through = event.end
+            else:
+                assert isinstance(event, FramingError)
+                self._skipped(event)
+        return out
+
+    def _skipped(self, err: FramingError) -> None:
+        self.skipped_bytes += err.end - err.begin
+        self.through = max(self.through, err.end)
+        _log.error(
+            "skipped unreadable journal content",
+            journal=err.journal,
+            begin=err.begin,
+            end=err.end,
+            kind=type(err).__name__,
+            reason=err.reason,
+        )
+
+
+def new_chunk_decoder(
+    spec: pb.JournalSpec,
+    offset: int,
+    message_type: MessageTypeSource,
+    *,
+    framing: Framing | None = None,
+    message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+) -> ChunkDecoder:
+    """A ChunkDecoder of `spec`'s journal from `offset`, with `framing` or the spec's own."""
+    if framing is None:
+        framing = framing_of(spec, message_bytes_max=message_bytes_max)
+    decoder = framing.new_decoder(message_type_of(message_type, spec))
+    return ChunkDecoder(spec.name, offset, framing, decoder)

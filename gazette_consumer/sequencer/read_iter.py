@@ -1,0 +1,420 @@
+"""ReadCommittedIter: the committed messages of several journals, each exactly once.
+
+    it = ReadCommittedIter(
+        client,                       # broker.client.JournalClient
+        {"a/one": 0, "a/two": 0},     # sources: journal -> offset (or (journal, offset) pairs)
+        message_type=MyMessage,       # a class, or a function of the JournalSpec returning one
+        ring_size=8192,               # Sequencer ring entries
+        checkpoint=None,              # SequencerCheckpoint to resume from
+        read_channel_size=16,         # chunks read ahead, across all journals
+    )
+    try:
+        while True:                   # one consumer transaction per turn
+            env = await it.next()     # Envelope of a committed message
+            ...
+            # Drain what is ready without awaiting; never stop inside one ACK's messages.
+            while (env := it.try_next()) is not None or it.in_sequence:
+                env = env or await it.next()
+                ...
+            checkpoint = it.checkpoint()
+    finally:
+        await it.close()
+
+Signature::
+
+    ReadCommittedIter(client: JournalClient,
+                      sources: Mapping[str, int] | Sequence[tuple[str, int]],
+                      *, message_type: type | Callable[[JournalSpec], type],
+                      ring_size: int = RING_SIZE_DEFAULT,
+                      checkpoint: SequencerCheckpoint | None = None,
+                      read_channel_size: int = READ_CHANNEL_SIZE_DEFAULT,
+                      framing: Framing | None = None,
+                      registry: StoreRegistry | None = None,
+                      message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT)
+    async next() -> Envelope        try_next() -> Envelope | None      __aiter__
+    checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
+    in_sequence: bool               replays: int                       sources: Mapping[str, int]
+    async close()                   (also an async context manager)
+
+One background reader per source journal (a `ReadUncommittedIter` over a blocking
+`RetryReader`, all in one TaskGroup owned by the iterator) decodes whole chunks and queues them,
+at most `read_channel_size` chunks ahead in all. The caller's task feeds the queued envelopes to
+a `Sequencer` and returns what it dequeues: committed messages in per-producer order, without
+head-of-line blocking between producers. ACK messages are consumed, never returned. Messages
+without a UUID are returned as they are read (at-least-once). When an ACK commits a span that
+left the ring, the span is replayed from its journal by a separate bounded read (`replay.py`).
+
+`checkpoint()` is consistent with what was *returned*: per source journal the offset from which
+reading resumes (past every returned message, consumed ACK and skipped unreadable content), and
+the Sequencer's producer states. A new iterator built from it (same sources) returns exactly
+the messages this one had not returned yet. To keep the messages of one ACK in one consumer
+transaction, close a transaction only after a message for which `in_sequence` was False (and
+see `has_pending` for whether waiting a little longer for an ACK is worthwhile).
+
+Errors: a reader that fails (a journal that does not exist or has no known content type, a
+non-retriable read error, a message that does not decode: `MessageDecodeError` naming journal
+and offsets) fails `next()`/`try_next()` with its error, once the messages read before it were
+returned, and every call after. Unreadable content is skipped and logged.
+
+To know `in_sequence`, the iterator steps the Sequencer one message past the one it returns,
+within that message's sequence; `checkpoint()` accounts for the message held back.
+
+Cancellation: `next()` may be cancelled at any await without losing a message: a message leaves
+the iterator only when returned. One task reads the iterator at a time; after `close()`, calls
+raise `ReadIterClosedError` (a `next()` waiting in another task too) and iteration ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from broker.client.list_apply import get_journal
+from broker.client.retry_reader import RetryReader
+from broker.client.route_cache import JournalClient
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import ValidationError, at, validate_journal_name
+from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT, Framing
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.sequencer.decode import MessageTypeSource, new_chunk_decoder, to_seq_envelope
+from gazette_consumer.sequencer.read_channel import Batch, ReadChannel
+from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
+from gazette_consumer.sequencer.replay import Replay, replay_request
+from gazette_consumer.sequencer.sequencer import Sequencer
+from gazette_consumer.sequencer.types import (
+    OFFSET_MAX,
+    JournalProducer,
+    ProducerState,
+    SeqEnvelope,
+    SequencerCheckpoint,
+)
+
+if TYPE_CHECKING:
+    from broker.fragment.stores.registry import StoreRegistry
+
+__all__ = [
+    "READ_CHANNEL_SIZE_DEFAULT",
+    "READ_CHANNEL_SIZE_MAX",
+    "RING_SIZE_DEFAULT",
+    "ReadCommittedIter",
+    "ReadIterClosedError",
+    "ReadUncommittedIter",
+]
+
+RING_SIZE_DEFAULT: Final = 8192
+"""Sequencer ring entries: spans committed within this many messages need no replay."""
+READ_CHANNEL_SIZE_DEFAULT: Final = 16
+"""Decoded chunks (a Read chunk is at most 128 KiB) read ahead of the caller, across all source
+journals: with the ring, what bounds the iterator's memory."""
+READ_CHANNEL_SIZE_MAX: Final = 4096
+
+
+class ReadIterClosedError(RuntimeError):
+    """The iterator was closed."""
+
+
+def _source_offsets(
+    sources: Mapping[str, int] | Sequence[tuple[str, int]],
+    checkpoint: SequencerCheckpoint | None,
+) -> dict[str, int]:
+    """Validated start offsets of `sources`, resumed from `checkpoint` where it has one."""
+    pairs = list(sources.items()) if isinstance(sources, Mapping) else list(sources)
+    if not pairs:
+        raise ValidationError("must name at least one journal", "sources")
+    offsets: dict[str, int] = {}
+    for journal, offset in pairs:
+        with at("sources"):
+            validate_journal_name(journal)
+        if journal in offsets:
+            raise ValidationError("duplicate journal", f"sources[{journal}]")
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= OFFSET_MAX:
+            raise ValidationError(
+                f"offset must be an int in [0, {OFFSET_MAX}] (got {offset!r})",
+                f"sources[{journal}]",
+            )
+        offsets[journal] = offset
+    if checkpoint is not None:
+        for journal in offsets:
+            offsets[journal] = checkpoint.read_through.get(journal, offsets[journal])
+    return offsets
+
+
+class ReadCommittedIter:
+    """Read-committed Envelopes of several journals. See the module docstring."""
+
+    def __init__(
+        self,
+        client: JournalClient,
+        sources: Mapping[str, int] | Sequence[tuple[str, int]],
+        *,
+        message_type: MessageTypeSource,
+        ring_size: int = RING_SIZE_DEFAULT,
+        checkpoint: SequencerCheckpoint | None = None,
+        read_channel_size: int = READ_CHANNEL_SIZE_DEFAULT,
+        framing: Framing | None = None,
+        registry: StoreRegistry | None = None,
+        message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+    ) -> None:
+        if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
+            raise ValidationError(
+                f"must be an int (got {read_channel_size!r})", "read_channel_size"
+            )
+        if not 1 <= read_channel_size <= READ_CHANNEL_SIZE_MAX:
+            raise ValidationError(
+                f"must be in [1, {READ_CHANNEL_SIZE_MAX}] (got {read_channel_size})",
+                "read_channel_size",
+            )
+        self._offsets = _source_offsets(sources, checkpoint)
+        self._seq = Sequencer(ring_size, checkpoint)
+        self._client = client
+        self._message_type = message_type
+        self._framing = framing
+        self._registry = registry
+        self._message_bytes_max = message_bytes_max
+        self._channel = ReadChannel(read_channel_size)
+        # Per journal: offset through which every queued envelope was consumed (with content
+        # skipped in between). Checkpoints take the larger of it and the Sequencer's offset.
+        self._floors = dict(self._offsets)
+        self._specs: dict[str, pb.JournalSpec] = {}
+        self._pending: deque[SeqEnvelope] = deque()  # Of the batch being consumed.
+        self._batch: Batch | None = None
+        self._replay: Replay | None = None
+        # A committed message stepped out of the Sequencer but not returned yet: looking one
+        # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
+        # follows in its sequence, for checkpoints taken while it is held (None only while
+        # `_ahead` is about to be returned within `try_next`).
+        self._ahead: SeqEnvelope | None = None
+        self._ahead_after: SeqEnvelope | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closed = False
+        self.replays = 0
+        """Committed spans replayed from their journal because they had left the ring."""
+
+    @property
+    def sources(self) -> Mapping[str, int]:
+        """The offset each source journal was (or will be) read from."""
+        return dict(self._offsets)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def next(self) -> Envelope[Any]:
+        """The next committed message, waiting for one as long as it takes."""
+        while True:
+            env = self.try_next()
+            if env is not None:
+                return env
+            replay, wanted = self._replay, self._replay_wanted()
+            if replay is None or not wanted:
+                await self._channel.wait()
+                continue
+            try:
+                await replay.fill(wanted)
+            except asyncio.CancelledError:
+                # close() from another task cancels the replay's RPC under us; a cancellation
+                # of this task itself is propagated as is.
+                task = asyncio.current_task()
+                if self._closed and task is not None and not task.cancelling():
+                    raise ReadIterClosedError("the iterator was closed") from None
+                raise
+            except Exception as err:
+                if self._closed:
+                    raise ReadIterClosedError("the iterator was closed") from err
+                raise
+
+    def try_next(self) -> Envelope[Any] | None:
+        """The next committed message if one is at hand without waiting, else None."""
+        if self._closed:
+            raise ReadIterClosedError("the iterator was closed")
+        self._start()
+        if self._ahead is None:
+            if not self._step_to_message():
+                return None
+        elif self._replay_wanted():
+            return None  # Looking past the held message needs a replay read: next() does it.
+        env = self._ahead
+        assert env is not None  # Held by _step_to_message or the previous look-ahead.
+        self._ahead = None
+        self._look_ahead(env)
+        message: Envelope[Any] = env.message  # type: ignore[assignment]
+        return message
+
+    def _replay_wanted(self) -> int:
+        """How many replayed envelopes must be read before stepping on (0: none). Stepping to a
+        message and looking past it takes two; looking past a held message, one."""
+        replay = self._replay
+        if replay is None:
+            return 0
+        wanted = 1 if self._ahead is not None else 2
+        return 0 if replay.holds(wanted) else wanted
+
+    def _step_to_message(self) -> bool:
+        """Step the Sequencer to its next committed message (held in `_ahead`), queueing read
+        envelopes as needed. False if none is at hand without waiting."""
+        seq = self._seq
+        while True:
+            if self._replay_wanted():
+                return False
+            if seq.step():
+                env = seq.dequeued
+                assert env is not None  # step() returned True.
+                if env.is_ack:
+                    continue  # Consumed by the Sequencer; its offset counts as read.
+                # Returned at once, with a look-ahead that needs no read (see _replay_wanted).
+                self._ahead, self._ahead_after = env, None
+                return True
+            self._replay = None  # Whatever was dequeued is done, any replay with it.
+            if self._pending:
+                self._queue(self._pending.popleft())
+                continue
+            batch = self._batch
+            if batch is not None:
+                # Every envelope of the batch was consumed: skipped content after the last one
+                # may be checkpointed as read too.
+                floors = self._floors
+                floors[batch.journal] = max(floors[batch.journal], batch.through)
+            self._batch = batch = self._channel.get_nowait()
+            if batch is None:
+                return False
+            self._pending.extend(batch.envelopes)
+
+    def _look_ahead(self, returned: SeqEnvelope) -> None:
+        """Step past `returned` within its sequence: to the next message committed by the same
+        ACK (held in `_ahead`, making `in_sequence` True), or to the sequence's end (consuming
+        its ACK). Never needs a read: `try_next` checked the replay held one more envelope."""
+        seq = self._seq
+        while seq.step():  # Loops at most past the ACK, which ends a sequence.
+            env = seq.dequeued
+            assert env is not None  # step() returned True.
+            if not env.is_ack:
+                # Stepping a message within a sequence moves its producer's state past it; a
+                # checkpoint taken while it is held must stand where `returned` left it.
+                self._ahead, self._ahead_after = env, returned
+                return
+        self._replay = None
+
+    def _queue(self, env: SeqEnvelope) -> None:
+        seq = self._seq
+        seq.queue_uncommitted(env)
+        required = seq.replay_required
+        if required is None:
+            return
+        spec = self._specs[required.journal]
+        # The replayed producer's last delivered clock: the Replay keeps only later ones.
+        last_ack = seq.checkpoint().producers[JournalProducer(env.journal, env.producer)].last_ack
+        decoder = new_chunk_decoder(
+            spec,
+            required.begin,
+            self._message_type,
+            framing=self._framing,
+            message_bytes_max=self._message_bytes_max,
+        )
+        reader = RetryReader(self._client, replay_request(required), registry=self._registry)
+        replay = Replay(required, env.producer, last_ack, env.clock, reader, decoder)
+        seq.replay(replay)
+        self._replay = replay
+        self.replays += 1
+
+    def __aiter__(self) -> AsyncIterator[Envelope[Any]]:
+        return self
+
+    async def __anext__(self) -> Envelope[Any]:
+        if self._closed:
+            raise StopAsyncIteration
+        return await self.next()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+        """Offsets read through and producer states, consistent with the messages returned so
+        far. `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`)."""
+        seq_cp = self._seq.checkpoint(horizon_clock)
+        read_through = dict(self._floors)
+        for journal, offset in seq_cp.read_through.items():
+            read_through[journal] = max(read_through.get(journal, 0), offset)
+        producers = seq_cp.producers
+        ahead, after = self._ahead, self._ahead_after
+        if ahead is not None and after is not None:
+            # Where stepping `after` (non-final, of the same producer) left the state.
+            producers = dict(producers)
+            producers[JournalProducer(ahead.journal, ahead.producer)] = ProducerState(
+                last_ack=after.clock, begin=after.end
+            )
+        return SequencerCheckpoint(read_through=read_through, producers=producers)
+
+    @property
+    def in_sequence(self) -> bool:
+        """True if more messages committed by the same ACK as the one just returned follow; they
+        come next (from `try_next()`, or `next()` if they must be replayed). A consumer
+        transaction should not close in between, so that one ACK's messages commit together."""
+        return self._ahead is not None
+
+    def has_pending(self, since: Mapping[str, int]) -> bool:
+        """True if a transaction begun at or after the `since` offsets awaits its ACK (a reason
+        for a consumer to wait a little before committing). See `Sequencer.has_pending`."""
+        return self._seq.has_pending(since)
+
+    # -- background readers --------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._supervisor is None:
+            self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+
+    async def _supervise(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                for journal, offset in self._offsets.items():
+                    group.create_task(self._read_journal(journal, offset))
+        except Exception as err:  # Only a bug: readers report their own errors.
+            self._channel.fail(err)
+
+    async def _read_journal(self, journal: str, offset: int) -> None:
+        request = pb.ReadRequest(journal=journal, offset=offset, block=True)
+        reader = RetryReader(self._client, request, registry=self._registry)
+        try:
+            spec = self._specs[journal] = await get_journal(self._client, journal)
+            source = ReadUncommittedIter(
+                reader,
+                self._message_type,
+                framing=self._framing,
+                spec=spec,
+                message_bytes_max=self._message_bytes_max,
+            )
+            while True:
+                envelopes = await source.next_batch()
+                if not envelopes:
+                    return  # Only a bounded read ends; these never are.
+                batch = Batch(journal, [to_seq_envelope(e) for e in envelopes], source.offset)
+                await self._channel.put(batch)
+        except Exception as err:
+            self._channel.fail(err)
+        finally:
+            await reader.close()
+
+    async def close(self) -> None:
+        """Stop the readers (awaiting them) and any replay. Idempotent. A `next()` waiting in
+        another task raises `ReadIterClosedError`."""
+        self._closed = True
+        self._channel.wake()
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            await replay.close()
+
+    async def __aenter__(self) -> ReadCommittedIter:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,99 @@
+"""Replay of a committed span the Sequencer's ring no longer holds, read lazily from its journal.
+
+When an ACK commits a span that began before what the ring still holds, the Sequencer asks for
+the journal's byte range [begin, end) again (`ReplayRequired`) and consumes the envelopes it is
+given through an iterator, pulling them one `step()` at a time. The range may be large (a long
+transaction), so it is not read whole: a `Replay` is that iterator, fed one chunk at a time by
+`fill()` while the iterator shell awaits, and holding at most one chunk's worth of envelopes.
+
+The Sequencer takes an exhausted iterator to mean "the replay is over". So `step()` may only be
+called while the Replay `holds(1)` envelope, and the iterator must only hold envelopes the
+Sequencer is certain to deliver: otherwise, having skipped the last one held, it would give up on a replay
+whose rest is still unread. `Replay` therefore keeps only the replayed producer's envelopes with
+clocks above the last delivered one (`last_ack`, then each kept clock in turn) and up to the ACK's:
+exactly those the Sequencer returns, one per `step()`, in journal order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from broker.client.retry_reader import RetryReader
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.sequencer.decode import ChunkDecoder, to_seq_envelope
+from gazette_consumer.sequencer.types import ReplayRequired, SeqEnvelope
+
+
+class Replay(Iterator[SeqEnvelope]):
+    """The envelopes of one replayed span, read from `reader` by `fill()` and handed to the
+    Sequencer through iteration. Call order: `holds(n)`, else `fill(n)`, before n steps of the
+    Sequencer, which iterates; once exhausted the reader is closed."""
+
+    def __init__(
+        self,
+        required: ReplayRequired,
+        producer: bytes,
+        last_ack: int,
+        ack_clock: int,
+        reader: RetryReader,
+        decoder: ChunkDecoder,
+    ) -> None:
+        self.required = required
+        self._producer = producer
+        self._last_kept = last_ack  # Exclusive lower bound of the clocks still to keep.
+        self._ack_clock = ack_clock  # Inclusive upper bound: larger clocks are rolled back.
+        self._reader = reader
+        self._decoder = decoder
+        self._kept: deque[SeqEnvelope] = deque()
+        self.exhausted = False
+        """The whole range was read (and the reader closed)."""
+
+    def holds(self, count: int) -> bool:
+        """True if `count` more steps of the Sequencer can be served without reading (`fill`)."""
+        return len(self._kept) >= count or self.exhausted
+
+    def __next__(self) -> SeqEnvelope:
+        if not self._kept:
+            if not self.exhausted:
+                raise AssertionError("replay iterated while it needs I/O (step() before fill())")
+            raise StopIteration
+        return self._kept.popleft()
+
+    async def fill(self, count: int) -> None:
+        """Read on until `holds(count)`. Cancellation-safe: a chunk is decoded as soon as its
+        read returns, with no await in between."""
+        while not self.holds(count):
+            chunk = await self._reader.read_chunk()
+            if chunk.content:
+                envelopes = self._decoder.feed(chunk.content, chunk.offset)
+            else:
+                envelopes = self._decoder.flush()
+            self._keep(envelopes)
+            if self._decoder.error is not None:
+                # The span's messages were decodable when first read: content has changed, or
+                # the reader's message type differs. Either way exactly-once cannot go on.
+                raise self._decoder.error
+            if not chunk.content:
+                self.exhausted = True
+                await self._reader.close()
+
+    def _keep(self, envelopes: list[Any]) -> None:
+        producer = self._producer
+        for env in envelopes:
+            if env.producer != producer or not self._last_kept < env.clock <= self._ack_clock:
+                continue  # Other producers, duplicates, rolled-back or zero-clock messages.
+            self._kept.append(to_seq_envelope(env))
+            self._last_kept = env.clock
+
+    async def close(self) -> None:
+        await self._reader.close()
+
+
+def replay_request(required: ReplayRequired) -> pb.ReadRequest:
+    """The Read of a replayed range: bounded, and blocking so that a broker that is briefly
+    unavailable (or a fragment being persisted) is waited for, not reported as the head."""
+    return pb.ReadRequest(
+        journal=required.journal, offset=required.begin, end_offset=required.end, block=True
+    )
