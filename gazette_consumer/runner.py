@@ -1,16 +1,118 @@
-"""``gazette-consumer``: the consumer process runner.
+"""``gazette-consumer serve``: run a consumer process of an Application.
 
-The consumer framework (Application, shards, transactions) is being built; until it lands this
-runner only validates its arguments and says so, rather than pretending to serve shards.
+    gazette-consumer serve --app examples.word_count:WordCount \\
+        --etcd 127.0.0.1:2379 --zone us-east-1a --id consumer-1 --port 9000 \\
+        --broker 127.0.0.1:8080
+
+With ``--etcd``, the process joins the consumer group under ``--root`` (default
+``/gazette/consumers/<Class>``) of that etcd cluster, and its shards read and write journals
+through the broker at ``--broker``. Without it, the process runs *embedded*: an in-process
+keyspace, a broker of its own (on ``--broker-port``, fragments under ``--data-dir``) and the
+consumer, all in one process (the embedded default of DESIGN.md §5).
+
+SIGTERM or SIGINT stop it gracefully: the member hands its shards off to the other members
+(bounded by ``--drain-timeout``), then exits 0. Bad arguments (an ``--app`` that does not name
+an importable class, say) exit 2 with one line naming what was wrong; a member that fails (it
+lost its etcd lease, say) exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import importlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-EXIT_UNAVAILABLE = 3
+from broker.keyspace.backend import Backend
+from broker.keyspace.embedded import EmbeddedStore
+from broker.logging import get_logger
+from broker.protocol.validate import (
+    PROCESS_SUFFIX_LEN_MAX,
+    PROCESS_SUFFIX_LEN_MIN,
+    ZONE_LEN_MAX,
+    ZONE_LEN_MIN,
+    ValidationError,
+    at,
+    validate_token,
+)
+from gazette_consumer.member import ConsumerConfig, ConsumerMember, drain_timeout_s_default
+from gazette_consumer.shard_handle import ShardHandle, ShardStart, StartShard
+from gazette_consumer.topology import default_root
+
+log = get_logger(__name__)
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class AppLoadError(ValueError):
+    """``--app`` does not name an importable class."""
+
+
+class ShardRunnerUnavailableError(RuntimeError):
+    """Shards cannot run: the member is not connected to a shard runner."""
+
+
+def load_app(text: str) -> type:
+    """The class ``module:Class`` names (``Class`` may be dotted: ``module:Outer.Inner``)."""
+    module_name, sep, attr = text.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppLoadError(f"--app {text!r}: expected module:Class (e.g. examples.counter:Counter)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AppLoadError(f"--app {text!r}: cannot import module {module_name!r}: {exc}") from None
+    target: object = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise AppLoadError(
+                f"--app {text!r}: module {module_name!r} has no attribute {attr!r}"
+            ) from None
+    if not isinstance(target, type):
+        raise AppLoadError(f"--app {text!r}: {attr!r} is a {type(target).__name__}, not a class")
+    return target
+
+
+@dataclass(frozen=True)
+class ShardRuntime:
+    """What the shards of this process run against."""
+
+    app: type
+    # The consumer group's etcd root: shard FQNs are ``<root>/items/<id>``.
+    root: str
+    # host:port of a broker of the cluster the shards' journals live in.
+    broker: str
+
+
+@contextlib.asynccontextmanager
+async def shard_factory(runtime: ShardRuntime) -> AsyncIterator[StartShard]:
+    """The one wiring point between the consumer process and the shard runner: the StartShard
+    that runs each shard assigned here for ``runtime.app``, valid for the ``async with`` (the
+    member is stopped, and its shards with it, before it exits).
+
+    Not connected yet: each assigned shard reports FAILED, naming this function, so that the
+    cluster side (membership, allocation, the Shard service, gazctl) works and says plainly
+    why no transactions run. Connecting it is, in essence::
+
+        async with ShardRunner(runtime.app(), JournalClient(runtime.broker),
+                               root=runtime.root) as runner:
+            yield runner.start_shard
+    """
+
+    def start(start: ShardStart) -> ShardHandle:
+        raise ShardRunnerUnavailableError(
+            f"shard {start.spec.id}: {runtime.app.__name__} cannot run yet: the shard runner is "
+            "not wired into gazette_consumer.runner.shard_factory"
+        )
+
+    yield start
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,21 +120,152 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the shards of an Application")
     serve.add_argument("--app", required=True, help="module:Class of the Application")
-    serve.add_argument("--etcd", action="append", default=[])
+    serve.add_argument(
+        "--etcd", action="append", default=[], help="etcd endpoint host:port (repeatable)"
+    )
+    serve.add_argument("--root", default=None, help="etcd root of the consumer group")
     serve.add_argument("--zone", default="local")
-    serve.add_argument("--id", default="consumer")
+    serve.add_argument("--id", default="consumer", help="this process's ID within its zone")
+    serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=9000)
+    serve.add_argument("--shard-limit", type=int, default=1024)
+    serve.add_argument(
+        "--broker",
+        default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"),
+        help="broker address (with --etcd)",
+    )
+    serve.add_argument("--broker-port", type=int, default=0, help="embedded broker's port")
+    serve.add_argument("--data-dir", default=None, help="embedded broker's spools and fragments")
+    serve.add_argument("--drain-timeout", type=float, default=drain_timeout_s_default)
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-format", choices=("console", "json"), default="console")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    print(
-        f"gazette-consumer: cannot serve {args.app}: consumer shards are not available in this "
-        "version yet (the consumer framework is in progress)",
-        file=sys.stderr,
+async def _serve(args: argparse.Namespace, app: type) -> int:
+    from broker.keyspace.etcd import EtcdBackend
+
+    store = None if args.etcd else EmbeddedStore()
+    backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
+    embedded = await _start_embedded_broker(store, args) if store is not None else None
+    broker_address = embedded[0] if embedded is not None else args.broker
+    root = args.root or default_root(app.__name__)
+    try:
+        async with shard_factory(ShardRuntime(app, root, broker_address)) as start_shard:
+            embedded_broker = broker_address if embedded is not None else None
+            return await _run_member(args, backend, root, start_shard, embedded_broker)
+    finally:
+        if embedded is not None:
+            await embedded[1]()
+        await backend.close()
+
+
+async def _run_member(
+    args: argparse.Namespace,
+    backend: Backend,
+    root: str,
+    start_shard: StartShard,
+    embedded_broker: str | None,
+) -> int:
+    member = ConsumerMember(
+        backend,
+        ConsumerConfig(
+            zone=args.zone,
+            suffix=args.id,
+            root=root,
+            host=args.host,
+            port=args.port,
+            shard_limit=args.shard_limit,
+            drain_timeout_s=args.drain_timeout,
+        ),
+        start_shard,
     )
-    return EXIT_UNAVAILABLE
+    await member.start()
+    print(f"serving on {member.endpoint}", flush=True)
+    if embedded_broker is not None:
+        print(f"embedded broker on {embedded_broker}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    waiting = asyncio.ensure_future(member.wait())
+    await asyncio.wait((stopping, waiting), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    waiting.cancel()
+    await asyncio.gather(stopping, waiting, return_exceptions=True)
+    try:
+        await member.stop(graceful=True)
+    except Exception:
+        log.exception("consumer failed")
+        return EXIT_FAILED
+    return 0
+
+
+async def _start_embedded_broker(
+    store: EmbeddedStore, args: argparse.Namespace
+) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """An in-process broker (and its allocator) over the same embedded keyspace; returns its
+    address and an async stopper."""
+    from broker.allocator import MemberId, broker_is_consistent
+    from broker.allocator import serve as allocate
+    from broker.fragment.stores.registry import new_registry
+    from broker.server import Broker, BrokerConfig
+
+    backend = store.connect()
+    broker = Broker(
+        backend,
+        BrokerConfig(
+            zone=args.zone, suffix="broker", port=args.broker_port, spool_dir=args.data_dir
+        ),
+        stores=new_registry(file_root=args.data_dir or "/"),
+    )
+    await broker.start()
+    allocator = asyncio.ensure_future(
+        allocate(
+            backend, broker.ks, MemberId(args.zone, "broker"), is_consistent=broker_is_consistent
+        )
+    )
+
+    async def stop() -> None:
+        allocator.cancel()
+        await asyncio.gather(allocator, return_exceptions=True)
+        await broker.stop()
+        await backend.close()
+
+    return broker.endpoint.removeprefix("http://"), stop
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse bad settings before anything starts (each names its flag)."""
+    with at("--zone"):
+        validate_token(args.zone, ZONE_LEN_MIN, ZONE_LEN_MAX)
+    with at("--id"):
+        validate_token(args.id, PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX)
+    if args.shard_limit < 1:
+        raise ValidationError(f"must be >= 1 (got {args.shard_limit})", "--shard-limit")
+    if args.drain_timeout < 0:
+        raise ValidationError(f"must be >= 0 (got {args.drain_timeout})", "--drain-timeout")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from broker import logging as gazette_logging
+
+    args = _parser().parse_args(argv)
+    gazette_logging.configure(args.log_format, args.log_level)
+    try:
+        _check_args(args)
+        app = load_app(args.app)
+    except ValueError as exc:
+        print(f"gazette-consumer: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return asyncio.run(_serve(args, app))
+    except ValueError as exc:  # Bad configuration (a zone or ID that is not a valid token, ...)
+        print(f"gazette-consumer: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
     gazctl journals append -j JOURNAL [-f FILE]
     gazctl journals read -j JOURNAL [--offset N] [--block]
     gazctl journals fragments -j JOURNAL
+    gazctl journals prune -l SELECTOR [--dry-run] [--file-root DIR]
+    gazctl journals reset-head -l SELECTOR
+    gazctl shards list|apply|unassign ...   (see broker/cli/shards.py)
 
 The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``).
 Errors are printed as one line naming what was wrong, with exit status 2 for bad input and 1 for
@@ -23,8 +26,10 @@ from typing import Any
 import grpc
 
 from broker import logging as gazette_logging
-from broker.cli import journalspace
+from broker.cli import journalspace, shards
 from broker.cli.output import FORMATS, emit
+from broker.fragment.stores.base import StoreError
+from broker.protocol.selector import parse_selector
 from broker.protocol.status import StatusError
 from broker.protocol.validate import ValidationError
 
@@ -63,7 +68,30 @@ def _parser() -> argparse.ArgumentParser:
     frags = verbs.add_parser("fragments", help="list a journal's fragments")
     frags.add_argument("-j", "--journal", required=True)
     frags.add_argument("--format", choices=FORMATS, default="table")
+
+    prune = verbs.add_parser(
+        "prune", help="delete persisted fragments older than each journal's retention"
+    )
+    prune.add_argument("-l", "--selector", required=True, help="label selector of journals")
+    prune.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+    prune.add_argument(
+        "--file-root", default="/", help="root directory of file:// stores (as the brokers')"
+    )
+    prune.add_argument("--format", choices=FORMATS, default="table")
+
+    reset = verbs.add_parser(
+        "reset-head",
+        help="let appends continue at the fragment index's end (after INDEX_HAS_GREATER_OFFSET)",
+    )
+    reset.add_argument("-l", "--selector", required=True, help="label selector of journals")
+    reset.add_argument("--format", choices=FORMATS, default="table")
+    shards.add_commands(top)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line (argparse exits with status 2 on a malformed one)."""
+    return _parser().parse_args(argv)
 
 
 def _read_input(path: str) -> str:
@@ -94,7 +122,39 @@ def _apply_records(nodes: Sequence[tuple[Any, str]]) -> list[dict[str, Any]]:
     return records
 
 
+async def _operate(args: argparse.Namespace) -> int:
+    """prune and reset-head: operator commands over the journals a selector matches."""
+    # Imported here: they load the gRPC client and the store backends (boto3).
+    from broker import client
+    from broker.cli import prune, reset_head
+    from broker.fragment.stores.registry import new_registry
+
+    parse_selector(args.selector)  # Refuse a malformed selector before any RPC.
+    c = client.JournalClient(args.broker)
+    try:
+        if args.verb == "prune":
+            registry = new_registry(file_root=args.file_root)
+            try:
+                records = await prune.prune_journals(
+                    c, registry, args.selector, dry_run=args.dry_run, progress=sys.stderr
+                )
+            finally:
+                await registry.close()
+            columns: Sequence[str] = prune.COLUMNS
+        else:
+            records = await reset_head.reset_heads(c, args.selector, progress=sys.stderr)
+            columns = reset_head.COLUMNS
+    finally:
+        await c.channels.close()
+    emit(sys.stdout, args.format, records, columns)
+    return 0
+
+
 async def _run(args: argparse.Namespace) -> int:
+    if args.noun == "shards":
+        return await shards.run(args)
+    if args.verb in ("prune", "reset-head"):
+        return await _operate(args)
     if args.verb == "apply":
         nodes = journalspace.parse_journal_space(_read_input(args.file))
         records = _apply_records(nodes)
@@ -112,21 +172,29 @@ async def _run(args: argparse.Namespace) -> int:
     return await remote.run(args)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    gazette_logging.configure(args.log_format, args.log_level)
+async def run(args: argparse.Namespace) -> int:
+    """Run a parsed command on the current event loop; failures are printed as one line and
+    returned as the exit status (see the module docstring)."""
     try:
-        return asyncio.run(_run(args))
+        return await _run(args)
     except (ValidationError, OSError) as exc:
         print(f"gazctl: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except StatusError as exc:
-        # A refusal by the broker (journal not found, wrong offset, ...): one line, its status.
+    except (StatusError, StoreError) as exc:
+        # A refusal by the broker (journal not found, wrong offset, ...), a failed store
+        # operation, or nothing to act on: one line naming it.
         print(f"gazctl: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except grpc.aio.AioRpcError as exc:
         print(f"gazctl: broker {args.broker}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    gazette_logging.configure(args.log_format, args.log_level)
+    try:
+        return asyncio.run(run(args))
     except KeyboardInterrupt:
         return EXIT_FAILED
 

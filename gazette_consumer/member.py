@@ -1,0 +1,324 @@
+"""A consumer process: membership, allocation, local shards and the Shard service.
+
+A ``ConsumerMember`` is one member of a consumer group (one ``gazette-consumer serve``, or one
+of several in an embedded process or a test). Starting it:
+
+1. binds the gRPC server (port 0 picks a free one) with the Shard service, so that the endpoint
+   is known;
+2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = ConsumerSpec,
+   under it: if the process dies, the lease expires, the key and its assignments vanish, and the
+   allocator promotes the standbys elsewhere;
+3. loads the KeySpace mirror, then runs, in one TaskGroup: the keyspace watch, the lease
+   keep-alive, the allocator (it acts only while this member leads) and the local shards, which
+   start and stop replicas through ``start_shard`` and advertise their statuses.
+
+Failure. A lost lease, a dead watch or a failed allocator fails the member: every local shard
+is stopped at once and ``wait()`` / ``stop()`` raise the cause. A member whose view of the
+cluster cannot be trusted must not go on running shards, since a new primary may already run
+elsewhere (its store fence would stop us anyway; stopping first is cleaner).
+
+Graceful stop (SIGTERM). ``stop()`` first *drains*: it re-announces the member with a shard
+limit of zero, so the allocator moves every assignment away, each primary only once a standby
+elsewhere is ready (STANDBY) to take over. The allocator returns once nothing is assigned here;
+then the local shards stop, the lease is revoked and the server stops. Draining is bounded by
+``drain_timeout_s`` (a lone member has nowhere to hand off to): past it the member stops anyway,
+and its lease revocation makes the allocator re-assign what it held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from broker.allocator import MemberId, MemberNotFoundError
+from broker.allocator import serve as allocate
+from broker.client.route_cache import ChannelPool, message_bytes_max
+from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
+from broker.keyspace.lease import keep_lease_alive
+from broker.logging import get_logger
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol import consumer_pb2_grpc as cpbg
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validate import validate_consumer_spec
+from broker.topology import MEMBERS
+from gazette_consumer.local_shards import LocalShards
+from gazette_consumer.resolver import Resolver
+from gazette_consumer.service import ShardService
+from gazette_consumer.shard_handle import StartShard
+from gazette_consumer.topology import (
+    ConsumerMember as ConsumerMemberValue,
+)
+from gazette_consumer.topology import (
+    consumer_item_limit,
+    member_key,
+    new_keyspace,
+    shard_is_consistent,
+    shard_replication,
+)
+
+log = get_logger(__name__)
+
+# Member keys live this long without a keep-alive (etcd TTL, whole seconds; Gazette's default).
+lease_ttl_s_default = 20
+# Gazette's default per-consumer shard limit.
+shard_limit_default = 1024
+# Longest a graceful stop waits for the allocator to move this member's shards elsewhere.
+drain_timeout_s_default = 60.0
+# How long in-flight RPCs may finish when the server stops.
+stop_grace_s_default = 1.0
+# The allocator re-plans at least this often even when the keyspace is quiet.
+allocator_idle_wake_s_default = 30.0
+
+_SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", message_bytes_max),
+    ("grpc.max_receive_message_length", message_bytes_max),
+]
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    zone: str
+    suffix: str
+    # The consumer group's etcd root (see topology.default_root).
+    root: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    shard_limit: int = shard_limit_default
+    lease_ttl_s: int = lease_ttl_s_default
+    drain_timeout_s: float = drain_timeout_s_default
+    stop_grace_s: float = stop_grace_s_default
+    allocator_idle_wake_s: float = allocator_idle_wake_s_default
+
+
+class ConsumerStateError(RuntimeError):
+    """start()/stop() called out of order."""
+
+
+class ConsumerMember:
+    """One consumer process (see the module docstring).
+
+    ``start_shard`` starts a replica when a shard is assigned here (see ``shard_handle``).
+    ``add_services`` may register the application's own gRPC services on the member's server
+    before it starts (they can route queries with ``resolver``)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: ConsumerConfig,
+        start_shard: StartShard,
+        *,
+        add_services: Callable[[grpc.aio.Server], None] | None = None,
+    ) -> None:
+        if config.shard_limit < 1:
+            # Zero is how a member announces that it is draining (the allocator then returns
+            # as soon as it holds nothing, and would stop allocating for everyone if it led).
+            raise ValueError(f"shard_limit: must be >= 1 (got {config.shard_limit})")
+        self.backend = backend
+        self.config = config
+        self.id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
+        self.member_id = MemberId(config.zone, config.suffix)
+        self.ks = new_keyspace(config.root)
+        self.local = LocalShards(
+            self.ks, backend, config.root, config.zone, config.suffix, start_shard
+        )
+        self.resolver = Resolver(self.ks, config.root, self.id, self.local)
+        self.channels = ChannelPool()
+        self._add_services = add_services
+        self._server: grpc.aio.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._draining = asyncio.Event()
+        self._drained = asyncio.Event()
+        self.lease_id = 0
+        self.endpoint = ""
+
+    def __repr__(self) -> str:
+        return f"ConsumerMember<{self.config.zone}#{self.config.suffix} {self.endpoint}>"
+
+    def _spec(self, shard_limit: int) -> cpb.ConsumerSpec:
+        spec = cpb.ConsumerSpec(
+            process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
+            shard_limit=shard_limit,
+        )
+        validate_consumer_spec(spec)
+        return spec
+
+    # --- Lifecycle ---
+
+    async def start(self) -> None:
+        """Bind, announce, load the mirror and start serving (see the module docstring)."""
+        if self._server is not None:
+            raise ConsumerStateError(f"{self!r}: already started")
+        cfg = self.config
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        cpbg.add_ShardServicer_to_server(
+            ShardService(self.ks, self.backend, cfg.root, self.resolver, self.channels, self.id),
+            server,
+        )
+        if self._add_services is not None:
+            self._add_services(server)
+        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        await server.start()
+        self._server = server
+        self.endpoint = f"http://{cfg.host}:{port}"
+        try:
+            spec = self._spec(cfg.shard_limit)
+            self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
+            await self.backend.put(self._key(), spec.SerializeToString(), lease=self.lease_id)
+            await self.ks.load(self.backend)
+        except BaseException:
+            self._server = None
+            await server.stop(0)
+            raise
+        self._task = asyncio.create_task(self._run(ttl_s), name=repr(self))
+
+    def _key(self) -> bytes:
+        return member_key(self.config.root, self.config.zone, self.config.suffix).encode()
+
+    async def _run(self, ttl_s: int) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                daemons = [
+                    tg.create_task(self._watch()),
+                    tg.create_task(keep_lease_alive(self.backend, self.lease_id, ttl_s)),
+                    tg.create_task(self._allocate()),
+                ]
+                await self.local.run()
+                for task in daemons:
+                    task.cancel()
+        except BaseException as exc:
+            # A lost lease, a dead watch, a failed allocator: stop serving at once (the
+            # TaskGroup has already stopped the local shards: see LocalShards.run).
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("consumer member failed; no longer serving", member=repr(self))
+            server = self._server
+            if server is not None:
+                await server.stop(0)
+            raise
+
+    async def _watch(self) -> None:
+        await self.ks.watch(self.backend)
+        # The watch ends only when the backend closes: our view would silently go stale.
+        raise KeySpaceError(f"{self!r}: keyspace watch ended (backend closed)")
+
+    async def _allocate(self) -> None:
+        """Run the allocator; it returns only once this member is drained."""
+        try:
+            await allocate(
+                self.backend,
+                self.ks,
+                self.member_id,
+                is_consistent=shard_is_consistent,
+                replication_of=shard_replication,
+                item_limit_of=consumer_item_limit,
+                idle_wake_s=self.config.allocator_idle_wake_s,
+            )
+        except MemberNotFoundError:
+            if not self._draining.is_set():
+                raise
+            # Our key went while draining (the stop revoked it, or the lease ran out): done.
+        self._drained.set()
+        if not self._draining.is_set():
+            # Someone else set our shard limit to zero (an operator draining us): we hold
+            # nothing, and while our key remains we may be the leader that no longer allocates
+            # for anyone. Exit, as Gazette's consumers do; stop() then revokes the lease.
+            log.info("consumer drained by its member key's shard limit; exiting", member=repr(self))
+            self.local.stop_serving()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What made the member fail, once it has (None while it runs or after a clean stop)."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
+
+    async def abort(self) -> None:
+        """Stop at once as a crashed process would: no drain, and the lease is left to expire
+        (simulations and tests of failover). The local shards are still stopped."""
+        if self._server is None or self._task is None:
+            raise ConsumerStateError(f"{self!r}: not started")
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        server, self._server = self._server, None
+        await server.stop(0)
+        await self.channels.close()
+
+    async def wait(self) -> None:
+        """Wait until the member stops (or fails: its error is raised)."""
+        if self._task is None:
+            raise ConsumerStateError(f"{self!r}: not started")
+        await asyncio.shield(self._task)
+
+    async def drain(self) -> bool:
+        """Hand every local shard off to other members (shard limit zero), waiting at most
+        ``drain_timeout_s``; whether the member is drained."""
+        if self._task is None:
+            raise ConsumerStateError(f"{self!r}: not started")
+        if self.local.shards and not self._others_can_take_over():
+            # Waiting would only run out the timeout: stop at once instead.
+            log.warning("no other consumer can take over; not draining", member=repr(self))
+            return False
+        self._draining.set()
+        if self.ks.get(self._key()) is not None:
+            await self.backend.put(
+                self._key(), self._spec(0).SerializeToString(), lease=self.lease_id
+            )
+        drained = asyncio.ensure_future(self._drained.wait())
+        try:
+            await asyncio.wait(
+                (drained, self._task),
+                timeout=self.config.drain_timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            drained.cancel()
+        if not self._drained.is_set():
+            log.warning(
+                "consumer did not drain in time; stopping anyway",
+                member=repr(self),
+                shards=self.local.shards,
+            )
+        return self._drained.is_set()
+
+    def _others_can_take_over(self) -> bool:
+        """Whether another member with room for shards is announced."""
+        prefix = self.config.root + MEMBERS
+        for entry in self.ks.search(prefix):
+            member = entry.decoded
+            if (
+                isinstance(member, ConsumerMemberValue)
+                and (member.zone, member.suffix) != (self.config.zone, self.config.suffix)
+                and member.spec.shard_limit > 0
+            ):
+                return True
+        return False
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        """Stop: drain first when ``graceful`` (see the module docstring), then stop the local
+        shards, revoke the lease and stop the server. Raises what made the member fail, if it
+        did."""
+        if self._server is None or self._task is None:
+            raise ConsumerStateError(f"{self!r}: not started")
+        try:
+            if graceful and not self._task.done():
+                with contextlib.suppress(KeySpaceError):
+                    await self.drain()
+            self.local.stop_serving()
+            await self._task
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
+                await self.backend.lease_revoke(self.lease_id)
+            server, self._server = self._server, None
+            if server is not None:
+                await server.stop(self.config.stop_grace_s)
+            await self.channels.close()

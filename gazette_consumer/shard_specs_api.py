@@ -1,0 +1,348 @@
+"""The Shard RPCs over specs and assignments: List, Apply, Unassign and GetHints.
+
+List. The shards whose labels (plus the meta-label ``id``) match the selector, each with its
+spec, the spec's etcd mod revision, its Route (with endpoints) and one ReplicaStatus per route
+member, read from the member's KeySpace mirror.
+
+Apply. Upserts and deletions of ShardSpecs in one etcd transaction, each guarded by its
+``expect_mod_revision`` (0: the shard must not exist; -1: no check). Every change is validated
+first, and a bad one fails the whole request with INVALID_ARGUMENT naming the change and the
+field (``ApplyRequest.changes[1].upsert.max_txn_duration: must be > 0s``): nothing is written. A
+failed guard answers ETCD_TRANSACTION_FAILED, again with nothing written. A successful Apply
+answers once this process's mirror reflects it, so a List that follows sees it.
+
+Unassign. Removes assignments so that the allocator re-assigns (Gazette's rules): always a
+FAILED one, and the primary's unless ``only_failed``. All removals are one transaction guarded
+by each assignment's mod revision. Unlike Gazette (which ignores them), an unknown shard ID is
+answered with SHARD_NOT_FOUND, and nothing is removed: a typo should not pass silently.
+
+GetHints. The recovery-log hints stored under the shard's ``hint_prefix`` (primary, then the
+backups, newest first), in either encoding Gazette writes (binary or JSON). Recovery logs are
+not implemented by this project yet, so nothing here writes hints; a shard without a recovery
+log has none, and the answer is then empty.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from broker.keyspace.backend import (
+    Backend,
+    Compare,
+    CompareResult,
+    CompareTarget,
+    KeySpaceError,
+    OpDelete,
+    OpGet,
+    OpPut,
+    UnavailableError,
+)
+from broker.keyspace.keyspace import KeySpace
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import recorded_op_pb2 as rpb
+from broker.protocol.selector import matches
+from broker.protocol.validate import (
+    ValidationError,
+    at,
+    validate_label_selector,
+    validate_shard_id,
+    validate_shard_spec,
+)
+from broker.read_api import Context
+from broker.topology import etcd_header
+from gazette_consumer.topology import (
+    FAILED,
+    Decoded,
+    ShardItem,
+    assignment_of,
+    lookup_shard,
+    shard_assignments,
+    shard_items,
+    shard_key,
+    shard_route,
+)
+
+# Changes of one Apply: each is one compare and one op of the etcd transaction, and etcd refuses
+# transactions of more than 128 of either by default (--max-txn-ops).
+apply_changes_max: Final = 128
+# Assignments one Unassign may remove, for the same reason.
+unassign_ops_max: Final = 128
+# How long Apply and Unassign wait for the mirror to reflect their own transaction.
+apply_revision_wait_s: Final = 10.0
+
+
+class HintsDecodeError(ValueError):
+    """Stored hints that decode neither as binary nor as JSON FSMHints."""
+
+
+# --- Validation -------------------------------------------------------------------------------
+
+
+def validate_list_request(request: cpb.ListRequest) -> None:
+    with at("selector"):
+        validate_label_selector(request.selector)
+
+
+def validate_apply_request(request: cpb.ApplyRequest) -> None:
+    if len(request.changes) > apply_changes_max:
+        raise ValidationError(
+            f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
+            " apply them in batches",
+            "changes",
+        )
+    seen: dict[str, int] = {}
+    for index, change in enumerate(request.changes):
+        with at(f"changes[{index}]"):
+            shard = _validate_change(change)
+            if shard in seen:
+                raise ValidationError(
+                    f"must not change shard {shard!r} twice (also changes[{seen[shard]}])"
+                )
+            seen[shard] = index
+
+
+def _validate_change(change: cpb.ApplyRequest.Change) -> str:
+    """Gazette's rules for one change; returns the shard it is about."""
+    if change.HasField("upsert"):
+        if change.delete:
+            raise ValidationError("both upsert and delete are set (expected exactly one)")
+        with at("upsert"):
+            validate_shard_spec(change.upsert)
+        if change.expect_mod_revision < -1:
+            raise ValidationError(
+                f"must be >= 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
+            )
+        return change.upsert.id
+    if change.delete:
+        with at("delete"):
+            validate_shard_id(change.delete)
+        if change.expect_mod_revision <= 0 and change.expect_mod_revision != -1:
+            raise ValidationError(
+                f"must be > 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
+            )
+        return change.delete
+    raise ValidationError("neither upsert nor delete is set (expected exactly one)")
+
+
+def validate_unassign_request(request: cpb.UnassignRequest) -> None:
+    if not request.shards:
+        raise ValidationError("must name at least one shard", "shards")
+    if len(request.shards) > unassign_ops_max:
+        raise ValidationError(
+            f"must name at most {unassign_ops_max} shards (got {len(request.shards)})", "shards"
+        )
+    for index, shard in enumerate(request.shards):
+        with at(f"shards[{index}]"):
+            validate_shard_id(shard)
+
+
+def validate_get_hints_request(request: cpb.GetHintsRequest) -> None:
+    with at("shard"):
+        validate_shard_id(request.shard)
+
+
+# --- The handlers -----------------------------------------------------------------------------
+
+
+class ShardSpecsAPI:
+    """List, Apply, Unassign and GetHints over a member's KeySpace mirror (kept current by the
+    member's watch) and its etcd backend. ``process_id`` is this member's, for headers."""
+
+    def __init__(
+        self,
+        ks: KeySpace[Decoded],
+        backend: Backend,
+        root: str,
+        process_id: pb.ProcessSpec.ID,
+        *,
+        revision_wait_s: float = apply_revision_wait_s,
+    ) -> None:
+        self._ks = ks
+        self._backend = backend
+        self._root = root
+        self._process_id = process_id
+        self._revision_wait_s = revision_wait_s
+
+    def _header(self, revision: int | None = None) -> pb.Header:
+        # Not about one shard: no route (Gazette's "unrouted" header).
+        header = pb.Header(route=pb.Route(primary=-1), etcd=etcd_header(self._ks.header))
+        header.process_id.CopyFrom(self._process_id)
+        if revision is not None:
+            header.etcd.revision = revision
+        return header
+
+    # --- List ---
+
+    def snapshot(self, selector: pb.LabelSelector) -> list[cpb.ListResponse.Shard]:
+        """The shards ``selector`` matches now, in ID order."""
+        out: list[cpb.ListResponse.Shard] = []
+        for entry in shard_items(self._ks, self._root):
+            item = entry.decoded
+            assert isinstance(item, ShardItem)
+            if not matches(selector, gl.union(gl.shard_meta_labels(item.id), item.spec.labels)):
+                continue
+            route, statuses = shard_route(self._ks, self._root, item.id)
+            out.append(
+                cpb.ListResponse.Shard(
+                    spec=item.spec, mod_revision=entry.kv.mod_revision, route=route, status=statuses
+                )
+            )
+        return out
+
+    async def list_shards(self, request: cpb.ListRequest, context: Context) -> cpb.ListResponse:
+        try:
+            validate_list_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ListRequest.{err}")
+        return cpb.ListResponse(
+            status=cpb.OK, header=self._header(), shards=self.snapshot(request.selector)
+        )
+
+    # --- Apply ---
+
+    async def apply(self, request: cpb.ApplyRequest, context: Context) -> cpb.ApplyResponse:
+        try:
+            validate_apply_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
+        compares: list[Compare] = []
+        ops: list[OpPut | OpDelete] = []
+        for change in request.changes:
+            if change.HasField("upsert"):
+                key = shard_key(self._root, change.upsert.id).encode()
+                ops.append(OpPut(key, change.upsert.SerializeToString()))
+            else:
+                key = shard_key(self._root, change.delete).encode()
+                ops.append(OpDelete(key))
+            if change.expect_mod_revision != -1:
+                compares.append(
+                    Compare(key, CompareTarget.MOD, CompareResult.EQUAL, change.expect_mod_revision)
+                )
+        succeeded, revision = await self._transact(compares, ops, context)
+        status = cpb.OK if succeeded else cpb.ETCD_TRANSACTION_FAILED
+        return cpb.ApplyResponse(status=status, header=self._header(revision))
+
+    async def _transact(
+        self, compares: list[Compare], ops: list[OpPut | OpDelete], context: Context
+    ) -> tuple[bool, int]:
+        """Run one guarded transaction; once it applied, wait until the mirror shows it."""
+        try:
+            txn = await self._backend.txn(compares, ops)
+        except UnavailableError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
+        except KeySpaceError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"etcd transaction: {err}")
+        revision = txn.header.revision
+        if txn.succeeded and ops:
+            try:
+                await self._ks.wait_for_revision(revision, self._revision_wait_s)
+            except (TimeoutError, KeySpaceError) as err:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"applied at revision {revision}, but this consumer's view of etcd did not"
+                    f" catch up: {err}",
+                )
+        return txn.succeeded, revision
+
+    # --- Unassign ---
+
+    async def unassign(
+        self, request: cpb.UnassignRequest, context: Context
+    ) -> cpb.UnassignResponse:
+        try:
+            validate_unassign_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"UnassignRequest.{err}")
+        compares: list[Compare] = []
+        ops: list[OpPut | OpDelete] = []
+        unassigned: list[str] = []
+        for shard in dict.fromkeys(request.shards):
+            if lookup_shard(self._ks, self._root, shard) is None:
+                return cpb.UnassignResponse(status=cpb.SHARD_NOT_FOUND, shards=[shard])
+            for entry in shard_assignments(self._ks, self._root, shard):
+                a = assignment_of(entry)
+                if a.status.code != FAILED and (request.only_failed or a.slot != 0):
+                    continue
+                compares.append(
+                    Compare(
+                        entry.kv.key, CompareTarget.MOD, CompareResult.EQUAL, entry.kv.mod_revision
+                    )
+                )
+                ops.append(OpDelete(entry.kv.key))
+                if not unassigned or unassigned[-1] != shard:
+                    unassigned.append(shard)
+        if len(ops) > unassign_ops_max:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"UnassignRequest.shards: would remove {len(ops)} assignments, more than"
+                f" {unassign_ops_max} in one transaction; unassign fewer shards at once",
+            )
+        if request.dry_run or not ops:
+            return cpb.UnassignResponse(status=cpb.OK, shards=unassigned)
+        succeeded, _ = await self._transact(compares, ops, context)
+        if not succeeded:
+            return cpb.UnassignResponse(status=cpb.ETCD_TRANSACTION_FAILED)
+        return cpb.UnassignResponse(status=cpb.OK, shards=unassigned)
+
+    # --- GetHints ---
+
+    async def get_hints(
+        self, request: cpb.GetHintsRequest, context: Context
+    ) -> cpb.GetHintsResponse:
+        try:
+            validate_get_hints_request(request)
+        except ValidationError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GetHintsRequest.{err}")
+        entry = lookup_shard(self._ks, self._root, request.shard)
+        if entry is None or not isinstance(entry.decoded, ShardItem):
+            return cpb.GetHintsResponse(status=cpb.SHARD_NOT_FOUND, header=self._header())
+        spec = entry.decoded.spec
+        response = cpb.GetHintsResponse(status=cpb.OK, header=self._header())
+        keys = hint_keys(spec)
+        if not keys:
+            return response  # No recovery log: no hints.
+        try:
+            txn = await self._backend.txn([], [OpGet(k.encode()) for k in keys])
+        except KeySpaceError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading hints: {err}")
+        found: list[cpb.GetHintsResponse.ResponseHints] = []
+        for key, result in zip(keys, txn.results, strict=True):
+            hints = cpb.GetHintsResponse.ResponseHints()
+            if isinstance(result, tuple) and result:
+                try:
+                    hints.hints.CopyFrom(decode_hints(result[0].value))
+                except HintsDecodeError as err:
+                    await context.abort(grpc.StatusCode.DATA_LOSS, f"hints at {key}: {err}")
+            found.append(hints)
+        response.primary_hints.CopyFrom(found[0])
+        response.backup_hints.extend(found[1:])
+        response.header.etcd.revision = txn.header.revision
+        return response
+
+
+def hint_keys(spec: cpb.ShardSpec) -> list[str]:
+    """Gazette's etcd keys of a shard's hints: primary, then each backup (newest first); none
+    without a recovery log."""
+    if not spec.recovery_log_prefix:
+        return []
+    base = f"{spec.hint_prefix}/{spec.id}"
+    return [f"{base}.primary"] + [f"{base}.backup.{i}" for i in range(spec.hint_backups)]
+
+
+def decode_hints(value: bytes) -> rpb.FSMHints:
+    """FSMHints as Gazette stores them: JSON if the value opens with '{', else binary."""
+    hints = rpb.FSMHints()
+    try:
+        if value[:1] == b"{":
+            json_format.Parse(value.decode(), hints)
+        else:
+            hints.MergeFromString(value)
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError) as err:
+        raise HintsDecodeError(f"not FSMHints: {err}") from err
+    return hints
