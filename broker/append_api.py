@@ -12,6 +12,10 @@ a client may fall behind ``min_rate_bytes_per_s`` by at most ``burst_s`` worth o
 which its append is aborted (and rolled back) with RESOURCE_EXHAUSTED. The allowance is
 generous: an append that sends a 64 KiB chunk at least once a second never comes near it.
 
+The other bound is a maximum: a journal whose spec sets ``max_append_rate`` has its content
+held back (never refused) to stay within it, per journal, on the primary (append_rate.py). The
+time the broker holds a stream back is not charged to the client's minimum rate.
+
 Proxying. A broker that is not the journal's primary forwards the whole stream to the primary,
 unchanged except for the resolved header (which tells the primary which revision we saw), and
 relays its answer.
@@ -21,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from broker import metrics
 from broker.append_fsm import (
     AppendEnv,
     AppendFSM,
@@ -105,6 +110,8 @@ class ChunkReceiver:
         min_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default,
         burst_s: float = flow_control_burst_s_default,
         clock: Callable[[], float] = time.monotonic,
+        throttle: Callable[[int, float], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if min_rate_bytes_per_s <= 0 or burst_s <= 0:
             raise ValueError("flow control: min_rate_bytes_per_s and burst_s must be > 0")
@@ -114,7 +121,10 @@ class ChunkReceiver:
         self._clock = clock
         self._credit = self._credit_max
         self._at: float | None = None  # Starts with the first receive (STREAM_CONTENT).
+        self._throttle = throttle
+        self._sleep = sleep
         self.total_chunks = 0
+        self.delayed_chunks = 0
 
     async def recv(self) -> tuple[pb.AppendRequest | None, BaseException | None]:
         now = self._clock()
@@ -133,11 +143,20 @@ class ChunkReceiver:
         except grpc.RpcError as exc:
             return None, exc
         now = self._clock()
+        size = len(req.content)
         self._credit = min(
-            self._credit - (now - self._at) * self._min_rate + len(req.content), self._credit_max
+            self._credit - (now - self._at) * self._min_rate + size, self._credit_max
         )
         self._at = now
         self.total_chunks += 1
+        if self._throttle is not None and size:
+            delay = self._throttle(size, now)
+            if delay > 0:
+                # Held back to keep the journal within its maximum rate. The broker held the
+                # stream, not the client: the wait is not charged to the client's credit.
+                self.delayed_chunks += 1
+                await self._sleep(delay)
+                self._at = self._clock()
         return req, None
 
 
@@ -202,7 +221,12 @@ class AppendApi:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"append: {err}")
 
         fsm = AppendFSM(self.env, first)
-        receiver = ChunkReceiver(stream, min_rate_bytes_per_s=self._min_rate, burst_s=self._burst_s)
+        receiver = ChunkReceiver(
+            stream,
+            min_rate_bytes_per_s=self._min_rate,
+            burst_s=self._burst_s,
+            throttle=fsm.throttle,
+        )
         await fsm.run(receiver.recv)
 
         res = fsm.resolved
@@ -214,14 +238,17 @@ class AppendApi:
             except PeerError as exc:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"append (proxy): {exc}")
         if fsm.state is State.FINISHED and res is not None and fsm.client_fragment is not None:
+            metrics.record_append(pb.OK, fsm.client_fragment.end - fsm.client_fragment.begin)
             return pb.AppendResponse(
                 status=pb.OK,
                 header=res.header,
                 commit=fsm.client_fragment,
                 registers=fsm.registers,
                 total_chunks=receiver.total_chunks,
+                delayed_chunks=receiver.delayed_chunks,
             )
         if res is not None and fsm.status != pb.OK:
+            metrics.record_append(fsm.status)
             resp = pb.AppendResponse(status=as_status(fsm.status), header=res.header)
             if fsm.status == pb.REGISTER_MISMATCH:
                 resp.registers.CopyFrom(fsm.registers)

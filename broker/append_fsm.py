@@ -50,6 +50,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from broker import metrics
+from broker.append_rate import burst_bytes_for
 from broker.fragment.naming import sum_from_digest
 from broker.keyspace.backend import (
     Backend,
@@ -325,6 +327,22 @@ class AppendFSM:
         if self.pln is None:
             raise FSMStateError(f"{self.state}: no pipeline")
         return self.pln
+
+    def throttle(self, size: int, now: float) -> float:
+        """Seconds to hold back ``size`` more content bytes of this append, received at ``now``
+        (a monotonic clock), to keep the journal within its spec's ``max_append_rate``. Zero
+        unless this append streams content as the journal's primary. Called by the append's
+        stream reader (append_api.ChunkReceiver), which does the waiting, before handing the
+        chunk on: throttling slows the client through gRPC flow control, it fails nothing."""
+        if self.state is not State.STREAM_CONTENT or self.resolved is None:
+            return 0.0
+        replica, spec = self.resolved.replica, self.resolved.spec
+        if replica is None or spec is None:
+            return 0.0
+        bucket = replica.append_rate
+        rate = spec.max_append_rate
+        bucket.configure(rate, burst_bytes_max=burst_bytes_for(rate))
+        return bucket.reserve(size, now)
 
     def _must_state(self, state: State) -> None:
         if self.state is not state:
@@ -655,12 +673,14 @@ class AppendFSM:
             except ValidationError as exc:
                 err = exc
         eof = err is None and req is None
+        # Read once: every read of a bytes field copies it out of the message.
+        content = req.content if req is not None else b""
 
         if eof and not self.client_commit:
             err = UnexpectedEOFError()
         elif err is None and req is not None and self.client_commit:
             err = ExpectedEOFError()
-        elif err is None and req is not None and not req.content:
+        elif err is None and req is not None and not content:
             # The commit marker; the end of the stream must follow.
             self.client_commit = True
             return
@@ -668,13 +688,10 @@ class AppendFSM:
             self._res().status = pb.NOT_ALLOWED
         elif err is None and req is not None:
             self._pln_dirty = True
-            await pln.scatter(
-                pb.ReplicateRequest(
-                    content=req.content, content_delta=fragment.end - fragment.begin
-                )
+            await pln.scatter_content(
+                content, fragment.end - fragment.begin, also_hash=self._client_summer
             )
-            self._client_summer.update(req.content)
-            fragment.end += len(req.content)
+            fragment.end += len(content)
             if pln.send_err() is None:
                 return
 
@@ -736,6 +753,7 @@ class AppendFSM:
         elif send_err is not None:
             self._fail(send_err)
         else:
+            metrics.PIPELINE_COMMITS.inc()
             self.state = State.FINISHED
 
 

@@ -31,15 +31,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import grpc
 
+from broker import metrics
 from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
+from broker.protocol.content_wire import encode_replicate_content, passthrough_serializer
 from broker.replica import Slot
 from broker.topology import format_id, routes_equivalent
 
@@ -53,11 +55,36 @@ message_bytes_max = 64 << 20
 # generous; a peer past it is treated as failed and the pipeline is rebuilt.
 peer_response_timeout_s_default = 30.0
 peer_send_timeout_s_default = 30.0
+# Content chunks at least this large are applied to the primary's spool on a worker thread (see
+# ``Pipeline.scatter_content``). Below it, the hand-off costs more than the overlap saves.
+local_offload_bytes_min = 64 << 10
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", message_bytes_max),
     ("grpc.max_receive_message_length", message_bytes_max),
 ]
+_REPLICATE_METHOD = "/protocol.Journal/Replicate"
+_REPLICATE_SERIALIZER = passthrough_serializer(pb.ReplicateRequest.SerializeToString)
+
+
+class Hasher(Protocol):
+    """A running digest (hashlib's SHA1)."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+async def _join(fut: asyncio.Future[object]) -> None:
+    """Wait until ``fut`` is done, through cancellations (re-raised after): its worker thread
+    is using the spool, which nobody else may touch until it finishes. The wait is bounded by
+    one chunk's write and SHA1. ``fut``'s own outcome is left to the caller."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait((fut,))
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError()
 
 
 class PipelineInvariantError(AssertionError):
@@ -82,15 +109,31 @@ class Dialer:
     """gRPC channels to peer brokers, one per endpoint, shared by every pipeline and proxied
     request of a broker."""
 
-    def __init__(self) -> None:
+    def __init__(self, interceptors: list[grpc.aio.ClientInterceptor] | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._interceptors = interceptors or None  # E.g. broker.auth's token signing.
 
-    def stub(self, endpoint: str) -> pbg.JournalStub:
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(grpc_target(endpoint), options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(
+                grpc_target(endpoint), options=_CHANNEL_OPTIONS, interceptors=self._interceptors
+            )
             self._channels[endpoint] = channel
-        return pbg.JournalStub(channel)
+        return channel
+
+    def stub(self, endpoint: str) -> pbg.JournalStub:
+        return pbg.JournalStub(self._channel(endpoint))
+
+    def replicate(self, endpoint: str) -> Any:
+        """Open a Replicate stream to ``endpoint``. Besides ReplicateRequests, it sends bytes
+        as they are: content chunks the pipeline encoded once for all peers (content_wire.py).
+        Returns a grpc.aio.StreamStreamCall (the generated stubs are untyped)."""
+        return self._channel(endpoint).stream_stream(
+            _REPLICATE_METHOD,
+            request_serializer=_REPLICATE_SERIALIZER,
+            response_deserializer=pb.ReplicateResponse.FromString,
+        )()
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
@@ -176,7 +219,7 @@ class Pipeline:
                 peer.send_err = PeerError(f"{format_id(peer.member)}: no endpoint known")
                 continue
             try:
-                peer.call = dialer.stub(endpoint).Replicate()
+                peer.call = dialer.replicate(endpoint)
             except (ValueError, grpc.RpcError) as exc:
                 peer.send_err = exc
         return pln
@@ -203,22 +246,14 @@ class Pipeline:
     async def scatter(self, request: pb.ReplicateRequest) -> None:
         """Send ``request`` to every healthy peer, then apply it to the local spool. The first
         request on each stream carries the pipeline's header, addressed to that peer."""
-        for index, peer in enumerate(self._peers):
-            if index == self._primary or peer.call is None or peer.send_err is not None:
-                continue
+        for peer in self._sending_peers():
             out = request
             if not peer.header_sent:
                 out = pb.ReplicateRequest()
                 out.CopyFrom(request)
                 out.header.CopyFrom(self.header)
                 out.header.process_id.CopyFrom(peer.member)
-            try:
-                async with asyncio.timeout(self._send_timeout_s):
-                    await peer.call.write(out)
-                peer.header_sent = True
-            except _SEND_ERRORS as exc:
-                # Usually the peer broke the stream; its actual error is read by gather.
-                peer.send_err = exc
+            await self._send(peer, out)
         local = self._peers[self._primary]
         if local.send_err is None:
             try:
@@ -230,6 +265,67 @@ class Pipeline:
                 raise PipelineInvariantError(
                     f"{self!r}: local spool refused a self-derived proposal: {result.response}"
                 )
+
+    async def scatter_content(
+        self, content: bytes, content_delta: int, *, also_hash: Hasher | None = None
+    ) -> None:
+        """``scatter`` of a content chunk, at less cost: it is encoded once for all peers, and
+        the local spool takes the bytes without a request around them. ``also_hash`` (the
+        append's own running SHA1) is updated with the content meanwhile.
+
+        A large chunk is written to the local spool (and summed there) on a worker thread, in
+        parallel with the sends to peers and ``also_hash``: all of them release the GIL. The
+        worker owns the spool until it is done, so this returns only then, even if cancelled.
+        Every stream already carries its header here (a pipeline's first request is its
+        synchronising proposal)."""
+        local = self._peers[self._primary]
+        applying: asyncio.Future[object] | None = None
+        if local.send_err is None and len(content) >= local_offload_bytes_min:
+            applying = asyncio.get_running_loop().run_in_executor(
+                None, self.spool.apply_content, content, content_delta
+            )
+        try:
+            peers = self._sending_peers()
+            if any(not peer.header_sent for peer in peers):
+                raise PipelineInvariantError(f"{self!r}: content before synchronisation")
+            if peers:
+                wire = encode_replicate_content(content, content_delta)
+                if applying is not None and len(peers) > 1:
+                    # Large: let each peer's stream take it as its flow control allows, rather
+                    # than one peer after the other.
+                    await asyncio.gather(*(self._send(peer, wire) for peer in peers))
+                else:
+                    for peer in peers:
+                        await self._send(peer, wire)
+            if also_hash is not None:
+                also_hash.update(content)
+        finally:
+            if applying is not None:
+                await _join(applying)
+        if local.send_err is None:
+            try:
+                if applying is None:
+                    self.spool.apply_content(content, content_delta)
+                else:
+                    applying.result()
+            except OSError as exc:
+                local.send_err = exc
+
+    def _sending_peers(self) -> list[_Peer]:
+        return [
+            peer
+            for index, peer in enumerate(self._peers)
+            if index != self._primary and peer.call is not None and peer.send_err is None
+        ]
+
+    async def _send(self, peer: _Peer, out: pb.ReplicateRequest | bytes) -> None:
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                await peer.call.write(out)
+            peer.header_sent = True
+        except _SEND_ERRORS as exc:
+            # Usually the peer broke the stream; its actual error is read by gather.
+            peer.send_err = exc
 
     async def close_send(self) -> None:
         """Roll back any partial content of the local spool, give the spool back, and close the
@@ -306,6 +402,7 @@ class Pipeline:
 
     async def gather_sync(self) -> SyncResult:
         """gather the answers to a synchronising proposal (see the module docstring)."""
+        metrics.PIPELINE_SYNCS.inc()
         await self.gather()
         out = SyncResult()
         end = self.spool.fragment.end

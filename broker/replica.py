@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from broker.append_rate import TokenBucket
 from broker.fragment.index import FragmentIndex, IndexRefresher
 from broker.fragment.spool import CompletedSpool, LocalFragment, Spool
 from broker.fragment.spool_file import SpoolFile
@@ -212,6 +213,9 @@ class Replica:
         # The route of the last pipeline that synchronised: a new pipeline of another route
         # starts a new fragment (see append_fsm).
         self.synced_route: pb.Route | None = None
+        # The journal's maximum append rate, enforced while this broker is its primary: one
+        # bucket for all appends of the journal (see append_rate.py).
+        self.append_rate = TokenBucket()
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stop_callbacks: set[Callable[[], None]] = set()

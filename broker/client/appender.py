@@ -11,10 +11,18 @@ RPC, which the broker rolls back.
 A non-OK status raises its typed error (`WrongAppendOffsetError`, `RegisterMismatchError`,
 `NotJournalPrimaryBrokerError`, ...), with the broker's response kept in `response`.
 
+Brokers come and go (a graceful exit hands journals to other brokers, a crash fails them over),
+so a remembered primary may be unreachable. An Appender whose first message cannot reach the
+cached primary starts over at the client's default endpoint, which proxies to whichever broker
+serves the journal now: nothing was sent yet, so this is always safe. Content already streamed is
+not buffered, so a failure after that is the caller's to handle.
+
 `append()` wraps a whole append of in-memory content with retries of the failures that leave
-nothing behind: an unreachable broker, or a stale route. (As in Gazette, a commit whose response
-is lost to a broken connection may then be appended twice: callers that need exactly-once use
-`offset` or registers to make a retry conditional.)
+nothing behind: an unreachable broker, or a stale route (the broker answered a status, having
+committed nothing). An unreachable broker also makes it forget the journal's route, so that the
+next attempt goes through the default endpoint. (As in Gazette, a commit whose response is lost
+to a broken connection may then be appended twice: callers that need exactly-once use `offset`
+or registers to make a retry conditional.)
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import grpc.aio
 from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.content_wire import encode_append_content, passthrough_serializer
 from broker.protocol.status import GazetteError, raise_for_status
 from broker.protocol.validate import ValidationError, at, validate_journal_name, validate_label_set
 
@@ -43,6 +52,20 @@ attempts_max_default: Final = 10
 # Back-off between attempts of `append()`: doubling from the initial delay, capped.
 backoff_initial_s: Final = 0.05
 backoff_max_s: Final = 5.0
+
+
+_APPEND_METHOD: Final = "/protocol.Journal/Append"
+_APPEND_SERIALIZER: Final = passthrough_serializer(pb.AppendRequest.SerializeToString)
+
+
+def _open_append(channel: grpc.aio.Channel) -> Any:
+    """Start an Append RPC on `channel` that sends AppendRequests, and also bytes as they are:
+    content chunks encoded by `encode_append_content`. Returns a grpc.aio.StreamUnaryCall."""
+    return channel.stream_unary(
+        _APPEND_METHOD,
+        request_serializer=_APPEND_SERIALIZER,
+        response_deserializer=pb.AppendResponse.FromString,
+    )()
 
 
 class AppenderStateError(RuntimeError):
@@ -98,8 +121,9 @@ class Appender:
         try:
             await self._start()
             for start in range(0, len(view), self._chunk_bytes_max):
-                piece = bytes(view[start : start + self._chunk_bytes_max])
-                await self._send(pb.AppendRequest(content=piece))
+                piece = view[start : start + self._chunk_bytes_max]
+                # Encoded straight from the caller's buffer: one copy, not three.
+                await self._send(encode_append_content(piece))
                 self.bytes_written += len(piece)
         except BaseException:
             # A failed write leaves the append unusable: roll it back now.
@@ -132,21 +156,40 @@ class Appender:
     async def _start(self) -> None:
         if self._call is not None:
             return
-        stub = self.client.stub_for(self.request.journal, require_primary=True)
-        self._call = stub.Append()
+        journal = self.request.journal
+        endpoint = self.client.endpoint_for(journal, require_primary=True)
+        self._call = _open_append(self.client.channels.get(endpoint))
+        if endpoint == self.client.endpoint:
+            await self._send(self.request)
+            return
+        try:
+            await self._call.write(self.request)
+            return
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as err:
+            if not self._call.done() or await self._call.code() != grpc.StatusCode.UNAVAILABLE:
+                await self._raise_answer(err)
+        # The cached primary is unreachable (it exited, or crashed). Nothing was sent, so start
+        # over at the default endpoint, which proxies to whoever serves the journal now, and
+        # whose answer teaches the new route.
+        log.info("append: cached primary unreachable; using the default broker", journal=journal)
+        self.client.update_route(journal, None)
+        self._call = _open_append(self.client.channels.get(self.client.endpoint))
         await self._send(self.request)
 
-    async def _send(self, message: pb.AppendRequest) -> None:
+    async def _send(self, message: pb.AppendRequest | bytes) -> None:
         try:
             await self._call.write(message)
-        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
-            # The broker already answered (it refuses the append, e.g. not the primary): its
-            # response says why, and is the error to raise.
-            if not self._call.done():
-                raise
-            self._finished = True
-            self._on_response(await self._call)
-            raise  # An OK response before the commit is a broker bug; do not hide it.
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as err:
+            await self._raise_answer(err)
+
+    async def _raise_answer(self, err: Exception) -> None:
+        """Raise why writing to the call failed (``err``). If the broker already answered (it
+        refuses the append, e.g. not the primary), its response or gRPC error says why."""
+        if not self._call.done():
+            raise err
+        self._finished = True
+        self._on_response(await self._call)
+        raise err  # An OK response before the commit is a broker bug; do not hide it.
 
     def _on_response(self, response: pb.AppendResponse) -> pb.AppendResponse:
         self.response = response
@@ -217,6 +260,9 @@ async def append(
         except Exception as err:
             if not _retriable(err) or attempt >= attempts_max:
                 raise
+            if isinstance(err, grpc.aio.AioRpcError):
+                # The broker we sent to may be gone: ask the default broker next time.
+                client.update_route(request.journal, None)
             delay = min(backoff_max_s, backoff_initial_s * 2.0 ** (attempt - 1))
             log.warning(
                 "append failed (will retry)",

@@ -44,12 +44,12 @@ reports the rolled fragment. Here such a proposal is a plain MISMATCH that chang
 primary treats both answers as a failed synchronization (neither lets it make progress), so
 only the local side effect differs, and "a mismatch changes nothing" is worth more.
 
-Compression. A fragment file is stored compressed with the fragment's codec. The primary
-compresses committed content incrementally as it commits (in batches of at least
-`compress_batch_bytes_min`), so the cost is spread over appends and a completed fragment can be
-persisted at once. Replicas do not compress: only the primary persists promptly, and a replica
-that does need to persist compresses on demand with `compress_file`. Compression is a cache of
-the content file, never a source of truth: on any I/O error it is dropped and rebuilt.
+Compression (spool_compression.py). The primary compresses committed content as it commits, in
+batches; replicas compress only on demand. Compression is a cache of the content file.
+
+Around this module: spool_types.py holds the values, outcomes, errors and proposal checks;
+spool_roll.py the primary's roll policy; spool_file.py the content files. The primary feeds its
+own spool content with `apply_content` (the bytes, without a ReplicateRequest around them).
 
 Only content whose bytes reached the file is counted, and a failed file operation raises before
 any state changes, so an OSError leaves the spool consistent and the caller may retry or fail
@@ -58,235 +58,64 @@ the stream.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final, Protocol
 
 from broker.fragment import codecs
 from broker.fragment.naming import OFFSET_MAX, sum_from_digest
-from broker.fragment.spool_file import SpoolFile
+from broker.fragment.spool_compression import (
+    IncrementalCompression,
+    compress_batch_bytes_min_default,
+    compress_chunk_bytes_max,
+    compress_file,
+)
+from broker.fragment.spool_file import BytesLike, SpoolFile
+from broker.fragment.spool_roll import RollReason, roll_proposal, roll_reason
+from broker.fragment.spool_types import (
+    TRANSITIONS,
+    ZERO_SUM,
+    ApplyResult,
+    CompletedSpool,
+    ContentDeltaError,
+    LocalFragment,
+    Outcome,
+    SpoolClosedError,
+    SpoolInvariantError,
+    SpoolObserver,
+    SpoolPhase,
+    SpoolRequestError,
+    copy_fragment,
+    copy_registers,
+    same_fragment,
+    validate_proposal_request,
+)
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import (
-    ValidationError,
     at,
-    validate_compression_codec,
-    validate_fragment,
     validate_journal_name,
-    validate_label_set,
 )
 
-# The primary compresses committed content once at least this much awaits compression. Small
-# batches would pay per-call overhead (and, for some codecs, framing) on every small append.
-compress_batch_bytes_min_default: Final = 1 << 20
-# Content is read back from the content file for compression in pieces of at most this size,
-# which bounds the memory one compression step holds.
-compress_chunk_bytes_max: Final = 1 << 20
-
-_ZERO_SUM: Final = pb.SHA1Sum()
-
-
-# --- Errors -----------------------------------------------------------------------------------
-
-
-class SpoolRequestError(ValidationError):
-    """A ReplicateRequest that no correct primary sends to this spool. The spool is unchanged."""
-
-
-class ContentDeltaError(SpoolRequestError):
-    """A content chunk is not contiguous with the pending content."""
-
-    def __init__(self, expected: int, got: int) -> None:
-        self.expected = expected
-        self.got = got
-        super().__init__(f"must equal the pending delta {expected} (got {got})", "content_delta")
-
-
-class SpoolClosedError(RuntimeError):
-    """The spool was closed; it accepts no more requests."""
-
-
-class SpoolInvariantError(AssertionError):
-    """An internal invariant broke: a bug, not bad input. Raised explicitly (not by `assert`),
-    so that `python -O` keeps the checks."""
-
-
-# --- Outcomes, phases and roll reasons ----------------------------------------------------------
-
-
-class Outcome(enum.Enum):
-    """What one `Spool.apply` did (see the module docstring)."""
-
-    CONTENT_APPENDED = "content_appended"
-    COMMITTED = "committed"
-    ROLLED_BACK = "rolled_back"
-    ROLLED = "rolled"
-    CAUGHT_UP = "caught_up"
-    MISMATCH = "mismatch"
-
-
-class SpoolPhase(enum.Enum):
-    """Where a spool is, as far as the legality of transitions goes."""
-
-    EMPTY = "empty"  # No committed content, nothing pending.
-    HOLDING = "holding"  # Committed content, nothing pending.
-    STREAMING = "streaming"  # Pending (uncommitted) content.
-    CLOSED = "closed"  # Closed: accepts nothing.
-
-
-_OPEN: Final = frozenset({SpoolPhase.EMPTY, SpoolPhase.HOLDING, SpoolPhase.STREAMING})
-
-# Each outcome's legal source phases, and the phases it may lead to (None: phase unchanged).
-# The classifier decides outcomes from offsets and sums; this table cross-checks it against
-# the coarser phase, so that a classification bug is caught where it happens.
-_TRANSITIONS: Final[dict[Outcome, tuple[frozenset[SpoolPhase], frozenset[SpoolPhase] | None]]] = {
-    Outcome.CONTENT_APPENDED: (_OPEN, frozenset({SpoolPhase.STREAMING})),
-    Outcome.COMMITTED: (frozenset({SpoolPhase.STREAMING}), frozenset({SpoolPhase.HOLDING})),
-    Outcome.ROLLED_BACK: (_OPEN, frozenset({SpoolPhase.EMPTY, SpoolPhase.HOLDING})),
-    Outcome.ROLLED: (_OPEN, frozenset({SpoolPhase.EMPTY})),
-    Outcome.CAUGHT_UP: (_OPEN, frozenset({SpoolPhase.EMPTY})),
-    Outcome.MISMATCH: (_OPEN, None),
-}
-
-
-class RollReason(enum.Enum):
-    """Why a primary should roll the spool to a new fragment before the next append."""
-
-    ROLL_TO_OFFSET = "roll_to_offset"  # Synchronization requires a roll to a given offset.
-    EMPTY = "empty"  # Empty: rolling costs nothing and adopts the journal's current spec.
-    LENGTH = "length"  # The fragment reached the spec's target length.
-    FLUSH_INTERVAL = "flush_interval"  # Its first append is in an earlier flush interval.
-    CODEC = "codec"  # The spec's compression codec changed.
-
-
-# --- Values handed to observers -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LocalFragment:
-    """A committed fragment and the local file holding its content at [0, end - begin).
-
-    Readers may read that range while the spool keeps writing beyond it. `fragment` is a copy
-    owned by this value; do not mutate it."""
-
-    fragment: pb.Fragment
-    file: SpoolFile
-
-    @property
-    def begin(self) -> int:
-        return self.fragment.begin
-
-    @property
-    def end(self) -> int:
-        return self.fragment.end
-
-
-@dataclass(frozen=True, slots=True)
-class CompletedSpool:
-    """A completed (non-empty, rolled) fragment, handed to the observer for persisting.
-
-    The observer owns both files from then on and must close them. `content_file` holds exactly
-    the fragment's content. `compressed_file`, when not None, holds the complete compressed
-    stream of that content in its first `compressed_length` bytes; it is None for the NONE
-    codec, and when this broker did not compress (see `compress_file`)."""
-
-    fragment: pb.Fragment
-    registers: pb.LabelSet
-    first_append_time: float  # Unix seconds of the fragment's first commit (path postfixes use it).
-    content_file: SpoolFile
-    compressed_file: SpoolFile | None
-    compressed_length: int
-    primary: bool
-
-    @property
-    def begin(self) -> int:
-        return self.fragment.begin
-
-    @property
-    def end(self) -> int:
-        return self.fragment.end
-
-
-class SpoolObserver(Protocol):
-    """Told of commits (the index serves the new content) and completions (the persister
-    stores the fragment). Called after the spool's state has changed."""
-
-    def on_commit(self, fragment: LocalFragment) -> None: ...
-
-    def on_complete(self, completed: CompletedSpool) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """The outcome of one request, and the response owed to the primary: None for a content
-    chunk (the protocol acknowledges proposals only)."""
-
-    outcome: Outcome
-    response: pb.ReplicateResponse | None
-
-
-# --- Compression ----------------------------------------------------------------------------------
-
-
-class IncrementalCompression:
-    """The compressed form of a content file's prefix, extended as more of it commits."""
-
-    __slots__ = ("_compressor", "_file", "length", "through")
-
-    def __init__(self, codec: codecs.CompressionCodec, new_file: Callable[[], SpoolFile]) -> None:
-        self._compressor = codecs.new_compressor(codec)
-        self._file = new_file()
-        self.through = 0  # Content bytes compressed so far.
-        self.length = 0  # Compressed bytes written so far.
-
-    def extend(self, content: SpoolFile, through: int) -> None:
-        """Compress content [self.through, through). On error this object is unusable."""
-        if through < self.through:
-            raise SpoolInvariantError(f"compression cannot go back ({through} < {self.through})")
-        while self.through < through:
-            want = min(compress_chunk_bytes_max, through - self.through)
-            chunk = content.pread(want, self.through)
-            if len(chunk) != want:
-                raise SpoolInvariantError(
-                    f"content file is short: read {len(chunk)} of {want} bytes at {self.through}"
-                )
-            self._write(self._compressor.compress(chunk))
-            self.through += want
-
-    def finish(self) -> tuple[SpoolFile, int]:
-        """End the stream; return the file and the length of its compressed content."""
-        self._write(self._compressor.close())
-        return self._file, self.length
-
-    def discard(self) -> None:
-        self._file.close()
-
-    def _write(self, data: bytes) -> None:
-        if data:
-            self._file.pwrite(data, self.length)
-            self.length += len(data)
-
-
-def compress_file(
-    codec: codecs.CompressionCodec | int,
-    content: SpoolFile,
-    length: int,
-    new_file: Callable[[], SpoolFile],
-) -> tuple[SpoolFile, int]:
-    """Compress content [0, length) into a new file: for a persister holding a CompletedSpool
-    whose `compressed_file` is None. Returns the file and its compressed length."""
-    compression = IncrementalCompression(codecs.CompressionCodec(codec), new_file)
-    try:
-        compression.extend(content, length)
-        return compression.finish()
-    except BaseException:
-        compression.discard()
-        raise
-
-
-# --- The Spool ----------------------------------------------------------------------------------
+# Re-exported: the Spool's values and errors are part of its interface.
+__all__ = [
+    "ApplyResult",
+    "CompletedSpool",
+    "ContentDeltaError",
+    "IncrementalCompression",
+    "LocalFragment",
+    "Outcome",
+    "RollReason",
+    "Spool",
+    "SpoolClosedError",
+    "SpoolInvariantError",
+    "SpoolObserver",
+    "SpoolPhase",
+    "SpoolRequestError",
+    "compress_batch_bytes_min_default",
+    "compress_chunk_bytes_max",
+    "compress_file",
+    "same_fragment",
+]
 
 
 class Spool:
@@ -314,7 +143,7 @@ class Spool:
         self._compress_batch_bytes_min = compress_batch_bytes_min
         # A new journal starts at offset zero, uncompressed; the primary's first synchronization
         # rolls every spool to the journal's actual offset and codec.
-        self._fragment = pb.Fragment(journal=journal, sum=_ZERO_SUM, compression_codec=pb.NONE)
+        self._fragment = pb.Fragment(journal=journal, sum=ZERO_SUM, compression_codec=pb.NONE)
         self._registers = pb.LabelSet()
         self._closed = False
         self._reset_content()
@@ -337,12 +166,12 @@ class Spool:
     @property
     def fragment(self) -> pb.Fragment:
         """A copy of the committed fragment."""
-        return _copy_fragment(self._fragment)
+        return copy_fragment(self._fragment)
 
     @property
     def registers(self) -> pb.LabelSet:
         """A copy of the registers as of the last commit."""
-        return _copy_registers(self._registers)
+        return copy_registers(self._registers)
 
     @property
     def delta(self) -> int:
@@ -377,11 +206,11 @@ class Spool:
     def next(self) -> pb.Fragment:
         """The proposal that would commit exactly the pending content: what a primary proposes
         at the end of an append."""
-        proposal = _copy_fragment(self._fragment)
+        proposal = copy_fragment(self._fragment)
         proposal.end += self._delta
         if proposal.begin == proposal.end:
             # Gazette names empty fragments with the zero sum, not SHA1(b"").
-            proposal.sum.CopyFrom(_ZERO_SUM)
+            proposal.sum.CopyFrom(ZERO_SUM)
         else:
             proposal.sum.CopyFrom(sum_from_digest(self._summer.digest()))
         return proposal
@@ -393,60 +222,19 @@ class Spool:
             f" delta={self._delta} phase={self.phase.value}>"
         )
 
-    # --- Roll decisions of a primary ---
+    # --- Roll decisions of a primary (spool_roll.py) ---
 
     def roll_reason(
         self, spec: pb.JournalSpec.Fragment, now: float, roll_to_offset: int = 0
     ) -> RollReason | None:
-        """Why the primary must roll before the next append under `spec` at Unix time `now`,
-        or None if the current fragment should be extended. A non-zero `roll_to_offset` (a
-        peer's greater offset learned while synchronizing) always requires a roll.
-
-        A backing-store change is deliberately no reason: the persister picks the store when it
-        persists (as in Gazette), and Go replicas drop a proposal's backing store when they
-        roll, so proposing one would never synchronize with them."""
-        if roll_to_offset:
-            if roll_to_offset < self._fragment.end:
-                raise ValueError(
-                    f"roll_to_offset: must be >= the spool's end {self._fragment.end}"
-                    f" (got {roll_to_offset})"
-                )
-            return RollReason.ROLL_TO_OFFSET
-        length = self.content_length
-        if length == 0:
-            return RollReason.EMPTY
-        if length >= spec.length:
-            return RollReason.LENGTH
-        # Flush intervals are aligned to the Unix epoch, so that every broker cuts fragments at
-        # the same wall-clock boundaries (e.g. on the hour), whatever its spool's history.
-        interval_s = spec.flush_interval.seconds
-        if interval_s > 0:
-            if self._first_append_time is None:
-                raise SpoolInvariantError(f"{self!r}: non-empty fragment without first append time")
-            if int(self._first_append_time) // interval_s != int(now) // interval_s:
-                return RollReason.FLUSH_INTERVAL
-        if spec.compression_codec != self._fragment.compression_codec:
-            return RollReason.CODEC
-        return None
+        """See `spool_roll.roll_reason`."""
+        return roll_reason(self._fragment, self._first_append_time, spec, now, roll_to_offset)
 
     def roll_proposal(
         self, spec: pb.JournalSpec.Fragment, now: float, roll_to_offset: int = 0
     ) -> pb.Fragment:
-        """The fragment a primary proposes before the next append: the current one, or (if
-        `roll_reason` says so) the empty fragment at the end (or `roll_to_offset`) with the
-        spec's codec. Equal to `fragment` when no roll request need be sent."""
-        reason = self.roll_reason(spec, now, roll_to_offset)
-        if reason is None:
-            return self.fragment
-        with at("compression_codec"):
-            validate_compression_codec(spec.compression_codec)
-        end = roll_to_offset or self._fragment.end
-        proposal = _copy_fragment(self._fragment)
-        proposal.begin = end
-        proposal.end = end
-        proposal.sum.CopyFrom(_ZERO_SUM)
-        proposal.compression_codec = spec.compression_codec
-        return proposal
+        """See `spool_roll.roll_proposal`. Equal to `fragment` when no roll need be sent."""
+        return roll_proposal(self._fragment, self._first_append_time, spec, now, roll_to_offset)
 
     # --- Applying requests ---
 
@@ -483,14 +271,25 @@ class Spool:
 
     # --- Content chunks ---
 
+    def apply_content(self, content: BytesLike, content_delta: int) -> ApplyResult:
+        """Apply one content chunk given as its bytes and delta: what `apply` does with a
+        ReplicateRequest of only `content` and `content_delta`, without one having to be built.
+        The primary feeds its own spool this way, saving a copy of every appended byte."""
+        if self._closed:
+            raise SpoolClosedError(f"{self!r}: apply_content() after close()")
+        return self._append_content(content, content_delta)
+
     def _apply_content(self, request: pb.ReplicateRequest) -> ApplyResult:
         if request.HasField("registers"):
             raise SpoolRequestError("unexpected without a proposal", "registers")
-        content = request.content
+        # Each read of a bytes field copies it out of the message: read it once.
+        return self._append_content(request.content, request.content_delta)
+
+    def _append_content(self, content: BytesLike, content_delta: int) -> ApplyResult:
         if not content:
             raise SpoolRequestError("expected content or a proposal (got neither)")
-        if request.content_delta != self._delta:
-            raise ContentDeltaError(self._delta, request.content_delta)
+        if content_delta != self._delta:
+            raise ContentDeltaError(self._delta, content_delta)
         end = self._fragment.end + self._delta + len(content)
         if end > OFFSET_MAX:
             raise SpoolRequestError(
@@ -515,7 +314,7 @@ class Spool:
 
     def _apply_proposal(self, request: pb.ReplicateRequest, primary: bool) -> ApplyResult:
         proposal = request.proposal
-        self._validate_proposal(request)
+        validate_proposal_request(request, self._journal)
         registers = request.registers
 
         outcome = self._classify(proposal, registers)
@@ -540,38 +339,12 @@ class Spool:
         if outcome is Outcome.MISMATCH or outcome is Outcome.CAUGHT_UP:
             response = pb.ReplicateResponse(
                 status=pb.PROPOSAL_MISMATCH,
-                fragment=_copy_fragment(self._fragment),
-                registers=_copy_registers(self._registers),
+                fragment=copy_fragment(self._fragment),
+                registers=copy_registers(self._registers),
             )
         else:
             response = pb.ReplicateResponse(status=pb.OK)
         return ApplyResult(outcome, response)
-
-    def _validate_proposal(self, request: pb.ReplicateRequest) -> None:
-        proposal = request.proposal
-        with at("proposal"):
-            validate_fragment(proposal)
-            if proposal.begin < 0:
-                raise ValidationError(f"must be >= 0 (got {proposal.begin})", "begin")
-            if proposal.end > OFFSET_MAX:
-                raise ValidationError(f"must fit in an int64 (got {proposal.end})", "end")
-            if proposal.journal != self._journal:
-                raise SpoolRequestError(
-                    f"must be the spool's journal {self._journal!r} (got {proposal.journal!r})",
-                    "journal",
-                )
-        if not request.HasField("registers"):
-            raise SpoolRequestError("expected with a proposal (got none)", "registers")
-        with at("registers"):
-            validate_label_set(request.registers)
-        if request.content:
-            raise SpoolRequestError(
-                f"unexpected with a proposal (got {len(request.content)} bytes)", "content"
-            )
-        if request.content_delta:
-            raise SpoolRequestError(
-                f"unexpected with a proposal (got {request.content_delta})", "content_delta"
-            )
 
     def _classify(self, proposal: pb.Fragment, registers: pb.LabelSet) -> Outcome:
         """Decide what `proposal` means to this spool. Pure: changes nothing."""
@@ -603,7 +376,7 @@ class Spool:
             journal=self._journal,
             begin=proposal.end,
             end=proposal.end,
-            sum=_ZERO_SUM,
+            sum=ZERO_SUM,
             compression_codec=proposal.compression_codec,
             backing_store=proposal.backing_store,
         )
@@ -713,13 +486,13 @@ class Spool:
 
     def _enter(self, outcome: Outcome) -> SpoolPhase:
         phase = self.phase
-        legal_from, _ = _TRANSITIONS[outcome]
+        legal_from, _ = TRANSITIONS[outcome]
         if phase not in legal_from:
             raise SpoolInvariantError(f"{self!r}: {outcome.value} is illegal from {phase.value}")
         return phase
 
     def _leave(self, before: SpoolPhase, outcome: Outcome) -> None:
-        _, leads_to = _TRANSITIONS[outcome]
+        _, leads_to = TRANSITIONS[outcome]
         after = self.phase
         if after not in (leads_to or (before,)):
             raise SpoolInvariantError(
@@ -737,7 +510,7 @@ class Spool:
             raise SpoolInvariantError(f"fragment of another journal {f.journal!r}")
         if not 0 <= f.begin <= f.end or f.end + self._delta > OFFSET_MAX or self._delta < 0:
             raise SpoolInvariantError(f"bad range [{f.begin}, {f.end}) + delta {self._delta}")
-        if empty != (f.sum == _ZERO_SUM):
+        if empty != (f.sum == ZERO_SUM):
             raise SpoolInvariantError(f"sum must be zero exactly when empty (got {f.sum})")
         if empty != (self._first_append_time is None):
             raise SpoolInvariantError("first append time must be set exactly when not empty")
@@ -754,31 +527,3 @@ class Spool:
                 f"compressed {self._compression.through} bytes of {self.content_length}"
                 f" under codec {f.compression_codec}"
             )
-
-
-def same_fragment(a: pb.Fragment, b: pb.Fragment) -> bool:
-    """Whether two Fragments are equal field by field.
-
-    Protobuf's `==` also compares the *presence* of the `sum` sub-message, which carries no
-    meaning here: Go's Fragment.Sum is a non-nullable struct, always sent, while a zero sum built
-    in Python may be absent. Proposals must match on values only, or a Go primary's proposal of
-    an empty fragment could never equal ours."""
-    return _with_sum(a) == _with_sum(b)
-
-
-def _with_sum(fragment: pb.Fragment) -> pb.Fragment:
-    copy = _copy_fragment(fragment)
-    copy.sum.SetInParent()
-    return copy
-
-
-def _copy_fragment(fragment: pb.Fragment) -> pb.Fragment:
-    copy = pb.Fragment()
-    copy.CopyFrom(fragment)
-    return copy
-
-
-def _copy_registers(registers: pb.LabelSet) -> pb.LabelSet:
-    copy = pb.LabelSet()
-    copy.CopyFrom(registers)
-    return copy

@@ -22,7 +22,11 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeAlias
+
+# What a spool file writes: any contiguous bytes, so that callers may hand over slices
+# (memoryviews) of larger buffers without copying them first.
+BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 # MemorySpoolFile's default capacity. Spools hold up to a fragment's target length plus one
 # append, so 1 GiB is far above what a test or simulation writes, yet stops a runaway writer
@@ -37,7 +41,7 @@ class SpoolFile(Protocol):
     `ValueError` for any use after `close()`. I/O failures raise `OSError`.
     """
 
-    def pwrite(self, data: bytes, offset: int) -> None:
+    def pwrite(self, data: BytesLike, offset: int) -> None:
         """Write all of `data` at `offset`, extending the file (zero-filling any gap)."""
         ...
 
@@ -88,7 +92,7 @@ class MemorySpoolFile:
                 f"memory spool file would hold {length} bytes (bytes_max is {self._bytes_max})",
             )
 
-    def pwrite(self, data: bytes, offset: int) -> None:
+    def pwrite(self, data: BytesLike, offset: int) -> None:
         self._check_open()
         _check_offset("offset", offset)
         end = offset + len(data)
@@ -146,7 +150,7 @@ class TempSpoolFile:
             raise ValueError("spool file: used after close()")
         return self._fd
 
-    def pwrite(self, data: bytes, offset: int) -> None:
+    def pwrite(self, data: BytesLike, offset: int) -> None:
         fd = self._open_fd()
         _check_offset("offset", offset)
         view = memoryview(data)

@@ -1,0 +1,134 @@
+"""Append throughput of a cluster of three ``gazette serve`` processes on a real etcd, at R=3
+and R=1, beside this machine's limits measured in the same run across processes: SHA1 MB/s, a
+raw grpc.aio client stream to a sink in another process (MB/s at 1 MiB messages, msgs/s at
+1 KiB), and raw Append-shaped RPCs/s from 64 concurrent callers to that sink.
+
+    .venv/bin/python benchmarks/bench_broker_cluster.py [--seconds 5] [--append-mib 1]
+
+Workloads: 1 MiB appends from one appender, and 1 KiB appends from 64 concurrent appenders,
+sent by this process straight to each journal's primary. Beside each figure: the CPU time the
+brokers spent per MiB appended (primary, then each replica), read from /proc, which says where
+the time goes and is less noisy than MB/s on a shared machine. Etcd comes from
+broker/testing/etcd_server.py and the processes from broker/testing/process_cluster.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_broker_append import (
+    CONCURRENCY,
+    LARGE_APPENDERS,
+    SMALL_BYTES,
+    journal_spec,
+    large_appends,
+    print_limits,
+    raw_rpcs,
+    raw_stream,
+    sha1_mb_s,
+    small_appends,
+)
+
+from broker import logging as gazette_logging
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster
+
+BROKERS = [("zone-a", "broker-a"), ("zone-b", "broker-b"), ("zone-c", "broker-c")]
+R3, R1 = "bench/r3", "bench/r1"
+_TICKS_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_S  # utime, stime.
+
+
+async def cross_process_limits(seconds: float) -> dict[str, float]:
+    """Raw gRPC between this process and a sink served by another (bench_broker_append.py)."""
+    sink = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).with_name("bench_broker_append.py")),
+        "--sink-server",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert sink.stdin is not None and sink.stdout is not None
+    try:
+        async with asyncio.timeout(60):
+            port = int(await sink.stdout.readline())
+        target = f"127.0.0.1:{port}"
+        mb_s, _ = await raw_stream(target, seconds, b"x" * (1 << 20))
+        _, msgs_s = await raw_stream(target, seconds, b"x" * SMALL_BYTES)
+        rpcs_s = await raw_rpcs(target, seconds, b"x" * SMALL_BYTES, CONCURRENCY)
+    finally:
+        sink.stdin.close()
+        async with asyncio.timeout(30):
+            await sink.wait()
+    return {"sha1": sha1_mb_s(seconds), "mb_s": mb_s, "msgs_s": msgs_s, "rpcs_s": rpcs_s}
+
+
+def route_order(cluster: ProcessCluster, journal: str) -> list[BrokerProcess]:
+    """The journal's brokers, primary first."""
+    route = cluster.route(journal)
+    members = [cluster.broker(m.suffix) for m in route.members]
+    primary = members.pop(route.primary)
+    return [primary, *members]
+
+
+def cpu_per_mib(before: dict[int, float], brokers: list[BrokerProcess], mib: float) -> str:
+    shares = [f"{(cpu_s(b.pid) - before[b.pid]) * 1000 / mib:.1f}" for b in brokers]
+    return "brokers " + "/".join(shares) + " (primary first)"
+
+
+async def run(seconds: float, append: bytes) -> None:
+    limits = await cross_process_limits(seconds)
+    print_limits("limits (client here, raw sink in another process):", limits)
+    # Spool files on the default temporary directory (a disk here), then on tmpfs.
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        for where, extra in (("disk", []), ("tmpfs", ["--spool-dir", shm])):
+            print(f"{len(BROKERS)} gazette serve processes, etcd, spools on {where}:")
+            await workloads(seconds, append, extra)
+
+
+async def workloads(seconds: float, append: bytes, extra_args: list[str]) -> None:
+    async with ProcessCluster(BROKERS, extra_args=extra_args) as cluster:
+        await cluster.apply([journal_spec(R3, 3), journal_spec(R1, 1)])
+        await cluster.wait_until(cluster.journals_ready([R3], 3), timeout_s=60)
+        await cluster.wait_until(cluster.journals_ready([R1], 1), timeout_s=60)
+        for journal, replication in ((R1, 1), (R3, 3)):
+            brokers = route_order(cluster, journal)
+            c = cluster.client(via=brokers[0])
+            for appenders in (1, LARGE_APPENDERS):
+                before = {b.pid: cpu_s(b.pid) for b in brokers}
+                mb_s, count, client_cpu = await large_appends(
+                    c, journal, seconds, append, appenders
+                )
+                mib = count * len(append) / (1 << 20)
+                print(
+                    f"  R={replication}, {len(append) / (1 << 20):g} MiB x {appenders} appenders"
+                    f"       {mb_s:9.1f} MB/s  ({count} appends; cpu ms/MiB:"
+                    f" {cpu_per_mib(before, brokers, mib)}; client {client_cpu:.1f})"
+                )
+            rate, small_mb_s = await small_appends(c, journal, seconds)
+            print(
+                f"  R={replication}, 1 KiB x {CONCURRENCY} appenders"
+                f"         {rate:9.0f} appends/s  ({small_mb_s:.2f} MB/s)"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--append-mib", type=float, default=1.0)
+    args = parser.parse_args()
+    gazette_logging.configure("console", "warning")
+    asyncio.run(run(args.seconds, b"x" * int(args.append_mib * (1 << 20))))
+
+
+if __name__ == "__main__":
+    main()
