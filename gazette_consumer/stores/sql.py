@@ -221,7 +221,11 @@ class SQLStore:
             raise StoreStateError("transaction: restore_checkpoint must come first")
         async with self._txn_lock:
             if self._txn is None:
-                self._txn = _Txn(await self._in_worker(_begin, self._engine))
+                # A cancelled begin must not leak its connection (and SQLite's write lock).
+                connection = await self._in_worker(
+                    _begin, self._engine, on_cancel=_rollback_and_close
+                )
+                self._txn = _Txn(connection)
             return self._txn
 
     # --- Store ---------------------------------------------------------------------------------
@@ -356,16 +360,21 @@ class SQLStore:
         if self._destroyed:
             raise StoreStateError(f"{operation}: the store was destroyed")
 
-    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _in_worker(
+        self, fn: Callable[..., T], *args: Any, on_cancel: Callable[[T], None] | None = None
+    ) -> T:
         """Run `fn(*args)` in a worker thread. If cancelled, wait for the thread to finish
         before re-raising: a thread cannot be interrupted, and whoever takes the connection
-        next must not use it concurrently."""
+        next must not use it concurrently. If `fn` succeeded nonetheless, `on_cancel` gets its
+        result, which nobody else will."""
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executor, functools.partial(fn, *args))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             await _settle(future)
+            if on_cancel is not None and not future.cancelled() and future.exception() is None:
+                on_cancel(future.result())
             raise
 
 

@@ -1,0 +1,220 @@
+"""A primary shard: recovery, then pipelined transactions.
+
+`PrimaryShard.serve()` runs one primary assignment of a shard from start to finish:
+
+1. Opens the shard's `AppendService` and the Application's store (`new_store`), and restores
+   the store's checkpoint, which fences every older instance of the store (DESIGN.md §3.8).
+2. Re-writes the checkpoint's ACK intents and waits for them, before consuming anything: if
+   the previous primary committed a transaction but died before acknowledging it, this
+   acknowledges it; if it died in the middle of the next one, this rolls that one's pending
+   messages back (an ACK whose clock readers already passed discards what followed it).
+3. Opens the message source from the checkpoint (`source.py`) and runs transactions
+   (`TxnDriver`, the shell of the `TxnLoop` state machine) until something fails.
+
+It returns only by raising: `ShardFailedError` (naming the step and the shard) when anything
+fails, or CancelledError when stopped. Either way the source is closed, the store destroyed
+(pending commits abandoned, staged changes rolled back) and the AppendService's queued appends
+cancelled, so that nothing of the open transaction commits.
+
+Concurrency: everything runs on the task that awaits `serve()`; the only other tasks are the
+AppendService's, the store's, the source's, and a read of the source while the loop waits on
+several things at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import NoReturn
+
+from broker.client.append_service import AppendService, AsyncAppend
+from broker.client.route_cache import JournalClient
+from broker.protocol import consumer_pb2 as cpb
+from gazette_consumer.application import Application, MessageSource, shard_labels
+from gazette_consumer.checkpoint import Checkpoint, flatten_read_through
+from gazette_consumer.message.publisher import Publisher
+from gazette_consumer.shard_handle import ShardProgress
+from gazette_consumer.source import open_source
+from gazette_consumer.stores.base import Store
+from gazette_consumer.transaction import ClosedTxn, TxnPhase
+from gazette_consumer.txn_driver import ShardFailedError, TxnDriver, run_step
+
+__all__ = ["PrimaryShard", "ShardFailedError"]
+
+
+class _Notifier:
+    """Wakes waiters whenever the shard's observable state (phase, progress) changes."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class PrimaryShard:
+    """One primary assignment of a shard; the Application's `Shard`.
+
+    `on_change` is called (on the event loop, never blocking) when progress changes: after
+    recovery, and whenever a transaction completes. `clock` is a monotonic clock in seconds for
+    transaction durations (default: the event loop's); `time_ns` is wall time, for pruning idle
+    producers from checkpoints; `append_service` builds the shard's AppendService.
+    """
+
+    def __init__(
+        self,
+        app: Application,
+        spec: cpb.ShardSpec,
+        fqn: str,
+        client: JournalClient,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] | None = None,
+        time_ns: Callable[[], int] = time.time_ns,
+        append_service: Callable[[JournalClient], AppendService] = AppendService,
+    ) -> None:
+        self._app = app
+        self._spec = spec
+        self._fqn = fqn
+        self._client = client
+        self._on_change = on_change
+        self._clock = clock
+        self._time_ns = time_ns
+        self._new_append_service = append_service
+        self._labels = shard_labels(spec)
+        self._store: Store | None = None
+        self._appends: AppendService | None = None
+        self._publisher: Publisher[AsyncAppend] | None = None
+        self._progress = ShardProgress()
+        self._notifier = _Notifier()
+        self._driver: TxnDriver | None = None
+
+    # --- The Shard protocol --------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._spec.id
+
+    @property
+    def fqn(self) -> str:
+        return self._fqn
+
+    @property
+    def spec(self) -> cpb.ShardSpec:
+        return self._spec
+
+    @property
+    def labels(self) -> Mapping[str, tuple[str, ...]]:
+        return self._labels
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError(f"shard {self.id}: the store is not open")
+        return self._store
+
+    @property
+    def publisher(self) -> Publisher[AsyncAppend]:
+        if self._publisher is None:
+            raise RuntimeError(f"shard {self.id}: the publisher is not ready")
+        return self._publisher
+
+    @property
+    def append_service(self) -> AppendService:
+        if self._appends is None:
+            raise RuntimeError(f"shard {self.id}: the append service is not running")
+        return self._appends
+
+    @property
+    def journal_client(self) -> JournalClient:
+        return self._client
+
+    def progress(self) -> ShardProgress:
+        return self._progress
+
+    # --- Observation (status, tests) -----------------------------------------------------------
+
+    @property
+    def txn_phase(self) -> TxnPhase | None:
+        """Phase of the transaction loop (None before it starts)."""
+        return None if self._driver is None else self._driver.fsm.phase
+
+    @property
+    def last_closed(self) -> ClosedTxn | None:
+        """The last transaction whose commit started."""
+        return None if self._driver is None else self._driver.last_closed
+
+    async def wait_until(self, predicate: Callable[[PrimaryShard], bool]) -> None:
+        """Wait until `predicate(self)` holds, re-checking at every phase or progress change.
+        Bound it with a timeout: a shard that stopped changes nothing more."""
+        while not predicate(self):
+            await self._notifier.wait()
+
+    # --- Serving -------------------------------------------------------------------------------
+
+    async def serve(self) -> NoReturn:
+        """Serve until cancelled or failed (see the module docstring)."""
+        async with self._new_append_service(self._client) as appends:
+            self._appends = appends
+            store = await run_step(self.id, "app.new_store", self._app.new_store(self, None))
+            self._store = store
+            try:
+                restore = store.restore_checkpoint(self)
+                checkpoint = await run_step(self.id, "store.restore_checkpoint", restore)
+                self._publisher = Publisher(appends)
+                await self._acknowledge_recovered(checkpoint)
+                source = self._open_source(store, checkpoint)
+                try:
+                    self._driver = TxnDriver(
+                        self,
+                        self._app,
+                        store,
+                        source,
+                        prior_read_through=flatten_read_through(checkpoint),
+                        clock=self._clock or asyncio.get_running_loop().time,
+                        on_progress=self._record_progress,
+                        on_phase=self._notifier.notify,
+                        time_ns=self._time_ns,
+                    )
+                    self._notifier.notify()
+                    await self._driver.run()
+                finally:
+                    await source.close()
+            finally:
+                self._store = None
+                await store.destroy()
+
+    async def _acknowledge_recovered(self, checkpoint: Checkpoint) -> None:
+        acks: list[AsyncAppend] = []
+        intents = dict(checkpoint.ack_intents)
+        if intents:
+            step = "writing recovered ACK intents"
+            acks = await run_step(self.id, step, self.publisher.write_ack_intents(intents))
+            # asyncio.wait, not gather: cancelling a gather cancels the futures it gathers,
+            # and these belong to the AppendService.
+            await asyncio.wait([ack.future for ack in acks])
+            for ack in acks:
+                error = ack.exception()
+                if error is not None:
+                    raise ShardFailedError(self.id, step, error) from error
+        self._record_progress(checkpoint, acks)
+
+    def _open_source(self, store: Store, checkpoint: Checkpoint) -> MessageSource:
+        try:
+            return open_source(self._app, self, store, checkpoint, self._client)
+        except Exception as err:
+            raise ShardFailedError(self.id, "opening the message source", err) from err
+
+    def _record_progress(self, checkpoint: Checkpoint, acks: list[AsyncAppend]) -> None:
+        publish_at = dict(self._progress.publish_at)
+        for ack in acks:
+            end = ack.result().commit.end
+            publish_at[ack.journal] = max(publish_at.get(ack.journal, 0), end)
+        self._progress = ShardProgress(flatten_read_through(checkpoint), publish_at)
+        self._notifier.notify()
+        self._on_change()

@@ -1,0 +1,264 @@
+"""Running many shards in one process: `ShardRunner`, and the `LocalShard` handle of each.
+
+`ShardRunner` runs each shard as its own task in one TaskGroup. A shard that fails records its
+error in its status (FAILED, with the error text, as Stat and List report it), logs it with the
+shard's ID, and ends; the other shards keep running. Only cancellation (stopping a shard, or
+leaving the runner) and bugs in the runner itself propagate.
+
+`LocalShard` implements `ShardHandle` (shard_handle.py), so a consumer member can start shards
+through `ShardRunner.start_shard`, as assignments come and go. A shard started as STANDBY
+reports STANDBY at once (there is no recovery log to tail yet) and serves once promoted.
+
+For in-process use without etcd (tests, the embedded default), `start(spec)` starts a primary
+directly, and `run_shards` serves a fixed set of specs until cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
+from broker.protocol import consumer_pb2 as cpb
+from gazette_consumer.application import Application
+from gazette_consumer.shard import PrimaryShard, ShardFailedError
+from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, StartShard
+from gazette_consumer.shard_spec import check_runnable
+from gazette_consumer.topology import default_root, shard_key
+
+__all__ = ["LocalShard", "ShardRunner", "ShardRunnerError", "run_shards"]
+
+Code = cpb.ReplicaStatus.Code
+
+
+class ShardRunnerError(RuntimeError):
+    """The runner was used out of order (not entered, closed, or a shard ID already running)."""
+
+
+class LocalShard:
+    """A shard replica of this process. See the module docstring and `ShardHandle`."""
+
+    def __init__(self, start: ShardStart, new_primary: Callable[..., PrimaryShard]) -> None:
+        self._start = start
+        self._spec = start.spec
+        self._new_primary = new_primary
+        self._status = cpb.ReplicaStatus(code=Code.IDLE)
+        self._promoted = asyncio.Event()
+        if start.role is ShardRole.PRIMARY:
+            self._promoted.set()
+        self._primary: PrimaryShard | None = None
+        self._progress = ShardProgress()
+        self._task: asyncio.Task[None] | None = None
+        self._done = asyncio.Event()
+
+    @property
+    def id(self) -> str:
+        return self._spec.id
+
+    @property
+    def fqn(self) -> str:
+        return self._start.fqn
+
+    @property
+    def primary(self) -> PrimaryShard | None:
+        """The serving primary (None while standby, or before it starts)."""
+        return self._primary
+
+    # --- ShardHandle ---------------------------------------------------------------------------
+
+    def status(self) -> cpb.ReplicaStatus:
+        out = cpb.ReplicaStatus()
+        out.CopyFrom(self._status)
+        return out
+
+    def progress(self) -> ShardProgress:
+        if self._primary is not None:
+            return self._primary.progress()
+        return self._progress
+
+    def promote(self) -> None:
+        self._promoted.set()
+
+    def update_spec(self, spec: cpb.ShardSpec) -> None:
+        # A running primary keeps the spec it started with (its sources and durations are
+        # fixed for its reader and transaction loop); the next assignment uses this one.
+        self._spec = spec
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        await self._done.wait()
+
+    # --- Running -------------------------------------------------------------------------------
+
+    async def wait_stopped(self) -> None:
+        """Wait until the shard's task has ended (failed or stopped)."""
+        await self._done.wait()
+
+    async def run(self) -> None:
+        """The shard's task: standby until promoted, then primary until failed or cancelled."""
+        try:
+            if not self._promoted.is_set():
+                self._set_status(cpb.ReplicaStatus(code=Code.STANDBY))
+                await self._promoted.wait()
+            primary = self._new_primary(self._spec, self._start.fqn, self._on_primary_change)
+            self._primary = primary
+            await primary.serve()
+        except ShardFailedError as err:
+            self._fail(err)
+        except Exception as err:  # A bug of the runner; still only this shard's problem.
+            self._fail(ShardFailedError(self.id, "shard runner", err))
+        finally:
+            if self._primary is not None:
+                self._progress = self._primary.progress()
+            self._primary = None
+
+    def _on_primary_change(self) -> None:
+        primary = self._primary
+        if primary is not None and self._status.code != Code.PRIMARY:
+            self._status = cpb.ReplicaStatus(code=Code.PRIMARY)
+        self._start.on_change()
+
+    def _fail(self, err: ShardFailedError) -> None:
+        # A logger looked up now rather than at import: failures are rare, and this way the
+        # record follows the logging configuration in force when it happens (e.g. a test's).
+        get_logger(__name__).error("shard failed", shard=self.id, fqn=self.fqn, error=str(err))
+        self._set_status(cpb.ReplicaStatus(code=Code.FAILED, errors=[str(err)]))
+
+    def _set_status(self, status: cpb.ReplicaStatus) -> None:
+        self._status = status
+        self._start.on_change()
+
+
+class ShardRunner:
+    """Runs shards of one Application in this process. Use as ``async with``.
+
+    `root` is the consumer group's etcd root (shard FQNs are ``<root>/items/<id>``).
+    `shard_options` are passed to every `PrimaryShard` (clock, time_ns, append_service).
+    """
+
+    def __init__(
+        self,
+        app: Application,
+        client: JournalClient,
+        *,
+        root: str | None = None,
+        **shard_options: Any,
+    ) -> None:
+        self._app = app
+        self._client = client
+        self._root = root if root is not None else default_root(type(app).__name__)
+        self._shard_options = shard_options
+        self._shards: dict[str, LocalShard] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> ShardRunner:
+        if self._tg is not None or self._closed:
+            raise ShardRunnerError("a ShardRunner runs once")
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._closed = True
+        assert self._tg is not None
+        try:
+            for shard in list(self._shards.values()):
+                await shard.stop()
+        except BaseException as err:
+            await self._tg.__aexit__(type(err), err, err.__traceback__)
+            raise
+        # Every shard's task has ended (and they never raise but for cancellation), so the
+        # group has nothing left to report: an error of the `async with` body propagates as
+        # itself rather than wrapped in an ExceptionGroup.
+        await self._tg.__aexit__(None, None, None)
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    def fqn(self, shard_id: str) -> str:
+        return shard_key(self._root, shard_id)
+
+    def start_shard(self, start: ShardStart) -> LocalShard:
+        """Start a replica as `start` says, in the background (a `StartShard`)."""
+        if self._tg is None or self._closed:
+            raise ShardRunnerError("start_shard: the runner is not running")
+        shard = LocalShard(start, self._new_primary)
+        shard._task = task = self._tg.create_task(shard.run(), name=f"shard {start.spec.id}")
+        # Set by a callback rather than by run() itself: a task cancelled before it first ran
+        # never executes its body.
+        task.add_done_callback(lambda _task: shard._done.set())
+        self._shards[start.spec.id] = shard
+        return shard
+
+    def start(
+        self,
+        spec: cpb.ShardSpec,
+        *,
+        role: ShardRole = ShardRole.PRIMARY,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> LocalShard:
+        """Validate `spec` and start it (a ValidationError naming the field starts nothing)."""
+        check_runnable(spec)
+        running = self._shards.get(spec.id)
+        if running is not None and not running._done.is_set():
+            raise ShardRunnerError(f"start: shard {spec.id} is already running")
+        return self.start_shard(ShardStart(spec, role, self.fqn(spec.id), on_change))
+
+    def shard(self, shard_id: str) -> LocalShard:
+        try:
+            return self._shards[shard_id]
+        except KeyError:
+            raise KeyError(f"shard {shard_id} was never started here") from None
+
+    def statuses(self) -> dict[str, cpb.ReplicaStatus]:
+        """Every shard started here and its status, by ID (the List of this process)."""
+        return {shard_id: shard.status() for shard_id, shard in sorted(self._shards.items())}
+
+    async def stop(self, shard_id: str) -> None:
+        """Stop a shard abruptly (its open transaction is abandoned, as in a crash)."""
+        await self.shard(shard_id).stop()
+
+    def _new_primary(
+        self, spec: cpb.ShardSpec, fqn: str, on_change: Callable[[], None]
+    ) -> PrimaryShard:
+        return PrimaryShard(
+            self._app, spec, fqn, self._client, on_change=on_change, **self._shard_options
+        )
+
+
+async def run_shards(
+    app: Application,
+    client: JournalClient,
+    specs: Iterable[cpb.ShardSpec],
+    *,
+    root: str | None = None,
+    **shard_options: Any,
+) -> None:
+    """Serve `specs` as primaries in this process until cancelled. Failed shards stay failed
+    (and logged); the others keep running."""
+    specs = list(specs)
+    for spec in specs:
+        check_runnable(spec)
+    async with ShardRunner(app, client, root=root, **shard_options) as runner:
+        for spec in specs:
+            runner.start(spec)
+        await asyncio.Event().wait()  # Until cancelled; leaving the runner stops the shards.
+
+
+if TYPE_CHECKING:
+    # The type checker proves that a runner can start a consumer member's shards (and so that
+    # LocalShard implements ShardHandle).
+    def _start_shard_of(runner: ShardRunner) -> StartShard:
+        return runner.start_shard

@@ -1,0 +1,73 @@
+"""Where a primary shard's messages come from: its sources, resumed from its checkpoint.
+
+By default a shard reads its ShardSpec's source journals with a `ReadCommittedIter`, each from
+its checkpoint offset raised to the source's `min_offset`, with the Sequencer resumed from the
+checkpoint's producer states. An Application may supply its own `MessageSource` instead
+(`Application.new_message_source`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from broker.client.route_cache import JournalClient
+from gazette_consumer.application import Application, MessageSource, Shard
+from gazette_consumer.checkpoint import Checkpoint, to_sequencer_checkpoint
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.sequencer.read_iter import ReadCommittedIter
+from gazette_consumer.sequencer.types import SequencerCheckpoint
+from gazette_consumer.shard_spec import read_channel_size, ring_size, start_checkpoint
+from gazette_consumer.stores.base import Store
+
+__all__ = ["NoSource", "open_source"]
+
+
+def open_source(
+    app: Application, shard: Shard, store: Store, checkpoint: Checkpoint, client: JournalClient
+) -> MessageSource:
+    """The Application's own source if it has one, else a reader of the spec's sources."""
+    custom = app.new_message_source(shard, store, checkpoint)
+    if custom is not None:
+        return custom
+    offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
+    if not offsets:
+        return NoSource(resume)
+    return ReadCommittedIter(
+        client,
+        offsets,
+        message_type=app.new_message,
+        ring_size=ring_size(shard.spec),
+        checkpoint=resume,
+        read_channel_size=read_channel_size(shard.spec),
+    )
+
+
+class NoSource:
+    """The source of a shard without source journals: it never yields a message (as in
+    Gazette, such a shard serves, but never runs a transaction)."""
+
+    def __init__(self, checkpoint: SequencerCheckpoint) -> None:
+        self._checkpoint = checkpoint
+        self._never = asyncio.Event()
+
+    async def next(self) -> Envelope[Any]:
+        await self._never.wait()
+        raise AssertionError("unreachable: the event is never set")
+
+    def try_next(self) -> Envelope[Any] | None:
+        return None
+
+    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+        return self._checkpoint
+
+    def has_pending(self, since: Mapping[str, int]) -> bool:
+        return False
+
+    @property
+    def in_sequence(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,303 @@
+"""The asyncio shell of the transaction loop: drives a `TxnLoop` with real events.
+
+`TxnDriver.run()` loops: it feeds the state machine what happened without waiting (the prior
+transaction's commit or ACKs resolved, the deadline passed), asks it for the next step, and
+does that step — waits for the first of a message / the prior's next barrier / the deadline;
+takes a ready message or closes; calls `finalize_txn`; or starts the commit.
+
+Starting a commit: build the checkpoint (the source's read-through offsets and producer states,
+the Publisher's ACK intents), start the store's commit waiting for every append still pending
+(all made by this transaction: the prior's completed before it could close), then queue the
+ACK intents in the AppendService with the commit as their dependency. Queued there, before any
+message of the next transaction, each ACK is appended after the commit is durable and ahead of
+the next transaction's messages to the same journal, which a read-committed reader requires.
+
+Any failure raises `ShardFailedError`, naming the step; the begun transaction is reported to
+`finished_txn` as failed, and nothing more commits (the shard then destroys its store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from broker.client.append_service import AsyncAppend
+from gazette_consumer.application import Application, MessageSource, Shard
+from gazette_consumer.checkpoint import Checkpoint, flatten_read_through, from_sequencer_checkpoint
+from gazette_consumer.message.clock import ClockError, clock_from_unix_nanos
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.shard_spec import PRODUCER_PRUNE_HORIZON_S, recovery_log, txn_durations_s
+from gazette_consumer.stores.base import OpFuture, Store
+from gazette_consumer.transaction import (
+    Await,
+    ClosedTxn,
+    Failed,
+    Finalize,
+    Poll,
+    PriorPhase,
+    StartCommit,
+    TxnLoop,
+    TxnPhase,
+)
+
+__all__ = ["ShardFailedError", "TxnDriver"]
+
+
+class ShardFailedError(Exception):
+    """A shard stopped on an error. `step` names what failed (``app.consume_message``,
+    ``store commit``, ...); the original exception is the `__cause__`."""
+
+    def __init__(self, shard: str, step: str, cause: BaseException) -> None:
+        detail = str(cause) or type(cause).__name__
+        super().__init__(f"shard {shard}: {step}: {type(cause).__name__}: {detail}")
+        self.shard = shard
+        self.step = step
+
+
+async def run_step(shard: str, step: str, awaitable: Any) -> Any:
+    """Await `awaitable`, naming `step` in the ShardFailedError it fails with."""
+    try:
+        return await awaitable
+    except Exception as err:
+        raise ShardFailedError(shard, step, err) from err
+
+
+class TxnDriver:
+    """Runs the transactions of one primary shard. See the module docstring.
+
+    `on_progress(checkpoint, acks)` is called when a transaction completes (committed, ACKs
+    written); `on_phase()` when the loop's phase changes. `clock`: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        shard: Shard,
+        app: Application,
+        store: Store,
+        source: MessageSource,
+        *,
+        prior_read_through: dict[str, int],
+        clock: Callable[[], float],
+        on_progress: Callable[[Checkpoint, list[AsyncAppend]], None],
+        on_phase: Callable[[], None],
+        time_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._shard, self._app, self._store, self._source = shard, app, store, source
+        self._id = shard.id
+        self._recovery_log = recovery_log(shard.spec)
+        self._clock, self._time_ns = clock, time_ns
+        self._on_progress, self._on_phase = on_progress, on_phase
+        min_s, max_s = txn_durations_s(shard.spec)
+        self.fsm = TxnLoop(min_s, max_s, wait_for_acks=not shard.spec.disable_wait_for_ack)
+        self.last_closed: ClosedTxn | None = None
+        self._txn_began = False
+        # The prior transaction: its commit, its ACK appends, its checkpoint.
+        self._prior_commit: OpFuture | None = None
+        self._prior_acks: list[AsyncAppend] = []
+        self._prior_checkpoint = Checkpoint()
+        self._prior_read_through = prior_read_through
+
+    async def run(self) -> NoReturn:
+        fsm = self.fsm
+        phase = fsm.phase
+        try:
+            while True:
+                self._observe_prior()
+                self._observe_timer()
+                if fsm.phase is not phase:
+                    # Before the step, which may block for long (a stalled transaction).
+                    phase = fsm.phase
+                    self._on_phase()
+                ack_pending = self._ack_pending()
+                step = fsm.next_step(ack_pending)
+                if isinstance(step, Await):
+                    await self._await(step)
+                elif isinstance(step, Poll):
+                    envelope = self._try_next()
+                    if envelope is None:
+                        fsm.on_read_empty(self._clock(), ack_pending=ack_pending)
+                    else:
+                        await self._consume(envelope)
+                elif isinstance(step, Finalize):
+                    shard = self._shard
+                    finalize = self._app.finalize_txn(shard, self._store, shard.publisher)
+                    await run_step(self._id, "app.finalize_txn", finalize)
+                    fsm.on_finalized()
+                elif isinstance(step, StartCommit):
+                    await self._start_commit()
+                elif isinstance(step, Failed):
+                    raise step.error
+        except asyncio.CancelledError:
+            self._abandon_txn(None)
+            raise
+        except Exception as err:
+            if fsm.phase is not TxnPhase.FAILED:
+                fsm.on_fail(err)
+            self._on_phase()
+            self._abandon_txn(err)
+            if isinstance(err, ShardFailedError):
+                raise
+            raise ShardFailedError(self._id, "transaction loop", err) from err
+
+    # --- Observing without waiting -------------------------------------------------------------
+
+    def _observe_prior(self) -> None:
+        """Feed the prior transaction's progress (commit, then ACKs)."""
+        fsm = self.fsm
+        if fsm.prior is PriorPhase.COMMITTING:
+            commit = self._prior_commit
+            assert commit is not None  # Set whenever the prior is committing.
+            if not commit.done():
+                return
+            if commit.cancelled():
+                raise ShardFailedError(self._id, "store commit", asyncio.CancelledError())
+            error = commit.exception()
+            if error is not None:
+                raise ShardFailedError(self._id, "store commit", error) from error
+            fsm.on_prior_committed()
+        if fsm.prior is PriorPhase.ACKING:
+            if not all(ack.done() for ack in self._prior_acks):
+                return
+            for ack in self._prior_acks:
+                error = ack.exception()
+                if error is not None:
+                    raise ShardFailedError(self._id, "writing ACK intents", error) from error
+            fsm.on_prior_acked(self._clock())
+            self._on_progress(self._prior_checkpoint, self._prior_acks)
+            self._prior_commit, self._prior_acks = None, []
+
+    def _observe_timer(self) -> None:
+        deadline = self.fsm.deadline
+        if deadline is not None:
+            now = self._clock()
+            if now >= deadline:
+                self.fsm.on_tick(now)
+
+    def _ack_pending(self) -> bool:
+        # Asked only when it is the last thing that could keep the transaction open:
+        # has_pending scans every producer, too costly to ask at every message.
+        fsm = self.fsm
+        if not (
+            fsm.wait_for_acks
+            and fsm.phase is TxnPhase.CONSUMING
+            and fsm.min_elapsed
+            and fsm.prior is PriorPhase.DONE
+            and not fsm.mid_sequence
+        ):
+            return False
+        return self._source.has_pending(self._prior_read_through)
+
+    # --- Steps ---------------------------------------------------------------------------------
+
+    def _try_next(self) -> Envelope[Any] | None:
+        try:
+            return self._source.try_next()
+        except Exception as err:
+            raise ShardFailedError(self._id, "reading messages", err) from err
+
+    async def _await(self, step: Await) -> None:
+        """Wait for the first of: a message, the prior's next barrier, the deadline."""
+        if step.read:
+            envelope = self._try_next()
+            if envelope is not None:
+                await self._consume(envelope)
+                return
+        waits: set[asyncio.Future[Any]] = set()
+        if step.prior:
+            waits.update(self._prior_barrier())
+        read: asyncio.Task[Envelope[Any]] | None = None
+        if step.read:
+            read = asyncio.ensure_future(self._source.next())
+            waits.add(read)
+        timeout = None if step.deadline is None else max(0.0, step.deadline - self._clock())
+        try:
+            if waits:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                assert timeout is not None, f"nothing to wait for in {step}"
+                await asyncio.sleep(timeout)
+        finally:
+            envelope = None if read is None else await self._settle_read(read)
+        if envelope is not None:
+            await self._consume(envelope)
+
+    def _prior_barrier(self) -> list[asyncio.Future[Any]]:
+        if self._prior_commit is not None and not self._prior_commit.done():
+            return [self._prior_commit]
+        # The AppendService's futures are awaited with asyncio.wait only, never cancelled.
+        return [ack.future for ack in self._prior_acks if not ack.done()]
+
+    async def _settle_read(self, read: asyncio.Task[Envelope[Any]]) -> Envelope[Any] | None:
+        """Stop a pending read, keeping a message it returned regardless (none is lost)."""
+        if not read.done():
+            read.cancel()
+            await asyncio.wait({read})
+        if read.cancelled():
+            return None
+        error = read.exception()
+        if error is not None:
+            raise ShardFailedError(self._id, "reading messages", error) from error
+        return read.result()
+
+    async def _consume(self, envelope: Envelope[Any]) -> None:
+        source = self._source
+        consume = self.fsm.on_message(self._clock(), more_in_sequence=source.in_sequence)
+        shard, store = self._shard, self._store
+        if consume.begins_txn:
+            self._txn_began = True
+            await run_step(self._id, "app.begin_txn", self._app.begin_txn(shard, store))
+        try:
+            await self._app.consume_message(shard, store, envelope, shard.publisher)
+        except Exception as err:
+            step = f"app.consume_message ({envelope.journal} offset {envelope.begin})"
+            raise ShardFailedError(self._id, step, err) from err
+
+    async def _start_commit(self) -> None:
+        shard, store = self._shard, self._store
+        publisher = shard.publisher
+        try:
+            intents = publisher.build_ack_intents()
+            positions = self._source.checkpoint(self._horizon_clock())
+            checkpoint = from_sequencer_checkpoint(positions, intents)
+        except Exception as err:
+            raise ShardFailedError(self._id, "building the checkpoint", err) from err
+        # The futures rather than the AsyncAppends: a store may wrap a plain awaitable in a
+        # task of its own and cancel it, which would cancel the AppendService's future with it.
+        pending = shard.append_service.pending_except(self._recovery_log)
+        wait_for = [append.future for append in pending]
+        commit = await run_step(
+            self._id, "store.start_commit", store.start_commit(shard, checkpoint, wait_for)
+        )
+        acks = await run_step(
+            self._id, "queueing ACK intents", publisher.write_ack_intents(intents, [commit])
+        )
+        self.last_closed = self.fsm.on_commit_started(self._clock())
+        self._prior_commit, self._prior_acks = commit, acks
+        self._prior_checkpoint = checkpoint
+        self._prior_read_through = flatten_read_through(checkpoint)
+        began, self._txn_began = self._txn_began, False
+        if began:
+            self._app.finished_txn(shard, store, commit)
+
+    def _abandon_txn(self, error: Exception | None) -> None:
+        """A begun transaction will never commit: tell `finished_txn`, as `begin_txn`
+        promised, with a future failed by `error` (cancelled if None)."""
+        began, self._txn_began = self._txn_began, False
+        if not began:
+            return
+        failed: OpFuture = asyncio.get_running_loop().create_future()
+        if error is None:
+            failed.cancel()
+        else:
+            failed.set_exception(error)
+            failed.exception()  # Retrieved: asyncio need not report it as lost.
+        self._app.finished_txn(self._shard, self._store, failed)
+
+    def _horizon_clock(self) -> int:
+        """Producers idle since before this clock are pruned from the checkpoint."""
+        try:
+            return clock_from_unix_nanos(self._time_ns() - int(PRODUCER_PRUNE_HORIZON_S * 1e9))
+        except ClockError:
+            return 0  # A wall clock too early to have a horizon: prune nothing.

@@ -1,0 +1,180 @@
+"""Bad input and failing parts: the shard fails with the error visible and logged, nothing of its
+open transaction commits, and the other shards of the runner keep running."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from broker.client.append_service import AppendService, AsyncAppend
+from broker.protocol import consumer_pb2 as cpb
+from gazette_consumer.application import Shard
+from gazette_consumer.checkpoint import equivalent
+from gazette_consumer.message.publisher import Publisher
+from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.stores.base import Store
+from gazette_consumer.stores.conformance import SimpleShard
+from gazette_consumer.stores.sql import SQLStore
+from tests.gazette_consumer.shard_testkit import (
+    CountingApp,
+    Event,
+    Notifier,
+    Producer,
+    broker_env,
+    read_checkpoint,
+    read_committed,
+    read_counts,
+    shard_spec,
+    sqlite_engine,
+)
+
+FAILED = cpb.ReplicaStatus.FAILED
+PRIMARY = cpb.ReplicaStatus.PRIMARY
+
+
+async def test_poisoned_message_fails_only_its_shard_and_commits_nothing(tmp_path: Path) -> None:
+    with capture_logs() as logs:
+        await _poison_one_of_two_shards(tmp_path)
+    # The failure is in the process's log, with the shard's ID.
+    failures = [entry for entry in logs if entry["event"] == "shard failed"]
+    assert len(failures) == 1
+    assert failures[0]["log_level"] == "error"
+    assert failures[0]["shard"] == "shard-a"
+    assert "poison-1" in failures[0]["error"]
+
+
+async def _poison_one_of_two_shards(tmp_path: Path) -> None:
+    async with (
+        broker_env() as env,
+        sqlite_engine(tmp_path) as engine,
+        AppendService(env.client) as appends,
+    ):
+        in_a, in_b = await env.journal("in/poison-a"), await env.journal("in/poison-b")
+        output = await env.journal("out/poison")
+        app = CountingApp(engine, output=output)
+        changed = Notifier()
+        producer = Producer(appends, "p")
+        # Shard A's transactions last at least a second, so that the good message appended with
+        # the poison is surely consumed in the poison's transaction.
+        spec_a = shard_spec("shard-a", [in_a], min_txn_s=1.0, max_txn_s=5.0)
+        async with ShardRunner(app, env.client, root="/test/poison") as runner:
+            a = runner.start(spec_a, on_change=changed.notify)
+            b = runner.start(shard_spec("shard-b", [in_b]), on_change=changed.notify)
+
+            async def committed(journal: str, *messages: Event) -> int:
+                return (await (await producer.committed_together(journal, messages))).commit.end
+
+            end_a = await committed(in_a, Event(key="x", text="first"))
+            end_b = await committed(in_b, Event(key="y", text="first"))
+            await changed.until(
+                lambda: (
+                    a.progress().read_through.get(in_a, 0) >= end_a
+                    and b.progress().read_through.get(in_b, 0) >= end_b
+                )
+            )
+            before = await read_checkpoint(engine, a.fqn)
+            assert before is not None
+
+            await committed(in_a, Event(key="x", text="good"), Event(key="x", text="poison-1"))
+            await changed.until(lambda: a.status().code == FAILED)
+
+            # The error is visible on the status (as Stat and List report it)...
+            status = a.status()
+            assert len(status.errors) == 1
+            assert "shard shard-a: app.consume_message (in/poison-a offset" in status.errors[0]
+            assert "PoisonError: refusing message 'poison-1'" in status.errors[0]
+            assert runner.statuses()["shard-a"].code == FAILED
+            # ...nothing of its transaction committed: neither the count of "good" nor the
+            # checkpoint...
+            assert await read_counts(engine, "shard-a") == {"x": 1}
+            after = await read_checkpoint(engine, a.fqn)
+            assert after is not None and equivalent(before, after)
+            # ...and the other shard keeps committing.
+            end_b = await committed(in_b, Event(key="y", text="second"))
+            await changed.until(lambda: b.progress().read_through.get(in_b, 0) >= end_b)
+            assert b.status().code == PRIMARY
+            assert await read_counts(engine, "shard-b") == {"y": 2}
+
+        # Downstream, the derived message of "good" was never committed.
+        await producer.committed_together(output, [Event(key="end", text="marker")])
+        derived = await read_committed(env.client, output, until_text="marker")
+        assert sorted(e.message.key for e in derived) == ["end", "x", "y", "y"]
+
+
+@dataclass
+class FailingFinalizeApp(CountingApp):
+    """Fails `finalize_txn` of its second transaction."""
+
+    finalized: int = 0
+
+    async def finalize_txn(
+        self, shard: Shard, store: Store, publisher: Publisher[AsyncAppend]
+    ) -> None:
+        self.finalized += 1
+        await super().finalize_txn(shard, store, publisher)  # Stages the counts...
+        if self.finalized == 2:
+            raise RuntimeError("flush failed")  # ...which must not commit.
+
+
+async def test_failing_finalize_fails_the_shard_and_commits_nothing(tmp_path: Path) -> None:
+    async with (
+        broker_env() as env,
+        sqlite_engine(tmp_path) as engine,
+        AppendService(env.client) as appends,
+    ):
+        journal = await env.journal("in/finalize")
+        app = FailingFinalizeApp(engine)
+        changed = Notifier()
+        producer = Producer(appends, "p")
+        async with ShardRunner(app, env.client, root="/test/finalize") as runner:
+            handle = runner.start(shard_spec("shard-f", [journal]), on_change=changed.notify)
+            end = (await (await producer.committed(journal, "k"))).commit.end
+            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            before = await read_checkpoint(engine, handle.fqn)
+            await producer.committed(journal, "k")
+            await changed.until(lambda: handle.status().code == FAILED)
+        assert "app.finalize_txn: RuntimeError: flush failed" in handle.status().errors[0]
+        assert await read_counts(engine, "shard-f") == {"k": 1}
+        after = await read_checkpoint(engine, handle.fqn)
+        assert before is not None and after is not None and equivalent(before, after)
+        # Its begin_txn was paired with finished_txn, given the failure.
+        assert app.begins == len(app.finishes) == 2
+        assert isinstance(app.finishes[1].exception(), Exception)
+
+
+async def test_zombie_commit_is_fenced_and_fails_the_shard(tmp_path: Path) -> None:
+    async with (
+        broker_env() as env,
+        sqlite_engine(tmp_path) as engine,
+        AppendService(env.client) as appends,
+    ):
+        journal = await env.journal("in/zombie")
+        app = CountingApp(engine)
+        changed = Notifier()
+        producer = Producer(appends, "p")
+        async with ShardRunner(app, env.client, root="/test/zombie") as runner:
+            handle = runner.start(shard_spec("shard-z", [journal]), on_change=changed.notify)
+            end = (await (await producer.committed(journal, "k"))).commit.end
+            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            # A newer primary restores the shard: this one is now a zombie.
+            newer = SQLStore(engine)
+            await newer.restore_checkpoint(SimpleShard(handle.fqn))
+            await producer.committed(journal, "k")
+            await changed.until(lambda: handle.status().code == FAILED)
+            await newer.destroy()
+        assert "store commit: FencedError" in handle.status().errors[0]
+        assert await read_counts(engine, "shard-z") == {"k": 1}
+
+
+async def test_unreadable_source_fails_the_shard(tmp_path: Path) -> None:
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        app = CountingApp(engine)
+        changed = Notifier()
+        async with ShardRunner(app, env.client, root="/test/unreadable") as runner:
+            handle = runner.start(shard_spec("shard-u", ["in/missing"]), on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == FAILED)
+        error = handle.status().errors[0]
+        assert "shard shard-u: reading messages: JournalNotFoundError" in error
+        assert app.consumed == []
