@@ -30,8 +30,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
+import contextlib
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO, Protocol
@@ -189,6 +190,25 @@ class BytesReader(FragmentReader):
 
     async def aclose(self) -> None:
         self._buf.close()
+
+
+async def run_blocking_put(fn: Callable[[], None]) -> None:
+    """Run a blocking write in a worker thread and wait for it to end, even when cancelled.
+
+    A thread cannot be interrupted: if the awaiting task were let go at cancellation, the write
+    would outlive it (a temporary file still being written, a multipart upload still running)
+    while its caller believes it over, say a broker that has stopped. So cancellation waits for
+    the write to finish, then propagates."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # Retrieved: the cancellation, not the write's outcome, stands.
+        raise
 
 
 def content_encoding_of(fragment: pb.Fragment) -> str:

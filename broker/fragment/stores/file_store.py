@@ -38,6 +38,7 @@ from broker.fragment.stores.base import (
     StoreURL,
     StoreURLError,
     as_bytes_io,
+    run_blocking_put,
 )
 
 SCHEME = "file"
@@ -68,7 +69,8 @@ class FileStore(FragmentStore):
 
     async def _put(self, key: str, content: Content, content_encoding: str) -> None:
         # Content-Encoding has no meaning for files; readers decompress per the name's codec.
-        await asyncio.to_thread(self._put_blocking, self._path(key), content)
+        path = self._path(key)
+        await run_blocking_put(lambda: self._put_blocking(path, content))
 
     def _put_blocking(self, path: Path, content: Content) -> None:
         if not self._base.is_dir():

@@ -39,6 +39,7 @@ from broker.fragment.stores.base import (
     StoreURL,
     StoreURLError,
     as_bytes_io,
+    run_blocking_put,
 )
 
 SCHEME = "s3"
@@ -113,7 +114,7 @@ class S3Store(FragmentStore):
             )
 
         try:
-            await asyncio.to_thread(upload)
+            await run_blocking_put(upload)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
             raise self._error("put", key, err) from err
         except boto3.exceptions.S3UploadFailedError as err:

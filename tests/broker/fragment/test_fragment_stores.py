@@ -7,6 +7,7 @@ import asyncio
 import io
 import os
 import secrets
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -296,6 +297,43 @@ async def test_file_store_writes_atomically_and_leaves_no_temp_files(
     await file_store.put(f, compress(CompressionCodec.GZIP, content))
     files = await asyncio.to_thread(_files_under, tmp_path)
     assert files == [f"fragments/a/journal/{naming.content_name(f)}"]
+
+
+class _GatedContent(io.RawIOBase):
+    """Content whose first read blocks its (worker) thread until the test opens the gate."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+        self.started = threading.Event()
+        self.gate = threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: bytearray | memoryview) -> int:  # type: ignore[override]
+        self.started.set()
+        self.gate.wait()
+        return self._data.readinto(buf)
+
+
+async def test_cancelled_put_returns_only_once_its_write_has_ended(
+    file_store: FileStore, tmp_path: Path
+) -> None:
+    # A worker thread cannot be interrupted: a put cancelled mid-write (a stopping broker
+    # cancels its persister) must wait for the thread, never leave it writing a temporary file
+    # behind the caller's back.
+    content = b"xyz" * 100_000
+    f = fragment("a/journal", 0, content, CompressionCodec.NONE)
+    gated = _GatedContent(content)
+    put = asyncio.create_task(file_store.put(f, gated))  # type: ignore[arg-type]
+    await asyncio.to_thread(gated.started.wait)
+    put.cancel()
+    asyncio.get_running_loop().call_soon(gated.gate.set)
+    with pytest.raises(asyncio.CancelledError):
+        await put
+    files = await asyncio.to_thread(_files_under, tmp_path)
+    assert files == [f"fragments/a/journal/{naming.content_name(f)}"]
+    assert await file_store.read(f, len(content)) == content
 
 
 async def test_file_store_first_complete_copy_wins(file_store: FileStore, tmp_path: Path) -> None:
