@@ -152,6 +152,24 @@ class AppendBuffer:
         budget.spill_bytes += size
         self.size += size
 
+    def write_released(self, data: bytes | bytearray | memoryview) -> None:
+        """`write(data)` then `checkpoint()`, for a writer that releases at once (nothing
+        written before it may be unreleased). The in-memory case is inlined: it runs for every
+        message a publisher appends."""
+        size = len(data)
+        budget = self._budget
+        if (
+            not self.spilled
+            and not self._closed
+            and budget.memory_bytes + size <= budget.memory_bytes_max
+        ):
+            self._memory += data
+            budget.memory_bytes += size
+            self.size = self._mark = self.size + size
+            return
+        self.write(data)
+        self._mark = self.size
+
     def checkpoint(self) -> int:
         """Mark everything written so far as released; return how many bytes that added."""
         size = self.size

@@ -280,6 +280,39 @@ class AppendService:
             return None
         return self._hold(queue, None, journal, _NO_DEPENDENCIES)
 
+    def append_nowait(self, journal: str, data: bytes) -> AsyncAppend | None:
+        """`start_append_nowait(journal)`, `write(data)` and `release()` in one call: append
+        `data` (whole messages) to the journal's open batch and return the batch, if that needs
+        no wait; else None, and nothing is written. The one call a publisher makes per message.
+        """
+        queue = self._queues.get(journal)
+        budget = self.budget
+        if (
+            queue is None
+            or queue.holder is not None
+            or self._unyielded_bytes >= self._writer_yield_bytes
+            or self._run is not _RUNNING
+            or budget.memory_bytes + budget.spill_bytes >= budget.bytes_max
+        ):
+            return None
+        # Never held: nothing can run between taking the batch and releasing it.
+        batch = queue.batches[-1] if queue.batches else None
+        if (
+            batch is None
+            or batch._state is not _OPEN
+            or batch._key != journal
+            or batch._buffer.size >= self._batch_bytes_max
+            or batch._buffer.spilled
+        ):
+            # The open batch cannot take it (or _open_batch must weigh the spill budget).
+            batch = self._open_batch(queue, None, journal, _NO_DEPENDENCIES)
+        batch._buffer.write_released(data)  # An OSError leaves the batch as it was.
+        self.stats.releases += 1
+        self._unyielded_bytes += len(data)
+        if queue.waiters:
+            notify(queue.waiters)
+        return batch
+
     def _admits(self) -> bool:
         budget = self.budget
         return self._run is _RUNNING and budget.memory_bytes + budget.spill_bytes < budget.bytes_max
@@ -293,6 +326,20 @@ class AppendService:
     ) -> AsyncAppend:
         """Hand the journal's open batch to the caller, chaining a new one if the open one
         cannot take this append. Call without awaiting after checking `queue` is unheld."""
+        tail = self._open_batch(queue, request, key, deps)
+        tail._held = True
+        queue.holder = tail
+        return tail
+
+    def _open_batch(
+        self,
+        queue: JournalQueue,
+        request: pb.AppendRequest | None,
+        key: object,
+        deps: frozenset[Any],
+    ) -> AsyncAppend:
+        """The journal's open batch if it can take an append of `key` and `deps`, else a new
+        one chained after it."""
         tail = queue.batches[-1] if queue.batches else None
         budget = self.budget
         if (
@@ -304,8 +351,6 @@ class AppendService:
             or (tail._buffer.spilled and budget.spill_bytes >= budget.spill_bytes_max)
         ):
             tail = self._chain(queue, request, key, deps)
-        tail._held = True
-        queue.holder = tail
         return tail
 
     async def _admit(self, name: str, validate: bool) -> JournalQueue:
@@ -425,6 +470,13 @@ class AppendService:
         for dependency in batch.dependencies:
             try:
                 await dependency
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # This worker is being cancelled, not the dependency.
+                raise DependencyFailedError(
+                    f"journal {batch.journal}: a dependency of the append was cancelled"
+                ) from None
             except Exception as err:
                 raise DependencyFailedError(
                     f"journal {batch.journal}: a dependency of the append failed: {err}"
@@ -472,14 +524,18 @@ class AppendService:
         batch._state = AppendState.DONE
         self.stats.committed += 1
         self.stats.committed_bytes += len(batch._buffer)
-        batch._future.set_result(response)
+        # A writer may have cancelled the shared future (asyncio.gather over AsyncAppends, or a
+        # store cancelling a task wrapping it): the append still happened; nobody is told.
+        if not batch._future.done():
+            batch._future.set_result(response)
 
     def _fail(self, batch: AsyncAppend, err: BaseException) -> None:
         batch._state = AppendState.DONE
         self.stats.failed += 1
-        batch._future.set_exception(err)
-        # Logged here, so asyncio need not warn if no writer ever looks (fire-and-forget).
-        batch._future.exception()
+        if not batch._future.done():  # Not cancelled by a writer (see _commit).
+            batch._future.set_exception(err)
+            # Logged here, so asyncio need not warn if no writer ever looks (fire-and-forget).
+            batch._future.exception()
         log.warning("append failed", journal=batch.journal, error=str(err) or type(err).__name__)
 
 

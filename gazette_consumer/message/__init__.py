@@ -16,6 +16,7 @@ from gazette_consumer.message.framing import (
     FeedOffsetError,
     Frame,
     FrameDesyncError,
+    FrameRun,
     FrameTooLargeError,
     Framing,
     FramingError,
@@ -40,7 +41,13 @@ from gazette_consumer.message.mapping import (
     random_mapping,
     rendezvous_mapping,
 )
-from gazette_consumer.message.message import Envelope, InvalidEnvelopeError, Message, message_uuid
+from gazette_consumer.message.message import (
+    Envelope,
+    EnvelopeBuilder,
+    InvalidEnvelopeError,
+    Message,
+    message_uuid,
+)
 from gazette_consumer.message.protobuf_framing import FixedFraming
 from gazette_consumer.message.publisher import InvalidMessageError, Publisher, write_ack_intents
 from gazette_consumer.message.uuid import (
@@ -75,11 +82,13 @@ __all__ = [
     "Decoder",
     "EmptyPartitionsError",
     "Envelope",
+    "EnvelopeBuilder",
     "FeedOffsetError",
     "FixedFraming",
     "Flag",
     "Frame",
     "FrameDesyncError",
+    "FrameRun",
     "FrameTooLargeError",
     "Framing",
     "FramingError",

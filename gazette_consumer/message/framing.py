@@ -18,6 +18,7 @@ when reading: an unpacker never buffers more than about one maximal frame, whate
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from itertools import pairwise
 from typing import ClassVar, NamedTuple, Protocol, TypeVar
 
 from gazette_consumer.message.message import Envelope
@@ -47,6 +48,27 @@ class Frame(NamedTuple):
     begin: int
     end: int
     journal: str
+
+
+class FrameRun(NamedTuple):
+    """Consecutive frames of one journal, found in one pass (`Unpacker.feed_run`).
+
+    ``payloads[i]`` is the message encoding of frame i (without the framing's header or
+    delimiter), and the frame spans ``[offsets[i], offsets[i + 1])``. ``source`` holds the frames'
+    bytes from offset ``offsets[0]`` on, to rebuild them as `Frame` values (`frames`).
+    """
+
+    payloads: list[bytes]
+    offsets: list[int]
+    source: bytes
+
+    def frames(self, journal: str) -> list[Frame]:
+        """The run's frames, exactly as `Unpacker.feed` would have returned them."""
+        base, source = self.offsets[0], self.source
+        return [
+            Frame(source[begin - base : end - base], begin, end, journal)
+            for begin, end in pairwise(self.offsets)
+        ]
 
 
 class FramingError(Exception):
@@ -182,6 +204,16 @@ class Unpacker(ABC):
             del self._buf[:consumed]
             self._buf_begin += consumed
         return events
+
+    def feed_run(self, chunk: bytes, offset: int) -> FrameRun | None:
+        """The fast path of `feed`, for framings that can split a chunk in one pass.
+
+        If `chunk` (at `offset`) continues the input and completes only well-formed frames (no
+        error to report), consume it exactly as `feed` would and return its frames as a
+        `FrameRun`. Otherwise change nothing and return None: the caller calls `feed`. The base
+        class always returns None.
+        """
+        return None
 
     def flush(self) -> list[UnpackEvent]:
         """Signal the end of input (e.g. the end of a bounded read).

@@ -8,6 +8,8 @@ it is several times faster than the stdlib ``json`` here, and this is the hot pa
 
 from __future__ import annotations
 
+from itertools import accumulate
+from operator import attrgetter
 from typing import Generic, Self, TypeVar
 from uuid import UUID
 
@@ -17,6 +19,7 @@ from gazette_consumer.message.framing import (
     CONTENT_TYPE_JSON_LINES,
     MESSAGE_BYTES_MAX_DEFAULT,
     Frame,
+    FrameRun,
     FrameTooLargeError,
     Framing,
     MessageDecodeError,
@@ -26,6 +29,7 @@ from gazette_consumer.message.framing import (
     UnpackEvent,
     check_message_size,
 )
+from gazette_consumer.message.message import UUIDOf, message_uuid
 from gazette_consumer.message.uuid import NIL_UUID
 
 T = TypeVar("T")
@@ -63,10 +67,27 @@ class JSONMessage(msgspec.Struct, kw_only=True):
 
 
 class JSONDecoder(Generic[T]):
-    """Decodes JSON frames into ``message_type`` (anything msgspec can decode into)."""
+    """Decodes JSON frames into ``message_type`` (anything msgspec can decode into).
+
+    `uuid_of` reads a decoded message's UUID for envelopes: the ``uuid`` attribute itself for a
+    JSONMessage that keeps the base `get_uuid` (msgspec decoded it as a ``uuid.UUID``), else
+    the general `message_uuid`.
+    """
 
     def __init__(self, message_type: type[T]) -> None:
         self._decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(message_type)
+        self.uuid_of: UUIDOf = message_uuid
+        if isinstance(message_type, type) and issubclass(message_type, JSONMessage):
+            if message_type.get_uuid is JSONMessage.get_uuid:
+                self.uuid_of = attrgetter("uuid")
+
+    def decode_payloads(self, payloads: list[bytes]) -> list[T]:
+        """Decode the payloads of a `FrameRun` (lines without their newline) all at once.
+
+        Raises on the first one that does not decode, without naming it: the caller then decodes
+        the run's frames one by one with `decode`, which does.
+        """
+        return list(map(self._decoder.decode, payloads))
 
     def decode(self, frame: Frame) -> T:
         try:
@@ -124,6 +145,32 @@ class JSONUnpacker(Unpacker):
         self._search_from = len(buf) - pos
         return pos
 
+    def feed_run(self, chunk: bytes, offset: int) -> FrameRun | None:
+        """`feed`, in one pass of C loops, when `chunk` completes only lines within bounds."""
+        buf = self._buf
+        if offset != self._buf_begin + len(buf) or self._skip_begin is not None:
+            return None
+        if chunk.rfind(_NEWLINE) < 0:
+            # No frame ends here: `feed` buffers the chunk (searching only what is new), rather
+            # than this copying a long line's buffer once per chunk.
+            return None
+        # What is buffered holds no newline (it was searched), so joining loses no frame.
+        source = bytes(buf) + chunk if buf else bytes(chunk)
+        payloads = source.split(_NEWLINE)
+        rest = payloads.pop()
+        if not payloads:
+            return None  # No newline yet: `feed` buffers the chunk.
+        lengths = list(map(len, payloads))
+        bytes_max = self.message_bytes_max
+        if len(rest) > bytes_max or max(lengths) > bytes_max:
+            return None  # `feed` reports (and skips) the over-long line.
+        # Frame i spans its payload and newline: offsets are a running sum of length + 1.
+        offsets = list(accumulate(map((1).__add__, lengths), initial=self._buf_begin))
+        self._buf = bytearray(rest)
+        self._buf_begin = offsets[-1]
+        self._search_from = len(rest)
+        return FrameRun(payloads, offsets, source)
+
     def _finish(self, buf: bytearray, begin: int, events: list[UnpackEvent]) -> None:
         end = begin + len(buf)
         if self._skip_begin is not None:
@@ -152,7 +199,8 @@ class JSONFraming(Framing):
             raise MessageEncodeError(
                 f"{type(message).__name__} message is not JSON-encodable: {err}"
             ) from err
-        check_message_size(self, message, len(encoded))
+        if len(encoded) > self.message_bytes_max:  # Checked inline: once per message published.
+            check_message_size(self, message, len(encoded))
         return encoded + _NEWLINE
 
     def marshal_into(self, message: object, buf: bytearray) -> int:

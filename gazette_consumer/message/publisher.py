@@ -40,7 +40,7 @@ from gazette_consumer.message.clock import (
     CLOCK_SEQUENCE_BITS,
     G1582_NS100,
     Clock,
-    check_clock,
+    ClockError,
 )
 from gazette_consumer.message.framing import (
     MESSAGE_BYTES_MAX_DEFAULT,
@@ -81,6 +81,13 @@ class AsyncJournalAppender(Protocol[A_co]):
         ...
 
 
+class AppendNowait(Protocol[A_co]):
+    """An appender's optional one-call fast path (`AppendService.append_nowait`): write `data`
+    to the journal's batch and release it if that needs no wait, else None (nothing written)."""
+
+    def __call__(self, journal: str, data: bytes, /) -> A_co | None: ...
+
+
 class InvalidMessageError(TypeError):
     """A published object does not implement the Message interface."""
 
@@ -108,16 +115,35 @@ def _uuid_int(node: int, clock: int, flags: int) -> int:
 
 
 _SAFE_UNKNOWN: Final = uuid_module.SafeUUID.unknown
+_new_object: Final = object.__new__
 
 
 def _new_uuid(value: int) -> UUID:
     # uuid.UUID's constructor parses and checks its many argument forms (about 1 µs); a
     # publisher mints one per message from an int it built itself. This sets the same slots
-    # the constructor would; `_check_fast_uuid` proves the result equal at import.
-    out = object.__new__(UUID)
-    object.__setattr__(out, "int", value)
-    object.__setattr__(out, "is_safe", _SAFE_UNKNOWN)
+    # the constructor would, through their descriptors (UUID's own __setattr__ refuses);
+    # `_check_fast_uuid` proves the result equal at import.
+    out = _new_object(UUID)
+    _set_int(out, value)
+    _set_is_safe(out, _SAFE_UNKNOWN)
     return out
+
+
+def _slot_setter(name: str) -> Callable[[UUID, object], None]:
+    descriptor = UUID.__dict__.get(name)
+    setter = getattr(descriptor, "__set__", None)
+    if setter is None:  # A future UUID without this slot: `_check_fast_uuid` falls back.
+        return lambda out, value: object.__setattr__(out, name, value)
+    return setter  # type: ignore[no-any-return]
+
+
+_set_int: Final = _slot_setter("int")
+_set_is_safe: Final = _slot_setter("is_safe")
+
+
+async def _ready(value: A) -> A:
+    """An awaitable of a value already at hand (what a publish that needed no wait returns)."""
+    return value
 
 
 def _check_fast_uuid() -> Callable[[int], UUID]:
@@ -157,6 +183,8 @@ class Publisher(Generic[A]):
                 f"message_bytes_max: {message_bytes_max} must be in [1, {MESSAGE_BYTES_MAX_LIMIT}]"
             )
         self._appender = appender
+        # The appender's one-call fast path, if it has one (AppendService does).
+        self._append_nowait: AppendNowait[A] | None = getattr(appender, "append_nowait", None)
         self._auto_clock = clock is None
         self._clock = clock if clock is not None else Clock.from_unix_nanos(time_ns())
         self._time_ns = time_ns
@@ -195,11 +223,21 @@ class Publisher(Generic[A]):
         """Publish `message` to the journal `mapping` chooses, readable at once by
         read-committed readers: ``aa = await publisher.publish_committed(mapping, msg)``
         returns the batch it joined (await that to learn when it committed)."""
-        # A plain function returning the append's coroutine, rather than a coroutine awaiting
-        # it: one coroutine less per message on the hottest path. Mapping errors raise at the
-        # call, which `await publisher.publish_committed(...)` cannot tell apart.
+        # A plain function returning a coroutine, rather than a coroutine: where the appender
+        # takes the message at once (the common case), all the work is done here and the
+        # coroutine only hands the batch back. Errors (mapping, marshalling) raise at the call,
+        # which `await publisher.publish_committed(...)` cannot tell apart.
         journal, content_type = mapping(message)
         framing = self._framings.get(content_type) or self._framing(content_type)
+        append_nowait = self._append_nowait
+        if append_nowait is not None:
+            # _try_append_nowait, inlined: this is the hottest path of a publisher.
+            clock = self._clock
+            before = clock.value
+            appended = append_nowait(journal, self._sequence(message, framing, _OUTSIDE_TXN))
+            if appended is not None:
+                return _ready(appended)
+            clock.value = before
         return self._append(journal, framing, message, _OUTSIDE_TXN)
 
     async def publish_uncommitted(self, mapping: Callable[[Any], Partition], message: Any) -> A:
@@ -212,7 +250,9 @@ class Publisher(Generic[A]):
             )
         journal, content_type = mapping(message)
         framing = self._framings.get(content_type) or self._framing(content_type)
-        appended = await self._append(journal, framing, message, _CONTINUE_TXN)
+        appended = self._try_append_nowait(journal, framing, message, _CONTINUE_TXN)
+        if appended is None:
+            appended = await self._append(journal, framing, message, _CONTINUE_TXN)
         if journal not in self._intents:
             ack: Message = new_acknowledgement(journal)
             self._intents[journal] = (ack, framing)
@@ -235,45 +275,71 @@ class Publisher(Generic[A]):
         """Append each intent to its journal (see `write_ack_intents`)."""
         return await write_ack_intents(self._appender, intents, dependencies)
 
+    def _try_append_nowait(
+        self, journal: str, framing: Framing, message: Any, flags: int
+    ) -> A | None:
+        """Sequence, frame and append `message` in one go through the appender's fast path, if
+        it has one and it needs no wait; else None, and nothing was appended."""
+        append_nowait = self._append_nowait
+        if append_nowait is None:
+            return None
+        # The clock ticks right before the append, with no await in between: clocks reach the
+        # journal in order.
+        clock = self._clock
+        before = clock.value
+        appended = append_nowait(journal, self._sequence(message, framing, flags))
+        if appended is None:
+            # The appender must wait: the message is sequenced again once it may append.
+            # Nothing saw this clock value, so it is given back rather than skipped.
+            clock.value = before
+        return appended
+
     async def _append(self, journal: str, framing: Framing, message: Any, flags: int) -> A:
-        set_uuid = getattr(message, "set_uuid", None)
-        if set_uuid is None:
-            raise InvalidMessageError(
-                f"{type(message).__name__} is not a Message: it has no set_uuid"
-            )
         appended = self._appender.start_append_nowait(journal)
         if appended is None:
             appended = await self._appender.start_append(journal)
         # Held from here to release: no await, so clocks reach the journal in order.
         try:
-            clock = self._clock
-            if self._auto_clock:
-                # Clock.update, inlined: this runs for every message.
-                wall = (self._time_ns() // 100 + G1582_NS100) << CLOCK_SEQUENCE_BITS
-                if wall > clock.value:
-                    if wall > CLOCK_MAX:
-                        check_clock(wall)  # Raises ClockError.
-                    clock.value = wall
-            value = clock.tick()
-            if value >> 36 != self._high_clock:
-                # The UUID bits above the clock's low 36 change every ~7 minutes: rebuild them
-                # (with the producer and the version and variant bits) only then.
-                self._high_clock = value >> 36
-                self._high_bits = _uuid_int(self._node, value & ~0xF_FFFF_FFFF, 0)
-            set_uuid(
-                _make_uuid(
-                    self._high_bits
-                    | ((value >> 4) & 0xFFFF_FFFF) << 96
-                    | (((value & 0xF) << 10) | flags) << 48
-                )
-            )
-            frame = framing.marshal(message)
+            frame = self._sequence(message, framing, flags)
         except BaseException:
             appended.abort()  # Nothing was written: the batch goes on without this message.
             raise
         appended.write(frame)
         appended.release()
         return appended
+
+    def _sequence(self, message: Any, framing: Framing, flags: int) -> bytes:
+        """Set the next UUID (of `flags`) on `message`, and return its frame. Call right
+        before appending the frame, with no await in between."""
+        set_uuid = getattr(message, "set_uuid", None)
+        if set_uuid is None:
+            raise InvalidMessageError(
+                f"{type(message).__name__} is not a Message: it has no set_uuid"
+            )
+        # Clock.update and Clock.tick, inlined: this runs for every message.
+        clock = self._clock
+        value = clock.value
+        if self._auto_clock:
+            wall = (self._time_ns() // 100 + G1582_NS100) << CLOCK_SEQUENCE_BITS
+            if wall > value:
+                value = wall
+        value += 1
+        if value > CLOCK_MAX:  # Nothing changed: the clock is not moved.
+            raise ClockError(f"clock: {clock.value} cannot tick past the uint64 range")
+        clock.value = value
+        if value >> 36 != self._high_clock:
+            # The UUID bits above the clock's low 36 change every ~7 minutes: rebuild them
+            # (with the producer and the version and variant bits) only then.
+            self._high_clock = value >> 36
+            self._high_bits = _uuid_int(self._node, value & ~0xF_FFFF_FFFF, 0)
+        set_uuid(
+            _make_uuid(
+                self._high_bits
+                | ((value >> 4) & 0xFFFF_FFFF) << 96
+                | (((value & 0xF) << 10) | flags) << 48
+            )
+        )
+        return framing.marshal(message)
 
     def _framing(self, content_type: str) -> Framing:
         framing = framing_for_content_type(content_type, message_bytes_max=self._message_bytes_max)

@@ -159,3 +159,25 @@ def _clock_of(value: int) -> int:
     time_hi = (value >> 64) & 0x0FFF
     sequence = (value >> 58) & 0xF
     return (time_hi << 52) | (time_mid << 36) | (time_low << 4) | sequence
+
+
+def uuid_low_parts(low: int) -> tuple[ProducerID, int, int] | None:
+    """(ProducerID, sequence counter, flags) of a UUID's low 64 bits (``u.int & (2**64 - 1)``),
+    or None if they are not of the RFC 4122 variant.
+
+    With `uuid_high_clock`, parses a UUID in halves that repeat across messages, so that a
+    reader can cache them (see `message.EnvelopeBuilder`).
+    """
+    if low >> 62 != 0b10:
+        return None
+    producer = ProducerID((low & 0xFFFF_FFFF_FFFF).to_bytes(PRODUCER_ID_BYTES, "big"))
+    return producer, (low >> 58) & 0xF, (low >> 48) & FLAGS_MAX
+
+
+def uuid_high_clock(mid: int) -> int | None:
+    """The clock bits held by bits 64-95 of a UUID (``(u.int >> 64) & (2**32 - 1)``: time_mid,
+    version, time_hi), or None if the version is not 1. The clock is this, OR the 32 bits of
+    time_low (``u.int >> 96``) shifted left by 4, OR the sequence counter."""
+    if (mid >> 12) & 0xF != 1:
+        return None
+    return (mid & 0x0FFF) << 52 | (mid >> 16) << 36

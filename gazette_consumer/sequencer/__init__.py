@@ -20,6 +20,7 @@ from gazette_consumer.sequencer.types import (
     QueueOutcome,
     ReplayRequired,
     SeqEnvelope,
+    Sequenced,
     SequencerCheckpoint,
     SequencerError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "ReplayMismatchError",
     "ReplayRequired",
     "SeqEnvelope",
+    "Sequenced",
     "Sequencer",
     "SequencerCheckpoint",
     "SequencerError",

@@ -1,10 +1,11 @@
-"""ReadChannel: decoded chunks from many journal readers to one consumer, bounded.
+"""ReadChannel: chunks read from many journals, to one consumer, bounded.
 
-Each source journal's reader task puts a `Batch` (the envelopes of one decoded chunk) and waits
-while the channel holds `size` of them; the one consuming task takes batches without awaiting
-(`get_nowait`) and awaits only `wait()` for more. Waiting and taking are separate steps, so a
-consumer cancelled while it waits loses nothing. A reader that fails closes the channel with its
-error, behind the batches it put before: the consumer sees them, then the error, every time.
+Each source journal's reader task puts an item (ReadCommittedIter puts one undecoded chunk; a
+`Batch` holds the envelopes of a decoded one) and waits while the channel holds `size` of them;
+the one consuming task takes items without awaiting (`get_nowait`) and awaits only `wait()` for
+more. Waiting and taking are separate steps, so a consumer cancelled while it waits loses
+nothing. A reader that fails closes the channel with its error, behind the items it put before:
+the consumer sees them, then the error, every time.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from gazette_consumer.sequencer.types import SeqEnvelope
+from gazette_consumer.message.message import Envelope
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +26,7 @@ class Batch:
     all of them were consumed."""
 
     journal: str
-    envelopes: list[SeqEnvelope]
+    envelopes: list[Envelope[Any]]
     through: int
 
 
@@ -31,22 +35,22 @@ class _Failure:
     error: BaseException
 
 
-class ReadChannel:
-    """A bounded queue of batches from many readers to one consumer, which a failed reader
+class ReadChannel(Generic[T]):
+    """A bounded queue of items from many readers to one consumer, which a failed reader
     closes with its error. `get_nowait` never loses an item to a cancelled waiter: waiting
     (`wait`) and taking are separate steps."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._items: deque[Batch | _Failure] = deque()
+        self._items: deque[T | _Failure] = deque()
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
 
-    async def put(self, batch: Batch) -> None:
+    async def put(self, item: T) -> None:
         while len(self._items) >= self._size:
             self._space.clear()
             await self._space.wait()
-        self._items.append(batch)
+        self._items.append(item)
         self._ready.set()
 
     def fail(self, error: BaseException) -> None:
@@ -54,7 +58,7 @@ class ReadChannel:
         self._items.append(_Failure(error))
         self._ready.set()
 
-    def get_nowait(self) -> Batch | None:
+    def get_nowait(self) -> T | None:
         if not self._items:
             self._ready.clear()
             return None

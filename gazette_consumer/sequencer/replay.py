@@ -22,11 +22,12 @@ from typing import Any
 
 from broker.client.retry_reader import RetryReader
 from broker.protocol import protocol_pb2 as pb
-from gazette_consumer.sequencer.decode import ChunkDecoder, to_seq_envelope
-from gazette_consumer.sequencer.types import ReplayRequired, SeqEnvelope
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.sequencer.decode import ChunkDecoder
+from gazette_consumer.sequencer.types import ReplayRequired
 
 
-class Replay(Iterator[SeqEnvelope]):
+class Replay(Iterator[Envelope[Any]]):
     """The envelopes of one replayed span, read from `reader` by `fill()` and handed to the
     Sequencer through iteration. Call order: `holds(n)`, else `fill(n)`, before n steps of the
     Sequencer, which iterates; once exhausted the reader is closed."""
@@ -46,7 +47,7 @@ class Replay(Iterator[SeqEnvelope]):
         self._ack_clock = ack_clock  # Inclusive upper bound: larger clocks are rolled back.
         self._reader = reader
         self._decoder = decoder
-        self._kept: deque[SeqEnvelope] = deque()
+        self._kept: deque[Envelope[Any]] = deque()
         self.exhausted = False
         """The whole range was read (and the reader closed)."""
 
@@ -54,7 +55,7 @@ class Replay(Iterator[SeqEnvelope]):
         """True if `count` more steps of the Sequencer can be served without reading (`fill`)."""
         return len(self._kept) >= count or self.exhausted
 
-    def __next__(self) -> SeqEnvelope:
+    def __next__(self) -> Envelope[Any]:
         if not self._kept:
             if not self.exhausted:
                 raise AssertionError("replay iterated while it needs I/O (step() before fill())")
@@ -79,12 +80,12 @@ class Replay(Iterator[SeqEnvelope]):
                 self.exhausted = True
                 await self._reader.close()
 
-    def _keep(self, envelopes: list[Any]) -> None:
+    def _keep(self, envelopes: list[Envelope[Any]]) -> None:
         producer = self._producer
         for env in envelopes:
             if env.producer != producer or not self._last_kept < env.clock <= self._ack_clock:
                 continue  # Other producers, duplicates, rolled-back or zero-clock messages.
-            self._kept.append(to_seq_envelope(env))
+            self._kept.append(env)
             self._last_kept = env.clock
 
     async def close(self) -> None:

@@ -5,13 +5,13 @@ closed by an ACK_TXN, so a journal read in order holds duplicates, pending messa
 roll back, and the messages of many producers interleaved. The Sequencer is fed that stream one
 envelope at a time and hands back exactly the committed messages, each once, in per-producer order.
 
-Per (journal, producer) it keeps a `_Partial`: the clock of the last delivered ACK (`min_clock`,
-exclusive), the largest clock of the pending span (`max_clock`), and the offset at which that
-span began. Messages are de-duplicated by clock alone: a producer's clock ticks with every UUID it
+Per (journal, producer) it keeps a `Partial` (ring.py): the clock of the last delivered ACK
+(`min_clock`, exclusive), the largest clock of the pending span (`max_clock`), and the offset at
+which that span began. Messages are de-duplicated by clock alone: a producer's clock ticks with every UUID it
 generates, so anything not larger than what was already seen is a re-append.
 
 Committed messages are normally served from a fixed ring of recently queued envelopes, in which
-the envelopes of one producer's span are linked together. A span that began before what the ring
+the envelopes of one producer's span are linked together (`SpanRing`, ring.py). A span that began before what the ring
 still holds (long transactions, busy journals, a restart from a checkpoint) is re-read instead:
 the Sequencer names the byte range (`ReplayRequired`) and the caller supplies those envelopes
 through `replay()`. Either way no producer waits on another: an ACK delivers its span at once,
@@ -29,15 +29,32 @@ Protocol, for the caller:
 An envelope returned by `step()` counts as consumed for `checkpoint()`: a checkpoint taken after
 it resumes with the next one. Checkpointing only between `queue_uncommitted` calls keeps the
 messages of one ACK within one consumer transaction, as Gazette's consumers do.
+
+Entry points: `queue_uncommitted` validates what it is given (a `SeqEnvelope` was validated when
+built). The others trust it, for envelopes that are valid by construction (the message layer's
+decoders derive them from the framing and the UUID layout), and are what a reader uses:
+
+- `queue_trusted(env)`: `queue_uncommitted` without the validation;
+- `commit_alone(env)`: the commonest case, an OUTSIDE_TXN message that commits by itself, in one
+  call and without touching the ring: what `queue_trusted` and two `step()`s would do; or it
+  declines, changing nothing;
+- `queue_span(pending)`: `queue_trusted` for each envelope of a deque, up to one that commits
+  (a transaction's messages are linked into the ring without per-message outcomes);
+- `dequeue()`: `step()` returning the envelope stepped to.
+
+They leave the Sequencer exactly as the general protocol above would (a property test holds
+them to it), so a caller may mix them freely.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
 
 import structlog
 
+from gazette_consumer.sequencer.ring import Partial, SpanRing
 from gazette_consumer.sequencer.types import (
     CLOCK_MAX,
     FLAG_ACK_TXN,
@@ -48,9 +65,14 @@ from gazette_consumer.sequencer.types import (
     QueueOutcome,
     ReplayRequired,
     SeqEnvelope,
+    Sequenced,
     SequencerCheckpoint,
     SequencerError,
+    check_envelope,
 )
+
+E = TypeVar("E", bound=Sequenced)
+"""The type of envelopes a Sequencer is given, and hands back when they are dequeued."""
 
 RING_SIZE_MAX = 1 << 20
 """Upper bound on `ring_size`: the ring is preallocated, so it bounds the Sequencer's memory."""
@@ -70,45 +92,55 @@ class ReplayMismatchError(SequencerError, ValueError):
     """A replayed envelope lies outside the `ReplayRequired` range it was asked for."""
 
 
-def _invariant(condition: bool, what: str) -> None:
-    # Not `assert`: these guard exactly-once delivery and must survive `python -O`.
-    if not condition:
-        raise AssertionError(f"sequencer invariant violated: {what}")
-
-
-class _Partial:
-    """Sequencing state of one JournalProducer, and the ring entries of its pending span."""
-
-    __slots__ = ("begin", "max_clock", "min_clock", "ring_start", "ring_stop")
-
-    def __init__(self, min_clock: int, begin: int) -> None:
-        self.min_clock = min_clock  # Exclusive: clocks up to here are delivered or acked.
-        self.max_clock = min_clock  # Inclusive: largest clock of the pending span.
-        self.begin = begin  # Offset to replay the pending span from, or -1.
-        self.ring_start = -1  # First ring index of the span's linked entries, or -1.
-        self.ring_stop = -1  # Last ring index of the span's linked entries, or -1.
-
-    def reset(self, clock: int) -> None:
-        """Forget any pending span; `clock` becomes the last acknowledged clock."""
-        self.min_clock = self.max_clock = clock
-        self.begin = self.ring_start = self.ring_stop = -1
-
-
-@dataclass(slots=True)
-class _Emit:
+class _Emit(Generic[E]):
     """A committed sequence being dequeued."""
 
-    jp: JournalProducer
-    partial: _Partial
-    tracked: bool  # False for a zero-clock envelope, which has no per-producer state.
-    replay_required: ReplayRequired | None  # Set until the caller calls replay().
-    replay_range: ReplayRequired | None = None
-    replay: Iterator[SeqEnvelope] | None = None
-    done: bool = False  # The committing envelope was returned: the next step() ends it.
+    __slots__ = (
+        "done",
+        "partial",
+        "producer",
+        "replay",
+        "replay_range",
+        "replay_required",
+        "tracked",
+    )
+
+    def __init__(
+        self,
+        producer: bytes,
+        partial: Partial,
+        replay_required: ReplayRequired | None,
+        *,
+        tracked: bool = True,
+    ) -> None:
+        self.producer = producer
+        self.partial = partial
+        self.tracked = tracked  # False for a zero-clock envelope, which has no producer state.
+        self.replay_required = replay_required  # Set until the caller calls replay().
+        self.replay_range: ReplayRequired | None = None
+        self.replay: Iterator[E] | None = None
+        self.done = False  # The committing envelope was returned: the next step() ends it.
 
 
-class Sequencer:
-    """Sequences read-uncommitted envelopes into read-committed ones. See the module docstring."""
+# Enum members as module constants: reading one through its class costs ~80 ns, per message.
+_OUTSIDE_ALREADY_ACKED: Final = QueueOutcome.OUTSIDE_ALREADY_ACKED
+_OUTSIDE_COMMIT: Final = QueueOutcome.OUTSIDE_COMMIT
+_CONTINUE_ALREADY_ACKED: Final = QueueOutcome.CONTINUE_ALREADY_ACKED
+_CONTINUE_TXN_CLOCK_LARGER: Final = QueueOutcome.CONTINUE_TXN_CLOCK_LARGER
+_CONTINUE_BEGIN_SPAN: Final = QueueOutcome.CONTINUE_BEGIN_SPAN
+_CONTINUE_EXTEND_SPAN: Final = QueueOutcome.CONTINUE_EXTEND_SPAN
+_ACK_ROLLBACK: Final = QueueOutcome.ACK_ROLLBACK
+_ACK_EMPTY: Final = QueueOutcome.ACK_EMPTY
+_ACK_COMMIT_RING: Final = QueueOutcome.ACK_COMMIT_RING
+_ACK_COMMIT_REPLAY: Final = QueueOutcome.ACK_COMMIT_REPLAY
+
+
+class Sequencer(Generic[E]):
+    """Sequences read-uncommitted envelopes into read-committed ones. See the module docstring.
+
+    Generic in the envelopes it is given (`SeqEnvelope`, or anything `Sequenced`), which it
+    hands back unchanged when they are dequeued.
+    """
 
     def __init__(self, ring_size: int, checkpoint: SequencerCheckpoint | None = None) -> None:
         if isinstance(ring_size, bool) or not isinstance(ring_size, int):
@@ -118,27 +150,36 @@ class Sequencer:
         if checkpoint is None:
             checkpoint = SequencerCheckpoint()
 
-        self._ring: list[SeqEnvelope | None] = [None] * ring_size
-        # _next[i] links ring entry i to the next entry of the same span, or is -1.
-        self._next: list[int] = [-1] * ring_size
-        self._head = 0  # Next ring index to write.
+        self._ring: SpanRing[E] = SpanRing(ring_size)
         self._read_through: dict[str, int] = dict(checkpoint.read_through)
-        self._partials: dict[JournalProducer, _Partial] = {}
+        # Keyed by (journal, producer): a tuple is cheaper to build than a JournalProducer,
+        # and one is looked up per queued envelope.
+        self._partials: dict[tuple[str, bytes], Partial] = {}
         for jp, state in checkpoint.producers.items():
             # max_clock is not checkpointed: a restored pending span only needs its begin, and
             # any re-appended duplicate of it is filtered by clock when it is delivered.
-            self._partials[jp] = _Partial(state.last_ack, state.begin)
-        self._emit: _Emit | None = None
-        self._dequeued: SeqEnvelope | None = None
+            self._partials[(jp.journal, jp.producer)] = Partial(state.last_ack, state.begin)
+        self._emit: _Emit[E] | None = None
+        self._dequeued: E | None = None
 
     # -- queueing ------------------------------------------------------------------------------
 
-    def queue_uncommitted(self, env: SeqEnvelope) -> QueueOutcome:
+    def queue_uncommitted(self, env: E) -> QueueOutcome:
         """Apply the next envelope read from `env.journal`, and say what it did.
 
         If the outcome `commits`, the caller must `step()` until it returns False before
-        queueing again (and first `replay()` if `replay_required` is set).
+        queueing again (and first `replay()` if `replay_required` is set). Raises
+        `InvalidEnvelopeError` for an envelope with a field out of its domain (a `SeqEnvelope`
+        was checked when built), changing nothing.
         """
+        if type(env) is not SeqEnvelope:
+            check_envelope(env)
+        return self.queue_trusted(env)
+
+    def queue_trusted(self, env: E) -> QueueOutcome:
+        """`queue_uncommitted`, for an envelope whose fields are valid by construction (built by
+        the message layer's decoders): nothing about it is checked but the protocol order and
+        its offset."""
         if self._emit is not None:
             raise SequencerStateError(
                 "queue_uncommitted: committed messages remain to dequeue; "
@@ -150,36 +191,112 @@ class Sequencer:
                 f"envelope.begin: {env.journal} was read through {read_through}, "
                 f"but the envelope begins at {env.begin}"
             )
-        self._evict_at_head()
+        ring = self._ring
+        if ring.owners[ring.head] is not None:
+            ring.evict_at_head()
         self._dequeued = None
 
-        jp = JournalProducer(env.journal, env.producer)
         if env.clock == 0:
-            return self._commit_untracked(jp, env)
+            return self._commit_untracked(env)
 
-        partial = self._partials.get(jp)
+        key = (env.journal, env.producer)
+        partial = self._partials.get(key)
         if partial is None:
             # First sight of this producer: everything before this clock is presumed seen.
-            partial = _Partial(env.clock - 1, -1)
-            self._partials[jp] = partial
+            partial = self._partials[key] = Partial(env.clock - 1, -1)
 
         outcome = self._classify(env, partial)
-        self._apply(outcome, jp, env, partial)
+        self._apply(outcome, env, partial)
         return outcome
 
-    def _classify(self, env: SeqEnvelope, partial: _Partial) -> QueueOutcome:
-        """Decide the outcome of `env`, without changing any state."""
-        clock = env.clock
-        if env.flags == FLAG_CONTINUE_TXN:
-            if clock <= partial.min_clock:
-                return QueueOutcome.CONTINUE_ALREADY_ACKED
-            if clock <= partial.max_clock:
-                return QueueOutcome.CONTINUE_TXN_CLOCK_LARGER
-            if partial.begin == -1:
-                return QueueOutcome.CONTINUE_BEGIN_SPAN
-            return QueueOutcome.CONTINUE_EXTEND_SPAN
+    def commit_alone(self, env: E) -> bool:
+        """Deliver `env` at once if it commits by itself, and say whether it did.
 
-        if env.flags == FLAG_ACK_TXN:
+        True for what `queue_trusted(env)` would find an OUTSIDE_COMMIT with nothing to discard
+        (an OUTSIDE_TXN message newer than its producer's last ACK, from a producer with no
+        pending span), or a message without a UUID (clock 0): the Sequencer is left exactly as
+        `queue_trusted(env)`, `step()` (returning `env`) and `step()` (returning False) would
+        leave it, and the caller delivers `env` itself. Otherwise nothing changes, and the caller
+        uses `queue_trusted`. Trusts `env` as `queue_trusted` does.
+        """
+        if self._emit is not None or env.flags != FLAG_OUTSIDE_TXN:
+            return False
+        journal, read_through = env.journal, self._read_through
+        if env.begin < read_through.get(journal, 0):
+            return False  # queue_trusted raises OffsetRegressionError.
+        clock = env.clock
+        if clock:
+            key = (journal, env.producer)
+            partial = self._partials.get(key)
+            if partial is None:
+                # As queue_trusted would create it, after the commit reset it to this clock.
+                self._partials[key] = Partial(clock, -1)
+            elif partial.begin != -1 or clock <= partial.min_clock:
+                return False  # A pending span to discard, or a duplicate.
+            else:
+                partial.min_clock = partial.max_clock = clock
+        # The envelope would take the head slot, and be unlinked from it once delivered: the
+        # slot is used up all the same (which evicts its old entry), but left empty.
+        ring = self._ring
+        head = ring.head
+        if ring.owners[head] is not None:
+            ring.evict_at_head()
+        head += 1  # The slot is used up, but left free.
+        ring.head = 0 if head == len(ring.entries) else head
+        read_through[journal] = env.end
+        self._dequeued = None
+        return True
+
+    def queue_span(self, pending: deque[E]) -> E | None:
+        """Queue envelopes from the front of `pending` (trusted, as `queue_trusted`): at least
+        one, then on until one commits, which is returned (the caller steps it, as after
+        `queue_trusted`); or until `pending` is empty or an OUTSIDE_TXN envelope is next (for
+        `commit_alone`), returning None.
+
+        The same as queueing each with `queue_trusted` (an error propagates with the envelope
+        popped), but a transaction's CONTINUE_TXN messages are linked into the ring inline.
+        """
+        read_through, partials = self._read_through, self._partials
+        first = True
+        while pending and (first or pending[0].flags != FLAG_OUTSIDE_TXN):
+            first = False
+            env = pending.popleft()
+            clock = env.clock
+            if env.flags == FLAG_CONTINUE_TXN and clock and self._emit is None:
+                journal = env.journal
+                partial = partials.get((journal, env.producer))
+                # What _classify calls CONTINUE_BEGIN_SPAN or CONTINUE_EXTEND_SPAN, applied as
+                # _apply does (max_clock >= min_clock always, so no ACK covers this clock).
+                if (
+                    partial is not None
+                    and clock > partial.max_clock
+                    and env.begin >= read_through.get(journal, 0)
+                ):
+                    self._dequeued = None
+                    if partial.begin == -1:
+                        partial.begin = env.begin
+                    self._ring.add_at_head(env, partial)
+                    partial.max_clock = clock
+                    read_through[journal] = env.end
+                    continue
+            self.queue_trusted(env)
+            if self._emit is not None:  # The outcome commits.
+                return env
+        return None
+
+    def _classify(self, env: E, partial: Partial) -> QueueOutcome:
+        """Decide the outcome of `env`, without changing any state."""
+        clock, flags = env.clock, env.flags
+        if flags == FLAG_CONTINUE_TXN:
+            if clock <= partial.min_clock:
+                return _CONTINUE_ALREADY_ACKED
+            if clock <= partial.max_clock:
+                return _CONTINUE_TXN_CLOCK_LARGER
+            if partial.begin == -1:
+                return _CONTINUE_BEGIN_SPAN
+            return _CONTINUE_EXTEND_SPAN
+
+        if flags == FLAG_ACK_TXN:
             if clock < partial.min_clock:
                 # An upstream consumer restored a checkpoint older than its furthest progress and
                 # is re-sending its ACKs. Gazette accepts the older clock as the new bound rather
@@ -192,28 +309,28 @@ class Sequencer:
                     clock=clock,
                     last_ack=partial.min_clock,
                 )
-                return QueueOutcome.ACK_ROLLBACK
+                return _ACK_ROLLBACK
             if clock == partial.min_clock:
                 # A re-sent ACK of the last delivered transaction: the producer restarted, and
                 # whatever it began since is abandoned.
-                return QueueOutcome.ACK_ROLLBACK
+                return _ACK_ROLLBACK
             if partial.begin == -1:
-                return QueueOutcome.ACK_EMPTY
+                return _ACK_EMPTY
             if self._span_in_ring(env, partial):
-                return QueueOutcome.ACK_COMMIT_RING
-            return QueueOutcome.ACK_COMMIT_REPLAY
+                return _ACK_COMMIT_RING
+            return _ACK_COMMIT_REPLAY
 
-        if env.flags != FLAG_OUTSIDE_TXN:
+        if flags != FLAG_OUTSIDE_TXN:
             # Reserved flag bits may be used by newer producers; Gazette's readers fall back to
             # treating such messages as committed, and so do we.
             _log.error(
                 "unexpected UUID flags; treating as OUTSIDE_TXN",
                 journal=env.journal,
                 producer=env.producer.hex(),
-                flags=env.flags,
+                flags=flags,
             )
         if clock <= partial.min_clock:
-            return QueueOutcome.OUTSIDE_ALREADY_ACKED
+            return _OUTSIDE_ALREADY_ACKED
         # (A restored checkpoint taken just before this message was dequeued records its own
         # offset as `begin`: that is no mixed use.)
         if partial.begin not in (-1, env.begin):
@@ -224,9 +341,9 @@ class Sequencer:
                 producer=env.producer.hex(),
                 clock=clock,
             )
-        return QueueOutcome.OUTSIDE_COMMIT
+        return _OUTSIDE_COMMIT
 
-    def _span_in_ring(self, ack: SeqEnvelope, partial: _Partial) -> bool:
+    def _span_in_ring(self, ack: E, partial: Partial) -> bool:
         """True if the ring still holds the pending span from its beginning.
 
         Entries are evicted oldest first, so the span's first linked entry starting at the span's
@@ -236,50 +353,49 @@ class Sequencer:
         """
         if partial.ring_start == -1:
             return partial.begin == ack.begin
-        first = self._ring[partial.ring_start]
-        _invariant(first is not None, "a linked ring entry is empty")
-        assert first is not None  # For the type checker; checked just above.
-        return partial.begin == first.begin
+        return partial.begin == self._ring.first(partial).begin
 
-    def _apply(
-        self, outcome: QueueOutcome, jp: JournalProducer, env: SeqEnvelope, partial: _Partial
-    ) -> None:
+    def _apply(self, outcome: QueueOutcome, env: E, partial: Partial) -> None:
         """Carry out `outcome`. A committing outcome defers the read-through offset to the end of
         dequeue, so that a checkpoint taken meanwhile re-reads the committing envelope."""
-        if outcome in _IGNORED:
-            self._read_through[env.journal] = env.end
-        elif outcome in (QueueOutcome.CONTINUE_BEGIN_SPAN, QueueOutcome.CONTINUE_EXTEND_SPAN):
-            if outcome is QueueOutcome.CONTINUE_BEGIN_SPAN:
+        # Identity tests: QueueOutcome hashes in Python, so set membership costs more.
+        if outcome is _CONTINUE_EXTEND_SPAN or outcome is _CONTINUE_BEGIN_SPAN:
+            if outcome is _CONTINUE_BEGIN_SPAN:
                 partial.begin = env.begin
-            self._add_at_head(env, partial)
+            self._ring.add_at_head(env, partial)
             partial.max_clock = env.clock
             self._read_through[env.journal] = env.end
-        elif outcome is QueueOutcome.ACK_ROLLBACK:
+        elif (
+            outcome is _OUTSIDE_ALREADY_ACKED
+            or outcome is _CONTINUE_ALREADY_ACKED
+            or outcome is _CONTINUE_TXN_CLOCK_LARGER
+        ):
+            self._read_through[env.journal] = env.end
+        elif outcome is _ACK_ROLLBACK:
             partial.reset(env.clock)
             self._read_through[env.journal] = env.end
         else:
-            self._add_at_head(env, partial)
-            if outcome is QueueOutcome.ACK_EMPTY:
+            self._ring.add_at_head(env, partial)
+            if outcome is _ACK_EMPTY:
                 partial.begin = env.begin
-            elif outcome is QueueOutcome.OUTSIDE_COMMIT:
+            elif outcome is _OUTSIDE_COMMIT:
                 # The message commits alone; a pending span before it is dropped.
                 partial.begin = env.begin
                 partial.ring_start = partial.ring_stop
             # Commit through this clock only: pending messages with larger clocks roll back.
             partial.max_clock = env.clock
             replay = None
-            if outcome is QueueOutcome.ACK_COMMIT_REPLAY:
-                first = self._ring[partial.ring_start]
-                assert first is not None  # The ACK was just linked.
-                replay = ReplayRequired(env.journal, partial.begin, first.begin)
-            self._emit = _Emit(jp, partial, tracked=True, replay_required=replay)
+            if outcome is _ACK_COMMIT_REPLAY:
+                # The ACK was just linked: the span links one entry at least.
+                replay = ReplayRequired(env.journal, partial.begin, self._ring.first(partial).begin)
+            self._emit = _Emit(env.producer, partial, replay)
 
-    def _commit_untracked(self, jp: JournalProducer, env: SeqEnvelope) -> QueueOutcome:
+    def _commit_untracked(self, env: E) -> QueueOutcome:
         """A zero clock means no usable UUID: deliver it, keeping no producer state for it."""
-        partial = _Partial(0, env.begin)
-        self._add_at_head(env, partial)
-        self._emit = _Emit(jp, partial, tracked=False, replay_required=None)
-        return QueueOutcome.OUTSIDE_COMMIT
+        partial = Partial(0, env.begin)
+        self._ring.add_at_head(env, partial)
+        self._emit = _Emit(env.producer, partial, None, tracked=False)
+        return _OUTSIDE_COMMIT
 
     # -- dequeuing -----------------------------------------------------------------------------
 
@@ -288,7 +404,7 @@ class Sequencer:
         """The range the caller must `replay()` before `step()`, or None."""
         return None if self._emit is None else self._emit.replay_required
 
-    def replay(self, envelopes: Iterable[SeqEnvelope]) -> None:
+    def replay(self, envelopes: Iterable[E]) -> None:
         """Supply the envelopes of the `replay_required` range, in journal order.
 
         They are read lazily by `step()`, so a reader over the journal may be passed directly.
@@ -302,7 +418,7 @@ class Sequencer:
         emit.replay = iter(envelopes)
 
     @property
-    def dequeued(self) -> SeqEnvelope | None:
+    def dequeued(self) -> E | None:
         """The committed envelope the last `step()` returned True for, else None."""
         return self._dequeued
 
@@ -311,18 +427,41 @@ class Sequencer:
 
         The envelope becomes consumed as far as `checkpoint()` is concerned.
         """
+        return self.dequeue() is not None
+
+    def dequeue(self) -> E | None:
+        """`step()`, returning the envelope stepped to (`dequeued`), or None for False."""
         emit = self._emit
         if emit is None or emit.done:
             self._emit = None
             self._dequeued = None
-            return False
+            return None
         if emit.replay_required is not None:
             r = emit.replay_required
             raise SequencerStateError(
                 f"step: replay() {r.journal} [{r.begin}, {r.end}) first, as replay_required asks"
             )
-        env, final = self._next_committed(emit)
         partial = emit.partial
+        if emit.replay is not None:
+            env, final = self._next_committed(emit)
+        else:
+            ring = self._ring
+            index = partial.ring_start
+            following = ring.links[index] if index != -1 else -1
+            env_or_none = ring.entries[index] if following != -1 else None
+            if env_or_none is not None and (
+                partial.min_clock < env_or_none.clock <= partial.max_clock
+            ):
+                # The commonest step, a message inside the span: SpanRing.next_committed's
+                # first turn, inlined (it runs for every transactional message read).
+                partial.ring_start = following
+                ring.entries[index] = ring.owners[index] = None
+                ring.links[index] = -1
+                partial.min_clock = env_or_none.clock
+                partial.begin = env_or_none.end
+                self._dequeued = env_or_none
+                return env_or_none
+            env, final = ring.next_committed(partial)
         if final:
             if emit.tracked:
                 partial.reset(env.clock)
@@ -334,9 +473,9 @@ class Sequencer:
             partial.min_clock = env.clock
             partial.begin = env.end
         self._dequeued = env
-        return True
+        return env
 
-    def _next_committed(self, emit: _Emit) -> tuple[SeqEnvelope, bool]:
+    def _next_committed(self, emit: _Emit[E]) -> tuple[E, bool]:
         """The next envelope to deliver, and whether it is the committing (last) one."""
         partial = emit.partial
         while emit.replay is not None:
@@ -347,31 +486,15 @@ class Sequencer:
             self._check_replayed(emit, env)
             # A replayed range holds other producers' messages, duplicates and messages outside
             # the committed clock range; zero-clock ones were delivered when first read.
-            if env.producer != emit.jp.producer or env.clock == 0:
+            if env.producer != emit.producer or env.clock == 0:
                 continue
             if partial.min_clock < env.clock <= partial.max_clock:
                 return env, False
 
-        # A span links each ring entry at most once, so a longer walk means corrupted links.
-        for _ in range(len(self._ring)):
-            index = partial.ring_start
-            _invariant(index != -1, "ring ran out before the committing envelope")
-            env_or_none = self._ring[index]
-            _invariant(env_or_none is not None, "a linked ring entry is empty")
-            assert env_or_none is not None  # For the type checker; checked just above.
-            partial.ring_start = self._next[index]
-            if partial.ring_start == -1:
-                # The committing envelope was linked last, and commits regardless of the clock
-                # filter: it was checked against min_clock when queued.
-                return env_or_none, True
-            # Skipped: larger clocks the ACK rolls back, and (after a replay) re-appended
-            # duplicates of what the replay already delivered.
-            if partial.min_clock < env_or_none.clock <= partial.max_clock:
-                return env_or_none, False
-        raise AssertionError("sequencer invariant violated: a span's ring links form a cycle")
+        return self._ring.next_committed(partial)
 
     @staticmethod
-    def _check_replayed(emit: _Emit, env: SeqEnvelope) -> None:
+    def _check_replayed(emit: _Emit[E], env: E) -> None:
         r = emit.replay_range
         assert r is not None  # Set together with emit.replay.
         if env.journal != r.journal:
@@ -399,15 +522,17 @@ class Sequencer:
         if not 0 <= horizon_clock <= CLOCK_MAX:
             raise ValueError(f"horizon_clock: must be in [0, {CLOCK_MAX}] (got {horizon_clock})")
         stale = [
-            jp for jp, p in self._partials.items() if p.begin == -1 and p.min_clock < horizon_clock
+            key
+            for key, p in self._partials.items()
+            if p.begin == -1 and p.min_clock < horizon_clock
         ]
-        for jp in stale:
-            del self._partials[jp]
+        for key in stale:
+            del self._partials[key]
         return SequencerCheckpoint(
             read_through=self._read_through,
             producers={
-                jp: ProducerState(last_ack=p.min_clock, begin=p.begin)
-                for jp, p in self._partials.items()
+                JournalProducer(journal, producer): ProducerState(p.min_clock, p.begin)
+                for (journal, producer), p in self._partials.items()
             },
         )
 
@@ -418,48 +543,6 @@ class Sequencer:
         its ACK is coming soon, and is worth waiting for before committing a transaction.
         """
         return any(
-            p.begin != -1 and p.begin >= since.get(jp.journal, 0)
-            for jp, p in self._partials.items()
+            p.begin != -1 and p.begin >= since.get(journal, 0)
+            for (journal, _), p in self._partials.items()
         )
-
-    # -- the ring ------------------------------------------------------------------------------
-
-    def _evict_at_head(self) -> None:
-        """Free the ring slot about to be written, unlinking it from a span that still uses it."""
-        env = self._ring[self._head]
-        if env is None:
-            return
-        partial = self._partials.get(JournalProducer(env.journal, env.producer))
-        # Entries are evicted oldest first, so a span still linking this entry starts with it.
-        if partial is not None and partial.ring_start == self._head:
-            following = self._next[self._head]
-            _invariant(
-                (partial.ring_start == partial.ring_stop) == (following == -1),
-                "a span's last linked entry must end its chain",
-            )
-            if following == -1:
-                partial.ring_start = partial.ring_stop = -1
-            else:
-                partial.ring_start = following
-        self._ring[self._head] = None
-        self._next[self._head] = -1
-
-    def _add_at_head(self, env: SeqEnvelope, partial: _Partial) -> None:
-        """Write `env` at the head of the ring, linked at the end of `partial`'s span."""
-        self._ring[self._head] = env
-        self._next[self._head] = -1
-        if partial.ring_stop == -1:
-            partial.ring_start = self._head
-        else:
-            self._next[partial.ring_stop] = self._head
-        partial.ring_stop = self._head
-        self._head = (self._head + 1) % len(self._ring)
-
-
-_IGNORED = frozenset(
-    {
-        QueueOutcome.OUTSIDE_ALREADY_ACKED,
-        QueueOutcome.CONTINUE_ALREADY_ACKED,
-        QueueOutcome.CONTINUE_TXN_CLOCK_LARGER,
-    }
-)

@@ -1,9 +1,10 @@
 """Values the Sequencer consumes and produces.
 
 The Sequencer is deliberately independent of the message layer: it sees a read-uncommitted
-message only as a `SeqEnvelope` (where it was read, which producer wrote it, its clock and its
-transaction flags). Adapting a decoded `Envelope` to a `SeqEnvelope` is the caller's job, which
-keeps this sans-IO core free of framings and UUID parsing.
+message only as something `Sequenced` (where it was read, which producer wrote it, its clock and
+its transaction flags). `SeqEnvelope` is this module's own such value, validated when built; the
+message layer's decoded `Envelope` has the same attributes, so the read iterators queue those
+directly, which keeps this sans-IO core free of framings and UUID parsing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 # Transaction flags, as carried in the low 10 bits of a Gazette UUID's clock sequence.
 FLAG_OUTSIDE_TXN = 0x0
@@ -62,6 +64,45 @@ def _check_int(value: object, lo: int, hi: int, path: str, error: type[Sequencer
         raise error(f"{path}: must be an int in [{lo}, {hi}] (got {value!r})")
 
 
+class Sequenced(Protocol):
+    """What the Sequencer reads of a queued envelope (`SeqEnvelope`, or the message layer's
+    `Envelope`); it hands the envelope itself back when the message is dequeued."""
+
+    @property
+    def journal(self) -> str: ...
+
+    @property
+    def begin(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def producer(self) -> bytes: ...
+
+    @property
+    def clock(self) -> int: ...
+
+    @property
+    def flags(self) -> int: ...
+
+
+def check_envelope(env: Sequenced) -> None:
+    """Raise InvalidEnvelopeError unless every field of `env` is in its domain."""
+    _check_journal(env.journal, "envelope.journal", InvalidEnvelopeError)
+    _check_int(env.begin, 0, OFFSET_MAX, "envelope.begin", InvalidEnvelopeError)
+    _check_int(env.end, 0, OFFSET_MAX, "envelope.end", InvalidEnvelopeError)
+    # Every framed message occupies at least one byte; an empty range would make the
+    # offsets the Sequencer checkpoints ambiguous.
+    if env.end <= env.begin:
+        raise InvalidEnvelopeError(
+            f"envelope.end: must be > begin (got begin={env.begin}, end={env.end})"
+        )
+    _check_producer(env.producer, "envelope.producer", InvalidEnvelopeError)
+    _check_int(env.clock, 0, CLOCK_MAX, "envelope.clock", InvalidEnvelopeError)
+    _check_int(env.flags, 0, FLAGS_MAX, "envelope.flags", InvalidEnvelopeError)
+
+
 @dataclass(frozen=True, slots=True)
 class SeqEnvelope:
     """One read-uncommitted message: the journal byte range it was read from, and its UUID parts.
@@ -80,18 +121,7 @@ class SeqEnvelope:
     message: object = None
 
     def __post_init__(self) -> None:
-        _check_journal(self.journal, "envelope.journal", InvalidEnvelopeError)
-        _check_int(self.begin, 0, OFFSET_MAX, "envelope.begin", InvalidEnvelopeError)
-        _check_int(self.end, 0, OFFSET_MAX, "envelope.end", InvalidEnvelopeError)
-        # Every framed message occupies at least one byte; an empty range would make the
-        # offsets the Sequencer checkpoints ambiguous.
-        if self.end <= self.begin:
-            raise InvalidEnvelopeError(
-                f"envelope.end: must be > begin (got begin={self.begin}, end={self.end})"
-            )
-        _check_producer(self.producer, "envelope.producer", InvalidEnvelopeError)
-        _check_int(self.clock, 0, CLOCK_MAX, "envelope.clock", InvalidEnvelopeError)
-        _check_int(self.flags, 0, FLAGS_MAX, "envelope.flags", InvalidEnvelopeError)
+        check_envelope(self)
 
     @property
     def is_ack(self) -> bool:

@@ -72,6 +72,24 @@ def test_random_mapping_uses_every_partition() -> None:
     assert all(800 <= c <= 1200 for c in counts.values()), counts
 
 
+def test_random_mapping_follows_a_partitions_function() -> None:
+    current = [parts(3)]
+    mapping = random_mapping(lambda: current[0], rng=random.Random(11))
+    counts = Counter(mapping(object()).journal for _ in range(3000))
+    assert set(counts) == set(current[0].journals)
+    assert all(800 <= c <= 1200 for c in counts.values()), counts
+    current[0] = parts(1, "test/other-")
+    assert {mapping(object()).journal for _ in range(20)} == {"test/other-000"}
+    current[0] = Partitions()
+    with pytest.raises(EmptyPartitionsError, match="no partitions"):
+        mapping(object())
+
+
+def test_random_mapping_of_one_partition_is_that_partition() -> None:
+    only = parts(1)
+    assert {random_mapping(only)(object()) for _ in range(10)} == {only[0]}
+
+
 # Journal names from small integers: cheap to generate, and collisions between the two lists
 # of a test (partitions both before and after) are common.
 journal_names = st.lists(st.integers(0, 60), min_size=1, max_size=12, unique=True).map(

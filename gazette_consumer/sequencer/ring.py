@@ -1,0 +1,137 @@
+"""The Sequencer's ring of recently queued envelopes, linked per producer span (sans-IO).
+
+The ring has a fixed number of slots, written in turn at `head`. Each envelope of a pending span
+(a producer's CONTINUE_TXN messages, then the ACK or OUTSIDE_TXN message that commits them) is
+written at the head and linked after the span's previous entry, so that a commit walks exactly
+its own span's entries, however many other producers' entries lie between them. Writing the head
+evicts the oldest entry: a span that loses its first entry so can no longer be served from the
+ring, and the Sequencer replays it from the journal instead.
+
+A slot is freed as soon as its entry is walked past (delivered, or skipped by the commit), not
+only when the head comes round: a delivered message is then not kept alive by the ring, which
+matters to the garbage collector on a reader's hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+from gazette_consumer.sequencer.types import Sequenced
+
+E = TypeVar("E", bound=Sequenced)
+
+
+def invariant(condition: bool, what: str) -> None:
+    # Not `assert`: these guard exactly-once delivery and must survive `python -O`.
+    if not condition:
+        raise AssertionError(f"sequencer invariant violated: {what}")
+
+
+class Partial:
+    """Sequencing state of one JournalProducer, and the ring entries of its pending span.
+
+    A partial without a pending span (`begin` -1) links no ring entry.
+    """
+
+    __slots__ = ("begin", "max_clock", "min_clock", "ring_start", "ring_stop")
+
+    def __init__(self, min_clock: int, begin: int) -> None:
+        self.min_clock = min_clock  # Exclusive: clocks up to here are delivered or acked.
+        self.max_clock = min_clock  # Inclusive: largest clock of the pending span.
+        self.begin = begin  # Offset to replay the pending span from, or -1.
+        self.ring_start = -1  # First ring index of the span's linked entries, or -1.
+        self.ring_stop = -1  # Last ring index of the span's linked entries, or -1.
+
+    def reset(self, clock: int) -> None:
+        """Forget any pending span; `clock` becomes the last acknowledged clock."""
+        self.min_clock = self.max_clock = clock
+        self.begin = self.ring_start = self.ring_stop = -1
+
+
+class SpanRing(Generic[E]):
+    """`size` slots of envelopes, each linked into the span of the Partial that owns it.
+
+    The lists are public to the Sequencer, whose hottest paths read them inline.
+    """
+
+    __slots__ = ("entries", "head", "links", "owners")
+
+    def __init__(self, size: int) -> None:
+        self.entries: list[E | None] = [None] * size
+        # The Partial whose span linked slot i (set with it), so that evicting the entry needs
+        # no lookup; None for a free slot.
+        self.owners: list[Partial | None] = [None] * size
+        # links[i] is the next slot of the same span after slot i, or -1 (always -1 when free).
+        self.links: list[int] = [-1] * size
+        self.head = 0  # Next slot to write.
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def evict_at_head(self) -> None:
+        """Free the head slot, unlinking its entry from the span that still links it."""
+        head = self.head
+        partial = self.owners[head]
+        if partial is None:
+            return
+        # Entries are evicted oldest first, so a span still linking this entry starts with it.
+        # (Its owner is the only partial that can link it: one pruned or replaced since links
+        # nothing, as a partial without a pending span links nothing.)
+        if partial.ring_start == head:
+            following = self.links[head]
+            invariant(
+                (partial.ring_start == partial.ring_stop) == (following == -1),
+                "a span's last linked entry must end its chain",
+            )
+            if following == -1:
+                partial.ring_start = partial.ring_stop = -1
+            else:
+                partial.ring_start = following
+        self.entries[head] = None
+        self.owners[head] = None
+        self.links[head] = -1
+
+    def add_at_head(self, env: E, partial: Partial) -> None:
+        """Write `env` at the head (evicting what was there), linked last in `partial`'s span."""
+        head = self.head
+        if self.owners[head] is not None:
+            self.evict_at_head()
+        self.entries[head] = env
+        self.owners[head] = partial
+        if partial.ring_stop == -1:
+            partial.ring_start = head
+        else:
+            self.links[partial.ring_stop] = head
+        partial.ring_stop = head
+        head += 1
+        self.head = 0 if head == len(self.entries) else head
+
+    def first(self, partial: Partial) -> E:
+        """The first entry `partial`'s span still links (it must link one)."""
+        env = self.entries[partial.ring_start]
+        invariant(env is not None, "a linked ring entry is empty")
+        assert env is not None  # For the type checker; checked just above.
+        return env
+
+    def next_committed(self, partial: Partial) -> tuple[E, bool]:
+        """Unlink and return the next entry of `partial`'s committed span that is delivered,
+        and whether it is the committing (last) one. Skipped on the way, and freed: messages
+        with clocks the commit rolls back, and duplicates of what was already delivered."""
+        entries, owners, links = self.entries, self.owners, self.links
+        # A span links each slot at most once, so a longer walk means corrupted links.
+        for _ in range(len(entries)):
+            index = partial.ring_start
+            invariant(index != -1, "ring ran out before the committing envelope")
+            env = entries[index]
+            invariant(env is not None, "a linked ring entry is empty")
+            assert env is not None  # For the type checker; checked just above.
+            partial.ring_start = links[index]
+            entries[index] = owners[index] = None
+            links[index] = -1
+            if partial.ring_start == -1:
+                # The committing envelope was linked last, and commits regardless of the clock
+                # filter: it was checked against min_clock when queued.
+                return env, True
+            if partial.min_clock < env.clock <= partial.max_clock:
+                return env, False
+        raise AssertionError("sequencer invariant violated: a span's ring links form a cycle")

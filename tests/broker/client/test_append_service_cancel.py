@@ -1,0 +1,113 @@
+"""AppendService: a writer that cancels the shared future of a batch (``asyncio.gather`` over
+AsyncAppends being cancelled, or a store cancelling a task that wraps one) must not crash the
+journal's worker: the append still lands, later batches still go out, and leaving the service
+raises nothing. A cancelled *dependency* fails the dependent batch with DependencyFailedError
+rather than ending the worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.client.append_service import AppendService, DependencyFailedError
+from broker.client.route_cache import JournalClient
+from broker.protocol.status import JournalNotFoundError
+from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+
+J = "test/cancel"
+WAIT_S = 30.0
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[Cluster, JournalClient]]:
+    cluster = Cluster()
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    await cluster.create(journal_spec(J), [broker])
+    client = JournalClient(broker.endpoint)
+    try:
+        yield cluster, client
+    finally:
+        await client.close()
+        await cluster.close()
+
+
+def content(cluster: Cluster) -> bytes:
+    return local_content(cluster.brokers[0], J)[1]
+
+
+async def test_cancelled_gather_over_appends_leaves_the_worker_running(
+    env: tuple[Cluster, JournalClient],
+) -> None:
+    cluster, client = env
+    async with AppendService(client) as service:
+        # The gather is cancelled before the batch is even released, so that the cancel
+        # surely happens before its response arrives.
+        first = await service.start_append(J)
+        first.write(b"one\n")
+        gathered = asyncio.gather(first.future)
+        gathered.cancel()
+        first.release()
+        with pytest.raises(asyncio.CancelledError):
+            await gathered
+        assert first.future.cancelled()  # gather cancelled the AppendService's own future.
+
+        second = await service.start_append(J)
+        second.write(b"two\n")
+        second.release()
+        async with asyncio.timeout(WAIT_S):
+            response = await second
+        assert response.commit.end == len(b"one\ntwo\n")
+        assert service.stats.committed == 2  # The cancelled batch committed all the same.
+    assert content(cluster) == b"one\ntwo\n"
+
+
+async def test_cancelled_future_of_a_failing_append_leaves_the_worker_running(
+    env: tuple[Cluster, JournalClient],
+) -> None:
+    _cluster, client = env
+    async with AppendService(client) as service:
+        missing = await service.start_append("test/no-such-journal")
+        missing.write(b"x\n")
+
+        # What cancelling a task that awaits it does to the shared future.
+        missing.future.cancel()
+        missing.release()
+        # A later batch of the same journal resolves only after the worker handled this one.
+        # (Its own batch, not the cancelled one: a batch joins appends of equal dependencies.)
+        resolved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        resolved.set_result(None)
+        later = await service.start_append("test/no-such-journal", dependencies=[resolved])
+        later.write(b"y\n")
+        later.release()
+        with pytest.raises(JournalNotFoundError):
+            async with asyncio.timeout(WAIT_S):
+                await later
+        assert service.stats.failed == 2
+        ok = await service.start_append(J)
+        ok.write(b"after\n")
+        ok.release()
+        async with asyncio.timeout(WAIT_S):
+            assert (await ok).commit.end == len(b"after\n")
+
+
+async def test_a_cancelled_dependency_fails_the_dependent_batch_only(
+    env: tuple[Cluster, JournalClient],
+) -> None:
+    cluster, client = env
+    async with AppendService(client) as service:
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        dependent = await service.start_append(J, dependencies=[gate])
+        dependent.write(b"never\n")
+        dependent.release()
+        gate.cancel()  # A store's commit abandoned on destroy, say.
+        with pytest.raises(DependencyFailedError, match="dependency of the append was cancelled"):
+            async with asyncio.timeout(WAIT_S):
+                await dependent
+        later = await service.start_append(J)
+        later.write(b"later\n")
+        later.release()
+        async with asyncio.timeout(WAIT_S):
+            assert (await later).commit.end == len(b"later\n")
+    assert content(cluster) == b"later\n"

@@ -1,0 +1,126 @@
+"""The Publisher's one-call path through `AppendService.append_nowait`, against its general path
+(start_append, write, release): byte-identical journals, concurrent publishers kept in clock
+order, and a clock that cannot tick refusing the message without appending anything."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Collection
+from typing import Any
+
+import msgspec
+import pytest
+
+from broker.client.append_service import AppendService
+from broker.client.async_append import AsyncAppend
+from broker.client.route_cache import JournalClient
+from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from gazette_consumer.message.clock import CLOCK_MAX, Clock, ClockError
+from gazette_consumer.message.mapping import Partition
+from gazette_consumer.message.publisher import Publisher
+from gazette_consumer.message.uuid import get_clock, new_producer_id
+from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+
+FAST, GENERAL = "test/fast", "test/general"
+
+
+class Event(JSONMessage):
+    n: int = 0
+
+
+class GeneralOnly:
+    """An AppendService seen only through the appender protocol's required methods, so that
+    a Publisher over it takes the general path."""
+
+    def __init__(self, service: AppendService) -> None:
+        self._service = service
+
+    def start_append(self, journal: str, dependencies: Collection[Any] = ()) -> Any:
+        return self._service.start_append(journal, dependencies)
+
+    def start_append_nowait(self, journal: str) -> AsyncAppend | None:
+        return self._service.start_append_nowait(journal)
+
+
+def to(journal: str):  # type: ignore[no-untyped-def]
+    partition = Partition(journal, CONTENT_TYPE_JSON_LINES)
+    return lambda message: partition
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[Cluster, AppendService]]:
+    cluster = Cluster()
+    client: JournalClient | None = None
+    try:
+        broker = await cluster.start_broker("zone-a", "broker-a")
+        for journal in (FAST, GENERAL):
+            await cluster.create(journal_spec(journal), [broker])
+        client = JournalClient(broker.endpoint)
+        # Yield to the event loop often, so that the fast path is declined now and then.
+        async with AppendService(client, writer_yield_bytes=300) as service:
+            yield cluster, service
+    finally:
+        if client is not None:
+            await client.close()
+        await cluster.close()
+
+
+def content(cluster: Cluster, journal: str) -> bytes:
+    return local_content(cluster.brokers[0], journal)[1]
+
+
+async def test_fast_and_general_paths_append_the_same_bytes(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    cluster, service = env
+    producer, start = new_producer_id(), Clock.from_unix(1_700_000_000).value
+    fast = Publisher(service, Clock(start), producer_id=producer)
+    general = Publisher(GeneralOnly(service), Clock(start), producer_id=producer)
+    for n in range(40):
+        await fast.publish_committed(to(FAST), Event(n=n))
+        await general.publish_committed(to(GENERAL), Event(n=n))
+        if n % 10 == 9:
+            await fast.publish_uncommitted(to(FAST), Event(n=n))
+            await general.publish_uncommitted(to(GENERAL), Event(n=n))
+            await fast.write_ack_intents(fast.build_ack_intents())
+            await general.write_ack_intents(general.build_ack_intents())
+    await service.flush()
+    assert service.stats.failed == 0
+    assert content(cluster, FAST) == content(cluster, GENERAL) != b""
+    assert fast.clock == general.clock  # No clock value was skipped either way.
+
+
+async def test_concurrent_publishers_reach_the_journal_in_clock_order(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    cluster, service = env
+    publisher = Publisher(service)
+
+    async def publish(first: int) -> None:
+        for n in range(first, first + 30):
+            await publisher.publish_committed(to(FAST), Event(n=n))
+
+    await asyncio.gather(*(publish(i * 100) for i in range(4)))
+    await service.flush()
+    decode = msgspec.json.Decoder(Event).decode
+    events = [decode(line) for line in content(cluster, FAST).splitlines()]
+    assert sorted(e.n for e in events) == sorted(n + i * 100 for i in range(4) for n in range(30))
+    # Interleaved publishers, one clock: the journal holds the clocks in increasing order.
+    clocks = [get_clock(e.uuid) for e in events]
+    assert all(a < b for a, b in itertools.pairwise(clocks))
+
+
+async def test_a_clock_that_cannot_tick_refuses_the_message(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    cluster, service = env
+    clock = Clock(CLOCK_MAX)
+    publisher = Publisher(service, clock)
+    for publish in (publisher.publish_committed, publisher.publish_uncommitted):
+        with pytest.raises(ClockError, match="cannot tick past"):
+            await publish(to(FAST), Event(n=1))
+    assert clock.value == CLOCK_MAX
+    assert publisher.build_ack_intents() == {}
+    await service.flush()
+    assert service.stats.releases == 0 and content(cluster, FAST) == b""

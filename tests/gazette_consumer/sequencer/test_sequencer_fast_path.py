@@ -1,0 +1,289 @@
+"""The Sequencer's fast entry points (`commit_alone`, `queue_span`, `dequeue`) against the
+general one (`queue_uncommitted` then `step()` until False): identical deliveries, checkpoints
+and pending spans, for any stream; and each fast entry point's own contract."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import pytest
+import structlog
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from gazette_consumer.sequencer import (
+    FLAG_ACK_TXN,
+    FLAG_CONTINUE_TXN,
+    FLAG_OUTSIDE_TXN,
+    InvalidEnvelopeError,
+    JournalProducer,
+    OffsetRegressionError,
+    ProducerState,
+    QueueOutcome,
+    SeqEnvelope,
+    Sequencer,
+    SequencerCheckpoint,
+    SequencerStateError,
+)
+
+OUT, CONT, ACK = FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN
+UNKNOWN_FLAGS = 0x5  # Reserved bits: sequenced as OUTSIDE_TXN, with a logged error.
+J = "test/journal"
+A = bytes.fromhex("01aaaaaaaaaa")
+B = bytes.fromhex("01bbbbbbbbbb")
+PRODUCERS = [A, B, bytes.fromhex("01cccccccccc")]
+EXAMPLES = int(os.environ.get("GAZETTE_TEST_EXAMPLES", "200"))
+
+
+class Gen:
+    """Envelopes at increasing offsets of one journal, with dead space between some."""
+
+    def __init__(self, journal: str = J) -> None:
+        self.journal = journal
+        self.offset = 0
+
+    def __call__(self, producer: bytes, clock: int, flags: int, gap: int = 2) -> SeqEnvelope:
+        env = SeqEnvelope(
+            self.journal, self.offset, self.offset + 10, producer, clock, flags, self.offset
+        )
+        self.offset += 10 + gap
+        return env
+
+
+# -- equivalence on random streams --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Msg:
+    producer: int
+    clock_step: int  # Added to the producer's last clock: <= 0 makes duplicates and old ACKs.
+    flags: int
+    gap: int
+
+
+MSGS = st.builds(
+    Msg,
+    st.integers(0, len(PRODUCERS) - 1),
+    st.one_of(st.integers(1, 3), st.integers(-4, 3), st.just(0)),
+    st.sampled_from([OUT] * 4 + [CONT] * 4 + [ACK] * 2 + [UNKNOWN_FLAGS]),
+    st.sampled_from([0, 0, 3]),
+)
+
+
+def journals_of(streams: list[list[Msg]], zero_every: int) -> dict[str, list[SeqEnvelope]]:
+    """Envelopes of each journal; every `zero_every`-th one has clock 0 (no UUID)."""
+    out: dict[str, list[SeqEnvelope]] = {}
+    for j, stream in enumerate(streams):
+        gen, clocks = Gen(f"test/j{j}"), [10, 10, 10]
+        envs = out[gen.journal] = []
+        for i, m in enumerate(stream):
+            clocks[m.producer] = max(1, clocks[m.producer] + m.clock_step)
+            clock = 0 if zero_every and i % zero_every == zero_every - 1 else clocks[m.producer]
+            envs.append(gen(PRODUCERS[m.producer], clock, m.flags, m.gap))
+    return out
+
+
+def replayed(journals: dict[str, list[SeqEnvelope]], seq: Sequencer[SeqEnvelope]) -> None:
+    r = seq.replay_required
+    if r is not None:
+        seq.replay(e for e in journals[r.journal] if r.begin <= e.begin and e.end <= r.end)
+
+
+def general(
+    seq: Sequencer[SeqEnvelope], journals: dict[str, list[SeqEnvelope]], batch: list[SeqEnvelope]
+) -> list[SeqEnvelope]:
+    out = []
+    for env in batch:
+        seq.queue_uncommitted(env)
+        replayed(journals, seq)
+        while seq.step():
+            assert seq.dequeued is not None
+            out.append(seq.dequeued)
+    return out
+
+
+def fast(
+    seq: Sequencer[SeqEnvelope], journals: dict[str, list[SeqEnvelope]], batch: list[SeqEnvelope]
+) -> list[SeqEnvelope]:
+    """As the read-committed iterator drives the Sequencer."""
+    out = []
+    pending = deque(batch)
+    while pending:
+        if seq.commit_alone(pending[0]):
+            event("commit_alone")
+            out.append(pending.popleft())
+            continue
+        if seq.queue_span(pending) is None:
+            assert seq.replay_required is None and seq.dequeue() is None  # Nothing committed.
+            continue
+        event("queue_span committed" + (", with a replay" if seq.replay_required else ""))
+        replayed(journals, seq)
+        while (env := seq.dequeue()) is not None:
+            out.append(env)
+    return out
+
+
+def assert_same(one: Sequencer[SeqEnvelope], two: Sequencer[SeqEnvelope]) -> None:
+    assert one.checkpoint() == two.checkpoint()
+    since = {j: o // 2 for j, o in one.checkpoint().read_through.items()}
+    assert one.has_pending(since) == two.has_pending(since)
+    assert one.has_pending({}) == two.has_pending({})
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    streams=st.lists(st.lists(MSGS, max_size=60), min_size=1, max_size=3),
+    ring_size=st.one_of(st.integers(1, 4), st.integers(1, 64), st.integers(1, 1024)),
+    schedule=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 12), st.integers(0, 9))),
+    zero_every=st.sampled_from([0, 0, 7]),
+)
+def test_fast_entry_points_match_the_general_path(
+    streams: list[list[Msg]],
+    ring_size: int,
+    schedule: list[tuple[int, int, int]],
+    zero_every: int,
+) -> None:
+    with structlog.testing.capture_logs():  # Unusual flags and clocks are logged errors.
+        check_equivalence(journals_of(streams, zero_every), ring_size, schedule)
+
+
+def check_equivalence(
+    journals: dict[str, list[SeqEnvelope]], ring_size: int, schedule: list[tuple[int, int, int]]
+) -> None:
+    names = sorted(journals)
+    reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+    tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+    pos = dict.fromkeys(names, 0)
+    # Read batches of the journals in the scheduled order, then whatever is left.
+    steps = [*schedule, *((j, 1 << 20, 0) for j in range(len(names)))]
+    for j, count, action in steps:
+        journal = names[j % len(names)]
+        batch = journals[journal][pos[journal] : pos[journal] + count]
+        pos[journal] += len(batch)
+        assert general(reference, journals, batch) == fast(tested, journals, batch)
+        assert_same(reference, tested)
+        if action == 0:
+            # Restart both from one checkpoint, which prunes the idle producers.
+            horizon = min((e.clock for envs in journals.values() for e in envs), default=0) + 4
+            cp = reference.checkpoint(horizon)
+            assert tested.checkpoint(horizon) == cp
+            reference, tested = Sequencer(ring_size, cp), Sequencer(ring_size, cp)
+            for name in names:
+                offset = cp.read_through.get(name, 0)
+                envs = journals[name]
+                pos[name] = next((i for i, e in enumerate(envs) if e.begin >= offset), len(envs))
+
+
+# -- commit_alone --------------------------------------------------------------------------------
+
+
+def test_commit_alone_delivers_outside_messages_as_the_general_path_does() -> None:
+    gen = Gen()
+    a1, b1, a2, z = gen(A, 5, OUT), gen(B, 9, OUT), gen(A, 6, OUT), gen(bytes(6), 0, OUT)
+    fast_seq: Sequencer[SeqEnvelope] = Sequencer(2)
+    assert [fast_seq.commit_alone(e) for e in (a1, b1, a2, z)] == [True] * 4
+    assert fast_seq.dequeued is None and not fast_seq.step()
+    assert fast_seq.checkpoint() == SequencerCheckpoint(
+        read_through={J: z.end},
+        producers={
+            JournalProducer(J, A): ProducerState(6),
+            JournalProducer(J, B): ProducerState(9),
+        },
+    )
+
+
+def test_commit_alone_declines_and_changes_nothing() -> None:
+    gen = Gen()
+    a1, a2, a_dup = gen(A, 5, OUT), gen(A, 6, CONT), gen(A, 5, OUT)
+    seq: Sequencer[SeqEnvelope] = Sequencer(4)
+    assert seq.commit_alone(a1)
+    before = seq.checkpoint()
+    assert not seq.commit_alone(a_dup)  # A duplicate: queue_uncommitted ignores it.
+    for flags in (CONT, ACK, UNKNOWN_FLAGS):
+        assert not seq.commit_alone(gen(A, 7, flags))
+    assert seq.checkpoint() == before
+
+    assert seq.queue_uncommitted(a2) is QueueOutcome.CONTINUE_BEGIN_SPAN
+    assert not seq.commit_alone(gen(A, 8, OUT))  # Would discard the pending span.
+    assert not seq.commit_alone(SeqEnvelope(J, 0, 10, B, 3, OUT))  # Offset regression.
+    with pytest.raises(OffsetRegressionError):
+        seq.queue_uncommitted(SeqEnvelope(J, 0, 10, B, 3, OUT))
+
+    seq.queue_uncommitted(gen(A, 9, ACK))
+    assert not seq.commit_alone(gen(B, 1, OUT))  # Messages remain to dequeue.
+    assert seq.dequeue() == a2
+
+
+# -- queue_span and dequeue ----------------------------------------------------------------------
+
+
+def test_queue_span_queues_a_transaction_and_stops_at_its_ack() -> None:
+    gen = Gen()
+    span = [gen(A, c, CONT) for c in (2, 3, 4)]
+    ack, after = gen(A, 5, ACK), gen(A, 6, OUT)
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    pending = deque([*span, ack, after])
+    assert seq.queue_span(pending) is ack
+    assert list(pending) == [after]
+    assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(1, span[0].begin)
+    assert [seq.dequeue() for _ in range(5)] == [*span, ack, None]
+    assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(5)
+
+
+def test_queue_span_stops_before_an_outside_message_but_takes_a_first_one() -> None:
+    gen = Gen()
+    a1, a2, a3 = gen(A, 2, CONT), gen(A, 3, OUT), gen(A, 4, OUT)
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    pending = deque([a1, a2, a3])
+    assert seq.queue_span(pending) is None
+    assert list(pending) == [a2, a3]  # Left for commit_alone (which declines: a span pends).
+    assert not seq.commit_alone(a2)
+    assert seq.queue_span(pending) is a2  # Taken anyway: it discards the span, and commits.
+    assert [seq.dequeue(), seq.dequeue()] == [a2, None]
+    assert seq.queue_span(deque()) is None
+
+
+def test_queue_span_refuses_out_of_order_use_as_queue_uncommitted_does() -> None:
+    gen = Gen()
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    pending = deque([gen(A, 2, OUT), gen(A, 3, CONT)])
+    assert seq.queue_span(pending) is not None
+    with pytest.raises(SequencerStateError, match="remain to dequeue"):
+        seq.queue_span(pending)
+    assert seq.dequeue() is not None and seq.dequeue() is None
+    assert seq.queue_span(pending) is None  # The CONTINUE_TXN message.
+    before = seq.checkpoint()
+    for flags in (CONT, ACK):
+        # Begins before what was read through (a reader bug): refused, nothing changed.
+        with pytest.raises(OffsetRegressionError):
+            seq.queue_span(deque([SeqEnvelope(J, 0, 10, A, 9, flags)]))
+    assert seq.checkpoint() == before
+
+
+def test_queue_uncommitted_validates_envelopes_of_other_types() -> None:
+    @dataclass(frozen=True)
+    class Other:
+        journal: str
+        begin: int
+        end: int
+        producer: bytes
+        clock: int
+        flags: int
+
+    seq: Sequencer[Other] = Sequencer(4)
+    bad = [
+        Other("", 0, 10, A, 1, OUT),
+        Other(J, 10, 10, A, 1, OUT),
+        Other(J, 0, 10, b"short", 1, OUT),
+        Other(J, 0, 10, A, -1, OUT),
+        Other(J, 0, 10, A, 1, 0x400),
+    ]
+    for env in bad:
+        with pytest.raises(InvalidEnvelopeError):
+            seq.queue_uncommitted(env)
+    assert seq.checkpoint() == SequencerCheckpoint()
+    good = Other(J, 0, 10, A, 1, OUT)
+    assert seq.queue_uncommitted(good) is QueueOutcome.OUTSIDE_COMMIT
+    assert [seq.dequeue(), seq.dequeue()] == [good, None]
