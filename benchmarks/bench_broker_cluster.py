@@ -4,11 +4,15 @@ raw grpc.aio client stream to a sink in another process (MB/s at 1 MiB messages,
 1 KiB), and raw Append-shaped RPCs/s from 64 concurrent callers to that sink.
 
     .venv/bin/python benchmarks/bench_broker_cluster.py [--seconds 5] [--append-mib 1]
+        [--spools disk,tmpfs] [--no-small] [--no-malloc-tuning]
 
 Workloads: 1 MiB appends from one appender, and 1 KiB appends from 64 concurrent appenders,
 sent by this process straight to each journal's primary. Beside each figure: the CPU time the
 brokers spent per MiB appended (primary, then each replica), read from /proc, which says where
-the time goes and is less noisy than MB/s on a shared machine. Etcd comes from
+the time goes and is less noisy than MB/s on a shared machine. This process (the client) tunes
+glibc's allocator as ``gazette serve`` does (broker/malloc_tuning.py), unless told not to: an
+untuned client page-faults every chunk-sized buffer anew, which doubles its CPU per MiB and
+makes it, not the brokers, the bottleneck of one appender. Etcd comes from
 broker/testing/etcd_server.py and the processes from broker/testing/process_cluster.py.
 """
 
@@ -35,6 +39,7 @@ from bench_broker_append import (
 )
 
 from broker import logging as gazette_logging
+from broker.malloc_tuning import tune_malloc
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 
 BROKERS = [("zone-a", "broker-a"), ("zone-b", "broker-b"), ("zone-c", "broker-c")]
@@ -85,17 +90,18 @@ def cpu_per_mib(before: dict[int, float], brokers: list[BrokerProcess], mib: flo
     return "brokers " + "/".join(shares) + " (primary first)"
 
 
-async def run(seconds: float, append: bytes) -> None:
+async def run(seconds: float, append: bytes, spools: list[str], small: bool) -> None:
     limits = await cross_process_limits(seconds)
     print_limits("limits (client here, raw sink in another process):", limits)
-    # Spool files on the default temporary directory (a disk here), then on tmpfs.
+    # Spool files on the default temporary directory (a disk here), and/or on tmpfs.
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
-        for where, extra in (("disk", []), ("tmpfs", ["--spool-dir", shm])):
+        for where in spools:
+            extra = ["--spool-dir", shm] if where == "tmpfs" else []
             print(f"{len(BROKERS)} gazette serve processes, etcd, spools on {where}:")
-            await workloads(seconds, append, extra)
+            await workloads(seconds, append, extra, small)
 
 
-async def workloads(seconds: float, append: bytes, extra_args: list[str]) -> None:
+async def workloads(seconds: float, append: bytes, extra_args: list[str], small: bool) -> None:
     async with ProcessCluster(BROKERS, extra_args=extra_args) as cluster:
         await cluster.apply([journal_spec(R3, 3), journal_spec(R1, 1)])
         await cluster.wait_until(cluster.journals_ready([R3], 3), timeout_s=60)
@@ -114,6 +120,8 @@ async def workloads(seconds: float, append: bytes, extra_args: list[str]) -> Non
                     f"       {mb_s:9.1f} MB/s  ({count} appends; cpu ms/MiB:"
                     f" {cpu_per_mib(before, brokers, mib)}; client {client_cpu:.1f})"
                 )
+            if not small:
+                continue
             rate, small_mb_s = await small_appends(c, journal, seconds)
             print(
                 f"  R={replication}, 1 KiB x {CONCURRENCY} appenders"
@@ -125,9 +133,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--append-mib", type=float, default=1.0)
+    parser.add_argument(
+        "--spools", default="disk,tmpfs", help="where brokers spool: disk, tmpfs, or both"
+    )
+    parser.add_argument("--no-small", action="store_true", help="skip the 1 KiB appends")
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="do not tune this client process's allocator",
+    )
     args = parser.parse_args()
+    spools = [s for s in args.spools.split(",") if s]
+    if not spools or any(s not in ("disk", "tmpfs") for s in spools):
+        parser.error(f"--spools: expected disk and/or tmpfs (got {args.spools!r})")
     gazette_logging.configure("console", "warning")
-    asyncio.run(run(args.seconds, b"x" * int(args.append_mib * (1 << 20))))
+    if not args.no_malloc_tuning:
+        print(f"client: glibc malloc tuned for large buffers: {tune_malloc()}")
+    append = b"x" * int(args.append_mib * (1 << 20))
+    asyncio.run(run(args.seconds, append, spools, not args.no_small))
 
 
 if __name__ == "__main__":

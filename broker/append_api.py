@@ -33,6 +33,7 @@ from broker import metrics
 from broker.append_fsm import (
     AppendEnv,
     AppendFSM,
+    AppendMessage,
     AppendStreamError,
     ClientAbortedError,
     IndexNotReadyError,
@@ -43,6 +44,7 @@ from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
 from broker.pipeline import PeerError
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.content_wire import ContentChunk
 from broker.protocol.validate import (
     ValidationError,
     at,
@@ -105,7 +107,7 @@ class ChunkReceiver:
 
     def __init__(
         self,
-        stream: AsyncIterator[pb.AppendRequest],
+        stream: AsyncIterator[AppendMessage],
         *,
         min_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default,
         burst_s: float = flow_control_burst_s_default,
@@ -126,7 +128,7 @@ class ChunkReceiver:
         self.total_chunks = 0
         self.delayed_chunks = 0
 
-    async def recv(self) -> tuple[pb.AppendRequest | None, BaseException | None]:
+    async def recv(self) -> tuple[AppendMessage | None, BaseException | None]:
         now = self._clock()
         if self._at is not None:
             self._credit -= (now - self._at) * self._min_rate
@@ -164,9 +166,10 @@ async def proxy_append(
     env: AppendEnv,
     first: pb.AppendRequest,
     header: pb.Header,
-    stream: AsyncIterator[pb.AppendRequest],
+    stream: AsyncIterator[AppendMessage],
 ) -> pb.AppendResponse:
-    """Forward the Append stream to the broker ``header`` resolved it to; relay its answer."""
+    """Forward the Append stream to the broker ``header`` resolved it to; relay its answer.
+    Content chunks are forwarded as the bytes they arrived as."""
     route = header.route
     index = member_index(route, header.process_id)
     endpoint = route.endpoints[index] if 0 <= index < len(route.endpoints) else ""
@@ -175,18 +178,35 @@ async def proxy_append(
     forwarded = pb.AppendRequest()
     forwarded.CopyFrom(first)
     forwarded.header.CopyFrom(header)
-    call = env.dialer.stub(endpoint).Append()
-    try:
+    call = env.dialer.append(endpoint)
+
+    async def forward() -> None:
         try:
             await call.write(forwarded)
             async for req in stream:
-                await call.write(req)
+                await call.write(req.wire if isinstance(req, ContentChunk) else req)
             await call.done_writing()
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # The primary ended the call; its status (awaited below) says why.
+
+    async def answer() -> pb.AppendResponse:
         resp: pb.AppendResponse = await call
         return resp
+
+    # The primary may answer before our client ends its stream: it refused the append, or
+    # aborted it (a malformed message, a stalled client). Relay that at once, rather than
+    # wait for a client message that may never come.
+    forwarding = asyncio.ensure_future(forward())
+    answering = asyncio.ensure_future(answer())
+    try:
+        await asyncio.wait([forwarding, answering], return_when=asyncio.FIRST_COMPLETED)
+        if forwarding.done():
+            forwarding.result()
+        return await answering
     finally:
+        for task in (forwarding, answering):
+            task.cancel()
+        await asyncio.gather(forwarding, answering, return_exceptions=True)
         # Our client went away (or we failed) before the primary answered: cancel, so that
         # the primary rolls the append back.
         if not call.done():
@@ -208,13 +228,15 @@ class AppendApi:
         self._burst_s = burst_s
 
     async def append(
-        self, request_iterator: AsyncIterator[pb.AppendRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[AppendMessage], context: grpc.aio.ServicerContext
     ) -> pb.AppendResponse:
         stream = aiter(request_iterator)
-        first = await anext(stream, None)
-        if first is None:
+        received = await anext(stream, None)
+        if received is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "append: empty request stream")
             raise AssertionError("not reached")  # context.abort raises.
+        # A first message of content alone is invalid; validation names what it lacks.
+        first = received.message() if isinstance(received, ContentChunk) else received
         try:
             validate_append_request(first)
         except ValidationError as err:

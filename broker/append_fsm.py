@@ -63,9 +63,10 @@ from broker.keyspace.backend import (
 )
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
-from broker.pipeline import Dialer, Pipeline
+from broker.pipeline import Dialer, Pipeline, local_offload_bytes_min
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.content_wire import ContentChunk
 from broker.protocol.selector import matches
 from broker.protocol.validate import ValidationError
 from broker.replica import Replica, SlotInvalidatedError, wait_first
@@ -271,7 +272,9 @@ async def complete_despite_cancellation(aw: Awaitable[T]) -> T:
 
 # --- The machine -------------------------------------------------------------------------------
 
-Recv = Callable[[], Awaitable[tuple[pb.AppendRequest | None, BaseException | None]]]
+# A content message arrives as a ContentChunk when it carries content alone (content_wire.py).
+AppendMessage = pb.AppendRequest | ContentChunk
+Recv = Callable[[], Awaitable[tuple[AppendMessage | None, BaseException | None]]]
 
 
 class AppendFSM:
@@ -295,6 +298,8 @@ class AppendFSM:
         self.client_commit = False
         self.client_fragment: pb.Fragment | None = None
         self._client_summer = hashlib.sha1()
+        # The summing of the append's last large chunk, on a worker thread (see _sum_content).
+        self._client_summing: asyncio.Future[None] | None = None
 
     # --- Accessors ---
 
@@ -641,9 +646,7 @@ class AppendFSM:
             self.roll_to_offset = spool_end
         self.state = State.STREAM_CONTENT
 
-    async def on_stream_content(
-        self, req: pb.AppendRequest | None, err: BaseException | None
-    ) -> None:
+    async def on_stream_content(self, req: AppendMessage | None, err: BaseException | None) -> None:
         """One client message (``req``), the end of the client's stream (both None), or its
         failure (``err``). See the module docstring."""
         self._must_state(State.STREAM_CONTENT)
@@ -667,14 +670,15 @@ class AppendFSM:
             self._client_summer = hashlib.sha1()
         fragment = self.client_fragment
 
-        if err is None and req is not None:
+        if err is None and req is not None and not isinstance(req, ContentChunk):
+            # (A ContentChunk holds content alone by construction.)
             try:
                 validate_content_chunk(req)
             except ValidationError as exc:
                 err = exc
         eof = err is None and req is None
-        # Read once: every read of a bytes field copies it out of the message.
-        content = req.content if req is not None else b""
+        # Read once: every read of a bytes field of a message copies it out.
+        content: bytes | memoryview = req.content if req is not None else b""
 
         if eof and not self.client_commit:
             err = UnexpectedEOFError()
@@ -688,16 +692,18 @@ class AppendFSM:
             self._res().status = pb.NOT_ALLOWED
         elif err is None and req is not None:
             self._pln_dirty = True
+            await self._sum_content(content)
             await pln.scatter_content(
-                content, fragment.end - fragment.begin, also_hash=self._client_summer
+                content,
+                fragment.end - fragment.begin,
+                append_wire=req.wire if isinstance(req, ContentChunk) else None,
             )
             fragment.end += len(content)
             if pln.send_err() is None:
                 return
 
-        # The end of this append's content: commit it, or roll it back.
-        if fragment.end > fragment.begin:
-            fragment.sum.CopyFrom(sum_from_digest(self._client_summer.digest()))
+        # The end of this append's content: commit it, or roll it back. (Its sum is taken once
+        # the commit is acknowledged: see _finish_sum.)
         if eof and fragment.end == fragment.begin and _has_register_updates(self.req):
             err = RegisterUpdateWithEmptyAppendError()
 
@@ -753,8 +759,36 @@ class AppendFSM:
         elif send_err is not None:
             self._fail(send_err)
         else:
+            await self._finish_sum()
             metrics.PIPELINE_COMMITS.inc()
             self.state = State.FINISHED
+
+    # --- The append's own sum ---
+
+    async def _sum_content(self, content: bytes | memoryview) -> None:
+        """Add ``content`` to the append's running SHA1 (the commit fragment's sum), in order.
+
+        A large chunk is summed on a worker thread, and nothing waits for it until the next
+        chunk or ``_finish_sum``: the pipeline's critical section (which every other append of
+        the journal waits for) then holds only what must precede the commit proposal, the
+        spool's write and sum, not this one too. At most one chunk is pending at a time."""
+        if self._client_summing is not None:
+            summing, self._client_summing = self._client_summing, None
+            await summing
+        if len(content) >= local_offload_bytes_min:
+            loop = asyncio.get_running_loop()
+            self._client_summing = loop.run_in_executor(None, self._client_summer.update, content)
+        else:
+            self._client_summer.update(content)
+
+    async def _finish_sum(self) -> None:
+        """Set the commit fragment's sum, once the last chunk is summed."""
+        if self._client_summing is not None:
+            summing, self._client_summing = self._client_summing, None
+            await summing
+        fragment = self.client_fragment
+        if fragment is not None and fragment.end > fragment.begin:
+            fragment.sum.CopyFrom(sum_from_digest(self._client_summer.digest()))
 
 
 # --- Pulses --------------------------------------------------------------------------------------

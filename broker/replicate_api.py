@@ -25,6 +25,7 @@ from broker.fragment.spool import Spool, SpoolRequestError
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.content_wire import ContentChunk
 from broker.protocol.validate import ValidationError, at
 from broker.replica import Replica, SlotInvalidatedError
 from broker.resolver import Resolution, ResolveError, Resolver
@@ -36,6 +37,9 @@ log = get_logger(__name__)
 # spool. Each retry follows a real keyspace change, so this bound is only reached by a journal
 # whose assignments churn without rest; the primary then retries its pipeline.
 resolve_attempts_max = 100
+
+# A content message arrives as a ContentChunk when it carries content alone (content_wire.py).
+ReplicateMessage = pb.ReplicateRequest | ContentChunk
 
 
 def validate_first_request(req: pb.ReplicateRequest) -> None:
@@ -60,13 +64,15 @@ class ReplicateApi:
 
     async def replicate(
         self,
-        request_iterator: AsyncIterator[pb.ReplicateRequest],
+        request_iterator: AsyncIterator[ReplicateMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
         stream = aiter(request_iterator)
-        first = await anext(stream, None)
-        if first is None:
+        received = await anext(stream, None)
+        if received is None:
             return
+        # A first message of content alone is invalid; validation names what it lacks.
+        first = received.message() if isinstance(received, ContentChunk) else received
         try:
             validate_first_request(first)
         except ValidationError as err:
@@ -146,8 +152,8 @@ class ReplicateApi:
 
     async def _serve(
         self,
-        req: pb.ReplicateRequest,
-        stream: AsyncIterator[pb.ReplicateRequest],
+        req: ReplicateMessage,
+        stream: AsyncIterator[ReplicateMessage],
         spool: Spool,
         header: pb.Header,
         context: grpc.aio.ServicerContext,
@@ -155,14 +161,20 @@ class ReplicateApi:
         first_response = True
         while True:
             try:
-                result = spool.apply(req, primary=False)
+                if isinstance(req, ContentChunk):
+                    # Content alone (the bulk of the stream): no request to build, no answer.
+                    result = spool.apply_content(req.content, req.content_delta)
+                    acknowledge = False
+                else:
+                    result = spool.apply(req, primary=False)
+                    acknowledge = req.acknowledge
             except (SpoolRequestError, ValidationError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicate: {err}")
             except OSError as err:
                 log.error("replicate: spool I/O failed", journal=spool.journal, error=str(err))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"replicate: spool: {err}")
             resp = result.response
-            if req.acknowledge:
+            if acknowledge:
                 out = resp if resp is not None else pb.ReplicateResponse(status=pb.OK)
                 if first_response:
                     out.header.CopyFrom(header)
@@ -179,7 +191,8 @@ class ReplicateApi:
             if nxt is None:
                 return
             try:
-                validate_later_request(nxt)
+                if not isinstance(nxt, ContentChunk):  # A ContentChunk has no header.
+                    validate_later_request(nxt)
             except ValidationError as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicate: {err}")
             req = nxt

@@ -68,6 +68,7 @@ from broker.read_api import ReadAPI
 from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver, revision_wait_s_default
+from broker.service_handlers import add_journal_service
 from broker.topology import (
     DEFAULT_ROOT,
     Decoded,
@@ -287,7 +288,8 @@ class Broker:
             FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),
         )
-        pbg.add_JournalServicer_to_server(service, server)
+        # Append and Replicate read content chunks without copying them (service_handlers.py).
+        add_journal_service(service, server)
         port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         await server.start()
         self._server = server
@@ -478,6 +480,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -522,6 +531,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=handoff_wait_s_default,
         help="seconds an exiting broker waits for its journals to move before it stops anyway",
     )
+    serve.add_argument(
+        "--min-append-rate",
+        dest="min_append_rate_bytes_per_s",
+        type=_positive_int,
+        default=min_append_rate_bytes_per_s_default,
+        help="bytes per second an Append client must sustain while it streams content; a"
+        " slower (or stalled) append is rolled back, freeing the journal for the others",
+    )
+    serve.add_argument(
+        "--flow-control-burst",
+        dest="flow_control_burst_s",
+        type=_positive_float,
+        default=flow_control_burst_s_default,
+        help="seconds an Append client may fall behind --min-append-rate before its append is"
+        " rolled back",
+    )
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
     return p.parse_args(argv)
@@ -544,6 +569,8 @@ async def _serve(args: argparse.Namespace) -> None:
             spool_dir=args.spool_dir,
             auth_keys=args.auth_keys,
             lease_ttl_s=args.lease_ttl_s,
+            min_append_rate_bytes_per_s=args.min_append_rate_bytes_per_s,
+            flow_control_burst_s=args.flow_control_burst_s,
         ),
         stores=new_registry(file_root=args.file_root),
     )

@@ -50,7 +50,8 @@ def solo_pipeline(spool: Spool) -> Pipeline:
     header = pb.Header(
         process_id=member, route=pb.Route(members=[member], primary=0, endpoints=["http://x:1"])
     )
-    return Pipeline(header, spool, Slot("spool", spool))
+    # The worker-thread path under test is taken by default only with peers to send to.
+    return Pipeline(header, spool, Slot("spool", spool), local_offload=True)
 
 
 @pytest.mark.parametrize("size", [local_offload_bytes_min - 1, local_offload_bytes_min, len(BIG)])

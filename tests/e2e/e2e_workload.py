@@ -24,9 +24,11 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append
 from broker.client.retry_reader import RetryReader
-from broker.client.route_cache import JournalClient
+from broker.client.route_cache import ChannelPool, JournalClient
+from broker.fragment.stores.file_store import PARTIAL_PREFIX
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
+from broker.testing.process_cluster import BrokerProcess
 
 requires_etcd = pytest.mark.skipif(
     shutil.which("etcd") is None, reason="etcd not installed: run `make system-deps`"
@@ -179,10 +181,13 @@ class FragmentFile:
 
 def fragment_files(fragments_dir: Path, journal: str) -> list[FragmentFile]:
     """The journal's persisted fragment files, decompressed and checked against their names
-    (begin and end offsets, SHA1 of the uncompressed content), sorted by offsets."""
+    (begin and end offsets, SHA1 of the uncompressed content), sorted by offsets. Files still
+    being written (by brokers that are running) are left out."""
     out: list[FragmentFile] = []
     directory = fragments_dir / journal
     for path in sorted(directory.iterdir()) if directory.exists() else []:
+        if path.name.startswith(PARTIAL_PREFIX):
+            continue  # Being written by a running broker: linked into place once complete.
         name, _, ext = path.name.partition(".")
         begin_hex, end_hex, digest = name.split("-")
         raw = path.read_bytes()
@@ -220,3 +225,43 @@ def most(items: Sequence[str], key: Callable[[str], str | None]) -> str:
     """The most common ``key(item)`` (ties: the first seen)."""
     counts = Counter(k for k in map(key, items) if k is not None)
     return counts.most_common(1)[0][0]
+
+
+async def replica_head(channels: ChannelPool, b: BrokerProcess, journal: str) -> int:
+    """The write head of ``journal`` as broker ``b`` (a member of its route) knows it: a
+    metadata-only read at offset -1 that ``b`` answers from its own index, never proxied."""
+    request = pb.ReadRequest(
+        journal=journal, offset=-1, block=False, do_not_proxy=True, metadata_only=True
+    )
+    responses = [r async for r in channels.stub(b.endpoint).Read(request)]
+    assert len(responses) == 1, f"{b.suffix}: {responses}"
+    resp = responses[0]
+    assert resp.header.process_id == b.id, f"{b.suffix}: answered by {resp.header.process_id}"
+    assert resp.status == pb.OFFSET_NOT_YET_AVAILABLE, pb.Status.Name(resp.status)
+    return resp.write_head
+
+
+async def replica_content(
+    channels: ChannelPool, b: BrokerProcess, journal: str, offset: int = 0, *, local: bool = False
+) -> bytes:
+    """``journal``'s content from ``offset`` to the write head, as broker ``b`` (a member of its
+    route) serves it itself. With ``local``, a ``do_not_proxy`` read that must be served from
+    ``b``'s own spool files (it fails on a fragment that is only in the store); otherwise
+    persisted fragments are read by ``b`` from the store."""
+    request = pb.ReadRequest(journal=journal, offset=offset, block=False, do_not_proxy=local)
+    out = bytearray()
+    head = -1
+    async for resp in channels.stub(b.endpoint).Read(request):
+        if resp.HasField("header"):
+            assert resp.header.process_id == b.id, f"{b.suffix}: proxied to another broker"
+        assert resp.offset == offset + len(out), f"{b.suffix}: read jumped to {resp.offset}"
+        if resp.status == pb.OFFSET_NOT_YET_AVAILABLE:
+            head = resp.write_head
+            continue  # The last response: the broker ends the stream after it.
+        assert resp.status == pb.OK, f"{b.suffix}: {pb.Status.Name(resp.status)}"
+        if local and resp.HasField("fragment"):
+            f = resp.fragment
+            assert not resp.fragment_url, f"{b.suffix}: [{f.begin}, {f.end}) is not local"
+        out += resp.content
+    assert head == offset + len(out), f"{b.suffix}: read ended at {offset + len(out)} != {head}"
+    return bytes(out)
