@@ -10,6 +10,11 @@ through the broker at ``--broker``. Without it, the process runs *embedded*: an 
 keyspace, a broker of its own (on ``--broker-port``, fragments under ``--data-dir``) and the
 consumer, all in one process (the embedded default of DESIGN.md §5).
 
+Each shard assigned here runs in this process (``shard_runner.ShardRunner``) against the
+broker at ``--broker`` (embedded: its own broker), with one instance of the ``--app`` class for
+all of them. ``--http-port`` serves Prometheus metrics at ``/debug/metrics`` (shard metrics
+from ``gazette_consumer.metrics``; the embedded broker's too).
+
 SIGTERM or SIGINT stop it gracefully: the member hands its shards off to the other members
 (bounded by ``--drain-timeout``), then exits 0. Bad arguments (an ``--app`` that does not name
 an importable class, say) exit 2 with one line naming what was wrong; a member that fails (it
@@ -28,6 +33,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from broker.client.route_cache import JournalClient
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
 from broker.logging import get_logger
@@ -40,8 +46,16 @@ from broker.protocol.validate import (
     at,
     validate_token,
 )
-from gazette_consumer.member import ConsumerConfig, ConsumerMember, drain_timeout_s_default
-from gazette_consumer.shard_handle import ShardHandle, ShardStart, StartShard
+from gazette_consumer.application import Application
+from gazette_consumer.member import (
+    ConsumerConfig,
+    ConsumerMember,
+    drain_timeout_s_default,
+    lease_ttl_s_default,
+)
+from gazette_consumer.metrics import serve_metrics
+from gazette_consumer.shard_handle import StartShard
+from gazette_consumer.shard_runner import ShardRunner
 from gazette_consumer.topology import default_root
 
 log = get_logger(__name__)
@@ -51,15 +65,12 @@ EXIT_BAD_INPUT = 2
 
 
 class AppLoadError(ValueError):
-    """``--app`` does not name an importable class."""
+    """``--app`` does not name an importable Application class, or it cannot be instantiated."""
 
 
-class ShardRunnerUnavailableError(RuntimeError):
-    """Shards cannot run: the member is not connected to a shard runner."""
-
-
-def load_app(text: str) -> type:
-    """The class ``module:Class`` names (``Class`` may be dotted: ``module:Outer.Inner``)."""
+def load_app(text: str) -> type[Application]:
+    """The Application subclass ``module:Class`` names (``Class`` may be dotted:
+    ``module:Outer.Inner``)."""
     module_name, sep, attr = text.partition(":")
     if not sep or not module_name or not attr:
         raise AppLoadError(f"--app {text!r}: expected module:Class (e.g. examples.counter:Counter)")
@@ -77,14 +88,32 @@ def load_app(text: str) -> type:
             ) from None
     if not isinstance(target, type):
         raise AppLoadError(f"--app {text!r}: {attr!r} is a {type(target).__name__}, not a class")
+    if not issubclass(target, Application):
+        raise AppLoadError(
+            f"--app {text!r}: {attr!r} is not a subclass of "
+            "gazette_consumer.application.Application"
+        )
+    if getattr(target, "__abstractmethods__", None):
+        missing = ", ".join(sorted(target.__abstractmethods__))
+        raise AppLoadError(f"--app {text!r}: {attr!r} does not implement {missing}")
     return target
+
+
+def new_app(app: type[Application], text: str) -> Application:
+    """One instance of `app` (named `text` on the command line), made with no arguments."""
+    try:
+        return app()
+    except Exception as exc:
+        raise AppLoadError(
+            f"--app {text!r}: {app.__name__}() failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 @dataclass(frozen=True)
 class ShardRuntime:
     """What the shards of this process run against."""
 
-    app: type
+    app: Application
     # The consumer group's etcd root: shard FQNs are ``<root>/items/<id>``.
     root: str
     # host:port of a broker of the cluster the shards' journals live in.
@@ -94,25 +123,15 @@ class ShardRuntime:
 @contextlib.asynccontextmanager
 async def shard_factory(runtime: ShardRuntime) -> AsyncIterator[StartShard]:
     """The one wiring point between the consumer process and the shard runner: the StartShard
-    that runs each shard assigned here for ``runtime.app``, valid for the ``async with`` (the
-    member is stopped, and its shards with it, before it exits).
-
-    Not connected yet: each assigned shard reports FAILED, naming this function, so that the
-    cluster side (membership, allocation, the Shard service, gazctl) works and says plainly
-    why no transactions run. Connecting it is, in essence::
-
-        async with ShardRunner(runtime.app(), JournalClient(runtime.broker),
-                               root=runtime.root) as runner:
+    that runs each shard assigned here with ``runtime.app``, valid for the ``async with`` (the
+    member is stopped, and its shards with it, before it exits; leaving stops any shard still
+    running, then closes the broker client)."""
+    client = JournalClient(runtime.broker)
+    try:
+        async with ShardRunner(runtime.app, client, root=runtime.root) as runner:
             yield runner.start_shard
-    """
-
-    def start(start: ShardStart) -> ShardHandle:
-        raise ShardRunnerUnavailableError(
-            f"shard {start.spec.id}: {runtime.app.__name__} cannot run yet: the shard runner is "
-            "not wired into gazette_consumer.runner.shard_factory"
-        )
-
-    yield start
+    finally:
+        await client.close()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -137,24 +156,42 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--broker-port", type=int, default=0, help="embedded broker's port")
     serve.add_argument("--data-dir", default=None, help="embedded broker's spools and fragments")
     serve.add_argument("--drain-timeout", type=float, default=drain_timeout_s_default)
+    serve.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=lease_ttl_s_default,
+        help="seconds the member's etcd key (and its shards) outlive a crash",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics at /debug/metrics on this port (0: any free port)",
+    )
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--log-format", choices=("console", "json"), default="console")
     return p
 
 
-async def _serve(args: argparse.Namespace, app: type) -> int:
+async def _serve(args: argparse.Namespace, app: Application) -> int:
     from broker.keyspace.etcd import EtcdBackend
 
     store = None if args.etcd else EmbeddedStore()
     backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
     embedded = await _start_embedded_broker(store, args) if store is not None else None
     broker_address = embedded[0] if embedded is not None else args.broker
-    root = args.root or default_root(app.__name__)
+    root = args.root or default_root(type(app).__name__)
+    http = None
     try:
+        if args.http_port is not None:
+            http, http_port = await serve_metrics(args.host, args.http_port)
+            print(f"metrics on http://{args.host}:{http_port}/debug/metrics", flush=True)
         async with shard_factory(ShardRuntime(app, root, broker_address)) as start_shard:
             embedded_broker = broker_address if embedded is not None else None
             return await _run_member(args, backend, root, start_shard, embedded_broker)
     finally:
+        if http is not None:
+            await http.cleanup()
         if embedded is not None:
             await embedded[1]()
         await backend.close()
@@ -177,6 +214,7 @@ async def _run_member(
             port=args.port,
             shard_limit=args.shard_limit,
             drain_timeout_s=args.drain_timeout,
+            lease_ttl_s=args.lease_ttl,
         ),
         start_shard,
     )
@@ -212,6 +250,8 @@ async def _start_embedded_broker(
     from broker.fragment.stores.registry import new_registry
     from broker.server import Broker, BrokerConfig
 
+    if args.data_dir is not None:
+        os.makedirs(args.data_dir, exist_ok=True)  # Spools are created in it.
     backend = store.connect()
     broker = Broker(
         backend,
@@ -246,6 +286,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValidationError(f"must be >= 1 (got {args.shard_limit})", "--shard-limit")
     if args.drain_timeout < 0:
         raise ValidationError(f"must be >= 0 (got {args.drain_timeout})", "--drain-timeout")
+    if args.lease_ttl < 1:
+        raise ValidationError(f"must be >= 1 (got {args.lease_ttl})", "--lease-ttl")
+    if args.http_port is not None and not 0 <= args.http_port <= 65535:
+        raise ValidationError(f"must be in [0, 65535] (got {args.http_port})", "--http-port")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gazette_logging.configure(args.log_format, args.log_level)
     try:
         _check_args(args)
-        app = load_app(args.app)
+        app = new_app(load_app(args.app), args.app)
     except ValueError as exc:
         print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -28,6 +28,7 @@ from gazette_consumer.application import Application, MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through, from_sequencer_checkpoint
 from gazette_consumer.message.clock import ClockError, clock_from_unix_nanos
 from gazette_consumer.message.message import Envelope
+from gazette_consumer.metrics import ShardMetrics
 from gazette_consumer.shard_spec import PRODUCER_PRUNE_HORIZON_S, recovery_log, txn_durations_s
 from gazette_consumer.stores.base import OpFuture, Store
 from gazette_consumer.transaction import (
@@ -98,6 +99,7 @@ class TxnDriver:
         self._prior_acks: list[AsyncAppend] = []
         self._prior_checkpoint = Checkpoint()
         self._prior_read_through = prior_read_through
+        self._metrics = ShardMetrics(self._id)
 
     async def run(self) -> NoReturn:
         fsm = self.fsm
@@ -166,6 +168,7 @@ class TxnDriver:
                     raise ShardFailedError(self._id, "writing ACK intents", error) from error
             fsm.on_prior_acked(self._clock())
             self._on_progress(self._prior_checkpoint, self._prior_acks)
+            self._metrics.progressed(self._prior_read_through)
             self._prior_commit, self._prior_acks = None, []
 
     def _observe_timer(self) -> None:
@@ -274,6 +277,7 @@ class TxnDriver:
             self._id, "queueing ACK intents", publisher.write_ack_intents(intents, [commit])
         )
         self.last_closed = self.fsm.on_commit_started(self._clock())
+        self._metrics.commit_started(self.last_closed, commit)
         self._prior_commit, self._prior_acks = commit, acks
         self._prior_checkpoint = checkpoint
         self._prior_read_through = flatten_read_through(checkpoint)

@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 from google.protobuf.duration_pb2 import Duration
 
 from broker.keyspace.backend import Backend
@@ -26,7 +34,10 @@ from broker.keyspace.embedded import EmbeddedStore
 from broker.keyspace.keyspace import KeySpace
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import GazetteError, ShardStatusError
+from examples.counter import Counter
 from gazette_consumer.member import ConsumerConfig, ConsumerMember
+from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, StartShard
 from gazette_consumer.topology import (
     Decoded,
@@ -273,7 +284,138 @@ def process_id(node: Node) -> pb.ProcessSpec.ID:
     return node.member.id
 
 
-class CounterApp:
-    """The application tests run with ``gazette-consumer serve --app``. A plain class while
-    the runner's shard factory is not wired to the shard runner (runner.shard_factory):
-    once it is, this becomes a real (trivial) Application."""
+class CounterApp(Counter):
+    """The application tests run with ``gazette-consumer serve --app``: the counting example,
+    keeping its SQLite files in a temporary directory of the process (removed at exit)."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="counter-app-")
+        super().__init__(data_dir=self._tmp.name)
+
+
+# --- Consumer processes ---------------------------------------------------------------------------
+
+# A consumer process that has not printed its endpoint this long after starting failed to start.
+process_ready_s = 60.0
+# Bytes of a consumer's log quoted when it did not start.
+process_log_tail_bytes = 4000
+
+
+@dataclass(eq=False)
+class ConsumerProcess:
+    """A ``gazette-consumer serve`` subprocess (restartable: a start is a new process with the
+    same arguments). Ready once it printed ``serving on``; the other lines it prints (the
+    embedded broker's and the metrics' addresses) are kept in ``printed``. Its log (stderr and
+    stdout) goes to ``log_path``, appended across restarts."""
+
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    endpoint: str = ""
+    printed: dict[str, str] = field(default_factory=dict)
+    process: asyncio.subprocess.Process | None = None
+    starts: int = 0
+    _drain: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> None:
+        if self.running:
+            raise RuntimeError("consumer process: already running")
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
+        with self.log_path.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gazette_consumer.runner",
+                "serve",
+                *self.args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,  # A file: an unread pipe would fill with logs and stall it.
+                env=env,
+            )
+        self.starts += 1
+        self.printed = {}
+        assert self.process.stdout is not None
+        # Printed at start: the metrics address (if served), then "serving on", then the
+        # embedded broker's address (without --etcd).
+        expect = {"serving"} | ({"embedded broker"} if "--etcd" not in self.args else set())
+        try:
+            async with asyncio.timeout(process_ready_s):
+                while not expect <= self.printed.keys():
+                    line = (await self.process.stdout.readline()).decode().strip()
+                    if not line:
+                        raise RuntimeError(f"exited before serving:\n{self.log_tail()}")
+                    what, sep, where = line.partition(" on ")
+                    if sep:
+                        self.printed[what] = where
+            self.endpoint = self.printed["serving"]
+        except BaseException:
+            await self.kill()
+            raise
+        self._drain = asyncio.create_task(self._drain_stdout(), name="consumer stdout")
+
+    async def _drain_stdout(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        with self.log_path.open("ab") as log:
+            while line := await self.process.stdout.readline():
+                log.write(b"[stdout] " + line)
+                log.flush()
+
+    async def kill(self) -> None:
+        """SIGKILL (no hand-off, nothing flushed); wait for it to exit."""
+        proc = self.process
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await self._reap()
+
+    async def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM and wait for the exit code (killed, and an error raised, past timeout_s)."""
+        proc = self.process
+        assert proc is not None and proc.returncode is None, "not running"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(timeout_s):
+                code = await proc.wait()
+        except TimeoutError:
+            await self.kill()
+            raise AssertionError(f"still running {timeout_s}s after SIGTERM") from None
+        await self._reap()
+        return code
+
+    async def _reap(self) -> None:
+        task, self._drain = self._drain, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_bytes()[-process_log_tail_bytes:].decode(errors="replace")
+        except OSError as err:
+            return f"(no log: {err})"
+
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+async def stat_through(
+    consumer: ConsumerProcess, shard: str, read_through: Mapping[str, int] | None = None
+) -> cpb.StatResponse:
+    """Stat of ``shard`` through ``consumer``'s Shard service, once the shard has read through
+    ``read_through`` (the service waits for that: an event). Retried, bounded, while the shard
+    has no primary yet or the process is not reachable (no event to wait on across processes
+    for those)."""
+    deadline = time.monotonic() + process_ready_s
+    while True:
+        try:
+            async with ShardClient(consumer.endpoint) as client:
+                return await client.stat(shard, read_through)
+        except (GazetteError, ShardStatusError, grpc.aio.AioRpcError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)

@@ -1,0 +1,1 @@
+"""Example applications of gazette-py."""
