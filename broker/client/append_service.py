@@ -265,9 +265,9 @@ class AppendService:
             queue = await self._admit(name, request is None)
         return self._hold(queue, request, key, deps)
 
-    def start_append_nowait(self, journal: str) -> AsyncAppend | None:
-        """`start_append(journal)` if it would not wait (nor yield); else None, and the caller
-        awaits `start_append`. Saves a coroutine per write on a publisher's hot path."""
+    def _queue_if_free(self, journal: str) -> JournalQueue | None:
+        """The journal's queue if a writer may take it at once: it exists and is not held,
+        the service is running, its buffer has room, and writers need not yield yet."""
         queue = self._queues.get(journal)
         budget = self.budget
         if (
@@ -278,6 +278,14 @@ class AppendService:
             or budget.memory_bytes + budget.spill_bytes >= budget.bytes_max
         ):
             return None
+        return queue
+
+    def start_append_nowait(self, journal: str) -> AsyncAppend | None:
+        """`start_append(journal)` if it would not wait (nor yield); else None, and the caller
+        awaits `start_append`. Saves a coroutine per write on a publisher's hot path."""
+        queue = self._queue_if_free(journal)
+        if queue is None:
+            return None
         return self._hold(queue, None, journal, _NO_DEPENDENCIES)
 
     def append_nowait(self, journal: str, data: bytes) -> AsyncAppend | None:
@@ -285,15 +293,8 @@ class AppendService:
         `data` (whole messages) to the journal's open batch and return the batch, if that needs
         no wait; else None, and nothing is written. The one call a publisher makes per message.
         """
-        queue = self._queues.get(journal)
-        budget = self.budget
-        if (
-            queue is None
-            or queue.holder is not None
-            or self._unyielded_bytes >= self._writer_yield_bytes
-            or self._run is not _RUNNING
-            or budget.memory_bytes + budget.spill_bytes >= budget.bytes_max
-        ):
+        queue = self._queue_if_free(journal)
+        if queue is None:
             return None
         # Never held: nothing can run between taking the batch and releasing it.
         batch = queue.batches[-1] if queue.batches else None

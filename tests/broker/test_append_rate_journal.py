@@ -42,15 +42,6 @@ class VirtualClock:
         await asyncio.sleep(0)  # Still a suspension point, as a real sleep is.
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
 async def limited_journal(cluster: Cluster, rate: int) -> tuple[Broker, Broker]:
     a = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
     b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)

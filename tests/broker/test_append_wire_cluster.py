@@ -7,7 +7,6 @@ commit carries the SHA1 of exactly its append."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 
 import pytest
 from broker_testkit import Cluster, journal_spec, local_content
@@ -18,15 +17,6 @@ from broker.protocol import protocol_pb2 as pb
 
 J = "wire/journal"
 BIG = local_offload_bytes_min + 17
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def pattern(seed: int, size: int) -> bytes:

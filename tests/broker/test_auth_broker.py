@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator
 
 import aiohttp
 import grpc
@@ -84,15 +83,6 @@ async def read_all(broker: Broker, journal: str) -> bytes:
     finally:
         await client.close()
     return out
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def start(cluster: Cluster, suffix: str = "broker-a") -> Broker:

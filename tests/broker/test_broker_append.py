@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -16,15 +15,6 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 
 J = "test/journal"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_single_broker_append_lands_in_spool_and_index(cluster: Cluster) -> None:

@@ -7,7 +7,7 @@ test drives its handlers by hand and asserts the next state and the exact status
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -34,15 +34,6 @@ from broker.topology import assignment_of, journal_assignments, routes_equivalen
 
 J = "fsm/journal"
 OWNER_X = label_set([("owner", "x")])
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def two_brokers(cluster: Cluster, replication: int = 2) -> tuple[Broker, Broker]:

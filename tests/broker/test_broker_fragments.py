@@ -5,10 +5,8 @@ ahead of the spool (INDEX_HAS_GREATER_OFFSET) and its explicit recovery."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from broker_testkit import Cluster, journal_spec, local_content, replica_of, wait_until
 
 from broker.append_fsm import pulse
@@ -18,15 +16,6 @@ from broker.protocol import protocol_pb2 as pb
 from broker.server import Broker
 
 J = "frag/journal"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def boundaries(broker: Broker) -> list[tuple[int, int]]:

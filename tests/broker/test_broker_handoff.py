@@ -35,15 +35,6 @@ from broker.topology import (
 wait_s = 20.0
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
 @contextlib.asynccontextmanager
 async def allocating(brokers: Sequence[Broker]) -> AsyncIterator[list[asyncio.Task[None]]]:
     """Every broker runs the allocator over its own mirror, as ``gazette serve`` does."""

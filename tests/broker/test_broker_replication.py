@@ -4,7 +4,6 @@ RPC's refusals, flow control, and bad input at the Append boundary."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -15,15 +14,6 @@ from broker.protocol.labels import label_set
 from broker.topology import etcd_header, make_header
 
 J = "repl/journal"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 @pytest.mark.parametrize("replication", [1, 2, 3, 4, 5])

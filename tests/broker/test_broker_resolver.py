@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from broker_testkit import Cluster, journal_spec, replica_of
@@ -13,15 +12,6 @@ from broker.resolver import ResolveError, ResolverStoppedError
 from broker.topology import make_header
 
 J = "res/journal"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_resolution_statuses_and_headers(cluster: Cluster) -> None:

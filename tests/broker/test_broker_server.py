@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec
@@ -14,15 +12,6 @@ from broker.server import BrokerStateError
 from broker.topology import Member, lookup_member, member_key
 
 J = "srv/journal"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_broker_announces_itself_under_its_lease(cluster: Cluster) -> None:

@@ -3,7 +3,6 @@ differences: every broker of the process adds to the same series)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
 
 J = "metrics/journal"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def snapshot() -> dict[str, float]:

@@ -31,15 +31,6 @@ J = "test/errors"
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-@pytest.fixture
 async def client(cluster: Cluster) -> AsyncIterator[JournalClient]:
     broker = await cluster.start_broker("zone-a", "broker-a")
     out = JournalClient(broker.endpoint)
