@@ -30,9 +30,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## demo: set up and run the main job on the embedded default (no external services).
+## demo: set up and run the main job on the embedded default (no external services): an
+## exactly-once counting pipeline (broker, consumer shards, SQLite stores) in one process.
+## Run as a module from the repository root, which holds the `examples` package it runs.
 demo: install
-	$(VENV)/bin/gazette demo
+	$(PY) -m gazette_consumer.demo
 
 ## system-deps: etcd (Debian etcd-server), PostgreSQL 15 server binaries, Java for Spark.
 system-deps:
