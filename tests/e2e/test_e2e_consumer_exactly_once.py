@@ -93,11 +93,17 @@ def to(journal: str) -> Callable[[Any], Partition]:
 class Producers:
     """Seeded input: a plain publisher (committed messages, some duplicated) and transactional
     ones (acknowledged, rolled back, or abandoned transactions). `heads` is what was appended
-    to each journal so far (from append responses); `expected` what must count."""
+    to each journal so far (from append responses); `delivered` the begin offset of the last
+    append (a batch of messages) holding one that hands a reader a message (a committed
+    message, or an ACK committing some). A shard's progress moves only with transactions,
+    which need a delivered message, so it is sure to read past `delivered`, but not past the
+    tail beyond (an open transaction, a duplicate or a rollback) until more is published.
+    `expected` is what must count."""
 
     rng: random.Random
     appends: AppendService
     heads: dict[str, int] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
     expected: Counter[str] = field(default_factory=Counter)
     written: int = 0
     rollbacks: int = 0
@@ -110,12 +116,14 @@ class Producers:
         self.open_journals: list[set[str]] = [set() for _ in self.txn]
         self.last_acks: list[dict[str, bytes]] = [{} for _ in self.txn]
 
-    def _track(self, append: AsyncAppend) -> None:
+    def _track(self, append: AsyncAppend, *, delivers: bool = False) -> None:
         def done(_future: object) -> None:
             if not append.future.cancelled() and append.exception() is None:
-                end = append.result().commit.end
+                commit = append.result().commit
                 journal = append.journal
-                self.heads[journal] = max(self.heads.get(journal, 0), end)
+                self.heads[journal] = max(self.heads.get(journal, 0), commit.end)
+                if delivers:
+                    self.delivered[journal] = max(self.delivered.get(journal, 0), commit.begin)
 
         append.future.add_done_callback(done)
 
@@ -139,7 +147,7 @@ class Producers:
             draw = rng.random()
             if draw < 0.4:
                 message = Count(key=key)
-                self._track(await self.plain.publish_committed(to(journal), message))
+                self._track(await self.plain.publish_committed(to(journal), message), delivers=True)
                 self.expected[key] += 1
                 if rng.random() < 0.05:
                     await self._duplicate(journal, message)
@@ -167,9 +175,9 @@ class Producers:
         self.last_acks[p].update(intents)
         self.expected.update(self.open[p])
         self.open[p].clear()
-        self.open_journals[p].clear()
+        committing, self.open_journals[p] = self.open_journals[p], set()
         for ack in await self.txn[p].write_ack_intents(intents):
-            self._track(ack)
+            self._track(ack, delivers=ack.journal in committing)
 
     async def _roll_back(self, p: int) -> None:
         """Re-send the last ACK of each journal of the open transaction: readers roll it back."""
@@ -298,7 +306,7 @@ async def kill_at_a_random_point(
     journal = rng.choice(SHARDS[shard])
     progress = await stat_through(consumer, shard)
     read = progress.read_through.get(journal, 0)
-    head = producers.heads.get(journal, 0)
+    head = producers.delivered.get(journal, 0)
     target = read + int(max(0, head - read) * rng.random())
     delay_s = rng.uniform(0.0, 0.25)
     print(f"kill {round_index + 1}: {shard} past {journal}@{target} (head {head}) +{delay_s:.3f}s")
