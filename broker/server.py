@@ -63,7 +63,15 @@ from broker.logging import get_logger
 from broker.pipeline import Dialer, message_bytes_max
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
-from broker.protocol.validate import validate_broker_spec
+from broker.protocol.validate import (
+    PROCESS_SUFFIX_LEN_MAX,
+    PROCESS_SUFFIX_LEN_MIN,
+    ZONE_LEN_MAX,
+    ZONE_LEN_MIN,
+    ValidationError,
+    validate_broker_spec,
+    validate_token,
+)
 from broker.read_api import ReadAPI
 from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
 from broker.replicate_api import ReplicateApi
@@ -460,6 +468,17 @@ def _auth_keys(text: str) -> str:
     return text
 
 
+def _token(len_min: int, len_max: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            validate_token(text, len_min, len_max)
+        except ValidationError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+    return parse
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -491,8 +510,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve journals")
-    serve.add_argument("--zone", default="local")
-    serve.add_argument("--suffix", "--id", default="broker")
+    serve.add_argument("--zone", type=_token(ZONE_LEN_MIN, ZONE_LEN_MAX), default="local")
+    serve.add_argument(
+        "--suffix",
+        "--id",
+        type=_token(PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX),
+        default="broker",
+        help="this broker's ID within its zone",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument(
@@ -549,7 +574,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.command == "serve":
+        if args.spool_dir:
+            # Spools are scratch files: make their directory rather than fail every append.
+            try:
+                os.makedirs(args.spool_dir, exist_ok=True)
+            except OSError as err:
+                p.error(f"--spool-dir {args.spool_dir}: cannot create it: {err.strerror}")
+        if not os.path.isdir(args.file_root):
+            # Not created: a missing root is usually a volume that failed to mount.
+            p.error(f"--file-root {args.file_root}: no such directory (is its volume mounted?)")
+    return args
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -70,8 +70,13 @@ class AppLoadError(ValueError):
 
 def load_app(text: str) -> type[Application]:
     """The Application subclass ``module:Class`` names (``Class`` may be dotted:
-    ``module:Outer.Inner``)."""
+    ``module:Outer.Inner``). The module is looked up in the working directory too, as
+    ``python -m`` would: an application is usually a module of the project the command runs
+    in (``examples.counter`` from this repository's root), not an installed package."""
     module_name, sep, attr = text.partition(":")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)  # Last: an installed package of the same name still wins.
     if not sep or not module_name or not attr:
         raise AppLoadError(f"--app {text!r}: expected module:Class (e.g. examples.counter:Counter)")
     try:

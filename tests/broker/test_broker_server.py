@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec
 
 from broker.keyspace.backend import LeaseNotFoundError
 from broker.protocol import protocol_pb2 as pb
-from broker.server import BrokerStateError
+from broker.server import BrokerStateError, _parse_args
 from broker.topology import Member, lookup_member, member_key
 
 J = "srv/journal"
@@ -47,3 +49,30 @@ async def test_a_broker_that_loses_its_lease_fails_and_stops_serving(cluster: Cl
     with pytest.raises(ExceptionGroup):
         await b.stop()
     await b.backend.close()
+
+
+# --- gazette serve's arguments ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--id", "b1"], "argument --suffix/--id: length must be in [4, 128] bytes"),
+        (["--zone", "a#b"], "argument --zone: "),
+        (["--file-root", "/nonexistent/gazette-root"], "--file-root /nonexistent/gazette-root: no"),
+    ],
+)
+def test_serve_refuses_bad_arguments_naming_the_flag(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _parse_args(["serve", *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_creates_its_spool_directory(tmp_path: Path) -> None:
+    spools = tmp_path / "a" / "b" / "spools"
+    args = _parse_args(["serve", "--data-dir", str(spools), "--file-root", str(tmp_path)])
+    assert args.spool_dir == str(spools)
+    assert spools.is_dir()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections import Counter as Counter_
 from pathlib import Path
 
@@ -55,6 +56,22 @@ def test_load_app_finds_applications_and_nested_classes() -> None:
     # (pytest imported this file under another module name: compare what can be compared.)
     nested = load_app(f"{HERE}:Outer.Nested")
     assert nested.__qualname__ == "Outer.Nested" and issubclass(nested, Counter)
+
+
+def test_load_app_looks_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installed console script has no working directory on its path; `--app` finds the
+    # project's own modules anyway, as `python -m` would.
+    (tmp_path / "my_cwd_app_xyz.py").write_text(
+        "from examples.counter import Counter\n\nclass Mine(Counter):\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_cwd_app_xyz", raising=False)
+    app = load_app("my_cwd_app_xyz:Mine")
+    assert app.__name__ == "Mine" and issubclass(app, Counter)
+    assert sys.path[-1] == str(tmp_path)
 
 
 @pytest.mark.parametrize(
