@@ -1,0 +1,123 @@
+"""Broker access for the data source: resolving journals, write heads, one event loop per call.
+
+Spark calls a data source from plain synchronous Python, in driver-side workers and executor
+workers that are separate processes. Each call that needs the broker runs its own event loop
+(`run_with_client`), with a `JournalClient` opened inside it and closed before it returns: no
+channel outlives the call, and nothing that crosses a process boundary holds one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TypeVar
+
+from broker.client.list_apply import get_journal, list_journals
+from broker.client.reader import Reader
+from broker.client.route_cache import JournalClient
+from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.selector import parse_selector
+from broker.protocol.status import JournalNotFoundError, OffsetNotYetAvailableError
+from spark_integration.options import journals_max
+
+T = TypeVar("T")
+
+
+class GazetteJournalError(LookupError):
+    """A journal the data source was asked to use does not exist or cannot be used."""
+
+
+def run_with_client(broker: str, work: Callable[[JournalClient], Awaitable[T]]) -> T:
+    """Run `work(client)` in a new event loop with a client of `broker`, closed afterwards."""
+
+    async def main() -> T:
+        client = JournalClient(broker)
+        try:
+            return await work(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def iterate_with_client(
+    broker: str, work: Callable[[JournalClient], AsyncIterator[T]]
+) -> Iterator[T]:
+    """The items of the async iterator `work(client)`, as a plain iterator: each is awaited in
+    this generator's own event loop, so a partition streams its rows instead of collecting them.
+    Closing the generator (Spark stops reading) closes the iterator, the client and the loop."""
+    loop = asyncio.new_event_loop()
+    client: JournalClient | None = None
+    items: AsyncIterator[T] | None = None
+    try:
+        client = JournalClient(broker)
+        items = work(client)
+        while True:
+            try:
+                item = loop.run_until_complete(anext(items))
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        try:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                loop.run_until_complete(aclose())
+            if client is not None:
+                loop.run_until_complete(client.close())
+        finally:
+            loop.close()
+
+
+def check_json_lines(spec: pb.JournalSpec) -> None:
+    content_type = labels.value_of(spec.labels, labels.CONTENT_TYPE)
+    if content_type != labels.CONTENT_TYPE_JSON_LINES:
+        raise GazetteJournalError(
+            f"journal {spec.name!r}: content-type is {content_type or 'not set'!r}; the gazette"
+            f" data source reads and writes {labels.CONTENT_TYPE_JSON_LINES} journals only"
+        )
+
+
+async def resolve_journals(
+    client: JournalClient, names: tuple[str, ...], selector: str
+) -> list[pb.JournalSpec]:
+    """The specs of the named journals, or of those `selector` matches (sorted by name). Every
+    one must exist and hold JSON lines."""
+    specs: list[pb.JournalSpec] = []
+    if selector:
+        listing = await list_journals(client, parse_selector(selector))
+        specs = sorted((j.spec for j in listing.journals), key=lambda s: s.name)
+    for name in names:
+        try:
+            specs.append(await get_journal(client, name))
+        except JournalNotFoundError:
+            raise GazetteJournalError(f"journal {name!r} does not exist") from None
+    if len(specs) > journals_max:
+        raise GazetteJournalError(
+            f"selector {selector!r} matches {len(specs)} journals, more than {journals_max}"
+        )
+    for spec in specs:
+        check_json_lines(spec)
+    return specs
+
+
+async def write_head(client: JournalClient, journal: str) -> int:
+    """The journal's write head: the offset its next append will land at."""
+    reader = Reader(
+        client, pb.ReadRequest(journal=journal, offset=0, block=False, metadata_only=True)
+    )
+    try:
+        await reader.read_chunk()
+    except OffsetNotYetAvailableError:
+        pass  # An empty journal: the metadata response still carries its head.
+    except JournalNotFoundError:
+        raise GazetteJournalError(f"journal {journal!r} does not exist") from None
+    finally:
+        await reader.close()
+    return reader.response.write_head
+
+
+async def write_heads(client: JournalClient, journals: list[str]) -> dict[str, int]:
+    heads = await asyncio.gather(*(write_head(client, j) for j in journals))
+    return dict(zip(journals, heads, strict=True))

@@ -1,0 +1,91 @@
+"""One local SparkSession and one real broker process for every Spark test.
+
+The JVM takes 10-20 s to start, so the session is shared (session scope); each test uses journals
+of its own. The broker is `gazette serve` on loopback with its embedded keyspace. Spark's Python
+workers are separate processes: they find the repository through PYTHONPATH and run the venv's
+interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.spark_integration.spark_testkit import free_port
+
+try:
+    import pyspark  # noqa: F401  (the optional "spark" extra)
+except ImportError:  # Nothing here can run: not even the modules import.
+    collect_ignore_glob = ["test_*.py"]
+
+REPO = Path(__file__).resolve().parents[2]
+broker_start_timeout_s = 30
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """host:port of a broker process serving the whole Spark test session."""
+    root = tmp_path_factory.mktemp("spark-broker")
+    port = free_port()
+    log = (root / "broker.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
+            *("--port", str(port), "--data-dir", str(root), "--file-root", str(root)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()  # Printed once the broker serves.
+    assert line.startswith("serving on"), line + (root / "broker.log").read_text()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=broker_start_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    if subprocess.run(["java", "-version"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("Java is not installed: run `make system-deps`")
+    # Python workers: this interpreter, this repository.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    session = (
+        pyspark_sql.SparkSession.builder.master("local[2]")
+        .appName("gazette-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    from spark_integration import GazetteDataSource
+
+    session.dataSource.register(GazetteDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,164 @@
+"""Helpers of the Spark tests: journals, hand-made message sequences, direct reads.
+
+Messages are appended with UUIDs built by hand (producer, clock, flags), so that a test can lay
+out exactly the duplicates, transactions and rollbacks it wants the data source to sort out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import JournalClient, append, apply_journals, upsert
+from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.message.uuid import Flag, build_uuid, get_flags, new_producer_id
+from gazette_consumer.message.uuid import producer_id as as_producer_id
+
+OUTSIDE = Flag.OUTSIDE_TXN
+CONTINUE = Flag.CONTINUE_TXN
+ACK = Flag.ACK_TXN
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unique(prefix: str) -> str:
+    """A journal name of its own for one test."""
+    return f"{prefix}/{uuid.uuid4().hex[:10]}"
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def create_journals(
+    broker: str, names: Sequence[str], *, content_type: str = labels.CONTENT_TYPE_JSON_LINES
+) -> None:
+    async def apply() -> None:
+        client = JournalClient(broker)
+        try:
+            specs = [
+                pb.JournalSpec(
+                    name=name,
+                    replication=1,
+                    labels=pb.LabelSet(
+                        labels=[
+                            pb.Label(name="app", value="spark-test"),
+                            pb.Label(name=labels.CONTENT_TYPE, value=content_type),
+                            pb.Label(name="test", value=name.split("/")[-1]),
+                        ]
+                    ),
+                    fragment=pb.JournalSpec.Fragment(
+                        length=1 << 20,
+                        compression_codec=pb.NONE,
+                        refresh_interval=Duration(seconds=1),
+                    ),
+                )
+                for name in names
+            ]
+            await apply_journals(client, [upsert(s) for s in specs])
+        finally:
+            await client.close()
+
+    _run(apply())
+
+
+@dataclass(frozen=True)
+class Msg:
+    """A message to append: `producer` (6 bytes), `clock`, `flags`, fields (none for an ACK)."""
+
+    producer: bytes
+    clock: int
+    flags: Flag
+    fields: dict[str, Any] | None = None
+
+    def line(self) -> bytes:
+        body = dict(self.fields or {})
+        body["UUID"] = str(build_uuid(as_producer_id(self.producer), self.clock, self.flags))
+        return json.dumps(body).encode() + b"\n"
+
+
+def producer() -> bytes:
+    return bytes(new_producer_id())
+
+
+def append_messages(
+    broker: str, journal: str, messages: Sequence[Msg], *, together: bool = False
+) -> list[tuple[int, int]]:
+    """Append each message by itself, or all in one append (`together`: a reader sees all of
+    them or none); return the [begin, end) each landed at."""
+
+    async def go() -> list[tuple[int, int]]:
+        client = JournalClient(broker)
+        spans = []
+        try:
+            for group in [messages] if together else [[m] for m in messages]:
+                lines = [m.line() for m in group]
+                request = pb.AppendRequest(journal=journal)
+                begin = (await append(client, request, b"".join(lines))).commit.begin
+                for line in lines:
+                    spans.append((begin, begin + len(line)))
+                    begin += len(line)
+        finally:
+            await client.close()
+        return spans
+
+    return list(_run(go()))
+
+
+def append_raw(broker: str, journal: str, content: bytes) -> None:
+    async def go() -> None:
+        client = JournalClient(broker)
+        try:
+            await append(client, pb.AppendRequest(journal=journal), content)
+        finally:
+            await client.close()
+
+    _run(go())
+
+
+def read_all(broker: str, journal: str) -> bytes:
+    """The journal's whole content, read directly (not through Spark)."""
+    from broker.client import RetryReader
+    from spark_integration.journal_io import write_head
+
+    async def go() -> bytes:
+        client = JournalClient(broker)
+        try:
+            head = await write_head(client, journal)
+            if head == 0:
+                return b""
+            reader = RetryReader(
+                client, pb.ReadRequest(journal=journal, offset=0, end_offset=head, block=True)
+            )
+            out = b""
+            async for chunk in reader:
+                out += chunk.content
+            return out
+        finally:
+            await client.close()
+
+    return bytes(_run(go()))
+
+
+def uuid_flags(content: bytes) -> list[int]:
+    """The UUID flags of each JSON line (0 outside a transaction, 1 continue, 2 ACK)."""
+    return [get_flags(uuid.UUID(json.loads(line)["UUID"])) for line in content.splitlines()]
+
+
+def reader(spark: Any, broker: str, **options: str) -> Any:
+    r = spark.read.format("gazette").option("broker", broker)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r
