@@ -62,8 +62,10 @@ class PrimaryShard:
 
     `on_change` is called (on the event loop, never blocking) when progress changes: after
     recovery, and whenever a transaction completes. `clock` is a monotonic clock in seconds for
-    transaction durations (default: the event loop's); `time_ns` is wall time, for pruning idle
-    producers from checkpoints; `append_service` builds the shard's AppendService.
+    transaction durations (default: `time.monotonic`; the transaction loop reads it once per
+    message, and the event loop's clock would add a Python call around it); `time_ns` is wall
+    time, for pruning idle producers from checkpoints; `append_service` builds the shard's
+    AppendService.
     """
 
     def __init__(
@@ -176,7 +178,7 @@ class PrimaryShard:
                         store,
                         source,
                         prior_read_through=flatten_read_through(checkpoint),
-                        clock=self._clock or asyncio.get_running_loop().time,
+                        clock=self._clock or time.monotonic,
                         on_progress=self._record_progress,
                         on_phase=self._notifier.notify,
                         time_ns=self._time_ns,

@@ -33,6 +33,9 @@ The shell loop is::
         match step:
             case Await(read, prior, deadline):   wait for the first of those; feed the event
             case Poll(deadline):                  take a ready tick or message, else on_read_empty
+
+A message is fed with `on_message`; the ready messages right behind it may be consumed as a
+run, up to `timer_at`, and fed at once with `on_message_run` (see there why that is the same).
             case Finalize():                      app.finalize_txn(); fsm.on_finalized()
             case StartCommit():                   store.start_commit(...); fsm.on_commit_started()
             case Failed(error):                   stop the shard
@@ -103,6 +106,7 @@ class TxnEvent(enum.Enum):
     """What the shell reports to the state machine (one `on_*` method each)."""
 
     MESSAGE = "message"
+    MESSAGE_RUN = "message_run"
     TICK = "tick"
     PRIOR_COMMITTED = "prior_committed"
     PRIOR_ACKED = "prior_acked"
@@ -116,6 +120,7 @@ _WAITING: Final = frozenset({TxnPhase.IDLE, TxnPhase.CONSUMING, TxnPhase.STALLED
 
 TRANSITIONS: Final[dict[TxnEvent, frozenset[TxnPhase]]] = {
     TxnEvent.MESSAGE: frozenset({TxnPhase.IDLE, TxnPhase.CONSUMING}),
+    TxnEvent.MESSAGE_RUN: frozenset({TxnPhase.CONSUMING}),
     TxnEvent.TICK: frozenset({TxnPhase.CONSUMING}),
     TxnEvent.PRIOR_COMMITTED: _WAITING,
     TxnEvent.PRIOR_ACKED: _WAITING,
@@ -298,7 +303,16 @@ class TxnLoop:
     def deadline(self) -> float | None:
         """When the next timer fires: the minimum duration's end, then the maximum's; None when
         no timer is armed (before the first message, mid-sequence, or after the maximum)."""
-        if self._phase is not TxnPhase.CONSUMING or self._mid_sequence:
+        if self._mid_sequence:
+            return None
+        return self.timer_at
+
+    @property
+    def timer_at(self) -> float | None:
+        """When the transaction's next timer is due, whether or not a sequence holds it off
+        (`deadline` is None mid-sequence); None outside CONSUMING. The end of a run of
+        messages the shell consumes without stepping (see `on_message_run`)."""
+        if self._phase is not TxnPhase.CONSUMING:
             return None
         if not self._min_elapsed:
             return self._began_at + self.min_duration_s
@@ -367,6 +381,22 @@ class TxnLoop:
         self._messages_total += 1
         self._mid_sequence = more_in_sequence
         return Consume(begins_txn=begins)
+
+    def on_message_run(self, count: int, *, more_in_sequence: bool = False) -> None:
+        """`count` more messages were consumed, in a run right after an `on_message`, with no
+        step in between. Stepping per message would decide nothing else: while a message is
+        ready and the timer is not due (or a sequence holds it off), a consuming transaction
+        consumes it whatever its prior does. So the shell may take a run of ready messages
+        up to `timer_at` (or on to the end of a sequence), and report it at once.
+
+        `more_in_sequence` is that of the run's last message.
+        """
+        self._check(TxnEvent.MESSAGE_RUN)
+        if count < 1:
+            raise TxnStateError(f"message_run: count must be >= 1 (got {count})")
+        self._consumed += count
+        self._messages_total += count
+        self._mid_sequence = more_in_sequence
 
     def on_tick(self, now: float) -> None:
         """The clock reached `deadline` (a tick before it is illegal)."""

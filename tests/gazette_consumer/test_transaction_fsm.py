@@ -305,6 +305,53 @@ def test_mid_sequence_disarms_the_timer_and_forbids_closing() -> None:
     assert fsm.phase is TxnPhase.FINALIZING
 
 
+# --- Runs of messages (on_message_run) ----------------------------------------------------------
+
+
+def test_a_run_counts_like_that_many_messages() -> None:
+    run, one_by_one = consuming(), consuming()
+    run.on_message(T0 + 0.1)
+    run.on_message_run(3)
+    one_by_one.on_message(T0 + 0.1)
+    for _ in range(3):
+        one_by_one.on_message(T0 + 0.1)
+    assert snapshot(run) == snapshot(one_by_one)
+    assert (run.consumed, run.messages_total) == (5, 5)
+    assert run.deadline == run.timer_at == T0 + MIN_S
+
+
+def test_a_run_ending_mid_sequence_disarms_the_timer_but_not_timer_at() -> None:
+    fsm = consuming(min_elapsed=True)
+    fsm.on_message_run(2, more_in_sequence=True)
+    assert fsm.mid_sequence and fsm.deadline is None
+    # The shell's runs still know when the timer is due (they continue past it only while a
+    # sequence holds it off).
+    assert fsm.timer_at == T0 + MAX_S
+    fsm.on_message_run(1)
+    assert not fsm.mid_sequence and fsm.deadline == T0 + MAX_S
+
+
+@pytest.mark.parametrize("phase", [p for p in TxnPhase if p is not TxnPhase.CONSUMING])
+def test_timer_at_is_none_outside_consuming(phase: TxnPhase) -> None:
+    assert in_phase(phase).timer_at is None
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_an_empty_run_is_illegal_and_changes_nothing(count: int) -> None:
+    fsm = consuming()
+    before = snapshot(fsm)
+    with pytest.raises(TxnStateError, match="count must be >= 1"):
+        fsm.on_message_run(count)
+    assert snapshot(fsm) == before
+
+
+def test_a_run_never_begins_a_transaction() -> None:
+    fsm = TxnLoop(MIN_S, MAX_S)
+    with pytest.raises(TxnStateError, match="message_run: not accepted in phase idle"):
+        fsm.on_message_run(1)
+    assert fsm.phase is TxnPhase.IDLE and fsm.messages_total == 0
+
+
 # --- FINALIZING and STARTING_COMMIT -------------------------------------------------------------
 
 
@@ -345,6 +392,7 @@ def test_fail_from_every_live_phase(phase: TxnPhase) -> None:
 
 EVENTS: dict[TxnEvent, Callable[[TxnLoop], object]] = {
     TxnEvent.MESSAGE: lambda fsm: fsm.on_message(T0 + 50),
+    TxnEvent.MESSAGE_RUN: lambda fsm: fsm.on_message_run(1),
     TxnEvent.TICK: lambda fsm: fsm.on_tick(T0 + 50),
     TxnEvent.PRIOR_COMMITTED: lambda fsm: fsm.on_prior_committed(),
     TxnEvent.PRIOR_ACKED: lambda fsm: fsm.on_prior_acked(T0 + 50),

@@ -1,0 +1,283 @@
+"""The counting Application of `bench_consumer.py`, in its exactly-once and at-least-once forms.
+
+`CountApp` counts messages per key in memory (`consume_message`: one dict update) and writes
+the counts in `finalize_txn` (one upsert per key touched), publishing a `Summary` per
+transaction (or a `Derived` message per message, or nothing). Exactly-once, it reads the
+default source (read-committed) and commits through a `CountingSQLStore` with the checkpoint;
+at-least-once, it reads an `UncommittedSource` and writes through a `NoCheckpointStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from bench_messages import Reading
+from sqlalchemy.engine import Connection, Engine
+
+from broker import client
+from broker.client.append_service import AsyncAppend
+from broker.client.list_apply import get_journal
+from broker.client.retry_reader import RetryReader
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.application import Application, MessageSource, Shard
+from gazette_consumer.checkpoint import Checkpoint
+from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, JSONMessage, Partition, Publisher
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.sequencer.decode import ChunkDecoder, new_chunk_decoder
+from gazette_consumer.sequencer.read_channel import ReadChannel
+from gazette_consumer.sequencer.read_iter import DECODE_PIECE_BYTES
+from gazette_consumer.sequencer.types import FLAG_ACK_TXN, SequencerCheckpoint
+from gazette_consumer.stores.base import OpFuture, ShardContext
+from gazette_consumer.stores.sql import SQLStore, create_checkpoints_table
+
+SOURCE = "bench/consumer-source"
+OUTPUT = "bench/consumer-output"
+READ_AHEAD_CHUNKS = 16  # As ReadCommittedIter's default read channel.
+
+_metadata = sa.MetaData()
+COUNTS = sa.Table(
+    "bench_counts",
+    _metadata,
+    sa.Column("shard", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("n", sa.BigInteger, nullable=False),
+)
+_UPSERT = sa.text(
+    "INSERT INTO bench_counts (shard, key, n) VALUES (:shard, :key, :n) "
+    "ON CONFLICT (shard, key) DO UPDATE SET n = bench_counts.n + excluded.n"
+)
+
+
+class Summary(JSONMessage, kw_only=True):
+    """What a transaction publishes: how many messages and keys it counted."""
+
+    shard: str = ""
+    messages: int = 0
+    keys: int = 0
+
+
+class Derived(JSONMessage, kw_only=True):
+    """What `--publish per-message` publishes for each message counted."""
+
+    sensor: str = ""
+    sequence: int = 0
+
+
+def _to_output(_message: Any) -> Partition:
+    return Partition(OUTPUT, CONTENT_TYPE_JSON_LINES)
+
+
+def _write_counts(connection: Connection, shard: str, counts: Mapping[str, int]) -> None:
+    connection.execute(_UPSERT, [{"shard": shard, "key": k, "n": n} for k, n in counts.items()])
+
+
+# --- Stores -------------------------------------------------------------------------------------
+
+
+class CountingSQLStore(SQLStore):
+    """Exactly-once: the counts are staged in the store's transaction, which commits them with
+    the checkpoint. `counts` is the open transaction's in-memory aggregate."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.counts: dict[str, int] = {}
+
+    async def write_counts(self, shard: str, counts: Mapping[str, int]) -> None:
+        await self.run(lambda connection: _write_counts(connection, shard, counts))
+
+
+class NoCheckpointStore:
+    """At-least-once: no checkpoint and no fence. The counts go to the same database, each
+    transaction's in a SQL transaction of its own; commits resolve at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.counts: dict[str, int] = {}
+
+    async def write_counts(self, shard: str, counts: Mapping[str, int]) -> None:
+        def write() -> None:
+            with self._engine.begin() as connection:
+                _write_counts(connection, shard, counts)
+
+        await asyncio.to_thread(write)
+
+    async def restore_checkpoint(self, shard: ShardContext) -> Checkpoint:
+        return Checkpoint()
+
+    async def start_commit(
+        self, shard: ShardContext, checkpoint: Checkpoint, wait_for: Sequence[Awaitable[object]]
+    ) -> OpFuture:
+        # Nothing to commit; resolved once the transaction's appends landed, so that progress
+        # (and the end of a run) means its output is written, as in exactly-once.
+        async def appended() -> None:
+            for append in wait_for:
+                await append
+
+        return asyncio.ensure_future(appended())
+
+    async def destroy(self) -> None:
+        return None
+
+
+# --- A read-uncommitted source ------------------------------------------------------------------
+
+
+class _Chunk:
+    __slots__ = ("at", "content", "offset")
+
+    def __init__(self, content: bytes, offset: int) -> None:
+        self.content, self.offset, self.at = content, offset, 0
+
+
+class UncommittedSource:
+    """A `MessageSource` of one journal, read-uncommitted: every message as read, with no
+    Sequencer. Read-ahead and decoding as `ReadCommittedIter` does them (chunks read ahead
+    undecoded by a background reader, decoded DECODE_PIECE_BYTES at a time as needed), so that
+    the two sources differ only by what read-committed adds."""
+
+    def __init__(self, journal_client: client.JournalClient, journal: str, offset: int) -> None:
+        self._client, self._journal = journal_client, journal
+        self._through = offset
+        self._channel: ReadChannel[_Chunk] = ReadChannel(READ_AHEAD_CHUNKS)
+        self._pending: deque[Envelope[Any]] = deque()
+        self._chunk: _Chunk | None = None
+        self._decoder: ChunkDecoder | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read(offset))
+
+    async def _read(self, offset: int) -> None:
+        request = pb.ReadRequest(journal=self._journal, offset=offset, block=True)
+        reader = RetryReader(self._client, request)
+        try:
+            spec = await get_journal(self._client, self._journal)
+            self._decoder = new_chunk_decoder(spec, offset, Reading)
+            while True:
+                chunk = await reader.read_chunk()
+                await self._channel.put(_Chunk(chunk.content, chunk.offset))
+        except Exception as err:
+            self._channel.fail(err)
+        finally:
+            await reader.close()
+
+    def try_next(self) -> Envelope[Any] | None:
+        pending = self._pending
+        while True:
+            while pending:
+                env = pending.popleft()
+                self._through = env.end
+                if env.flags != FLAG_ACK_TXN:  # An ACK is no message of the application's.
+                    return env
+            chunk = self._chunk
+            if chunk is None:
+                chunk = self._chunk = self._channel.get_nowait()
+                if chunk is None:
+                    return None
+            decoder = self._decoder
+            assert decoder is not None  # Set before the first chunk is put.
+            at = chunk.at
+            piece = chunk.content[at : at + DECODE_PIECE_BYTES]
+            chunk.at = at + len(piece)
+            if chunk.at == len(chunk.content):
+                self._chunk = None
+            pending.extend(decoder.feed(piece, chunk.offset + at))
+            if decoder.error is not None:
+                raise decoder.error
+
+    async def next(self) -> Envelope[Any]:
+        while (env := self.try_next()) is None:
+            await self._channel.wait()
+        return env
+
+    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+        return SequencerCheckpoint(read_through={self._journal: self._through})
+
+    def has_pending(self, since: Mapping[str, int]) -> bool:
+        return False
+
+    @property
+    def in_sequence(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+# --- The Application ----------------------------------------------------------------------------
+
+
+@dataclass
+class CountApp(Application):
+    """The trivial count (see the module docstring). One instance per run (one shard)."""
+
+    exactly_once: bool
+    engine: Engine
+    publish: str  # per-txn | per-message | none
+    # perf_counter, process_time, thread_time (the event loop's thread) at the first txn.
+    began_at: tuple[float, float, float] | None = None
+    consumed: int = 0  # Counted at finalize, so that consume_message stays trivial.
+    transactions: int = 0
+    sources: list[MessageSource] = field(default_factory=list)
+
+    async def new_store(self, shard: Shard, recorder: object | None) -> Any:
+        if self.exactly_once:
+            return CountingSQLStore(self.engine)
+        return NoCheckpointStore(self.engine)
+
+    def new_message(self, journal_spec: pb.JournalSpec) -> type[Any]:
+        return Reading
+
+    def new_message_source(
+        self, shard: Shard, store: Any, checkpoint: Checkpoint
+    ) -> MessageSource | None:
+        if self.exactly_once:
+            return None
+        source = UncommittedSource(shard.journal_client, SOURCE, 0)
+        self.sources.append(source)
+        return source
+
+    async def begin_txn(self, shard: Shard, store: Any) -> None:
+        if self.began_at is None:
+            self.began_at = (time.perf_counter(), time.process_time(), time.thread_time())
+
+    async def consume_message(
+        self, shard: Shard, store: Any, envelope: Envelope[Any], publisher: Publisher[AsyncAppend]
+    ) -> None:
+        counts = store.counts
+        key = envelope.message.sensor
+        counts[key] = counts.get(key, 0) + 1
+        if self.publish == "per-message":
+            derived = Derived(sensor=key, sequence=envelope.message.sequence)
+            await self._publish(publisher, derived)
+
+    async def finalize_txn(
+        self, shard: Shard, store: Any, publisher: Publisher[AsyncAppend]
+    ) -> None:
+        counts, store.counts = store.counts, {}
+        consumed = sum(counts.values())
+        self.consumed += consumed
+        self.transactions += 1
+        await store.write_counts(shard.id, counts)
+        if self.publish == "per-txn":
+            await self._publish(
+                publisher, Summary(shard=shard.id, messages=consumed, keys=len(counts))
+            )
+
+    async def _publish(self, publisher: Publisher[AsyncAppend], message: Any) -> None:
+        if self.exactly_once:
+            await publisher.publish_uncommitted(_to_output, message)
+        else:
+            await publisher.publish_committed(_to_output, message)
+
+
+async def prepare(engine: Engine) -> Engine:
+    await create_checkpoints_table(engine)
+    await asyncio.to_thread(COUNTS.create, engine, checkfirst=True)
+    return engine
