@@ -1,0 +1,370 @@
+"""Player: plays a recovery log from FSMHints into a local directory.
+
+The player reads the log from the first hinted segment (from offset 0 without hints), skipping
+to each next hinted segment, decodes ops (ops.py), applies them to an FSM (fsm.py) and reenacts
+the applied ones: a Create makes a staged file `.fnodes/<fnode>`, a Write's content goes into
+it, an Unlink of a file's last link removes it. Ops the FSM rejects (a zombie's, a duplicate,
+a dead branch) are skipped, their write content discarded. When playback completes, every live
+fnode is hard-linked at its paths and the properties are written (`_make_live`).
+
+It runs as an explicit state machine (`PlayerState`):
+
+    BACKFILL ──(read through the write head)──> TAIL            (hot standby: blocks for more)
+    BACKFILL / TAIL ──finish_at_write_head()──> EXIT_AT_HEAD ──(at head)──> COMPLETE
+    BACKFILL / TAIL ──inject_handoff(a)──> INJECT_HANDOFF_AT_HEAD ──(at head: append a no-op
+        by `a`, setting the register author=a)──> READ_HANDOFF_BARRIER ──(the no-op applied)──>
+        COMPLETE; if another author's op landed first, the no-op does not apply: inject again.
+
+"The write head" is the end of a zero-byte append (a barrier) made when the request arrives:
+everything committed before it is read. The hand-off no-op is sequenced after everything the
+player read, and its append replaces the `author` register, so the previous recorder's next
+append fails its register check (recorder.py): from then on, only `a` can extend the log.
+
+Local writes are small, sequential and done inline; a large store would move them to a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from broker.client.appender import append
+from broker.client.retry_reader import RetryReader
+from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.recorded_op_pb2 import FSMHints, RecordedOp
+from gazette_consumer.recoverylog.fsm import FSM, FSMError, Outcome, op_kind
+from gazette_consumer.recoverylog.ops import (
+    Content,
+    CorruptLogError,
+    DecodedOp,
+    OpDecoder,
+    encode_op,
+)
+from gazette_consumer.recoverylog.recorder import author_fence
+
+__all__ = [
+    "FNODES_DIR",
+    "HandoffError",
+    "PlaybackError",
+    "Player",
+    "PlayerState",
+    "Recovered",
+    "play_and_handoff",
+]
+
+log = get_logger(__name__)
+
+FNODES_DIR: Final = ".fnodes"
+"""Sub-directory where files are staged, by fnode, until playback completes."""
+
+HANDOFF_ATTEMPTS_MAX: Final = 16
+"""Hand-off no-ops injected before giving up: each retry means another recorder appended
+between our reading the head and our no-op, which a live zombie can do only until fenced."""
+
+
+class PlayerState(enum.Enum):
+    BACKFILL = "backfill"
+    TAIL = "tail"
+    EXIT_AT_HEAD = "exit_at_head"
+    INJECT_HANDOFF_AT_HEAD = "inject_handoff_at_head"
+    READ_HANDOFF_BARRIER = "read_handoff_barrier"
+    COMPLETE = "complete"
+
+
+class PlaybackError(Exception):
+    """Playback cannot complete; the message names the log and offset."""
+
+
+class HandoffError(PlaybackError):
+    """The hand-off no-op did not apply in HANDOFF_ATTEMPTS_MAX attempts."""
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """The outcome of a completed playback: the FSM of the log as read through `write_head`,
+    and the author the log was handed to (0 for finish_at_write_head)."""
+
+    fsm: FSM
+    directory: Path
+    write_head: int
+    author: int
+
+
+class Player:
+    """See the module docstring. Call `play()` once; request completion with
+    `finish_at_write_head()` or `inject_handoff(author)` (before or while it plays)."""
+
+    def __init__(
+        self, client: JournalClient, hints: FSMHints, directory: str | os.PathLike[str]
+    ) -> None:
+        self.client = client
+        self.fsm = FSM.from_hints(hints)
+        self.directory = Path(directory)
+        self.state = PlayerState.BACKFILL
+        self.tailing = asyncio.Event()  # Set once playback first reaches the write head.
+        self._requested = asyncio.Event()
+        self._handoff = 0
+        self._handoff_attempts = 0
+        self._handoff_applied = False
+        self._read_through = 0
+        self._next_read = 0  # Offset of the next byte to read.
+        self._decoder = OpDecoder(self.fsm.log, 0)
+        self._reader: RetryReader | None = None
+        self._read_task: asyncio.Task[tuple[int, bytes]] | None = None
+        self._reenact = False  # Whether content of the current write goes to its file.
+        self._write_fnode = 0
+
+    @property
+    def log(self) -> str:
+        return self.fsm.log
+
+    def finish_at_write_head(self) -> None:
+        self._request(0)
+
+    def inject_handoff(self, author: int) -> None:
+        if author == 0:
+            raise ValueError("inject_handoff: author must be non-zero")
+        self._request(author)
+
+    def _request(self, author: int) -> None:
+        if self._requested.is_set():
+            raise RuntimeError("player: completion was already requested")
+        self._handoff = author
+        self._requested.set()
+
+    async def play(self) -> Recovered:
+        """Play until a requested completion; return what was recovered. On error the
+        directory is removed (it holds a partial state)."""
+        try:
+            _prepare(self.directory)
+            self._read_through = await self._barrier()
+            self._check_hints_below(self._read_through)
+            first = self.fsm.next_hinted_segment
+            await self._seek(first.first_offset if first is not None else 0)
+            while self.state is not PlayerState.COMPLETE:
+                await self._step()
+            _make_live(self.directory, self.fsm)
+            return Recovered(self.fsm, self.directory, self._next_read, self._handoff)
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        finally:
+            await self._close_reader()
+
+    # --- The state machine ---------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        """One step: act on reaching the head, or take in one chunk or request."""
+        segment = self.fsm.next_hinted_segment
+        if segment is not None and self._decoder.at_op_boundary:
+            if self._next_read < segment.first_offset:
+                await self._seek(segment.first_offset)  # Skip obsolete history.
+        if self._next_read >= self._read_through and self._decoder.at_op_boundary:
+            if await self._on_head():
+                return
+        if self.state in (PlayerState.BACKFILL, PlayerState.TAIL) and self._requested.is_set():
+            self.state = (
+                PlayerState.INJECT_HANDOFF_AT_HEAD if self._handoff else PlayerState.EXIT_AT_HEAD
+            )
+            self._read_through = await self._barrier()
+            return
+        await self._read_or_request()
+
+    async def _on_head(self) -> bool:
+        """At (or past) `_read_through`, on an op boundary. Returns True if the state moved."""
+        if self.fsm.has_remaining_hints:
+            raise PlaybackError(
+                f"{self.log}: read through the write head {self._read_through} with hinted "
+                "segments left unread: possible data loss"
+            )
+        self.tailing.set()
+        if self.state is PlayerState.BACKFILL:
+            self.state = PlayerState.TAIL
+            return True
+        if self.state is PlayerState.EXIT_AT_HEAD:
+            self.state = PlayerState.COMPLETE
+            return True
+        if self.state is PlayerState.INJECT_HANDOFF_AT_HEAD:
+            await self._inject()
+            self.state = PlayerState.READ_HANDOFF_BARRIER
+            return True
+        if self.state is PlayerState.READ_HANDOFF_BARRIER:
+            # Our no-op was read (it ends the append we read through): did it apply?
+            self.state = (
+                PlayerState.COMPLETE
+                if self._handoff_applied
+                else PlayerState.INJECT_HANDOFF_AT_HEAD
+            )
+            return True
+        return False  # TAIL: wait for more.
+
+    async def _inject(self) -> None:
+        self._handoff_attempts += 1
+        if self._handoff_attempts > HANDOFF_ATTEMPTS_MAX:
+            raise HandoffError(
+                f"{self.log}: hand-off to {self._handoff:#x} did not apply in "
+                f"{HANDOFF_ATTEMPTS_MAX} attempts (another recorder keeps appending)"
+            )
+        noop = RecordedOp(
+            seq_no=self.fsm.next_seq_no, checksum=self.fsm.next_checksum, author=self._handoff
+        )
+        request = pb.AppendRequest(journal=self.log, union_registers=author_fence(self._handoff))
+        response = await append(self.client, request, encode_op(noop))
+        self._read_through = response.commit.end
+
+    async def _read_or_request(self) -> None:
+        """Take in the next chunk; in BACKFILL or TAIL, a completion request may come first."""
+        assert self._reader is not None
+        if self._read_task is None:
+            self._read_task = asyncio.ensure_future(self._read_chunk(self._reader))
+        waits: set[asyncio.Future[Any]] = {self._read_task}
+        request_wait: asyncio.Task[bool] | None = None
+        if self.state in (PlayerState.BACKFILL, PlayerState.TAIL):
+            request_wait = asyncio.ensure_future(self._requested.wait())
+            waits.add(request_wait)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if request_wait is not None:
+                request_wait.cancel()
+        if not self._read_task.done():
+            return  # A request: _step handles it (the read stays pending for later).
+        task, self._read_task = self._read_task, None
+        offset, data = task.result()
+        self._feed(offset, data)
+
+    @staticmethod
+    async def _read_chunk(reader: RetryReader) -> tuple[int, bytes]:
+        chunk = await reader.read_chunk()
+        return chunk.offset, chunk.content
+
+    # --- Decoding and reenacting ---------------------------------------------------------------
+
+    def _feed(self, offset: int, data: bytes) -> None:
+        if offset != self._next_read:
+            # Content between was deleted (an offset jump). Harmless between ops outside the
+            # hinted segments; anything else loses history.
+            segment = self.fsm.next_hinted_segment
+            if not self._decoder.at_op_boundary or (
+                segment is not None and segment.first_offset < offset
+            ):
+                raise CorruptLogError(
+                    self.log, self._next_read, f"content missing up to offset {offset}"
+                )
+            log.warning("recovery log offset jump", log=self.log, at=self._next_read, to=offset)
+            self._decoder = OpDecoder(self.log, offset)
+        self._next_read = offset + len(data)
+        for event in self._decoder.feed(data):
+            if isinstance(event, Content):
+                if self._reenact:
+                    _write(self.directory, self._write_fnode, event)
+            else:
+                self._on_op(event)
+
+    def _on_op(self, decoded: DecodedOp) -> None:
+        op = decoded.op
+        try:
+            outcome = self.fsm.apply(op, decoded.payload)
+        except FSMError as err:
+            # A zombie's op, a duplicate, or a dead branch: not part of the history.
+            log.debug("recovery log op skipped", log=self.log, error=str(err))
+            self._reenact = False
+            return
+        applied = outcome is Outcome.APPLIED
+        if self._handoff and op.author == self._handoff and op_kind(op) == "noop":
+            self._handoff_applied = applied or self._handoff_applied
+        self._reenact = applied and op.HasField("write")
+        if not applied:
+            return
+        if op.HasField("create"):
+            (self.directory / FNODES_DIR / str(op.seq_no)).touch(exist_ok=False)
+        elif op.HasField("write"):
+            self._write_fnode = op.write.fnode
+        elif op.HasField("unlink") and op.unlink.fnode not in self.fsm.live_nodes:
+            (self.directory / FNODES_DIR / str(op.unlink.fnode)).unlink()
+
+    # --- Reading -------------------------------------------------------------------------------
+
+    async def _barrier(self) -> int:
+        """The log's write head, as of a zero-byte append made now."""
+        response = await append(self.client, pb.AppendRequest(journal=self.log))
+        return response.commit.end
+
+    async def _seek(self, offset: int) -> None:
+        await self._close_reader()
+        self._next_read = offset
+        self._decoder = OpDecoder(self.log, offset)
+        request = pb.ReadRequest(journal=self.log, offset=offset, block=True)
+        self._reader = RetryReader(self.client, request)
+
+    async def _close_reader(self) -> None:
+        task, self._read_task = self._read_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
+
+    def _check_hints_below(self, head: int) -> None:
+        segment = self.fsm.next_hinted_segment
+        if segment is not None and segment.first_offset >= head:
+            raise PlaybackError(
+                f"{self.log}: write head {head} is not past hinted segment {segment}: "
+                "possible data loss"
+            )
+
+
+async def play_and_handoff(
+    client: JournalClient, hints: FSMHints, directory: str | os.PathLike[str], author: int
+) -> Recovered:
+    """Play the log to its head and hand it off to `author` (what a new primary does)."""
+    player = Player(client, hints, directory)
+    player.inject_handoff(author)
+    return await player.play()
+
+
+# --- Local files ---------------------------------------------------------------------------------
+
+
+def _prepare(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    (directory / FNODES_DIR).mkdir(parents=True)
+
+
+def _write(directory: Path, fnode: int, content: Content) -> None:
+    fd = os.open(directory / FNODES_DIR / str(fnode), os.O_WRONLY)
+    try:
+        os.pwrite(fd, content.data, content.file_offset)
+    finally:
+        os.close(fd)
+
+
+def _make_live(directory: Path, fsm: FSM) -> None:
+    """Link staged files at their paths, write properties, and drop the staging directory."""
+    staging = directory / FNODES_DIR
+    for fnode, node in fsm.live_nodes.items():
+        staged = staging / str(fnode)
+        for link in sorted(node.links):
+            target = directory / link.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(staged, target)
+        staged.unlink()
+    leftover = sorted(p.name for p in staging.iterdir())
+    if leftover:
+        raise PlaybackError(f"staged files {leftover} are not live in the FSM (a player bug)")
+    staging.rmdir()
+    for path, content in fsm.properties.items():
+        target = directory / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "x", encoding="utf-8") as out:
+            out.write(content)

@@ -1,0 +1,183 @@
+"""JSONFileStore: a shard's state as one JSON document, recorded into a recovery log.
+
+The state is a dict (`store.state`) the application reads and changes freely during a
+transaction. Each commit writes the document — the state and the checkpoint — to a new file
+`state.json.next` in the store's directory, renames it over `state.json`, and records those
+operations (create, write, rename) into the shard's recovery log through a Recorder; the commit
+is durable once the recorder's flush returns. The rename is atomic locally, and its ops reach
+the log in one append (a flush after them), so a restore sees the last committed document,
+never a torn one.
+
+`restore_checkpoint` plays the recovery log into the (emptied) directory and hands the log off
+to this instance's author (recoverylog/player.py): after it returns, the previous primary's
+recorder is fenced, so its commits fail with FencedError (DESIGN.md §3.8).
+
+The document is serialized when `start_commit` is called, so a pipelined next transaction may
+change `state` while the commit waits on its `wait_for`. A failed commit leaves `state` holding
+changes that never committed: the store refuses further commits, and the shard must restore a
+new instance (which it does after any failed commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import os
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from broker.client.route_cache import JournalClient
+from broker.protocol.recorded_op_pb2 import FSMHints
+from gazette_consumer.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from gazette_consumer.recoverylog.fsm import new_random_author
+from gazette_consumer.recoverylog.player import play_and_handoff
+from gazette_consumer.recoverylog.recorder import Recorder, RecorderFencedError
+from gazette_consumer.stores.base import (
+    COMMITS_IN_FLIGHT_MAX,
+    CommitPipeline,
+    FencedError,
+    OpFuture,
+    ShardContext,
+    StoreError,
+    StoreStateError,
+)
+
+__all__ = ["NEXT_FILE", "STATE_FILE", "JSONFileStore"]
+
+STATE_FILE: Final = "state.json"
+NEXT_FILE: Final = "state.json.next"
+
+
+class JSONFileStore:
+    """A Store whose state is a JSON document in a recorded directory. See the module
+    docstring. `log` is the shard's recovery log (`shard_spec.recovery_log(spec)`); `hints`
+    let a restore skip obsolete history (the last `build_hints()` of a previous primary)."""
+
+    def __init__(
+        self,
+        client: JournalClient,
+        log: str,
+        directory: str | os.PathLike[str],
+        *,
+        hints: FSMHints | None = None,
+        author: int | None = None,
+        commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
+    ) -> None:
+        self.client = client
+        self.log = log
+        self.directory = Path(directory)
+        self.author = author if author is not None else new_random_author()
+        self.state: dict[str, Any] = {}
+        self._hints = hints if hints is not None else FSMHints(log=log)
+        if self._hints.log != log:
+            raise ValueError(f"hints: log {self._hints.log!r} is not the store's log {log!r}")
+        self._pipeline = CommitPipeline(commits_in_flight_max)
+        self._recorder: Recorder | None = None
+        self._fqn: str | None = None
+        self._failed: BaseException | None = None
+        self._destroyed = False
+
+    @property
+    def recorder(self) -> Recorder | None:
+        return self._recorder
+
+    async def build_hints(self) -> FSMHints:
+        """Hints of the committed state, for the next primary's restore."""
+        if self._recorder is None:
+            raise StoreStateError("build_hints: restore_checkpoint must come first")
+        return await self._recorder.build_hints()
+
+    # --- Store ---------------------------------------------------------------------------------
+
+    async def restore_checkpoint(self, shard: ShardContext) -> Checkpoint:
+        """Play the recovery log into the directory, take the log over (fencing the previous
+        primary), and return the last committed checkpoint."""
+        self._check_usable("restore_checkpoint")
+        if self._recorder is not None:
+            raise StoreStateError("restore_checkpoint: already restored; use a new store")
+        recovered = await play_and_handoff(self.client, self._hints, self.directory, self.author)
+        self._recorder = Recorder(
+            self.client,
+            recovered.fsm,
+            self.author,
+            self.directory,
+            write_head=recovered.write_head,
+        )
+        self._fqn = shard.fqn
+        path = self.directory / STATE_FILE
+        if not path.exists():
+            return Checkpoint()
+        try:
+            document = json.loads(path.read_bytes())
+            self.state = dict(document["state"])
+            return decode_checkpoint(base64.b64decode(document["checkpoint"], validate=True))
+        except (ValueError, KeyError, TypeError) as err:
+            raise StoreError(f"restore_checkpoint: {path} is not a JSONFileStore document") from err
+
+    async def start_commit(
+        self, shard: ShardContext, checkpoint: Checkpoint, wait_for: Sequence[Awaitable[object]]
+    ) -> OpFuture:
+        self._check_usable("start_commit")
+        if self._recorder is None:
+            raise StoreStateError("start_commit: restore_checkpoint must come first")
+        if shard.fqn != self._fqn:
+            raise StoreStateError(
+                f"start_commit: shard {shard.fqn!r} is not the restored shard {self._fqn!r}"
+            )
+        if self._failed is not None:
+            raise StoreStateError("start_commit: an earlier commit failed; restore a new store")
+        # Serialized now: later changes to `state` belong to the next transaction.
+        document = {
+            "checkpoint": base64.b64encode(encode_checkpoint(checkpoint)).decode(),
+            "state": self.state,
+        }
+        data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+        return self._pipeline.submit(
+            wait_for, apply=functools.partial(self._apply, data), abort=_nothing
+        )
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        await self._pipeline.close()
+
+    # --- Commit --------------------------------------------------------------------------------
+
+    async def _apply(self, data: bytes) -> None:
+        recorder = self._recorder
+        assert recorder is not None
+        try:
+            await asyncio.to_thread(_write_synced, self.directory / NEXT_FILE, data)
+            fnode = await recorder.create(NEXT_FILE)
+            await recorder.write_at(fnode, data, 0)
+            os.replace(self.directory / NEXT_FILE, self.directory / STATE_FILE)
+            await recorder.rename(NEXT_FILE, STATE_FILE)
+            await recorder.flush()
+        except RecorderFencedError as err:
+            self._failed = err
+            raise FencedError(
+                f"{self._fqn}: another instance restored the shard (recovery log {self.log} "
+                "was handed off): this commit was not recorded"
+            ) from err
+        except BaseException as err:
+            self._failed = err
+            raise
+
+    def _check_usable(self, operation: str) -> None:
+        if self._destroyed:
+            raise StoreStateError(f"{operation}: the store was destroyed")
+
+
+async def _nothing() -> None:
+    return None  # Nothing is staged outside `state`, which the next restore discards.
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
