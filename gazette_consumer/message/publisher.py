@@ -231,7 +231,10 @@ class Publisher(Generic[A]):
         framing = self._framings.get(content_type) or self._framing(content_type)
         append_nowait = self._append_nowait
         if append_nowait is not None:
-            # _try_append_nowait, inlined: this is the hottest path of a publisher.
+            # The appender's fast path, if it needs no wait. The clock ticks right before the
+            # append, with no await in between, so clocks reach the journal in order; if the
+            # appender must wait, nothing saw this clock value, so it is given back rather than
+            # skipped, and the message is sequenced again once it may append.
             clock = self._clock
             before = clock.value
             appended = append_nowait(journal, self._sequence(message, framing, _OUTSIDE_TXN))
@@ -240,9 +243,15 @@ class Publisher(Generic[A]):
             clock.value = before
         return self._append(journal, framing, message, _OUTSIDE_TXN)
 
-    async def publish_uncommitted(self, mapping: Callable[[Any], Partition], message: Any) -> A:
+    def publish_uncommitted(
+        self, mapping: Callable[[Any], Partition], message: Any
+    ) -> Coroutine[Any, Any, A]:
         """Publish `message` as part of the open transaction; it is delivered to read-committed
-        readers only after the ACK intent of `build_ack_intents` is appended."""
+        readers only after the ACK intent of `build_ack_intents` is appended:
+        ``aa = await publisher.publish_uncommitted(mapping, msg)``."""
+        # A plain function returning a coroutine, as publish_committed and for the same reason
+        # (an exactly-once shard publishing per message calls it per message); errors raise at
+        # the call. The journal's ACK intent is noted once its message is appended.
         new_acknowledgement = getattr(message, "new_acknowledgement", None)
         if new_acknowledgement is None:
             raise InvalidMessageError(
@@ -250,12 +259,29 @@ class Publisher(Generic[A]):
             )
         journal, content_type = mapping(message)
         framing = self._framings.get(content_type) or self._framing(content_type)
-        appended = self._try_append_nowait(journal, framing, message, _CONTINUE_TXN)
-        if appended is None:
-            appended = await self._append(journal, framing, message, _CONTINUE_TXN)
+        append_nowait = self._append_nowait
+        if append_nowait is not None:
+            # The appender's fast path, as in publish_committed.
+            clock = self._clock
+            before = clock.value
+            appended = append_nowait(journal, self._sequence(message, framing, _CONTINUE_TXN))
+            if appended is not None:
+                if journal not in self._intents:
+                    self._intents[journal] = (new_acknowledgement(journal), framing)
+                return _ready(appended)
+            clock.value = before
+        return self._append_uncommitted(journal, framing, message, new_acknowledgement)
+
+    async def _append_uncommitted(
+        self,
+        journal: str,
+        framing: Framing,
+        message: Any,
+        new_acknowledgement: Callable[[str], Message],
+    ) -> A:
+        appended = await self._append(journal, framing, message, _CONTINUE_TXN)
         if journal not in self._intents:
-            ack: Message = new_acknowledgement(journal)
-            self._intents[journal] = (ack, framing)
+            self._intents[journal] = (new_acknowledgement(journal), framing)
         return appended
 
     def build_ack_intents(self) -> dict[str, bytes]:
@@ -274,25 +300,6 @@ class Publisher(Generic[A]):
     ) -> list[A]:
         """Append each intent to its journal (see `write_ack_intents`)."""
         return await write_ack_intents(self._appender, intents, dependencies)
-
-    def _try_append_nowait(
-        self, journal: str, framing: Framing, message: Any, flags: int
-    ) -> A | None:
-        """Sequence, frame and append `message` in one go through the appender's fast path, if
-        it has one and it needs no wait; else None, and nothing was appended."""
-        append_nowait = self._append_nowait
-        if append_nowait is None:
-            return None
-        # The clock ticks right before the append, with no await in between: clocks reach the
-        # journal in order.
-        clock = self._clock
-        before = clock.value
-        appended = append_nowait(journal, self._sequence(message, framing, flags))
-        if appended is None:
-            # The appender must wait: the message is sequenced again once it may append.
-            # Nothing saw this clock value, so it is given back rather than skipped.
-            clock.value = before
-        return appended
 
     async def _append(self, journal: str, framing: Framing, message: Any, flags: int) -> A:
         appended = self._appender.start_append_nowait(journal)

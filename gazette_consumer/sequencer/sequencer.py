@@ -38,6 +38,9 @@ decoders derive them from the framing and the UUID layout), and are what a reade
 - `commit_alone(env)`: the commonest case, an OUTSIDE_TXN message that commits by itself, in one
   call and without touching the ring: what `queue_trusted` and two `step()`s would do; or it
   declines, changing nothing;
+- `commit_alone_run(envs)`: `commit_alone` for the longest run at the front of a decoded
+  piece that it would deliver one by one (one producer's OUTSIDE_TXN messages, clocks
+  rising), in one call;
 - `queue_span(pending)`: `queue_trusted` for each envelope of a deque, up to one that commits
   (a transaction's messages are linked into the ring without per-message outcomes);
 - `dequeue()`: `step()` returning the envelope stepped to.
@@ -49,7 +52,8 @@ them to it), so a caller may mix them freely.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Final, Generic, TypeVar
 
 import structlog
@@ -246,6 +250,55 @@ class Sequencer(Generic[E]):
         read_through[journal] = env.end
         self._dequeued = None
         return True
+
+    def commit_alone_run(self, envs: list[E]) -> int:
+        """Deliver at once the longest run at the front of `envs` that `commit_alone` would
+        deliver one by one, and return its length (0: nothing changed).
+
+        A run is OUTSIDE_TXN messages of one journal and one producer, the first newer than the
+        producer's last ACK (and the producer without a pending span), each newer than the one
+        before and beginning at or after its end: for each, `commit_alone` would return True.
+        The Sequencer is left exactly as those calls would leave it (producer state, ring head
+        and the slots it passes, read-through offset), but in one call: what a reader saves per
+        message. Messages without a UUID (clock 0) end a run (`commit_alone` takes them).
+        Trusts `envs` as `queue_trusted` does.
+        """
+        if self._emit is not None or not envs:
+            return 0
+        first = envs[0]
+        journal, producer, clock = first.journal, first.producer, first.clock
+        if first.flags != FLAG_OUTSIDE_TXN or not clock:
+            return 0
+        read_through = self._read_through
+        if first.begin < read_through.get(journal, 0):
+            return 0
+        key = (journal, producer)
+        partial = self._partials.get(key)
+        if partial is not None and (partial.begin != -1 or clock <= partial.min_clock):
+            return 0
+        n = _run_length(envs, journal, producer)
+        last = envs[n - 1]
+        if partial is None:
+            self._partials[key] = Partial(last.clock, -1)
+        else:
+            partial.min_clock = partial.max_clock = last.clock
+        # Each message would have used up the head slot (evicting its entry) and left it free.
+        ring = self._ring
+        owners, size, head = ring.owners, len(ring.entries), ring.head
+        left = n
+        while left:
+            stop = min(size, head + left)
+            if any(owners[head:stop]):  # Partials are always true; free slots are None.
+                for index in range(head, stop):
+                    if owners[index] is not None:
+                        ring.head = index
+                        ring.evict_at_head()
+            left -= stop - head
+            head = 0 if stop == size else stop
+        ring.head = head
+        read_through[journal] = last.end
+        self._dequeued = None
+        return n
 
     def queue_span(self, pending: deque[E]) -> E | None:
         """Queue envelopes from the front of `pending` (trusted, as `queue_trusted`): at least
@@ -509,13 +562,17 @@ class Sequencer(Generic[E]):
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+    def checkpoint(
+        self, horizon_clock: int = 0, *, keep: tuple[str, bytes] | None = None
+    ) -> SequencerCheckpoint:
         """Snapshot read-through offsets and producer states, to construct a Sequencer from.
 
         Producers with no pending span whose last ACK is older than `horizon_clock` are pruned
         first (0 prunes nothing): their state would otherwise grow without bound. Should such a
         producer's duplicates be read later, they are delivered again, so the horizon must
-        comfortably exceed how long a producer may go quiet.
+        comfortably exceed how long a producer may go quiet. `keep` names a (journal, producer)
+        never pruned: a reader holding messages `commit_alone_run` delivered ahead of its caller
+        accounts for that producer itself.
         """
         if isinstance(horizon_clock, bool) or not isinstance(horizon_clock, int):
             raise ValueError(f"horizon_clock: must be an int (got {horizon_clock!r})")
@@ -524,7 +581,7 @@ class Sequencer(Generic[E]):
         stale = [
             key
             for key, p in self._partials.items()
-            if p.begin == -1 and p.min_clock < horizon_clock
+            if p.begin == -1 and p.min_clock < horizon_clock and key != keep
         ]
         for key in stale:
             del self._partials[key]
@@ -546,3 +603,28 @@ class Sequencer(Generic[E]):
             p.begin != -1 and p.begin >= since.get(journal, 0)
             for (journal, _), p in self._partials.items()
         )
+
+
+def _run_length(envs: Sequence[Sequenced], journal: str, producer: bytes) -> int:
+    """How many envelopes at the front of `envs` (whose first is OUTSIDE_TXN, of `journal` and
+    `producer`, with a clock) form a run for `Sequencer.commit_alone_run`: each of the same
+    kind, with a larger clock than the one before and beginning at or after its end."""
+    # One loop testing everything, cheapest tests first: ~60-90 ns per envelope, where a pass
+    # in C per field (map, attrgetter) costs 40-70 ns each on msgspec Structs. Producers and
+    # journals of one decoder's envelopes are usually the same objects.
+    first = envs[0]
+    prev, end = first.clock, first.end
+    n = 1
+    for env in islice(envs, 1, None):
+        clock = env.clock
+        if (
+            clock <= prev
+            or env.flags != FLAG_OUTSIDE_TXN
+            or env.begin < end
+            or (env.producer is not producer and env.producer != producer)
+            or (env.journal is not journal and env.journal != journal)
+        ):
+            return n
+        prev, end = clock, env.end
+        n += 1
+    return n

@@ -124,3 +124,57 @@ async def test_a_clock_that_cannot_tick_refuses_the_message(
     assert publisher.build_ack_intents() == {}
     await service.flush()
     assert service.stats.releases == 0 and content(cluster, FAST) == b""
+
+
+async def test_publish_uncommitted_appends_at_the_call_on_the_fast_path(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    """The fast path does the whole publish in the call (the coroutine only hands the batch
+    back), noting the ACK intent with it; the general path, only once awaited. Either way the
+    journal and the intents are the same."""
+    cluster, service = env
+    producer, start = new_producer_id(), Clock.from_unix(1_700_000_000).value
+    fast = Publisher(service, Clock(start), producer_id=producer)
+    general = Publisher(GeneralOnly(service), Clock(start), producer_id=producer)
+    await general.publish_committed(to(GENERAL), Event(n=0))
+    # Opens the journal's queue (until it idles): the fast path is open.
+    await fast.publish_committed(to(FAST), Event(n=0))
+    never_awaited = fast.publish_uncommitted(to(FAST), Event(n=1))
+    never_awaited.close()
+    pending = general.publish_uncommitted(to(GENERAL), Event(n=1))
+    assert general.build_ack_intents() == {}  # Not appended yet: not awaited.
+    await pending
+    await service.flush()
+    assert content(cluster, FAST) == content(cluster, GENERAL) != b""
+    fast_acks, general_acks = fast.build_ack_intents(), general.build_ack_intents()
+    assert list(fast_acks) == [FAST] and list(general_acks) == [GENERAL]
+    assert fast_acks[FAST] == general_acks[GENERAL]
+    assert fast.clock == general.clock
+
+
+async def test_publish_uncommitted_fast_path_matches_the_general_path_under_declines(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    """Many uncommitted messages to two journals, the appender declining the fast path now and
+    then (it yields every 300 bytes): the same bytes and intents as the general path."""
+    cluster, service = env
+    producer, start = new_producer_id(), Clock.from_unix(1_700_000_000).value
+    fast = Publisher(service, Clock(start), producer_id=producer)
+    general = Publisher(GeneralOnly(service), Clock(start), producer_id=producer)
+    fast_out: list[bytes] = []
+    general_out: list[bytes] = []
+    for n in range(60):
+        await fast.publish_uncommitted(to(FAST), Event(n=n))
+        await general.publish_uncommitted(to(GENERAL), Event(n=n))
+        if n % 20 == 19:
+            fast_acks, general_acks = fast.build_ack_intents(), general.build_ack_intents()
+            assert list(fast_acks) == [FAST] and list(general_acks) == [GENERAL]
+            fast_out.append(fast_acks[FAST])
+            general_out.append(general_acks[GENERAL])
+            await fast.write_ack_intents(fast_acks)
+            await general.write_ack_intents(general_acks)
+    await service.flush()
+    assert service.stats.failed == 0
+    assert fast_out == general_out
+    assert content(cluster, FAST) == content(cluster, GENERAL) != b""
+    assert fast.clock == general.clock

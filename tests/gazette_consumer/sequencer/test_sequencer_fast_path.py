@@ -287,3 +287,137 @@ def test_queue_uncommitted_validates_envelopes_of_other_types() -> None:
     good = Other(J, 0, 10, A, 1, OUT)
     assert seq.queue_uncommitted(good) is QueueOutcome.OUTSIDE_COMMIT
     assert [seq.dequeue(), seq.dequeue()] == [good, None]
+
+
+# -- commit_alone_run ----------------------------------------------------------------------------
+
+
+def ring_state(seq: Sequencer[SeqEnvelope]) -> tuple[object, ...]:
+    """What of the ring and the producer states a later call can observe."""
+    ring = seq._ring
+    partials = {
+        k: (p.min_clock, p.max_clock, p.begin, p.ring_start, p.ring_stop)
+        for k, p in seq._partials.items()
+    }
+    owners = [
+        None
+        if o is None
+        else next(k for k, p in seq._partials.items() if p is o)
+        if any(p is o for p in seq._partials.values())
+        else "gone"
+        for o in ring.owners
+    ]
+    return ring.head, ring.links, [e is None for e in ring.entries], owners, partials
+
+
+RUN_MSGS = st.builds(
+    Msg,
+    st.sampled_from([0, 0, 0, 1]),
+    st.sampled_from([1, 1, 1, 1, 2, 3, 0, -1]),
+    st.sampled_from([OUT] * 8 + [CONT, ACK]),
+    st.sampled_from([0, 0, 3]),
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    prefix=st.lists(MSGS, max_size=30),
+    candidates=st.lists(RUN_MSGS, min_size=1, max_size=40),
+    ring_size=st.one_of(st.integers(1, 4), st.integers(1, 64)),
+    zero_every=st.sampled_from([0, 0, 7]),
+    regress=st.booleans(),
+)
+def test_commit_alone_run_is_commit_alone_per_message(
+    prefix: list[Msg], candidates: list[Msg], ring_size: int, zero_every: int, regress: bool
+) -> None:
+    """From any state, `commit_alone_run` commits exactly the leading envelopes `commit_alone`
+    would take one by one (up to one without a UUID or of another producer), and leaves the Sequencer, ring included,
+    exactly as those calls do."""
+    with structlog.testing.capture_logs():
+        journals = journals_of([prefix + candidates], zero_every)
+        envs = journals["test/j0"]
+        if regress and len(envs) > len(prefix) + 1:  # A run whose offsets go back.
+            i, e = len(prefix) + 1, envs[len(prefix) + 1]
+            back = envs[i - 1]
+            envs[i] = SeqEnvelope(e.journal, back.begin, back.end, e.producer, e.clock, e.flags)
+        head, tail = envs[: len(prefix)], envs[len(prefix) :]
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        assert general(reference, journals, head) == general(tested, journals, head)
+        expected = 0
+        for env in tail:
+            if env.clock == 0 or env.producer != tail[0].producer:
+                break  # A run is of one producer's messages with a UUID.
+            if not reference.commit_alone(env):
+                break
+            expected += 1
+        got = tested.commit_alone_run(list(tail))
+        event(f"run of {min(got, 3)}{'+' if got > 3 else ''}")
+        assert got == expected
+        assert ring_state(tested) == ring_state(reference)
+        assert_same(reference, tested)
+        # And they go on alike.
+        through, rest = tested.checkpoint().read_through.get("test/j0", 0), []
+        for env in tail[got:]:
+            if env.begin >= through:  # Not the regressed one (the general path raises).
+                rest.append(env)
+                through = env.end
+        assert general(reference, journals, rest) == general(tested, journals, rest)
+        assert_same(reference, tested)
+
+
+def runs(
+    seq: Sequencer[SeqEnvelope], journals: dict[str, list[SeqEnvelope]], batch: list[SeqEnvelope]
+) -> list[SeqEnvelope]:
+    """`fast`, trying `commit_alone_run` wherever an envelope comes up to commit alone."""
+    out: list[SeqEnvelope] = []
+    pending = deque(batch)
+    while pending:
+        if n := seq.commit_alone_run(list(pending)):
+            out.extend(pending.popleft() for _ in range(n))
+            continue
+        out.extend(fast(seq, journals, [pending.popleft()]))
+    return out
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    streams=st.lists(st.lists(RUN_MSGS, max_size=60), min_size=1, max_size=2),
+    ring_size=st.one_of(st.integers(1, 4), st.integers(1, 64)),
+    zero_every=st.sampled_from([0, 0, 7]),
+)
+def test_runs_match_the_general_path(
+    streams: list[list[Msg]], ring_size: int, zero_every: int
+) -> None:
+    """Mixing runs with the other fast entry points delivers what the general path does, with
+    identical checkpoints (pruning included) at every batch."""
+    with structlog.testing.capture_logs():
+        journals = journals_of(streams, zero_every)
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        for name in sorted(journals):
+            envs = journals[name]
+            for i in range(0, len(envs), 9):
+                batch = envs[i : i + 9]
+                assert general(reference, journals, batch) == runs(tested, journals, batch)
+                assert_same(reference, tested)
+                assert reference.checkpoint(12) == tested.checkpoint(12)
+
+
+def test_commit_alone_run_declines_and_changes_nothing() -> None:
+    gen = Gen()
+    seq: Sequencer[SeqEnvelope] = Sequencer(4)
+    assert seq.commit_alone_run([]) == 0
+    a5 = gen(A, 5, OUT)
+    assert seq.commit_alone_run([a5, gen(A, 6, OUT), gen(A, 6, OUT), gen(A, 7, OUT)]) == 2
+    before = seq.checkpoint()
+    assert seq.commit_alone_run([gen(A, 6, OUT)]) == 0  # A duplicate.
+    assert seq.commit_alone_run([gen(bytes(6), 0, OUT)]) == 0  # No UUID: commit_alone's.
+    assert seq.commit_alone_run([SeqEnvelope(J, 0, 10, B, 3, OUT)]) == 0  # Offset regression.
+    for flags in (CONT, ACK, UNKNOWN_FLAGS):
+        assert seq.commit_alone_run([gen(A, 9, flags)]) == 0
+    assert seq.checkpoint() == before
+    seq.queue_uncommitted(gen(A, 10, CONT))
+    assert seq.commit_alone_run([gen(A, 11, OUT)]) == 0  # Would discard the pending span.
+    seq.queue_uncommitted(gen(A, 12, ACK))
+    assert seq.commit_alone_run([gen(B, 1, OUT)]) == 0  # Messages remain to dequeue.

@@ -1,0 +1,105 @@
+"""ReadCommittedIter's runs (`Sequencer.commit_alone_run`): a piece of one producer's OUTSIDE_TXN
+messages is committed at once and returned one by one, yet every checkpoint taken between two
+of them, idle producers pruned or not, is the one committing them one by one would give, and
+duplicates after a run are still dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from read_iter_testkit import ACK, CONTINUE, OUTSIDE, P1, P2, Msg, broker_env, frames, msg
+
+from gazette_consumer.sequencer import JournalProducer, ProducerState
+from gazette_consumer.sequencer.read_iter import ReadCommittedIter, ReadIterClosedError
+from gazette_consumer.sequencer.types import CLOCK_MAX
+
+TIMEOUT_S = 60.0
+
+
+async def take(it: ReadCommittedIter) -> Any:
+    env = it.try_next()
+    if env is None:
+        async with asyncio.timeout(TIMEOUT_S):
+            env = await it.next()
+    return env
+
+
+async def test_checkpoints_inside_a_run_are_per_message_ones() -> None:
+    # A run (P1, 300 messages), a duplicate of part of it, a P2 transaction, P1 resuming.
+    run = [msg(P1, 1000 + i, OUTSIDE, f"r{i}") for i in range(300)]
+    dups = run[100:110]
+    txn = [msg(P2, 50 + i, CONTINUE, f"t{i}") for i in range(3)] + [msg(P2, 60, ACK)]
+    after = [msg(P1, 2000 + i, OUTSIDE, f"a{i}") for i in range(5)]
+    expected = [m.text for m in run] + [f"t{i}" for i in range(3)] + [m.text for m in after]
+    async with broker_env() as env:
+        journal = await env.journal("runs/a")
+        await env.append(journal, frames(*run))
+        await env.append(journal, frames(*dups, *txn, *after))
+        jp = JournalProducer(journal, P1)
+
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
+        got: list[Any] = []
+        longest_run = 0
+        cuts = set(random.Random(3).sample(range(1, len(expected)), 6)) | {1, 150, 299}
+        for n in range(1, len(expected) + 1):
+            got.append(await take(it))
+            longest_run = max(longest_run, len(it._run))
+            last = got[-1]
+            if last.producer != P1:
+                continue
+            # As committing one by one through `last` leaves it (a horizon at its clock
+            # prunes nothing; see the next test for one past it).
+            cp = it.checkpoint()
+            assert cp.read_through[journal] == last.end
+            assert cp.producers[jp] == ProducerState(last_ack=last.clock, begin=-1)
+            at_horizon = it.checkpoint(last.clock)
+            assert at_horizon.producers[jp] == cp.producers[jp]
+            assert at_horizon.read_through == cp.read_through
+            if n in cuts:  # A new iterator from the checkpoint returns exactly the rest.
+                rest = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, checkpoint=cp)
+                tail = [await take(rest) for _ in range(len(expected) - n)]
+                assert [e.message.text for e in got + tail] == expected
+                assert rest.try_next() is None
+                await rest.close()
+        assert longest_run > 100  # The run path was taken.
+        assert [e.message.text for e in got] == expected  # The duplicates were dropped.
+        assert it.try_next() is None
+        await it.close()
+
+
+async def test_pruning_inside_a_run_keeps_dropping_its_duplicates() -> None:
+    run = [msg(P1, 1000 + i, OUTSIDE, f"r{i}") for i in range(200)]
+    marker = msg(P2, 5, OUTSIDE, "end")
+    async with broker_env() as env:
+        journal = await env.journal("runs/b")
+        await env.append(journal, frames(*run))
+        await env.append(journal, frames(*run[50:60], marker))
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
+        got = [await take(it) for _ in range(10)]
+        assert len(it._run) > 10  # Inside a run.
+        jp = JournalProducer(journal, P1)
+        assert it.checkpoint(1009).producers == {jp: ProducerState(1009, -1)}
+        # A horizon past the last returned message prunes the producer, as one taken between
+        # messages committed one by one would; the next message would make the producer's
+        # state anew, and the run's end leaves it where the duplicates are dropped.
+        pruned = it.checkpoint(CLOCK_MAX)
+        assert pruned.producers == {} and pruned.read_through[journal] == got[-1].end
+        got += [await take(it) for _ in range(191)]
+        assert [e.message.text for e in got] == [m.text for m in run] + ["end"]
+        assert it.try_next() is None
+        await it.close()
+
+
+async def test_close_inside_a_run_ends_it() -> None:
+    async with broker_env() as env:
+        journal = await env.journal("runs/c")
+        await env.append(journal, frames(*(msg(P1, 10 + i, OUTSIDE, f"r{i}") for i in range(50))))
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
+        assert [(await take(it)).message.text for _ in range(5)] == [f"r{i}" for i in range(5)]
+        assert len(it._run) > 5  # Inside a run.
+        await it.close()
+        with pytest.raises(ReadIterClosedError):
+            it.try_next()
