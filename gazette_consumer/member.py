@@ -7,7 +7,8 @@ of several in an embedded process or a test). Starting it:
    is known;
 2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = ConsumerSpec,
    under it: if the process dies, the lease expires, the key and its assignments vanish, and the
-   allocator promotes the standbys elsewhere;
+   allocator promotes the standbys elsewhere. A process restarted with the same ID first waits
+   for its predecessor's key to go (``broker.allocator.announce``);
 3. loads the KeySpace mirror, then runs, in one TaskGroup: the keyspace watch, the lease
    keep-alive, the allocator (it acts only while this member leads) and the local shards, which
    start and stop replicas through ``start_shard`` and advertise their statuses.
@@ -37,6 +38,7 @@ import grpc.aio
 
 from broker.allocator import MemberId, MemberNotFoundError
 from broker.allocator import serve as allocate
+from broker.allocator.announce import announce
 from broker.client.route_cache import ChannelPool, message_bytes_max
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.lease import keep_lease_alive
@@ -168,7 +170,11 @@ class ConsumerMember:
         try:
             spec = self._spec(cfg.shard_limit)
             self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
-            await self.backend.put(self._key(), spec.SerializeToString(), lease=self.lease_id)
+            # A predecessor with this ID (crashed, its lease not yet expired) still holds the
+            # key and its assignments: wait for them to go rather than take them as ours.
+            await announce(
+                self.backend, self._key(), spec.SerializeToString(), self.lease_id, ttl_s
+            )
             await self.ks.load(self.backend)
         except BaseException:
             self._server = None
