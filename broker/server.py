@@ -6,7 +6,8 @@ A ``Broker`` is one broker of a cluster, runnable in-process (tests, the embedde
 1. binds the gRPC server (port 0 picks a free one), so that the endpoint is known;
 2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = BrokerSpec,
    under it: if the broker dies, the lease expires, the key vanishes, and the allocator moves
-   its journals elsewhere;
+   its journals elsewhere. A broker restarted with the same ID first waits for its
+   predecessor's key to go (``broker.allocator.announce``);
 3. loads the KeySpace mirror, then runs, in one TaskGroup: the keyspace watch, the lease
    keep-alive, the resolver (which runs a Replica per assigned journal) and the persister.
 
@@ -41,6 +42,7 @@ from typing import Any
 import grpc
 
 from broker.allocator import journal_replication
+from broker.allocator.announce import announce
 from broker.append_api import (
     AppendApi,
     flow_control_burst_s_default,
@@ -310,10 +312,14 @@ class Broker:
             validate_broker_spec(spec)
             self.spec = spec
             self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
-            await self.backend.put(
+            # A predecessor with this ID (crashed, its lease not yet expired) still holds the
+            # key and its assignments: wait for them to go rather than take them as ours.
+            await announce(
+                self.backend,
                 member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
                 spec.SerializeToString(),
-                lease=self.lease_id,
+                self.lease_id,
+                ttl_s,
             )
             await self.ks.load(self.backend)
         except BaseException:
