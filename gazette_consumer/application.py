@@ -4,7 +4,8 @@ A consumer application subclasses `Application` and is run, shard by shard, by t
 runner (`gazette_consumer.shard`). Each primary shard processes the read-committed messages of
 its source journals in *pipelined transactions* (DESIGN.md §3.7, `transaction.py`):
 
-1. Once, when the shard becomes primary: `new_store(shard, recorder)`; the runner then restores
+1. Once, when the shard becomes primary: `new_store(shard, recorder)` (`recorder` records into
+   the shard's recovery log, if its spec has one); the runner then restores
    the store's checkpoint (fencing older instances), re-writes the checkpoint's ACK intents,
    and starts reading (from `new_message_source`, or the spec's sources with `new_message`
    choosing each journal's message type).
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from broker.client.append_service import AppendService, AsyncAppend
     from broker.client.route_cache import JournalClient
     from gazette_consumer.message.publisher import Publisher
+    from gazette_consumer.recoverylog.recorder import Recorder
 
 __all__ = ["Application", "MessageSource", "Shard"]
 
@@ -132,12 +134,16 @@ class Application(abc.ABC):
     """A consumer application. See the module docstring for call order and concurrency."""
 
     @abc.abstractmethod
-    async def new_store(self, shard: Shard, recorder: object | None) -> Store:
+    async def new_store(self, shard: Shard, recorder: Recorder | None) -> Store:
         """A new, not yet restored, Store for `shard` (the runner restores it).
 
-        `recorder` is the recovery-log recorder for stores that record their files into the
-        shard's recovery log; it is None when the spec has no recovery log (and, for now, in
-        every case: recovery-log playback is not implemented yet).
+        `recorder` is None when the spec has no `recovery_log_prefix` (use a store that is
+        fenced by other means, e.g. an SQLStore). Otherwise the runner has already played
+        the shard's recovery log into `recorder.directory` and handed the log off to
+        `recorder.author` (fencing any older primary); the store keeps its files in that
+        directory and records every change to them through `recorder` (recoverylog/
+        recorder.py), e.g. `JSONFileStore.recorded(recorder)`. The runner stores the
+        recorder's hints after commits, so the next primary skips obsolete history.
         """
 
     @abc.abstractmethod

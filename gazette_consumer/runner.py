@@ -47,6 +47,7 @@ from broker.protocol.validate import (
     validate_token,
 )
 from gazette_consumer.application import Application
+from gazette_consumer.hints import HintStore
 from gazette_consumer.member import (
     ConsumerConfig,
     ConsumerMember,
@@ -123,6 +124,10 @@ class ShardRuntime:
     root: str
     # host:port of a broker of the cluster the shards' journals live in.
     broker: str
+    # The consumer group's etcd (or embedded keyspace): recovery-log hints are stored there.
+    backend: Backend | None = None
+    # Where shards play their recovery logs (None: the system's temporary directory).
+    shard_dir: str | None = None
 
 
 @contextlib.asynccontextmanager
@@ -133,7 +138,10 @@ async def shard_factory(runtime: ShardRuntime) -> AsyncIterator[StartShard]:
     running, then closes the broker client)."""
     client = JournalClient(runtime.broker)
     try:
-        async with ShardRunner(runtime.app, client, root=runtime.root) as runner:
+        hints = HintStore(runtime.backend) if runtime.backend is not None else None
+        async with ShardRunner(
+            runtime.app, client, root=runtime.root, data_dir=runtime.shard_dir, hints=hints
+        ) as runner:
             yield runner.start_shard
     finally:
         await client.close()
@@ -159,7 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         help="broker address (with --etcd)",
     )
     serve.add_argument("--broker-port", type=int, default=0, help="embedded broker's port")
-    serve.add_argument("--data-dir", default=None, help="embedded broker's spools and fragments")
+    serve.add_argument(
+        "--data-dir",
+        default=None,
+        help="embedded broker's spools and fragments; shards' recovery-log directories go to"
+        " its shards/ (default: the system's temporary directory)",
+    )
     serve.add_argument("--drain-timeout", type=float, default=drain_timeout_s_default)
     serve.add_argument(
         "--lease-ttl",
@@ -191,7 +204,9 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
         if args.http_port is not None:
             http, http_port = await serve_metrics(args.host, args.http_port)
             print(f"metrics on http://{args.host}:{http_port}/debug/metrics", flush=True)
-        async with shard_factory(ShardRuntime(app, root, broker_address)) as start_shard:
+        shard_dir = os.path.join(args.data_dir, "shards") if args.data_dir else None
+        runtime = ShardRuntime(app, root, broker_address, backend, shard_dir)
+        async with shard_factory(runtime) as start_shard:
             embedded_broker = broker_address if embedded is not None else None
             return await _run_member(args, backend, root, start_shard, embedded_broker)
     finally:

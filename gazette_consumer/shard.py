@@ -2,8 +2,12 @@
 
 `PrimaryShard.serve()` runs one primary assignment of a shard from start to finish:
 
-1. Opens the shard's `AppendService` and the Application's store (`new_store`), and restores
-   the store's checkpoint, which fences every older instance of the store (DESIGN.md §3.8).
+1. Opens the shard's `AppendService`; if the spec has a recovery log, completes its playback
+   with a hand-off (`recovery.py`: fencing the recorder of any older primary) and builds a
+   Recorder; opens the Application's store (`new_store(shard, recorder)`), and restores the
+   store's checkpoint, which fences every older instance of the store (DESIGN.md §3.8). With
+   a recovery log, it then stores the recovered hints, and while it serves, stores the
+   recorder's hints after commits (at most every `hints_interval_s`).
 2. Re-writes the checkpoint's ACK intents and waits for them, before consuming anything: if
    the previous primary committed a transaction but died before acknowledging it, this
    acknowledges it; if it died in the middle of the next one, this rolls that one's pending
@@ -24,23 +28,34 @@ several things at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping
-from typing import NoReturn
+from typing import Final, NoReturn
 
 from broker.client.append_service import AppendService, AsyncAppend
 from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
+from broker.protocol.recorded_op_pb2 import FSMHints
 from gazette_consumer.application import Application, MessageSource, shard_labels
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through
 from gazette_consumer.message.publisher import Publisher
+from gazette_consumer.recovery import ShardRecovery
+from gazette_consumer.recoverylog.recorder import Recorder, RecorderError
 from gazette_consumer.shard_handle import ShardProgress
 from gazette_consumer.source import open_source
 from gazette_consumer.stores.base import Store
 from gazette_consumer.transaction import ClosedTxn, TxnPhase
 from gazette_consumer.txn_driver import ShardFailedError, TxnDriver, run_step
 
-__all__ = ["PrimaryShard", "ShardFailedError"]
+__all__ = ["HINTS_INTERVAL_S", "PrimaryShard", "ShardFailedError"]
+
+HINTS_INTERVAL_S: Final = 10.0
+"""Least time between two stores of a primary's recorded hints: each is an etcd write, and a
+primary that recovers from slightly older hints only plays a little more of its log."""
+
+_log = get_logger(__name__)
 
 
 class _Notifier:
@@ -65,7 +80,7 @@ class PrimaryShard:
     transaction durations (default: `time.monotonic`; the transaction loop reads it once per
     message, and the event loop's clock would add a Python call around it); `time_ns` is wall
     time, for pruning idle producers from checkpoints; `append_service` builds the shard's
-    AppendService.
+    AppendService. `recovery` is the replica's recovery log (None: the spec has none).
     """
 
     def __init__(
@@ -79,7 +94,11 @@ class PrimaryShard:
         clock: Callable[[], float] | None = None,
         time_ns: Callable[[], int] = time.time_ns,
         append_service: Callable[[JournalClient], AppendService] = AppendService,
+        recovery: ShardRecovery | None = None,
+        hints_interval_s: float = HINTS_INTERVAL_S,
     ) -> None:
+        if hints_interval_s < 0:
+            raise ValueError(f"hints_interval_s: must be >= 0 (got {hints_interval_s})")
         self._app = app
         self._spec = spec
         self._fqn = fqn
@@ -95,6 +114,12 @@ class PrimaryShard:
         self._progress = ShardProgress()
         self._notifier = _Notifier()
         self._driver: TxnDriver | None = None
+        self._recovery = recovery
+        self._hints_interval_s = hints_interval_s
+        # The recorder's hints this primary last stored (None before the first), and the
+        # progress of the last transaction they cover.
+        self.recorded_hints: FSMHints | None = None
+        self.recorded_hints_at: ShardProgress | None = None
 
     # --- The Shard protocol --------------------------------------------------------------------
 
@@ -163,11 +188,17 @@ class PrimaryShard:
         """Serve until cancelled or failed (see the module docstring)."""
         async with self._new_append_service(self._client) as appends:
             self._appends = appends
-            store = await run_step(self.id, "app.new_store", self._app.new_store(self, None))
+            recorder = await self._complete_recovery()
+            store = await run_step(self.id, "app.new_store", self._app.new_store(self, recorder))
             self._store = store
+            hints_task: asyncio.Task[None] | None = None
             try:
                 restore = store.restore_checkpoint(self)
                 checkpoint = await run_step(self.id, "store.restore_checkpoint", restore)
+                if self._recovery is not None:
+                    stored = self._recovery.store_recovered_hints()
+                    await run_step(self.id, "storing recovered hints", stored)
+                    hints_task = asyncio.ensure_future(self._store_hints(self._recovery))
                 self._publisher = Publisher(appends)
                 await self._acknowledge_recovered(checkpoint)
                 source = self._open_source(store, checkpoint)
@@ -188,8 +219,39 @@ class PrimaryShard:
                 finally:
                     await source.close()
             finally:
+                if hints_task is not None:
+                    hints_task.cancel()
+                    await asyncio.wait([hints_task])
                 self._store = None
                 await store.destroy()
+
+    async def _complete_recovery(self) -> Recorder | None:
+        if self._recovery is None:
+            return None
+        recorder: Recorder = await run_step(
+            self.id, f"recovering from log {self._recovery.log}", self._recovery.complete()
+        )
+        return recorder
+
+    async def _store_hints(self, recovery: ShardRecovery) -> None:
+        """Store the recorder's hints after each completed transaction, at most every
+        `hints_interval_s`. Hints are advisory: a failure to store them is logged, and the
+        next completed transaction tries again."""
+        stored_for: ShardProgress | None = None
+        while True:
+            await self.wait_until(functools.partial(_progressed, since=stored_for))
+            stored_for = self._progress
+            try:
+                self.recorded_hints = await recovery.store_recorded_hints()
+                self.recorded_hints_at = stored_for
+            except RecorderError as err:
+                # Fenced or failed: the store's next commit fails the shard with the reason.
+                _log.warning("recorder hints not stored", shard=self.id, error=str(err))
+                return
+            except Exception as err:
+                _log.warning("recorder hints not stored", shard=self.id, error=repr(err))
+            self._notifier.notify()
+            await asyncio.sleep(self._hints_interval_s)  # A rate bound, not a synchronisation.
 
     async def _acknowledge_recovered(self, checkpoint: Checkpoint) -> None:
         acks: list[AsyncAppend] = []
@@ -220,3 +282,7 @@ class PrimaryShard:
         self._progress = ShardProgress(flatten_read_through(checkpoint), publish_at)
         self._notifier.notify()
         self._on_change()
+
+
+def _progressed(shard: PrimaryShard, *, since: ShardProgress | None) -> bool:
+    return shard.progress() is not since

@@ -6,8 +6,17 @@ shard's ID, and ends; the other shards keep running. Only cancellation (stopping
 leaving the runner) and bugs in the runner itself propagate.
 
 `LocalShard` implements `ShardHandle` (shard_handle.py), so a consumer member can start shards
-through `ShardRunner.start_shard`, as assignments come and go. A shard started as STANDBY
-reports STANDBY at once (there is no recovery log to tail yet) and serves once promoted.
+through `ShardRunner.start_shard`, as assignments come and go.
+
+Recovery logs (recovery.py). A shard whose spec has a `recovery_log_prefix` plays its log into
+a directory of its own under the runner's `data_dir` (default: the system's temporary
+directory), reporting BACKFILL meanwhile. A standby keeps tailing the log once caught up and
+reports STANDBY from then on (so the allocator hands the primary's slot over only to a standby
+that can take over); when promoted, it hands the log off and serves from the state it has
+already played, without replaying the history. A primary plays, hands off, and serves. The
+runner's `hints` (a HintStore over the consumer group's etcd) is where hints are read from and
+stored; without it, every recovery plays the whole log. A shard without a recovery log reports
+STANDBY at once and serves once promoted.
 
 For in-process use without etcd (tests, the embedded default), `start(spec)` starts a primary
 directly, and `run_shards` serves a fixed set of specs until cancelled.
@@ -16,6 +25,7 @@ directly, and `run_shards` serves a fixed set of specs until cancelled.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -24,10 +34,13 @@ from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.application import Application
+from gazette_consumer.hints import HintStore
+from gazette_consumer.recovery import ShardRecovery
 from gazette_consumer.shard import PrimaryShard, ShardFailedError
 from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, StartShard
-from gazette_consumer.shard_spec import check_runnable
+from gazette_consumer.shard_spec import check_runnable, recovery_log
 from gazette_consumer.topology import default_root, shard_key
+from gazette_consumer.txn_driver import run_step
 
 __all__ = ["LocalShard", "ShardRunner", "ShardRunnerError", "run_shards"]
 
@@ -41,8 +54,15 @@ class ShardRunnerError(RuntimeError):
 class LocalShard:
     """A shard replica of this process. See the module docstring and `ShardHandle`."""
 
-    def __init__(self, start: ShardStart, new_primary: Callable[..., PrimaryShard]) -> None:
+    def __init__(
+        self,
+        start: ShardStart,
+        new_primary: Callable[..., PrimaryShard],
+        new_recovery: Callable[[cpb.ShardSpec], ShardRecovery | None] = lambda _spec: None,
+    ) -> None:
         self._start = start
+        self._new_recovery = new_recovery
+        self.recovery: ShardRecovery | None = None
         self._spec = start.spec
         self._new_primary = new_primary
         self._status = cpb.ReplicaStatus(code=Code.IDLE)
@@ -102,10 +122,20 @@ class LocalShard:
     async def run(self) -> None:
         """The shard's task: standby until promoted, then primary until failed or cancelled."""
         try:
+            recovery = self.recovery = await self._start_recovery()
             if not self._promoted.is_set():
+                if recovery is not None:
+                    step = f"playing recovery log {recovery.log}"
+                    await run_step(self.id, step, recovery.wait_tailing())
                 self._set_status(cpb.ReplicaStatus(code=Code.STANDBY))
-                await self._promoted.wait()
-            primary = self._new_primary(self._spec, self._start.fqn, self._on_primary_change)
+                if recovery is not None:
+                    step = f"tailing recovery log {recovery.log}"
+                    await run_step(self.id, step, recovery.wait_playing(self._promoted))
+                else:
+                    await self._promoted.wait()
+            primary = self._new_primary(
+                self._spec, self._start.fqn, self._on_primary_change, recovery
+            )
             self._primary = primary
             await primary.serve()
         except ShardFailedError as err:
@@ -116,6 +146,16 @@ class LocalShard:
             if self._primary is not None:
                 self._progress = self._primary.progress()
             self._primary = None
+            if self.recovery is not None:
+                await self.recovery.close()
+
+    async def _start_recovery(self) -> ShardRecovery | None:
+        recovery = self._new_recovery(self._spec)
+        if recovery is not None:
+            self._set_status(cpb.ReplicaStatus(code=Code.BACKFILL))
+            step = f"starting recovery log {recovery.log}"
+            await run_step(self.id, step, recovery.start())
+        return recovery
 
     def _on_primary_change(self) -> None:
         primary = self._primary
@@ -138,7 +178,10 @@ class ShardRunner:
     """Runs shards of one Application in this process. Use as ``async with``.
 
     `root` is the consumer group's etcd root (shard FQNs are ``<root>/items/<id>``).
-    `shard_options` are passed to every `PrimaryShard` (clock, time_ns, append_service).
+    `data_dir` holds the directories recovery logs are played into (None: the system's temporary
+    directory); `hints` stores recovery-log hints (None: none are stored; see the module
+    docstring). `shard_options` are passed to every `PrimaryShard` (clock, time_ns,
+    append_service, hints_interval_s).
     """
 
     def __init__(
@@ -147,8 +190,12 @@ class ShardRunner:
         client: JournalClient,
         *,
         root: str | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        hints: HintStore | None = None,
         **shard_options: Any,
     ) -> None:
+        self._data_dir = data_dir
+        self._hints = hints
         self._app = app
         self._client = client
         self._root = root if root is not None else default_root(type(app).__name__)
@@ -194,7 +241,7 @@ class ShardRunner:
         """Start a replica as `start` says, in the background (a `StartShard`)."""
         if self._tg is None or self._closed:
             raise ShardRunnerError("start_shard: the runner is not running")
-        shard = LocalShard(start, self._new_primary)
+        shard = LocalShard(start, self._new_primary, self._new_recovery)
         shard._task = task = self._tg.create_task(shard.run(), name=f"shard {start.spec.id}")
         # Set by a callback rather than by run() itself: a task cancelled before it first ran
         # never executes its body.
@@ -231,11 +278,26 @@ class ShardRunner:
         await self.shard(shard_id).stop()
 
     def _new_primary(
-        self, spec: cpb.ShardSpec, fqn: str, on_change: Callable[[], None]
+        self,
+        spec: cpb.ShardSpec,
+        fqn: str,
+        on_change: Callable[[], None],
+        recovery: ShardRecovery | None,
     ) -> PrimaryShard:
         return PrimaryShard(
-            self._app, spec, fqn, self._client, on_change=on_change, **self._shard_options
+            self._app,
+            spec,
+            fqn,
+            self._client,
+            on_change=on_change,
+            recovery=recovery,
+            **self._shard_options,
         )
+
+    def _new_recovery(self, spec: cpb.ShardSpec) -> ShardRecovery | None:
+        if not recovery_log(spec):
+            return None
+        return ShardRecovery(self._client, spec, data_dir=self._data_dir, hints=self._hints)
 
 
 async def run_shards(

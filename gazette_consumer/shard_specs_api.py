@@ -17,9 +17,9 @@ by each assignment's mod revision. Unlike Gazette (which ignores them), an unkno
 answered with SHARD_NOT_FOUND, and nothing is removed: a typo should not pass silently.
 
 GetHints. The recovery-log hints stored under the shard's ``hint_prefix`` (primary, then the
-backups, newest first), in either encoding Gazette writes (binary or JSON). Recovery logs are
-not implemented by this project yet, so nothing here writes hints; a shard without a recovery
-log has none, and the answer is then empty.
+backups, newest first), in either encoding Gazette writes (binary or JSON). Primaries write
+them (``hints.py``: recorded hints after commits, recovered hints rotated into the backups); a
+shard without a recovery log has none, and the answer is then empty.
 """
 
 from __future__ import annotations

@@ -121,10 +121,17 @@ class Player:
         self._read_task: asyncio.Task[tuple[int, bytes]] | None = None
         self._reenact = False  # Whether content of the current write goes to its file.
         self._write_fnode = 0
+        # Where playback began reading: the first hinted segment's offset (0 without hints).
+        self.read_from = 0
 
     @property
     def log(self) -> str:
         return self.fsm.log
+
+    @property
+    def played_through(self) -> int:
+        """The log offset read (and applied) so far."""
+        return self._next_read
 
     def finish_at_write_head(self) -> None:
         self._request(0)
@@ -148,7 +155,8 @@ class Player:
             self._read_through = await self._barrier()
             self._check_hints_below(self._read_through)
             first = self.fsm.next_hinted_segment
-            await self._seek(first.first_offset if first is not None else 0)
+            self.read_from = first.first_offset if first is not None else 0
+            await self._seek(self.read_from)
             while self.state is not PlayerState.COMPLETE:
                 await self._step()
             _make_live(self.directory, self.fsm)

@@ -208,9 +208,14 @@ class Recorder:
     barrier = flush
 
     async def build_hints(self) -> FSMHints:
-        """Hints of the recorded state, once every op they name is durable."""
+        """Hints of the recorded state, once every op they name is durable.
+
+        The hints are taken first, then the ops recorded so far are flushed: ops recorded
+        while the flush waits (a pipelined commit, say) are not named by these hints, so
+        hints never name an op the log may lack."""
+        hints = self.fsm.build_hints()
         await self.flush()
-        return self.fsm.build_hints()
+        return hints
 
     # --- Internals ---------------------------------------------------------------------------
 

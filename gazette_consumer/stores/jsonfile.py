@@ -8,9 +8,17 @@ is durable once the recorder's flush returns. The rename is atomic locally, and 
 the log in one append (a flush after them), so a restore sees the last committed document,
 never a torn one.
 
-`restore_checkpoint` plays the recovery log into the (emptied) directory and hands the log off
-to this instance's author (recoverylog/player.py): after it returns, the previous primary's
-recorder is fenced, so its commits fail with FencedError (DESIGN.md §3.8).
+Two ways to open one:
+
+- In a shard (the usual way): the shard runner plays the recovery log and hands it off to a
+  new author before `Application.new_store` is called (gazette_consumer/recovery.py), so the
+  application builds the store over the recorder it is given: `JSONFileStore.recorded(recorder)`.
+  `restore_checkpoint` then only reads the played document.
+- Standalone: `JSONFileStore(client, log, directory)`; its `restore_checkpoint` plays the log
+  into the (emptied) directory and hands it off to this instance's author itself.
+
+Either way, once restored, the previous primary's recorder is fenced, so its commits fail with
+FencedError (DESIGN.md §3.8).
 
 The document is serialized when `start_commit` is called, so a pipelined next transaction may
 change `state` while the commit waits on its `wait_for`. A failed commit leaves `state` holding
@@ -79,6 +87,24 @@ class JSONFileStore:
         self._fqn: str | None = None
         self._failed: BaseException | None = None
         self._destroyed = False
+        self._played = False  # The directory was played by whoever built the recorder.
+
+    @classmethod
+    def recorded(
+        cls, recorder: Recorder, *, commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX
+    ) -> JSONFileStore:
+        """A store over a directory already played and handed off to `recorder`'s author
+        (what a shard passes to `Application.new_store`)."""
+        store = cls(
+            recorder.client,
+            recorder.log,
+            recorder.directory,
+            author=recorder.author,
+            commits_in_flight_max=commits_in_flight_max,
+        )
+        store._recorder = recorder
+        store._played = True
+        return store
 
     @property
     def recorder(self) -> Recorder | None:
@@ -96,16 +122,19 @@ class JSONFileStore:
         """Play the recovery log into the directory, take the log over (fencing the previous
         primary), and return the last committed checkpoint."""
         self._check_usable("restore_checkpoint")
-        if self._recorder is not None:
+        if self._fqn is not None or (self._recorder is not None and not self._played):
             raise StoreStateError("restore_checkpoint: already restored; use a new store")
-        recovered = await play_and_handoff(self.client, self._hints, self.directory, self.author)
-        self._recorder = Recorder(
-            self.client,
-            recovered.fsm,
-            self.author,
-            self.directory,
-            write_head=recovered.write_head,
-        )
+        if self._recorder is None:
+            recovered = await play_and_handoff(
+                self.client, self._hints, self.directory, self.author
+            )
+            self._recorder = Recorder(
+                self.client,
+                recovered.fsm,
+                self.author,
+                self.directory,
+                write_head=recovered.write_head,
+            )
         self._fqn = shard.fqn
         path = self.directory / STATE_FILE
         if not path.exists():
