@@ -108,23 +108,28 @@ class Slot(Generic[T]):
             return self._queue.get_nowait()
         getter = asyncio.ensure_future(self._queue.get())
         waiter = asyncio.ensure_future(invalidated.wait())
-        taken = False
         try:
             await asyncio.wait((getter, waiter), return_when=asyncio.FIRST_COMPLETED)
-            # Post-check, as Gazette does: even with the value in hand, an invalidation that
-            # became visible at the same moment wins, so that the caller re-resolves.
-            if getter.done() and not invalidated.is_set():
-                taken = True
-                return getter.result()
-            raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
-        finally:
+        except BaseException:
+            # Cancelled: the value stays in (or goes back to) the slot.
+            self._abandon(getter, waiter)
+            raise
+        # From here on nothing awaits: once the value is taken, a cancellation arriving at an
+        # await before it reached the caller would lose it (and with it the journal's pipeline
+        # or spool, for good). The cancelled helpers need not be awaited.
+        # Post-check, as Gazette does: even with the value in hand, an invalidation that became
+        # visible at the same moment wins, so that the caller re-resolves.
+        if getter.done() and not invalidated.is_set():
             waiter.cancel()
-            if not taken:
-                getter.cancel()
-                if getter.done() and not getter.cancelled():
-                    self._queue.put_nowait(getter.result())
-            # Both are finished or cancelled here; await them so that nothing is left running.
-            await asyncio.gather(getter, waiter, return_exceptions=True)
+            return getter.result()
+        self._abandon(getter, waiter)
+        raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
+
+    def _abandon(self, getter: asyncio.Future[T], waiter: asyncio.Future[Any]) -> None:
+        waiter.cancel()
+        getter.cancel()
+        if getter.done() and not getter.cancelled():
+            self._queue.put_nowait(getter.result())
 
     def put(self, value: T) -> None:
         """Give the value back (or hand a new one over)."""

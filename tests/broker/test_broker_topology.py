@@ -250,6 +250,28 @@ async def test_slot_take_cancelled_puts_a_received_value_back() -> None:
     assert slot.take_nowait() == "value"
 
 
+@pytest.mark.parametrize("steps", range(8))
+async def test_slot_value_is_never_lost_whenever_the_taker_is_cancelled(steps: int) -> None:
+    # The value arrives, then the taker is cancelled after `steps` turns of the event loop:
+    # wherever the cancellation lands, the taker either got the value or it is back in the
+    # slot. (A take that awaited again after getting it lost it to a cancellation there: the
+    # journal's pipeline was then gone for good, and every later append waited forever.)
+    slot: Slot[str] = Slot("test", "value")
+    assert slot.take_nowait() == "value"
+    taker = asyncio.ensure_future(slot.take(asyncio.Event()))
+    await asyncio.sleep(0)
+    slot.put("value")
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    taker.cancel()
+    try:
+        got: str | None = await taker
+    except asyncio.CancelledError:
+        got = None
+    in_slot = slot.take_nowait()
+    assert (got, in_slot) in {("value", None), (None, "value")}
+
+
 async def test_wait_first() -> None:
     a, b = asyncio.Event(), asyncio.Event()
     assert not await wait_first([a, b], 0.01)
