@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_consumer.py [--messages N] [--rounds R] [--pg-url URL]
         [--input committed|txn] [--publish per-txn|per-message|none] [--max-txn-s S]
-        [--profile MODE]
+        [--min-txn-s S] [--profile MODE]
 
 Setup, all in one process (broker, shard, stores' threads share two cores and one GIL): one
 R=1 broker on an embedded keyspace; N ~200-byte JSON messages published to one source journal
@@ -12,7 +12,8 @@ journal from offset 0, in each of these modes:
 
 - **exactly-once** (`eo sqlite`, `eo postgres`): the default source (a `ReadCommittedIter`),
   a `SQLStore` (a SQLite file; PostgreSQL with `--pg-url` or $GAZETTE_TEST_PG_URL) committing
-  the counts with the checkpoint, transactions of at most `--max-txn-s` (1 s), and a
+  the counts with the checkpoint, transactions of `--min-txn-s` (0) to `--max-txn-s` (1 s;
+  both modes: a transaction closes once the shard caught up and its minimum passed), and a
   transactional publish: one `Summary` message per transaction published uncommitted, whose
   ACK intent is in the checkpoint and is written once the commit is durable.
 - **at-least-once** (`alo sqlite`, ...): the same Application, but a read-uncommitted source
@@ -29,7 +30,10 @@ completed transaction: committed, ACKs written) reaches the journal's head; also
 of the process (all threads; "loop thread" is the event loop's share). Beside them, limits of
 the same run: read-committed iteration of the journal without a shard, the read-uncommitted
 source without a shard, msgspec encode+decode. The overhead of exactly-once is 1 - eo/alo, of
-the median rates and, steadier on a shared machine, the median of each round's pair.
+the median rates and, steadier on a shared machine, the median of each round's pair (each
+round's pair is printed too, to pool rounds across runs). With `--min-txn-s` = `--max-txn-s`
+every transaction lasts that long in both modes, and a run ends on a whole transaction: compare
+CPU rates then, over runs of many transactions.
 Progress goes to stderr (a line per run; a live counter on a terminal or with BENCH_PROGRESS=1).
 `--profile eo-sqlite` (or any mode) runs that mode once more under cProfile and prints it.
 """
@@ -214,12 +218,17 @@ class Result:
     loop_cpu_s: float  # CPU time of the event loop's thread (the rest: worker threads).
 
 
-def spec_of(shard_id: str, max_txn_s: float) -> cpb.ShardSpec:
-    seconds = int(max_txn_s)
+def duration(seconds: float) -> Duration:
+    whole = int(seconds)
+    return Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
+
+
+def spec_of(shard_id: str, max_txn_s: float, min_txn_s: float) -> cpb.ShardSpec:
     return cpb.ShardSpec(
         id=shard_id,
         sources=[cpb.ShardSpec.Source(journal=SOURCE)],
-        max_txn_duration=Duration(seconds=seconds, nanos=round((max_txn_s - seconds) * 1e9)),
+        max_txn_duration=duration(max_txn_s),
+        min_txn_duration=duration(min_txn_s),
     )
 
 
@@ -230,6 +239,7 @@ async def run_shard(
     count: int,
     head: int,
     max_txn_s: float,
+    min_txn_s: float,
     profile: cProfile.Profile | None = None,
 ) -> Result:
     """Run one shard of `app` until it completed a transaction through `head`."""
@@ -250,7 +260,7 @@ async def run_shard(
         profile.enable()
     try:
         async with ShardRunner(app, c, root=f"/bench/{shard_id}") as runner:
-            runner.start(spec_of(shard_id, max_txn_s), on_change=changed)
+            runner.start(spec_of(shard_id, max_txn_s, min_txn_s), on_change=changed)
             with Ticker(shard_id, count, lambda: app.consumed):
                 wall_end, cpu_end, loop_end = await asyncio.wait_for(ended, RUN_TIMEOUT_S)
     finally:
@@ -326,6 +336,12 @@ async def main() -> None:
     parser.add_argument("--input", choices=["committed", "txn"], default="committed")
     parser.add_argument("--publish", choices=["per-txn", "per-message", "none"], default="per-txn")
     parser.add_argument("--max-txn-s", type=float, default=1.0)
+    parser.add_argument(
+        "--min-txn-s",
+        type=float,
+        default=0.0,
+        help="min_txn_duration; = --max-txn-s makes every transaction last that long",
+    )
     parser.add_argument("--pg-url", default=os.environ.get("GAZETTE_TEST_PG_URL"))
     parser.add_argument("--no-sqlite", action="store_true")
     parser.add_argument("--profile", help="run this mode (e.g. eo-sqlite) once more, profiled")
@@ -355,7 +371,8 @@ async def main() -> None:
             f"(input: {args.input}; published at {published.per_wall_s:,.0f} msg/s)"
         )
         print(
-            f"shard: max_txn_duration {args.max_txn_s:g} s, publish {args.publish}, "
+            f"shard: txn duration {args.min_txn_s:g}-{args.max_txn_s:g} s, "
+            f"publish {args.publish}, "
             f"databases: {', '.join(engines)}"
         )
         modes = [(eo, db) for db in engines for eo in (True, False)]
@@ -370,7 +387,9 @@ async def main() -> None:
             for eo, db in modes if round_ % 2 == 0 else modes[::-1]:
                 name = f"{'eo' if eo else 'alo'}-{db}"
                 app = CountApp(eo, engines[db], args.publish)
-                result = await run_shard(c, app, f"{name}-{round_}", count, head, args.max_txn_s)
+                result = await run_shard(
+                    c, app, f"{name}-{round_}", count, head, args.max_txn_s, args.min_txn_s
+                )
                 results.setdefault(name, []).append(result)
                 print(
                     f"  round {round_ + 1}: {name:<12} {result.rate.per_wall_s:>9,.0f} msg/s",
@@ -383,7 +402,14 @@ async def main() -> None:
             profile = cProfile.Profile()
             app = CountApp(eo == "eo", engines[db], args.publish)
             await run_shard(
-                c, app, f"{args.profile}-profiled", count, head, args.max_txn_s, profile
+                c,
+                app,
+                f"{args.profile}-profiled",
+                count,
+                head,
+                args.max_txn_s,
+                args.min_txn_s,
+                profile,
             )
 
     print(f"limits (this process, this run; median of {args.rounds}, min-max):")
@@ -409,6 +435,13 @@ async def main() -> None:
             f"  {db:<10} wall {wall:6.1%} (paired {paired_wall:6.1%})  cpu {cpu:6.1%} "
             f"(paired {paired_cpu:6.1%})   target <= {OVERHEAD_TARGET:.0%}"
         )
+        # Each round's pair, to pool rounds across runs (CPU us per message: eo - alo).
+        per_round = "  ".join(
+            f"{1 - e.per_wall_s / a.per_wall_s:+.3f}/{1 - e.per_cpu_s / a.per_cpu_s:+.3f}/"
+            f"{1e6 / e.per_cpu_s - 1e6 / a.per_cpu_s:+.3f}"
+            for e, a in pairs
+        )
+        print(f"  {'':<10} rounds (wall/cpu overhead, +us/msg): {per_round}")
         best = max(r.per_wall_s for r in eo_rates)
         print(
             f"  {'':<10} eo {median_rate(eo_rates):,.0f} msg/s (best {best:,.0f}), "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,15 +137,19 @@ class _Chunk:
 
 class UncommittedSource:
     """A `MessageSource` of one journal, read-uncommitted: every message as read, with no
-    Sequencer. Read-ahead and decoding as `ReadCommittedIter` does them (chunks read ahead
-    undecoded by a background reader, decoded DECODE_PIECE_BYTES at a time as needed), so that
-    the two sources differ only by what read-committed adds."""
+    Sequencer. Read-ahead, decoding and handing out as `ReadCommittedIter` does them (chunks
+    read ahead undecoded by a background reader, decoded DECODE_PIECE_BYTES at a time as
+    needed, a decoded piece handed out by `pop()` from a reversed list), so that the two
+    sources differ only by what read-committed adds."""
 
     def __init__(self, journal_client: client.JournalClient, journal: str, offset: int) -> None:
         self._client, self._journal = journal_client, journal
-        self._through = offset
         self._channel: ReadChannel[_Chunk] = ReadChannel(READ_AHEAD_CHUNKS)
-        self._pending: deque[Envelope[Any]] = deque()
+        # The piece being handed out (ACKs left out), its messages not returned yet (reversed),
+        # and the end of its last message, ACKs included.
+        self._piece: list[Envelope[Any]] = []
+        self._ready: list[Envelope[Any]] = []
+        self._before_piece = self._piece_end = offset
         self._chunk: _Chunk | None = None
         self._decoder: ChunkDecoder | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read(offset))
@@ -166,13 +169,10 @@ class UncommittedSource:
             await reader.close()
 
     def try_next(self) -> Envelope[Any] | None:
-        pending = self._pending
+        ready = self._ready
+        if ready:
+            return ready.pop()
         while True:
-            while pending:
-                env = pending.popleft()
-                self._through = env.end
-                if env.flags != FLAG_ACK_TXN:  # An ACK is no message of the application's.
-                    return env
             chunk = self._chunk
             if chunk is None:
                 chunk = self._chunk = self._channel.get_nowait()
@@ -185,9 +185,16 @@ class UncommittedSource:
             chunk.at = at + len(piece)
             if chunk.at == len(chunk.content):
                 self._chunk = None
-            pending.extend(decoder.feed(piece, chunk.offset + at))
+            envs = decoder.feed(piece, chunk.offset + at)
+            if envs:
+                self._before_piece, self._piece_end = self._piece_end, envs[-1].end
+                if decoder.lead_run != len(envs):  # Not all OUTSIDE_TXN: drop any ACK.
+                    envs = [env for env in envs if env.flags != FLAG_ACK_TXN]
+                self._piece, self._ready = envs, envs[::-1]
             if decoder.error is not None:
                 raise decoder.error
+            if self._ready:
+                return self._ready.pop()
 
     async def next(self) -> Envelope[Any]:
         while (env := self.try_next()) is None:
@@ -195,7 +202,13 @@ class UncommittedSource:
         return env
 
     def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
-        return SequencerCheckpoint(read_through={self._journal: self._through})
+        piece, left = self._piece, len(self._ready)
+        if not left:
+            through = self._piece_end
+        else:  # Through the last returned message, if any of this piece was.
+            last = len(piece) - left - 1
+            through = piece[last].end if last >= 0 else self._before_piece
+        return SequencerCheckpoint(read_through={self._journal: through})
 
     def has_pending(self, since: Mapping[str, int]) -> bool:
         return False

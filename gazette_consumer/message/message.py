@@ -158,9 +158,18 @@ class EnvelopeBuilder:
     `uuid_of` reads a message's UUID: `message_uuid` by default; a decoder whose message type
     is known to keep its UUID in an attribute may pass a faster getter (the nil UUID and None
     both mean "no UUID"). Not thread-safe; one per decoder.
+
+    While building, it also measures `lead_run`: how many envelopes at the front of the list
+    form a run a read-committed reader can commit at once (`Sequencer.commit_alone_run`):
+    OUTSIDE_TXN messages with a UUID, of one producer, each with a larger clock than the one
+    before. It reads each message's producer, clock and flags anyway, so this costs a few
+    comparisons per message, where checking the list afterwards costs a loop over envelopes
+    (~90 ns each). Producers are interned (one object per producer while the cache lasts), so
+    "same producer" is an identity test; a producer re-learned after the cache was cleared ends
+    the run early, which is safe (a shorter run, the rest go one by one), never longer.
     """
 
-    __slots__ = ("_cache_entries_max", "_parts", "_uuid_of")
+    __slots__ = ("_cache_entries_max", "_parts", "_producers", "_uuid_of", "lead_run")
 
     def __init__(
         self,
@@ -174,6 +183,11 @@ class EnvelopeBuilder:
         self._cache_entries_max = cache_entries_max
         # Low 96 bits of a UUID -> (producer, clock without time_low's bits, flags).
         self._parts: dict[int, tuple[ProducerID, int, int]] = {}
+        # Each producer the cache holds, as one object: see `lead_run`. Cleared with `_parts`.
+        self._producers: dict[ProducerID, ProducerID] = {}
+        self.lead_run = 0
+        """Envelopes at the front of the last `build`'s list that form a run (class docstring);
+        0 after a build that returned None."""
 
     def build(
         self, journal: str, offsets: Sequence[int], messages: Sequence[Any]
@@ -187,8 +201,15 @@ class EnvelopeBuilder:
             )
         # Locals, not globals, in the loop that runs per message.
         uuid_of, cache, new, low_96 = self._uuid_of, self._parts, Envelope, _LOW_96
+        outside = _OUTSIDE_TXN
         out: list[Envelope[Any]] = []
         append = out.append
+        self.lead_run = 0
+        # The lead run so far: its producer (None until its first message) and last clock.
+        # `lead` is True while every message so far belongs to it.
+        run_producer: ProducerID | None = None
+        prev = 0
+        lead = True
         try:
             # `offsets` is one longer than `messages` (checked above): zip stops with them.
             ends = islice(offsets, 1, None)
@@ -196,6 +217,9 @@ class EnvelopeBuilder:
                 uuid = uuid_of(message)
                 value = 0 if uuid is None else uuid.int
                 if not value:  # No UUID, or the nil UUID: at-least-once.
+                    if lead:  # Ends the run (commit_alone takes it alone).
+                        lead = False
+                        self.lead_run = len(out)
                     append(new(journal, begin, end, message, None, ZERO_PRODUCER_ID, 0, 0))
                     continue
                 parts = cache.get(value & low_96)
@@ -206,9 +230,20 @@ class EnvelopeBuilder:
                 producer, clock, flags = parts
                 # time_low, the UUID's top 32 bits, is bits 4-35 of the clock.
                 clock |= (value >> 96) << 4
+                if lead:
+                    if producer is run_producer and clock > prev and flags == outside:
+                        prev = clock
+                    elif run_producer is None and flags == outside:
+                        run_producer, prev = producer, clock  # The run's first message.
+                    else:
+                        lead = False
+                        self.lead_run = len(out)
                 append(new(journal, begin, end, message, uuid, producer, clock, flags))
         except (AttributeError, InvalidUUIDError):  # Not a UUID: Envelope.of says what it is.
+            self.lead_run = 0
             return None
+        if lead:
+            self.lead_run = len(out)
         return out
 
     def _learn(self, value: int) -> tuple[ProducerID, int, int] | None:
@@ -221,5 +256,7 @@ class EnvelopeBuilder:
         producer, sequence, flags = low_parts
         if len(self._parts) >= self._cache_entries_max:
             self._parts.clear()  # Bounded: a few producers fill it slowly; start over when full.
+            self._producers.clear()
+        producer = self._producers.setdefault(producer, producer)
         parts = self._parts[value & _LOW_96] = (producer, high_clock | sequence, flags)
         return parts

@@ -109,6 +109,10 @@ class ChunkDecoder:
             decoder, "decode_payloads", None
         )
         self._builder = EnvelopeBuilder(getattr(decoder, "uuid_of", message_uuid))
+        self.lead_run: int | None = None
+        """How many envelopes at the front of the last call's list form a run of one
+        producer's OUTSIDE_TXN messages with rising clocks (`EnvelopeBuilder.lead_run`), for
+        `Sequencer.commit_alone_run`; None if not measured (the general path)."""
 
     @property
     def offset(self) -> int:
@@ -126,6 +130,7 @@ class ChunkDecoder:
             _log.warning(
                 "source journal offset jump", journal=self.journal, to=offset, **{"from": expected}
             )
+        self.lead_run = None
         if self._decode_payloads is not None:
             run = self._unpacker.feed_run(content, offset)
             if run is not None:
@@ -136,6 +141,7 @@ class ChunkDecoder:
         """End of input: report (log) a frame left incomplete. Returns envelopes, if any."""
         if self.error is not None:
             raise self.error
+        self.lead_run = None
         return self._decode(self._unpacker.flush())
 
     def _decode_run(self, run: FrameRun) -> list[Envelope[Any]]:
@@ -147,6 +153,9 @@ class ChunkDecoder:
             envelopes = None
         if envelopes is None:
             return self._decode(run.frames(self.journal))
+        # Offsets are contiguous and the journal one (the framing's run): the builder's
+        # producer, flags and clock checks are all a run needs.
+        self.lead_run = self._builder.lead_run
         if envelopes:
             self.through = envelopes[-1].end
         return envelopes

@@ -48,11 +48,13 @@ journal by a separate bounded read (`replay.py`).
 Chunks wait in the channel as bytes and are decoded only when their messages are needed (see
 DECODE_PIECE_BYTES), so that decoded messages live from their decoding to their return, not
 through the read-ahead too: objects that live long are what make Python's garbage collector
-scan the whole heap, and a reader allocates several per message. A decoded piece that begins
-with a run of one producer's OUTSIDE_TXN messages has the run committed at once
-(`Sequencer.commit_alone_run`) and returned one by one; any other OUTSIDE_TXN message (or one
-without a UUID) goes through the Sequencer's `commit_alone` fast path; a transaction's messages
-are queued a span at a time (`queue_span`).
+scan the whole heap, and a reader allocates several per message. A run of one producer's
+OUTSIDE_TXN messages with rising clocks is committed at once (`Sequencer.commit_alone_run`)
+and returned one by one: at the front of a decoded piece the decoder measured the run while
+building its envelopes (`ChunkDecoder.lead_run`); further in, wherever two such messages of one
+producer come next. Any other OUTSIDE_TXN message (or one without a UUID) goes through the
+Sequencer's `commit_alone` fast path; a transaction's messages are queued a span at a time
+(`queue_span`).
 
 `checkpoint()` is consistent with what was *returned*: per source journal the offset from which
 reading resumes (past every returned message, consumed ACK and skipped unreadable content), and
@@ -98,6 +100,7 @@ from gazette_consumer.sequencer.replay import Replay, replay_request
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
+    FLAG_OUTSIDE_TXN,
     OFFSET_MAX,
     JournalProducer,
     ProducerState,
@@ -130,7 +133,23 @@ sees them (every 700 net allocations), where a whole chunk's would be promoted i
 generation and soon cost a scan of the whole heap. Measured: read-committed 50% faster."""
 
 
-_NO_RUN: Final[list[Any]] = []  # Never appended to: `_run` when no run is held.
+_NO_RUN: Final[list[Any]] = []  # Never appended to: `_run_all` when no run is held.
+
+
+def _run_next(pending: deque[Envelope[Any]]) -> bool:
+    """True if the next two pending messages may begin a run (`Sequencer.commit_alone_run`):
+    OUTSIDE_TXN messages of one producer. Checked before committing the first alone, so that
+    a run later in a piece is not taken one message at a time: a cheap test, where trying the
+    run costs more than `commit_alone` when the producers alternate message by message."""
+    if len(pending) < 2:
+        return False
+    first, second = pending[0], pending[1]
+    return bool(
+        first.flags == FLAG_OUTSIDE_TXN
+        and first.clock  # Without a UUID: commit_alone's, never a run's.
+        and second.flags == FLAG_OUTSIDE_TXN
+        and first.producer == second.producer
+    )
 
 
 class ReadIterClosedError(RuntimeError):
@@ -230,10 +249,12 @@ class ReadCommittedIter:
         # `_ahead` is about to be returned within `try_next`).
         self._ahead: Envelope[Any] | None = None
         self._ahead_after: Envelope[Any] | None = None
-        # A run of messages the Sequencer committed at once (`commit_alone_run`), returned one
-        # by one from `_run_at`; checkpoints stand where the last returned one left them.
-        self._run: list[Envelope[Any]] = _NO_RUN
-        self._run_at = 0
+        # A run of messages the Sequencer committed at once (`commit_alone_run`): `_run_all`
+        # in journal order, and `_run` its messages not returned yet, in reverse (returned by
+        # `pop()`, the cheapest step per message); checkpoints stand where the last returned
+        # one left them.
+        self._run_all: list[Envelope[Any]] = _NO_RUN
+        self._run: list[Envelope[Any]] = []
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
         self.replays = 0
@@ -272,12 +293,11 @@ class ReadCommittedIter:
 
     def try_next(self) -> Envelope[Any] | None:
         """The next committed message if one is at hand without waiting, else None."""
-        run, at = self._run, self._run_at
-        if at < len(run):
+        run = self._run
+        if run:
             # The fastest path: a message of a run committed at once (none is held while
             # `_ahead` is, nor once closed).
-            self._run_at = at + 1
-            return run[at]
+            return run.pop()
         if self._closed:
             raise ReadIterClosedError("the iterator was closed")
         env = self._ahead
@@ -285,7 +305,7 @@ class ReadCommittedIter:
             # The fast path: the next read message commits by itself (an OUTSIDE_TXN message,
             # or one without a UUID), with no sequence in progress: nothing to look past.
             pending = self._pending
-            if pending and self._commit_alone(pending[0]):
+            if pending and not _run_next(pending) and self._commit_alone(pending[0]):
                 return pending.popleft()
             self._start()
             if not self._step_to_message():
@@ -333,9 +353,16 @@ class ReadCommittedIter:
                 self._ahead, self._ahead_after = env, None
                 return True
             self._replay = None  # Whatever was dequeued is done, any replay with it.
-            self._run = _NO_RUN  # Returned: not kept alive here (see DECODE_PIECE_BYTES).
+            self._run_all = _NO_RUN  # Returned: not kept alive here (see DECODE_PIECE_BYTES).
             pending = self._pending
             if pending:
+                # A run further into a piece (after another producer's messages or a
+                # transaction): committed at once, as a piece's leading run is.
+                if _run_next(pending) and (run := seq.commit_alone_run(pending)):
+                    taken = [pending.popleft() for _ in range(run)]
+                    self._run_all, self._run = taken, taken[:0:-1]
+                    self._ahead, self._ahead_after = taken[0], None  # Nothing to look past.
+                    return True
                 if seq.commit_alone(pending[0]):
                     env = pending.popleft()
                     self._ahead, self._ahead_after = env, None  # Nothing to look past.
@@ -366,14 +393,15 @@ class ReadCommittedIter:
             envs = decoder.feed(piece, chunk.offset + at)
             self._chunk_through = (chunk.journal, decoder.through)
             self._decode_error = decoder.error
-            # Commit the piece's leading run of one producer's OUTSIDE_TXN messages at once,
-            # returning the first now and the rest from `_run`; the rest go one by one.
-            run = seq.commit_alone_run(envs)
+            # Commit the piece's leading run of one producer's OUTSIDE_TXN messages at once
+            # (the decoder measured it), returning the first now and the rest from `_run`; the
+            # rest go one by one.
+            run = seq.commit_alone_run(envs, decoder.lead_run)
             if run:
                 if run < len(envs):
                     pending.extend(islice(envs, run, None))
                     del envs[run:]
-                self._run, self._run_at = envs, 1
+                self._run_all, self._run = envs, envs[:0:-1]
                 self._ahead, self._ahead_after = envs[0], None  # Nothing to look past.
                 return True
             pending.extend(envs)
@@ -412,8 +440,9 @@ class ReadCommittedIter:
     def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
         """Offsets read through and producer states, consistent with the messages returned so
         far. `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`)."""
-        run, at = self._run, self._run_at
-        held = run[at - 1] if 0 < at < len(run) else None  # The last returned of a run.
+        run_all, left = self._run_all, len(self._run)
+        # The last returned message of a run some of which is not returned yet.
+        held = run_all[len(run_all) - left - 1] if left else None
         keep = None if held is None else (held.journal, held.producer)
         seq_cp = self._seq.checkpoint(horizon_clock, keep=keep)
         read_through = dict(self._floors)
@@ -491,7 +520,7 @@ class ReadCommittedIter:
         """Stop the readers (awaiting them) and any replay. Idempotent. A `next()` waiting in
         another task raises `ReadIterClosedError`."""
         self._closed = True
-        self._run = _NO_RUN
+        self._run_all, self._run = _NO_RUN, []
         self._channel.wake()
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None:

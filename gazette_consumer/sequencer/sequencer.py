@@ -251,7 +251,7 @@ class Sequencer(Generic[E]):
         self._dequeued = None
         return True
 
-    def commit_alone_run(self, envs: list[E]) -> int:
+    def commit_alone_run(self, envs: Sequence[E], length: int | None = None) -> int:
         """Deliver at once the longest run at the front of `envs` that `commit_alone` would
         deliver one by one, and return its length (0: nothing changed).
 
@@ -262,8 +262,13 @@ class Sequencer(Generic[E]):
         and the slots it passes, read-through offset), but in one call: what a reader saves per
         message. Messages without a UUID (clock 0) end a run (`commit_alone` takes them).
         Trusts `envs` as `queue_trusted` does.
+
+        `length`, if given, is how many envelopes at the front of `envs` are already known to
+        form such a run among themselves (a decoder measured it while building them:
+        `ChunkDecoder.lead_run`), and is trusted as `envs` is; the run is then not checked
+        again, only its first envelope against the Sequencer's state. 0 commits nothing.
         """
-        if self._emit is not None or not envs:
+        if self._emit is not None or not envs or length == 0:
             return 0
         first = envs[0]
         journal, producer, clock = first.journal, first.producer, first.clock
@@ -276,7 +281,7 @@ class Sequencer(Generic[E]):
         partial = self._partials.get(key)
         if partial is not None and (partial.begin != -1 or clock <= partial.min_clock):
             return 0
-        n = _run_length(envs, journal, producer)
+        n = _run_length(envs, journal, producer) if length is None else min(length, len(envs))
         last = envs[n - 1]
         if partial is None:
             self._partials[key] = Partial(last.clock, -1)

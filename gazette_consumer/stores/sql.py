@@ -172,7 +172,14 @@ class SQLStore:
         commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
     ) -> None:
         self._engine = engine
-        self._table = checkpoints_table(table_name)
+        self._table = t = checkpoints_table(table_name)
+        # Built once, with parameters bound per commit: building and caching the UPDATE at
+        # each commit cost ~125 us of CPU per transaction.
+        self._commit_update = (
+            sa.update(t)
+            .where(t.c.shard_fqn == sa.bindparam("fqn"), t.c.fence == sa.bindparam("fence_"))
+            .values(checkpoint=sa.bindparam("data"))
+        )
         self._pipeline = CommitPipeline(commits_in_flight_max)
         self._executor = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="sqlstore")
         self._fqn: str | None = None
@@ -338,10 +345,9 @@ class SQLStore:
     ) -> None:
         if connection is None:
             connection = _begin(self._engine)
-        t = self._table
         try:
             updated = connection.execute(
-                sa.update(t).where(t.c.shard_fqn == fqn, t.c.fence == fence).values(checkpoint=data)
+                self._commit_update, {"fqn": fqn, "fence_": fence, "data": data}
             )
             if updated.rowcount != 1:
                 raise FencedError(

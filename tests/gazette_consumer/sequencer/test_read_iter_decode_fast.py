@@ -48,6 +48,20 @@ lines = st.lists(
 )
 
 
+def own_run(envs: list[Any]) -> int:
+    """The run at the front of `envs` that `Sequencer.commit_alone_run` may commit at once:
+    OUTSIDE_TXN messages with a UUID, of the first one's producer, clocks rising, offsets not
+    going back."""
+    n = 0
+    for env in envs:
+        if env.clock == 0 or env.flags != 0 or env.producer != envs[0].producer:
+            break
+        if n and (env.clock <= envs[n - 1].clock or env.begin < envs[n - 1].end):
+            break
+        n += 1
+    return n
+
+
 def run(decoder: ChunkDecoder, chunks: list[tuple[bytes, int]]) -> Any:
     got, errors = [], []
     with structlog.testing.capture_logs() as logs:
@@ -56,6 +70,10 @@ def run(decoder: ChunkDecoder, chunks: list[tuple[bytes, int]]) -> Any:
                 got.append(decoder.feed(chunk, offset))
             except Exception as err:
                 errors.append(err)
+                continue
+            # The run measured while decoding (fast path only) is exactly the envelopes' own.
+            if decoder.lead_run is not None:
+                assert decoder.lead_run == own_run(got[-1])
         try:
             got.append(decoder.flush())
         except Exception as err:

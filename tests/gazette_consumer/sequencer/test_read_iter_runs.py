@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 import pytest
-from read_iter_testkit import ACK, CONTINUE, OUTSIDE, P1, P2, Msg, broker_env, frames, msg
+from read_iter_testkit import ACK, CONTINUE, OUTSIDE, P1, P2, P3, Msg, broker_env, frames, msg
 
 from gazette_consumer.sequencer import JournalProducer, ProducerState
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter, ReadIterClosedError
@@ -103,3 +103,45 @@ async def test_close_inside_a_run_ends_it() -> None:
         await it.close()
         with pytest.raises(ReadIterClosedError):
             it.try_next()
+
+
+async def test_runs_form_anywhere_in_a_piece() -> None:
+    """A run after a transaction, or after producers interleaved message by message, is
+    committed at once too (not only a piece's leading run), with the same deliveries, the same
+    per-message checkpoints and the same duplicates dropped as one message at a time."""
+    p3 = P3
+    txn = [msg(P2, 50 + i, CONTINUE, f"t{i}") for i in range(3)] + [msg(P2, 60, ACK)]
+    run1 = [msg(P1, 1000 + i, OUTSIDE, f"a{i}") for i in range(120)]
+    mixed = [msg(P1 if i % 2 else p3, 3000 + i, OUTSIDE, f"m{i}") for i in range(10)]
+    run3 = [msg(p3, 4000 + i, OUTSIDE, f"c{i}") for i in range(120)]
+    dups = run1[40:45] + run3[10:12]
+    tail = [msg(P1, 5000 + i, OUTSIDE, f"z{i}") for i in range(3)]
+    stream = [*txn, *run1, *mixed, *run3, *dups, *tail]
+    expected = [m.text for m in (*txn[:3], *run1, *mixed, *run3, *tail)]
+    async with broker_env() as env:
+        journal = await env.journal("runs/d")
+        await env.append(journal, frames(*stream))  # One piece: every run but none leads it.
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
+        got: list[Any] = []
+        longest = {P1: 0, p3: 0}
+        cuts = {5, 60, 130, 200}
+        for n in range(1, len(expected) + 1):
+            got.append(await take(it))
+            last = got[-1]
+            if last.producer not in longest:
+                continue
+            longest[last.producer] = max(longest[last.producer], len(it._run))
+            cp = it.checkpoint()
+            assert cp.read_through[journal] == last.end
+            jp = JournalProducer(journal, last.producer)
+            assert cp.producers[jp] == ProducerState(last_ack=last.clock, begin=-1)
+            if n in cuts:  # A new iterator from the checkpoint returns exactly the rest.
+                rest = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, checkpoint=cp)
+                more = [await take(rest) for _ in range(len(expected) - n)]
+                assert [e.message.text for e in got + more] == expected
+                assert rest.try_next() is None
+                await rest.close()
+        assert longest[P1] > 100 and longest[p3] > 100  # Both runs were taken at once.
+        assert [e.message.text for e in got] == expected
+        assert it.try_next() is None
+        await it.close()

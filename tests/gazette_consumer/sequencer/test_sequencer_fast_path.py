@@ -326,13 +326,22 @@ RUN_MSGS = st.builds(
     ring_size=st.one_of(st.integers(1, 4), st.integers(1, 64)),
     zero_every=st.sampled_from([0, 0, 7]),
     regress=st.booleans(),
+    hint=st.sampled_from(["none", "none", "exact", "shorter"]),
+    cut=st.integers(0, 40),
 )
 def test_commit_alone_run_is_commit_alone_per_message(
-    prefix: list[Msg], candidates: list[Msg], ring_size: int, zero_every: int, regress: bool
+    prefix: list[Msg],
+    candidates: list[Msg],
+    ring_size: int,
+    zero_every: int,
+    regress: bool,
+    hint: str,
+    cut: int,
 ) -> None:
     """From any state, `commit_alone_run` commits exactly the leading envelopes `commit_alone`
-    would take one by one (up to one without a UUID or of another producer), and leaves the Sequencer, ring included,
-    exactly as those calls do."""
+    would take one by one (up to one without a UUID or of another producer), and leaves the
+    Sequencer, ring included, exactly as those calls do; given the run's length as a decoder
+    measures it (`length`: the envelopes' own run, or less), it commits no further."""
     with structlog.testing.capture_logs():
         journals = journals_of([prefix + candidates], zero_every)
         envs = journals["test/j0"]
@@ -344,14 +353,17 @@ def test_commit_alone_run_is_commit_alone_per_message(
         reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
         tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
         assert general(reference, journals, head) == general(tested, journals, head)
+        length = None
+        if hint != "none":
+            length = own_run(tail) if hint == "exact" else min(cut, own_run(tail))
         expected = 0
         for env in tail:
-            if env.clock == 0 or env.producer != tail[0].producer:
-                break  # A run is of one producer's messages with a UUID.
+            if env.clock == 0 or env.producer != tail[0].producer or expected == length:
+                break  # A run is of one producer's messages with a UUID (and as long as said).
             if not reference.commit_alone(env):
                 break
             expected += 1
-        got = tested.commit_alone_run(list(tail))
+        got = tested.commit_alone_run(list(tail), length)
         event(f"run of {min(got, 3)}{'+' if got > 3 else ''}")
         assert got == expected
         assert ring_state(tested) == ring_state(reference)
@@ -366,6 +378,19 @@ def test_commit_alone_run_is_commit_alone_per_message(
         assert_same(reference, tested)
 
 
+def own_run(envs: list[SeqEnvelope]) -> int:
+    """The run the envelopes form among themselves, as a decoder measures it: OUTSIDE_TXN
+    messages with a UUID, of the first one's producer, clocks rising, offsets not going back."""
+    n = 0
+    for env in envs:
+        if env.clock == 0 or env.flags != OUT or env.producer != envs[0].producer:
+            break
+        if n and (env.clock <= envs[n - 1].clock or env.begin < envs[n - 1].end):
+            break
+        n += 1
+    return n
+
+
 def runs(
     seq: Sequencer[SeqEnvelope], journals: dict[str, list[SeqEnvelope]], batch: list[SeqEnvelope]
 ) -> list[SeqEnvelope]:
@@ -373,7 +398,11 @@ def runs(
     out: list[SeqEnvelope] = []
     pending = deque(batch)
     while pending:
-        if n := seq.commit_alone_run(list(pending)):
+        # A list with the decoder's measure of its run, one without, or the deque itself (as
+        # a reader gives it a run further into a piece), in turn.
+        way = len(out) % 3
+        listed = list(pending) if way else pending
+        if n := seq.commit_alone_run(listed, own_run(list(listed)) if way == 1 else None):
             out.extend(pending.popleft() for _ in range(n))
             continue
         out.extend(fast(seq, journals, [pending.popleft()]))
@@ -421,3 +450,16 @@ def test_commit_alone_run_declines_and_changes_nothing() -> None:
     assert seq.commit_alone_run([gen(A, 11, OUT)]) == 0  # Would discard the pending span.
     seq.queue_uncommitted(gen(A, 12, ACK))
     assert seq.commit_alone_run([gen(B, 1, OUT)]) == 0  # Messages remain to dequeue.
+
+
+def test_commit_alone_run_commits_no_more_than_the_length_given() -> None:
+    gen = Gen()
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    envs = [gen(A, 5 + i, OUT) for i in range(6)]
+    assert seq.commit_alone_run(envs, 0) == 0
+    assert seq.checkpoint() == SequencerCheckpoint()
+    assert seq.commit_alone_run(envs, 2) == 2
+    assert seq.checkpoint().read_through[J] == envs[1].end
+    assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(6, -1)
+    assert seq.commit_alone_run(envs[2:], 99) == 4  # No further than the list.
+    assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(10, -1)
