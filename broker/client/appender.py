@@ -52,6 +52,9 @@ attempts_max_default: Final = 10
 # Back-off between attempts of `append()`: doubling from the initial delay, capped.
 backoff_initial_s: Final = 0.05
 backoff_max_s: Final = 5.0
+# How long a failed write waits for the call's status: the broker's answer (a refusal, say),
+# which explains the failure better than the transport's view of the write.
+answer_wait_s: Final = 5.0
 
 
 _APPEND_METHOD: Final = "/protocol.Journal/Append"
@@ -166,7 +169,7 @@ class Appender:
             await self._call.write(self.request)
             return
         except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as err:
-            if not self._call.done() or await self._call.code() != grpc.StatusCode.UNAVAILABLE:
+            if not await self._settled() or await self._call.code() != grpc.StatusCode.UNAVAILABLE:
                 await self._raise_answer(err)
         # The cached primary is unreachable (it exited, or crashed). Nothing was sent, so start
         # over at the default endpoint, which proxies to whoever serves the journal now, and
@@ -182,10 +185,20 @@ class Appender:
         except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as err:
             await self._raise_answer(err)
 
+    async def _settled(self) -> bool:
+        """Whether the call ends within ``answer_wait_s``. A write fails because the call is
+        ending, but its status may arrive a moment after the failed write returns."""
+        try:
+            async with asyncio.timeout(answer_wait_s):
+                await self._call.code()
+        except TimeoutError:
+            return False
+        return True
+
     async def _raise_answer(self, err: Exception) -> None:
-        """Raise why writing to the call failed (``err``). If the broker already answered (it
-        refuses the append, e.g. not the primary), its response or gRPC error says why."""
-        if not self._call.done():
+        """Raise why writing to the call failed (``err``). If the broker answered (it refuses
+        the append: not the primary, no permission...), its response or gRPC error says why."""
+        if not await self._settled():
             raise err
         self._finished = True
         self._on_response(await self._call)
