@@ -63,6 +63,7 @@ from bench_messages import (
     GCTimer,
     Rate,
     Reading,
+    in_process_broker,
     journal_spec,
     make_messages,
     msgspec_round_trips,
@@ -74,14 +75,10 @@ from sqlalchemy.engine import Engine
 
 from broker import client
 from broker import logging as gazette_logging
-from broker.allocator import MemberId, broker_is_consistent
-from broker.allocator import serve as allocate
 from broker.client.append_service import AppendService, AsyncAppend
-from broker.fragment.stores.registry import new_registry
-from broker.keyspace.embedded import EmbeddedBackend
 from broker.malloc_tuning import tune_malloc
 from broker.protocol import consumer_pb2 as cpb
-from broker.server import Broker, BrokerConfig
+from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, Partition, Publisher
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.shard_runner import ShardRunner
@@ -95,38 +92,12 @@ PROGRESS_EVERY_S = 0.5
 # --- Broker, databases, input -------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def in_process_broker(data_dir: Path) -> AsyncIterator[client.JournalClient]:
-    """One broker (R=1) on an embedded keyspace, serving SOURCE and OUTPUT."""
-    backend = EmbeddedBackend()
-    broker = Broker(
-        backend,
-        BrokerConfig(zone="local", suffix="bench", spool_dir=str(data_dir)),
-        stores=new_registry(file_root="/"),
-    )
-    await broker.start()
-    allocator = asyncio.create_task(
-        allocate(backend, broker.ks, MemberId("local", "bench"), is_consistent=broker_is_consistent)
-    )
-    c = client.JournalClient(broker.endpoint)
-    try:
-        specs = [journal_spec(j, CONTENT_TYPE_JSON_LINES) for j in (SOURCE, OUTPUT)]
-        # Large fragments: the benchmark's journals never roll to a persisted fragment.
-        for spec in specs:
-            spec.fragment.length = 1 << 30
-        await client.apply_journals(c, [client.upsert(spec) for spec in specs])
-        async with asyncio.timeout(30):
-            async for snapshot in client.watch_journals(c, "prefix=bench/"):
-                if len([j for j in snapshot.journals if j.route.primary >= 0]) == len(specs):
-                    break
-        yield c
-    finally:
-        await c.channels.close()
-        allocator.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await allocator
-        await broker.stop()
-        await backend.close()
+def consumer_journals() -> list[pb.JournalSpec]:
+    """SOURCE and OUTPUT, with fragments so large that they never roll to a persisted one."""
+    specs = [journal_spec(j, CONTENT_TYPE_JSON_LINES) for j in (SOURCE, OUTPUT)]
+    for spec in specs:
+        spec.fragment.length = 1 << 30
+    return specs
 
 
 @contextlib.asynccontextmanager
@@ -363,7 +334,7 @@ async def main() -> None:
         if not engines:
             parser.error("no database: drop --no-sqlite or give --pg-url")
         (tmp / "spool").mkdir()
-        c = await stack.enter_async_context(in_process_broker(tmp / "spool"))
+        c = await stack.enter_async_context(in_process_broker(tmp / "spool", consumer_journals()))
 
         published, head = await publish_input(c, count, args.input == "txn")
         print(

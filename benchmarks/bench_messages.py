@@ -182,9 +182,19 @@ def journal_spec(name: str, content_type: str | None) -> pb.JournalSpec:
     return spec
 
 
+def bench_journals() -> list[pb.JournalSpec]:
+    return [
+        journal_spec(RAW_JOURNAL, None),
+        journal_spec(COMMITTED_JOURNAL, CONTENT_TYPE_JSON_LINES),
+        journal_spec(TXN_JOURNAL, CONTENT_TYPE_JSON_LINES),
+    ]
+
+
 @contextlib.asynccontextmanager
-async def in_process_broker(data_dir: Path) -> AsyncIterator[client.JournalClient]:
-    """One broker (R=1) on an embedded keyspace, with the benchmark's journals assigned to it."""
+async def in_process_broker(
+    data_dir: Path, specs: list[pb.JournalSpec]
+) -> AsyncIterator[client.JournalClient]:
+    """One broker (R=1) on an embedded keyspace, with `specs` (named bench/...) assigned to it."""
     backend = EmbeddedBackend()
     broker = Broker(
         backend,
@@ -197,11 +207,6 @@ async def in_process_broker(data_dir: Path) -> AsyncIterator[client.JournalClien
     )
     c = client.JournalClient(broker.endpoint)
     try:
-        specs = [
-            journal_spec(RAW_JOURNAL, None),
-            journal_spec(COMMITTED_JOURNAL, CONTENT_TYPE_JSON_LINES),
-            journal_spec(TXN_JOURNAL, CONTENT_TYPE_JSON_LINES),
-        ]
         await client.apply_journals(c, [client.upsert(spec) for spec in specs])
         async with asyncio.timeout(30):
             async for snapshot in client.watch_journals(c, "prefix=bench/"):
@@ -373,7 +378,7 @@ async def main() -> None:
     row("msgspec encode+decode, no framing", round_trips, "msg")
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with in_process_broker(Path(tmp)) as c:
+        async with in_process_broker(Path(tmp), bench_journals()) as c:
             raw = await raw_appends(c, raw_seconds)
             publish, head = await publish_committed(c, messages, count, profiles["publish"])
             read = await read_committed(c, COMMITTED_JOURNAL, count, profiles["read"])
