@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import random
 import sys
@@ -43,18 +42,14 @@ import sqlalchemy as sa
 from google.protobuf.duration_pb2 import Duration
 
 from broker import client
-from broker.allocator import MemberId, broker_is_consistent
-from broker.allocator import serve as allocate
 from broker.cli.reset_head import reset_head
 from broker.client.append_service import AppendService
 from broker.client.async_append import AsyncAppend
 from broker.fragment.naming import parse_content_name
-from broker.fragment.stores.registry import new_registry
 from broker.keyspace.embedded import EmbeddedStore
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import ShardStatusError
-from broker.server import Broker, BrokerConfig
 from examples.counter import Count, Counted, Counter, read_counts
 from gazette_consumer.member import ConsumerConfig, ConsumerMember
 from gazette_consumer.message import (
@@ -65,7 +60,7 @@ from gazette_consumer.message import (
     Publisher,
     modulo_mapping,
 )
-from gazette_consumer.runner import ShardRuntime, shard_factory
+from gazette_consumer.runner import ShardRuntime, shard_factory, start_embedded_broker
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_client import upsert as shard_upsert
@@ -375,22 +370,7 @@ async def run(data_dir: Path) -> int:
     fragments, spools, db_dir = data_dir / "fragments", data_dir / "spools", data_dir / "db"
     print(f"gazette-py demo: an exactly-once counting pipeline; data under {data_dir}")
     store = EmbeddedStore()
-    broker_backend = store.connect()
-    broker = Broker(
-        broker_backend,
-        BrokerConfig(zone="local", suffix="broker", spool_dir=str(spools)),
-        stores=new_registry(file_root="/"),
-    )
-    await broker.start()
-    allocator = asyncio.create_task(
-        allocate(
-            broker_backend,
-            broker.ks,
-            MemberId("local", "broker"),
-            is_consistent=broker_is_consistent,
-        )
-    )
-    address = broker.endpoint.removeprefix("http://")
+    address, stop_broker = await start_embedded_broker(store, zone="local", spool_dir=str(spools))
     c = client.JournalClient(address)
     consumer_backend = store.connect()
     try:
@@ -409,12 +389,8 @@ async def run(data_dir: Path) -> int:
         code = 1
     finally:
         await c.close()
-        allocator.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await allocator
-        await broker.stop()  # Persists the journals' fragments to the store.
+        await stop_broker()  # Persists the journals' fragments to the store.
         await consumer_backend.close()
-        await broker_backend.close()
     return code if print_fragments(fragments) else 1
 
 

@@ -196,7 +196,17 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
 
     store = None if args.etcd else EmbeddedStore()
     backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
-    embedded = await _start_embedded_broker(store, args) if store is not None else None
+    embedded = (
+        await start_embedded_broker(
+            store,
+            zone=args.zone,
+            port=args.broker_port,
+            spool_dir=args.data_dir,
+            file_root=args.data_dir or "/",
+        )
+        if store is not None
+        else None
+    )
     broker_address = embedded[0] if embedded is not None else args.broker
     root = args.root or default_root(type(app).__name__)
     http = None
@@ -260,31 +270,32 @@ async def _run_member(
     return 0
 
 
-async def _start_embedded_broker(
-    store: EmbeddedStore, args: argparse.Namespace
+async def start_embedded_broker(
+    store: EmbeddedStore,
+    *,
+    zone: str,
+    port: int = 0,
+    spool_dir: str | None = None,
+    file_root: str = "/",
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
-    """An in-process broker (and its allocator) over the same embedded keyspace; returns its
-    address and an async stopper."""
+    """An in-process broker (and its allocator) over the embedded keyspace ``store``; returns
+    its address and an async stopper (which persists the broker's fragments)."""
     from broker.allocator import MemberId, broker_is_consistent
     from broker.allocator import serve as allocate
     from broker.fragment.stores.registry import new_registry
     from broker.server import Broker, BrokerConfig
 
-    if args.data_dir is not None:
-        os.makedirs(args.data_dir, exist_ok=True)  # Spools are created in it.
+    if spool_dir is not None:
+        os.makedirs(spool_dir, exist_ok=True)  # Spools are created in it.
     backend = store.connect()
     broker = Broker(
         backend,
-        BrokerConfig(
-            zone=args.zone, suffix="broker", port=args.broker_port, spool_dir=args.data_dir
-        ),
-        stores=new_registry(file_root=args.data_dir or "/"),
+        BrokerConfig(zone=zone, suffix="broker", port=port, spool_dir=spool_dir),
+        stores=new_registry(file_root=file_root),
     )
     await broker.start()
     allocator = asyncio.ensure_future(
-        allocate(
-            backend, broker.ks, MemberId(args.zone, "broker"), is_consistent=broker_is_consistent
-        )
+        allocate(backend, broker.ks, MemberId(zone, "broker"), is_consistent=broker_is_consistent)
     )
 
     async def stop() -> None:
