@@ -8,14 +8,16 @@ what each replica holds from its fragment index (the spool's commits) and local 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
+from broker.client.route_cache import JournalClient
 from broker.fragment.stores.registry import StoreRegistry
 from broker.keyspace.backend import prefix_end
 from broker.keyspace.embedded import EmbeddedBackend, EmbeddedStore
@@ -188,3 +190,28 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
     async with asyncio.timeout(timeout_s):
         while not predicate():  # noqa: ASYNC110 -- no event exists for these conditions.
             await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def one_broker_with(journals: Sequence[str]) -> AsyncIterator[tuple[Cluster, JournalClient]]:
+    """A cluster of one broker serving ``journals`` (R=1), and a client of it; both closed on
+    exit."""
+    cluster = Cluster()
+    client: JournalClient | None = None
+    try:
+        broker = await cluster.start_broker("zone-a", "broker-a")
+        for journal in journals:
+            await cluster.create(journal_spec(journal), [broker])
+        client = JournalClient(broker.endpoint)
+        yield cluster, client
+    finally:
+        if client is not None:
+            await client.close()
+        await cluster.close()
+
+
+def content_from_start(cluster: Cluster, journal: str) -> bytes:
+    """The first broker's local content of ``journal``, which must begin at offset 0."""
+    begin, data = local_content(cluster.brokers[0], journal)
+    assert begin == 0
+    return data

@@ -13,7 +13,12 @@ import pytest
 from broker.client.append_buffer import AppendBuffer, AppendBufferError, BufferBudget
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
-from tests.broker.broker_testkit import Cluster, journal_spec, local_content, wait_until
+from tests.broker.broker_testkit import (
+    Cluster,
+    local_content,
+    one_broker_with,
+    wait_until,
+)
 
 J = "test/spilled"
 
@@ -101,17 +106,8 @@ def test_the_budget_is_full_at_memory_plus_spill() -> None:
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Cluster, JournalClient]]:
-    cluster = Cluster()
-    client: JournalClient | None = None
-    try:
-        broker = await cluster.start_broker("zone-a", "broker-a")
-        await cluster.create(journal_spec(J), [broker])
-        client = JournalClient(broker.endpoint)
-        yield cluster, client
-    finally:
-        if client is not None:
-            await client.close()
-        await cluster.close()
+    async with one_broker_with((J,)) as pair:
+        yield pair
 
 
 async def test_service_spills_beyond_its_memory_bound_with_content_intact(

@@ -14,7 +14,11 @@ import pytest
 from broker.client.append_service import AppendService, DependencyFailedError
 from broker.client.route_cache import JournalClient
 from broker.protocol.status import JournalNotFoundError
-from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+from tests.broker.broker_testkit import (
+    Cluster,
+    local_content,
+    one_broker_with,
+)
 
 J = "test/cancel"
 WAIT_S = 30.0
@@ -22,15 +26,8 @@ WAIT_S = 30.0
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Cluster, JournalClient]]:
-    cluster = Cluster()
-    broker = await cluster.start_broker("zone-a", "broker-a")
-    await cluster.create(journal_spec(J), [broker])
-    client = JournalClient(broker.endpoint)
-    try:
-        yield cluster, client
-    finally:
-        await client.close()
-        await cluster.close()
+    async with one_broker_with((J,)) as pair:
+        yield pair
 
 
 def content(cluster: Cluster) -> bytes:

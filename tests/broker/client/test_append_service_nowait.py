@@ -12,7 +12,11 @@ import pytest
 from broker.client.append_buffer import BufferBudget
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
-from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+from tests.broker.broker_testkit import (
+    Cluster,
+    content_from_start,
+    one_broker_with,
+)
 
 J = "test/nowait-a"
 K = "test/nowait-b"
@@ -20,24 +24,8 @@ K = "test/nowait-b"
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Cluster, JournalClient]]:
-    cluster = Cluster()
-    client: JournalClient | None = None
-    try:
-        broker = await cluster.start_broker("zone-a", "broker-a")
-        for journal in (J, K):
-            await cluster.create(journal_spec(journal), [broker])
-        client = JournalClient(broker.endpoint)
-        yield cluster, client
-    finally:
-        if client is not None:
-            await client.close()
-        await cluster.close()
-
-
-def content_of(cluster: Cluster, journal: str) -> bytes:
-    begin, data = local_content(cluster.brokers[0], journal)
-    assert begin == 0
-    return data
+    async with one_broker_with((J, K)) as pair:
+        yield pair
 
 
 async def test_append_nowait_joins_the_open_batch_in_order_with_other_writers(
@@ -63,7 +51,7 @@ async def test_append_nowait_joins_the_open_batch_in_order_with_other_writers(
         assert (response.commit.begin, response.commit.end) == (0, 19)
         assert service.stats.releases == 4 and service.stats.aborts == 1
         assert service.stats.batches == 1 and service.stats.rpcs == 1
-    assert content_of(cluster, J) == b"one\ntwo\nthree\nfive\n"
+    assert content_from_start(cluster, J) == b"one\ntwo\nthree\nfive\n"
 
 
 async def test_append_nowait_starts_a_new_batch_once_one_is_being_sent(
@@ -79,7 +67,7 @@ async def test_append_nowait_starts_a_new_batch_once_one_is_being_sent(
         await service.flush()
         assert first.done() and second.done()
         assert (await first).commit.end == (await second).commit.begin
-    assert content_of(cluster, J) == b"0123456789\nnext\n"
+    assert content_from_start(cluster, J) == b"0123456789\nnext\n"
 
 
 async def test_append_nowait_declines_when_full_or_closed(

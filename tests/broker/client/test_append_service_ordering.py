@@ -13,31 +13,19 @@ from broker.client.append_service import AppendService
 from broker.client.async_append import AppendState, AsyncAppendStateError
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
-from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+from tests.broker.broker_testkit import (
+    Cluster,
+    content_from_start,
+    one_broker_with,
+)
 
 JOURNALS = ["test/ordered-a", "test/ordered-b", "test/ordered-c"]
 
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Cluster, JournalClient]]:
-    cluster = Cluster()
-    client: JournalClient | None = None
-    try:
-        broker = await cluster.start_broker("zone-a", "broker-a")
-        for journal in JOURNALS:
-            await cluster.create(journal_spec(journal), [broker])
-        client = JournalClient(broker.endpoint)
-        yield cluster, client
-    finally:
-        if client is not None:
-            await client.close()
-        await cluster.close()
-
-
-def content_of(cluster: Cluster, journal: str) -> bytes:
-    begin, data = local_content(cluster.brokers[0], journal)
-    assert begin == 0
-    return data
+    async with one_broker_with(JOURNALS) as pair:
+        yield pair
 
 
 async def test_concurrent_writers_commit_in_release_order_per_journal(
@@ -67,7 +55,7 @@ async def test_concurrent_writers_commit_in_release_order_per_journal(
     # Leaving the block waited for every batch.
     assert all(aa.done() and aa.exception() is None for aa in batches)
     for journal in JOURNALS:
-        assert content_of(cluster, journal) == b"".join(released[journal]), journal
+        assert content_from_start(cluster, journal) == b"".join(released[journal]), journal
     assert service.stats.releases == 6 * 150
     assert service.stats.failed == 0 and service.stats.retries == 0
     assert 3 * 2 <= service.stats.committed == service.stats.batches == service.stats.rpcs
@@ -89,7 +77,7 @@ async def test_many_small_appends_are_batched_into_few_rpcs(
             handles.append(aa)
         responses = [await aa for aa in handles]
 
-    assert content_of(cluster, journal) == b"".join(lines)
+    assert content_from_start(cluster, journal) == b"".join(lines)
     distinct = list(dict.fromkeys(handles))  # Batches, in order.
     assert len(distinct) == service.stats.batches == service.stats.rpcs
     assert service.stats.rpcs * 20 <= len(lines)  # Many releases per Append RPC.
@@ -125,7 +113,7 @@ async def test_abort_drops_only_the_aborting_writers_bytes(
         with pytest.raises(AsyncAppendStateError):
             third.release()
         response = await third
-    assert content_of(cluster, journal) == b"kept 1\nkept 2\n"
+    assert content_from_start(cluster, journal) == b"kept 1\nkept 2\n"
     assert (service.stats.releases, service.stats.aborts) == (2, 1)
     assert (response.commit.begin, response.commit.end) == (0, 14)
 
@@ -139,7 +127,7 @@ async def test_a_batch_nobody_wrote_to_is_not_sent(env: tuple[Cluster, JournalCl
         response = await aa
     assert response.status == pb.OK and not response.HasField("commit")
     assert service.stats.rpcs == 0 and service.stats.batches == 1
-    assert content_of(cluster, JOURNALS[2]) == b""
+    assert content_from_start(cluster, JOURNALS[2]) == b""
 
 
 async def test_a_writer_holding_a_journal_makes_the_next_one_wait(
@@ -159,4 +147,4 @@ async def test_a_writer_holding_a_journal_makes_the_next_one_wait(
         second.release()
         await service.flush()
         assert held.done() and second.done()
-    assert content_of(cluster, journal) == b"first\nsecond\n"
+    assert content_from_start(cluster, journal) == b"first\nsecond\n"
