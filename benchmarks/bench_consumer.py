@@ -87,6 +87,7 @@ from gazette_consumer.stores.sql import create_sqlite_engine
 OVERHEAD_TARGET = 0.03
 SHARD_TARGET = 100_000
 RUN_TIMEOUT_S = 600.0
+LIMIT_MESSAGES = 300_000
 PROGRESS_EVERY_S = 0.5
 
 # --- Broker, databases, input -------------------------------------------------------------------
@@ -212,10 +213,14 @@ async def run_shard(
     max_txn_s: float,
     min_txn_s: float,
     profile: cProfile.Profile | None = None,
+    steady_txns: int = 0,
 ) -> Result:
-    """Run one shard of `app` until it completed a transaction through `head`."""
+    """Run one shard of `app` until it completed a transaction through `head`; or, with
+    `steady_txns`, until `steady_txns` whole transactions after the first have been consumed,
+    measured between their `begin_txn`s (none of which may reach `head`)."""
     ended: asyncio.Future[tuple[float, float, float]] = asyncio.get_running_loop().create_future()
     gc_timer = GCTimer()
+    gc_at_marks: list[float] = []
 
     def changed() -> None:
         if ended.done():
@@ -224,8 +229,24 @@ async def run_shard(
         if handle.status().code == cpb.ReplicaStatus.FAILED:
             ended.set_exception(RuntimeError(f"{shard_id}: {list(handle.status().errors)}"))
         elif handle.progress().read_through.get(SOURCE, 0) >= head:
-            ended.set_result((time.perf_counter(), time.process_time(), time.thread_time()))
+            if steady_txns:
+                ended.set_exception(
+                    RuntimeError(
+                        f"{shard_id}: read the whole journal within {len(app.marks)} "
+                        f"transactions, before {steady_txns} steady ones: raise --messages "
+                        f"(marks: {app.marks})"
+                    )
+                )
+            else:
+                ended.set_result((time.perf_counter(), time.process_time(), time.thread_time()))
 
+    def marked() -> None:
+        gc_at_marks.append(gc_timer.seconds)
+        if len(app.marks) == steady_txns + 2 and not ended.done():
+            ended.set_result(app.marks[-1][:3])
+
+    if steady_txns:
+        app.on_mark = marked
     gc.callbacks.append(gc_timer)
     if profile is not None:
         profile.enable()
@@ -239,6 +260,13 @@ async def run_shard(
             profile.disable()
         gc.callbacks.remove(gc_timer)
     assert app.began_at is not None
+    if steady_txns:
+        # From the second transaction's begin (the first one warms up) to the last mark.
+        wall_0, cpu_0, loop_0, consumed_0 = app.marks[1]
+        consumed = app.marks[steady_txns + 1][3] - consumed_0
+        gc_s = gc_at_marks[steady_txns + 1] - gc_at_marks[1]
+        rate = Rate(consumed, wall_end - wall_0, cpu_end - cpu_0, gc_s)
+        return Result(rate, steady_txns, loop_end - loop_0)
     if app.consumed != count:
         raise RuntimeError(f"{shard_id}: counted {app.consumed} messages, expected {count}")
     wall_0, cpu_0, loop_0 = app.began_at
@@ -313,12 +341,23 @@ async def main() -> None:
         default=0.0,
         help="min_txn_duration; = --max-txn-s makes every transaction last that long",
     )
+    parser.add_argument(
+        "--steady-txns",
+        type=int,
+        default=0,
+        help="measure K whole transactions of exactly --max-txn-s each (min = max), after a "
+        "first one, mid-journal: the steady rate at fixed transaction lengths",
+    )
     parser.add_argument("--pg-url", default=os.environ.get("GAZETTE_TEST_PG_URL"))
     parser.add_argument("--no-sqlite", action="store_true")
     parser.add_argument("--profile", help="run this mode (e.g. eo-sqlite) once more, profiled")
     parser.add_argument("--profile-sort", default="tottime")
     args = parser.parse_args()
     count = args.messages
+    if args.steady_txns:
+        args.min_txn_s = args.max_txn_s
+    # The limit readers need no more than this to settle (the steady mode's journal is long).
+    limit_count = min(count, LIMIT_MESSAGES)
     gazette_logging.configure("console", "warning")
     print(f"glibc malloc tuned for large buffers (as `gazette serve`): {tune_malloc()}")
 
@@ -346,20 +385,32 @@ async def main() -> None:
             f"publish {args.publish}, "
             f"databases: {', '.join(engines)}"
         )
+        if args.steady_txns:
+            print(
+                f"steady: rates over {args.steady_txns} whole transactions of "
+                f"{args.max_txn_s:g} s per run, after a first one, none reaching the head"
+            )
         modes = [(eo, db) for db in engines for eo in (True, False)]
         results: dict[str, list[Result]] = {}
         limits: dict[str, list[Rate]] = {"read-committed": [], "read-uncommitted": []}
         msgspec_rates: list[Rate] = []
         for round_ in range(args.rounds):
             msgspec_rates.append(msgspec_round_trips(make_messages(MESSAGE_POOL), 100_000))
-            limits["read-committed"].append(await raw_read_committed(c, count))
-            limits["read-uncommitted"].append(await raw_read_uncommitted(c, count))
+            limits["read-committed"].append(await raw_read_committed(c, limit_count))
+            limits["read-uncommitted"].append(await raw_read_uncommitted(c, limit_count))
             # Alternate the order of eo and alo from round to round.
             for eo, db in modes if round_ % 2 == 0 else modes[::-1]:
                 name = f"{'eo' if eo else 'alo'}-{db}"
                 app = CountApp(eo, engines[db], args.publish)
                 result = await run_shard(
-                    c, app, f"{name}-{round_}", count, head, args.max_txn_s, args.min_txn_s
+                    c,
+                    app,
+                    f"{name}-{round_}",
+                    count,
+                    head,
+                    args.max_txn_s,
+                    args.min_txn_s,
+                    steady_txns=args.steady_txns,
                 )
                 results.setdefault(name, []).append(result)
                 print(
@@ -381,6 +432,7 @@ async def main() -> None:
                 args.max_txn_s,
                 args.min_txn_s,
                 profile,
+                args.steady_txns,
             )
 
     print(f"limits (this process, this run; median of {args.rounds}, min-max):")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,10 @@ class CountApp(Application):
     consumed: int = 0  # Counted at finalize, so that consume_message stays trivial.
     transactions: int = 0
     sources: list[MessageSource] = field(default_factory=list)
+    # At each begin_txn: (perf_counter, process_time, thread_time, consumed by the transactions
+    # before it). Consecutive marks bracket one whole transaction (`--steady-txns`).
+    marks: list[tuple[float, float, float, int]] = field(default_factory=list)
+    on_mark: Callable[[], None] | None = None
 
     async def new_store(self, shard: Shard, recorder: object | None) -> Any:
         if self.exactly_once:
@@ -259,6 +263,10 @@ class CountApp(Application):
     async def begin_txn(self, shard: Shard, store: Any) -> None:
         if self.began_at is None:
             self.began_at = (time.perf_counter(), time.process_time(), time.thread_time())
+        now = (time.perf_counter(), time.process_time(), time.thread_time())
+        self.marks.append((*now, self.consumed))
+        if self.on_mark is not None:
+            self.on_mark()
 
     async def consume_message(
         self, shard: Shard, store: Any, envelope: Envelope[Any], publisher: Publisher[AsyncAppend]
