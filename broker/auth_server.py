@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -53,6 +53,7 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
 from broker.protocol.validate import split_journal_meta
+from broker.read_api import write_responses
 from broker.resolver import Resolver
 from broker.topology import etcd_header, make_header
 
@@ -209,15 +210,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _read(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.unary_stream, covering_selector(claims)
+        # The broker's Read (server.JournalService.Read) is a coroutine writing its responses
+        # itself, so that a client going away mid-stream ends it quietly (see
+        # read_api.write_responses); a Read yielding them is relayed and written the same way.
+        yields = inspect.isasyncgenfunction(inner)
 
-        async def read(request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
+        async def read(request: pb.ReadRequest, context: Any) -> None:
             verified_claims.set(claims)
             if not self._permits(selector, request.journal):
                 header = self._scope.refusal_header()
-                yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=header)
+                await context.write(pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=header))
                 return
-            async for response in self._until_expiry(inner(request, context), claims, context):
-                yield response
+            if yields:
+                responses = self._until_expiry(inner(request, context), claims, context)
+                await write_responses(responses, context, journal=request.journal)
+            else:
+                await self._within_expiry(inner(request, context), claims, context)
 
         return _rebuild(handler, read)
 
@@ -311,7 +319,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _until_expiry(
         self, responses: AsyncIterator[Any], claims: Claims, context: Any
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Relay `responses` until the claims expire; then end the RPC with UNAUTHENTICATED.
         The deadline covers each wait for the next response, never the relaying of one."""
         loop = asyncio.get_running_loop()
@@ -335,6 +343,25 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 yield response
         finally:
             await responses.aclose()  # type: ignore[attr-defined]
+
+    async def _within_expiry(self, handling: Awaitable[None], claims: Claims, context: Any) -> None:
+        """Await `handling` (a streaming handler that writes its responses) until the claims
+        expire; then end the RPC with UNAUTHENTICATED. The deadline covers the whole call, a
+        write in progress included, as Gazette's context deadline does: grpc.aio then delivers
+        the messages already sent, and the status after them."""
+        deadline = asyncio.get_running_loop().time() + (claims.expires_at - self._clock())
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                await handling
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            metrics.AUTH_REJECTIONS.labels("expired").inc()
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "authorization expired during the stream (re-authorize and resume)",
+            )
 
 
 def _refusal(err: AuthError) -> Callable[[Any, Any], Any]:

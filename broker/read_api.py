@@ -20,15 +20,23 @@ A served read is a loop over the replica's FragmentIndex, exactly as Gazette's:
 
 Cancellation by the client (or a replica going away, which closes its index) ends the stream
 without an error: a blocking read lives until one of them happens, and that is normal.
+The served Read handler writes `read`'s responses with `write_responses`, so that a write failing
+because the client has just gone ends the stream quietly (grpc.aio's own loop logs it as an
+ERROR).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+import asyncio
+from collections.abc import AsyncGenerator
 from typing import Any, Final, Protocol, TypeAlias, cast
 
 import grpc
 import grpc.aio
+
+# grpc.aio raises this (it has no public name) when a batch of operations on a call fails in
+# core, e.g. a message sent on a call the client has cancelled or whose connection is gone.
+from grpc._cython.cygrpc import ExecuteBatchError
 
 from broker import metrics
 from broker.client.reader import FragmentContentError, FragmentContentReader, validate_read_request
@@ -52,6 +60,12 @@ fragment_url_ttl_s: Final = 60.0
 # A local fragment whose file is closed under a read (it was just persisted) is re-queried; if
 # the index keeps answering with closed files this many times in a row, something is broken.
 closed_file_requeries_max: Final = 8
+# After a write fails on a call that is over in core, the handler waits at most this long for
+# grpc.aio to deliver the client's cancellation (which cancels the handler's task): returning
+# before it arrives would have grpc.aio send the final status on the dead call and log that
+# failure as an ERROR. It arrives within a turn or two of the event loop; the bound only keeps
+# a handler from lingering if it never does.
+client_gone_wait_s: Final = 5.0
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -273,7 +287,7 @@ class ReadAPI:
 
     async def read(
         self, request: pb.ReadRequest, context: Context
-    ) -> AsyncIterator[pb.ReadResponse]:
+    ) -> AsyncGenerator[pb.ReadResponse, None]:
         metrics.READS.inc()
         try:
             validate_read_request(request)
@@ -286,8 +300,14 @@ class ReadAPI:
             return
         replica = resolution.replica
         if not resolution.is_local or replica is None:
-            async for response in self._proxy(request, resolution.header, context):
-                yield response
+            proxied = self._proxy(request, resolution.header, context)
+            try:
+                async for response in proxied:
+                    yield response
+            finally:
+                # Closed now rather than when collected, so that a read ended early (the
+                # client went away) cancels its upstream call at once.
+                await proxied.aclose()
             return
         responses = serve_read(
             request,
@@ -309,7 +329,7 @@ class ReadAPI:
 
     async def _proxy(
         self, request: pb.ReadRequest, header: pb.Header, context: Context
-    ) -> AsyncIterator[pb.ReadResponse]:
+    ) -> AsyncGenerator[pb.ReadResponse, None]:
         member, endpoint = proxy_target(header, self._zone)
         if not endpoint:
             await context.abort(
@@ -327,6 +347,41 @@ class ReadAPI:
             await context.abort(err.code(), f"proxied read via {endpoint}: {err.details()}")
         finally:
             call.cancel()
+
+
+async def write_responses(
+    responses: AsyncGenerator[Any, None], context: Context, *, journal: str
+) -> None:
+    """Write each of `responses` (a streaming handler's generator) to the call, as grpc.aio does
+    for a handler that yields them, except that a write failing on a call that is over in core
+    (the client cancelled or disconnected mid-stream) ends the stream quietly.
+
+    grpc.aio learns that the client closed the call from a separate completion; when the failed
+    write is seen first, grpc.aio's own loop logs it as an ERROR with a traceback. Here the
+    generator is closed (releasing its files and any proxied call), then the handler waits,
+    boundedly, for that completion, which cancels it: grpc.aio logs a cancelled RPC at debug.
+    Everything else (aborts and their statuses, other errors, cancellation) propagates as
+    before. JournalService.Read (broker/server.py) is this over `ReadAPI.read`; the auth
+    interceptor (broker/auth_server.py) writes a yielding Read handler's responses with it too."""
+    try:
+        async for response in responses:
+            try:
+                await context.write(response)
+            except ExecuteBatchError:
+                break
+        else:
+            return
+    finally:
+        await responses.aclose()
+    log.debug("read ended: the call is over (the client went away)", journal=journal)
+    # Nothing resolves this future: the wait ends with the task's cancellation (the client
+    # closed the call), or at the bound.
+    gone = asyncio.get_running_loop().create_future()
+    try:
+        async with asyncio.timeout(client_gone_wait_s):
+            await gone
+    except TimeoutError:
+        log.debug("read ended: no cancellation arrived for the failed call", journal=journal)
 
 
 async def resolve_for_reading(

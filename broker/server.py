@@ -74,7 +74,7 @@ from broker.protocol.validate import (
     validate_broker_spec,
     validate_token,
 )
-from broker.read_api import ReadAPI
+from broker.read_api import ReadAPI, write_responses
 from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver, revision_wait_s_default
@@ -161,11 +161,16 @@ class JournalService(pbg.JournalServicer):
         self._fragments = fragments
         self._list_apply = list_apply
 
-    # grpc.aio serves a streaming response only from an async generator method.
+    # grpc.aio serves a streaming response from an async generator method, or from a coroutine
+    # that writes its responses with context.write (Read, below).
 
-    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
-        async for response in self._read.read(request, context):
-            yield response
+    async def Read(self, request: pb.ReadRequest, context: Any) -> None:
+        # Unlike the other streaming methods, a coroutine that writes its responses (grpc.aio
+        # serves that shape too): a write failing because the client has just gone then ends
+        # the stream quietly, where grpc.aio's own writing logs it as an ERROR. The auth
+        # interceptor (auth_server.AuthInterceptor._read) serves this shape under its expiry.
+        responses = self._read.read(request, context)
+        await write_responses(responses, context, journal=request.journal)
 
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
         async for response in self._list_apply.list(request, context):
