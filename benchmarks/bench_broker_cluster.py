@@ -96,7 +96,7 @@ async def run(seconds: float, append: bytes, spools: list[str], small: bool) -> 
     # Spool files on the default temporary directory (a disk here), and/or on tmpfs.
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         for where in spools:
-            extra = ["--spool-dir", shm] if where == "tmpfs" else []
+            extra = {"tmpfs": ["--spool-dir", shm], "memory": ["--spool-memory"]}.get(where, [])
             print(f"{len(BROKERS)} gazette serve processes, etcd, spools on {where}:")
             await workloads(seconds, append, extra, small)
 
@@ -134,7 +134,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--append-mib", type=float, default=1.0)
     parser.add_argument(
-        "--spools", default="disk,tmpfs", help="where brokers spool: disk, tmpfs, or both"
+        "--spools",
+        default="disk,tmpfs,memory",
+        help="where brokers spool, comma separated: disk, tmpfs (--spool-dir on /dev/shm),"
+        " memory (--spool-memory)",
     )
     parser.add_argument("--no-small", action="store_true", help="skip the 1 KiB appends")
     parser.add_argument(
@@ -144,8 +147,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     spools = [s for s in args.spools.split(",") if s]
-    if not spools or any(s not in ("disk", "tmpfs") for s in spools):
-        parser.error(f"--spools: expected disk and/or tmpfs (got {args.spools!r})")
+    if not spools or any(s not in ("disk", "tmpfs", "memory") for s in spools):
+        parser.error(f"--spools: expected disk, tmpfs or memory (got {args.spools!r})")
     gazette_logging.configure("console", "warning")
     if not args.no_malloc_tuning:
         print(f"client: glibc malloc tuned for large buffers: {tune_malloc()}")

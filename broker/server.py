@@ -54,7 +54,8 @@ from broker.auth_server import AuthInterceptor, ResolverScope
 from broker.client.route_cache import ChannelPool
 from broker.fragment.index import FragmentIndex
 from broker.fragment.persister import Persister
-from broker.fragment.spool_file import MemorySpoolFile, SpoolFile, TempSpoolFile
+from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
+from broker.fragment.spool_file import SpoolFile, TempSpoolFile
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
@@ -124,7 +125,8 @@ class BrokerConfig:
     lease_ttl_s: int = lease_ttl_s_default
     # Directory of spool files (None: the system's temporary directory).
     spool_dir: str | None = None
-    # Keep spools in memory instead of (unlinked) temporary files: tests, simulations.
+    # Keep spools in memory, in blocks re-used across fragments (fragment/spool_blocks.py),
+    # instead of unlinked temporary files: faster; needs RAM for every open fragment.
     memory_spools: bool = False
     pulse_interval_s: float = pulse_interval_s_default
     # Run the primary's pulse (tests that drive the append machine by hand turn it off).
@@ -210,6 +212,8 @@ class Broker:
         self.config = config
         self.stores = stores
         self.clock = clock
+        # Blocks of memory spools, shared by this broker's journals (unused with files).
+        self._spool_blocks = BlockPool()
         self.id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
         self.ks: KeySpace[Decoded] = new_keyspace(config.root)
         # With keys, every RPC must be authorized, and this broker signs its own calls.
@@ -269,7 +273,7 @@ class Broker:
 
     def _new_spool_file(self) -> SpoolFile:
         if self.config.memory_spools:
-            return MemorySpoolFile()
+            return BlockSpoolFile(self._spool_blocks)
         return TempSpoolFile(self.config.spool_dir)
 
     def _new_replica(self, journal: str) -> Replica:
@@ -549,6 +553,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
     serve.add_argument("--spool-dir", "--data-dir", dest="spool_dir", default=None)
     serve.add_argument(
+        "--spool-memory",
+        action="store_true",
+        help="keep spools in process memory, in blocks re-used across fragments (faster than"
+        " files; needs RAM for each journal's open fragment, as a tmpfs --spool-dir does)",
+    )
+    serve.add_argument(
         "--no-allocator",
         action="store_true",
         help="do not run the allocator (assignments are made by someone else)",
@@ -614,6 +624,7 @@ async def _serve(args: argparse.Namespace) -> None:
             host=args.host,
             port=args.port,
             spool_dir=args.spool_dir,
+            memory_spools=args.spool_memory,
             auth_keys=args.auth_keys,
             lease_ttl_s=args.lease_ttl_s,
             min_append_rate_bytes_per_s=args.min_append_rate_bytes_per_s,

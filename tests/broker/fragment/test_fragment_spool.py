@@ -29,6 +29,7 @@ from broker.fragment.spool import (
     SpoolRequestError,
     compress_file,
 )
+from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
 from broker.fragment.spool_file import MemorySpoolFile, SpoolFile, TempSpoolFile
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
@@ -772,9 +773,19 @@ def test_roll_proposal_is_accepted_by_a_synchronized_spool() -> None:
 # --- Spool files ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["memory", "temp"])
+def _spool_file(kind: str, tmp_path: pathlib.Path) -> SpoolFile:
+    if kind == "memory":
+        return MemorySpoolFile()
+    if kind == "temp":
+        return TempSpoolFile(str(tmp_path))
+    # Blocks of 7 bytes: the writes and reads below cross block boundaries.
+    pool = BlockPool(block_bytes=7) if kind == "blocks-7" else BlockPool()
+    return BlockSpoolFile(pool)
+
+
+@pytest.mark.parametrize("kind", ["memory", "temp", "blocks-7", "blocks-default"])
 def test_spool_file_positional_io(kind: str, tmp_path: pathlib.Path) -> None:
-    file: SpoolFile = MemorySpoolFile() if kind == "memory" else TempSpoolFile(str(tmp_path))
+    file = _spool_file(kind, tmp_path)
     file.pwrite(b"world", 6)  # Past the end: the gap reads as zeros.
     file.pwrite(b"hello", 0)
     assert (file.size(), file.pread(100, 0)) == (11, b"hello\x00world")
@@ -822,6 +833,27 @@ def test_spool_over_temp_files(tmp_path: pathlib.Path) -> None:
     completed.content_file.close()
     completed.compressed_file.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_spool_over_block_files() -> None:
+    # Tiny blocks, recycled between the content and compressed files and across fragments.
+    pool = BlockPool(block_bytes=3, free_blocks_max=64)
+    spool, recorder = new_spool(new_file=lambda: BlockSpoolFile(pool))
+    spool.apply(propose(frag(0, 0, codec=CompressionCodec.SNAPPY), REG_EMPTY), True)
+    stream(spool, b"in ", b"blocks", primary=True)
+    commit(spool, REG_FOO, primary=True)
+    stream(spool, b" and rolled back", primary=True)
+    spool.apply(propose(frag(9, 9), REG_FOO), True)
+    stream(spool, b"next", primary=True)
+    commit(spool, REG_FOO, primary=True)
+    spool.apply(propose(frag(13, 13), REG_FOO), True)
+
+    first, second = recorder.completes
+    assert read_all(first.content_file) == b"in blocks"
+    assert first.compressed_file is not None
+    stored = first.compressed_file.pread(first.compressed_length, 0)
+    assert decompress(CompressionCodec.SNAPPY, stored) == b"in blocks"
+    assert read_all(second.content_file) == b"next"
 
 
 # --- Property: primary and replica stay identical and agree with a model ------------------------
