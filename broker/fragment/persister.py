@@ -11,12 +11,18 @@ and modification time set), reads of its offsets go through the store from then 
 local files are closed. Until then, the index keeps serving the content from the local file.
 
 Timing. The primary persists at once. Replicas hold the same content and persist it too, but
-only after `replica_delay_s`: usually the primary's upload is done by then, and the replica's
-attempt costs one existence check. This is what keeps the content durable if the primary dies
-before uploading (Gazette's persister does the same with its rotating queues).
+only after `replica_delay_s`: this is what keeps the content durable if the primary dies before
+uploading (Gazette's persister does the same with its rotating queues). Meanwhile a replica
+checks whether the fragment is already in the store, `replica_check_s` after it completed and
+then at doubling intervals: usually the primary's upload is done within seconds, and the
+replica's copy (up to a fragment's target length of spool, per journal) is released then
+rather than held for the whole delay. A replica fragment waiting for its next check does not
+hold up the fragments behind it: the worker persists whatever is due first.
 
 Bounds. Completed fragments wait in a queue of at most `queue_len_max`; a full queue makes
-`submit` wait (back-pressure on whoever rolls spools) and `submit_nowait` raise. Each upload is
+`submit` wait (back-pressure on whoever rolls spools) and `submit_nowait` raise. Replica
+fragments between checks are held apart, at most `queue_len_max` of them; while that many
+wait, the worker takes no new fragments from the queue. Each upload is
 tried at most `attempts_max` times, with exponential back-off between attempts, each attempt
 limited to `upload_timeout_s`. A fragment that still fails is *not* lost: it stays a local
 fragment of the index (served from its file, and covered by a later store listing if another
@@ -39,7 +45,9 @@ valid postfix fails the attempt like a store error would (the spec may be fixed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import heapq
 import io
 import time
 from collections.abc import Awaitable, Callable
@@ -52,7 +60,7 @@ from broker.fragment.index import FragmentIndex, IndexClosedError
 from broker.fragment.postfix import postfix_of
 from broker.fragment.spool import CompletedSpool, compress_file
 from broker.fragment.spool_file import SpoolFile
-from broker.fragment.stores.base import StoreError
+from broker.fragment.stores.base import FragmentStore, StoreError
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -73,6 +81,9 @@ backoff_max_s_default: Final = 60.0
 upload_timeout_s_default: Final = 300.0
 # How long a replica waits before persisting what the primary is expected to persist first.
 replica_delay_s_default: Final = 120.0
+# When a replica first checks whether the primary's upload is done (then at doubling intervals
+# until replica_delay_s): a primary persists a rolled fragment at once, in well under this.
+replica_check_s_default: Final = 2.0
 
 
 class PersistQueueFullError(Exception):
@@ -93,6 +104,7 @@ class Outcome(enum.Enum):
     EMPTY = "empty"  # Nothing to persist.
     GAVE_UP = "gave_up"  # Every attempt failed.
     QUEUE_FULL = "queue_full"  # Not queued (on_complete with a full queue or when closed).
+    DEFERRED = "deferred"  # A replica's check found nothing yet: checked again later.
 
 
 _DONE: Final = frozenset({Outcome.PERSISTED, Outcome.ALREADY_PRESENT})
@@ -108,8 +120,14 @@ SpecOf = Callable[[str], pb.JournalSpec | None]
 class _Job:
     completed: CompletedSpool
     index: FragmentIndex | None
-    not_before: float
+    not_before: float  # When it may be uploaded (a replica's, after replica_delay_s).
     compressed: tuple[SpoolFile, int] | None = field(default=None)
+    # A replica's: when it is next checked for in the store, and the interval after that.
+    check_at: float = 0.0
+    check_interval_s: float = 0.0
+
+    def due_at(self, draining: bool) -> float:
+        return 0.0 if draining else min(self.check_at, self.not_before)
 
 
 class _FileSection(io.RawIOBase):
@@ -163,6 +181,7 @@ class Persister:
         backoff_max_s: float = backoff_max_s_default,
         upload_timeout_s: float = upload_timeout_s_default,
         replica_delay_s: float = replica_delay_s_default,
+        replica_check_s: float = replica_check_s_default,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -172,6 +191,8 @@ class Persister:
             raise ValueError(
                 "need 0 <= backoff_initial_s <= backoff_max_s and upload_timeout_s > 0"
             )
+        if replica_check_s <= 0 or replica_delay_s < 0:
+            raise ValueError("need replica_check_s > 0 and replica_delay_s >= 0")
         self._registry = registry
         self._spec_of = spec_of
         self._new_file = new_file
@@ -184,6 +205,11 @@ class Persister:
         self._backoff_max_s = backoff_max_s
         self._upload_timeout_s = upload_timeout_s
         self._replica_delay_s = replica_delay_s
+        self._replica_check_s = replica_check_s
+        # Replica jobs between checks: a heap by due time (then arrival), at most
+        # queue_len_max long (see "Bounds").
+        self._waiting: list[tuple[float, int, _Job]] = []
+        self._arrivals = 0
         self._clock = clock
         self._sleep = sleep
         self._closed = False
@@ -229,8 +255,16 @@ class Persister:
         await self._queue.put(self._job(completed, index))
 
     def _job(self, completed: CompletedSpool, index: FragmentIndex | None) -> _Job:
-        delay = 0.0 if completed.primary else self._replica_delay_s
-        return _Job(completed, index, self._clock() + delay)
+        now = self._clock()
+        if completed.primary:
+            return _Job(completed, index, now)
+        return _Job(
+            completed,
+            index,
+            now + self._replica_delay_s,
+            check_at=now + self._replica_check_s,
+            check_interval_s=self._replica_check_s,
+        )
 
     def close(self) -> None:
         """Accept no more fragments. `run` returns once those queued are done."""
@@ -238,31 +272,74 @@ class Persister:
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Fragments not persisted yet: queued, or replicas' between checks."""
+        return self._queue.qsize() + len(self._waiting)
 
     # --- The worker -------------------------------------------------------------------------
 
     async def run(self, *, drain: bool = False) -> None:
-        """Persist queued fragments, in order, until cancelled; or, with `drain`, until the
-        queue is empty (replica delays are then not waited out: the broker is exiting)."""
+        """Persist queued fragments, each when due, until cancelled; or, with `drain`, until
+        none is left (replica delays are then not waited out: the broker is exiting)."""
         self._draining = drain
         while self._interrupted:
             await self._process(self._interrupted.pop(0))
-        while not (drain and self._queue.empty()):
+        while not (drain and self._queue.empty() and not self._waiting):
             await self.step()
 
     async def step(self) -> Outcome | None:
-        """Wait for the next queued fragment and persist it (after its replica delay, unless
-        draining). Returns its outcome (None if interrupted)."""
-        return await self._process(await self._queue.get())
+        """Wait for the next fragment that is due (queued, or a replica's whose check or
+        upload time came) and process it. Returns its outcome: DEFERRED if a replica's check
+        did not find it in the store yet (it is checked again later), None if interrupted."""
+        return await self._process(await self._next_due())
+
+    async def _next_due(self) -> _Job:
+        while True:
+            # Take arrivals first: a primary's is due at once, a replica's waits its turn.
+            while not self._queue.empty() and len(self._waiting) < self._queue.maxsize:
+                job = self._queue.get_nowait()
+                if job.due_at(self._draining) <= self._clock():
+                    return job
+                self._park(job)
+            waiting = self._waiting
+            if waiting:
+                wait = waiting[0][2].due_at(self._draining) - self._clock()
+                if wait <= 0:
+                    return heapq.heappop(waiting)[2]
+                if len(waiting) >= self._queue.maxsize:
+                    await self._sleep(wait)  # Full: no new fragments until one is done.
+                    continue
+                arrival = asyncio.ensure_future(self._queue.get())
+                timer = asyncio.ensure_future(self._sleep(wait))
+                try:
+                    await asyncio.wait((arrival, timer), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    timer.cancel()
+                    # Cancelling a get() that was woken but has not run leaves the item queued.
+                    arrival.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await arrival
+                if not arrival.cancelled():
+                    self._park(arrival.result())  # Returned by the next turn if due.
+                continue
+            return await self._queue.get()
+
+    def _park(self, job: _Job) -> None:
+        self._arrivals += 1
+        heapq.heappush(self._waiting, (job.due_at(self._draining), self._arrivals, job))
 
     async def _process(self, job: _Job) -> Outcome | None:
         outcome: Outcome | None = None
         kept = False
         try:
-            wait = job.not_before - self._clock()
-            if wait > 0 and not self._draining:
-                await self._sleep(wait)
+            if not self._draining and self._clock() < job.not_before:
+                # A replica's, before its upload time: check whether the primary's is done.
+                outcome = await self._check_present(job)
+                if outcome is Outcome.DEFERRED:
+                    job.check_interval_s *= 2
+                    job.check_at = self._clock() + job.check_interval_s
+                    self._park(job)
+                    kept = True
+                return outcome
             outcome = await self._persist_job(job)
         except asyncio.CancelledError:
             # Interrupted, typically because the broker is stopping and cancels this worker
@@ -328,7 +405,8 @@ class Persister:
         """Delay after failed attempt `attempt` (1-based)."""
         return min(self._backoff_max_s, self._backoff_initial_s * 2.0 ** (attempt - 1))
 
-    async def _attempt(self, job: _Job) -> Outcome:
+    def _target(self, job: _Job) -> tuple[pb.Fragment, FragmentStore] | Outcome:
+        """The fragment as it is named in its store, and the store; or why there is none."""
         completed = job.completed
         if completed.end == completed.begin:
             return Outcome.EMPTY
@@ -347,8 +425,48 @@ class Persister:
         # Evaluated with backing_store set and no postfix yet, as Gazette evaluates it.
         fragment.path_postfix = ""
         fragment.path_postfix = postfix_of(fragment, completed.first_append_time, spec)
-        store = self._registry.get(fragment.backing_store)
+        return fragment, self._registry.get(fragment.backing_store)
 
+    async def _check_present(self, job: _Job) -> Outcome:
+        """A replica's check before its upload time: ALREADY_PRESENT (the index told, as after
+        an upload), DEFERRED if not there yet or the check failed, or why there is nothing to
+        persist. Its job is done, unless DEFERRED."""
+        fragment = job.completed.fragment
+        if job.index is None:
+            job.index = self._index_of(fragment.journal)
+        try:
+            target = self._target(job)
+            if isinstance(target, Outcome):
+                outcome = target
+            else:
+                fragment, store = target
+                async with asyncio.timeout(self._upload_timeout_s):
+                    present = await store.exists(fragment)
+                outcome = Outcome.ALREADY_PRESENT if present else Outcome.DEFERRED
+        except _RETRIABLE as err:
+            log.debug("replica's persisted check failed", journal=fragment.journal, error=str(err))
+            outcome = Outcome.DEFERRED
+        if outcome is Outcome.ALREADY_PRESENT:
+            self._tell_index(job, fragment)
+        self.stats.outcomes[outcome] += 1
+        return outcome
+
+    def _tell_index(self, job: _Job, fragment: pb.Fragment) -> None:
+        # The store's own modification time is learned at the next listing; until then, the
+        # upload's (or check's) time stands in (a persisted fragment must have one, or reads
+        # would treat it as local-only).
+        fragment.mod_time = int(self._clock())
+        if job.index is not None:
+            try:
+                job.index.add_persisted(fragment)
+            except IndexClosedError:
+                pass  # The replica went away meanwhile; the upload itself stands.
+
+    async def _attempt(self, job: _Job) -> Outcome:
+        target = self._target(job)
+        if isinstance(target, Outcome):
+            return target
+        fragment, store = target
         async with asyncio.timeout(self._upload_timeout_s):
             if await store.exists(fragment):
                 outcome = Outcome.ALREADY_PRESENT
@@ -357,15 +475,7 @@ class Persister:
                 await store.put(fragment, io.BufferedReader(_FileSection(file, length)))
                 metrics.record_persisted(fragment.end - fragment.begin)
                 outcome = Outcome.PERSISTED
-        # The store's own modification time is learned at the next listing; until then, the
-        # upload's time stands in (a persisted fragment must have one, or reads would treat it
-        # as local-only).
-        fragment.mod_time = int(self._clock())
-        if job.index is not None:
-            try:
-                job.index.add_persisted(fragment)
-            except IndexClosedError:
-                pass  # The replica went away meanwhile; the upload itself stands.
+        self._tell_index(job, fragment)
         return outcome
 
     async def _content(self, job: _Job) -> tuple[SpoolFile, int]:

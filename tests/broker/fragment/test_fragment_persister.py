@@ -69,12 +69,12 @@ class Env:
         self.index = FragmentIndex(JOURNAL, clock=lambda: NOW)
         self.sleeps: list[float] = []
         self.now = NOW
+        persister_args.setdefault("sleep", self._sleep)
         self.persister = Persister(
             self.registry,
             lambda journal: self.spec if journal == JOURNAL else None,
             new_file=MemorySpoolFile,
             clock=lambda: self.now,
-            sleep=self._sleep,
             **persister_args,  # type: ignore[arg-type]
         )
 
@@ -284,7 +284,7 @@ async def test_replicas_wait_for_the_primary_and_find_it_done() -> None:
     puts = env.store.puts
 
     assert await env.persister.step() is Outcome.ALREADY_PRESENT
-    assert env.sleeps == [120.0]
+    assert env.sleeps == [2.0]  # Its first check (replica_check_s), not the whole delay.
     assert env.store.puts == puts  # The replica only checked.
     assert env.index.query(0).file is None
 
@@ -295,6 +295,75 @@ async def test_drain_does_not_wait_out_replica_delays() -> None:
     await env.persister.run(drain=True)
     assert env.sleeps == []
     assert env.persister.stats.outcomes[Outcome.PERSISTED] == 1
+
+
+async def test_replicas_check_at_doubling_intervals_then_upload_at_the_delay() -> None:
+    env = Env(replica_delay_s=10.0, replica_check_s=2.0)
+    orphaned = completed(0, b"orphaned", primary=False, index=env.index)
+    env.persister.submit_nowait(orphaned, env.index)
+
+    # The primary never uploads: checks at +2 and +6 s find nothing; at +10 s it uploads.
+    assert await env.persister.step() is Outcome.DEFERRED
+    assert await env.persister.step() is Outcome.DEFERRED
+    assert env.persister.pending == 1
+    puts = env.store.puts
+    assert await env.persister.step() is Outcome.PERSISTED
+    assert env.sleeps == [2.0, 4.0, 4.0]
+    assert env.store.puts == puts + 1
+    assert env.persister.pending == 0
+    assert env.index.query(0).file is None  # Reads now go through the store.
+
+
+async def test_a_replica_fragment_between_checks_does_not_hold_up_the_primarys() -> None:
+    env = Env(replica_delay_s=120.0, replica_check_s=2.0)
+    env.persister.submit_nowait(completed(0, b"replica", primary=False))
+    env.persister.submit_nowait(completed(7, b"primary"))
+
+    assert await env.persister.step() is Outcome.PERSISTED  # The primary's, at once.
+    assert env.sleeps == []
+    assert await env.persister.step() is Outcome.DEFERRED  # Then the replica's check.
+    assert env.sleeps == [2.0]
+
+
+async def test_an_arrival_wakes_a_worker_waiting_for_a_replica_check() -> None:
+    slept: list[float] = []
+
+    async def never(delay: float) -> None:
+        slept.append(delay)
+        await asyncio.Event().wait()
+
+    env = Env(replica_delay_s=120.0, replica_check_s=2.0, sleep=never)
+    env.persister.submit_nowait(completed(0, b"replica", primary=False))
+    step = asyncio.ensure_future(env.persister.step())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not step.done() and slept == [2.0]  # Waiting for the replica's first check.
+
+    env.persister.submit_nowait(completed(7, b"primary"))
+    assert await asyncio.wait_for(step, 5) is Outcome.PERSISTED
+    assert env.persister.pending == 1  # The replica's, still waiting for its check.
+
+
+async def test_drain_persists_replica_fragments_between_checks() -> None:
+    env = Env(replica_delay_s=120.0, replica_check_s=2.0)
+    env.persister.submit_nowait(completed(0, b"abc", primary=False))
+    assert await env.persister.step() is Outcome.DEFERRED
+    await env.persister.run(drain=True)
+    assert env.sleeps == [2.0]
+    assert env.persister.stats.outcomes[Outcome.PERSISTED] == 1
+    assert env.persister.pending == 0
+
+
+async def test_waiting_replica_fragments_are_bounded() -> None:
+    env = Env(replica_delay_s=120.0, replica_check_s=2.0, queue_len_max=1)
+    env.persister.submit_nowait(completed(0, b"replica", primary=False))
+    assert await env.persister.step() is Outcome.DEFERRED  # Waiting: the bound is reached.
+    env.persister.submit_nowait(completed(7, b"primary"))
+    # No new fragment is taken while the waiting ones fill the bound: the replica's comes
+    # first, once due (checked again, then uploaded at its delay).
+    assert await env.persister.step() is Outcome.DEFERRED
+    assert env.sleeps == [2.0, 4.0]
+    assert env.persister.pending == 2
 
 
 @pytest.mark.parametrize("attempts_max", [0])
