@@ -90,20 +90,29 @@ def cpu_per_mib(before: dict[int, float], brokers: list[BrokerProcess], mib: flo
     return "brokers " + "/".join(shares) + " (primary first)"
 
 
-async def run(seconds: float, append: bytes, spools: list[str], small: bool) -> None:
+async def run(seconds: float, append: bytes, spools: list[str], small: bool, store: bool) -> None:
     limits = await cross_process_limits(seconds)
     print_limits("limits (client here, raw sink in another process):", limits)
     # Spool files on the default temporary directory (a disk here), and/or on tmpfs.
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         for where in spools:
             extra = {"tmpfs": ["--spool-dir", shm], "memory": ["--spool-memory"]}.get(where, [])
-            print(f"{len(BROKERS)} gazette serve processes, etcd, spools on {where}:")
-            await workloads(seconds, append, extra, small)
+            persisted = "fragments persisted to a file:// store" if store else "no fragment store"
+            print(f"{len(BROKERS)} gazette serve processes, etcd, spools on {where}, {persisted}:")
+            await workloads(seconds, append, extra, small, store)
 
 
-async def workloads(seconds: float, append: bytes, extra_args: list[str], small: bool) -> None:
+async def workloads(
+    seconds: float, append: bytes, extra_args: list[str], small: bool, store: bool
+) -> None:
     async with ProcessCluster(BROKERS, extra_args=extra_args) as cluster:
-        await cluster.apply([journal_spec(R3, 3), journal_spec(R1, 1)])
+        specs = [journal_spec(R3, 3), journal_spec(R1, 1)]
+        if store:
+            # Persisted, as in production: a spool is released once its fragment is in the
+            # store. Without one, every appended byte stays in the brokers' spools for good.
+            for spec in specs:
+                spec.fragment.stores.append(cluster.store_url)
+        await cluster.apply(specs)
         await cluster.wait_until(cluster.journals_ready([R3], 3), timeout_s=60)
         await cluster.wait_until(cluster.journals_ready([R1], 1), timeout_s=60)
         for journal, replication in ((R1, 1), (R3, 3)):
@@ -141,6 +150,12 @@ def main() -> None:
     )
     parser.add_argument("--no-small", action="store_true", help="skip the 1 KiB appends")
     parser.add_argument(
+        "--no-store",
+        action="store_true",
+        help="journals without a fragment store (default: a file:// store on the cluster's"
+        " directory, so fragments are persisted and spools released)",
+    )
+    parser.add_argument(
         "--no-malloc-tuning",
         action="store_true",
         help="do not tune this client process's allocator",
@@ -153,7 +168,7 @@ def main() -> None:
     if not args.no_malloc_tuning:
         print(f"client: glibc malloc tuned for large buffers: {tune_malloc()}")
     append = b"x" * int(args.append_mib * (1 << 20))
-    asyncio.run(run(args.seconds, append, spools, not args.no_small))
+    asyncio.run(run(args.seconds, append, spools, not args.no_small, not args.no_store))
 
 
 if __name__ == "__main__":

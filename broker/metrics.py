@@ -56,6 +56,12 @@ READ_BYTES: Final = Counter(
 
 # --- Persistence (broker/fragment/persister.py) ---------------------------------------------------
 
+SPOOL_BLOCKS: Final = Counter(
+    "gazette_spool_blocks_total",
+    "Blocks memory spools took (gazette serve --spool-memory), by source: re-used from the"
+    " pool, or allocated anew (fresh memory: costly on first touch).",
+    ["source"],
+)
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",
     "Fragment files this broker uploaded to fragment stores.",

@@ -26,6 +26,7 @@ import errno
 import threading
 from typing import Final
 
+from broker import metrics
 from broker.fragment.spool_file import BytesLike, memory_file_bytes_max_default
 
 block_bytes_default: Final = 2 << 20
@@ -33,6 +34,10 @@ block_bytes_default: Final = 2 << 20
 spool's last, partly filled block wastes little."""
 free_blocks_max_default: Final = 128
 """Free blocks a pool keeps for re-use (256 MiB at the default block size)."""
+
+
+_REUSED: Final = metrics.SPOOL_BLOCKS.labels(source="reused")
+_ALLOCATED: Final = metrics.SPOOL_BLOCKS.labels(source="allocated")
 
 
 class BlockPool:
@@ -60,8 +65,10 @@ class BlockPool:
         new, zeroed one."""
         with self._lock:
             if self._free:
+                _REUSED.inc()
                 return self._free.pop()
             self.created += 1
+        _ALLOCATED.inc()
         return bytearray(self.block_bytes)
 
     def give(self, blocks: list[bytearray]) -> None:

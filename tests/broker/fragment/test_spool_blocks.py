@@ -21,6 +21,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from broker import metrics
 from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
 from broker.fragment.spool_file import BytesLike
 
@@ -382,3 +383,17 @@ def test_serve_with_spool_memory_round_trip(tmp_path: Path) -> None:
         assert hashlib.sha1(data).hexdigest() == digest
         content += data
     assert content == expected
+
+
+def test_blocks_taken_are_counted_by_source() -> None:
+    def counted(source: str) -> float:
+        return metrics.value_of("gazette_spool_blocks_total", {"source": source})
+
+    pool = BlockPool(block_bytes=16, free_blocks_max=4)
+    allocated, reused = counted("allocated"), counted("reused")
+    first = BlockSpoolFile(pool)
+    first.pwrite(b"x" * 40, 0)  # Three new blocks.
+    first.close()
+    second = BlockSpoolFile(pool)
+    second.pwrite(b"y" * 40, 0)  # The same three, re-used.
+    assert (counted("allocated") - allocated, counted("reused") - reused) == (3, 3)
