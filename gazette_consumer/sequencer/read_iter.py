@@ -242,6 +242,7 @@ class ReadCommittedIter:
         # A message of a consumed chunk did not decode: raised once `_pending` is consumed.
         self._decode_error: Exception | None = None
         self._chunk: _Chunk | None = None  # Taken from the channel, not wholly decoded yet.
+        self._chunk_lead_run: int | None = None  # Of the piece decoded last (_decode_piece).
         self._replay: Replay | None = None
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
@@ -305,8 +306,25 @@ class ReadCommittedIter:
             # The fast path: the next read message commits by itself (an OUTSIDE_TXN message,
             # or one without a UUID), with no sequence in progress: nothing to look past.
             pending = self._pending
-            if pending and not _run_next(pending) and self._commit_alone(pending[0]):
-                return pending.popleft()
+            if pending:
+                if not _run_next(pending) and self._commit_alone(pending[0]):
+                    return pending.popleft()
+            elif self._replay is None and not self._seq.emitting and self._supervisor:
+                # Nothing held anywhere: the next piece, and its leading run at once if it
+                # starts with one (the common case, once per piece), without the general
+                # stepping below; what `_step_to_message` would do, in fewer steps.
+                envs = self._decode_piece()
+                if envs is None:
+                    return None
+                length = self._seq.commit_alone_run(envs, self._chunk_lead_run)
+                if length:
+                    if length < len(envs):
+                        pending.extend(islice(envs, length, None))
+                        del envs[length:]
+                    self._run_all, self._run = envs, envs[:0:-1]
+                    return envs[0]
+                self._run_all = _NO_RUN
+                pending.extend(envs)
             self._start()
             if not self._step_to_message():
                 return None
@@ -371,32 +389,13 @@ class ReadCommittedIter:
                 if committing is not None and seq.replay_required is not None:
                     self._start_replay(committing)
                 continue
-            if self._chunk_through is not None:
-                # Every envelope of the chunk was consumed: skipped content after the last one
-                # may be checkpointed as read too.
-                journal, through = self._chunk_through
-                self._floors[journal] = max(self._floors[journal], through)
-                self._chunk_through = None
-            if self._decode_error is not None:
-                raise self._decode_error  # Every call from now on.
-            chunk = self._chunk
-            if chunk is None:
-                chunk = self._chunk = self._channel.get_nowait()
-                if chunk is None:
-                    return False
-            # Decode the next piece of the chunk (see DECODE_PIECE_BYTES).
-            decoder, at = chunk.decoder, chunk.at
-            piece = chunk.content[at : at + DECODE_PIECE_BYTES]
-            chunk.at = at + len(piece)
-            if chunk.at == len(chunk.content):
-                self._chunk = None
-            envs = decoder.feed(piece, chunk.offset + at)
-            self._chunk_through = (chunk.journal, decoder.through)
-            self._decode_error = decoder.error
+            envs = self._decode_piece()
+            if envs is None:
+                return False
             # Commit the piece's leading run of one producer's OUTSIDE_TXN messages at once
             # (the decoder measured it), returning the first now and the rest from `_run`; the
             # rest go one by one.
-            run = seq.commit_alone_run(envs, decoder.lead_run)
+            run = seq.commit_alone_run(envs, self._chunk_lead_run)
             if run:
                 if run < len(envs):
                     pending.extend(islice(envs, run, None))
@@ -405,6 +404,36 @@ class ReadCommittedIter:
                 self._ahead, self._ahead_after = envs[0], None  # Nothing to look past.
                 return True
             pending.extend(envs)
+
+    def _decode_piece(self) -> list[Envelope[Any]] | None:
+        """Decode the next piece of the next chunk (see DECODE_PIECE_BYTES), once every
+        envelope queued before it was consumed; None if no chunk is at hand. Its leading run,
+        as the decoder measured it, is left in `_chunk_lead_run`."""
+        if self._chunk_through is not None:
+            # Every envelope of the chunk was consumed: skipped content after the last one
+            # may be checkpointed as read too.
+            journal, through = self._chunk_through
+            floors = self._floors
+            if through > floors[journal]:
+                floors[journal] = through
+            self._chunk_through = None
+        if self._decode_error is not None:
+            raise self._decode_error  # Every call from now on.
+        chunk = self._chunk
+        if chunk is None:
+            chunk = self._chunk = self._channel.get_nowait()
+            if chunk is None:
+                return None
+        decoder, at = chunk.decoder, chunk.at
+        piece = chunk.content[at : at + DECODE_PIECE_BYTES]
+        chunk.at = at + len(piece)
+        if chunk.at == len(chunk.content):
+            self._chunk = None
+        envs = decoder.feed(piece, chunk.offset + at)
+        self._chunk_through = (chunk.journal, decoder.through)
+        self._decode_error = decoder.error
+        self._chunk_lead_run = decoder.lead_run
+        return envs
 
     def _start_replay(self, env: Envelope[Any]) -> None:
         """Serve the replay the Sequencer asks for, to commit the span `env` (an ACK) ends."""

@@ -458,6 +458,12 @@ class Sequencer(Generic[E]):
     # -- dequeuing -----------------------------------------------------------------------------
 
     @property
+    def emitting(self) -> bool:
+        """True while committed envelopes may be waiting to be dequeued (an emission is in
+        progress): `dequeue()` must come before anything queued later."""
+        return self._emit is not None
+
+    @property
     def replay_required(self) -> ReplayRequired | None:
         """The range the caller must `replay()` before `step()`, or None."""
         return None if self._emit is None else self._emit.replay_required

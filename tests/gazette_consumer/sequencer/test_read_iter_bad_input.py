@@ -114,6 +114,26 @@ async def test_an_over_long_json_line_is_skipped_and_logged() -> None:
         assert skipped(logs) == [(journal, 0, len(long), "FrameTooLargeError")]
 
 
+async def test_content_skipped_after_the_last_message_counts_as_read() -> None:
+    async with broker_env() as env:
+        journal = await env.journal("bad/long-tail")
+        messages = frames(msg(P1, 1, OUTSIDE, "a"), msg(P1, 2, OUTSIDE, "b"))
+        long = frames(msg(P1, 3, OUTSIDE, "x" * 200))
+        head = (await env.append(journal, messages + long)).commit.end
+        with structlog.testing.capture_logs() as logs:
+            it = ReadCommittedIter(
+                env.client, {journal: 0}, message_type=Msg, message_bytes_max=100
+            )
+            got = [await asyncio.wait_for(it.next(), TIMEOUT_S) for _ in range(2)]
+            assert texts(got) == ["a", "b"]
+            # The next look decodes nothing more; the skipped line still counts as read, so
+            # that a checkpoint resumes past it, not at it.
+            assert it.try_next() is None
+        assert skipped(logs) == [(journal, len(messages), head, "FrameTooLargeError")]
+        assert it.checkpoint().read_through[journal] == head
+        await it.close()
+
+
 async def test_malformed_json_names_journal_and_offsets() -> None:
     async with broker_env() as env:
         journal = await env.journal("bad/json")
