@@ -1,0 +1,650 @@
+"""RocksDBStore: a shard's state in a RocksDB database whose directory is recorded into the
+shard's recovery log (DESIGN.md §3.8, §6).
+
+Gazette records a RocksDB store through an Env hook that sees every file operation as RocksDB
+makes it. Python has no such hook, so this store records the database directory by *diffing*
+it against what the log already holds, once per commit, at a point where the commit's writes
+are complete on disk.
+
+Transactions. The application stages writes with `put` / `delete` and reads with `get`, which
+sees the transaction's own staged writes, then those of commits started but not yet applied
+(a pipelined transaction must see its predecessor's writes), then the database. `db` (a raw-mode
+`rocksdict.Rdict`, bytes keys and values) is there for iteration and other reads of the
+*applied* state only: it does not show staged or pending writes, and the application must never
+write through it — a direct write would reach the log with whichever commit records the WAL
+next, not atomically with its own transaction. The key `CHECKPOINT_KEY` is reserved.
+
+Commit. `start_commit` turns the staged writes and the checkpoint (under `CHECKPOINT_KEY`) into
+one WriteBatch, so that user state and checkpoint are applied atomically; the CommitPipeline
+applies it after `wait_for` and every earlier commit (`_apply`):
+
+1. `db.write(batch)` and `flush_wal`: the batch is now in the WAL file (one checksummed record).
+   No memtable flush: the WAL tail *is* the commit, so a commit records about as many bytes as
+   it wrote. Memtable flushes and compactions happen in RocksDB's background threads as usual;
+   their files are recorded by whichever commit comes next.
+2. Snapshot the directory (`_snapshot`, in the store's thread): stat every recordable file, and
+   open each one that differs from what the log holds, pinning its inode (a deletion by a
+   compaction cannot take the content away) with its size. Files are visited in RocksDB's
+   dependency order — CURRENT, then MANIFESTs (and the small files that refer to nothing),
+   then, listed anew, WALs and SSTs/blobs — because RocksDB writes them the other way round: an
+   SST is complete before the MANIFEST edit naming it, a MANIFEST before the CURRENT naming
+   it, and files are deleted only after the MANIFEST edit that obsoletes them. The scan ends by
+   checking that CURRENT and the MANIFESTs are unchanged since visited: then no file they name
+   was deleted meanwhile, so each was listed after them and is at least as complete as they
+   require. The snapshot is thus a state RocksDB recovers from as after `kill -9`, although
+   background jobs run on. A scan that sees a MANIFEST edit, or a file vanish, starts over (at
+   most `SNAPSHOT_ATTEMPTS_MAX` times; rocksdict exposes no way to pause background work).
+3. Record the differences through the Recorder, in `_Kind` order — SSTs/blobs, WALs,
+   MANIFESTs, other small files, CURRENT — and deletions last. Append-only files (SSTs, blobs,
+   WALs, MANIFESTs: written sequentially, never rewritten in place; WAL recycling is turned off)
+   are recorded as a create plus their bytes, then only their new tail at its offset. Files
+   RocksDB replaces wholesale (CURRENT, OPTIONS-*, IDENTITY, rocksdict's config; RocksDB writes
+   them to a temporary name and renames) are recorded whenever their inode, size or mtime
+   changed, as a recorded temporary file `<name>.gazette-tmp` renamed over the name: the three
+   ops of a rename land in one append, so the log never holds a truncated CURRENT. Content is
+   read in chunks of `READ_CHUNK_BYTES` (`PREFETCH_BYTES_MAX` of it in the snapshot's thread
+   hop, which covers a typical commit's WAL tail). The order makes every prefix of a commit's
+   ops — what a commit that fails half-way leaves in the log — a directory RocksDB recovers the
+   previous commit from: new SSTs unnamed by the recorded MANIFEST are ignored, a torn WAL or
+   MANIFEST tail is dropped (point-in-time WAL recovery; RocksDB syncs neither per write, so it
+   tolerates torn tails by design), and obsolete files are unlinked only after the state that
+   obsoletes them is recorded.
+4. `recorder.flush()`: the commit resolves once every op is durable in the log.
+
+Not recorded: LOCK, the info log (LOG, LOG.old.*; bounded by `INFO_LOG_FILES_MAX` files of
+`INFO_LOG_BYTES_MAX`), RocksDB's `*.dbtmp` temporaries, and dot-files (the player's staging).
+
+Restore. As for JSONFileStore: in a shard the runner plays the log and hands it off before
+`Application.new_store`, which builds the store with `RocksDBStore.recorded(recorder)`;
+standalone, `restore_checkpoint` plays the log into the (emptied) directory and hands off
+itself. Either way the directory then holds exactly the recorded files, byte for byte;
+`restore_checkpoint` notes their state (the baseline of the first diff), opens the database
+there (RocksDB replays the WAL tails) and reads `CHECKPOINT_KEY` (absent: the empty
+Checkpoint). A directory without CURRENT holds no database: files a first commit that failed
+half-way recorded are removed before RocksDB creates one. Whatever the open rewrites locally
+(a new MANIFEST, the replayed memtable flushed to an SST, old WALs deleted) is recorded by the
+first commit. Once restored, the previous
+primary's recorder is fenced, so its commits fail with FencedError.
+
+A failed commit may leave its batch applied locally but not recorded: the store then refuses
+further commits, and the shard restores a new instance (as it does after any failed commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import os
+import stat
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal, TypeVar
+
+import rocksdict
+
+from broker.client.route_cache import JournalClient
+from broker.protocol.recorded_op_pb2 import FSMHints
+from gazette_consumer.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from gazette_consumer.recoverylog.fsm import new_random_author
+from gazette_consumer.recoverylog.player import play_and_handoff
+from gazette_consumer.recoverylog.recorder import Recorder, RecorderFencedError
+from gazette_consumer.stores.base import (
+    COMMITS_IN_FLIGHT_MAX,
+    CommitPipeline,
+    FencedError,
+    OpFuture,
+    ShardContext,
+    StoreError,
+    StoreStateError,
+)
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "PREFETCH_BYTES_MAX",
+    "READ_CHUNK_BYTES",
+    "SNAPSHOT_ATTEMPTS_MAX",
+    "TEMP_SUFFIX",
+    "RocksDBStore",
+    "SnapshotError",
+]
+
+CHECKPOINT_KEY: Final = b"\x00gazette-consumer/checkpoint"
+"""Reserved key holding the encoded checkpoint, written in each commit's WriteBatch."""
+
+READ_CHUNK_BYTES: Final = 1 << 20
+"""Largest piece of a file read at once while recording it (the Recorder splits it further
+into Write ops of at most its WRITE_CHUNK_BYTES_MAX)."""
+
+PREFETCH_BYTES_MAX: Final = 1 << 20
+"""Changed bytes per commit read already in the snapshot's thread hop (saves a hop per file
+for the common commit, whose only change is a small WAL tail)."""
+
+SNAPSHOT_ATTEMPTS_MAX: Final = 64
+"""Directory snapshots tried before a commit fails: each retry means a background flush or
+compaction finished during the scan (a MANIFEST edit, files deleted). A scan takes about a
+millisecond, and the commit's own writes are done, so background jobs cannot keep that up."""
+
+TEMP_SUFFIX: Final = ".gazette-tmp"
+"""Suffix of the recorded temporary name of a file recorded wholesale (then renamed)."""
+
+INFO_LOG_FILES_MAX: Final = 2
+INFO_LOG_BYTES_MAX: Final = 1 << 20
+"""Bounds of RocksDB's info log (LOG, LOG.old.*), kept in the directory but never recorded."""
+
+_T = TypeVar("_T")
+
+
+class SnapshotError(StoreError):
+    """The database directory could not be snapshotted (files kept vanishing, or a file was
+    shorter than RocksDB's append-only writing allows)."""
+
+
+class _Kind(enum.IntEnum):
+    """A file's role; the value is its recording order (the scan's is `_SCAN_ORDER`)."""
+
+    DATA = 0  # *.sst, *.blob: written once, sequentially.
+    WAL = 1  # *.log: appended.
+    MANIFEST = 2  # MANIFEST-*: appended.
+    OTHER = 3  # OPTIONS-*, IDENTITY, rocksdict-config.json, ...: replaced wholesale.
+    CURRENT = 4  # Names the MANIFEST: replaced wholesale, recorded last.
+
+
+_APPEND_ONLY: Final = frozenset({_Kind.DATA, _Kind.WAL, _Kind.MANIFEST})
+# Scan in dependency order: a file is visited before the files it refers to. OTHER files refer
+# to nothing, so their place does not matter. WALs and SSTs are listed anew after the MANIFEST.
+_SCAN_ORDER: Final = {
+    _Kind.CURRENT: 0,
+    _Kind.MANIFEST: 1,
+    _Kind.OTHER: 2,
+    _Kind.WAL: 3,
+    _Kind.DATA: 4,
+}
+_SCAN_PHASES: Final = (
+    frozenset({_Kind.CURRENT, _Kind.MANIFEST, _Kind.OTHER}),
+    frozenset({_Kind.WAL, _Kind.DATA}),
+)
+
+
+def _kind(name: str) -> _Kind:
+    if name == "CURRENT":
+        return _Kind.CURRENT
+    if name.startswith("MANIFEST-"):
+        return _Kind.MANIFEST
+    if name.endswith(".log"):
+        return _Kind.WAL
+    if name.endswith((".sst", ".blob")):
+        return _Kind.DATA
+    return _Kind.OTHER
+
+
+def _recordable(name: str) -> bool:
+    """Whether a directory entry is part of the database's recorded state."""
+    return not (
+        name in ("LOCK", "LOG")
+        or name.startswith(("LOG.old", "."))
+        or name.endswith((".dbtmp", TEMP_SUFFIX))
+    )
+
+
+@dataclass(frozen=True)
+class _FileState:
+    """What tells a file's versions apart: its inode, size and modification time."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> _FileState:
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class _Change:
+    """A file to record: bytes [start, size) of the inode open at `fd`."""
+
+    name: str
+    kind: _Kind
+    fd: int
+    start: int
+    size: int
+    # "append": the tail of a recorded file; "create": a new append-only file; "replace": a
+    # whole file, through a temporary name.
+    mode: Literal["append", "create", "replace"]
+    prefetched: bytes | None = None
+
+
+@dataclass
+class _Snapshot:
+    states: dict[str, _FileState]
+    changes: list[_Change] = field(default_factory=list)
+
+    def close(self) -> None:
+        for change in self.changes:
+            with contextlib.suppress(OSError):
+                os.close(change.fd)
+
+
+class RocksDBStore:
+    """A Store over a RocksDB database in a recorded directory. See the module docstring.
+    `log` is the shard's recovery log (`shard_spec.recovery_log(spec)`); `hints` let a
+    standalone restore skip obsolete history; `configure` tunes the database's Options (it
+    must not move files out of the directory: no wal_dir or db_paths)."""
+
+    def __init__(
+        self,
+        client: JournalClient,
+        log: str,
+        directory: str | os.PathLike[str],
+        *,
+        hints: FSMHints | None = None,
+        author: int | None = None,
+        configure: Callable[[rocksdict.Options], None] | None = None,
+        commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
+    ) -> None:
+        self.client = client
+        self.log = log
+        self.directory = Path(directory)
+        self.author = author if author is not None else new_random_author()
+        self._hints = hints if hints is not None else FSMHints(log=log)
+        if self._hints.log != log:
+            raise ValueError(f"hints: log {self._hints.log!r} is not the store's log {log!r}")
+        self._configure = configure
+        self._pipeline = CommitPipeline(commits_in_flight_max)
+        # One thread for every blocking call on the database and its files: they run in
+        # submission order, and `destroy` closes the database only after the last of them.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocksdb-store")
+        self._db: rocksdict.Rdict | None = None
+        self._recorder: Recorder | None = None
+        self._fqn: str | None = None
+        self._staged: dict[bytes, bytes | None] = {}  # None: a deletion.
+        # Writes of commits started but not yet applied to `db`, oldest first.
+        self._pending: list[dict[bytes, bytes | None]] = []
+        self._baseline: dict[str, _FileState] = {}  # Recorded files, as last seen locally.
+        self._failed: BaseException | None = None
+        self._destroyed = False
+        self._played = False  # The directory was played by whoever built the recorder.
+
+    @classmethod
+    def recorded(
+        cls,
+        recorder: Recorder,
+        *,
+        configure: Callable[[rocksdict.Options], None] | None = None,
+        commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
+    ) -> RocksDBStore:
+        """A store over a directory already played and handed off to `recorder`'s author
+        (what a shard passes to `Application.new_store`)."""
+        store = cls(
+            recorder.client,
+            recorder.log,
+            recorder.directory,
+            author=recorder.author,
+            configure=configure,
+            commits_in_flight_max=commits_in_flight_max,
+        )
+        store._recorder = recorder
+        store._played = True
+        return store
+
+    @property
+    def recorder(self) -> Recorder | None:
+        return self._recorder
+
+    @property
+    def db(self) -> rocksdict.Rdict:
+        """The database, for reads of the applied state (see the module docstring)."""
+        if self._db is None:
+            raise StoreStateError("db: restore_checkpoint must come first")
+        return self._db
+
+    async def build_hints(self) -> FSMHints:
+        """Hints of the committed state, for the next primary's restore."""
+        if self._recorder is None:
+            raise StoreStateError("build_hints: restore_checkpoint must come first")
+        return await self._recorder.build_hints()
+
+    # --- The application's transaction ---------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Stage `key` = `value` in the current transaction."""
+        self._staged[_user_key(key)] = bytes(value)
+
+    def delete(self, key: bytes) -> None:
+        """Stage the deletion of `key` in the current transaction."""
+        self._staged[_user_key(key)] = None
+
+    def get(self, key: bytes) -> bytes | None:
+        """`key`'s value as the current transaction sees it: its own staged writes, then
+        those of pending commits, then the database."""
+        key = bytes(key)
+        for writes in (self._staged, *reversed(self._pending)):
+            if key in writes:
+                return writes[key]
+        value = self.db.get(key)
+        assert value is None or isinstance(value, bytes)
+        return value
+
+    # --- Store ---------------------------------------------------------------------------------
+
+    async def restore_checkpoint(self, shard: ShardContext) -> Checkpoint:
+        """Play the recovery log into the directory (unless the shard did), take the log over
+        (fencing the previous primary), open the database and return its checkpoint."""
+        self._check_usable("restore_checkpoint")
+        if self._fqn is not None or (self._recorder is not None and not self._played):
+            raise StoreStateError("restore_checkpoint: already restored; use a new store")
+        if self._recorder is None:
+            recovered = await play_and_handoff(
+                self.client, self._hints, self.directory, self.author
+            )
+            self._recorder = Recorder(
+                self.client,
+                recovered.fsm,
+                self.author,
+                self.directory,
+                write_head=recovered.write_head,
+            )
+        self._fqn = shard.fqn
+        recorded = _recorded_names(self._recorder)
+        self._baseline, self._db, data = await self._blocking(self._open, recorded)
+        if data is None:
+            return Checkpoint()
+        try:
+            return decode_checkpoint(data)
+        except ValueError as err:
+            raise StoreError(
+                f"restore_checkpoint: {CHECKPOINT_KEY!r} in {self.directory} is not a checkpoint"
+            ) from err
+
+    async def start_commit(
+        self, shard: ShardContext, checkpoint: Checkpoint, wait_for: Sequence[Awaitable[object]]
+    ) -> OpFuture:
+        self._check_usable("start_commit")
+        if self._recorder is None or self._db is None:
+            raise StoreStateError("start_commit: restore_checkpoint must come first")
+        if shard.fqn != self._fqn:
+            raise StoreStateError(
+                f"start_commit: shard {shard.fqn!r} is not the restored shard {self._fqn!r}"
+            )
+        if self._failed is not None:
+            raise StoreStateError("start_commit: an earlier commit failed; restore a new store")
+        # Taken now: later writes belong to the next transaction.
+        writes, self._staged = self._staged, {}
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in writes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(CHECKPOINT_KEY, encode_checkpoint(checkpoint))
+        self._pending.append(writes)
+        return self._pipeline.submit(
+            wait_for,
+            apply=functools.partial(self._apply, batch, writes),
+            abort=functools.partial(self._abort, writes),
+        )
+
+    async def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._staged, self._pending = {}, []
+        await self._pipeline.close()
+        db, self._db = self._db, None
+        try:
+            if db is not None:
+                # Queued behind any blocking call a cancelled commit left running.
+                await asyncio.get_running_loop().run_in_executor(self._executor, db.close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    # --- Commit --------------------------------------------------------------------------------
+
+    async def _apply(self, batch: rocksdict.WriteBatch, writes: dict[bytes, bytes | None]) -> None:
+        recorder = self._recorder
+        assert recorder is not None
+        snapshot: _Snapshot | None = None
+        try:
+            recorded = _recorded_names(recorder)
+            snapshot = await _owned(self._blocking(self._write_and_snapshot, batch, recorded))
+            self._forget_pending(writes)
+            for change in sorted(snapshot.changes, key=lambda c: c.kind):
+                await self._record(recorder, change)
+            live = set(snapshot.states)
+            for name in sorted(_recorded_names(recorder) - live):
+                await recorder.unlink(name)
+            await recorder.flush()
+            self._baseline = snapshot.states
+        except RecorderFencedError as err:
+            self._failed = err
+            raise FencedError(
+                f"{self._fqn}: another instance restored the shard (recovery log {self.log} "
+                "was handed off): this commit was not recorded"
+            ) from err
+        except BaseException as err:
+            self._failed = err
+            raise
+        finally:
+            self._forget_pending(writes)
+            if snapshot is not None:
+                snapshot.close()
+
+    async def _abort(self, writes: dict[bytes, bytes | None]) -> None:
+        self._forget_pending(writes)  # Never applied: the batch is dropped.
+
+    def _forget_pending(self, writes: dict[bytes, bytes | None]) -> None:
+        for index, pending in enumerate(self._pending):
+            if pending is writes:
+                del self._pending[index]
+                return
+
+    async def _record(self, recorder: Recorder, change: _Change) -> None:
+        name = change.name
+        if change.mode == "append":
+            fnode = recorder.fsm.links["/" + name]
+        else:
+            # New or replaced: a replaced file goes through a temporary name, so that no
+            # prefix of the log holds it truncated (see the module docstring).
+            target = name if change.mode == "create" else name + TEMP_SUFFIX
+            fnode = await recorder.create(target)
+        if change.prefetched is not None:
+            if change.prefetched:
+                await recorder.write_at(fnode, change.prefetched, change.start)
+        else:
+            offset = change.start
+            while offset < change.size:
+                length = min(READ_CHUNK_BYTES, change.size - offset)
+                data = await self._blocking(_pread_exactly, change, offset, length)
+                await recorder.write_at(fnode, data, offset)
+                offset += length
+        if change.mode == "replace":
+            await recorder.rename(name + TEMP_SUFFIX, name)
+
+    # --- Blocking work (in the store's thread) -------------------------------------------------
+
+    async def _blocking(self, fn: Callable[..., _T], *args: object) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def _options(self) -> rocksdict.Options:
+        options = rocksdict.Options(raw_mode=True)
+        if self._configure is not None:
+            self._configure(options)
+        # What the recording relies on, whatever `configure` set.
+        options.create_if_missing(True)
+        options.set_recycle_log_file_num(0)  # A recycled WAL is rewritten in place.
+        options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
+        options.set_keep_log_file_num(INFO_LOG_FILES_MAX)
+        options.set_max_log_file_size(INFO_LOG_BYTES_MAX)
+        return options
+
+    def _open(
+        self, recorded: set[str]
+    ) -> tuple[dict[str, _FileState], rocksdict.Rdict, bytes | None]:
+        # Temporaries of a commit that failed before its rename are dropped (the next commit
+        # records their unlink), then the baseline is taken before RocksDB touches anything.
+        for name in recorded:
+            if name.endswith(TEMP_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.directory / name)
+        if not (self.directory / "CURRENT").exists():
+            # No database yet: files are what a first commit that failed before recording
+            # CURRENT left (RocksDB refuses to create a database over a WAL). Drop them too.
+            for name in os.listdir(self.directory):
+                if _recordable(name) and (self.directory / name).is_file():
+                    os.unlink(self.directory / name)
+        baseline: dict[str, _FileState] = {}
+        for name in recorded:
+            try:
+                st = os.stat(self.directory / name)
+            except FileNotFoundError:
+                continue  # Recorded but absent: the next commit records its unlink.
+            if stat.S_ISREG(st.st_mode):
+                baseline[name] = _FileState.of(st)
+        db = rocksdict.Rdict(str(self.directory), self._options())
+        try:
+            data = db.get(CHECKPOINT_KEY)
+        except BaseException:
+            db.close()
+            raise
+        assert data is None or isinstance(data, bytes)
+        return baseline, db, data
+
+    def _write_and_snapshot(self, batch: rocksdict.WriteBatch, recorded: set[str]) -> _Snapshot:
+        db = self._db
+        assert db is not None
+        db.write(batch, rocksdict.WriteOptions())  # Default options: the WAL is on.
+        db.flush_wal(False)  # The batch's WAL record is in the file (no fsync: the log is
+        # what makes it durable).
+        for _attempt in range(SNAPSHOT_ATTEMPTS_MAX):
+            snapshot = _snapshot(self.directory, self._baseline, recorded)
+            if snapshot is not None:
+                return snapshot
+        raise SnapshotError(
+            f"{self.directory}: files kept vanishing during {SNAPSHOT_ATTEMPTS_MAX} snapshots"
+        )
+
+    def _check_usable(self, operation: str) -> None:
+        if self._destroyed:
+            raise StoreStateError(f"{operation}: the store was destroyed")
+
+
+async def _owned(snapshotting: Awaitable[_Snapshot]) -> _Snapshot:
+    """The snapshot; if the commit is cancelled meanwhile (a destroy), the thread still
+    finishes it, and its files are closed then."""
+    future = asyncio.ensure_future(snapshotting)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_close_snapshot)
+        raise
+
+
+def _close_snapshot(future: asyncio.Future[_Snapshot]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+
+
+def _snapshot(
+    directory: Path, baseline: dict[str, _FileState], recorded: set[str]
+) -> _Snapshot | None:
+    """The directory's recordable files and their changes against `baseline` (the local state
+    of the `recorded` files), or None if the directory moved under the scan: a file vanished
+    while visited, or CURRENT or a MANIFEST changed before the scan ended (see the module
+    docstring for why that makes the snapshot consistent)."""
+    snapshot = _Snapshot(states={})
+    try:
+        # Files are listed per phase: the WALs and SSTs the MANIFEST names may have been
+        # created after the first listing, but exist at the second.
+        for phase in _SCAN_PHASES:
+            names = sorted(
+                (name for name in os.listdir(directory) if _recordable(name)),
+                key=lambda name: (_SCAN_ORDER[_kind(name)], name),
+            )
+            for name in names:
+                if _kind(name) in phase:
+                    _visit(directory, name, baseline, recorded, snapshot)
+        # No MANIFEST edit (nor CURRENT switch) since they were visited, so RocksDB deleted no
+        # file they name meanwhile: every such file was listed, whole enough, after them.
+        for name, state in snapshot.states.items():
+            if _kind(name) in (_Kind.CURRENT, _Kind.MANIFEST):
+                if _FileState.of(os.stat(directory / name)) != state:
+                    snapshot.close()
+                    return None
+        budget = PREFETCH_BYTES_MAX
+        for change in snapshot.changes:
+            length = change.size - change.start
+            if length <= budget:
+                change.prefetched = _pread_exactly(change, change.start, length)
+                budget -= length
+    except FileNotFoundError:
+        snapshot.close()
+        return None
+    except BaseException:
+        snapshot.close()
+        raise
+    return snapshot
+
+
+def _visit(
+    directory: Path,
+    name: str,
+    baseline: dict[str, _FileState],
+    recorded: set[str],
+    snapshot: _Snapshot,
+) -> None:
+    """Note a file's state, and open it as a change if it differs from `baseline`."""
+    path = directory / name
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        return
+    state, recorded_state = _FileState.of(st), baseline.get(name)
+    if state == recorded_state:
+        snapshot.states[name] = state  # Unchanged: the log has all of it.
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        state = _FileState.of(os.fstat(fd))  # The inode we hold, as of now.
+    except BaseException:
+        os.close(fd)
+        raise
+    kind = _kind(name)
+    if name not in recorded and kind in _APPEND_ONLY:
+        change = _Change(name, kind, fd, 0, state.size, "create")
+    elif (
+        kind in _APPEND_ONLY
+        and recorded_state is not None
+        and recorded_state.ino == state.ino
+        and recorded_state.size <= state.size
+    ):
+        change = _Change(name, kind, fd, recorded_state.size, state.size, "append")
+    else:
+        change = _Change(name, kind, fd, 0, state.size, "replace")
+    snapshot.changes.append(change)
+    snapshot.states[name] = state
+
+
+def _pread_exactly(change: _Change, offset: int, length: int) -> bytes:
+    data = os.pread(change.fd, length, offset)
+    if len(data) != length:
+        raise SnapshotError(
+            f"{change.name}: read {len(data)} of {length} bytes at {offset}; the file shrank "
+            "(RocksDB files are append-only or replaced whole)"
+        )
+    return data
+
+
+def _recorded_names(recorder: Recorder) -> set[str]:
+    """Names of the files the log holds at the top of the directory."""
+    return {path[1:] for path in recorder.fsm.links if "/" not in path[1:]}
+
+
+def _user_key(key: bytes) -> bytes:
+    key = bytes(key)
+    if key == CHECKPOINT_KEY:
+        raise ValueError(f"key {CHECKPOINT_KEY!r} is reserved for the store's checkpoint")
+    return key
