@@ -40,18 +40,14 @@ from typing import Any, Final
 from broker.client.route_cache import JournalClient
 from broker.protocol.recorded_op_pb2 import FSMHints
 from gazette_consumer.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from gazette_consumer.recoverylog.fsm import new_random_author
-from gazette_consumer.recoverylog.player import play_and_handoff
-from gazette_consumer.recoverylog.recorder import Recorder, RecorderFencedError
+from gazette_consumer.recoverylog.recorder import RecorderFencedError
 from gazette_consumer.stores.base import (
     COMMITS_IN_FLIGHT_MAX,
-    CommitPipeline,
-    FencedError,
     OpFuture,
     ShardContext,
     StoreError,
-    StoreStateError,
 )
+from gazette_consumer.stores.recorded import RecordedStore
 
 __all__ = ["NEXT_FILE", "STATE_FILE", "JSONFileStore"]
 
@@ -59,10 +55,9 @@ STATE_FILE: Final = "state.json"
 NEXT_FILE: Final = "state.json.next"
 
 
-class JSONFileStore:
+class JSONFileStore(RecordedStore):
     """A Store whose state is a JSON document in a recorded directory. See the module
-    docstring. `log` is the shard's recovery log (`shard_spec.recovery_log(spec)`); `hints`
-    let a restore skip obsolete history (the last `build_hints()` of a previous primary)."""
+    docstring, and RecordedStore for the arguments and what every recorded store does."""
 
     def __init__(
         self,
@@ -74,68 +69,22 @@ class JSONFileStore:
         author: int | None = None,
         commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
     ) -> None:
-        self.client = client
-        self.log = log
-        self.directory = Path(directory)
-        self.author = author if author is not None else new_random_author()
-        self.state: dict[str, Any] = {}
-        self._hints = hints if hints is not None else FSMHints(log=log)
-        if self._hints.log != log:
-            raise ValueError(f"hints: log {self._hints.log!r} is not the store's log {log!r}")
-        self._pipeline = CommitPipeline(commits_in_flight_max)
-        self._recorder: Recorder | None = None
-        self._fqn: str | None = None
-        self._failed: BaseException | None = None
-        self._destroyed = False
-        self._played = False  # The directory was played by whoever built the recorder.
-
-    @classmethod
-    def recorded(
-        cls, recorder: Recorder, *, commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX
-    ) -> JSONFileStore:
-        """A store over a directory already played and handed off to `recorder`'s author
-        (what a shard passes to `Application.new_store`)."""
-        store = cls(
-            recorder.client,
-            recorder.log,
-            recorder.directory,
-            author=recorder.author,
+        super().__init__(
+            client,
+            log,
+            directory,
+            hints=hints,
+            author=author,
             commits_in_flight_max=commits_in_flight_max,
         )
-        store._recorder = recorder
-        store._played = True
-        return store
-
-    @property
-    def recorder(self) -> Recorder | None:
-        return self._recorder
-
-    async def build_hints(self) -> FSMHints:
-        """Hints of the committed state, for the next primary's restore."""
-        if self._recorder is None:
-            raise StoreStateError("build_hints: restore_checkpoint must come first")
-        return await self._recorder.build_hints()
+        self.state: dict[str, Any] = {}
 
     # --- Store ---------------------------------------------------------------------------------
 
     async def restore_checkpoint(self, shard: ShardContext) -> Checkpoint:
         """Play the recovery log into the directory, take the log over (fencing the previous
         primary), and return the last committed checkpoint."""
-        self._check_usable("restore_checkpoint")
-        if self._fqn is not None or (self._recorder is not None and not self._played):
-            raise StoreStateError("restore_checkpoint: already restored; use a new store")
-        if self._recorder is None:
-            recovered = await play_and_handoff(
-                self.client, self._hints, self.directory, self.author
-            )
-            self._recorder = Recorder(
-                self.client,
-                recovered.fsm,
-                self.author,
-                self.directory,
-                write_head=recovered.write_head,
-            )
-        self._fqn = shard.fqn
+        await self._take_over(shard)
         path = self.directory / STATE_FILE
         if not path.exists():
             return Checkpoint()
@@ -149,15 +98,7 @@ class JSONFileStore:
     async def start_commit(
         self, shard: ShardContext, checkpoint: Checkpoint, wait_for: Sequence[Awaitable[object]]
     ) -> OpFuture:
-        self._check_usable("start_commit")
-        if self._recorder is None:
-            raise StoreStateError("start_commit: restore_checkpoint must come first")
-        if shard.fqn != self._fqn:
-            raise StoreStateError(
-                f"start_commit: shard {shard.fqn!r} is not the restored shard {self._fqn!r}"
-            )
-        if self._failed is not None:
-            raise StoreStateError("start_commit: an earlier commit failed; restore a new store")
+        self._check_commit(shard)
         # Serialized now: later changes to `state` belong to the next transaction.
         document = {
             "checkpoint": base64.b64encode(encode_checkpoint(checkpoint)).decode(),
@@ -187,18 +128,10 @@ class JSONFileStore:
             await recorder.rename(NEXT_FILE, STATE_FILE)
             await recorder.flush()
         except RecorderFencedError as err:
-            self._failed = err
-            raise FencedError(
-                f"{self._fqn}: another instance restored the shard (recovery log {self.log} "
-                "was handed off): this commit was not recorded"
-            ) from err
+            raise self._fenced(err) from err
         except BaseException as err:
             self._failed = err
             raise
-
-    def _check_usable(self, operation: str) -> None:
-        if self._destroyed:
-            raise StoreStateError(f"{operation}: the store was destroyed")
 
 
 async def _nothing() -> None:

@@ -89,18 +89,15 @@ import rocksdict
 from broker.client.route_cache import JournalClient
 from broker.protocol.recorded_op_pb2 import FSMHints
 from gazette_consumer.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from gazette_consumer.recoverylog.fsm import new_random_author
-from gazette_consumer.recoverylog.player import play_and_handoff
 from gazette_consumer.recoverylog.recorder import Recorder, RecorderFencedError
 from gazette_consumer.stores.base import (
     COMMITS_IN_FLIGHT_MAX,
-    CommitPipeline,
-    FencedError,
     OpFuture,
     ShardContext,
     StoreError,
     StoreStateError,
 )
+from gazette_consumer.stores.recorded import RecordedStore
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -229,11 +226,10 @@ class _Snapshot:
                 os.close(change.fd)
 
 
-class RocksDBStore:
-    """A Store over a RocksDB database in a recorded directory. See the module docstring.
-    `log` is the shard's recovery log (`shard_spec.recovery_log(spec)`); `hints` let a
-    standalone restore skip obsolete history; `configure` tunes the database's Options (it
-    must not move files out of the directory: no wal_dir or db_paths)."""
+class RocksDBStore(RecordedStore):
+    """A Store over a RocksDB database in a recorded directory. See the module docstring, and
+    RecordedStore for the arguments and what every recorded store does. `configure` tunes the
+    database's Options (it must not move files out of the directory: no wal_dir or db_paths)."""
 
     def __init__(
         self,
@@ -246,54 +242,23 @@ class RocksDBStore:
         configure: Callable[[rocksdict.Options], None] | None = None,
         commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
     ) -> None:
-        self.client = client
-        self.log = log
-        self.directory = Path(directory)
-        self.author = author if author is not None else new_random_author()
-        self._hints = hints if hints is not None else FSMHints(log=log)
-        if self._hints.log != log:
-            raise ValueError(f"hints: log {self._hints.log!r} is not the store's log {log!r}")
+        super().__init__(
+            client,
+            log,
+            directory,
+            hints=hints,
+            author=author,
+            commits_in_flight_max=commits_in_flight_max,
+        )
         self._configure = configure
-        self._pipeline = CommitPipeline(commits_in_flight_max)
         # One thread for every blocking call on the database and its files: they run in
         # submission order, and `destroy` closes the database only after the last of them.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocksdb-store")
         self._db: rocksdict.Rdict | None = None
-        self._recorder: Recorder | None = None
-        self._fqn: str | None = None
         self._staged: dict[bytes, bytes | None] = {}  # None: a deletion.
         # Writes of commits started but not yet applied to `db`, oldest first.
         self._pending: list[dict[bytes, bytes | None]] = []
         self._baseline: dict[str, _FileState] = {}  # Recorded files, as last seen locally.
-        self._failed: BaseException | None = None
-        self._destroyed = False
-        self._played = False  # The directory was played by whoever built the recorder.
-
-    @classmethod
-    def recorded(
-        cls,
-        recorder: Recorder,
-        *,
-        configure: Callable[[rocksdict.Options], None] | None = None,
-        commits_in_flight_max: int = COMMITS_IN_FLIGHT_MAX,
-    ) -> RocksDBStore:
-        """A store over a directory already played and handed off to `recorder`'s author
-        (what a shard passes to `Application.new_store`)."""
-        store = cls(
-            recorder.client,
-            recorder.log,
-            recorder.directory,
-            author=recorder.author,
-            configure=configure,
-            commits_in_flight_max=commits_in_flight_max,
-        )
-        store._recorder = recorder
-        store._played = True
-        return store
-
-    @property
-    def recorder(self) -> Recorder | None:
-        return self._recorder
 
     @property
     def db(self) -> rocksdict.Rdict:
@@ -301,12 +266,6 @@ class RocksDBStore:
         if self._db is None:
             raise StoreStateError("db: restore_checkpoint must come first")
         return self._db
-
-    async def build_hints(self) -> FSMHints:
-        """Hints of the committed state, for the next primary's restore."""
-        if self._recorder is None:
-            raise StoreStateError("build_hints: restore_checkpoint must come first")
-        return await self._recorder.build_hints()
 
     # --- The application's transaction ---------------------------------------------------------
 
@@ -334,22 +293,7 @@ class RocksDBStore:
     async def restore_checkpoint(self, shard: ShardContext) -> Checkpoint:
         """Play the recovery log into the directory (unless the shard did), take the log over
         (fencing the previous primary), open the database and return its checkpoint."""
-        self._check_usable("restore_checkpoint")
-        if self._fqn is not None or (self._recorder is not None and not self._played):
-            raise StoreStateError("restore_checkpoint: already restored; use a new store")
-        if self._recorder is None:
-            recovered = await play_and_handoff(
-                self.client, self._hints, self.directory, self.author
-            )
-            self._recorder = Recorder(
-                self.client,
-                recovered.fsm,
-                self.author,
-                self.directory,
-                write_head=recovered.write_head,
-            )
-        self._fqn = shard.fqn
-        recorded = _recorded_names(self._recorder)
+        recorded = _recorded_names(await self._take_over(shard))
         self._baseline, self._db, data = await self._blocking(self._open, recorded)
         if data is None:
             return Checkpoint()
@@ -363,15 +307,9 @@ class RocksDBStore:
     async def start_commit(
         self, shard: ShardContext, checkpoint: Checkpoint, wait_for: Sequence[Awaitable[object]]
     ) -> OpFuture:
-        self._check_usable("start_commit")
-        if self._recorder is None or self._db is None:
+        self._check_commit(shard)
+        if self._db is None:
             raise StoreStateError("start_commit: restore_checkpoint must come first")
-        if shard.fqn != self._fqn:
-            raise StoreStateError(
-                f"start_commit: shard {shard.fqn!r} is not the restored shard {self._fqn!r}"
-            )
-        if self._failed is not None:
-            raise StoreStateError("start_commit: an earlier commit failed; restore a new store")
         # Taken now: later writes belong to the next transaction.
         writes, self._staged = self._staged, {}
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -420,11 +358,7 @@ class RocksDBStore:
             await recorder.flush()
             self._baseline = snapshot.states
         except RecorderFencedError as err:
-            self._failed = err
-            raise FencedError(
-                f"{self._fqn}: another instance restored the shard (recovery log {self.log} "
-                "was handed off): this commit was not recorded"
-            ) from err
+            raise self._fenced(err) from err
         except BaseException as err:
             self._failed = err
             raise
@@ -527,10 +461,6 @@ class RocksDBStore:
         raise SnapshotError(
             f"{self.directory}: files kept vanishing during {SNAPSHOT_ATTEMPTS_MAX} snapshots"
         )
-
-    def _check_usable(self, operation: str) -> None:
-        if self._destroyed:
-            raise StoreStateError(f"{operation}: the store was destroyed")
 
 
 async def _owned(snapshotting: Awaitable[_Snapshot]) -> _Snapshot:
