@@ -8,7 +8,6 @@ nothing; and a shard recording a RocksDB store through its recovery_log_prefix."
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import random
 from collections import Counter
@@ -34,9 +33,10 @@ from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.stores.base import FencedError, ShardContext, Store
 from gazette_consumer.stores.conformance import SimpleShard, check_store, sample_checkpoint
 from gazette_consumer.stores.rocksdb import CHECKPOINT_KEY, RocksDBStore
-from tests.broker.broker_testkit import Cluster, content_from_start, journal_spec, wait_until
+from tests.broker.broker_testkit import content_from_start, journal_spec, wait_until
 from tests.gazette_consumer.recovery_testkit import Texts, create_log, words_spec
 from tests.gazette_consumer.shard_testkit import Notifier, broker_env
+from tests.gazette_consumer.stores.recorded_testkit import RecordedFactory, factory_on_a_broker
 
 State = dict[bytes, bytes]
 
@@ -50,26 +50,7 @@ def small_buffers(options: rocksdict.Options) -> None:
     options.set_max_bytes_for_level_base(128 << 10)
 
 
-class RocksDBFactory:
-    """Stores of one recovery log per shard; each instance plays into a directory of its own."""
-
-    stages_while_committing = True
-
-    def __init__(self, cluster: Cluster, client: JournalClient, root: Path) -> None:
-        self.cluster, self.client, self.root = cluster, client, root
-        self.logs: dict[str, str] = {}
-        self._dirs = itertools.count()
-
-    async def log_of(self, fqn: str) -> str:
-        if fqn not in self.logs:
-            name = f"recovery/{len(self.logs)}"
-            await self.cluster.create(journal_spec(name), self.cluster.brokers)
-            self.logs[fqn] = name
-        return self.logs[fqn]
-
-    def directory(self) -> Path:
-        return self.root / f"instance-{next(self._dirs)}"
-
+class RocksDBFactory(RecordedFactory):
     async def open(self, shard: ShardContext) -> Store:
         return await self.open_rocksdb(shard)
 
@@ -88,14 +69,8 @@ class RocksDBFactory:
 
 @pytest.fixture
 async def factory(tmp_path: Path) -> AsyncIterator[RocksDBFactory]:
-    cluster = Cluster()
-    broker = await cluster.start_broker("zone-a", "broker-a")
-    client = JournalClient(broker.endpoint)
-    try:
-        yield RocksDBFactory(cluster, client, tmp_path)
-    finally:
-        await client.close()
-        await cluster.close()
+    async with factory_on_a_broker(RocksDBFactory, tmp_path) as made:
+        yield made
 
 
 def open_items(directory: Path) -> tuple[State, Checkpoint]:

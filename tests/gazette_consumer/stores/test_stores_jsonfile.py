@@ -4,40 +4,21 @@ register), and the document a restore reads back."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from broker.client.route_cache import JournalClient
 from gazette_consumer.stores.base import FencedError, ShardContext, Store
 from gazette_consumer.stores.conformance import SimpleShard, check_store, sample_checkpoint
 from gazette_consumer.stores.jsonfile import STATE_FILE, JSONFileStore
-from tests.broker.broker_testkit import Cluster, journal_spec
+from tests.gazette_consumer.stores.recorded_testkit import RecordedFactory, factory_on_a_broker
 
 
-class JSONFileFactory:
-    """Stores of one recovery log per shard; each instance plays into a directory of its own."""
-
-    stages_while_committing = True
-
-    def __init__(self, cluster: Cluster, client: JournalClient, root: Path) -> None:
-        self.cluster, self.client, self.root = cluster, client, root
-        self.logs: dict[str, str] = {}
-        self._dirs = itertools.count()
-
-    async def log_of(self, fqn: str) -> str:
-        if fqn not in self.logs:
-            name = f"recovery/{len(self.logs)}"
-            await self.cluster.create(journal_spec(name), self.cluster.brokers)
-            self.logs[fqn] = name
-        return self.logs[fqn]
-
+class JSONFileFactory(RecordedFactory):
     async def open(self, shard: ShardContext) -> Store:
-        directory = self.root / f"instance-{next(self._dirs)}"
-        return JSONFileStore(self.client, await self.log_of(shard.fqn), directory)
+        return JSONFileStore(self.client, await self.log_of(shard.fqn), self.directory())
 
     async def stage(self, store: Store, key: str, value: bytes) -> None:
         assert isinstance(store, JSONFileStore)
@@ -51,14 +32,8 @@ class JSONFileFactory:
 
 @pytest.fixture
 async def factory(tmp_path: Path) -> AsyncIterator[JSONFileFactory]:
-    cluster = Cluster()
-    broker = await cluster.start_broker("zone-a", "broker-a")
-    client = JournalClient(broker.endpoint)
-    try:
-        yield JSONFileFactory(cluster, client, tmp_path)
-    finally:
-        await client.close()
-        await cluster.close()
+    async with factory_on_a_broker(JSONFileFactory, tmp_path) as made:
+        yield made
 
 
 async def test_jsonfile_store_conformance(factory: JSONFileFactory) -> None:
