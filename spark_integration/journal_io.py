@@ -9,8 +9,8 @@ channel outlives the call, and nothing that crosses a process boundary holds one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Final, TypeVar
 
 from broker.client.list_apply import get_journal, list_journals
 from broker.client.reader import Reader
@@ -22,6 +22,10 @@ from broker.protocol.status import JournalNotFoundError, OffsetNotYetAvailableEr
 from spark_integration.options import journals_max
 
 T = TypeVar("T")
+
+# A wait for an append watches at most this many journals (one blocking Read RPC each, on one
+# channel); an append to any other is seen when the wait's bound expires and the caller looks again.
+append_wait_journals_max: Final = 256
 
 
 class GazetteJournalError(LookupError):
@@ -121,3 +125,36 @@ async def write_head(client: JournalClient, journal: str) -> int:
 async def write_heads(client: JournalClient, journals: list[str]) -> dict[str, int]:
     heads = await asyncio.gather(*(write_head(client, j) for j in journals))
     return dict(zip(journals, heads, strict=True))
+
+
+async def wait_for_append(
+    client: JournalClient, heads: Mapping[str, int], timeout_s: float
+) -> bool:
+    """Wait until content is committed at the write head of any of `heads`' journals, or for
+    `timeout_s`. True if a wait ended before the bound.
+
+    Each journal gets one blocking, metadata-only Read at its head: the broker answers it once
+    a fragment covers that offset, i.e. once an append commits there (at once if one already
+    has, so an append racing the caller's look at the heads is not missed), and sends nothing
+    meanwhile. A read that ends for another reason (the journal was deleted, the broker went
+    away) ends the wait too: the caller looks at its journals again, and meets the error there.
+    The reads are cancelled before this returns."""
+    watched = sorted(heads.items())[:append_wait_journals_max]
+    if not watched or timeout_s <= 0:
+        return False
+    readers = [
+        Reader(client, pb.ReadRequest(journal=j, offset=h, block=True, metadata_only=True))
+        for j, h in watched
+    ]
+    tasks = [asyncio.create_task(r.read_chunk()) for r in readers]
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        # Cancelling a read cancels its RPC (Reader.read_chunk closes itself on any exception);
+        # gathering retrieves what the reads raised, which the caller's next look reports.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for r in readers:
+            await r.close()
+    return bool(done)

@@ -16,6 +16,8 @@ Reads:
     startingOffsets   streaming: earliest (default), latest, or JSON {journal: offset}
     ringSize    the Sequencer's ring entries (default 8192)
     producerHorizonSeconds   streaming: producers idle for longer are forgotten (default 1 day)
+    idleWaitMs  streaming: how long planning waits for an append when no journal has new data
+                (default 500; 0: do not wait)
 
 Writes:
     broker      as above                                                          (required)
@@ -45,6 +47,10 @@ ring_size_max: Final = 1 << 20
 # Journals one source reads (one Spark partition each).
 journals_max: Final = 10_000
 producer_horizon_s_default: Final = 86_400
+# Streaming planning with nothing new waits this long for an append before it answers "nothing"
+# (stream_read.py). The bound is how long a query's stop can take while it waits.
+idle_wait_ms_default: Final = 500
+idle_wait_ms_max: Final = 60_000
 
 
 class GazetteOptionError(ValueError):
@@ -67,6 +73,7 @@ class ReadOptions:
     starting: str | Mapping[str, int]  # "earliest", "latest", or offsets.
     ring_size: int
     producer_horizon_s: int
+    idle_wait_ms: int  # Streaming: bound of the wait for an append when idle; 0: no wait.
 
     @property
     def committed(self) -> bool:
@@ -207,6 +214,7 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         producer_horizon_s=_int_option(
             options, "producerHorizonSeconds", producer_horizon_s_default, 0, 10 * 365 * 86_400
         ),
+        idle_wait_ms=_int_option(options, "idleWaitMs", idle_wait_ms_default, 0, idle_wait_ms_max),
     )
 
 

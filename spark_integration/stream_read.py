@@ -26,6 +26,14 @@ theirs arriving later would be delivered again), which bounds the offset's size.
 
 Read-uncommitted streams carry read-through offsets only.
 
+An idle query costs next to nothing. Spark plans micro-batches back to back (its default trigger),
+calling `latestOffset` again within milliseconds of an answer of "nothing new"; each call asks
+the broker for the journals and their write heads. So when no journal has data beyond its start,
+`latestOffset` waits, at most option idleWaitMs, for an append to any of them (a blocking
+metadata-only Read at each write head, which the broker answers when content commits there), then
+looks once more and answers: the new offsets if content came, else the start offsets. This is
+what Kafka's source does in its poll. Trigger.AvailableNow never waits.
+
 A selector is re-evaluated at every micro-batch: journals it newly matches are read from their
 beginning. `Trigger.AvailableNow` reads up to the write heads of when the query started.
 """
@@ -50,6 +58,7 @@ from spark_integration.journal_io import (
     GazetteJournalError,
     resolve_journals,
     run_with_client,
+    wait_for_append,
     write_heads,
 )
 from spark_integration.options import ReadOptions
@@ -93,37 +102,54 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
 
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         """The end checkpoint of every journal read (see the module docstring). `limit` is
-        always ReadAllAvailable: the source declares no other default limit."""
+        always ReadAllAvailable: the source declares no other default limit.
+
+        With nothing new in any journal, it first waits (see the module docstring) for an
+        append, at most option idleWaitMs, then looks once more."""
         starts = offsets.from_json(start)
         horizon = 0
         if self.opts.producer_horizon_s:
             horizon = clock_from_unix_nanos(
                 time.time_ns() - self.opts.producer_horizon_s * 1_000_000_000
             )
+        # Trigger.AvailableNow stops at the heads it captured: nothing to wait for.
+        wait_s = 0.0 if self._available_now is not None else self.opts.idle_wait_ms / 1000
 
-        async def plan(client: JournalClient) -> dict[str, SequencerCheckpoint]:
+        def begin_of(journal: str) -> int:
+            cp = starts.get(journal)
+            return cp.read_through[journal] if cp is not None else 0
+
+        async def look(client: JournalClient) -> dict[str, int]:
             names = [s.name for s in await self._journals(client)]
             heads = await write_heads(client, names)
             if self._available_now is not None:
                 heads = {j: min(h, self._available_now.get(j, 0)) for j, h in heads.items()}
+            return heads
+
+        async def plan(client: JournalClient) -> dict[str, SequencerCheckpoint]:
+            heads = await look(client)
+            # A selector matching no journal gives nothing to wait on: answer at once.
+            if wait_s and heads and all(h <= begin_of(j) for j, h in heads.items()):
+                await wait_for_append(client, heads, wait_s)
+                heads = await look(client)
             out: dict[str, SequencerCheckpoint] = {}
-            for journal in names:
+            for journal, head in heads.items():
                 cp = starts.get(journal) or SequencerCheckpoint(read_through={journal: 0})
                 begin = cp.read_through[journal]
-                if heads[journal] <= begin:
+                if head <= begin:
                     out[journal] = cp
                 elif self.opts.committed:
                     out[journal] = await scan_committed(
                         client,
                         journal,
                         begin,
-                        heads[journal],
+                        head,
                         ring_size=self.opts.ring_size,
                         checkpoint=cp,
                         horizon_clock=horizon,
                     )
                 else:
-                    out[journal] = SequencerCheckpoint(read_through={journal: heads[journal]})
+                    out[journal] = SequencerCheckpoint(read_through={journal: head})
             return out
 
         return offsets.to_json(run_with_client(self.opts.broker, plan))
