@@ -19,10 +19,11 @@ replica's copy (up to a fragment's target length of spool, per journal) is relea
 rather than held for the whole delay. A replica fragment waiting for its next check does not
 hold up the fragments behind it: the worker persists whatever is due first.
 
-Bounds. Completed fragments wait in a queue of at most `queue_len_max`; a full queue makes
-`submit` wait (back-pressure on whoever rolls spools) and `submit_nowait` raise. Replica
-fragments between checks are held apart, at most `queue_len_max` of them; while that many
-wait, the worker takes no new fragments from the queue. Each upload is
+Bounds. Completed fragments wait in a queue of at most `queue_len_max` (primaries' and
+replicas' in queues of their own, so that a primary's never waits behind replicas'); a full
+queue makes `submit` wait (back-pressure on whoever rolls spools) and `submit_nowait` raise.
+Replica fragments between checks are held apart, at most `queue_len_max` of them; while that
+many wait, the worker takes no more from the replicas' queue. Each upload is
 tried at most `attempts_max` times, with exponential back-off between attempts, each attempt
 limited to `upload_timeout_s`. A fragment that still fails is *not* lost: it stays a local
 fragment of the index (served from its file, and covered by a later store listing if another
@@ -45,7 +46,6 @@ valid postfix fails the attempt like a store error would (the spec may be fixed 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import heapq
 import io
@@ -156,7 +156,8 @@ class _FileSection(io.RawIOBase):
 
 @dataclass
 class Stats:
-    """Counts of outcomes, for logs, metrics and tests."""
+    """Counts of outcomes, for logs, metrics and tests. DEFERRED counts replicas' checks that
+    found nothing yet (several per fragment), the others one per fragment."""
 
     outcomes: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
     failed_attempts: int = 0
@@ -197,7 +198,12 @@ class Persister:
         self._spec_of = spec_of
         self._new_file = new_file
         self._index_of = index_of
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_len_max)
+        # Primaries' fragments and replicas' apart, each bounded: a primary's is due at once
+        # and never waits behind replicas' (see "Timing"). `_arrived` is set by every intake.
+        self._queue_len_max = queue_len_max
+        self._primaries: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_len_max)
+        self._replicas: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_len_max)
+        self._arrived = asyncio.Event()
         # Jobs whose worker was cancelled mid-way; the next run() persists them first.
         self._interrupted: list[_Job] = []
         self._attempts_max = attempts_max
@@ -223,10 +229,12 @@ class Persister:
         caller still owns the files then)."""
         self._check_open()
         try:
-            self._queue.put_nowait(self._job(completed, index))
+            job = self._job(completed, index)
+            self._intake(job).put_nowait(job)
+            self._arrived.set()
         except asyncio.QueueFull:
             raise PersistQueueFullError(
-                f"persister queue is full ({self._queue.maxsize} fragments)"
+                f"persister queue is full ({self._queue_len_max} fragments)"
             ) from None
 
     def on_complete(self, completed: CompletedSpool) -> None:
@@ -252,7 +260,12 @@ class Persister:
     async def submit(self, completed: CompletedSpool, index: FragmentIndex | None = None) -> None:
         """Queue a completed fragment, waiting while the queue is full."""
         self._check_open()
-        await self._queue.put(self._job(completed, index))
+        job = self._job(completed, index)
+        await self._intake(job).put(job)
+        self._arrived.set()
+
+    def _intake(self, job: _Job) -> asyncio.Queue[_Job]:
+        return self._primaries if job.completed.primary else self._replicas
 
     def _job(self, completed: CompletedSpool, index: FragmentIndex | None) -> _Job:
         now = self._clock()
@@ -272,8 +285,9 @@ class Persister:
 
     @property
     def pending(self) -> int:
-        """Fragments not persisted yet: queued, or replicas' between checks."""
-        return self._queue.qsize() + len(self._waiting)
+        """Fragments not persisted yet: queued, replicas' between checks, or interrupted."""
+        queued = self._primaries.qsize() + self._replicas.qsize()
+        return queued + len(self._waiting) + len(self._interrupted)
 
     # --- The worker -------------------------------------------------------------------------
 
@@ -283,7 +297,7 @@ class Persister:
         self._draining = drain
         while self._interrupted:
             await self._process(self._interrupted.pop(0))
-        while not (drain and self._queue.empty() and not self._waiting):
+        while not (drain and self._drained()):
             await self.step()
 
     async def step(self) -> Outcome | None:
@@ -292,36 +306,41 @@ class Persister:
         did not find it in the store yet (it is checked again later), None if interrupted."""
         return await self._process(await self._next_due())
 
+    def _drained(self) -> bool:
+        return self._primaries.empty() and self._replicas.empty() and not self._waiting
+
     async def _next_due(self) -> _Job:
         while True:
-            # Take arrivals first: a primary's is due at once, a replica's waits its turn.
-            while not self._queue.empty() and len(self._waiting) < self._queue.maxsize:
-                job = self._queue.get_nowait()
+            self._arrived.clear()  # Any intake from here on wakes the wait below.
+            if not self._primaries.empty():
+                return self._primaries.get_nowait()  # Due at once, whatever else waits.
+            # A replica's arrival waits its turn among those between checks (bounded: while
+            # that many wait, later ones stay queued, and their intake applies back-pressure).
+            while not self._replicas.empty() and len(self._waiting) < self._queue_len_max:
+                job = self._replicas.get_nowait()
                 if job.due_at(self._draining) <= self._clock():
                     return job
                 self._park(job)
-            waiting = self._waiting
-            if waiting:
-                wait = waiting[0][2].due_at(self._draining) - self._clock()
+            wait: float | None = None
+            if self._waiting:
+                wait = self._waiting[0][2].due_at(self._draining) - self._clock()
                 if wait <= 0:
-                    return heapq.heappop(waiting)[2]
-                if len(waiting) >= self._queue.maxsize:
-                    await self._sleep(wait)  # Full: no new fragments until one is done.
-                    continue
-                arrival = asyncio.ensure_future(self._queue.get())
-                timer = asyncio.ensure_future(self._sleep(wait))
-                try:
-                    await asyncio.wait((arrival, timer), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
-                    # Cancelling a get() that was woken but has not run leaves the item queued.
-                    arrival.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await arrival
-                if not arrival.cancelled():
-                    self._park(arrival.result())  # Returned by the next turn if due.
-                continue
-            return await self._queue.get()
+                    return heapq.heappop(self._waiting)[2]
+            await self._wait_for_arrival(wait)
+
+    async def _wait_for_arrival(self, wait: float | None) -> None:
+        """Until something is submitted, or for `wait` seconds (None: no bound). Nothing
+        here holds a fragment, so a cancellation loses none."""
+        if wait is None:
+            await self._arrived.wait()
+            return
+        arrived = asyncio.ensure_future(self._arrived.wait())
+        timer = asyncio.ensure_future(self._sleep(wait))
+        try:
+            await asyncio.wait((arrived, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            arrived.cancel()
+            timer.cancel()
 
     def _park(self, job: _Job) -> None:
         self._arrivals += 1
@@ -331,7 +350,7 @@ class Persister:
         outcome: Outcome | None = None
         kept = False
         try:
-            if not self._draining and self._clock() < job.not_before:
+            if not job.completed.primary and not self._draining and self._clock() < job.not_before:
                 # A replica's, before its upload time: check whether the primary's is done.
                 outcome = await self._check_present(job)
                 if outcome is Outcome.DEFERRED:

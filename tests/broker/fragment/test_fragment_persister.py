@@ -4,6 +4,7 @@ persisted fragment to the index, file ownership, the bounded queue and replica d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -358,12 +359,46 @@ async def test_waiting_replica_fragments_are_bounded() -> None:
     env = Env(replica_delay_s=120.0, replica_check_s=2.0, queue_len_max=1)
     env.persister.submit_nowait(completed(0, b"replica", primary=False))
     assert await env.persister.step() is Outcome.DEFERRED  # Waiting: the bound is reached.
-    env.persister.submit_nowait(completed(7, b"primary"))
-    # No new fragment is taken while the waiting ones fill the bound: the replica's comes
-    # first, once due (checked again, then uploaded at its delay).
+    env.persister.submit_nowait(completed(7, b"second", primary=False))
+    env.persister.submit_nowait(completed(13, b"primary"))
+    # A primary's fragment is taken whatever waits; the second replica's stays queued while
+    # the first fills the bound, and the first comes next, once due.
+    assert await env.persister.step() is Outcome.PERSISTED
+    assert env.sleeps == [2.0]
     assert await env.persister.step() is Outcome.DEFERRED
     assert env.sleeps == [2.0, 4.0]
     assert env.persister.pending == 2
+
+
+async def test_a_worker_cancelled_while_waiting_loses_no_fragment() -> None:
+    async def never(delay: float) -> None:
+        await asyncio.Event().wait()
+
+    for turns in range(3):  # The fragment arrives 0, 1 or 2 loop turns before the cancel.
+        env = Env(replica_delay_s=120.0, replica_check_s=2.0, sleep=never)
+        env.persister.submit_nowait(completed(0, b"replica", primary=False))
+        step = asyncio.ensure_future(env.persister.step())
+        await asyncio.sleep(0)  # The worker parks the replica's and waits.
+        env.persister.submit_nowait(completed(7, b"primary"))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        step.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await step
+        # The primary's was persisted by the step, or is still queued: never dropped.
+        persisted = env.persister.stats.outcomes[Outcome.PERSISTED]
+        assert env.persister.pending + persisted == 2
+        await env.persister.run(drain=True)
+        assert env.persister.pending == 0
+        assert env.persister.stats.outcomes[Outcome.PERSISTED] == 2
+
+
+async def test_a_primary_fragment_is_uploaded_even_if_the_clock_steps_back() -> None:
+    env = Env(replica_delay_s=120.0, replica_check_s=2.0)
+    env.persister.submit_nowait(completed(0, b"primary"))
+    env.now -= 3600.0  # The wall clock steps back (NTP, a resumed VM).
+    assert await env.persister.step() is Outcome.PERSISTED
+    assert env.persister.stats.outcomes[Outcome.DEFERRED] == 0
 
 
 @pytest.mark.parametrize("attempts_max", [0])
