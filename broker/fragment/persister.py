@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import heapq
 import io
 import time
@@ -60,7 +61,7 @@ from broker.fragment.index import FragmentIndex, IndexClosedError
 from broker.fragment.postfix import postfix_of
 from broker.fragment.spool import CompletedSpool, compress_file
 from broker.fragment.spool_file import SpoolFile
-from broker.fragment.stores.base import FragmentStore, StoreError
+from broker.fragment.stores.base import FragmentStore, StoreError, run_to_completion
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -507,12 +508,17 @@ class Persister:
         if completed.compressed_file is not None:
             return completed.compressed_file, completed.compressed_length
         if job.compressed is None:
-            job.compressed = await asyncio.to_thread(
-                compress_file,
-                codecs.CompressionCodec(codec),
-                completed.content_file,
-                completed.end - completed.begin,
-                self._new_file,
+            # Waited for even if cancelled: the thread reads the content file, which the
+            # release that follows closes (a memory spool's blocks then go to other spools).
+            job.compressed = await run_to_completion(
+                functools.partial(
+                    compress_file,
+                    codecs.CompressionCodec(codec),
+                    completed.content_file,
+                    completed.end - completed.begin,
+                    self._new_file,
+                ),
+                discard=lambda compressed: compressed[0].close(),
             )
         return job.compressed
 

@@ -35,7 +35,7 @@ import io
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from broker.fragment import naming
@@ -45,6 +45,8 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 # Signed URLs live at most a week: S3 refuses longer presigned URLs, and a reader holding a URL
 # longer than that is a bug.
@@ -199,15 +201,24 @@ async def run_blocking_put(fn: Callable[[], None]) -> None:
     would outlive it (a temporary file still being written, a multipart upload still running)
     while its caller believes it over, say a broker that has stopped. So cancellation waits for
     the write to finish, then propagates."""
+    await run_to_completion(fn)
+
+
+async def run_to_completion(fn: Callable[[], T], discard: Callable[[T], None] | None = None) -> T:
+    """Run blocking `fn` in a worker thread and return its result; if cancelled meanwhile,
+    wait for the thread to end (see run_blocking_put), hand a result nobody will take to
+    `discard`, and propagate the cancellation."""
     task = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
-        await asyncio.shield(task)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
         while not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait([task])
         if not task.cancelled():
-            task.exception()  # Retrieved: the cancellation, not the write's outcome, stands.
+            if task.exception() is None and discard is not None:
+                discard(task.result())
+            # Otherwise retrieved: the cancellation, not the thread's outcome, stands.
         raise
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -71,10 +72,10 @@ class Env:
         self.sleeps: list[float] = []
         self.now = NOW
         persister_args.setdefault("sleep", self._sleep)
+        persister_args.setdefault("new_file", MemorySpoolFile)
         self.persister = Persister(
             self.registry,
             lambda journal: self.spec if journal == JOURNAL else None,
-            new_file=MemorySpoolFile,
             clock=lambda: self.now,
             **persister_args,  # type: ignore[arg-type]
         )
@@ -155,6 +156,30 @@ async def test_compresses_when_the_spool_did_not() -> None:
     keys = [k for k, _ in env.buckets.items("bucket", "")]
     assert keys == ["prefix/" + naming.content_path(done.fragment)]
     assert keys[0].endswith(".zst")
+
+
+async def test_a_cancelled_persist_waits_for_its_compression_thread() -> None:
+    # The compressing thread reads the content file, which whoever owns it may close (and a
+    # memory spool's blocks go to other spools) once the persist ends: a cancellation must
+    # not end it while the thread still reads.
+    gate, made = threading.Event(), list[MemorySpoolFile]()
+
+    def gated_file() -> MemorySpoolFile:
+        gate.wait(timeout=30)
+        made.append(MemorySpoolFile())
+        return made[-1]
+
+    env = Env(new_file=gated_file)
+    done = completed(0, b"line of text\n" * 100, codec=CompressionCodec.GZIP)
+    persist = asyncio.ensure_future(env.persister.persist(done))
+    await asyncio.sleep(0.05)  # Into the thread, held at the gate.
+    persist.cancel()
+    await asyncio.sleep(0.05)
+    assert not persist.done()  # Waiting for the thread, which still reads the content.
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await persist
+    assert [f.closed for f in made] == [True]  # Its output, which nobody takes, discarded.
 
 
 async def test_uploads_the_primary_spools_compressed_file() -> None:
