@@ -313,6 +313,7 @@ class ReadCommittedIter:
                 # Nothing held anywhere: the next piece, and its leading run at once if it
                 # starts with one (the common case, once per piece), without the general
                 # stepping below; what `_step_to_message` would do, in fewer steps.
+                self._run_all = _NO_RUN  # Returned: not kept alive here (see DECODE_PIECE_BYTES).
                 envs = self._decode_piece()
                 if envs is None:
                     return None
@@ -323,7 +324,6 @@ class ReadCommittedIter:
                         del envs[length:]
                     self._run_all, self._run = envs, envs[:0:-1]
                     return envs[0]
-                self._run_all = _NO_RUN
                 pending.extend(envs)
             self._start()
             if not self._step_to_message():

@@ -280,7 +280,7 @@ class RocksDBStore(RecordedStore):
     def get(self, key: bytes) -> bytes | None:
         """`key`'s value as the current transaction sees it: its own staged writes, then
         those of pending commits, then the database."""
-        key = bytes(key)
+        key = _user_key(key)
         for writes in (self._staged, *reversed(self._pending)):
             if key in writes:
                 return writes[key]

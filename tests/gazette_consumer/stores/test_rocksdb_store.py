@@ -240,6 +240,22 @@ async def test_every_prefix_of_the_log_restores_a_committed_state(
     assert checked > 13 * 3  # Several ops per commit: the prefixes cut inside commits.
 
 
+async def test_the_checkpoint_key_is_reserved(factory: RocksDBFactory) -> None:
+    shard = SimpleShard(fqn="test/items/reserved")
+    store = await factory.open_rocksdb(shard)
+    try:
+        await store.restore_checkpoint(shard)
+        for use in (
+            lambda: store.put(CHECKPOINT_KEY, b"x"),
+            lambda: store.delete(CHECKPOINT_KEY),
+            lambda: store.get(CHECKPOINT_KEY),
+        ):
+            with pytest.raises(ValueError, match="reserved"):
+                use()
+    finally:
+        await store.destroy()
+
+
 async def test_zombie_commit_fails_fenced(factory: RocksDBFactory) -> None:
     shard = SimpleShard(fqn="test/items/zombie")
     old = await factory.open_rocksdb(shard)
