@@ -335,11 +335,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 except TimeoutError:
                     if not timeout.expired():
                         raise
-                    metrics.AUTH_REJECTIONS.labels("expired").inc()
-                    await context.abort(
-                        grpc.StatusCode.UNAUTHENTICATED,
-                        "authorization expired during the stream (re-authorize and resume)",
-                    )
+                    await _abort_expired(context)
                 yield response
         finally:
             await responses.aclose()  # type: ignore[attr-defined]
@@ -357,11 +353,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except TimeoutError:
             if not timeout.expired():
                 raise
-            metrics.AUTH_REJECTIONS.labels("expired").inc()
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "authorization expired during the stream (re-authorize and resume)",
-            )
+            await _abort_expired(context)
 
 
 def _refusal(err: AuthError) -> Callable[[Any, Any], Any]:
@@ -384,3 +376,12 @@ class ResolverScope:
         return make_header(
             self._resolver.local_id(), pb.Route(primary=-1), etcd_header(self._resolver.ks.header)
         )
+
+
+async def _abort_expired(context: Any) -> None:
+    """End a stream whose authorization expired while it ran."""
+    metrics.AUTH_REJECTIONS.labels("expired").inc()
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "authorization expired during the stream (re-authorize and resume)",
+    )

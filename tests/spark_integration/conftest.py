@@ -9,54 +9,25 @@ interpreter.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.spark_integration.spark_testkit import free_port
+from tests.spark_integration.spark_testkit import REPO, broker_process
 
 try:
     import pyspark  # noqa: F401  (the optional "spark" extra)
 except ImportError:  # Nothing here can run: not even the modules import.
     collect_ignore_glob = ["test_*.py"]
 
-REPO = Path(__file__).resolve().parents[2]
-broker_start_timeout_s = 30
-
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """host:port of a broker process serving the whole Spark test session."""
-    root = tmp_path_factory.mktemp("spark-broker")
-    port = free_port()
-    log = (root / "broker.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
-            *("--port", str(port), "--data-dir", str(root), "--file-root", str(root)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()  # Printed once the broker serves.
-    assert line.startswith("serving on"), line + (root / "broker.log").read_text()
-    try:
+    with broker_process(tmp_path_factory.mktemp("spark-broker")) as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=broker_start_timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        log.close()
 
 
 @pytest.fixture(scope="session")

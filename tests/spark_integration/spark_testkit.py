@@ -7,11 +7,16 @@ out exactly the duplicates, transactions and rollbacks it wants the data source 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import socket
+import subprocess
+import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -25,6 +30,42 @@ from gazette_consumer.message.uuid import producer_id as as_producer_id
 OUTSIDE = Flag.OUTSIDE_TXN
 CONTINUE = Flag.CONTINUE_TXN
 ACK = Flag.ACK_TXN
+
+
+REPO = Path(__file__).resolve().parents[2]
+broker_stop_timeout_s = 30
+
+
+@contextlib.contextmanager
+def broker_process(root: Path, *extra_args: str) -> Iterator[int]:
+    """A `gazette serve` process on loopback with its embedded keyspace, data under `root`:
+    yields its port once it serves, and stops it with SIGTERM (then SIGKILL) afterwards."""
+    port = free_port()
+    log = (root / "broker.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
+            *("--port", str(port), "--data-dir", str(root), "--file-root", str(root)),
+            *extra_args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    try:
+        line = proc.stdout.readline().decode()  # Printed once the broker serves.
+        assert line.startswith("serving on"), line + (root / "broker.log").read_text()
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=broker_stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        log.close()
 
 
 def free_port() -> int:

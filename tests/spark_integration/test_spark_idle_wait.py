@@ -9,15 +9,11 @@ tests run a broker of their own that serves its HTTP gateway (the session's brok
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +27,7 @@ from tests.spark_integration.spark_testkit import (
     OUTSIDE,
     Msg,
     append_messages,
+    broker_process,
     create_journals,
     free_port,
     producer,
@@ -39,8 +36,6 @@ from tests.spark_integration.spark_testkit import (
 
 pytestmark = pytest.mark.spark
 
-REPO = Path(__file__).resolve().parents[2]
-broker_stop_timeout_s = 30
 # How long a test waits for something that should happen at once (a wake, a delivery): far
 # above the time it takes, far below the idle bounds it is told apart from.
 prompt_s = 3.0
@@ -51,33 +46,11 @@ long_wait_ms = 10_000
 @pytest.fixture(scope="module")
 def metered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(host:port, metrics URL) of a broker process serving its HTTP gateway too."""
-    root = tmp_path_factory.mktemp("idle-broker")
-    port, http_port = free_port(), free_port()
-    log = (root / "broker.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
-            *("--port", str(port), "--http-port", str(http_port)),
-            *("--data-dir", str(root), "--file-root", str(root)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()  # Printed once the broker serves.
-    assert line.startswith("serving on"), line + (root / "broker.log").read_text()
-    try:
+    http_port = free_port()
+    with broker_process(
+        tmp_path_factory.mktemp("idle-broker"), "--http-port", str(http_port)
+    ) as port:
         yield f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}/debug/metrics"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=broker_stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        log.close()
 
 
 def reads(metrics_url: str) -> int:
