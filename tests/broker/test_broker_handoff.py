@@ -20,7 +20,8 @@ from broker.client.appender import append
 from broker.client.route_cache import JournalClient
 from broker.keyspace.keyspace import KeySpace
 from broker.protocol import protocol_pb2 as pb
-from broker.server import Broker, _parse_args, _serve_until_exit
+from broker.serve_cli import _parse_args, _serve_until_exit
+from broker.server import Broker
 from broker.testing.cluster_state import journals_ready, route_of, wait_until
 from broker.topology import (
     Decoded,

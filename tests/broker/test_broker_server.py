@@ -10,7 +10,8 @@ from broker_testkit import Cluster, journal_spec
 
 from broker.keyspace.backend import LeaseNotFoundError
 from broker.protocol import protocol_pb2 as pb
-from broker.server import BrokerStateError, _parse_args
+from broker.serve_cli import _parse_args
+from broker.server import BrokerStateError
 from broker.topology import Member, lookup_member, member_key
 
 J = "srv/journal"

@@ -1,0 +1,301 @@
+"""The `gazette` command: `gazette serve` runs one broker process (on etcd, or on the embedded
+keyspace without `--etcd`) until SIGTERM/SIGINT, handing its journals off first; `gazette demo`
+runs the embedded end-to-end demo. The Broker itself is broker/server.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
+from broker.auth import decode_keys
+from broker.fragment.stores.registry import new_registry
+from broker.keyspace.backend import Backend
+from broker.logging import get_logger
+from broker.protocol.validate import (
+    PROCESS_SUFFIX_LEN_MAX,
+    PROCESS_SUFFIX_LEN_MIN,
+    ZONE_LEN_MAX,
+    ZONE_LEN_MIN,
+    ValidationError,
+    validate_token,
+)
+from broker.server import Broker, BrokerConfig, handoff_wait_s_default, lease_ttl_s_default
+from broker.topology import DEFAULT_ROOT
+
+log = get_logger(__name__)
+
+
+def _auth_keys(text: str) -> str:
+    if text.strip():
+        try:
+            decode_keys(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _token(len_min: int, len_max: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            validate_token(text, len_min, len_max)
+        except ValidationError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {value})")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (got {text!r})") from None
+    if not value >= 0:  # Also refuses NaN.
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {text})")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve journals")
+    serve.add_argument("--zone", type=_token(ZONE_LEN_MIN, ZONE_LEN_MAX), default="local")
+    serve.add_argument(
+        "--suffix",
+        "--id",
+        type=_token(PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX),
+        default="broker",
+        help="this broker's ID within its zone",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve the HTTP gateway, /debug/metrics and /debug/ready here (0: any free port)",
+    )
+    serve.add_argument("--root", default=DEFAULT_ROOT)
+    serve.add_argument(
+        "--auth-keys",
+        type=_auth_keys,
+        default=os.environ.get("GAZETTE_AUTH_KEYS", ""),
+        help="base64 pre-shared keys, comma separated: every RPC then needs a token signed by"
+        " one of them (the first signs the broker's own); default $GAZETTE_AUTH_KEYS",
+    )
+    serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
+    serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
+    serve.add_argument("--spool-dir", "--data-dir", dest="spool_dir", default=None)
+    serve.add_argument(
+        "--spool-memory",
+        action="store_true",
+        help="keep spools in process memory, in blocks re-used across fragments (faster than"
+        " files; needs RAM for each journal's open fragment, as a tmpfs --spool-dir does)",
+    )
+    serve.add_argument(
+        "--no-allocator",
+        action="store_true",
+        help="do not run the allocator (assignments are made by someone else)",
+    )
+    serve.add_argument(
+        "--lease-ttl",
+        dest="lease_ttl_s",
+        type=_positive_int,
+        default=lease_ttl_s_default,
+        help="seconds the broker's etcd lease outlives it (how fast a crash is noticed)",
+    )
+    serve.add_argument(
+        "--handoff-timeout",
+        dest="handoff_timeout_s",
+        type=_non_negative_float,
+        default=handoff_wait_s_default,
+        help="seconds an exiting broker waits for its journals to move before it stops anyway",
+    )
+    serve.add_argument(
+        "--min-append-rate",
+        dest="min_append_rate_bytes_per_s",
+        type=_positive_int,
+        default=min_append_rate_bytes_per_s_default,
+        help="bytes per second an Append client must sustain while it streams content; a"
+        " slower (or stalled) append is rolled back, freeing the journal for the others",
+    )
+    serve.add_argument(
+        "--flow-control-burst",
+        dest="flow_control_burst_s",
+        type=_positive_float,
+        default=flow_control_burst_s_default,
+        help="seconds an Append client may fall behind --min-append-rate before its append is"
+        " rolled back",
+    )
+    demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
+    demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
+    args = p.parse_args(argv)
+    if args.command == "serve":
+        if args.spool_dir:
+            # Spools are scratch files: make their directory rather than fail every append.
+            try:
+                os.makedirs(args.spool_dir, exist_ok=True)
+            except OSError as err:
+                p.error(f"--spool-dir {args.spool_dir}: cannot create it: {err.strerror}")
+        if not os.path.isdir(args.file_root):
+            # Not created: a missing root is usually a volume that failed to mount.
+            p.error(f"--file-root {args.file_root}: no such directory (is its volume mounted?)")
+    return args
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from broker.http_gateway import HttpGateway
+    from broker.keyspace.embedded import EmbeddedBackend
+    from broker.keyspace.etcd import EtcdBackend
+
+    backend: Backend = EtcdBackend(args.etcd) if args.etcd else EmbeddedBackend()
+    broker = Broker(
+        backend,
+        BrokerConfig(
+            zone=args.zone,
+            suffix=args.suffix,
+            root=args.root,
+            host=args.host,
+            port=args.port,
+            spool_dir=args.spool_dir,
+            memory_spools=args.spool_memory,
+            auth_keys=args.auth_keys,
+            lease_ttl_s=args.lease_ttl_s,
+            min_append_rate_bytes_per_s=args.min_append_rate_bytes_per_s,
+            flow_control_burst_s=args.flow_control_burst_s,
+        ),
+        stores=new_registry(file_root=args.file_root),
+    )
+    # The first SIGTERM (or SIGINT) asks for a graceful exit; a second one cuts the hand-off.
+    # Handled from here on: a signal that arrives while the broker starts is not lost (nor
+    # fatal), and whoever saw "serving on" may signal at once.
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
+    # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
+    gateway = HttpGateway(ready=broker.is_ready) if args.http_port is not None else None
+    if gateway is not None:
+        await gateway.start(args.host, args.http_port)
+    await broker.start()
+    log.info("broker serving", endpoint=broker.endpoint)
+    print(f"serving on {broker.endpoint}", flush=True)
+    if gateway is not None:
+        gateway.attach(broker.endpoint)
+        log.info("http gateway serving", port=gateway.port)
+        print(f"http gateway on http://{args.host}:{gateway.port}", flush=True)
+    # Every broker runs the allocator; it acts only while this broker is the leader (the
+    # member with the oldest key), so one process on the embedded keyspace assigns itself.
+    allocator: asyncio.Future[None] | None = None
+    if not args.no_allocator:
+        from broker.allocator import MemberId, broker_is_consistent
+        from broker.allocator import serve as allocate
+
+        allocator = asyncio.ensure_future(
+            allocate(
+                backend,
+                broker.ks,
+                MemberId(args.zone, args.suffix),
+                is_consistent=broker_is_consistent,
+            )
+        )
+    try:
+        await _serve_until_exit(broker, allocator, stop, hurry, args.handoff_timeout_s)
+    finally:
+        if allocator is not None:
+            allocator.cancel()
+            await asyncio.gather(allocator, return_exceptions=True)
+        await broker.stop()
+        if gateway is not None:
+            await gateway.stop()  # After the broker: /debug/ready says 503 while it stops.
+        await backend.close()
+
+
+async def _serve_until_exit(
+    broker: Broker,
+    allocator: asyncio.Future[None] | None,
+    stop: asyncio.Event,
+    hurry: asyncio.Event,
+    handoff_timeout_s: float,
+) -> None:
+    """Serve until ``stop``, then hand every journal off (``Broker.hand_off``) while the
+    allocator keeps running, for at most ``handoff_timeout_s`` or until ``hurry``. Raises if
+    the broker or the allocator fails meanwhile; the caller then stops the broker."""
+    waiter = asyncio.ensure_future(broker.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    hurrier = asyncio.ensure_future(hurry.wait())
+    handoff: asyncio.Future[bool] | None = None
+    tasks: list[asyncio.Future[Any]] = [waiter, stopper, hurrier]
+    try:
+        pending: set[asyncio.Future[Any]] = {waiter, stopper}
+        if allocator is not None:
+            pending.add(allocator)
+        while not stopper.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            _raise_failures(done)
+            if waiter in done:
+                return  # The broker ended on its own (it was stopped).
+        handoff = asyncio.ensure_future(broker.hand_off(handoff_timeout_s))
+        tasks.append(handoff)
+        pending |= {handoff, hurrier}
+        while not handoff.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # The allocator returns by itself once this broker is drained: that is no failure.
+            _raise_failures(done - {handoff})
+            if hurrier in done:
+                log.warning("broker exiting: hand-off cut short by a second signal")
+                return
+            if waiter in done:
+                return
+        handoff.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _raise_failures(done: set[asyncio.Future[Any]]) -> None:
+    for task in done:
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            raise exc
+
+
+def main(argv: list[str] | None = None) -> None:
+    from broker import logging as gazette_logging
+
+    args = _parse_args(argv)
+    if args.command != "demo":  # The demo configures quieter logging itself.
+        gazette_logging.configure()
+    if args.command == "demo":
+        from broker.demo import main as demo_main
+
+        sys.exit(demo_main(args.data_dir))
+    from broker.malloc_tuning import tune_malloc
+
+    tune_malloc()  # Large append buffers: see malloc_tuning.py.
+    asyncio.run(_serve(args))
