@@ -188,6 +188,25 @@ class Result:
     rate: Rate
     transactions: int
     loop_cpu_s: float  # CPU time of the event loop's thread (the rest: worker threads).
+    # With --steady-txns: CPU seconds over the window by thread group (thread_cpu_s).
+    threads: dict[str, float] | None = None
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads, summed by thread name with
+    trailing numbers dropped ("sqlstore_0" and "sqlstore_1" are "sqlstore"), from /proc."""
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip().rstrip("0123456789_-") or "?"
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # The thread ended meanwhile.
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICKS_S
+    return out
+
+
+_TICKS_S = os.sysconf("SC_CLK_TCK")
 
 
 def duration(seconds: float) -> Duration:
@@ -221,6 +240,7 @@ async def run_shard(
     ended: asyncio.Future[tuple[float, float, float]] = asyncio.get_running_loop().create_future()
     gc_timer = GCTimer()
     gc_at_marks: list[float] = []
+    threads_at_marks: list[dict[str, float]] = []
 
     def changed() -> None:
         if ended.done():
@@ -242,6 +262,7 @@ async def run_shard(
 
     def marked() -> None:
         gc_at_marks.append(gc_timer.seconds)
+        threads_at_marks.append(thread_cpu_s())
         if len(app.marks) == steady_txns + 2 and not ended.done():
             ended.set_result(app.marks[-1][:3])
 
@@ -266,7 +287,9 @@ async def run_shard(
         consumed = app.marks[steady_txns + 1][3] - consumed_0
         gc_s = gc_at_marks[steady_txns + 1] - gc_at_marks[1]
         rate = Rate(consumed, wall_end - wall_0, cpu_end - cpu_0, gc_s)
-        return Result(rate, steady_txns, loop_end - loop_0)
+        first, last = threads_at_marks[1], threads_at_marks[steady_txns + 1]
+        threads = {name: cpu - first.get(name, 0.0) for name, cpu in last.items()}
+        return Result(rate, steady_txns, loop_end - loop_0, threads)
     if app.consumed != count:
         raise RuntimeError(f"{shard_id}: counted {app.consumed} messages, expected {count}")
     wall_0, cpu_0, loop_0 = app.began_at
@@ -486,6 +509,18 @@ async def main() -> None:
             f"{rc_us:.2f} (its limit above), the rest {eo_us - alo_us - rc_us:+.2f} (checkpoints, "
             "commits, ACKs, publishing)"
         )
+    if args.steady_txns:
+        print("CPU by thread over the steady windows (us per message, medians; /proc ticks):")
+        for name, runs in results.items():
+            groups = sorted({g for r in runs for g in (r.threads or {})})
+            shares = {
+                g: statistics.median(
+                    1e6 * (r.threads or {}).get(g, 0.0) / r.rate.count for r in runs
+                )
+                for g in groups
+            }
+            line = "  ".join(f"{g} {v:.3f}" for g, v in sorted(shares.items()) if v >= 0.0005)
+            print(f"  {name:<14} {line}")
     if profile is not None:
         print_profile(profile, args.profile, args.profile_sort)
 
