@@ -9,10 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
-import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +22,7 @@ from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.uuid import Flag, build_uuid, get_flags, new_producer_id
 from gazette_consumer.message.uuid import producer_id as as_producer_id
+from tests.broker.serve_testkit import gazette_serve
 
 OUTSIDE = Flag.OUTSIDE_TXN
 CONTINUE = Flag.CONTINUE_TXN
@@ -33,45 +30,14 @@ ACK = Flag.ACK_TXN
 
 
 REPO = Path(__file__).resolve().parents[2]
-broker_stop_timeout_s = 30
 
 
 @contextlib.contextmanager
 def broker_process(root: Path, *extra_args: str) -> Iterator[int]:
     """A `gazette serve` process on loopback with its embedded keyspace, data under `root`:
-    yields its port once it serves, and stops it with SIGTERM (then SIGKILL) afterwards."""
-    port = free_port()
-    log = (root / "broker.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
-            *("--port", str(port), "--data-dir", str(root), "--file-root", str(root)),
-            *extra_args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    try:
-        line = proc.stdout.readline().decode()  # Printed once the broker serves.
-        assert line.startswith("serving on"), line + (root / "broker.log").read_text()
+    yields its port once it serves, and stops it afterwards (tests/broker/serve_testkit.py)."""
+    with gazette_serve(root, *extra_args) as (port, _proc):
         yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=broker_stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        log.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def unique(prefix: str) -> str:

@@ -23,13 +23,13 @@ from spark_integration import offsets
 from spark_integration.options import GazetteOptionError, parse_read_options
 from spark_integration.rows import META_SCHEMA
 from spark_integration.stream_read import GazetteStreamReader
+from tests.broker.serve_testkit import free_port
 from tests.spark_integration.spark_testkit import (
     OUTSIDE,
     Msg,
     append_messages,
     broker_process,
     create_journals,
-    free_port,
     producer,
     unique,
 )

@@ -4,26 +4,19 @@ under the file:// root when the broker stops."""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.broker.serve_testkit import free_port, persisted_gzip_content
+
 # Upper bound on any one CLI step; they take well under a second.
 step_timeout_s = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gazctl(*args: str, stdin: bytes = b"", broker: str) -> subprocess.CompletedProcess[bytes]:
@@ -40,7 +33,7 @@ def _gazctl(*args: str, stdin: bytes = b"", broker: str) -> subprocess.Completed
 
 @pytest.fixture
 def served(tmp_path: Path):  # type: ignore[no-untyped-def]
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "broker.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -114,12 +107,4 @@ def test_serve_and_gazctl_round_trip(served, tmp_path: Path) -> None:  # type: i
     assert proc.wait(timeout=step_timeout_s) == 0
     # Gazette's names: begin, end and the SHA1 of the uncompressed content, which the gzip'd
     # files must decompress to; together they hold every appended byte, once.
-    content = b""
-    for path in sorted((tmp_path / "fragments" / "cli" / "words").iterdir()):
-        begin, end, digest = path.stem.split("-")
-        assert path.suffix == ".gz" and int(begin, 16) == len(content)
-        data = gzip.decompress(path.read_bytes())
-        assert int(end, 16) - int(begin, 16) == len(data)
-        assert hashlib.sha1(data).hexdigest() == digest
-        content += data
-    assert content == b"hello\nworld\n"
+    assert persisted_gzip_content(tmp_path / "fragments" / "cli" / "words") == b"hello\nworld\n"

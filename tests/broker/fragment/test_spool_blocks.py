@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import array
 import errno
-import gzip
-import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +21,7 @@ from hypothesis import strategies as st
 from broker import metrics
 from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
 from broker.fragment.spool_file import BytesLike
+from tests.broker.serve_testkit import gazette_serve, persisted_gzip_content
 
 # --- Property: any interleaving of operations on files sharing a pool matches a model -------------
 
@@ -293,12 +291,6 @@ def test_argument_errors() -> None:
 step_timeout_s = 30
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _gazctl(broker: str, *args: str, stdin: bytes = b"") -> bytes:
     done = subprocess.run(
         [sys.executable, "-m", "broker.cli.gazctl", *args],
@@ -331,21 +323,7 @@ def test_serve_with_spool_memory_round_trip(tmp_path: Path) -> None:
     spools, root = tmp_path / "spools", tmp_path / "root"
     spools.mkdir()
     (root / "fragments").mkdir(parents=True)
-    port = _free_port()
-    log = (tmp_path / "broker.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
-            *("--port", str(port), "--spool-dir", str(spools), "--file-root", str(root)),
-            "--spool-memory",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
-    )
-    assert proc.stdout is not None
-    try:
-        line = proc.stdout.readline().decode()  # Printed once the broker serves.
-        assert line.startswith("serving on"), line + (tmp_path / "broker.log").read_text()
+    with gazette_serve(root, "--spool-dir", str(spools), "--spool-memory") as (port, proc):
         broker = f"127.0.0.1:{port}"
         space = tmp_path / "space.yaml"
         space.write_text(
@@ -367,22 +345,8 @@ def test_serve_with_spool_memory_round_trip(tmp_path: Path) -> None:
 
         proc.send_signal(signal.SIGTERM)  # Persists the open fragment on the way out.
         assert proc.wait(timeout=step_timeout_s) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=step_timeout_s)
-        proc.stdout.close()
-        log.close()
 
-    content = b""
-    for path in sorted((root / "fragments" / "mem" / "words").iterdir()):
-        begin, end, digest = path.stem.split("-")
-        assert path.suffix == ".gz" and int(begin, 16) == len(content)
-        data = gzip.decompress(path.read_bytes())
-        assert int(end, 16) - int(begin, 16) == len(data)
-        assert hashlib.sha1(data).hexdigest() == digest
-        content += data
-    assert content == expected
+    assert persisted_gzip_content(root / "fragments" / "mem" / "words") == expected
 
 
 def test_blocks_taken_are_counted_by_source() -> None:
