@@ -52,6 +52,7 @@ from broker.protocol.validate import (
     validate_label_selector,
     validate_label_set,
 )
+from broker.request_stream import read_to_end
 from broker.resolver import ResolveError
 from broker.topology import as_status, member_index, validate_header
 
@@ -240,6 +241,7 @@ class AppendApi:
         try:
             validate_append_request(first)
         except ValidationError as err:
+            await read_to_end(stream)  # So that the client hears why (request_stream.py).
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"append: {err}")
 
         fsm = AppendFSM(self.env, first)
@@ -277,6 +279,10 @@ class AppendApi:
             return resp
         code, detail = _grpc_error(fsm.err)
         log.warning("served Append RPC failed", journal=first.journal, error=detail)
+        if not isinstance(fsm.err, FlowControlUnderflowError | ClientAbortedError):
+            # So that the client hears why, UNAVAILABLE (retry) included (request_stream.py).
+            # Not for a client that stalled or went away: it sends nothing more.
+            await read_to_end(stream)
         await context.abort(code, f"append: {detail}")
         raise AssertionError("not reached")  # context.abort raises.
 

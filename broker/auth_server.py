@@ -54,6 +54,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
 from broker.protocol.validate import split_journal_meta
 from broker.read_api import write_responses
+from broker.request_stream import read_to_end
 from broker.resolver import Resolver
 from broker.topology import etcd_header, make_header
 
@@ -170,7 +171,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except AuthError as err:
             metrics.AUTH_REJECTIONS.labels(err.reason).inc()
             log.info("rpc refused", method=method, code=err.code.name, reason=str(err))
-            return _rebuild(handler, _refusal(err))
+            # A client-streaming RPC (Append) hears its answer only once it stops writing;
+            # a bidirectional one (Replicate) reads answers as it writes.
+            drains = handler.request_streaming and not handler.response_streaming
+            return _rebuild(handler, _refusal(err, drains))
         name = method[len(_JOURNAL_SERVICE) :] if method.startswith(_JOURNAL_SERVICE) else ""
         wrapper = self._wrappers.get(name, self._plain)
         return wrapper(handler, claims)
@@ -356,8 +360,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await _abort_expired(context)
 
 
-def _refusal(err: AuthError) -> Callable[[Any, Any], Any]:
+def _refusal(err: AuthError, drains: bool) -> Callable[[Any, Any], Any]:
     async def refuse(request: Any, context: Any) -> None:
+        if drains:
+            await read_to_end(aiter(request))  # So that the client hears why (request_stream).
         await context.abort(err.code, str(err))
 
     return refuse

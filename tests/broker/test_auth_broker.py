@@ -272,3 +272,34 @@ async def test_replication_out_of_scope_is_refused(cluster: Cluster) -> None:
         assert f"does not cover journal '{J}'" in (info.value.details() or "")
     finally:
         await client.close()
+
+
+async def test_a_refused_append_reports_its_status_however_much_the_client_streamed(
+    cluster: Cluster,
+) -> None:
+    # A client-streaming RPC learns its answer only once it stops writing. When the broker
+    # answered (refused) while the client was still writing, grpc.aio sometimes replaced the
+    # broker's status with INTERNAL "Failed execute_batch" (grpc issue 36066): the broker now
+    # reads what the client still sends (bounded) before it refuses.
+    b = await start(cluster)
+    await cluster.create(journal_spec(J), [b])
+    outcomes: list[object] = []
+    for i, bearer in enumerate([None, token(READ | LIST), token(APPEND, f"name={OTHER}")] * 30):
+        content = b"x" * (1 << (i % 22))
+        client = client_of(b, bearer)
+        try:
+            appender = Appender(client, pb.AppendRequest(journal=J), chunk_bytes_max=64 << 10)
+            with pytest.raises((grpc.aio.AioRpcError, JournalNotFoundError)) as refused:
+                await appender.write(content)
+                await appender.commit()
+            err = refused.value
+            outcomes.append(err.code() if isinstance(err, grpc.aio.AioRpcError) else type(err))
+        finally:
+            await client.close()
+    expected = [
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        JournalNotFoundError,  # Out of the token's scope.
+    ]
+    assert outcomes == expected * 30
+    assert await read_all(b, J) == b""

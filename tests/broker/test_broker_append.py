@@ -10,9 +10,11 @@ import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec, local_content, replica_of
 
+from broker.client import Appender, JournalClient
 from broker.fragment.naming import sum_from_digest
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.protocol.status import RegisterMismatchError, StatusError
 
 J = "test/journal"
 
@@ -204,3 +206,44 @@ async def test_register_check_and_set_race_has_exactly_one_winner(cluster: Clust
     for b in brokers:
         assert local_content(b, J) == (0, expected)
     assert responses[winner].registers == label_set([("epoch", f"1-{winner}")])
+
+
+async def test_refusals_reach_an_appender_however_much_it_streamed(cluster: Cluster) -> None:
+    # The broker refuses (in-band status) while the Appender is still writing: grpc.aio could
+    # replace the answer with INTERNAL (grpc issue 36066) unless the broker reads the client's
+    # stream to its end first (request_stream.read_to_end). Also through a proxying broker.
+    primary = await cluster.start_broker("zone-a", "aaaa")
+    proxy = await cluster.start_broker("zone-b", "bbbb")
+    await cluster.create(journal_spec(J), [primary])
+    held = label_set([("owner", "a")])
+    assert (await cluster.append(primary, J, [b"1"], union_registers=held)).status == pb.OK
+    errors = []
+    for i in range(60):
+        client = JournalClient((primary if i % 2 else proxy).endpoint)
+        try:
+            request = pb.AppendRequest(journal=J, check_registers=pb.LabelSelector(exclude=held))
+            appender = Appender(client, request, chunk_bytes_max=64 << 10)
+            with pytest.raises(StatusError) as refused:
+                await appender.write(b"x" * (1 << (i % 25)))
+                await appender.commit()
+            errors.append(type(refused.value))
+        finally:
+            await client.close()
+    assert errors == [RegisterMismatchError] * 60
+    assert local_content(primary, J) == (0, b"1")
+
+
+async def test_an_aborted_append_reports_its_status_however_much_was_streamed(
+    cluster: Cluster,
+) -> None:
+    # As above, for appends the broker aborts with a gRPC status (here: a malformed first
+    # message, INVALID_ARGUMENT) while the client is still writing.
+    b = await cluster.start_broker("zone-a", "broker-a")
+    await cluster.create(journal_spec(J), [b])
+    codes = []
+    for i in range(60):
+        chunks = [b"x" * (1 << (i % 22))] * 2
+        with pytest.raises(grpc.aio.AioRpcError) as aborted:
+            await cluster.append(b, "not a journal name", chunks)
+        codes.append(aborted.value.code())
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 60
