@@ -35,7 +35,9 @@ round's pair is printed too, to pool rounds across runs). With `--min-txn-s` = `
 every transaction lasts that long in both modes, and a run ends on a whole transaction: compare
 CPU rates then, over runs of many transactions.
 Progress goes to stderr (a line per run; a live counter on a terminal or with BENCH_PROGRESS=1).
-`--profile eo-sqlite` (or any mode) runs that mode once more under cProfile and prints it.
+`--profile eo-sqlite` (or any mode) runs that mode once more under cProfile and prints it
+(`--profile-clock cpu` times the loop thread's CPU rather than wall time; BENCH_PROFILE_DUMP=
+FILE also writes the whole profile, e.g. to diff two modes' with pstats).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -194,11 +197,14 @@ class Result:
 
 def thread_cpu_s() -> dict[str, float]:
     """CPU seconds (user + system) of this process's threads, summed by thread name with
-    trailing numbers dropped ("sqlstore_0" and "sqlstore_1" are "sqlstore"), from /proc."""
+    trailing numbers dropped ("sqlstore_0" and "sqlstore_1" are "sqlstore"), from /proc. The
+    event loop's thread is "loop" (Python's other threads are all named "python")."""
     out: dict[str, float] = {}
+    loop_tid = str(threading.main_thread().native_id)
     for task in Path("/proc/self/task").iterdir():
         try:
             name = (task / "comm").read_text().strip().rstrip("0123456789_-") or "?"
+            name = "loop" if task.name == loop_tid else name
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # The thread ended meanwhile.
@@ -375,6 +381,12 @@ async def main() -> None:
     parser.add_argument("--no-sqlite", action="store_true")
     parser.add_argument("--profile", help="run this mode (e.g. eo-sqlite) once more, profiled")
     parser.add_argument("--profile-sort", default="tottime")
+    parser.add_argument(
+        "--profile-clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cProfile's timer: wall time, or the loop thread's CPU time (slower to profile)",
+    )
     args = parser.parse_args()
     count = args.messages
     if args.steady_txns:
@@ -444,7 +456,9 @@ async def main() -> None:
         profile = None
         if args.profile:
             eo, db = args.profile.split("-", 1)
-            profile = cProfile.Profile()
+            # A CPU clock attributes the loop thread's own work, not its waits (epoll).
+            cpu = args.profile_clock == "cpu"
+            profile = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
             app = CountApp(eo == "eo", engines[db], args.publish)
             await run_shard(
                 c,

@@ -26,6 +26,7 @@ import contextlib
 import cProfile
 import gc
 import hashlib
+import os
 import pstats
 import tempfile
 import time
@@ -341,6 +342,9 @@ def row(name: str, rate: Rate, unit: str, target: float | None = None, note: str
 def print_profile(profile: cProfile.Profile, phase: str, sort: str) -> None:
     print(f"\ncProfile of {phase} (top 40 by {sort}):")
     pstats.Stats(profile).sort_stats(sort).print_stats(40)
+    if dump := os.environ.get("BENCH_PROFILE_DUMP"):
+        profile.dump_stats(dump)  # For pstats or a diff of two runs' profiles.
+        print(f"(whole profile written to {dump})")
 
 
 async def main() -> None:

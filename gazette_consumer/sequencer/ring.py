@@ -54,7 +54,7 @@ class SpanRing(Generic[E]):
     The lists are public to the Sequencer, whose hottest paths read them inline.
     """
 
-    __slots__ = ("entries", "head", "links", "owners")
+    __slots__ = ("entries", "head", "links", "occupied", "owners")
 
     def __init__(self, size: int) -> None:
         self.entries: list[E | None] = [None] * size
@@ -64,6 +64,10 @@ class SpanRing(Generic[E]):
         # links[i] is the next slot of the same span after slot i, or -1 (always -1 when free).
         self.links: list[int] = [-1] * size
         self.head = 0  # Next slot to write.
+        # How many slots have an owner: with none, a reader's run of messages that commit
+        # alone passes its slots without looking at them (Sequencer.commit_alone_run). Whoever
+        # sets or clears an owner keeps it.
+        self.occupied = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -90,6 +94,7 @@ class SpanRing(Generic[E]):
         self.entries[head] = None
         self.owners[head] = None
         self.links[head] = -1
+        self.occupied -= 1
 
     def add_at_head(self, env: E, partial: Partial) -> None:
         """Write `env` at the head (evicting what was there), linked last in `partial`'s span."""
@@ -98,6 +103,7 @@ class SpanRing(Generic[E]):
             self.evict_at_head()
         self.entries[head] = env
         self.owners[head] = partial
+        self.occupied += 1
         if partial.ring_stop == -1:
             partial.ring_start = head
         else:
@@ -128,6 +134,7 @@ class SpanRing(Generic[E]):
             partial.ring_start = links[index]
             entries[index] = owners[index] = None
             links[index] = -1
+            self.occupied -= 1
             if partial.ring_start == -1:
                 # The committing envelope was linked last, and commits regardless of the clock
                 # filter: it was checked against min_clock when queued.

@@ -289,17 +289,20 @@ class Sequencer(Generic[E]):
             partial.min_clock = partial.max_clock = last.clock
         # Each message would have used up the head slot (evicting its entry) and left it free.
         ring = self._ring
-        owners, size, head = ring.owners, len(ring.entries), ring.head
-        left = n
-        while left:
-            stop = min(size, head + left)
-            if any(owners[head:stop]):  # Partials are always true; free slots are None.
-                for index in range(head, stop):
-                    if owners[index] is not None:
-                        ring.head = index
-                        ring.evict_at_head()
-            left -= stop - head
-            head = 0 if stop == size else stop
+        size, head = len(ring.entries), ring.head
+        if ring.occupied:  # Else no slot has an entry to evict: skip looking (most runs).
+            owners, left = ring.owners, n
+            while left:
+                stop = min(size, head + left)
+                if any(owners[head:stop]):  # Partials are always true; free slots are None.
+                    for index in range(head, stop):
+                        if owners[index] is not None:
+                            ring.head = index
+                            ring.evict_at_head()
+                left -= stop - head
+                head = 0 if stop == size else stop
+        else:
+            head = (head + n) % size
         ring.head = head
         read_through[journal] = last.end
         self._dequeued = None
@@ -521,6 +524,7 @@ class Sequencer(Generic[E]):
                 partial.ring_start = following
                 ring.entries[index] = ring.owners[index] = None
                 ring.links[index] = -1
+                ring.occupied -= 1
                 partial.min_clock = env_or_none.clock
                 partial.begin = env_or_none.end
                 self._dequeued = env_or_none

@@ -346,6 +346,9 @@ class Consumer:
                 if not seq.step():
                     break
         assert outcome.commits == (steps > 0)
+        ring = seq._ring
+        # The count of owned slots (commit_alone_run skips its eviction scan at zero) is exact.
+        assert ring.occupied == sum(o is not None for o in ring.owners)
         return True
 
     def checkpoint(self) -> None:
