@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import cProfile
 import gc
+import math
 import os
 import statistics
 import sys
@@ -193,6 +194,28 @@ class Result:
     loop_cpu_s: float  # CPU time of the event loop's thread (the rest: worker threads).
     # With --steady-txns: CPU seconds over the window by thread group (thread_cpu_s).
     threads: dict[str, float] | None = None
+
+
+CONFIDENCE = 0.9
+
+
+def median_interval(
+    values: list[float], confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median of `values` (order statistics:
+    the median lies between the j-th smallest and the j-th largest with probability >=
+    `confidence`, for the largest such j, whatever the distribution). None if there are too
+    few values for one (fewer than 5 at 90%)."""
+    ordered, n = sorted(values), len(values)
+    tail = (1 - confidence) / 2
+    # P(fewer than j of n values fall below the median) = P(Binomial(n, 1/2) < j).
+    below, j = 0.0, 0
+    while j < n // 2 and below + math.comb(n, j) / 2**n <= tail:
+        below += math.comb(n, j) / 2**n
+        j += 1
+    if j == 0:
+        return None
+    return ordered[j - 1], ordered[n - j]
 
 
 def thread_cpu_s() -> dict[str, float]:
@@ -495,6 +518,13 @@ async def main() -> None:
             f"  {db:<10} wall {wall:6.1%} (paired {paired_wall:6.1%})  cpu {cpu:6.1%} "
             f"(paired {paired_cpu:6.1%})   target <= {OVERHEAD_TARGET:.0%}"
         )
+        wall_ci = median_interval([1 - e.per_wall_s / a.per_wall_s for e, a in pairs])
+        cpu_ci = median_interval([1 - e.per_cpu_s / a.per_cpu_s for e, a in pairs])
+        if wall_ci is not None and cpu_ci is not None:
+            print(
+                f"  {'':<10} paired median's {CONFIDENCE:.0%} interval: wall {wall_ci[0]:.1%} to "
+                f"{wall_ci[1]:.1%}, cpu {cpu_ci[0]:.1%} to {cpu_ci[1]:.1%}"
+            )
         # Each round's pair, to pool rounds across runs (CPU us per message: eo - alo).
         per_round = "  ".join(
             f"{1 - e.per_wall_s / a.per_wall_s:+.3f}/{1 - e.per_cpu_s / a.per_cpu_s:+.3f}/"

@@ -142,9 +142,18 @@ class UncommittedSource:
     needed, a decoded piece handed out by `pop()` from a reversed list), so that the two
     sources differ only by what read-committed adds."""
 
-    def __init__(self, journal_client: client.JournalClient, journal: str, offset: int) -> None:
-        self._client, self._journal = journal_client, journal
-        self._channel: ReadChannel[_Chunk] = ReadChannel(READ_AHEAD_CHUNKS)
+    def __init__(
+        self,
+        journal_client: client.JournalClient | None,
+        journal: str,
+        offset: int,
+        *,
+        read_ahead_chunks: int = READ_AHEAD_CHUNKS,
+    ) -> None:
+        """A source reading `journal` through `journal_client`; without one, a source of the
+        chunks given to `put_chunk` (bench_read_paths.py)."""
+        self._journal = journal
+        self._channel: ReadChannel[_Chunk] = ReadChannel(read_ahead_chunks)
         # The piece being handed out (ACKs left out), its messages not returned yet (reversed),
         # and the end of its last message, ACKs included.
         self._piece: list[Envelope[Any]] = []
@@ -152,13 +161,22 @@ class UncommittedSource:
         self._before_piece = self._piece_end = offset
         self._chunk: _Chunk | None = None
         self._decoder: ChunkDecoder | None = None
-        self._reader = asyncio.get_running_loop().create_task(self._read(offset))
+        self._reader: asyncio.Task[None] | None = None
+        if journal_client is not None:
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(journal_client, offset)
+            )
 
-    async def _read(self, offset: int) -> None:
+    async def put_chunk(self, decoder: ChunkDecoder, content: bytes, offset: int) -> None:
+        """Queue a chunk as the reader would (a source without a client)."""
+        self._decoder = decoder
+        await self._channel.put(_Chunk(content, offset))
+
+    async def _read(self, journal_client: client.JournalClient, offset: int) -> None:
         request = pb.ReadRequest(journal=self._journal, offset=offset, block=True)
-        reader = RetryReader(self._client, request)
+        reader = RetryReader(journal_client, request)
         try:
-            spec = await get_journal(self._client, self._journal)
+            spec = await get_journal(journal_client, self._journal)
             self._decoder = new_chunk_decoder(spec, offset, Reading)
             while True:
                 chunk = await reader.read_chunk()
@@ -218,6 +236,8 @@ class UncommittedSource:
         return False
 
     async def close(self) -> None:
+        if self._reader is None:
+            return
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
