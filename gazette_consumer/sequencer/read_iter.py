@@ -54,7 +54,8 @@ and returned one by one: at the front of a decoded piece the decoder measured th
 building its envelopes (`ChunkDecoder.lead_run`); further in, wherever two such messages of one
 producer come next. Any other OUTSIDE_TXN message (or one without a UUID) goes through the
 Sequencer's `commit_alone` fast path; a transaction's messages are queued a span at a time
-(`queue_span`).
+(`queue_span`), and when its ACK commits them from the ring they are taken at once too
+(`Sequencer.dequeue_all`) and returned one by one, `in_sequence` until the last.
 
 `checkpoint()` is consistent with what was *returned*: per source journal the offset from which
 reading resumes (past every returned message, consumed ACK and skipped unreadable content), and
@@ -256,6 +257,10 @@ class ReadCommittedIter:
         # one left them.
         self._run_all: list[Envelope[Any]] = _NO_RUN
         self._run: list[Envelope[Any]] = []
+        # Set if the run is one ACK's messages (`_take_span`): the offset of their journal the
+        # Sequencer had read through before the ACK, where checkpoints taken within the run
+        # stand. None for a run of messages that each commit alone.
+        self._span_through: int | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
         self.replays = 0
@@ -323,6 +328,7 @@ class ReadCommittedIter:
                         pending.extend(islice(envs, length, None))
                         del envs[length:]
                     self._run_all, self._run = envs, envs[:0:-1]
+                    self._span_through = None
                     return envs[0]
                 pending.extend(envs)
             self._start()
@@ -379,6 +385,7 @@ class ReadCommittedIter:
                 if _run_next(pending) and (run := seq.commit_alone_run(pending)):
                     taken = [pending.popleft() for _ in range(run)]
                     self._run_all, self._run = taken, taken[:0:-1]
+                    self._span_through = None
                     self._ahead, self._ahead_after = taken[0], None  # Nothing to look past.
                     return True
                 if seq.commit_alone(pending[0]):
@@ -386,8 +393,11 @@ class ReadCommittedIter:
                     self._ahead, self._ahead_after = env, None  # Nothing to look past.
                     return True
                 committing = seq.queue_span(pending)
-                if committing is not None and seq.replay_required is not None:
-                    self._start_replay(committing)
+                if committing is not None:
+                    if seq.replay_required is not None:
+                        self._start_replay(committing)
+                    elif self._take_span(committing):
+                        return True
                 continue
             envs = self._decode_piece()
             if envs is None:
@@ -401,9 +411,29 @@ class ReadCommittedIter:
                     pending.extend(islice(envs, run, None))
                     del envs[run:]
                 self._run_all, self._run = envs, envs[:0:-1]
+                self._span_through = None
                 self._ahead, self._ahead_after = envs[0], None  # Nothing to look past.
                 return True
             pending.extend(envs)
+
+    def _take_span(self, committing: Envelope[Any]) -> bool:
+        """Take at once what `committing` (just queued) commits, as the ring holds it all: a
+        run to return one by one, its first held in `_ahead`. False if it commits no message
+        (an ACK of nothing left to deliver)."""
+        seq = self._seq
+        through = seq.read_through(committing.journal)
+        envs = seq.dequeue_all()
+        if envs and envs[-1].flags == FLAG_ACK_TXN:
+            envs.pop()  # Consumed, never returned.
+        if not envs:
+            return False
+        self._run_all, self._run = envs, envs[:0:-1]
+        # One ACK's messages: `in_sequence` until the last, and checkpoints within the run
+        # stand where stepping them one by one would (see `checkpoint`). A message committing
+        # alone (after its producer's pending span was dropped) is a run of its own.
+        self._span_through = through if committing.flags == FLAG_ACK_TXN else None
+        self._ahead, self._ahead_after = envs[0], None  # Nothing to look past.
+        return True
 
     def _decode_piece(self) -> list[Envelope[Any]] | None:
         """Decode the next piece of the next chunk (see DECODE_PIECE_BYTES), once every
@@ -481,12 +511,20 @@ class ReadCommittedIter:
         if held is not None:
             # Where committing the run's messages one by one, through `held`, would stand.
             journal = held.journal
-            read_through[journal] = max(self._floors.get(journal, 0), held.end)
             producers = dict(producers)
             jp = JournalProducer(journal, held.producer)
-            if held.clock < horizon_clock:
+            span_through = self._span_through
+            if span_through is not None:
+                # Within one ACK's messages: its journal read up to the ACK, and the producer's
+                # span pending from the message after `held` (a restart replays it from there
+                # when it reads the ACK again). Never pruned: a pending span is not.
+                read_through[journal] = max(self._floors.get(journal, 0), span_through)
+                producers[jp] = ProducerState(last_ack=held.clock, begin=held.end)
+            elif held.clock < horizon_clock:
+                read_through[journal] = max(self._floors.get(journal, 0), held.end)
                 producers.pop(jp, None)  # Pruned, as Sequencer.checkpoint would prune it.
             else:
+                read_through[journal] = max(self._floors.get(journal, 0), held.end)
                 producers[jp] = ProducerState(last_ack=held.clock, begin=-1)
         ahead, after = self._ahead, self._ahead_after
         if ahead is not None and after is not None:
@@ -502,11 +540,13 @@ class ReadCommittedIter:
         """True if more messages committed by the same ACK as the one just returned follow; they
         come next (from `try_next()`, or `next()` if they must be replayed). A consumer
         transaction should not close in between, so that one ACK's messages commit together."""
-        return self._ahead is not None
+        return self._ahead is not None or (self._span_through is not None and bool(self._run))
 
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a transaction begun at or after the `since` offsets awaits its ACK (a reason
-        for a consumer to wait a little before committing). See `Sequencer.has_pending`."""
+        for a consumer to wait a little before committing). See `Sequencer.has_pending`. (A
+        transaction whose committed messages are still being returned counts as delivered:
+        `in_sequence` holds the consumer's transaction open meanwhile.)"""
         return self._seq.has_pending(since)
 
     # -- background readers --------------------------------------------------------------------

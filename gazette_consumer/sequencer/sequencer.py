@@ -58,7 +58,7 @@ from typing import Final, Generic, TypeVar
 
 import structlog
 
-from gazette_consumer.sequencer.ring import Partial, SpanRing
+from gazette_consumer.sequencer.ring import Partial, SpanRing, invariant
 from gazette_consumer.sequencer.types import (
     CLOCK_MAX,
     FLAG_ACK_TXN,
@@ -317,15 +317,24 @@ class Sequencer(Generic[E]):
         The same as queueing each with `queue_trusted` (an error propagates with the envelope
         popped), but a transaction's CONTINUE_TXN messages are linked into the ring inline.
         """
-        read_through, partials = self._read_through, self._partials
+        read_through, partials, ring = self._read_through, self._partials, self._ring
+        entries, owners, links, size = ring.entries, ring.owners, ring.links, len(ring.entries)
+        # The partial of the last message linked inline, and whose it is: a transaction's
+        # messages come in runs of one producer (interned by the decoder), looked up once.
+        last_journal: str | None = None
+        last_producer: bytes | None = None
+        last_partial: Partial | None = None
         first = True
         while pending and (first or pending[0].flags != FLAG_OUTSIDE_TXN):
             first = False
             env = pending.popleft()
             clock = env.clock
             if env.flags == FLAG_CONTINUE_TXN and clock and self._emit is None:
-                journal = env.journal
-                partial = partials.get((journal, env.producer))
+                journal, producer = env.journal, env.producer
+                if producer is last_producer and journal is last_journal:
+                    partial = last_partial
+                else:
+                    partial = partials.get((journal, producer))
                 # What _classify calls CONTINUE_BEGIN_SPAN or CONTINUE_EXTEND_SPAN, applied as
                 # _apply does (max_clock >= min_clock always, so no ACK covers this clock).
                 if (
@@ -336,10 +345,26 @@ class Sequencer(Generic[E]):
                     self._dequeued = None
                     if partial.begin == -1:
                         partial.begin = env.begin
-                    self._ring.add_at_head(env, partial)
+                    # SpanRing.add_at_head, inlined (it runs for every transactional message).
+                    head = ring.head
+                    if owners[head] is not None:
+                        ring.evict_at_head()
+                    entries[head] = env
+                    owners[head] = partial
+                    ring.occupied += 1
+                    if partial.ring_stop == -1:
+                        partial.ring_start = head
+                    else:
+                        links[partial.ring_stop] = head
+                    partial.ring_stop = head
+                    head += 1
+                    ring.head = 0 if head == size else head
                     partial.max_clock = clock
                     read_through[journal] = env.end
+                    last_journal, last_producer, last_partial = journal, producer, partial
                     continue
+            # May add or drop partials: look the next one up afresh.
+            last_journal = last_producer = last_partial = None
             self.queue_trusted(env)
             if self._emit is not None:  # The outcome commits.
                 return env
@@ -542,6 +567,57 @@ class Sequencer(Generic[E]):
             partial.begin = env.end
         self._dequeued = env
         return env
+
+    def dequeue_all(self) -> list[E]:
+        """Every envelope `dequeue()` would return, in order, until the emission in progress
+        ends (its committing envelope last: the ACK, or a message that commits alone), leaving
+        the Sequencer as those calls would; what a reader saves per transactional message.
+        Empty, changing nothing, when there is no emission, or it is served by a replay (use
+        `dequeue()` then)."""
+        emit = self._emit
+        if emit is None or emit.done or emit.replay is not None or emit.replay_required:
+            return []
+        partial, ring = emit.partial, self._ring
+        entries, owners, links = ring.entries, ring.owners, ring.links
+        min_clock, max_clock = partial.min_clock, partial.max_clock
+        out: list[E] = []
+        index, freed = partial.ring_start, 0
+        # SpanRing.next_committed, all turns in one loop: delivered are the committing
+        # envelope, linked last, and the clocks the commit covers, each past the one before.
+        for _ in range(len(entries)):  # A span links each slot at most once.
+            # SpanRing.next_committed's invariants, as inline tests (checked per message).
+            if index == -1:
+                invariant(False, "ring ran out before the committing envelope")
+            env = entries[index]
+            if env is None:
+                invariant(False, "a linked ring entry is empty")
+            assert env is not None  # For the type checker; checked just above.
+            following = links[index]
+            entries[index] = owners[index] = None
+            links[index] = -1
+            freed += 1
+            if following == -1:
+                out.append(env)
+                break
+            if min_clock < env.clock <= max_clock:
+                out.append(env)
+                min_clock = env.clock
+            index = following
+        else:
+            raise AssertionError("sequencer invariant violated: a span's ring links form a cycle")
+        ring.occupied -= freed
+        partial.ring_start = -1
+        if emit.tracked:
+            partial.reset(env.clock)
+        self._read_through[env.journal] = env.end
+        emit.done = True
+        self._dequeued = env
+        return out
+
+    def read_through(self, journal: str) -> int:
+        """The offset of `journal` through which envelopes were queued and stepped past (what
+        `checkpoint()` reports for it; 0 if none was)."""
+        return self._read_through.get(journal, 0)
 
     def _next_committed(self, emit: _Emit[E]) -> tuple[E, bool]:
         """The next envelope to deliver, and whether it is the committing (last) one."""

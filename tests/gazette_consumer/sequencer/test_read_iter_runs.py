@@ -70,6 +70,51 @@ async def test_checkpoints_inside_a_run_are_per_message_ones() -> None:
         await it.close()
 
 
+async def test_a_transaction_taken_at_once_is_returned_as_if_stepped_one_by_one() -> None:
+    # ReadCommittedIter takes an ACK's messages from the ring at once (Sequencer.dequeue_all):
+    # yet `in_sequence` holds until the transaction's last message, and every checkpoint
+    # within it is the one stepping its messages one by one gives (the journal read up to the
+    # ACK, the rest of the span pending), from which a restart returns exactly the rest.
+    txn = [msg(P1, 100 + i, CONTINUE, f"t{i}") for i in range(40)] + [msg(P1, 200, ACK)]
+    other = [msg(P2, 10 + i, OUTSIDE, f"o{i}") for i in range(3)]
+    # A second transaction interleaved with another producer's, whose ACK comes later.
+    mixed = [msg(P1, 300 + i // 2, CONTINUE, f"u{i // 2}") if i % 2 == 0 else
+             msg(P3, 50 + i // 2, CONTINUE, f"v{i // 2}") for i in range(10)]  # fmt: skip
+    tail = [msg(P1, 400, ACK), msg(P2, 20, OUTSIDE, "o3"), msg(P3, 60, ACK)]
+    expected = [f"t{i}" for i in range(40)] + [f"o{i}" for i in range(3)]
+    expected += [f"u{i}" for i in range(5)] + ["o3"] + [f"v{i}" for i in range(5)]
+    ends_of_txns = {"t39", "u4", "v4"}
+    ack_at = len(frames(*txn[:40]))
+    async with broker_env() as env:
+        journal = await env.journal("runs/txn")
+        await env.append(journal, frames(*txn, *other, *mixed, *tail))
+        jp = JournalProducer(journal, P1)
+
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
+        got: list[Any] = []
+        longest_run = 0
+        for n in range(1, len(expected) + 1):
+            got.append(await take(it))
+            longest_run = max(longest_run, len(it._run))
+            last = got[-1]
+            text = last.message.text
+            assert it.in_sequence == (text[0] in "tuv" and text not in ends_of_txns), text
+            cp = it.checkpoint()
+            if text[0] == "t" and text != "t39":
+                assert cp.read_through[journal] == ack_at
+                assert cp.producers[jp] == ProducerState(last_ack=last.clock, begin=last.end)
+                # A pending span is never pruned, whatever the horizon.
+                assert it.checkpoint(CLOCK_MAX).producers[jp] == cp.producers[jp]
+            rest = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, checkpoint=cp)
+            after = [await take(rest) for _ in range(len(expected) - n)]
+            assert [e.message.text for e in got + after] == expected, f"after {n}"
+            assert rest.try_next() is None
+            await rest.close()
+        assert longest_run > 30  # The transaction was taken at once.
+        assert it.try_next() is None
+        await it.close()
+
+
 async def test_pruning_inside_a_run_keeps_dropping_its_duplicates() -> None:
     run = [msg(P1, 1000 + i, OUTSIDE, f"r{i}") for i in range(200)]
     marker = msg(P2, 5, OUTSIDE, "end")
