@@ -281,7 +281,8 @@ class AppendApi:
         log.warning("served Append RPC failed", journal=first.journal, error=detail)
         if not isinstance(fsm.err, FlowControlUnderflowError | ClientAbortedError):
             # So that the client hears why, UNAVAILABLE (retry) included (request_stream.py).
-            # Not for a client that stalled or went away: it sends nothing more.
+            # Not for a client that went away, nor one refused for falling behind the minimum
+            # rate: reading on would only let it hold the broker longer.
             await read_to_end(stream)
         await context.abort(code, f"append: {detail}")
         raise AssertionError("not reached")  # context.abort raises.

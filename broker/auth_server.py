@@ -54,7 +54,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
 from broker.protocol.validate import split_journal_meta
 from broker.read_api import write_responses
-from broker.request_stream import read_to_end
+from broker.request_stream import read_to_end, refusal_messages_max, refusal_read_s
 from broker.resolver import Resolver
 from broker.topology import etcd_header, make_header
 
@@ -363,7 +363,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 def _refusal(err: AuthError, drains: bool) -> Callable[[Any, Any], Any]:
     async def refuse(request: Any, context: Any) -> None:
         if drains:
-            await read_to_end(aiter(request))  # So that the client hears why (request_stream).
+            # So that the client hears why (request_stream.py); tightly bounded, as the
+            # client is not authorized to use the broker at all.
+            await read_to_end(
+                aiter(request), seconds=refusal_read_s, messages_max=refusal_messages_max
+            )
         await context.abort(err.code, str(err))
 
     return refuse

@@ -1,11 +1,13 @@
 """Answering a client-streaming RPC (Append) before the client has finished sending.
 
 A client of a client-streaming RPC hears the answer only once it stops writing. When the broker
-answers early (it refuses the append: no authorization, a register mismatch, not the primary...)
-while the client is still writing, the HTTP/2 stream is closed under the client's next write.
-Go's gRPC then reports the server's status; grpc.aio (Python) sometimes reports INTERNAL "Failed
-execute_batch" instead, having overwritten the status it had already received (grpc issue
-36066). A Python client would see a refused append fail for no stated reason.
+ends the RPC with a gRPC error status (a refused authorization, a malformed request, a broker
+that cannot serve the journal yet: UNAVAILABLE, which clients retry) while the client is still
+writing, the HTTP/2 stream is closed under the client's next write. Go's gRPC then reports the
+server's status; grpc.aio (Python) sometimes reports INTERNAL "Failed execute_batch" instead,
+having overwritten the status it had already received (grpc issue 36066). A Python client would
+see the append fail for no stated reason, and not retry. (In-band refusals, such as a register
+mismatch, are responses with status OK at the gRPC level and were not seen to be lost.)
 
 So before it answers early, the broker reads and discards what the client still sends, until
 the client half-closes (our Appender sends its commit chunk and half-closes, however the write
@@ -25,6 +27,9 @@ from typing import Any, Final
 # time bound is the one that holds in practice).
 early_answer_read_s: Final = 2.0
 early_answer_messages_max: Final = 4096
+# The same for a client refused authorization, tighter: it costs nothing to send garbage.
+refusal_read_s: Final = 0.5
+refusal_messages_max: Final = 256
 
 
 async def read_to_end(
