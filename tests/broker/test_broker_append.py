@@ -247,3 +247,31 @@ async def test_an_aborted_append_reports_its_status_however_much_was_streamed(
             await cluster.append(b, "not a journal name", chunks)
         codes.append(aborted.value.code())
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 60
+
+
+async def test_an_append_the_primary_aborts_reports_its_status_through_a_proxy(
+    cluster: Cluster,
+) -> None:
+    # As above, through a proxying broker: the primary aborts (a malformed message mid-stream:
+    # INVALID_ARGUMENT) while the client is still writing to the proxy. The primary reads the
+    # forwarded stream to its end first, so the proxy has forwarded all and relays the status.
+    primary = await cluster.start_broker("zone-a", "aaaa")
+    proxy = await cluster.start_broker("zone-b", "bbbb")
+    await cluster.create(journal_spec(J), [primary])
+    codes = []
+    for i in range(40):
+        call = cluster.stub(proxy).Append()
+        messages = [pb.AppendRequest(journal=J), pb.AppendRequest(content=b"ok")]
+        messages += [pb.AppendRequest(content=b"x", offset=1)]  # Invalid after the first.
+        messages += [pb.AppendRequest(content=b"y" * (1 << (i % 18)))] * 4 + [pb.AppendRequest()]
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+        except grpc.aio.AioRpcError:
+            pass  # The broker answered early: read its answer.
+        with pytest.raises(grpc.aio.AioRpcError) as aborted:
+            await call
+        codes.append(aborted.value.code())
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 40
+    assert local_content(primary, J) == (0, b"")
