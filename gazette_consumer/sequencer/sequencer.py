@@ -362,6 +362,8 @@ class Sequencer(Generic[E]):
                     partial.max_clock = clock
                     read_through[journal] = env.end
                     last_journal, last_producer, last_partial = journal, producer, partial
+                    if pending and head != size:
+                        self._link_run(pending, partial, head)
                     continue
             # May add or drop partials: look the next one up afresh.
             last_journal = last_producer = last_partial = None
@@ -369,6 +371,46 @@ class Sequencer(Generic[E]):
             if self._emit is not None:  # The outcome commits.
                 return env
         return None
+
+    def _link_run(self, pending: deque[E], partial: Partial, head: int) -> None:
+        """Link the CONTINUE_TXN messages at the front of `pending` that continue `partial`'s
+        span (just extended by the message before them in slot ``head - 1``: the same producer,
+        clocks rising) into the free slots from `head` on, at once: what queue_span's loop
+        would do for each, as slice assignments. Stops at the ring's end, at an owned slot, and
+        at the first message that is not such a continuation (the loop takes it)."""
+        ring = self._ring
+        entries, owners, size = ring.entries, ring.owners, len(ring.entries)
+        first = entries[head - 1]
+        assert first is not None  # The message just linked there.
+        producer, clock, room = first.producer, first.clock, size - head
+        run: list[E] = []
+        for env in pending:
+            if (
+                env.flags != FLAG_CONTINUE_TXN
+                or env.producer is not producer  # Interned by the decoder; else one by one.
+                or env.clock <= clock
+                or len(run) == room
+            ):
+                break
+            run.append(env)
+            clock = env.clock
+        n = len(run)
+        if not n:
+            return
+        stop = head + n
+        if any(owners[head:stop]):
+            return  # Entries to evict first: the loop takes them one by one.
+        entries[head:stop] = run
+        owners[head:stop] = [partial] * n
+        ring.links[head - 1 : stop - 1] = range(head, stop)  # Free slots' links are -1.
+        ring.occupied += n
+        partial.ring_stop = stop - 1
+        ring.head = 0 if stop == size else stop
+        last = run[-1]
+        partial.max_clock = last.clock
+        self._read_through[last.journal] = last.end
+        for _ in range(n):
+            pending.popleft()
 
     def _classify(self, env: E, partial: Partial) -> QueueOutcome:
         """Decide the outcome of `env`, without changing any state."""

@@ -219,6 +219,46 @@ def test_dequeue_all_delivers_what_the_ack_commits_and_leaves_the_rest() -> None
     assert seq._ring.occupied == 1  # B's entry.
 
 
+def test_queue_span_links_a_run_at_once_as_one_by_one() -> None:
+    """queue_span links a producer's run of CONTINUE_TXN messages into free slots at once: it
+    stops at a clock that does not rise (a re-sent message: dropped, as one by one), another
+    producer's message, the ring's end and an owned slot, and leaves the ring as linking each
+    message in turn does."""
+    gen = Gen()
+    a = [gen(A, c, CONT) for c in (5, 6, 7, 7, 8, 9)]  # 7 twice: a re-sent message.
+    b = [gen(B, 3, CONT)]
+    a += [gen(A, c, CONT) for c in (10, 11, 12, 13)]
+    ack = gen(A, 20, ACK)
+    mixed = a[:6] + b + a[6:] + [ack]
+    gen = Gen()
+    plain = [gen(A, c, CONT) for c in (5, 6, 7, 8, 9, 10, 11, 12, 13)] + [gen(A, 20, ACK)]
+    cases = [(envs, size) for envs in (mixed, plain) for size in (4, 7, 16)]
+    for envs, ring_size in cases:  # The ring's end, evictions, and room for it all.
+        ack = envs[-1]
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        for env in envs[:-1]:
+            reference.queue_trusted(env)
+        pending = deque(envs[:-1])
+        while pending:
+            assert tested.queue_span(pending) is None
+        assert ring_state(tested) == ring_state(reference), ring_size
+        assert len(tested._ring.entries) == ring_size
+        assert tested.checkpoint() == reference.checkpoint()
+        for seq in (reference, tested):
+            seq.queue_trusted(ack)
+        replayed({J: envs}, reference)
+        replayed({J: envs}, tested)
+        delivered = []
+        for seq in (reference, tested):
+            out = []
+            while (env := seq.dequeue()) is not None:
+                out.append(env)
+            delivered.append(out)
+        assert delivered[0] == delivered[1]
+        assert [e.clock for e in delivered[0]] == [5, 6, 7, 8, 9, 10, 11, 12, 13, 20]
+
+
 # -- commit_alone --------------------------------------------------------------------------------
 
 
