@@ -42,8 +42,11 @@ decoders derive them from the framing and the UUID layout), and are what a reade
   piece that it would deliver one by one (one producer's OUTSIDE_TXN messages, clocks
   rising), in one call;
 - `queue_span(pending)`: `queue_trusted` for each envelope of a deque, up to one that commits
-  (a transaction's messages are linked into the ring without per-message outcomes);
-- `dequeue()`: `step()` returning the envelope stepped to.
+  (a transaction's messages are linked into the ring without per-message outcomes, a
+  producer's run of them into free slots at once);
+- `dequeue()`: `step()` returning the envelope stepped to;
+- `dequeue_all()`: every envelope `dequeue()` would return for the emission in progress, in
+  one call (not while a replay serves it).
 
 They leave the Sequencer exactly as the general protocol above would (a property test holds
 them to it), so a caller may mix them freely.
