@@ -19,6 +19,7 @@ matters, and the ACK alone determines it (the producer's state is reset to the A
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -99,18 +100,31 @@ class CommittedRange:
         return SequencerCheckpoint(read_through=read_through, producers=cp.producers)
 
     async def read(self) -> AsyncIterator[Envelopes]:
+        # The Sequencer's fast entry points, as ReadCommittedIter drives them: a run of one
+        # producer's messages that commit alone at once, a transaction's messages linked into
+        # the ring without per-message outcomes, and taken from it at once when its ACK
+        # commits them (the property tests hold these to the general protocol).
         seq = self._seq
         async for envelopes in read_uncommitted(
             self._client, self._journal, self._begin, self._end
         ):
             out: Envelopes = []
-            for env in envelopes:
-                if seq.commit_alone(env):
-                    out.append(env)
+            pending = deque(envelopes)
+            while pending:
+                if run := seq.commit_alone_run(pending):
+                    out.extend(pending.popleft() for _ in range(run))
                     continue
-                seq.queue_trusted(env)
-                replay = self._start_replay(env) if seq.replay_required is not None else None
-                await self._dequeue(replay, out.append)
+                if seq.commit_alone(pending[0]):
+                    out.append(pending.popleft())
+                    continue
+                committing = seq.queue_span(pending)
+                if committing is None:
+                    continue  # Queued, nothing committed yet.
+                if seq.replay_required is None:
+                    committed = seq.dequeue_all()
+                    out.extend(env for env in committed if env.flags != FLAG_ACK_TXN)
+                    continue
+                await self._dequeue(self._start_replay(committing), out.append)
             if out:
                 yield out
 

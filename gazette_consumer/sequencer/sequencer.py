@@ -616,7 +616,8 @@ class Sequencer(Generic[E]):
     def dequeue_all(self) -> list[E]:
         """Every envelope `dequeue()` would return, in order, until the emission in progress
         ends (its committing envelope last: the ACK, or a message that commits alone), leaving
-        the Sequencer as those calls would; what a reader saves per transactional message.
+        the Sequencer as those calls and the one returning None after them would (`dequeued`
+        None); what a reader saves per transactional message.
         Empty, changing nothing, when there is no emission, or it is served by a replay (use
         `dequeue()` then)."""
         emit = self._emit
@@ -655,8 +656,8 @@ class Sequencer(Generic[E]):
         if emit.tracked:
             partial.reset(env.clock)
         self._read_through[env.journal] = env.end
-        emit.done = True
-        self._dequeued = env
+        # And the call after them, which returns None: the emission is over.
+        self._emit = self._dequeued = None
         return out
 
     def read_through(self, journal: str) -> int:
