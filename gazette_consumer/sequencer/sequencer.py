@@ -368,12 +368,52 @@ class Sequencer(Generic[E]):
                     if pending and head != size:
                         self._link_run(pending, partial, head)
                     continue
+            elif (
+                env.flags == FLAG_ACK_TXN
+                and env.producer is last_producer
+                and env.journal is last_journal
+                and self._emit is None
+                and self._commit_span_inline(env, last_partial)
+            ):
+                return env  # The ACK of the span just linked commits it.
             # May add or drop partials: look the next one up afresh.
             last_journal = last_producer = last_partial = None
             self.queue_trusted(env)
             if self._emit is not None:  # The outcome commits.
                 return env
         return None
+
+    def _commit_span_inline(self, ack: E, partial: Partial | None) -> bool:
+        """Queue `ack`, the ACK of `partial`'s span whose messages were just linked, if it
+        commits that span from the ring (what _classify calls ACK_COMMIT_RING), as
+        queue_trusted and _apply would; else change nothing and return False (queue_trusted
+        takes it: a replay, a rollback, an old ACK)."""
+        clock = ack.clock
+        if (
+            partial is None
+            or not clock
+            or clock <= partial.min_clock
+            or partial.begin == -1
+            or ack.begin < self._read_through.get(ack.journal, 0)
+        ):
+            return False
+        ring = self._ring
+        # queue_trusted evicts the head slot first: the span must still start in the ring
+        # after that (_span_in_ring).
+        head = ring.head
+        start = partial.ring_start
+        if start == -1 or (head == start and ring.owners[head] is not None):
+            return False
+        first = ring.entries[start]
+        if first is None or first.begin != partial.begin:
+            return False
+        if ring.owners[head] is not None:
+            ring.evict_at_head()
+        self._dequeued = None
+        ring.add_at_head(ack, partial)
+        partial.max_clock = clock
+        self._emit = _Emit(ack.producer, partial, None)
+        return True
 
     def _link_run(self, pending: deque[E], partial: Partial, head: int) -> None:
         """Link the CONTINUE_TXN messages at the front of `pending` that continue `partial`'s

@@ -259,6 +259,48 @@ def test_queue_span_links_a_run_at_once_as_one_by_one() -> None:
         assert [e.clock for e in delivered[0]] == [5, 6, 7, 8, 9, 10, 11, 12, 13, 20]
 
 
+@pytest.mark.parametrize(
+    "clocks",
+    [
+        [(A, 5), (A, 6), (A, 7), (A, "ack", 8)],  # As long as the ring: the ACK needs a replay.
+        [(A, 5), (A, "ack", 5), (A, 6), (A, 7), (A, "ack", 5)],  # A re-sent ACK rolls back.
+        [(A, 5), (A, "ack", 5), (A, 6), (A, "ack", 4)],  # An older ACK: rolls back, logged.
+        [(A, 5), (B, 1), (A, 6), (A, "ack", 9)],  # Another producer's message in between.
+        [(A, 5), (A, 6), (A, "ack", 6), (A, 7), (A, "ack", 9)],  # Two transactions.
+    ],
+)
+def test_queue_span_commits_an_ack_inline_as_queue_trusted(
+    clocks: list[tuple[object, ...]],
+) -> None:
+    """queue_span commits a span from the ring when its ACK follows its messages (without
+    queue_trusted), exactly where queue_trusted would (ACK_COMMIT_RING): never for a span
+    the ring lost the start of, a rollback or an older ACK."""
+    gen = Gen()
+    envs = [
+        gen(c[0], c[-1], ACK if c[1] == "ack" else CONT)  # type: ignore[arg-type]
+        for c in clocks
+    ]
+    with structlog.testing.capture_logs():
+        reference: Sequencer[SeqEnvelope] = Sequencer(3)
+        tested: Sequencer[SeqEnvelope] = Sequencer(3)
+        expected: list[SeqEnvelope] = []
+        for env in envs:
+            reference.queue_trusted(env)
+            replayed({J: envs}, reference)
+            while (got := reference.dequeue()) is not None:
+                expected.append(got)
+        delivered: list[SeqEnvelope] = []
+        pending = deque(envs)
+        while pending:
+            if tested.queue_span(pending) is not None:
+                replayed({J: envs}, tested)
+                while (got := tested.dequeue()) is not None:
+                    delivered.append(got)
+        assert delivered == expected
+        assert ring_state(tested) == ring_state(reference)
+        assert tested.checkpoint() == reference.checkpoint()
+
+
 # -- commit_alone --------------------------------------------------------------------------------
 
 
