@@ -117,6 +117,10 @@ class CommittedRange:
                 if seq.commit_alone(pending[0]):
                     out.append(pending.popleft())
                     continue
+                if taken := seq.commit_span_run(pending):
+                    out.extend(pending.popleft() for _ in range(taken - 1))
+                    pending.popleft()  # The ACK.
+                    continue
                 committing = seq.queue_span(pending)
                 if committing is None:
                     continue  # Queued, nothing committed yet.

@@ -81,13 +81,19 @@ async def test_a_transaction_taken_at_once_is_returned_as_if_stepped_one_by_one(
     mixed = [msg(P1, 300 + i // 2, CONTINUE, f"u{i // 2}") if i % 2 == 0 else
              msg(P3, 50 + i // 2, CONTINUE, f"v{i // 2}") for i in range(10)]  # fmt: skip
     tail = [msg(P1, 400, ACK), msg(P2, 20, OUTSIDE, "o3"), msg(P3, 60, ACK)]
+    # Short transactions, each whole in one decoded piece: committed without the ring
+    # (Sequencer.commit_span_run), returned alike.
+    short = [msg(P2, 100 + 10 * t + i, CONTINUE, f"w{t}.{i}") for t in range(3) for i in range(4)]
+    for t in (2, 1, 0):
+        short.insert(4 * t + 4, msg(P2, 100 + 10 * t + 5, ACK))
     expected = [f"t{i}" for i in range(40)] + [f"o{i}" for i in range(3)]
     expected += [f"u{i}" for i in range(5)] + ["o3"] + [f"v{i}" for i in range(5)]
-    ends_of_txns = {"t39", "u4", "v4"}
+    expected += [f"w{t}.{i}" for t in range(3) for i in range(4)]
+    ends_of_txns = {"t39", "u4", "v4", "w0.3", "w1.3", "w2.3"}
     ack_at = len(frames(*txn[:40]))
     async with broker_env() as env:
         journal = await env.journal("runs/txn")
-        await env.append(journal, frames(*txn, *other, *mixed, *tail))
+        await env.append(journal, frames(*txn, *other, *mixed, *tail, *short))
         jp = JournalProducer(journal, P1)
 
         it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
@@ -98,13 +104,20 @@ async def test_a_transaction_taken_at_once_is_returned_as_if_stepped_one_by_one(
             longest_run = max(longest_run, len(it._run))
             last = got[-1]
             text = last.message.text
-            assert it.in_sequence == (text[0] in "tuv" and text not in ends_of_txns), text
+            assert it.in_sequence == (text[0] in "tuvw" and text not in ends_of_txns), text
             cp = it.checkpoint()
             if text[0] == "t" and text != "t39":
                 assert cp.read_through[journal] == ack_at
                 assert cp.producers[jp] == ProducerState(last_ack=last.clock, begin=last.end)
                 # A pending span is never pruned, whatever the horizon.
                 assert it.checkpoint(CLOCK_MAX).producers[jp] == cp.producers[jp]
+            if text[0] == "w" and text not in ends_of_txns:  # The same within a short one.
+                assert cp.read_through[journal] == last.end + (3 - int(text[-1])) * (
+                    last.end - last.begin
+                )
+                jp2 = JournalProducer(journal, P2)
+                assert cp.producers[jp2] == ProducerState(last_ack=last.clock, begin=last.end)
+                assert it.checkpoint(CLOCK_MAX).producers[jp2] == cp.producers[jp2]
             rest = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, checkpoint=cp)
             after = [await take(rest) for _ in range(len(expected) - n)]
             assert [e.message.text for e in got + after] == expected, f"after {n}"

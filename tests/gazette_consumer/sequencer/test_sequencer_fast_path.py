@@ -115,6 +115,11 @@ def fast(
             event("commit_alone")
             out.append(pending.popleft())
             continue
+        # A whole transaction at once (given a list or the deque itself, in turn).
+        if n := seq.commit_span_run(list(pending) if len(out) % 2 else pending):
+            event("commit_span_run")
+            out.extend(pending.popleft() for _ in range(n))  # Its ACK last, as dequeued.
+            continue
         if seq.queue_span(pending) is None:
             assert seq.replay_required is None and seq.dequeue() is None  # Nothing committed.
             continue
@@ -590,3 +595,85 @@ def test_commit_alone_run_commits_no_more_than_the_length_given() -> None:
     assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(6, -1)
     assert seq.commit_alone_run(envs[2:], 99) == 4  # No further than the list.
     assert seq.checkpoint().producers[JournalProducer(J, A)] == ProducerState(10, -1)
+
+
+# -- commit_span_run -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Txn:
+    producer: int
+    messages: int  # CONTINUE_TXN messages, then the ACK.
+    ack_step: int  # The ACK's clock past the last message's: < 0 rolls some back.
+    dup_at: int  # A re-sent message at this index (none if past the end).
+    other_at: int  # Another producer's OUTSIDE_TXN message at this index (none if past).
+    regress: bool  # The ACK's offset goes back.
+    acked: bool  # Else the transaction stays pending (its entries stay in the ring).
+
+
+TXNS = st.builds(
+    Txn,
+    st.integers(0, len(PRODUCERS) - 1),
+    st.integers(0, 9),
+    st.sampled_from([1, 1, 1, 0, -1, -20]),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.sampled_from([False] * 9 + [True]),
+    st.sampled_from([True] * 4 + [False]),
+)
+
+
+def txn_journal(txns: list[Txn]) -> dict[str, list[SeqEnvelope]]:
+    gen, clocks, envs = Gen(), [10, 10, 10], []
+    for t in txns:
+        p = PRODUCERS[t.producer]
+        for i in range(t.messages + 1):
+            if i == t.other_at:
+                q = (t.producer + 1) % len(PRODUCERS)
+                clocks[q] += 1
+                envs.append(gen(PRODUCERS[q], clocks[q], OUT, gap=0))
+            if i == t.dup_at and i:
+                envs.append(gen(p, clocks[t.producer], CONT, gap=0))  # Re-sent: same clock.
+            if i < t.messages:
+                clocks[t.producer] += 1
+                envs.append(gen(p, clocks[t.producer], CONT, gap=0))
+            elif t.acked:
+                clock = max(1, clocks[t.producer] + t.ack_step)
+                clocks[t.producer] = max(clocks[t.producer], clock)
+                ack = gen(p, clock, ACK, gap=0)
+                if t.regress and envs:
+                    back = envs[-1]
+                    ack = SeqEnvelope(J, back.begin, back.end, p, clock, ACK, back.begin)
+                envs.append(ack)
+    return {J: envs}
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    txns=st.lists(TXNS, max_size=12),
+    ring_size=st.one_of(st.integers(1, 4), st.integers(1, 16), st.just(1024)),
+    batch=st.integers(1, 40),
+)
+def test_transactions_at_once_match_the_general_path(
+    txns: list[Txn], ring_size: int, batch: int
+) -> None:
+    """`commit_span_run` (through `fast`) delivers what the general path does and leaves the
+    Sequencer, ring included, as it does: whole transactions, ones with re-sent messages,
+    another producer's message inside, an ACK rolling messages back, offsets going back,
+    transactions longer than the ring, and others left pending in the ring meanwhile."""
+    with structlog.testing.capture_logs():
+        journals = txn_journal(txns)
+        envs = journals[J]
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        for i in range(0, len(envs), batch):
+            part = envs[i : i + batch]
+            try:
+                expected = general(reference, journals, part)
+            except OffsetRegressionError:
+                with pytest.raises(OffsetRegressionError):
+                    fast(tested, journals, part)
+                return
+            assert fast(tested, journals, part) == expected
+            assert ring_state(tested) == ring_state(reference)
+            assert_same(reference, tested)
