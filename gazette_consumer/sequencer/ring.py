@@ -96,6 +96,24 @@ class SpanRing(Generic[E]):
         self.links[head] = -1
         self.occupied -= 1
 
+    def pass_slots(self, n: int) -> None:
+        """Move the head `n` slots on, as writing an entry at each and freeing it again would:
+        the entries there are evicted (oldest first), the slots left free."""
+        owners, size, head = self.owners, len(self.entries), self.head
+        if not self.occupied:  # No slot has an entry to evict: skip looking (most runs).
+            self.head = (head + n) % size
+            return
+        while n:
+            stop = min(size, head + n)
+            if any(owners[head:stop]):  # Partials are always true; free slots are None.
+                for index in range(head, stop):
+                    if owners[index] is not None:
+                        self.head = index
+                        self.evict_at_head()
+            n -= stop - head
+            head = 0 if stop == size else stop
+        self.head = head
+
     def add_at_head(self, env: E, partial: Partial) -> None:
         """Write `env` at the head (evicting what was there), linked last in `partial`'s span."""
         head = self.head

@@ -293,22 +293,7 @@ class Sequencer(Generic[E]):
         else:
             partial.min_clock = partial.max_clock = last.clock
         # Each message would have used up the head slot (evicting its entry) and left it free.
-        ring = self._ring
-        size, head = len(ring.entries), ring.head
-        if ring.occupied:  # Else no slot has an entry to evict: skip looking (most runs).
-            owners, left = ring.owners, n
-            while left:
-                stop = min(size, head + left)
-                if any(owners[head:stop]):  # Partials are always true; free slots are None.
-                    for index in range(head, stop):
-                        if owners[index] is not None:
-                            ring.head = index
-                            ring.evict_at_head()
-                left -= stop - head
-                head = 0 if stop == size else stop
-        else:
-            head = (head + n) % size
-        ring.head = head
+        self._ring.pass_slots(n)
         read_through[journal] = last.end
         self._dequeued = None
         return n
@@ -343,8 +328,6 @@ class Sequencer(Generic[E]):
         partial = self._partials.get(key)
         if partial is not None and (partial.begin != -1 or clock <= partial.max_clock):
             return 0
-        ring = self._ring
-        size = len(ring.entries)
         end = first.end
         n = 1
         for env in islice(envs, 1, None if limit is None else limit + 1):
@@ -366,21 +349,8 @@ class Sequencer(Generic[E]):
         ack = envs[n]
         # Each envelope would have taken the head slot (evicting its entry), and every one of
         # them been delivered from it, leaving it free.
-        owners, head, taken = ring.owners, ring.head, n + 1
-        if ring.occupied:
-            left = taken
-            while left:
-                stop = min(size, head + left)
-                if any(owners[head:stop]):
-                    for index in range(head, stop):
-                        if owners[index] is not None:
-                            ring.head = index
-                            ring.evict_at_head()
-                left -= stop - head
-                head = 0 if stop == size else stop
-        else:
-            head = (head + taken) % size
-        ring.head = head
+        taken = n + 1
+        self._ring.pass_slots(taken)
         if partial is None:
             partial = self._partials[key] = Partial(ack.clock, -1)
         else:
