@@ -300,7 +300,7 @@ class Sequencer(Generic[E]):
 
     def commit_span_run(self, envs: Sequence[E], limit: int | None = None) -> int:
         """Commit at once a whole transaction at the front of `envs` — one producer's
-        CONTINUE_TXN messages, clocks rising, then its ACK — when the ring can hold it, and
+        CONTINUE_TXN messages, clocks rising, then its ACK — and
         return how many envelopes that took (the ACK included; 0: nothing changed). The
         Sequencer is left as queueing each with `queue_trusted` and dequeuing them all (the
         ACK last, then None) would leave it: the caller delivers the messages itself. What a
