@@ -395,11 +395,7 @@ class ReadCommittedIter:
                 # A run further into a piece (after another producer's messages or a
                 # transaction): committed at once, as a piece's leading run is.
                 if _run_next(pending) and (run := seq.commit_alone_run(pending)):
-                    taken = [pending.popleft() for _ in range(run)]
-                    self._run_all, self._run = taken, taken[:0:-1]
-                    self._span_through = None
-                    self._ahead, self._ahead_after = taken[0], None  # Nothing to look past.
-                    return True
+                    return self._hold_run([pending.popleft() for _ in range(run)], None)
                 if seq.commit_alone(pending[0]):
                     env = pending.popleft()
                     self._ahead, self._ahead_after = env, None  # Nothing to look past.
@@ -413,10 +409,7 @@ class ReadCommittedIter:
                     # `_take_span` returns one taken from the ring.
                     taken = [pending.popleft() for _ in range(n)]
                     taken.pop()  # The ACK: consumed, never returned.
-                    self._run_all, self._run = taken, taken[:0:-1]
-                    self._span_through = taken[-1].end  # Where the ACK's journal was read to.
-                    self._ahead, self._ahead_after = taken[0], None  # Nothing to look past.
-                    return True
+                    return self._hold_run(taken, taken[-1].end)  # Read to the ACK.
                 committing = seq.queue_span(pending)
                 if committing is not None:
                     if seq.replay_required is not None:
@@ -435,10 +428,7 @@ class ReadCommittedIter:
                 if run < len(envs):
                     pending.extend(islice(envs, run, None))
                     del envs[run:]
-                self._run_all, self._run = envs, envs[:0:-1]
-                self._span_through = None
-                self._ahead, self._ahead_after = envs[0], None  # Nothing to look past.
-                return True
+                return self._hold_run(envs, None)
             pending.extend(envs)
 
     def _take_span(self, committing: Envelope[Any]) -> bool:
@@ -454,12 +444,19 @@ class ReadCommittedIter:
             return False
         # Look for whole transactions in what is decoded only while they are short.
         self._span_runs = len(envs) <= SPAN_RUN_LOOK_MAX
+        # A message committing alone (after its producer's pending span was dropped) is a run
+        # of its own.
+        return self._hold_run(envs, through if committing.flags == FLAG_ACK_TXN else None)
+
+    def _hold_run(self, envs: list[Envelope[Any]], span_through: int | None) -> bool:
+        """Hold `envs`, committed at once, to return one by one: the first in `_ahead` (with
+        nothing to look past), the rest from `_run`. `span_through`: for one ACK's messages,
+        the offset of their journal read up to the ACK, where checkpoints within the run stand
+        (`in_sequence` holds until the last; see `checkpoint`); None for messages that each
+        commit alone."""
         self._run_all, self._run = envs, envs[:0:-1]
-        # One ACK's messages: `in_sequence` until the last, and checkpoints within the run
-        # stand where stepping them one by one would (see `checkpoint`). A message committing
-        # alone (after its producer's pending span was dropped) is a run of its own.
-        self._span_through = through if committing.flags == FLAG_ACK_TXN else None
-        self._ahead, self._ahead_after = envs[0], None  # Nothing to look past.
+        self._span_through = span_through
+        self._ahead, self._ahead_after = envs[0], None
         return True
 
     def _decode_piece(self) -> list[Envelope[Any]] | None:

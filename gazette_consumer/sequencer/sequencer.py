@@ -434,32 +434,25 @@ class Sequencer(Generic[E]):
     def _commit_span_inline(self, ack: E, partial: Partial | None) -> bool:
         """Queue `ack`, the ACK of `partial`'s span whose messages were just linked, if it
         commits that span from the ring (what _classify calls ACK_COMMIT_RING), as
-        queue_trusted and _apply would; else change nothing and return False (queue_trusted
-        takes it: a replay, a rollback, an old ACK)."""
-        clock = ack.clock
+        queue_trusted and _apply would; else return False, having done only what queue_trusted
+        does first whatever the outcome (evict the head slot), for it to take the ACK: a
+        replay, a rollback, an old ACK."""
         if (
             partial is None
-            or not clock
-            or clock <= partial.min_clock
+            or ack.clock <= partial.min_clock  # A rollback (or no UUID): queue_trusted's.
             or partial.begin == -1
             or ack.begin < self._read_through.get(ack.journal, 0)
         ):
             return False
         ring = self._ring
-        # queue_trusted evicts the head slot first: the span must still start in the ring
-        # after that (_span_in_ring).
-        head = ring.head
-        start = partial.ring_start
-        if start == -1 or (head == start and ring.owners[head] is not None):
-            return False
-        first = ring.entries[start]
-        if first is None or first.begin != partial.begin:
-            return False
-        if ring.owners[head] is not None:
+        # As queue_trusted does first, whatever comes of the ACK (then a no-op there).
+        if ring.owners[ring.head] is not None:
             ring.evict_at_head()
+        if not self._span_in_ring(ack, partial):
+            return False  # The span needs a replay: queue_trusted's.
         self._dequeued = None
         ring.add_at_head(ack, partial)
-        partial.max_clock = clock
+        partial.max_clock = ack.clock
         self._emit = _Emit(ack.producer, partial, None)
         return True
 
