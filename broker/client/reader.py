@@ -129,11 +129,12 @@ class FragmentContentReader:
         self._pending = bytearray()  # Content to return, from _pending_at.
         self._pending_at = 0
         self._eof = False
+        self._verified = False
 
     @property
     def verified(self) -> bool:
         """Whether the whole file was read and verified."""
-        return self._eof
+        return self._verified
 
     async def read(self) -> bytes:
         while self._whole and not self._eof:
@@ -158,7 +159,9 @@ class FragmentContentReader:
             if data:
                 return self._decoder.feed(data)
             self._eof = True
-            return self._decoder.finish()
+            out = self._decoder.finish()
+            self._verified = True
+            return out
         except FragmentIntegrityError as err:
             raise err.with_delivered(self._delivered) from err
 

@@ -18,6 +18,7 @@ from broker.client.reader import (
     Chunk,
     FragmentContentError,
     FragmentContentReader,
+    FragmentIntegrityError,
     Reader,
 )
 from broker.client.retry_reader import RetryReader, backoff_s
@@ -356,3 +357,39 @@ async def test_retry_reader_metadata_only_answers_once(tmp_path: Path) -> None:
         assert await reader.read_chunk() == Chunk(4, b"")
         assert (reader.response.fragment.end, reader.response.write_head) == (10, 10)
         assert e.resolver.calls == 1
+
+
+@pytest.mark.parametrize("whole_bytes_max", [1 << 20, 8], ids=["whole", "streamed"])
+async def test_fragment_content_reader_verifies_whole_or_as_it_streams(
+    whole_bytes_max: int,
+) -> None:
+    content = b"0123456789" * 3
+    fragment = pb.Fragment(
+        journal=JOURNAL,
+        begin=0,
+        end=len(content),
+        sum=naming.content_sum(content),
+        compression_codec=pb.NONE,
+        backing_store=STORE,
+    )
+    other = content[:-1] + b"!"  # Same length; differs in its last byte.
+    reader = FragmentContentReader(
+        BytesReader(other),
+        fragment,
+        4,
+        chunk_bytes_max=10,
+        verify_whole_bytes_max=whole_bytes_max,
+        store=STORE,
+    )
+    got = b""
+    with pytest.raises(FragmentIntegrityError, match="not the .* of its name") as caught:
+        while piece := await reader.read():
+            got += piece
+    if whole_bytes_max >= len(content):
+        # Small enough to verify before handing anything out: not one byte was delivered.
+        assert got == b"" and caught.value.delivered == 0
+    else:
+        # Streamed: the bytes before the end were delivered, and the error says how many.
+        assert got == other[4:] and caught.value.delivered == len(content) - 4
+        assert f"({len(content) - 4} bytes of it were already delivered" in str(caught.value)
+    assert not reader.verified  # It failed verification.
