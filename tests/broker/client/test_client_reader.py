@@ -382,7 +382,7 @@ async def test_fragment_content_reader_verifies_whole_or_as_it_streams(
         store=STORE,
     )
     got = b""
-    with pytest.raises(FragmentIntegrityError, match="not the .* of its name") as caught:
+    with pytest.raises(FragmentIntegrityError, match=r"not the .* of its name") as caught:
         while piece := await reader.read():
             got += piece
     if whole_bytes_max >= len(content):
