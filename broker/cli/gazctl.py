@@ -15,7 +15,7 @@ a failed request, and 3 for data loss (content of a journal that is lost or corr
 
 ``journals read`` exits 0 only once it has written everything up to the write head (a
 non-blocking read; with --block it waits for more until interrupted). It exits 1 if a request
-failed (retries are bounded: a broker or store unavailable for about two minutes ends it) or
+failed (retries are bounded: a broker or store unavailable for one to two minutes ends it) or
 if the read stopped below the write head (a gap: content not yet persisted, or lost), and 3 if
 the broker answered DATA_LOSS, a fragment failed verification, or the read jumped over a gap
 after its first byte. Output written before the error is valid journal content.

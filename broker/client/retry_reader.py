@@ -25,7 +25,7 @@ What is surfaced rather than retried:
 - other non-retriable statuses (NOT_ALLOWED, SUSPENDED, ...), gRPC errors that a retry cannot
   fix (invalid argument, unimplemented, permission), and malformed responses;
 - cancellation of the caller's task;
-- `attempts_max` consecutive failed attempts (about two minutes of back-off with the
+- `attempts_max` consecutive failed attempts (one to two minutes of back-off with the
   defaults): a reader that makes no progress for that long is not going to.
 """
 
