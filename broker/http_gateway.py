@@ -47,6 +47,7 @@ from broker import auth, metrics
 from broker.client.appender import Appender, validate_append_request
 from broker.client.reader import (
     Chunk,
+    DataLossError,
     FragmentContentError,
     Reader,
     ReadProtocolError,
@@ -351,7 +352,13 @@ class HttpGateway:
             pass  # A non-blocking read reached the write head: the body is complete.
         except ConnectionError:
             return False  # The client went away.
-        except (GazetteError, grpc.aio.AioRpcError, ReadProtocolError, FragmentContentError) as err:
+        except (
+            GazetteError,
+            grpc.aio.AioRpcError,
+            ReadProtocolError,
+            FragmentContentError,
+            DataLossError,
+        ) as err:
             log.warning("http gateway: read broke off", journal=reader.request.journal, error=err)
             if request.transport is not None:
                 request.transport.close()
@@ -414,6 +421,8 @@ def _failed(status: int, fields: dict[str, str]) -> web.Response:
 
 def _rpc_failure(err: BaseException) -> web.Response | None:
     """The answer to an RPC that failed outright, or None if `err` is not such a failure."""
+    if isinstance(err, DataLossError):  # Lost or corrupt content: an operator must look.
+        return _text(500, f"DATA_LOSS: {err}")
     if isinstance(err, grpc.aio.AioRpcError):
         code = err.code()
         headers = {"WWW-Authenticate": "Bearer"} if code == grpc.StatusCode.UNAUTHENTICATED else {}

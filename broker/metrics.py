@@ -54,6 +54,13 @@ READ_BYTES: Final = Counter(
     "Journal content bytes this broker's Read RPCs streamed from its local fragment index.",
 )
 
+DATA_LOSS_READS: Final = Counter(
+    "gazette_read_data_loss_total",
+    "Read RPCs this broker failed with DATA_LOSS: a fragment file did not verify against its"
+    " name, could not be decoded, or is missing (broker/fragment/verify.py), by failure.",
+    ["failure"],
+)
+
 # --- Persistence (broker/fragment/persister.py) ---------------------------------------------------
 
 SPOOL_BLOCKS: Final = Counter(
@@ -97,6 +104,11 @@ def record_append(status: int, committed_bytes: int = 0) -> None:
     APPENDS.labels(pb.Status.Name(status)).inc()
     if committed_bytes:
         APPEND_BYTES.inc(committed_bytes)
+
+
+def record_data_loss(failure: str) -> None:
+    """One Read failed with DATA_LOSS for `failure` (a verify.IntegrityFailure value)."""
+    DATA_LOSS_READS.labels(failure).inc()
 
 
 def record_persisted(fragment_bytes: int) -> None:

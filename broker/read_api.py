@@ -18,6 +18,17 @@ A served read is a loop over the replica's FragmentIndex, exactly as Gazette's:
    the local spool file if the fragment is local, else from the store (decompressed). Stop at
    `end_offset`; otherwise go to 1 at the fragment's end.
 
+Integrity (beyond Gazette, which trusts its stores): content read from a store is verified
+against the fragment's name as it streams (broker/fragment/verify.py; small fragments whole,
+before their first byte is sent). A file that fails verification, cannot be decoded, or is
+missing though the index lists it, and a read of a range the index knows is lost
+(fragment/lost.py), end the stream with the gRPC status DATA_LOSS naming the journal, the
+fragment and the store; they are logged and counted (`gazette_read_data_loss_total`). Chunks
+of a large fragment sent before its mismatch showed were delivered: the message says how many.
+DATA_LOSS rather than a new protocol.Status: an in-band status would need a value Gazette's
+clients do not know, while every gRPC client knows DATA_LOSS, and Gazette's own read it as an
+error rather than as the journal's end. Other store failures stay UNAVAILABLE (retriable).
+
 Cancellation by the client (or a replica going away, which closes its index) ends the stream
 without an error: a blocking read lives until one of them happens, and that is normal.
 The served Read handler writes `read`'s responses with `write_responses`, so that a write failing
@@ -39,12 +50,18 @@ import grpc.aio
 from grpc._cython.cygrpc import ExecuteBatchError
 
 from broker import metrics
-from broker.client.reader import FragmentContentError, FragmentContentReader, validate_read_request
+from broker.client.reader import (
+    FragmentContentError,
+    FragmentContentReader,
+    missing_fragment_error,
+    validate_read_request,
+)
 from broker.client.route_cache import ChannelPool, pick_endpoint
 from broker.fragment.index import FragmentIndex, IndexClosedError, QueryResult
 from broker.fragment.spool_file import SpoolFile
-from broker.fragment.stores.base import StoreError
+from broker.fragment.stores.base import FragmentNotFoundError, StoreError
 from broker.fragment.stores.registry import StoreRegistry
+from broker.fragment.verify import FragmentIntegrityError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at
@@ -206,6 +223,10 @@ async def serve_read(
 
 
 async def _metadata(result: QueryResult, registry: StoreRegistry) -> pb.ReadResponse:
+    if result.lost is not None:
+        # Content the index knows is gone: never answered as a gap (which a reader would wait
+        # at, or take for the journal's end).
+        raise result.lost.error()
     if result.fragment is None:
         return pb.ReadResponse(
             status=pb.OFFSET_NOT_YET_AVAILABLE, offset=result.offset, write_head=result.write_head
@@ -252,8 +273,16 @@ async def _local_content(
 async def _store_content(
     registry: StoreRegistry, fragment: pb.Fragment, offset: int, chunk_bytes_max: int
 ) -> AsyncGenerator[bytes, None]:
-    raw = await registry.get(fragment.backing_store).open(fragment)
-    reader = FragmentContentReader(raw, fragment, offset, chunk_bytes_max=chunk_bytes_max)
+    # The index lists this fragment, so its file must exist: a missing one is lost content,
+    # not a store that is unavailable for a moment.
+    try:
+        raw = await registry.get(fragment.backing_store).open(fragment)
+    except FragmentNotFoundError as err:
+        raise missing_fragment_error(fragment, err) from err
+    # Verified against the fragment's name as it is read (FragmentIntegrityError).
+    reader = FragmentContentReader(
+        raw, fragment, offset, chunk_bytes_max=chunk_bytes_max, store=fragment.backing_store
+    )
     try:
         while data := await reader.read():
             yield data
@@ -321,6 +350,19 @@ class ReadAPI:
                 yield response
         except IndexClosedError:
             return  # The replica went away: end the stream; the client re-resolves.
+        except FragmentIntegrityError as err:
+            # Content the index says exists is lost or corrupt: reading again reads the same
+            # bytes, so the client must not retry (DATA_LOSS), and an operator must know.
+            metrics.record_data_loss(err.failure.value)
+            log.error(
+                "read failed: data loss",
+                journal=request.journal,
+                fragment=err.fragment.begin,
+                store=err.store,
+                failure=err.failure.value,
+                error=str(err),
+            )
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"reading {request.journal}: {err}")
         except (StoreError, FragmentContentError, _FileClosedError) as err:
             log.warning("read failed", journal=request.journal, error=str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading {request.journal}: {err}")

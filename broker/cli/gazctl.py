@@ -10,8 +10,15 @@
     gazctl shards list|apply|unassign ...   (see broker/cli/shards.py)
 
 The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``).
-Errors are printed as one line naming what was wrong, with exit status 2 for bad input and 1 for
-a failed request.
+Errors are printed as one line naming what was wrong, with exit status 2 for bad input, 1 for
+a failed request, and 3 for data loss (content of a journal that is lost or corrupt).
+
+``journals read`` exits 0 only once it has written everything up to the write head (a
+non-blocking read; with --block it waits for more until interrupted). It exits 1 if a request
+failed (retries are bounded: a broker or store unavailable for one to two minutes ends it) or
+if the read stopped below the write head (a gap: content not yet persisted, or lost), and 3 if
+the broker answered DATA_LOSS, a fragment failed verification, or the read jumped over a gap
+after its first byte. Output written before the error is valid journal content.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from broker.protocol.validate import ValidationError
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+EXIT_DATA_LOSS = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -175,8 +183,19 @@ async def _run(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace) -> int:
     """Run a parsed command on the current event loop; failures are printed as one line and
     returned as the exit status (see the module docstring)."""
+    # Imported here, as _run imports the client: only for these exception classes.
+    from broker.cli.remote import ReadGapError
+    from broker.client.reader import DataLossError
+
     try:
         return await _run(args)
+    except DataLossError as exc:
+        print(f"gazctl: data loss: {exc}", file=sys.stderr)
+        return EXIT_DATA_LOSS
+    except (ReadGapError, ConnectionError) as exc:
+        # A read short of the write head; retries of an unreachable broker exhausted.
+        print(f"gazctl: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except (ValidationError, OSError) as exc:
         print(f"gazctl: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,6 +11,7 @@ from typing import Any
 from broker import client
 from broker.cli.journalspace import spec_to_yaml_dict
 from broker.cli.output import emit
+from broker.client.reader import DataLossError
 from broker.fragment.naming import content_name
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
@@ -98,17 +99,50 @@ async def _append(c: client.JournalClient, args: argparse.Namespace) -> int:
     return 0
 
 
+class ReadGapError(Exception):
+    """A non-blocking `journals read` stopped below the write head: content there is not
+    available (not yet persisted by a previous primary, or lost)."""
+
+
 async def _read(c: client.JournalClient, args: argparse.Namespace) -> int:
+    """Write the journal's content from `--offset` to stdout. Succeeds only once everything up
+    to the write head is written (or, with --block, never: it waits for more). Raises
+    DataLossError for lost or corrupt content, including a jump over a gap after the first
+    byte (the bytes between would be missing from the output), and ReadGapError for a
+    non-blocking read that stops below the write head."""
     reader = client.RetryReader(
         c, pb.ReadRequest(journal=args.journal, offset=args.offset, block=args.block)
     )
     out = sys.stdout.buffer
+    expected: int | None = None  # Offset the next chunk must begin at.
     try:
-        while chunk := await reader.read():
-            out.write(chunk)
+        while (chunk := await reader.read_chunk()).content:
+            if expected is None and chunk.offset > args.offset >= 0:
+                # Where the content the journal still has begins (retention, or a gap).
+                print(
+                    f"gazctl: {args.journal}: reading from offset {chunk.offset}: no content"
+                    f" is available at {args.offset}",
+                    file=sys.stderr,
+                )
+            elif expected is not None and chunk.offset != expected:
+                raise DataLossError(
+                    args.journal,
+                    f"reading {args.journal}: content [{expected}, {chunk.offset}) is missing"
+                    f" (the broker jumped over a gap); output stops at offset {expected}",
+                )
+            out.write(chunk.content)
             out.flush()
+            expected = chunk.offset + len(chunk.content)
     except OffsetNotYetAvailableError:
-        pass  # A non-blocking read reached the write head: done.
+        # A non-blocking read stopped: done if at the write head, else short of it.
+        head = reader.response.write_head
+        if reader.offset < head:
+            raise ReadGapError(
+                f"reading {args.journal}: no content is available at offset {reader.offset},"
+                f" below the write head {head} (not yet persisted, or lost); output stops there"
+            ) from None
+    finally:
+        await reader.close()
     return 0
 
 

@@ -28,7 +28,14 @@ from broker.client.list_apply import (
     upsert,
     watch_journals,
 )
-from broker.client.reader import Chunk, FragmentContentError, Reader, ReadProtocolError
+from broker.client.reader import (
+    Chunk,
+    DataLossError,
+    FragmentContentError,
+    FragmentIntegrityError,
+    Reader,
+    ReadProtocolError,
+)
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient, RouteCache
 
@@ -41,8 +48,10 @@ __all__ = [
     "AsyncAppendStateError",
     "ChannelPool",
     "Chunk",
+    "DataLossError",
     "DependencyFailedError",
     "FragmentContentError",
+    "FragmentIntegrityError",
     "JournalClient",
     "ReadProtocolError",
     "Reader",

@@ -16,11 +16,15 @@ metadata of the next fragment, and so on. The Reader follows that stream:
   the stream after the metadata, and the Reader reads the fragment's file itself, from the signed
   URL (or, given a StoreRegistry, through the store named by the fragment's backing store),
   decompressing it and skipping to the offset.
+- Content that is lost or corrupt raises `DataLossError`: the broker answered the gRPC status
+  DATA_LOSS (a fragment file failed verification, or is missing), or a directly read fragment
+  file failed verification (`FragmentIntegrityError`, which names the fragment and store).
+  Reading again would read the same bytes: it is never retried.
 - The end of the stream (or of a directly read fragment, or `end_offset`) is the end of the
   Reader: `read_chunk` returns an empty chunk. Resuming from there is `RetryReader`'s business.
 
-`FragmentContentReader` (the decompressing, seeking reader of a fragment file) is also what the
-broker uses to serve reads of persisted fragments.
+`FragmentContentReader` (the decompressing, verifying, seeking reader of a fragment file) is
+also what the broker uses to serve reads of persisted fragments.
 """
 
 from __future__ import annotations
@@ -28,11 +32,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+import grpc
 import grpc.aio
 
 from broker.client.route_cache import JournalClient
-from broker.fragment import codecs
-from broker.fragment.stores.base import FragmentReader
+from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader
+from broker.fragment.verify import (
+    DataLossError,
+    FragmentContentError,
+    FragmentIntegrityError,
+    IntegrityFailure,
+    VerifyingDecoder,
+)
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import raise_for_status
@@ -50,10 +61,25 @@ log = get_logger(__name__)
 raw_chunk_bytes_max: Final = 32 << 10
 # The decompressed output is handed out in pieces of at most this size.
 content_chunk_bytes_max: Final = 1 << 17
+# A fragment of at most this many (uncompressed) bytes is decoded and verified whole before any
+# of it is handed out, so that a corrupt one yields no byte at all. It bounds the memory one
+# reader holds; a larger fragment is verified as it streams (its SHA1 at its end).
+verify_whole_bytes_max_default: Final = 1 << 20
 
-
-class FragmentContentError(Exception):
-    """A fragment file's content does not match its fragment: too short, too long, or corrupt."""
+__all__ = [
+    "Chunk",
+    "DataLossError",
+    "FragmentContentError",
+    "FragmentContentReader",
+    "FragmentIntegrityError",
+    "OpenURL",
+    "ReadProtocolError",
+    "Reader",
+    "open_fragment",
+    "open_url",
+    "validate_read_request",
+    "validate_read_response",
+]
 
 
 class ReadProtocolError(ValidationError):
@@ -68,11 +94,15 @@ class Chunk(NamedTuple):
 
 
 class FragmentContentReader:
-    """The uncompressed content of a fragment file, from `offset` to the fragment's end.
+    """The uncompressed content of a fragment file, from `offset` to the fragment's end,
+    verified against the fragment's name (broker/fragment/verify.py).
 
-    Reads return pieces of at most `content_chunk_bytes_max`, then b"" exactly at the fragment's
-    end; a file that decompresses to fewer or more bytes than the fragment spans raises
-    FragmentContentError."""
+    Reads return pieces of at most `chunk_bytes_max`, then b"" exactly at the fragment's end. A
+    fragment of at most `verify_whole_bytes_max` bytes is decoded and verified whole before its
+    first byte is returned; a larger one is verified as it streams, its SHA1 at its end. A file
+    that does not hold the fragment's content raises FragmentIntegrityError (a DataLossError),
+    saying how many of the fragment's bytes were already returned; a read that stops inside a
+    large fragment has not verified it. `store` names the file's store in errors."""
 
     def __init__(
         self,
@@ -81,6 +111,8 @@ class FragmentContentReader:
         offset: int,
         *,
         chunk_bytes_max: int = content_chunk_bytes_max,
+        verify_whole_bytes_max: int = verify_whole_bytes_max_default,
+        store: str = "",
     ) -> None:
         if not fragment.begin <= offset <= fragment.end:
             raise ValueError(
@@ -89,18 +121,33 @@ class FragmentContentReader:
         self.fragment = fragment
         self.offset = offset  # Next offset to return.
         self._raw = raw
-        self._decompressor = codecs.new_decompressor(fragment.compression_codec)
+        self._decoder = VerifyingDecoder(fragment, store)
         self._chunk_bytes_max = chunk_bytes_max
+        self._whole = fragment.end - fragment.begin <= verify_whole_bytes_max
         self._position = fragment.begin  # Journal offset of the next decompressed byte.
-        self._pending = b""
+        self._delivered = 0  # Bytes of the fragment returned so far.
+        self._pending = bytearray()  # Content to return, from _pending_at.
+        self._pending_at = 0
         self._eof = False
+        self._verified = False
+
+    @property
+    def verified(self) -> bool:
+        """Whether the whole file was read and verified."""
+        return self._verified
 
     async def read(self) -> bytes:
+        while self._whole and not self._eof:
+            self._take(await self._decompress_next())
         while True:
-            if self._pending:
-                piece = self._pending[: self._chunk_bytes_max]
-                self._pending = self._pending[len(piece) :]
+            if self._pending_at < len(self._pending):
+                at = self._pending_at
+                piece = bytes(self._pending[at : at + self._chunk_bytes_max])
+                self._pending_at += len(piece)
+                if self._pending_at == len(self._pending):
+                    self._pending, self._pending_at = bytearray(), 0
                 self.offset += len(piece)
+                self._delivered += len(piece)
                 return piece
             if self._eof:
                 return b""
@@ -110,32 +157,20 @@ class FragmentContentReader:
         data = await self._raw.read(raw_chunk_bytes_max)
         try:
             if data:
-                return self._decompressor.decompress(data)
+                return self._decoder.feed(data)
             self._eof = True
-            return self._decompressor.close()
-        except codecs.CodecError as err:
-            raise FragmentContentError(f"{self._describe()}: {err}") from err
+            out = self._decoder.finish()
+            self._verified = True
+            return out
+        except FragmentIntegrityError as err:
+            raise err.with_delivered(self._delivered) from err
 
     def _take(self, out: bytes) -> None:
-        end = self._position + len(out)
-        if end > self.fragment.end:
-            raise FragmentContentError(
-                f"{self._describe()}: file holds content beyond the fragment's end"
-            )
         # Drop what lies before the requested offset (a fragment file can only be read from
-        # its start), keep the rest.
+        # its start), keep the rest. The decoder has checked that it fits the fragment.
         skip = max(0, min(len(out), self.offset - self._position))
         self._pending += out[skip:]
-        self._position = end
-        if self._eof and self._position != self.fragment.end:
-            raise FragmentContentError(
-                f"{self._describe()}: file ends at offset {self._position}, before the"
-                " fragment's end"
-            )
-
-    def _describe(self) -> str:
-        f = self.fragment
-        return f"fragment {f.journal} [{f.begin}, {f.end}) codec {f.compression_codec}"
+        self._position += len(out)
 
     async def aclose(self) -> None:
         await self._raw.aclose()
@@ -161,17 +196,33 @@ async def open_fragment(
 ) -> FragmentContentReader:
     """A content reader of a persisted fragment from `offset`: through `registry`'s store of
     the fragment's backing store when a registry is given, else from the signed `url`."""
-    if registry is not None and fragment.backing_store:
-        raw = await registry.get(fragment.backing_store).open(fragment)
-    elif url:
-        raw = await opener(url)
-    else:
-        raise ValueError("open_fragment: need a registry and a backing store, or a URL")
+    store = fragment.backing_store
     try:
-        return FragmentContentReader(raw, fragment, offset)
+        if registry is not None and store:
+            raw = await registry.get(store).open(fragment)
+        elif url:
+            raw = await opener(url)
+        else:
+            raise ValueError("open_fragment: need a registry and a backing store, or a URL")
+    except FragmentNotFoundError as err:
+        raise missing_fragment_error(fragment, err) from err
+    try:
+        return FragmentContentReader(raw, fragment, offset, store=store)
     except BaseException:
         await raw.aclose()
         raise
+
+
+def missing_fragment_error(
+    fragment: pb.Fragment, err: FragmentNotFoundError
+) -> FragmentIntegrityError:
+    """The data loss of a fragment whose file is not where the index (or a URL) says it is."""
+    return FragmentIntegrityError(
+        fragment,
+        fragment.backing_store or err.store_url,
+        IntegrityFailure.MISSING,
+        f"its file is missing from the store (no file at key {err.key!r})",
+    )
 
 
 def validate_read_request(request: pb.ReadRequest) -> None:
@@ -263,13 +314,21 @@ class Reader:
 
     async def read_chunk(self) -> Chunk:
         """The next chunk of content. An empty chunk marks the end of the reader. Raises the
-        typed status error of a non-OK response, and gRPC errors as they come."""
+        typed status error of a non-OK response, DataLossError for lost or corrupt content, and
+        other gRPC errors as they come."""
         if self._done:
             return Chunk(self.request.offset, b"")
         if self._direct is not None:
             return await self._read_direct(self._direct)
         try:
             return await self._read_stream()
+        except grpc.aio.AioRpcError as err:
+            await self.close()
+            if err.code() == grpc.StatusCode.DATA_LOSS:
+                raise DataLossError(
+                    self.request.journal, f"DATA_LOSS: {err.details() or 'content lost'}"
+                ) from err
+            raise
         except BaseException:
             await self.close()
             raise

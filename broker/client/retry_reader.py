@@ -2,8 +2,17 @@
 
 A Read RPC ends for many ordinary reasons: the broker serving it exits or loses the journal's
 assignment, a directly read fragment is read through, a network blip breaks the stream. The
-RetryReader starts a new Reader at the offset where the last one stopped, after a short back-off,
-so that its caller sees one continuous stream of chunks (with visible offset jumps, as Reader's).
+RetryReader starts a new Reader at the offset where the last one stopped, so that its caller sees
+one continuous stream of chunks (with visible offset jumps, as Reader's).
+
+Back-off. Consecutive failed attempts wait exponentially longer before the next one: from
+`backoff_initial_s`, doubling up to `backoff_max_s`, each delay drawn with jitter from
+[1 - backoff_jitter, 1] of its value (so that readers failed by one event do not retry in
+step). An attempt *failed* unless it made progress: its offset advanced (content, or a jump),
+or it stood healthy for at least `attempt_healthy_s` (answered OK, or ended by the broker
+without an error: say blocked at the head of a quiet journal) before it ended. Merely being
+answered OK does not count: a broker that answers the metadata and then fails every read at
+once must not be hammered.
 
 What is surfaced rather than retried:
 - the end of `end_offset`, or of a `metadata_only` read: the read is complete (an empty chunk;
@@ -11,16 +20,20 @@ What is surfaced rather than retried:
 - OFFSET_NOT_YET_AVAILABLE of a non-blocking read (the caller asked not to wait);
 - JOURNAL_NOT_FOUND, after a few attempts that ride out the propagation of a just-created
   journal (at once if the request carried a header: the broker already honoured its revision);
+- lost or corrupt content (`DataLossError`: the broker's DATA_LOSS, or a directly read fragment
+  that fails verification): reading again reads the same bytes;
 - other non-retriable statuses (NOT_ALLOWED, SUSPENDED, ...), gRPC errors that a retry cannot
   fix (invalid argument, unimplemented, permission), and malformed responses;
 - cancellation of the caller's task;
-- `attempts_max` consecutive failed attempts: a reader that makes no progress for that long is
-  not going to (each attempt that receives an OK response resets the count).
+- `attempts_max` consecutive failed attempts (one to two minutes of back-off with the
+  defaults): a reader that makes no progress for that long is not going to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
@@ -29,6 +42,7 @@ import grpc.aio
 
 from broker.client.reader import (
     Chunk,
+    DataLossError,
     FragmentContentError,
     OpenURL,
     Reader,
@@ -50,14 +64,22 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-# Consecutive failed attempts (no response received) before the RetryReader gives up.
+# Consecutive failed attempts (without progress) before the RetryReader gives up.
 attempts_max_default: Final = 30
 # Attempts at reading a journal not found, when the request has no header: a journal created
 # a moment ago may not have reached every broker's view of etcd yet.
 journal_not_found_attempts_max: Final = 3
-# Back-off before retry `attempt` (1-based; the last value repeats). Most retries wait for the
-# cluster to agree on a journal's assignment, which takes a few etcd watch round trips.
-backoff_schedule_s: Final = (0.05, 0.05, 0.1, 0.1, 1.0, 1.0, 5.0)
+# Back-off before retry `attempt` (1-based): backoff_initial_s, doubling up to backoff_max_s.
+# Most retries wait for the cluster to agree on a journal's assignment, which takes a few etcd
+# watch round trips; a failure that outlasts that (a broker down, a store unavailable) is
+# retried every few seconds, not hammered.
+backoff_initial_s: Final = 0.05
+backoff_max_s: Final = 5.0
+# Each delay is drawn from [1 - backoff_jitter, 1] of its value.
+backoff_jitter: Final = 0.5
+# An attempt answered OK that lasted at least this long before failing made progress (it was
+# healthy until then: e.g. blocked at the head of a quiet journal), so the failure count resets.
+attempt_healthy_s: Final = backoff_max_s
 
 # gRPC codes no retry can fix.
 _FATAL_CODES: Final = frozenset(
@@ -76,9 +98,12 @@ def _unavailable(err: grpc.aio.AioRpcError) -> bool:
     return bool(err.code() == grpc.StatusCode.UNAVAILABLE)
 
 
-def backoff_s(attempt: int) -> float:
-    """Delay before retry `attempt` (1-based)."""
-    return backoff_schedule_s[min(max(attempt, 1), len(backoff_schedule_s)) - 1]
+def backoff_s(attempt: int, draw: float = 0.0) -> float:
+    """Delay before retry `attempt` (1-based), given a uniform `draw` in [0, 1) for jitter (0:
+    the full delay)."""
+    exponent = min(max(attempt, 1) - 1, 32)  # 2**32 * initial is past any max: no overflow.
+    base = min(backoff_max_s, backoff_initial_s * 2.0**exponent)
+    return base * (1.0 - backoff_jitter * draw)
 
 
 class RetryReader:
@@ -93,6 +118,8 @@ class RetryReader:
         opener: OpenURL = open_url,
         attempts_max: int = attempts_max_default,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         if attempts_max < 1:
             raise ValueError(f"attempts_max: must be >= 1 (got {attempts_max})")
@@ -101,10 +128,16 @@ class RetryReader:
         self._opener = opener
         self._attempts_max = attempts_max
         self._sleep = sleep
+        self._clock = clock
+        self._jitter = jitter
+        self._attempt_started = 0.0
+        self._attempt_offset = 0
         self.reader = self._new_reader(request)
         self.restarts = 0
 
     def _new_reader(self, request: pb.ReadRequest) -> Reader:
+        self._attempt_started = self._clock()
+        self._attempt_offset = request.offset
         return Reader(self.client, request, registry=self._registry, opener=self._opener)
 
     @property
@@ -121,7 +154,8 @@ class RetryReader:
 
     @property
     def response(self) -> pb.ReadResponse:
-        """The latest metadata response of the current Reader."""
+        """The latest metadata response (of the current Reader, or of the one before it until
+        the current one has one): e.g. the write head a non-blocking read stopped below."""
         return self.reader.response
 
     @property
@@ -133,6 +167,8 @@ class RetryReader:
         return (await self.read_chunk()).content
 
     async def read_chunk(self) -> Chunk:
+        """The next chunk (see Reader.read_chunk), retrying failures (see the module docstring).
+        Raises what is not retried, DataLossError among them."""
         attempt = 0
         while True:
             try:
@@ -140,7 +176,7 @@ class RetryReader:
             except Exception as err:
                 # The Reader is spent either way: the next read, now or after surfacing the
                 # error, continues with a fresh one where it stopped.
-                progressed = await self._renew()
+                progressed = await self._renew(clean=False)
                 if isinstance(err, grpc.aio.AioRpcError) and _unavailable(err):
                     # The broker read from may be gone (it exited or crashed): go through the
                     # default broker next, which knows the journal's current route.
@@ -149,16 +185,17 @@ class RetryReader:
             else:
                 if chunk.content or self._complete():
                     return chunk
-                # The RPC (or a directly read fragment) ended: continue with a new one. An RPC
-                # that answered OK made progress; one that ended without doing so counts.
-                attempt = 0 if await self._renew() else attempt + 1
+                # The RPC (or a directly read fragment) ended: continue with a new one. One that
+                # ended without making progress counts as a failed attempt.
+                attempt = 0 if await self._renew(clean=True) else attempt + 1
                 if attempt >= self._attempts_max:
                     raise ConnectionError(
                         f"reading {self.journal}: {attempt} consecutive Read RPCs ended without"
-                        " an OK response"
+                        " progress"
                     )
             if attempt:
-                await self._sleep(backoff_s(attempt))
+                await self._sleep(backoff_s(attempt, self._jitter()))
+                self._attempt_started = self._clock()  # The next attempt starts now.
 
     def _complete(self) -> bool:
         request = self.reader.request
@@ -184,6 +221,8 @@ class RetryReader:
         return attempt
 
     def _retriable(self, err: Exception, attempt: int) -> bool:
+        if isinstance(err, DataLossError):
+            return False  # Reading again reads the same lost or corrupt bytes.
         if isinstance(err, OffsetNotYetAvailableError):
             # A caller may make a non-blocking reader blocking; then it waits at the head.
             return self.reader.request.block
@@ -200,17 +239,23 @@ class RetryReader:
             return False
         return isinstance(err, FragmentContentError | StoreError | OSError)
 
-    async def _renew(self) -> bool:
+    async def _renew(self, *, clean: bool) -> bool:
         """Replace the spent Reader with a new one continuing where it stopped. Returns whether
-        the spent one made progress (received an OK response)."""
+        the spent one made progress (see the module docstring); `clean`: it ended without an
+        error."""
         spent = self.reader
+        lasted = self._clock() - self._attempt_started >= attempt_healthy_s
+        progressed = spent.offset > self._attempt_offset or (
+            lasted and (clean or spent.ok_responses > 0)
+        )
         request = pb.ReadRequest()
         request.CopyFrom(spent.request)
         await spent.close()
         self.reader = self._new_reader(request)
         self.reader.jumps = spent.jumps
+        self.reader.response = spent.response
         self.restarts += 1
-        return spent.ok_responses > 0
+        return progressed
 
     async def seek(self, offset: int) -> None:
         """Continue reading at `offset` (a new RPC)."""

@@ -29,6 +29,15 @@ a gap to the next *persisted* fragment, but only when that fragment is old enoug
 could still fill the gap (`offset_jump_age_s`), or when the read starts at offset 0 (the reader
 wants "everything there is"). Gazette's rule, with Gazette's threshold.
 
+Lost content. A gap can also be content that is gone: a fragment file that a listing showed
+and a later listing no longer shows (deleted, not by retention), or an empty file where a
+fragment should be (`StoreListing.damaged`). The index remembers such ranges (lost.py) until a
+fragment covers them again, and a read of one, or a jump over one, answers with it
+(`QueryResult.lost`) instead of blocking or skipping: the broker fails the read with DATA_LOSS
+(read_api.py). A listing may run while this broker uploads a fragment, and miss it: fragments
+indexed by `add_persisted` after the listing began (`listing_mark`) are kept, not taken for
+vanished.
+
 The index is driven by one event loop and holds no I/O of its own; `IndexRefresher` (below) is
 the small async shell that lists the stores periodically.
 """
@@ -37,14 +46,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from broker.fragment.cover_set import CoverSet
+from broker.fragment.lost import LostFragment, lost_in_gap, update_lost
 from broker.fragment.spool import LocalFragment
 from broker.fragment.spool_file import SpoolFile
-from broker.fragment.stores.base import StoreError
+from broker.fragment.stores.base import StoreError, StoreListing
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -57,6 +67,9 @@ log = get_logger(__name__)
 # an earlier primary, say) would have been listed.
 offset_jump_age_s: Final = 6 * 3600.0
 
+# Fragments this broker persisted, remembered until a listing that began after them: bounds the
+# memory of a refresher whose listings keep failing.
+recent_persisted_max: Final = 4096
 # Refresh intervals are clamped to this range whatever the spec says (it is validated to the
 # same range; the clamp protects against a spec that bypassed validation).
 refresh_interval_min_s: Final = 1.0
@@ -105,12 +118,14 @@ class QueryResult:
     `offset` is where the read continues: the requested offset, the write head for a request of
     -1, or further on after a jump over a gap or over fragments older than `begin_mod_time`.
     `fragment` (a copy) covers `offset`, or is None if nothing does yet; `file` is its local
-    content (None for a remote fragment). `write_head` is the index's end offset."""
+    content (None for a remote fragment). `write_head` is the index's end offset. `lost` is set
+    (and `fragment` None) when the content at `offset` is known to be lost."""
 
     offset: int
     write_head: int
     fragment: pb.Fragment | None
     file: SpoolFile | None
+    lost: LostFragment | None = None
 
     @property
     def found(self) -> bool:
@@ -131,6 +146,10 @@ class FragmentIndex:
         self._clock = clock
         self._set: CoverSet[IndexedFragment] = CoverSet()
         self._local: CoverSet[IndexedFragment] = CoverSet()
+        self._lost: CoverSet[LostFragment] = CoverSet()
+        # Fragments indexed by add_persisted, numbered, until a listing that began after them.
+        self._persisted_seq = 0
+        self._recent_persisted: list[tuple[int, IndexedFragment]] = []
         # Replaced on every update; waiters hold the one current when they started waiting.
         self._changed = asyncio.Event()
         self.first_refresh = asyncio.Event()
@@ -167,6 +186,15 @@ class FragmentIndex:
     def local_fragments(self) -> list[IndexedFragment]:
         return list(self._local)
 
+    def lost_fragments(self) -> list[LostFragment]:
+        """The ranges of lost content the index knows of, in offset order."""
+        return list(self._lost)
+
+    def listing_mark(self) -> int:
+        """Take before listing the stores, and pass to `replace_remote(since=)`: fragments
+        persisted after it are kept even if the listing misses them."""
+        return self._persisted_seq
+
     # --- Updates ----------------------------------------------------------------------------
 
     def spool_commit(self, local: LocalFragment) -> None:
@@ -183,14 +211,36 @@ class FragmentIndex:
     # The Spool's observer hook has this name; a replica may pass the index's method through.
     on_commit = spool_commit
 
-    def replace_remote(self, fragments: Iterable[pb.Fragment]) -> None:
+    def replace_remote(
+        self,
+        fragments: Iterable[pb.Fragment],
+        *,
+        since: int | None = None,
+        damaged: Iterable[pb.Fragment] = (),
+        listed_stores: Collection[str] | None = None,
+        retention_s: float = 0.0,
+    ) -> None:
         """Replace every remote fragment with `fragments` (one listing of all stores), keeping
-        the local fragments that they do not cover. Sets `first_refresh`."""
+        the local fragments that they do not cover. Sets `first_refresh`.
+
+        With `listed_stores` (the stores listed), remote fragments of those stores that the
+        listing no longer covers, and `damaged` ones, become lost ranges (see the module
+        docstring); those within `retention_s` of their end (0: kept forever) were pruned.
+        `since` is the `listing_mark` taken before listing."""
         self._check_open()
         remote: CoverSet[IndexedFragment] = CoverSet()
         for fragment in fragments:
             self._check_journal(fragment)
             remote.add(IndexedFragment(fragment))
+        damaged = list(damaged)
+        for fragment in damaged:
+            self._check_journal(fragment)
+        if since is not None:
+            for seq, entry in self._recent_persisted:
+                if seq > since:
+                    remote.add(entry)  # Uploaded while the listing ran: it may lack it.
+            self._recent_persisted = [(q, e) for q, e in self._recent_persisted if q > since]
+        previous = [entry for entry in self._set if entry.file is None]
         self._local = self._local.difference(remote)
         for entry in self._local:
             # Not covered by the union of remote fragments, so by none of them alone.
@@ -200,6 +250,17 @@ class FragmentIndex:
                     " covered by a remote fragment after their difference was taken"
                 )
         self._set = remote
+        if listed_stores is not None:
+            self._lost = update_lost(
+                self._lost,
+                self._set.contiguous_runs(),
+                previous=[entry.fragment for entry in previous],
+                damaged=damaged,
+                stores=set(listed_stores),
+                retention_s=retention_s,
+                now=self._clock(),
+                journal=self.journal,
+            )
         self._wake()
         self.first_refresh.set()
 
@@ -213,6 +274,9 @@ class FragmentIndex:
         entry = IndexedFragment(_copy(fragment))
         self._set.add(entry)
         self._local = self._local.difference(CoverSet([entry]))
+        self._persisted_seq += 1
+        self._recent_persisted.append((self._persisted_seq, entry))
+        del self._recent_persisted[:-recent_persisted_max]
         self._wake()
 
     def close(self, *, close_files: bool = True) -> None:
@@ -242,7 +306,20 @@ class FragmentIndex:
         items = self._set
         while True:
             ind, found = items.longest_overlapping_index(offset)
-            if not found and ind != len(items) and self._may_jump(requested, items[ind]):
+            if not found:
+                # Lost content in the gap is answered, never skipped (see the module docstring).
+                gap_end = items[ind].begin if ind != len(items) else None
+                lost = lost_in_gap(self._lost, offset, gap_end)
+                if lost is not None and lost.begin > offset:
+                    if not self._may_jump(requested, lost.fragment.mod_time):
+                        return QueryResult(offset, items.end_offset, None, None)
+                    offset = lost.begin
+                if lost is not None:
+                    if lost.fragment.mod_time != 0 and lost.fragment.mod_time < begin_mod_time:
+                        offset = lost.end  # Older than the reader wants: nothing lost for it.
+                        continue
+                    return QueryResult(offset, items.end_offset, None, None, lost)
+            if not found and ind != len(items) and self._may_jump(requested, items[ind].mod_time):
                 offset, found = items[ind].begin, True
             if not found:
                 return QueryResult(offset, items.end_offset, None, None)
@@ -254,8 +331,8 @@ class FragmentIndex:
                 continue
             return QueryResult(offset, items.end_offset, _copy(entry.fragment), entry.file)
 
-    def _may_jump(self, requested: int, next_entry: IndexedFragment) -> bool:
-        mod_time = next_entry.mod_time
+    def _may_jump(self, requested: int, mod_time: int) -> bool:
+        """Whether a read of `requested` may jump a gap to content persisted at `mod_time`."""
         if mod_time == 0:
             return False  # Local only: the gap before it may still be filled by a listing.
         return requested == 0 or mod_time < self._clock() - offset_jump_age_s
@@ -263,14 +340,15 @@ class FragmentIndex:
     async def wait_for(
         self, offset: int, *, begin_mod_time: int = 0, timeout_s: float | None = None
     ) -> QueryResult:
-        """Like `query`, but wait until a fragment covers the read (blocking reads at the head).
+        """Like `query`, but wait until a fragment covers the read (blocking reads at the head),
+        or the read is of lost content (`lost` is set).
 
         An `offset` of -1 is resolved to the write head once, on entry. Raises TimeoutError
         after `timeout_s` (None: no limit), and IndexClosedError if the index is closed."""
         result = self.query(offset, begin_mod_time=begin_mod_time)
         offset = result.offset
         async with asyncio.timeout(timeout_s):
-            while not result.found:
+            while not result.found and result.lost is None:
                 await self._changed.wait()
                 result = self.query(offset, begin_mod_time=begin_mod_time)
         return result
@@ -316,14 +394,19 @@ def refresh_interval_s(spec: pb.JournalSpec) -> float:
     return min(max(interval, refresh_interval_min_s), refresh_interval_max_s)
 
 
-async def list_stores(
-    registry: StoreRegistry, journal: str, stores: Sequence[str]
-) -> list[pb.Fragment]:
-    """Every fragment of `journal` in each of `stores`, in store order."""
-    out: list[pb.Fragment] = []
+async def list_stores(registry: StoreRegistry, journal: str, stores: Sequence[str]) -> StoreListing:
+    """Every fragment of `journal` in each of `stores`, in store order, and the damaged ones."""
+    out = StoreListing([], [])
     for url in stores:
-        out.extend(await registry.get(url).list(journal))
+        listing = await registry.get(url).listing(journal)
+        out.fragments.extend(listing.fragments)
+        out.damaged.extend(listing.damaged)
     return out
+
+
+def retention_s(spec: pb.JournalSpec) -> float:
+    """The spec's fragment retention in seconds (0: kept forever)."""
+    return spec.fragment.retention.ToNanoseconds() / 1e9
 
 
 class IndexRefresher:
@@ -355,11 +438,17 @@ class IndexRefresher:
         spec = self._spec()
         if spec is None:
             return False
+        stores = list(spec.fragment.stores)
+        mark = self._index.listing_mark()
         async with asyncio.timeout(self._list_timeout_s):
-            fragments = await list_stores(
-                self._registry, self._index.journal, list(spec.fragment.stores)
-            )
-        self._index.replace_remote(fragments)
+            listing = await list_stores(self._registry, self._index.journal, stores)
+        self._index.replace_remote(
+            listing.fragments,
+            since=mark,
+            damaged=listing.damaged,
+            listed_stores=stores,
+            retention_s=retention_s(spec),
+        )
         return True
 
     async def step(self) -> float:

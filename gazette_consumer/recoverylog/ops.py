@@ -28,6 +28,7 @@ from gazette_consumer.message.protobuf_framing import HEADER_BYTES, MAGIC_WORD, 
 
 __all__ = [
     "OP_BYTES_MAX",
+    "WRITE_BYTES_MAX",
     "Content",
     "CorruptLogError",
     "DecodedOp",
@@ -39,6 +40,11 @@ __all__ = [
 OP_BYTES_MAX: Final = 1 << 20
 """Bound on one serialized op (a frame's payload). Ops are tiny (paths, offsets, property
 contents); a larger length in a header means corruption, not an op to buffer."""
+
+WRITE_BYTES_MAX: Final = 1 << 30
+"""Bound on the content length one Write op claims. Recorders write a file's bytes in writes of
+at most megabytes (ours in pieces of recorder.WRITE_CHUNK_BYTES_MAX); a larger length means a
+corrupt op, whose "content" would swallow the rest of the log."""
 
 _CASTAGNOLI_REVERSED: Final = 0x82F63B78
 
@@ -181,6 +187,8 @@ class OpDecoder:
             self._fail("a recorded op must not carry reader meta-fields (offsets, log)")
         if op.HasField("write") and (op.write.length < 0 or op.write.offset < 0):
             self._fail(f"write of negative length or offset: {op.write}")
+        if op.HasField("write") and op.write.length > WRITE_BYTES_MAX:
+            self._fail(f"write length {op.write.length} exceeds WRITE_BYTES_MAX {WRITE_BYTES_MAX}")
         first = self._offset
         op.first_offset = first
         op.last_offset = first + len(buf) + (op.write.length if op.HasField("write") else 0)

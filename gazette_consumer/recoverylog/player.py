@@ -20,6 +20,12 @@ everything committed before it is read. The hand-off no-op is sequenced after ev
 player read, and its append replaces the `author` register, so the previous recorder's next
 append fails its register check (recorder.py): from then on, only `a` can extend the log.
 
+Corruption fails playback with `CorruptLogError`, naming the log and offset: bytes that are not
+an op (ops.py), and an op that runs past a write head the player knows (the barrier, or its
+hand-off no-op): appends are atomic and recorders (ours and Gazette's) append whole ops, so every
+write head is an op boundary. A frame header claiming more bytes than follow it would otherwise
+leave the player waiting, in BACKFILL, for content that will never come.
+
 Local writes are small, sequential and done inline; a large store would move them to a thread.
 """
 
@@ -183,6 +189,8 @@ class Player:
                 PlayerState.INJECT_HANDOFF_AT_HEAD if self._handoff else PlayerState.EXIT_AT_HEAD
             )
             self._read_through = await self._barrier()
+            if self._next_read >= self._read_through:
+                self._check_op_boundary_at_head()  # Read up to the new head already.
             return
         await self._read_or_request()
 
@@ -269,13 +277,34 @@ class Player:
                 )
             log.warning("recovery log offset jump", log=self.log, at=self._next_read, to=offset)
             self._decoder = OpDecoder(self.log, offset)
-        self._next_read = offset + len(data)
+        self._next_read = offset
+        head = self._read_through
+        if offset < head <= offset + len(data):
+            # The chunk reaches the head the player knows: an op must end exactly there.
+            self._take(data[: head - offset])
+            self._check_op_boundary_at_head()
+            data = data[head - offset :]
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        self._next_read += len(data)
         for event in self._decoder.feed(data):
             if isinstance(event, Content):
                 if self._reenact:
                     _write(self.directory, self._write_fnode, event)
             else:
                 self._on_op(event)
+
+    def _check_op_boundary_at_head(self) -> None:
+        """Read exactly through `_read_through`, a write head: an op must not run past it (see
+        the module docstring)."""
+        if not self._decoder.at_op_boundary:
+            raise CorruptLogError(
+                self.log,
+                self._decoder.offset,
+                f"a recorded op runs past the write head {self._read_through} (its frame or"
+                " write length claims bytes that no append wrote)",
+            )
 
     def _on_op(self, decoded: DecodedOp) -> None:
         op = decoded.op

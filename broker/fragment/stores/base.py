@@ -23,6 +23,9 @@ Semantics every backend keeps (and `conformance.check_blob_store` verifies):
   and retention pruning must be retryable).
 - list returns every fragment of a journal, under every path postfix, with `mod_time` and
   `backing_store` set; keys that are not canonical fragment names are logged and skipped.
+  Files that cannot hold their fragment (empty, for a non-empty fragment) are skipped too, but
+  `listing` reports them as `damaged`: the fragment index must know that the content of their
+  range is lost (broker/fragment/index.py), rather than take the range for a gap.
 """
 
 from __future__ import annotations
@@ -114,6 +117,15 @@ class StoreURL:
                 f" (allowed: {', '.join(sorted(allowed_set)) or 'none'}) (got {self.url!r})"
             )
         return dict(self.args)
+
+
+@dataclass(frozen=True)
+class StoreListing:
+    """One listing of a journal's fragments in a store: `fragments` usable, in key order, and
+    `damaged` ones whose files cannot hold their content (skipped from `fragments`)."""
+
+    fragments: list[pb.Fragment]
+    damaged: list[pb.Fragment]
 
 
 @dataclass(frozen=True)
@@ -286,15 +298,26 @@ class FragmentStore(abc.ABC):
     ) -> builtins.list[pb.Fragment]:
         """Every fragment of `journal` in this store (only those under `path_postfix`, if
         given), in key order, with mod_time and backing_store set."""
+        return (await self.listing(journal, path_postfix)).fragments
+
+    async def listing(self, journal: str, path_postfix: str | None = None) -> StoreListing:
+        """Like `list`, also naming the damaged fragments it skips (see the module
+        docstring)."""
         prefix = naming.journal_prefix(self._url.prefix, journal, self._find, self._replace)
-        out: builtins.list[pb.Fragment] = []
+        out = StoreListing([], [])
         for obj in await self._list(prefix):
             fragment = self._parse_listed(journal, obj)
             if fragment is None:
                 continue
             if path_postfix is not None and fragment.path_postfix != path_postfix:
                 continue
-            out.append(fragment)
+            if obj.size == 0 and fragment.end > fragment.begin:
+                # An empty object cannot hold non-empty content: a failed upload, or a file
+                # emptied since. Its range must not be read as a gap (see `listing`).
+                log.warning("zero-length fragment file", store=self.url, path=obj.rel_path)
+                out.damaged.append(fragment)
+            else:
+                out.fragments.append(fragment)
         return out
 
     def _parse_listed(self, journal: str, obj: ListedObject) -> pb.Fragment | None:
@@ -307,10 +330,6 @@ class FragmentStore(abc.ABC):
             return None
         if not naming.is_canonical(fragment, obj.rel_path):
             log.warning("skipping non-canonical fragment name", store=self.url, path=obj.rel_path)
-            return None
-        if obj.size == 0 and fragment.end > fragment.begin:
-            # An empty object cannot hold non-empty content: a failed or partial upload.
-            log.warning("skipping zero-length fragment file", store=self.url, path=obj.rel_path)
             return None
         fragment.mod_time = obj.mod_time_s
         fragment.backing_store = self.url

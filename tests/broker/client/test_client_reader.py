@@ -18,6 +18,7 @@ from broker.client.reader import (
     Chunk,
     FragmentContentError,
     FragmentContentReader,
+    FragmentIntegrityError,
     Reader,
 )
 from broker.client.retry_reader import RetryReader, backoff_s
@@ -245,9 +246,9 @@ async def test_fragment_content_reader_checks_the_file_against_the_fragment() ->
         return out
 
     assert await read_all(codecs.compress(CompressionCodec.GZIP, b"0123456789")) == b"23456789"
-    with pytest.raises(FragmentContentError, match="before the fragment's end"):
+    with pytest.raises(FragmentContentError, match="decodes to 5 of the fragment's 10 bytes"):
         await read_all(codecs.compress(CompressionCodec.GZIP, b"short"))
-    with pytest.raises(FragmentContentError, match="beyond the fragment's end"):
+    with pytest.raises(FragmentContentError, match="more than the fragment's 10 bytes"):
         await read_all(codecs.compress(CompressionCodec.GZIP, b"far too long content"))
     with pytest.raises(FragmentContentError, match="gzip"):
         await read_all(b"not gzip at all")
@@ -289,7 +290,10 @@ async def test_retry_reader_retries_an_unreachable_broker(tmp_path: Path) -> Non
             dead.routes.update(JOURNAL, route_header(e.endpoint).route)
 
         reader = RetryReader(
-            dead, pb.ReadRequest(journal=JOURNAL, offset=0, end_offset=3), sleep=sleep
+            dead,
+            pb.ReadRequest(journal=JOURNAL, offset=0, end_offset=3),
+            sleep=sleep,
+            jitter=lambda: 0.0,
         )
         assert b"".join(c.content for c in await drain(reader)) == b"abc"
         assert slept == [backoff_s(1)]
@@ -304,7 +308,13 @@ async def test_retry_reader_gives_up_after_attempts_max(tmp_path: Path) -> None:
         async def sleep(delay: float) -> None:
             slept.append(delay)
 
-        reader = RetryReader(e.client, pb.ReadRequest(journal=JOURNAL), attempts_max=4, sleep=sleep)
+        reader = RetryReader(
+            e.client,
+            pb.ReadRequest(journal=JOURNAL),
+            attempts_max=4,
+            sleep=sleep,
+            jitter=lambda: 0.0,
+        )
         with pytest.raises(NotJournalBrokerError):
             await reader.read()
         assert slept == [backoff_s(1), backoff_s(2), backoff_s(3)]
@@ -347,3 +357,39 @@ async def test_retry_reader_metadata_only_answers_once(tmp_path: Path) -> None:
         assert await reader.read_chunk() == Chunk(4, b"")
         assert (reader.response.fragment.end, reader.response.write_head) == (10, 10)
         assert e.resolver.calls == 1
+
+
+@pytest.mark.parametrize("whole_bytes_max", [1 << 20, 8], ids=["whole", "streamed"])
+async def test_fragment_content_reader_verifies_whole_or_as_it_streams(
+    whole_bytes_max: int,
+) -> None:
+    content = b"0123456789" * 3
+    fragment = pb.Fragment(
+        journal=JOURNAL,
+        begin=0,
+        end=len(content),
+        sum=naming.content_sum(content),
+        compression_codec=pb.NONE,
+        backing_store=STORE,
+    )
+    other = content[:-1] + b"!"  # Same length; differs in its last byte.
+    reader = FragmentContentReader(
+        BytesReader(other),
+        fragment,
+        4,
+        chunk_bytes_max=10,
+        verify_whole_bytes_max=whole_bytes_max,
+        store=STORE,
+    )
+    got = b""
+    with pytest.raises(FragmentIntegrityError, match=r"not the .* of its name") as caught:
+        while piece := await reader.read():
+            got += piece
+    if whole_bytes_max >= len(content):
+        # Small enough to verify before handing anything out: not one byte was delivered.
+        assert got == b"" and caught.value.delivered == 0
+    else:
+        # Streamed: the bytes before the end were delivered, and the error says how many.
+        assert got == other[4:] and caught.value.delivered == len(content) - 4
+        assert f"({len(content) - 4} bytes of it were already delivered" in str(caught.value)
+    assert not reader.verified  # It failed verification.
