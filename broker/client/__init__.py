@@ -12,11 +12,14 @@
         ...
 """
 
-from broker.client.append_service import (
-    AppendService,
+from broker.client.append_errors import (
+    AppendCancelledError,
+    AppendRetriesExhaustedError,
     AppendServiceClosedError,
+    AppendsFailedError,
     DependencyFailedError,
 )
+from broker.client.append_service import AppendService
 from broker.client.appender import Appender, AppenderStateError, append
 from broker.client.async_append import AsyncAppend, AsyncAppendStateError
 from broker.client.list_apply import (
@@ -33,10 +36,13 @@ from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient, RouteCache
 
 __all__ = [
+    "AppendCancelledError",
+    "AppendRetriesExhaustedError",
     "AppendService",
     "AppendServiceClosedError",
     "Appender",
     "AppenderStateError",
+    "AppendsFailedError",
     "AsyncAppend",
     "AsyncAppendStateError",
     "ChannelPool",
