@@ -17,6 +17,7 @@ from broker.client.append_errors import (
     AppendRetriesExhaustedError,
     AppendServiceClosedError,
     AppendsFailedError,
+    DependencyCancelledError,
     DependencyFailedError,
 )
 from broker.client.append_service import AppendService
@@ -47,6 +48,7 @@ __all__ = [
     "AsyncAppendStateError",
     "ChannelPool",
     "Chunk",
+    "DependencyCancelledError",
     "DependencyFailedError",
     "FragmentContentError",
     "JournalClient",

@@ -39,6 +39,7 @@ __all__ = [
     "AppendRetriesExhaustedError",
     "AppendServiceClosedError",
     "AppendsFailedError",
+    "DependencyCancelledError",
     "DependencyFailedError",
     "backoff_s",
     "is_transient",
@@ -75,21 +76,33 @@ class AppendServiceClosedError(RuntimeError):
     """The service is not running (not entered yet, closing, or closed)."""
 
 
-class AppendCancelledError(AppendServiceClosedError):
-    """The append was cancelled because its service stopped (it was left by an exception, or
-    cancelled). Not a failure of the append itself: the service's owner chose to stop.
+class DependencyFailedError(RuntimeError):
+    """A dependency of a batch failed, so the batch was not sent (the cause is chained)."""
+
+
+class AppendCancelledError(RuntimeError):
+    """The append was cancelled, not failed: its service stopped (it was left by an exception,
+    or cancelled), or what it depended on was cancelled (`DependencyCancelledError`). The
+    owner's choice, so neither logged as a failure nor counted in AppendsFailedError.
     `maybe_committed` is True if its Append RPC was in flight, so that it may have landed;
     False if it was never sent."""
 
-    def __init__(self, journal: str, *, maybe_committed: bool) -> None:
+    def __init__(self, journal: str, *, maybe_committed: bool, detail: str = "") -> None:
         outcome = "it may have committed" if maybe_committed else "it was not sent"
-        super().__init__(f"journal {journal}: append cancelled by the service's stop ({outcome})")
+        why = detail or "cancelled by the service's stop"
+        super().__init__(f"journal {journal}: append {why} ({outcome})")
         self.journal = journal
         self.maybe_committed = maybe_committed
 
 
-class DependencyFailedError(RuntimeError):
-    """A dependency of a batch failed, so the batch was not sent (the cause is chained)."""
+class DependencyCancelledError(AppendCancelledError, DependencyFailedError):
+    """A dependency of a batch was cancelled (a store's commit abandoned as its shard stops),
+    so the batch was not sent."""
+
+    def __init__(self, journal: str) -> None:
+        super().__init__(
+            journal, maybe_committed=False, detail="not sent: a dependency of it was cancelled"
+        )
 
 
 class AppendRetriesExhaustedError(RuntimeError):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from broker.client.append_errors import (
     AppendRetriesExhaustedError,
+    DependencyCancelledError,
     DependencyFailedError,
     backoff_s,
     is_transient,
@@ -136,9 +137,7 @@ async def _await_dependencies(batch: AsyncAppend) -> None:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # This worker is being cancelled, not the dependency.
-            raise DependencyFailedError(
-                f"journal {batch.journal}: a dependency of the append was cancelled"
-            ) from None
+            raise DependencyCancelledError(batch.journal) from None
         except Exception as err:
             raise DependencyFailedError(
                 f"journal {batch.journal}: a dependency of the append failed: {err}"

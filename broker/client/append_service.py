@@ -29,7 +29,8 @@ Call order and concurrency (one event loop; nothing here is thread-safe):
 - Content waits in memory, then in spill files (`append_buffer`); while both are full,
   `start_append` waits (backpressure) until batches commit.
 - A batch with `dependencies` (other AsyncAppends, or futures) is sent only after all of them
-  succeed; if one fails, the batch fails with DependencyFailedError.
+  succeed; if one fails, the batch fails with DependencyFailedError (if one was cancelled, it
+  is cancelled with DependencyCancelledError, one of both).
 - Transient failures (an unreachable or restarting broker, a stale route, no primary yet, a
   timeout) are retried with capped doubling back-off for at most `retry_s_max` per batch (ten
   minutes by default: an outage that long needs someone to look), then the batch fails with
@@ -73,6 +74,7 @@ from broker.client.append_errors import (
     AppendRetriesExhaustedError,
     AppendServiceClosedError,
     AppendsFailedError,
+    DependencyCancelledError,
     DependencyFailedError,
     backoff_s,
     is_transient,
@@ -98,6 +100,7 @@ __all__ = [
     "AppendServiceClosedError",
     "AppendServiceStats",
     "AppendsFailedError",
+    "DependencyCancelledError",
     "DependencyFailedError",
     "backoff_s",
     "is_transient",
@@ -447,7 +450,7 @@ class AppendService:
         first: BaseException | None = None
         for batch in batches:
             error = None if batch.future.cancelled() else batch.future.exception()
-            if error is not None:
+            if error is not None and not isinstance(error, AppendCancelledError):
                 failed[batch.journal] = failed.get(batch.journal, 0) + 1
                 first = first or error
         if first is not None:
@@ -510,6 +513,9 @@ class AppendService:
             batch._future.set_result(response)
 
     def _fail(self, batch: AsyncAppend, err: BaseException) -> None:
+        if isinstance(err, AppendCancelledError):
+            self._cancelled(batch, err)
+            return
         batch._state = AppendState.DONE
         self.stats.failed += 1
         journal = batch.journal
@@ -525,15 +531,18 @@ class AppendService:
         log.warning("append failed", journal=journal, error=str(err) or type(err).__name__)
 
     def _cancel(self, batch: AsyncAppend) -> None:
-        """Fail `batch` because the service stops: its owner's choice, not logged as a
-        failure. In flight (sent at least once) means it may have committed."""
+        """Fail `batch` because the service stops. In flight (sent at least once) means it may
+        have committed."""
         in_flight = batch._state is AppendState.SENDING and batch._attempts > 0
+        self._cancelled(batch, AppendCancelledError(batch.journal, maybe_committed=in_flight))
+
+    def _cancelled(self, batch: AsyncAppend, err: AppendCancelledError) -> None:
+        """Resolve `batch` as cancelled: its owner's choice, so neither logged as a failure nor
+        counted in `failures`."""
         batch._state = AppendState.DONE
         self.stats.cancelled += 1
         if not batch._future.done():
-            batch._future.set_exception(
-                AppendCancelledError(batch.journal, maybe_committed=in_flight)
-            )
+            batch._future.set_exception(err)
             batch._future.exception()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from broker.client.append_service import AppendService
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels
@@ -59,3 +61,31 @@ async def test_an_output_append_that_fails_before_the_commit_fails_the_transacti
         # The shard failed in its commit, naming the append's refusal.
         error = handle.status().errors[0]
         assert "store commit" in error and "NOT_ALLOWED" in error
+
+
+async def test_stopping_a_shard_cancels_its_pending_appends_without_failure_logs(
+    tmp_path: Path,
+) -> None:
+    async with (
+        broker_env() as env,
+        sqlite_engine(tmp_path) as engine,
+        AppendService(env.client) as appends,
+    ):
+        source = await env.journal("in/stop-pending")
+        output = await env.journal("out/stop-pending")
+        # Its first commit is held: the ACK intent queued behind it stays pending, and the
+        # derived message too (the commit waits on it, but it is not held).
+        app = CountingApp(engine, output=output, hold_commits=1)
+        changed = Notifier()
+        producer = Producer(appends, "p")
+        with capture_logs() as logs:
+            async with ShardRunner(app, env.client, root="/test/stop-pending") as runner:
+                handle = runner.start(shard_spec("shard-s", [source]), on_change=changed.notify)
+                await producer.committed(source, "k")
+                await app.events.until(lambda: len(app.finishes) == 1)
+                await runner.stop("shard-s")
+        # The stop was the owner's choice: no append is reported as failed.
+        assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+        assert handle.status().code != FAILED
+        checkpoint = await read_checkpoint(engine, handle.fqn)
+        assert checkpoint is None or flatten_read_through(checkpoint) == {}

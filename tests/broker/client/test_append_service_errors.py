@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from broker.client.append_errors import (
+    AppendCancelledError,
     AppendRetriesExhaustedError,
     AppendServiceClosedError,
     AppendsFailedError,
@@ -252,7 +253,7 @@ async def test_leaving_by_an_error_fails_what_is_still_queued(
             stuck.write(b"never sent\n")
             stuck.release()
             raise RuntimeError("application failed")
-    with pytest.raises(AppendServiceClosedError):
+    with pytest.raises(AppendCancelledError):
         await stuck
     with pytest.raises(AppendServiceClosedError):
         await service.start_append(J)

@@ -21,6 +21,7 @@ from broker.client.append_errors import (
     AppendCancelledError,
     AppendRetriesExhaustedError,
     AppendsFailedError,
+    DependencyCancelledError,
     DependencyFailedError,
     is_transient,
 )
@@ -289,6 +290,27 @@ async def test_cancelling_the_owner_cancels_pending_appends_quietly(
     assert task.cancelled()
     with pytest.raises(AppendCancelledError):
         await waiting
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
+
+
+async def test_a_dependency_its_owner_cancels_while_stopping_cancels_quietly(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    # A stopping shard destroys its store (abandoning the commit its ACK intents depend on)
+    # before it leaves its AppendService: the ACK batch is cancelled, not a failure.
+    await cluster.create(json_spec(GOOD), cluster.brokers)
+    commit: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    with capture_logs() as logs, pytest.raises(RuntimeError, match="stopping"):
+        async with AppendService(client) as service:
+            ack = await service.start_append(GOOD, [commit])
+            ack.write(b"ack\n")
+            ack.release()
+            commit.cancel()
+            with pytest.raises(DependencyCancelledError):
+                await asyncio.wait_for(ack, WAIT_S)
+            raise RuntimeError("stopping")
+    assert not ack.exception().maybe_committed  # type: ignore[union-attr]
+    assert service.stats.cancelled == 1 and service.failures == {}
     assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
 
 
