@@ -23,8 +23,10 @@ for different shards run concurrently (on one event loop), so per-shard state be
 shard's store or in a dict keyed by `shard.fqn`, never in a plain attribute of the Application.
 
 Only unrecoverable errors should be raised: any exception from these methods fails the shard —
-its status becomes FAILED with the error, the error is logged with the shard's ID, and nothing
-of the current transaction commits. Other shards keep running.
+nothing of the current transaction commits, the error is logged with the shard's ID, and its
+status becomes FAILED with the error. (A transient one — ConnectionError, TimeoutError, or a
+broker's or etcd's unavailability, see `shard_retry.classify` — makes the shard start over from
+its checkpoint after a back-off instead, a bounded number of times.) Other shards keep running.
 """
 
 from __future__ import annotations

@@ -212,6 +212,7 @@ class PrimaryShard:
                         clock=self._clock or time.monotonic,
                         on_progress=self._record_progress,
                         on_phase=self._notifier.notify,
+                        on_read=self._record_read,
                         time_ns=self._time_ns,
                     )
                     self._notifier.notify()
@@ -270,7 +271,9 @@ class PrimaryShard:
 
     def _open_source(self, store: Store, checkpoint: Checkpoint) -> MessageSource:
         try:
-            return open_source(self._app, self, store, checkpoint, self._client)
+            return open_source(
+                self._app, self, store, checkpoint, self._client, on_idle=self._on_source_idle
+            )
         except Exception as err:
             raise ShardFailedError(self.id, "opening the message source", err) from err
 
@@ -282,6 +285,29 @@ class PrimaryShard:
         self._progress = ShardProgress(flatten_read_through(checkpoint), publish_at)
         self._notifier.notify()
         self._on_change()
+
+    def _on_source_idle(self) -> None:
+        if self._driver is not None:
+            self._driver.on_source_idle()
+
+    def _record_read(self, read_through: Mapping[str, int]) -> None:
+        """The source read through `read_through` without delivering a message: progress that
+        no transaction reports (see txn_driver), as Stat must see it."""
+        progress = self._progress
+        merged = _merged(progress.read_through, read_through)
+        if merged == progress.read_through:
+            return
+        self._progress = ShardProgress(merged, progress.publish_at)
+        self._notifier.notify()
+        self._on_change()
+
+
+def _merged(read_through: Mapping[str, int], more: Mapping[str, int]) -> dict[str, int]:
+    out = dict(read_through)
+    for journal, offset in more.items():
+        if offset > out.get(journal, 0):
+            out[journal] = offset
+    return out
 
 
 def _progressed(shard: PrimaryShard, *, since: ShardProgress | None) -> bool:

@@ -66,9 +66,10 @@ class ShardHandle(Protocol):
     """A shard running (or starting, or stopped) in this process. See the module docstring."""
 
     def status(self) -> cpb.ReplicaStatus:
-        """The replica's status now: BACKFILL while restoring (optional), STANDBY once ready
-        to take over, PRIMARY once serving transactions, FAILED (with its errors, e.g. the
-        Application's exception) once it stopped on an error. IDLE until started."""
+        """The replica's status now: BACKFILL while restoring (optional) or starting over
+        after a transient failure, STANDBY once ready to take over, PRIMARY once serving
+        transactions, FAILED (with its errors, saying what to fix: e.g. the Application's
+        exception) once it stopped for good. IDLE until started."""
         ...
 
     def progress(self) -> ShardProgress:

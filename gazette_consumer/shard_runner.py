@@ -1,9 +1,13 @@
 """Running many shards in one process: `ShardRunner`, and the `LocalShard` handle of each.
 
-`ShardRunner` runs each shard as its own task in one TaskGroup. A shard that fails records its
-error in its status (FAILED, with the error text, as Stat and List report it), logs it with the
-shard's ID, and ends; the other shards keep running. Only cancellation (stopping a shard, or
-leaving the runner) and bugs in the runner itself propagate.
+`ShardRunner` runs each shard as its own task in one TaskGroup. A shard that fails for a
+transient cause (a broker restarting, a journal or recovery log not there yet, an etcd hiccup:
+`shard_retry.classify`) logs it and starts over after a back-off (`ShardRetryPolicy`: doubling,
+capped, a bounded number of attempts in a row), reporting BACKFILL meanwhile (`retrying` says
+why). A shard that fails for good — a permanent cause, or a transient one that outlasted its
+attempts — records its error in its status (FAILED, with what to fix, as Stat and List report
+it), logs it with the shard's ID, and ends; the other shards keep running. Only cancellation
+(stopping a shard, or leaving the runner) and bugs in the runner itself propagate.
 
 `LocalShard` implements `ShardHandle` (shard_handle.py), so a consumer member can start shards
 through `ShardRunner.start_shard`, as assignments come and go.
@@ -26,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +43,12 @@ from gazette_consumer.hints import HintStore
 from gazette_consumer.recovery import ShardRecovery
 from gazette_consumer.shard import PrimaryShard, ShardFailedError
 from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, StartShard
+from gazette_consumer.shard_retry import GiveUp, RetryAfter, ShardRetries, ShardRetryPolicy
 from gazette_consumer.shard_spec import check_runnable, recovery_log
 from gazette_consumer.topology import default_root, shard_key
 from gazette_consumer.txn_driver import run_step
 
-__all__ = ["LocalShard", "ShardRunner", "ShardRunnerError", "run_shards"]
+__all__ = ["LocalShard", "ShardRetryPolicy", "ShardRunner", "ShardRunnerError", "run_shards"]
 
 Code = cpb.ReplicaStatus.Code
 
@@ -59,6 +65,10 @@ class LocalShard:
         start: ShardStart,
         new_primary: Callable[..., PrimaryShard],
         new_recovery: Callable[[cpb.ShardSpec], ShardRecovery | None] = lambda _spec: None,
+        *,
+        retry: ShardRetryPolicy | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._start = start
         self._new_recovery = new_recovery
@@ -73,6 +83,14 @@ class LocalShard:
         self._progress = ShardProgress()
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
+        self._retries = ShardRetries(retry or ShardRetryPolicy())
+        self._sleep = sleep
+        self._clock = clock
+        # When the current attempt reached STANDBY or PRIMARY (None: not yet).
+        self._serving_since: float | None = None
+        self.retrying: RetryAfter | None = None
+        """The last transient failure, while the replica waits to start over or starts over
+        (None once it serves again, or if it never failed)."""
 
     @property
     def id(self) -> str:
@@ -120,7 +138,29 @@ class LocalShard:
         await self._done.wait()
 
     async def run(self) -> None:
-        """The shard's task: standby until promoted, then primary until failed or cancelled."""
+        """The shard's task: attempts (see `_attempt`) until one fails for good or it is
+        cancelled; transient failures are retried after a back-off (module docstring)."""
+        while True:
+            failure = await self._attempt()
+            served_s = None if self._serving_since is None else self._clock() - self._serving_since
+            self._serving_since = None
+            decision = self._retries.on_failure(failure, served_s=served_s)
+            if isinstance(decision, GiveUp):
+                self._fail(decision.message)
+                return
+            get_logger(__name__).warning(
+                "shard failed transiently; starting over",
+                shard=self.id,
+                attempt=decision.attempt,
+                delay_s=decision.delay_s,
+                error=decision.error,
+            )
+            self.retrying = decision
+            self._set_status(cpb.ReplicaStatus(code=Code.BACKFILL))
+            await self._sleep(decision.delay_s)
+
+    async def _attempt(self) -> ShardFailedError:
+        """Standby until promoted, then primary, until it fails (returns why) or is cancelled."""
         try:
             recovery = self.recovery = await self._start_recovery()
             if not self._promoted.is_set():
@@ -139,15 +179,16 @@ class LocalShard:
             self._primary = primary
             await primary.serve()
         except ShardFailedError as err:
-            self._fail(err)
+            return err
         except Exception as err:  # A bug of the runner; still only this shard's problem.
-            self._fail(ShardFailedError(self.id, "shard runner", err))
+            return ShardFailedError(self.id, "shard runner", err)
         finally:
             if self._primary is not None:
                 self._progress = self._primary.progress()
             self._primary = None
             if self.recovery is not None:
                 await self.recovery.close()
+        raise AssertionError("unreachable: PrimaryShard.serve() returns only by raising")
 
     async def _start_recovery(self) -> ShardRecovery | None:
         recovery = self._new_recovery(self._spec)
@@ -161,17 +202,24 @@ class LocalShard:
         primary = self._primary
         if primary is not None and self._status.code != Code.PRIMARY:
             self._status = cpb.ReplicaStatus(code=Code.PRIMARY)
+            self._serving()
         self._start.on_change()
 
-    def _fail(self, err: ShardFailedError) -> None:
+    def _fail(self, message: str) -> None:
         # A logger looked up now rather than at import: failures are rare, and this way the
         # record follows the logging configuration in force when it happens (e.g. a test's).
-        get_logger(__name__).error("shard failed", shard=self.id, fqn=self.fqn, error=str(err))
-        self._set_status(cpb.ReplicaStatus(code=Code.FAILED, errors=[str(err)]))
+        get_logger(__name__).error("shard failed", shard=self.id, fqn=self.fqn, error=message)
+        self._set_status(cpb.ReplicaStatus(code=Code.FAILED, errors=[message]))
 
     def _set_status(self, status: cpb.ReplicaStatus) -> None:
         self._status = status
+        if status.code == Code.STANDBY:
+            self._serving()
         self._start.on_change()
+
+    def _serving(self) -> None:
+        self._serving_since = self._clock()
+        self.retrying = None
 
 
 class ShardRunner:
@@ -180,8 +228,9 @@ class ShardRunner:
     `root` is the consumer group's etcd root (shard FQNs are ``<root>/items/<id>``).
     `data_dir` holds the directories recovery logs are played into (None: the system's temporary
     directory); `hints` stores recovery-log hints (None: none are stored; see the module
-    docstring). `shard_options` are passed to every `PrimaryShard` (clock, time_ns,
-    append_service, hints_interval_s).
+    docstring); `retry` is how replicas retry transient failures (see `shard_retry`).
+    `shard_options` are passed to every `PrimaryShard` (clock, time_ns, append_service,
+    hints_interval_s).
     """
 
     def __init__(
@@ -192,8 +241,10 @@ class ShardRunner:
         root: str | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         hints: HintStore | None = None,
+        retry: ShardRetryPolicy | None = None,
         **shard_options: Any,
     ) -> None:
+        self._retry = retry or ShardRetryPolicy()
         self._data_dir = data_dir
         self._hints = hints
         self._app = app
@@ -241,7 +292,7 @@ class ShardRunner:
         """Start a replica as `start` says, in the background (a `StartShard`)."""
         if self._tg is None or self._closed:
             raise ShardRunnerError("start_shard: the runner is not running")
-        shard = LocalShard(start, self._new_primary, self._new_recovery)
+        shard = LocalShard(start, self._new_primary, self._new_recovery, retry=self._retry)
         shard._task = task = self._tg.create_task(shard.run(), name=f"shard {start.spec.id}")
         # Set by a callback rather than by run() itself: a task cancelled before it first ran
         # never executes its body.

@@ -2,14 +2,16 @@
 
 By default a shard reads its ShardSpec's source journals with a `ReadCommittedIter`, each from
 its checkpoint offset raised to the source's `min_offset`, with the Sequencer resumed from the
-checkpoint's producer states. An Application may supply its own `MessageSource` instead
-(`Application.new_message_source`).
+checkpoint's producer states; `on_idle` is called when the reader consumed everything at hand
+(see `ReadCommittedIter`), so that the shard reports read progress that delivered no message.
+An Application may supply its own `MessageSource` instead (`Application.new_message_source`),
+whose progress is reported only with its transactions.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.client.route_cache import JournalClient
@@ -25,7 +27,13 @@ __all__ = ["NoSource", "open_source"]
 
 
 def open_source(
-    app: Application, shard: Shard, store: Store, checkpoint: Checkpoint, client: JournalClient
+    app: Application,
+    shard: Shard,
+    store: Store,
+    checkpoint: Checkpoint,
+    client: JournalClient,
+    *,
+    on_idle: Callable[[], None] | None = None,
 ) -> MessageSource:
     """The Application's own source if it has one, else a reader of the spec's sources."""
     custom = app.new_message_source(shard, store, checkpoint)
@@ -41,6 +49,7 @@ def open_source(
         ring_size=ring_size(shard.spec),
         checkpoint=resume,
         read_channel_size=read_channel_size(shard.spec),
+        on_idle=on_idle,
     )
 
 

@@ -14,6 +14,12 @@ ACK intents in the AppendService with the commit as their dependency. Queued the
 message of the next transaction, each ACK is appended after the commit is durable and ahead of
 the next transaction's messages to the same journal, which a read-committed reader requires.
 
+Read progress that delivers no message (a duplicate, a re-appended ACK, a rolled-back or abandoned
+transaction) begins no transaction, so no commit would report it: `on_source_idle` (called by
+the source when it consumed everything at hand) reports the source's read-through offsets as
+progress while no transaction is open, as Gazette's consumer does, so that a Stat waiting on
+those offsets returns. If the prior transaction is still completing, they are reported with it.
+
 Any failure raises `ShardFailedError`, naming the step; the begun transaction is reported to
 `finished_txn` as failed, and nothing more commits (the shard then destroys its store).
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from broker.client.append_service import AsyncAppend
@@ -76,7 +82,9 @@ class TxnDriver:
     """Runs the transactions of one primary shard. See the module docstring.
 
     `on_progress(checkpoint, acks)` is called when a transaction completes (committed, ACKs
-    written); `on_phase()` when the loop's phase changes. `clock`: monotonic seconds.
+    written); `on_read(read_through)` when the source read on without delivering a message
+    while no transaction was open (see `on_source_idle`); `on_phase()` when the loop's phase
+    changes. `clock`: monotonic seconds.
     """
 
     def __init__(
@@ -90,13 +98,14 @@ class TxnDriver:
         clock: Callable[[], float],
         on_progress: Callable[[Checkpoint, list[AsyncAppend]], None],
         on_phase: Callable[[], None],
+        on_read: Callable[[Mapping[str, int]], None] = lambda _read_through: None,
         time_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._shard, self._app, self._store, self._source = shard, app, store, source
         self._id = shard.id
         self._recovery_log = recovery_log(shard.spec)
         self._clock, self._time_ns = clock, time_ns
-        self._on_progress, self._on_phase = on_progress, on_phase
+        self._on_progress, self._on_phase, self._on_read = on_progress, on_phase, on_read
         min_s, max_s = txn_durations_s(shard.spec)
         self.fsm = TxnLoop(min_s, max_s, wait_for_acks=not shard.spec.disable_wait_for_ack)
         self.last_closed: ClosedTxn | None = None
@@ -106,6 +115,9 @@ class TxnDriver:
         self._prior_acks: list[AsyncAppend] = []
         self._prior_checkpoint = Checkpoint()
         self._prior_read_through = prior_read_through
+        # Read-through offsets the source reached without delivering a message while the prior
+        # transaction was completing: reported once it has (None: nothing to report).
+        self._idle_read_through: Mapping[str, int] | None = None
         self._metrics = ShardMetrics(self._id)
 
     async def run(self) -> NoReturn:
@@ -177,6 +189,23 @@ class TxnDriver:
             self._on_progress(self._prior_checkpoint, self._prior_acks)
             self._metrics.progressed(self._prior_read_through)
             self._prior_commit, self._prior_acks = None, []
+            idle, self._idle_read_through = self._idle_read_through, None
+            if idle is not None:
+                self._on_read(idle)
+
+    def on_source_idle(self) -> None:
+        """The source consumed everything it had read (see the module docstring). Called by
+        the source, from its `next()`, so at a moment when every message it returned was
+        consumed: with no transaction open, its read-through offsets cover only content that
+        delivered nothing, and are the shard's progress."""
+        fsm = self.fsm
+        if fsm.phase is not TxnPhase.IDLE:
+            return  # The open transaction's commit reports them.
+        read_through = self._source.checkpoint().read_through
+        if fsm.prior is PriorPhase.DONE:
+            self._on_read(read_through)
+        else:
+            self._idle_read_through = read_through
 
     def _observe_timer(self) -> None:
         deadline = self.fsm.deadline

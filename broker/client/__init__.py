@@ -12,11 +12,15 @@
         ...
 """
 
-from broker.client.append_service import (
-    AppendService,
+from broker.client.append_errors import (
+    AppendCancelledError,
+    AppendRetriesExhaustedError,
     AppendServiceClosedError,
+    AppendsFailedError,
+    DependencyCancelledError,
     DependencyFailedError,
 )
+from broker.client.append_service import AppendService
 from broker.client.appender import Appender, AppenderStateError, append
 from broker.client.async_append import AsyncAppend, AsyncAppendStateError
 from broker.client.list_apply import (
@@ -40,15 +44,19 @@ from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient, RouteCache
 
 __all__ = [
+    "AppendCancelledError",
+    "AppendRetriesExhaustedError",
     "AppendService",
     "AppendServiceClosedError",
     "Appender",
     "AppenderStateError",
+    "AppendsFailedError",
     "AsyncAppend",
     "AsyncAppendStateError",
     "ChannelPool",
     "Chunk",
     "DataLossError",
+    "DependencyCancelledError",
     "DependencyFailedError",
     "FragmentContentError",
     "FragmentIntegrityError",

@@ -29,19 +29,29 @@ Call order and concurrency (one event loop; nothing here is thread-safe):
 - Content waits in memory, then in spill files (`append_buffer`); while both are full,
   `start_append` waits (backpressure) until batches commit.
 - A batch with `dependencies` (other AsyncAppends, or futures) is sent only after all of them
-  succeed; if one fails, the batch fails with DependencyFailedError.
-- Transient failures (an unreachable broker, a stale route, no primary yet, a timeout) are
-  retried with doubling back-off, re-sending the same bytes, up to `retry_attempts_max`
-  attempts; a transport error also drops the cached route, so that the next attempt asks the
-  default broker. Nothing is remembered after the batch resolves: a later batch starts afresh.
-  Other failures (JOURNAL_NOT_FOUND, WRONG_APPEND_OFFSET, REGISTER_MISMATCH, ...) fail the
-  batch's future with their typed error, and the journal's queue goes on with later batches.
+  succeed; if one fails, the batch fails with DependencyFailedError (if one was cancelled, it
+  is cancelled with DependencyCancelledError, one of both).
+- Transient failures (an unreachable or restarting broker, a stale route, no primary yet, a
+  timeout) are retried with capped doubling back-off for at most `retry_s_max` per batch (ten
+  minutes by default: an outage that long needs someone to look), then the batch fails with
+  AppendRetriesExhaustedError (`append_send`). `AsyncAppend.attempts` and `.last_error`, and
+  `AppendService.retrying()`, show what is stuck and why. A later batch starts afresh.
+- Other failures (JOURNAL_NOT_FOUND, WRONG_APPEND_OFFSET, REGISTER_MISMATCH,
+  INDEX_HAS_GREATER_OFFSET, ...: `append_errors.TERMINAL_STATUSES`) fail the batch's future at
+  once with their typed error, and the journal's queue goes on with later batches.
+- No failure is only a log line: besides the batch's future, a failed batch makes `flush()`
+  raise, and leaving the `async with` block normally raises AppendsFailedError (naming the
+  journals and counts), even if no writer awaited the batch (fire and forget). A failed batch
+  also stays in `pending_except` (the last one per journal), so that what depends on "every
+  pending append" (a consumer's checkpoint commit) fails too rather than commit past it.
 - Retries make appends at-least-once: a commit whose response was lost is appended again.
   Messages carry UUIDs (the Publisher) so that readers drop the duplicates.
 - A batch that nobody wrote to (every writer aborted) and that has no preconditions is not
   sent: its response is an OK AppendResponse without a commit.
 - Leaving the `async with` block waits for every queued append to resolve; leaving it by an
-  exception cancels them, failing their futures with AppendServiceClosedError.
+  exception (or a cancellation) stops the service instead: what is still queued or in flight
+  fails with AppendCancelledError (`maybe_committed` tells whether it was in flight), which is
+  the owner's choice and not logged as a failure; the block's own error is what propagates.
 """
 
 from __future__ import annotations
@@ -49,20 +59,28 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
-
-import grpc
-import grpc.aio
 
 from broker.client.append_buffer import (
     BufferBudget,
     memory_bytes_max_default,
     spill_bytes_max_default,
 )
-from broker.client.appender import Appender, chunk_bytes_max_default, validate_append_request
+from broker.client.append_errors import (
+    AppendCancelledError,
+    AppendRetriesExhaustedError,
+    AppendServiceClosedError,
+    AppendsFailedError,
+    DependencyCancelledError,
+    DependencyFailedError,
+    backoff_s,
+    is_transient,
+)
+from broker.client.append_send import AppendServiceStats, BatchSender, RetryPolicy
+from broker.client.appender import chunk_bytes_max_default, validate_append_request
 from broker.client.async_append import (
     AppendState,
     AsyncAppend,
@@ -73,16 +91,30 @@ from broker.client.async_append import (
 from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import GazetteError
 from broker.protocol.validate import at, validate_journal_name
+
+__all__ = [
+    "AppendCancelledError",
+    "AppendRetriesExhaustedError",
+    "AppendService",
+    "AppendServiceClosedError",
+    "AppendServiceStats",
+    "AppendsFailedError",
+    "DependencyCancelledError",
+    "DependencyFailedError",
+    "backoff_s",
+    "is_transient",
+]
 
 log = get_logger(__name__)
 
 # A batch stops taking writes at this size: large enough to amortise an RPC, small enough that
 # one batch does not hold a journal's pipeline (and every other writer of it) for long.
 batch_bytes_max_default: Final = 4 << 20
-# Attempts of one batch (the first included) before its future fails with the last error.
-retry_attempts_max_default: Final = 100
+# How long one batch is retried (from its first attempt) before its future fails with
+# AppendRetriesExhaustedError: long enough to ride out a broker restart or a fail-over many times
+# over, short enough that an outage nobody fixes reaches the writer as an error.
+retry_s_max_default: Final = 600.0
 # Back-off between attempts: doubling from the initial delay, capped.
 backoff_initial_s_default: Final = 0.05
 backoff_max_s_default: Final = 5.0
@@ -91,54 +123,6 @@ append_timeout_s_default: Final = 60.0
 # A writer that never awaits anything else would starve the tasks that send its batches; after
 # this many released bytes, `start_append` gives the event loop a turn.
 writer_yield_bytes_default: Final = 256 << 10
-
-# gRPC codes that no retry of the same request can fix.
-_FATAL_CODES: Final = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.OUT_OF_RANGE,
-    }
-)
-
-
-class AppendServiceClosedError(RuntimeError):
-    """The service is not running (not entered yet, closing, or closed)."""
-
-
-class DependencyFailedError(RuntimeError):
-    """A dependency of a batch failed, so the batch was not sent (the cause is chained)."""
-
-
-def is_transient(err: BaseException) -> bool:
-    """Whether a failed append attempt may succeed if the same request is sent again."""
-    if isinstance(err, GazetteError):
-        return err.retriable
-    if isinstance(err, grpc.aio.AioRpcError):
-        return err.code() not in _FATAL_CODES
-    return isinstance(err, TimeoutError | ConnectionError)
-
-
-def backoff_s(attempt: int, initial_s: float, max_s: float) -> float:
-    """Delay after failed attempt number `attempt` (1-based)."""
-    return float(min(max_s, initial_s * 2.0 ** min(attempt - 1, 62)))
-
-
-@dataclass
-class AppendServiceStats:
-    """Counters of a service's work, for tests, benchmarks and metrics."""
-
-    batches: int = 0  # AsyncAppends created (each becomes one committed or failed batch).
-    releases: int = 0  # release() calls: the writes that joined batches.
-    aborts: int = 0  # abort() calls.
-    rpcs: int = 0  # Append RPC attempts, retries included.
-    retries: int = 0
-    committed: int = 0  # Batches committed.
-    committed_bytes: int = 0
-    failed: int = 0  # Batches whose future holds an error.
 
 
 class _Run(enum.Enum):
@@ -165,17 +149,17 @@ class AppendService:
         memory_bytes_max: int = memory_bytes_max_default,
         spill_bytes_max: int = spill_bytes_max_default,
         spill_dir: str | os.PathLike[str] | None = None,
-        retry_attempts_max: int = retry_attempts_max_default,
+        retry_s_max: float = retry_s_max_default,
         backoff_initial_s: float = backoff_initial_s_default,
         backoff_max_s: float = backoff_max_s_default,
         append_timeout_s: float = append_timeout_s_default,
         chunk_bytes_max: int = chunk_bytes_max_default,
         writer_yield_bytes: int = writer_yield_bytes_default,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, value in (
             ("batch_bytes_max", batch_bytes_max),
-            ("retry_attempts_max", retry_attempts_max),
             ("chunk_bytes_max", chunk_bytes_max),
             ("writer_yield_bytes", writer_yield_bytes),
         ):
@@ -185,19 +169,29 @@ class AppendService:
             raise ValueError("backoff_initial_s, backoff_max_s: must be 0 <= initial <= max")
         if append_timeout_s <= 0:
             raise ValueError(f"append_timeout_s: must be > 0 (got {append_timeout_s})")
+        if retry_s_max < 0:
+            raise ValueError(f"retry_s_max: must be >= 0 (got {retry_s_max})")
         self.client = client
         self.stats = AppendServiceStats()
         self.budget = BufferBudget(
             memory_bytes_max=memory_bytes_max, spill_bytes_max=spill_bytes_max, spill_dir=spill_dir
         )
         self._batch_bytes_max = batch_bytes_max
-        self._retry_attempts_max = retry_attempts_max
-        self._backoff = (backoff_initial_s, backoff_max_s)
-        self._append_timeout_s = append_timeout_s
-        self._chunk_bytes_max = chunk_bytes_max
+        self._sender = BatchSender(
+            client,
+            RetryPolicy(retry_s_max, backoff_initial_s, backoff_max_s, append_timeout_s),
+            chunk_bytes_max=chunk_bytes_max,
+            stats=self.stats,
+            sleep=sleep,
+            clock=clock,
+        )
         self._writer_yield_bytes = writer_yield_bytes
-        self._sleep = sleep
         self._queues: dict[str, JournalQueue] = {}
+        # Failed batches (cancellations aside): the count per journal, the first failure, and
+        # each journal's last failed batch (see `pending_except`).
+        self._failures: dict[str, int] = {}
+        self._first_failure: BaseException | None = None
+        self._failed_last: dict[str, AsyncAppend] = {}
         self._budget_waiters: list[asyncio.Future[None]] = []
         self._unyielded_bytes = 0
         self._run = _Run.NEW
@@ -226,8 +220,9 @@ class AppendService:
         notify(self._budget_waiters)
         assert self._tg is not None
         if exc is not None:
-            # The block failed: stop sending. Cancelled workers fail the futures of what they
-            # still held; the block's own error is what propagates.
+            # The block failed (or was cancelled): stop sending. Cancelled workers fail the
+            # futures of what they still held with AppendCancelledError; the block's own error
+            # is what propagates.
             for queue in list(self._queues.values()):
                 if queue.task is not None:
                     queue.task.cancel()
@@ -238,8 +233,12 @@ class AppendService:
         finally:
             # A worker cancelled before its first step never ran its own clean-up.
             for queue in list(self._queues.values()):
-                self._fail_queue(queue, exc)
+                self._cancel_queue(queue)
             self._queues.clear()
+        if exc is None and self._first_failure is not None:
+            # Nothing may be dropped unseen: a writer that never awaited its append (fire and
+            # forget) learns here that it failed.
+            raise AppendsFailedError(self._failures, self._first_failure) from self._first_failure
         return None
 
     # --- writers -----------------------------------------------------------------------------
@@ -411,22 +410,51 @@ class AppendService:
         return sum(1 for waiter in self._budget_waiters if not waiter.done())
 
     def pending_except(self, journal: str = "") -> list[AsyncAppend]:
-        """The unresolved batches of every journal other than `journal` ("": of all): await
-        them as a barrier before appending to `journal`."""
-        return [
+        """The unresolved batches of every journal other than `journal` ("": of all), and the
+        last failed batch of each such journal: await them as a barrier before appending to
+        `journal`. A failed batch is included (as in Gazette) so that its error reaches what
+        waits on the barrier (a checkpoint's commit) instead of being passed over."""
+        pending = [
             batch
             for name, queue in self._queues.items()
             if name != journal
             for batch in queue.batches
             if not batch.done()
         ]
+        pending.extend(batch for name, batch in self._failed_last.items() if name != journal)
+        return pending
+
+    def retrying(self) -> list[AsyncAppend]:
+        """The batches being retried now (their `last_error` says why): what is stuck."""
+        return [
+            batch
+            for queue in self._queues.values()
+            for batch in queue.batches
+            if batch._last_error is not None and not batch.done()
+        ]
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """Failed batches per journal so far (cancellations by a stop aside)."""
+        return dict(self._failures)
 
     async def flush(self) -> None:
-        """Wait until every batch queued now has resolved (committed or failed: the outcome
-        is on each batch's future)."""
-        futures = [batch.future for batch in self.pending_except()]
-        if futures:
-            await asyncio.wait(futures)
+        """Wait until every batch queued now has resolved; raise AppendsFailedError if any of
+        them failed (each batch's future holds its own outcome)."""
+        batches = [
+            batch for queue in self._queues.values() for batch in queue.batches if not batch.done()
+        ]
+        if batches:
+            await asyncio.wait([batch.future for batch in batches])
+        failed: dict[str, int] = {}
+        first: BaseException | None = None
+        for batch in batches:
+            error = None if batch.future.cancelled() else batch.future.exception()
+            if error is not None and not isinstance(error, AppendCancelledError):
+                failed[batch.journal] = failed.get(batch.journal, 0) + 1
+                first = first or error
+        if first is not None:
+            raise AppendsFailedError(failed, first) from first
 
     # --- workers -----------------------------------------------------------------------------
 
@@ -439,7 +467,7 @@ class AppendService:
                     await wait_on(queue.waiters)
                 batch._state = AppendState.SENDING  # Later writers start the next batch.
                 try:
-                    response = await self._send(batch)
+                    response = await self._sender.send(batch)
                 except Exception as err:
                     self._fail(batch, err)
                 else:
@@ -447,79 +475,33 @@ class AppendService:
                 queue.batches.popleft()
                 batch._buffer.close()
                 notify(self._budget_waiters)
+        except asyncio.CancelledError:
+            # The service is stopping: nothing will send the remaining batches, so their
+            # writers must hear about it now.
+            self._cancel_queue(queue)
+            raise
         except BaseException as err:
-            # Cancelled (the service is closing on an error) or a bug: nothing will send the
-            # remaining batches, so their writers must hear about it now.
-            self._fail_queue(queue, err)
+            # A bug of the worker: the same, as a failure.
+            closed = AppendServiceClosedError(f"journal {queue.journal}: append worker failed")
+            closed.__cause__ = err
+            for batch in queue.batches:
+                if not batch.done():
+                    self._fail(batch, closed)
+            self._cancel_queue(queue)
             raise
         finally:
             queue.task = None
             if self._queues.get(queue.journal) is queue and not queue.batches:
                 del self._queues[queue.journal]
 
-    def _fail_queue(self, queue: JournalQueue, cause: BaseException | None) -> None:
-        closed = AppendServiceClosedError(f"journal {queue.journal}: append service stopped")
-        closed.__cause__ = cause
+    def _cancel_queue(self, queue: JournalQueue) -> None:
+        """Fail what `queue` still holds with AppendCancelledError: the service stopped."""
         for batch in queue.batches:
             if not batch.done():
-                self._fail(batch, closed)
+                self._cancel(batch)
             batch._buffer.close()
         queue.batches.clear()
         notify(self._budget_waiters)
-
-    async def _send(self, batch: AsyncAppend) -> pb.AppendResponse:
-        for dependency in batch.dependencies:
-            try:
-                await dependency
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # This worker is being cancelled, not the dependency.
-                raise DependencyFailedError(
-                    f"journal {batch.journal}: a dependency of the append was cancelled"
-                ) from None
-            except Exception as err:
-                raise DependencyFailedError(
-                    f"journal {batch.journal}: a dependency of the append failed: {err}"
-                ) from err
-        if not batch._buffer.size and batch._key == batch.journal:
-            # Every writer aborted, and a plain empty append changes nothing: skip the RPC.
-            return pb.AppendResponse(status=pb.OK)
-        attempt = 0
-        while True:
-            attempt += 1
-            self.stats.rpcs += 1
-            try:
-                async with asyncio.timeout(self._append_timeout_s):
-                    return await self._append_once(batch)
-            except Exception as err:
-                if not is_transient(err) or attempt >= self._retry_attempts_max:
-                    raise
-                if not isinstance(err, GazetteError):
-                    # The broker we reached (or failed to) may be gone: ask the default one.
-                    self.client.routes.update(batch.journal, None)
-                delay = backoff_s(attempt, *self._backoff)
-                self.stats.retries += 1
-                log.warning(
-                    "append failed (will retry)",
-                    journal=batch.journal,
-                    attempt=attempt,
-                    delay_s=delay,
-                    error=str(err) or type(err).__name__,
-                )
-                await self._sleep(delay)
-
-    async def _append_once(self, batch: AsyncAppend) -> pb.AppendResponse:
-        appender = Appender(self.client, batch.request, chunk_bytes_max=self._chunk_bytes_max)
-        try:
-            for chunk in batch._buffer.chunks(self._chunk_bytes_max):
-                await appender.write(chunk)
-            await appender.commit()
-        except BaseException:
-            await appender.abort()
-            raise
-        assert appender.response is not None  # commit() returned, so the response was OK.
-        return appender.response
 
     def _commit(self, batch: AsyncAppend, response: pb.AppendResponse) -> None:
         batch._state = AppendState.DONE
@@ -531,13 +513,37 @@ class AppendService:
             batch._future.set_result(response)
 
     def _fail(self, batch: AsyncAppend, err: BaseException) -> None:
+        if isinstance(err, AppendCancelledError):
+            self._cancelled(batch, err)
+            return
         batch._state = AppendState.DONE
         self.stats.failed += 1
+        journal = batch.journal
+        self._failures[journal] = self._failures.get(journal, 0) + 1
+        if self._first_failure is None:
+            self._first_failure = err
+        self._failed_last[journal] = batch
         if not batch._future.done():  # Not cancelled by a writer (see _commit).
             batch._future.set_exception(err)
-            # Logged here, so asyncio need not warn if no writer ever looks (fire-and-forget).
+            # Retrieved here: the service itself reports it (flush, leaving the block), so
+            # asyncio need not warn if no writer ever looks (fire and forget).
             batch._future.exception()
-        log.warning("append failed", journal=batch.journal, error=str(err) or type(err).__name__)
+        log.warning("append failed", journal=journal, error=str(err) or type(err).__name__)
+
+    def _cancel(self, batch: AsyncAppend) -> None:
+        """Fail `batch` because the service stops. In flight (sent at least once) means it may
+        have committed."""
+        in_flight = batch._state is AppendState.SENDING and batch._attempts > 0
+        self._cancelled(batch, AppendCancelledError(batch.journal, maybe_committed=in_flight))
+
+    def _cancelled(self, batch: AsyncAppend, err: AppendCancelledError) -> None:
+        """Resolve `batch` as cancelled: its owner's choice, so neither logged as a failure nor
+        counted in `failures`."""
+        batch._state = AppendState.DONE
+        self.stats.cancelled += 1
+        if not batch._future.done():
+            batch._future.set_exception(err)
+            batch._future.exception()
 
 
 def _request_key(request: pb.AppendRequest) -> tuple[str, pb.AppendRequest | None, object]:

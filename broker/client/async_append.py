@@ -3,7 +3,8 @@
 A batch goes through three states, driven by its AppendService (whose module explains the
 whole): OPEN while it is the tail of its journal's queue and writers may join it; SENDING once
 the journal's worker sealed it (it waits on its dependencies, then is appended, retried as
-needed); DONE once its future holds the AppendResponse or the error.
+needed: `attempts` and `last_error` show a batch that is being retried); DONE once its future
+holds the AppendResponse or the error.
 
 Writers see only `write`, `release`, `abort` and the future. The underscored fields are the
 service's to drive (they live here so that the per-write path is a few attribute reads).
@@ -45,10 +46,12 @@ class AsyncAppend:
     """
 
     __slots__ = (
+        "_attempts",
         "_buffer",
         "_future",
         "_held",
         "_key",
+        "_last_error",
         "_on_release",
         "_queue",
         "_state",
@@ -77,6 +80,8 @@ class AsyncAppend:
         self._on_release = on_release
         self._state = AppendState.OPEN
         self._held = False
+        self._attempts = 0
+        self._last_error: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<AsyncAppend {self.journal} {self._state.value} {self._buffer.size} bytes>"
@@ -84,6 +89,17 @@ class AsyncAppend:
     @property
     def state(self) -> AppendState:
         return self._state
+
+    @property
+    def attempts(self) -> int:
+        """Append RPCs tried for this batch so far (0 until it is sent)."""
+        return self._attempts
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The failure of the last attempt, while the batch is retried (None once an attempt
+        succeeds, or if none failed): how a writer sees that its append is stuck, and why."""
+        return self._last_error
 
     @property
     def size(self) -> int:

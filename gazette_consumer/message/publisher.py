@@ -16,6 +16,8 @@ duplicates (appends are at-least-once) and to hold transactional messages until 
 Publishing appends through an *appender*, normally an `AppendService`: the message is written
 whole into the journal's current batch, and the batch's AsyncAppend is returned; await it to
 learn when the message committed, or ignore it (fire and forget) and `flush` the service later.
+A message whose batch fails is never dropped silently: its AsyncAppend raises the typed error,
+and so do the service's `flush()` and the end of its `async with` block (AppendsFailedError).
 
 The UUID is assigned after `start_append` returns, with no await before the write: the
 appender serializes writers of a journal, so clocks reach each journal in increasing order

@@ -30,7 +30,8 @@ Signature::
                       read_channel_size: int = READ_CHANNEL_SIZE_DEFAULT,
                       framing: Framing | None = None,
                       registry: StoreRegistry | None = None,
-                      message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT)
+                      message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+                      on_idle: Callable[[], None] | None = None)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
     in_sequence: bool               replays: int                       sources: Mapping[str, int]
@@ -66,6 +67,11 @@ the messages this one had not returned yet. To keep the messages of one ACK in o
 transaction, close a transaction only after a message for which `in_sequence` was False (and
 see `has_pending` for whether waiting a little longer for an ACK is worthwhile).
 
+`on_idle`, if given, is called (synchronously) whenever `next()` is about to wait because
+everything read so far was consumed: content that delivers nothing (a duplicate, an ACK, a
+rolled-back or still pending transaction) moves `checkpoint()` without a message being
+returned, and a consumer learns of that progress this way.
+
 Errors: a reader that fails (a journal that does not exist or has no known content type, a
 non-retriable read error, a message that does not decode: `MessageDecodeError` naming journal
 and offsets) fails `next()`/`try_next()` with its error, once the messages read before it were
@@ -84,7 +90,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -221,6 +227,7 @@ class ReadCommittedIter:
         framing: Framing | None = None,
         registry: StoreRegistry | None = None,
         message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(
@@ -275,6 +282,7 @@ class ReadCommittedIter:
         self._span_runs = True
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
+        self._on_idle = on_idle
         self.replays = 0
         """Committed spans replayed from their journal because they had left the ring."""
 
@@ -293,6 +301,11 @@ class ReadCommittedIter:
                 return env
             replay, wanted = self._replay, self._replay_wanted()
             if replay is None or not wanted:
+                if self._on_idle is not None:
+                    # Everything read so far is consumed, perhaps without a message to return
+                    # (duplicates, ACKs, rolled-back or pending transactions): `checkpoint()`
+                    # may have moved, and a consumer reports that progress.
+                    self._on_idle()
                 await self._channel.wait()
                 continue
             try:

@@ -13,7 +13,7 @@ from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.application import Shard
 from gazette_consumer.checkpoint import equivalent
 from gazette_consumer.message.publisher import Publisher
-from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.shard_runner import ShardRetryPolicy, ShardRunner
 from gazette_consumer.stores.base import Store
 from gazette_consumer.stores.conformance import SimpleShard
 from gazette_consumer.stores.sql import SQLStore
@@ -172,9 +172,13 @@ async def test_unreadable_source_fails_the_shard(tmp_path: Path) -> None:
     async with broker_env() as env, sqlite_engine(tmp_path) as engine:
         app = CountingApp(engine)
         changed = Notifier()
-        async with ShardRunner(app, env.client, root="/test/unreadable") as runner:
+        # A missing journal may be one a restarting broker does not know yet: retried, here
+        # twice, before the shard gives up.
+        retry = ShardRetryPolicy(initial_s=0.01, max_s=0.01, attempts_max=2)
+        async with ShardRunner(app, env.client, root="/test/unreadable", retry=retry) as runner:
             handle = runner.start(shard_spec("shard-u", ["in/missing"]), on_change=changed.notify)
             await changed.until(lambda: handle.status().code == FAILED)
         error = handle.status().errors[0]
         assert "shard shard-u: reading messages: JournalNotFoundError" in error
+        assert "persisted through 2 attempts" in error
         assert app.consumed == []

@@ -13,7 +13,7 @@ from broker.protocol import consumer_pb2 as cpb
 from examples.word_count import WordCount, counts_of
 from gazette_consumer.shard import PrimaryShard
 from gazette_consumer.shard_handle import ShardRole
-from gazette_consumer.shard_runner import LocalShard, ShardRunner
+from gazette_consumer.shard_runner import LocalShard, ShardRetryPolicy, ShardRunner
 from gazette_consumer.stores.jsonfile import JSONFileStore
 from tests.gazette_consumer.recovery_testkit import Texts, create_log, logged_counts, words_spec
 from tests.gazette_consumer.shard_testkit import Notifier, broker_env
@@ -137,12 +137,17 @@ async def test_a_missing_recovery_log_fails_the_shard_naming_the_journal(tmp_pat
         source = await env.journal("in/words-missing")
         spec = words_spec("shard-missing", source)
         changed = Notifier()
-        async with ShardRunner(WordCount(), env.client, root=ROOT, data_dir=tmp_path) as runner:
+        # Retried (an operator may be creating it), here twice, before the shard gives up.
+        retry = ShardRetryPolicy(initial_s=0.01, max_s=0.01, attempts_max=2)
+        async with ShardRunner(
+            WordCount(), env.client, root=ROOT, data_dir=tmp_path, retry=retry
+        ) as runner:
             handle = runner.start(spec, on_change=changed.notify)
             await changed.until(lambda: handle.status().code == Code.FAILED)
             error = handle.status().errors[0]
             assert "RecoveryLogMissingError" in error
-            assert f"'{spec.recovery_log_prefix}/{spec.id}' does not exist" in error
+            assert f"'{spec.recovery_log_prefix}/{spec.id}' does not exist; create it" in error
+            assert "persisted through 2 attempts" in error
         # Nothing was played or left behind.
         assert await asyncio.to_thread(os.listdir, tmp_path) == []
 

@@ -1,8 +1,8 @@
 """AppendService: a writer that cancels the shared future of a batch (``asyncio.gather`` over
 AsyncAppends being cancelled, or a store cancelling a task that wraps one) must not crash the
 journal's worker: the append still lands, later batches still go out, and leaving the service
-raises nothing. A cancelled *dependency* fails the dependent batch with DependencyFailedError
-rather than ending the worker."""
+raises only for batches that failed (AppendsFailedError). A cancelled *dependency* cancels the
+dependent batch with DependencyCancelledError rather than ending the worker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.client.append_service import AppendService, DependencyFailedError
+from broker.client.append_errors import (
+    AppendsFailedError,
+    DependencyCancelledError,
+    DependencyFailedError,
+)
+from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.protocol.status import JournalNotFoundError
 from tests.broker.broker_testkit import (
@@ -64,32 +69,40 @@ async def test_cancelled_future_of_a_failing_append_leaves_the_worker_running(
     env: tuple[Cluster, JournalClient],
 ) -> None:
     _cluster, client = env
-    async with AppendService(client) as service:
-        missing = await service.start_append("test/no-such-journal")
-        missing.write(b"x\n")
+    service = AppendService(client)
+    with pytest.raises(AppendsFailedError) as failure:
+        async with service:
+            await _fail_twice_then_append(service)
+    # Both failures reach the owner, the one whose future a writer cancelled included.
+    assert failure.value.failed == {"test/no-such-journal": 2}
 
-        # What cancelling a task that awaits it does to the shared future.
-        missing.future.cancel()
-        missing.release()
-        # A later batch of the same journal resolves only after the worker handled this one.
-        # (Its own batch, not the cancelled one: a batch joins appends of equal dependencies.)
-        resolved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        resolved.set_result(None)
-        later = await service.start_append("test/no-such-journal", dependencies=[resolved])
-        later.write(b"y\n")
-        later.release()
-        with pytest.raises(JournalNotFoundError):
-            async with asyncio.timeout(WAIT_S):
-                await later
-        assert service.stats.failed == 2
-        ok = await service.start_append(J)
-        ok.write(b"after\n")
-        ok.release()
+
+async def _fail_twice_then_append(service: AppendService) -> None:
+    missing = await service.start_append("test/no-such-journal")
+    missing.write(b"x\n")
+
+    # What cancelling a task that awaits it does to the shared future.
+    missing.future.cancel()
+    missing.release()
+    # A later batch of the same journal resolves only after the worker handled this one.
+    # (Its own batch, not the cancelled one: a batch joins appends of equal dependencies.)
+    resolved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    resolved.set_result(None)
+    later = await service.start_append("test/no-such-journal", dependencies=[resolved])
+    later.write(b"y\n")
+    later.release()
+    with pytest.raises(JournalNotFoundError):
         async with asyncio.timeout(WAIT_S):
-            assert (await ok).commit.end == len(b"after\n")
+            await later
+    assert service.stats.failed == 2
+    ok = await service.start_append(J)
+    ok.write(b"after\n")
+    ok.release()
+    async with asyncio.timeout(WAIT_S):
+        assert (await ok).commit.end == len(b"after\n")
 
 
-async def test_a_cancelled_dependency_fails_the_dependent_batch_only(
+async def test_a_cancelled_dependency_cancels_the_dependent_batch_only(
     env: tuple[Cluster, JournalClient],
 ) -> None:
     cluster, client = env
@@ -99,9 +112,13 @@ async def test_a_cancelled_dependency_fails_the_dependent_batch_only(
         dependent.write(b"never\n")
         dependent.release()
         gate.cancel()  # A store's commit abandoned on destroy, say.
-        with pytest.raises(DependencyFailedError, match="dependency of the append was cancelled"):
+        with pytest.raises(DependencyCancelledError, match="a dependency of it was cancelled"):
             async with asyncio.timeout(WAIT_S):
                 await dependent
+        # Cancelled, so not sent, and a DependencyFailedError too; not a failure of the
+        # service: leaving it raises nothing.
+        assert isinstance(dependent.exception(), DependencyFailedError)
+        assert service.stats.cancelled == 1 and service.failures == {}
         later = await service.start_append(J)
         later.write(b"later\n")
         later.release()

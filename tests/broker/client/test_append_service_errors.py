@@ -1,6 +1,7 @@
 """AppendService failures against real in-process brokers: typed errors on the futures of the
-batches that failed (and the queue goes on), transient failures retried until they succeed,
-exhausted retries not remembered, dependencies, closing, and refused input."""
+batches that failed (and the queue goes on, and leaving the service raises AppendsFailedError),
+transient failures retried until they succeed, exhausted retries not remembered, dependencies,
+closing, and refused input."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.client.append_service import (
-    AppendService,
+from broker.client.append_errors import (
+    AppendCancelledError,
+    AppendRetriesExhaustedError,
     AppendServiceClosedError,
+    AppendsFailedError,
     DependencyFailedError,
     backoff_s,
     is_transient,
 )
+from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import (
+    IndexHasGreaterOffsetError,
     JournalNotFoundError,
     NoJournalPrimaryBrokerError,
     WrongAppendOffsetError,
@@ -74,41 +79,58 @@ async def test_journal_not_found_fails_the_batch_and_is_not_remembered(
 ) -> None:
     missing = "test/created-later"
     await cluster.create(journal_spec(J), cluster.brokers)
-    async with AppendService(client) as service:
-        lost = await append_line(service, missing, b"lost\n")
-        with pytest.raises(JournalNotFoundError):
-            await lost
-        assert service.stats.retries == 0  # Not transient: surfaced at once.
-        # Other journals are unaffected.
-        await (await append_line(service, J, b"fine\n"))
-        # Once the journal exists, appends to it succeed: the failure was not cached.
-        await cluster.create(journal_spec(missing), cluster.brokers)
-        response = await (await append_line(service, missing, b"found\n"))
+    service = AppendService(client)
+    with pytest.raises(AppendsFailedError, match="test/created-later: 1"):
+        async with service:
+            response = await _missing_then_created(cluster, service, missing)
     assert (response.commit.begin, response.commit.end) == (0, 6)
     assert content(cluster, missing) == b"found\n"
     assert content(cluster, J) == b"fine\n"
     assert service.stats.failed == 1 and service.stats.committed == 2
 
 
+async def _missing_then_created(
+    cluster: Cluster, service: AppendService, missing: str
+) -> pb.AppendResponse:
+    lost = await append_line(service, missing, b"lost\n")
+    with pytest.raises(JournalNotFoundError):
+        await lost
+    assert service.stats.retries == 0  # Not transient: surfaced at once.
+    # Other journals are unaffected.
+    await (await append_line(service, J, b"fine\n"))
+    # Once the journal exists, appends to it succeed: the failure was not cached.
+    await cluster.create(journal_spec(missing), cluster.brokers)
+    response: pb.AppendResponse = await (await append_line(service, missing, b"found\n"))
+    return response
+
+
 async def test_wrong_append_offset_fails_its_batch_and_the_queue_goes_on(
     cluster: Cluster, client: JournalClient
 ) -> None:
     await cluster.create(journal_spec(J), cluster.brokers)
-    async with AppendService(client) as service:
-        first = await append_line(service, J, b"first\n")
-        wrong = await append_line(service, pb.AppendRequest(journal=J, offset=1000), b"wrong\n")
-        after = await append_line(service, J, b"after\n")
-        # Different requests never share a batch.
-        assert len({id(first), id(wrong), id(after)}) == 3
-        with pytest.raises(WrongAppendOffsetError):
-            await wrong
-        assert (await first).commit.end == 6
-        assert (await after).commit.end == 12
-        # The right offset is accepted.
-        right = await append_line(service, pb.AppendRequest(journal=J, offset=12), b"right\n")
-        assert ((await right).commit.begin, (await right).commit.end) == (12, 18)
+    service = AppendService(client)
+    with pytest.raises(AppendsFailedError) as failure:
+        async with service:
+            await _wrong_offset_among_others(service)
+    assert failure.value.failed == {J: 1}
+    assert isinstance(failure.value.__cause__, WrongAppendOffsetError)
     assert content(cluster, J) == b"first\nafter\nright\n"
     assert service.stats.retries == 0
+
+
+async def _wrong_offset_among_others(service: AppendService) -> None:
+    first = await append_line(service, J, b"first\n")
+    wrong = await append_line(service, pb.AppendRequest(journal=J, offset=1000), b"wrong\n")
+    after = await append_line(service, J, b"after\n")
+    # Different requests never share a batch.
+    assert len({id(first), id(wrong), id(after)}) == 3
+    with pytest.raises(WrongAppendOffsetError):
+        await wrong
+    assert (await first).commit.end == 6
+    assert (await after).commit.end == 12
+    # The right offset is accepted.
+    right = await append_line(service, pb.AppendRequest(journal=J, offset=12), b"right\n")
+    assert ((await right).commit.begin, (await right).commit.end) == (12, 18)
 
 
 async def test_no_primary_yet_is_retried_until_the_journal_is_assigned(
@@ -157,50 +179,66 @@ async def test_exhausted_retries_fail_the_batch_but_not_the_journal(
     cluster: Cluster, client: JournalClient
 ) -> None:
     await cluster.put_spec(journal_spec(J))
-    sleep = GatedSleep()
-    sleep.gate.set()
-    async with AppendService(client, retry_attempts_max=3, sleep=sleep) as service:
-        failed = await append_line(service, J, b"given up\n")
-        with pytest.raises(NoJournalPrimaryBrokerError):
-            await failed
-        assert service.stats.rpcs == 3 and len(sleep.calls) == 2
-        assert sleep.calls == [backoff_s(1, 0.05, 5.0), backoff_s(2, 0.05, 5.0)]
-        await cluster.assign(J, cluster.brokers)
-        response = await (await append_line(service, J, b"later\n"))
+    now = [0.0]
+
+    async def sleep(delay: float) -> None:  # Back-offs pass at once, and move the clock.
+        now[0] += delay
+
+    service = AppendService(client, retry_s_max=0.2, sleep=sleep, clock=lambda: now[0])
+    with pytest.raises(AppendsFailedError, match=f"{J}: 1"):
+        async with service:
+            failed = await append_line(service, J, b"given up\n")
+            with pytest.raises(AppendRetriesExhaustedError) as exhausted:
+                await failed
+            assert isinstance(exhausted.value.__cause__, NoJournalPrimaryBrokerError)
+            # 0.05 + 0.1 fit in 0.2 s; the next back-off (0.2) would pass it.
+            assert service.stats.rpcs == 3 and now[0] == backoff_s(1, 0.05, 5.0) + backoff_s(
+                2, 0.05, 5.0
+            )
+            await cluster.assign(J, cluster.brokers)
+            response = await (await append_line(service, J, b"later\n"))
     assert response.commit.end == 6 and content(cluster, J) == b"later\n"
 
 
 async def test_dependencies_order_and_fail_batches(cluster: Cluster, client: JournalClient) -> None:
     await cluster.create(journal_spec(J), cluster.brokers)
-    loop = asyncio.get_running_loop()
-    async with AppendService(client) as service:
-        gate: asyncio.Future[None] = loop.create_future()
-        waiting = await service.start_append(J, [gate])
-        waiting.write(b"after the gate\n")
-        waiting.release()
-        broken: asyncio.Future[None] = loop.create_future()
-        broken.set_exception(RuntimeError("checkpoint commit failed"))
-        other = "test/errors-other"
-        await cluster.create(journal_spec(other), cluster.brokers)
-        refused = await service.start_append(other, [broken])
-        refused.write(b"must not land\n")
-        refused.release()
-        with pytest.raises(DependencyFailedError) as failure:
-            await refused
-        assert isinstance(failure.value.__cause__, RuntimeError)
-        assert not waiting.done()
-        assert service.pending_except(other) == [waiting]
-        gate.set_result(None)
-        await waiting
-        # A batch depending on another journal's batch is sent after it.
-        first = await append_line(service, other, b"first\n")
-        dependent = await service.start_append(J, [first])
-        dependent.write(b"second\n")
-        dependent.release()
-        await dependent
-        assert first.done()
+    service = AppendService(client)
+    with pytest.raises(AppendsFailedError, match="test/errors-other: 1"):
+        async with service:
+            await _dependencies_order_and_fail(cluster, service)
     assert content(cluster, J) == b"after the gate\nsecond\n"
-    assert content(cluster, other) == b"first\n"
+    assert content(cluster, "test/errors-other") == b"first\n"
+
+
+async def _dependencies_order_and_fail(cluster: Cluster, service: AppendService) -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    waiting = await service.start_append(J, [gate])
+    waiting.write(b"after the gate\n")
+    waiting.release()
+    broken: asyncio.Future[None] = loop.create_future()
+    broken.set_exception(RuntimeError("checkpoint commit failed"))
+    other = "test/errors-other"
+    await cluster.create(journal_spec(other), cluster.brokers)
+    refused = await service.start_append(other, [broken])
+    refused.write(b"must not land\n")
+    refused.release()
+    with pytest.raises(DependencyFailedError) as failure:
+        await refused
+    assert isinstance(failure.value.__cause__, RuntimeError)
+    assert not waiting.done()
+    # The failed batch stays in the barrier of other journals (see pending_except).
+    assert service.pending_except(other) == [waiting]
+    assert service.pending_except(J) == [refused]
+    gate.set_result(None)
+    await waiting
+    # A batch depending on another journal's batch is sent after it.
+    first = await append_line(service, other, b"first\n")
+    dependent = await service.start_append(J, [first])
+    dependent.write(b"second\n")
+    dependent.release()
+    await dependent
+    assert first.done()
 
 
 async def test_leaving_by_an_error_fails_what_is_still_queued(
@@ -215,7 +253,7 @@ async def test_leaving_by_an_error_fails_what_is_still_queued(
             stuck.write(b"never sent\n")
             stuck.release()
             raise RuntimeError("application failed")
-    with pytest.raises(AppendServiceClosedError):
+    with pytest.raises(AppendCancelledError):
         await stuck
     with pytest.raises(AppendServiceClosedError):
         await service.start_append(J)
@@ -247,7 +285,7 @@ async def test_bad_input_is_refused_and_queues_nothing(client: JournalClient) ->
         assert service.pending_except() == [] and service.stats.batches == 0
     for bad in (
         {"batch_bytes_max": 0},
-        {"retry_attempts_max": 0},
+        {"retry_s_max": -1},
         {"backoff_initial_s": 2.0, "backoff_max_s": 1.0},
         {"append_timeout_s": 0},
         {"memory_bytes_max": 0, "spill_bytes_max": 0},
@@ -260,6 +298,7 @@ async def test_bad_input_is_refused_and_queues_nothing(client: JournalClient) ->
 def test_transient_errors_are_the_retriable_ones() -> None:
     assert is_transient(NoJournalPrimaryBrokerError())
     assert is_transient(TimeoutError())
+    assert not is_transient(IndexHasGreaterOffsetError())
     assert not is_transient(JournalNotFoundError())
     assert not is_transient(WrongAppendOffsetError())
     assert not is_transient(ValueError())

@@ -1,0 +1,241 @@
+"""Shards ride out transient failures: a recovery log created after its shard started, a broker
+restarting while its shard starts; they retry with back-off in BACKFILL, not FAILED, and serve
+once the cause is gone, without an operator. A broken spec still fails at once, saying what to
+fix, and a transient cause that persists gives up as FAILED. The classification of errors and
+the retry state machine, from their types alone. Real in-process brokers, SQLite, JSON stores."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from broker.client.append_errors import (
+    AppendRetriesExhaustedError,
+    DependencyFailedError,
+)
+from broker.client.append_service import AppendService
+from broker.keyspace.backend import UnavailableError
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol.status import (
+    IndexHasGreaterOffsetError,
+    JournalNotFoundError,
+    NoJournalPrimaryBrokerError,
+    NotAllowedError,
+)
+from examples.word_count import WordCount, counts_of
+from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
+from gazette_consumer.recoverylog.recorder import RecorderFailedError, RecorderFencedError
+from gazette_consumer.shard_retry import (
+    GiveUp,
+    RetryAfter,
+    ShardRetries,
+    ShardRetryPolicy,
+    Transience,
+    classify,
+)
+from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.stores.base import CommitDependencyError, FencedError
+from gazette_consumer.stores.jsonfile import JSONFileStore
+from gazette_consumer.txn_driver import ShardFailedError
+from tests.gazette_consumer.recovery_testkit import Texts, create_log, words_spec
+from tests.gazette_consumer.shard_testkit import (
+    CountingApp,
+    Notifier,
+    Producer,
+    broker_env,
+    read_counts,
+    shard_spec,
+    sqlite_engine,
+)
+
+Code = cpb.ReplicaStatus.Code
+ROOT = "/test/transient"
+# Quick retries for tests; enough attempts that a cause the test removes is surely outlived.
+QUICK = ShardRetryPolicy(initial_s=0.05, max_s=0.2, attempts_max=50)
+
+
+async def test_a_recovery_log_created_after_its_shard_started_is_picked_up(
+    tmp_path: Path,
+) -> None:
+    async with broker_env() as env, AppendService(env.client) as appends:
+        source = await env.journal("in/words-late-log")
+        spec = words_spec("shard-late-log", source)
+        changed, texts = Notifier(), Texts(appends)
+        async with ShardRunner(
+            WordCount(), env.client, root=ROOT, data_dir=tmp_path, retry=QUICK
+        ) as runner:
+            handle = runner.start(spec, on_change=changed.notify)
+            # It fails for want of its log, again and again, without going FAILED.
+            await changed.until(
+                lambda: handle.retrying is not None and handle.retrying.attempt >= 2
+            )
+            assert handle.status().code == Code.BACKFILL
+            assert handle.retrying is not None
+            assert "RecoveryLogMissingError" in handle.retrying.error
+            # The operator creates the log: the shard serves, with no other action.
+            await create_log(env, spec)
+            await changed.until(lambda: handle.status().code == Code.PRIMARY)
+            assert handle.retrying is None
+            end = await texts.send(source, ["late but there"])
+            await changed.until(lambda: handle.progress().read_through.get(source, 0) >= end)
+            assert handle.primary is not None
+            store = handle.primary.store
+            assert isinstance(store, JSONFileStore)
+            assert counts_of(store) == texts.expected
+
+
+async def test_a_shard_starting_while_its_broker_restarts_serves_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        source = await env.journal("in/broker-restarts")
+        port = int(env.broker.endpoint.rsplit(":", 1)[1])
+        await env.cluster.stop_broker(env.broker)
+        app, changed = CountingApp(engine), Notifier()
+        async with ShardRunner(app, env.client, root=ROOT, retry=QUICK) as runner:
+            handle = runner.start(shard_spec("shard-restart", [source]), on_change=changed.notify)
+            # Its broker is down: the shard retries (UNAVAILABLE), in BACKFILL.
+            await changed.until(lambda: handle.retrying is not None)
+            assert handle.status().code == Code.BACKFILL
+            # The broker is back, at the same address, and assigned its journal again.
+            broker = await env.cluster.start_broker("zone-a", "broker-a", port=port)
+            await env.cluster.assign(source, [broker])
+            await changed.until(lambda: handle.status().code == Code.PRIMARY)
+            async with AppendService(env.client) as appends:
+                producer = Producer(appends, "p")
+                end = (await (await producer.committed(source, "k"))).commit.end
+                await changed.until(lambda: handle.progress().read_through.get(source, 0) >= end)
+            assert await read_counts(engine, "shard-restart") == {"k": 1}
+            assert handle.status().code == Code.PRIMARY
+
+
+async def test_a_broken_spec_fails_at_once_saying_what_to_fix(tmp_path: Path) -> None:
+    async with broker_env() as env:
+        source = await env.journal("in/words-broken")
+        spec = words_spec("shard-broken", source)
+        spec.recovery_log_prefix = "in"
+        await env.journal(f"in/{spec.id}")  # A JSON-lines journal, not a recovery log.
+        changed = Notifier()
+        async with ShardRunner(
+            WordCount(), env.client, root=ROOT, data_dir=tmp_path, retry=QUICK
+        ) as runner:
+            handle = runner.start(spec, on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == Code.FAILED)
+        [error] = handle.status().errors
+        assert "RecoveryLogError" in error and f"journal 'in/{spec.id}' is labelled" in error
+        assert handle.retrying is None  # Not retried: no attempt would fix it.
+
+
+async def test_a_transient_cause_that_persists_gives_up_as_failed(tmp_path: Path) -> None:
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        changed = Notifier()
+        policy = ShardRetryPolicy(initial_s=0.01, max_s=0.02, attempts_max=3)
+        async with ShardRunner(CountingApp(engine), env.client, root=ROOT, retry=policy) as runner:
+            spec = shard_spec("shard-never", ["in/never-created"])
+            handle = runner.start(spec, on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == Code.FAILED)
+        [error] = handle.status().errors
+        assert "reading messages: JournalNotFoundError" in error
+        assert "persisted through 3 attempts" in error and "unassign --failed" in error
+
+
+# --- Classification and the retry state machine --------------------------------------------------
+
+
+def _failed(step: str, *chain: BaseException) -> ShardFailedError:
+    """A ShardFailedError over `chain`, each error the cause of the one before it."""
+    for outer, inner in itertools.pairwise(chain):
+        outer.__cause__ = inner
+    err = ShardFailedError("shard-x", step, chain[0])
+    err.__cause__ = chain[0]
+    return err
+
+
+class RegisterMismatch(Exception):
+    """Stands in for the cause of a fenced recorder (any cause: fencing decides first)."""
+
+
+def _rpc(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata())
+
+
+@pytest.mark.parametrize(
+    ("err", "expected"),
+    [
+        (_failed("recovering", RecoveryLogMissingError("create it")), Transience.TRANSIENT),
+        (_failed("recovering", RecoveryLogError("not a log")), Transience.PERMANENT),
+        (_failed("reading", JournalNotFoundError()), Transience.TRANSIENT),
+        (_failed("reading", _rpc(grpc.StatusCode.UNAVAILABLE)), Transience.TRANSIENT),
+        (_failed("reading", _rpc(grpc.StatusCode.PERMISSION_DENIED)), Transience.PERMANENT),
+        (_failed("hints", UnavailableError("etcd")), Transience.TRANSIENT),
+        (
+            _failed(
+                "store commit",
+                CommitDependencyError("wait_for[0]"),
+                DependencyFailedError("dependency"),
+                AppendRetriesExhaustedError("j", 9, 600.0, NoJournalPrimaryBrokerError()),
+                NoJournalPrimaryBrokerError(),
+            ),
+            Transience.TRANSIENT,
+        ),
+        (
+            _failed("store commit", CommitDependencyError("x"), IndexHasGreaterOffsetError()),
+            Transience.PERMANENT,
+        ),
+        (
+            _failed("store commit", CommitDependencyError("x"), NotAllowedError()),
+            Transience.PERMANENT,
+        ),
+        (_failed("store commit", FencedError("newer primary")), Transience.PERMANENT),
+        (
+            _failed("store commit", RecorderFencedError("hand-off"), RegisterMismatch()),
+            Transience.PERMANENT,
+        ),
+        (
+            _failed(
+                "store commit", RecorderFailedError("append"), _rpc(grpc.StatusCode.UNAVAILABLE)
+            ),
+            Transience.TRANSIENT,
+        ),
+        (_failed("app.consume_message", ValueError("poison")), Transience.PERMANENT),
+        (_failed("app.consume_message", ConnectionResetError()), Transience.TRANSIENT),
+    ],
+)
+def test_failures_are_classified_by_their_types(err: BaseException, expected: Transience) -> None:
+    assert classify(err) is expected
+
+
+def test_retries_back_off_give_up_and_start_afresh_after_serving() -> None:
+    policy = ShardRetryPolicy(initial_s=0.1, max_s=0.3, attempts_max=4, healthy_s=60.0)
+    retries = ShardRetries(policy)
+    transient = _failed("reading", JournalNotFoundError())
+    decisions = [retries.on_failure(transient, served_s=None) for _ in range(3)]
+    assert [d.delay_s for d in decisions if isinstance(d, RetryAfter)] == [0.1, 0.2, 0.3]
+    assert [d.attempt for d in decisions if isinstance(d, RetryAfter)] == [1, 2, 3]
+    # Serving briefly does not make it a new incident...
+    gave_up = retries.on_failure(transient, served_s=5.0)
+    assert isinstance(gave_up, GiveUp) and "persisted through 4 attempts" in gave_up.message
+    # ...serving for `healthy_s` does.
+    again = retries.on_failure(transient, served_s=60.0)
+    assert isinstance(again, RetryAfter) and again.attempt == 1
+    # A permanent failure gives up at once, with its own message.
+    permanent = _failed("app.consume_message", ValueError("poison"))
+    assert retries.on_failure(permanent, served_s=None) == GiveUp(str(permanent))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"initial_s": 2.0, "max_s": 1.0},
+        {"initial_s": -1.0},
+        {"attempts_max": 0},
+        {"healthy_s": -1.0},
+    ],
+)
+def test_a_bad_retry_policy_is_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ShardRetryPolicy(**bad)  # type: ignore[arg-type]
