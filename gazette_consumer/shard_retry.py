@@ -31,6 +31,7 @@ from typing import Final
 
 import grpc
 import grpc.aio
+import sqlalchemy.exc
 
 from broker.client.append_errors import AppendRetriesExhaustedError
 from broker.keyspace.backend import UnavailableError
@@ -73,6 +74,11 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     (JournalNotFoundError, Transience.TRANSIENT),
     # etcd unreachable for a while.
     (UnavailableError, Transience.TRANSIENT),
+    # A SQL store's database restarting or unreachable (connection refused or reset, the server
+    # shutting down, SQLite's "database is locked"): the shard recovers from its checkpoint,
+    # which the failed transaction never committed. Integrity and programming errors stay
+    # permanent (they are DBAPIErrors of other classes).
+    (sqlalchemy.exc.OperationalError, Transience.TRANSIENT),
     (ConnectionError, Transience.TRANSIENT),
     (TimeoutError, Transience.TRANSIENT),
 )

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
+import sqlalchemy.exc
 
 from broker.client.append_errors import (
     AppendRetriesExhaustedError,
@@ -200,6 +201,22 @@ def _rpc(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
                 "store commit", RecorderFailedError("append"), _rpc(grpc.StatusCode.UNAVAILABLE)
             ),
             Transience.TRANSIENT,
+        ),
+        (
+            _failed(
+                "store commit",
+                sqlalchemy.exc.OperationalError(
+                    "COMMIT", {}, OSError("server closed the connection")
+                ),
+            ),
+            Transience.TRANSIENT,
+        ),
+        (
+            _failed(
+                "store commit",
+                sqlalchemy.exc.IntegrityError("INSERT", {}, ValueError("duplicate key")),
+            ),
+            Transience.PERMANENT,
         ),
         (_failed("app.consume_message", ValueError("poison")), Transience.PERMANENT),
         (_failed("app.consume_message", ConnectionResetError()), Transience.TRANSIENT),
