@@ -41,6 +41,7 @@ __all__ = [
     "AppendsFailedError",
     "DependencyCancelledError",
     "DependencyFailedError",
+    "JournalFailedError",
     "backoff_s",
     "is_transient",
 ]
@@ -78,6 +79,22 @@ class AppendServiceClosedError(RuntimeError):
 
 class DependencyFailedError(RuntimeError):
     """A dependency of a batch failed, so the batch was not sent (the cause is chained)."""
+
+
+class JournalFailedError(DependencyFailedError):
+    """An earlier batch of the same journal failed, so this one was not sent: a journal's
+    appends commit in release order or not at all, never with a hole before them (as in
+    Gazette, a journal's failure is sticky for the life of the service). The first failure is
+    the `__cause__`; fix it, then append through a new AppendService."""
+
+    def __init__(self, journal: str, first: BaseException) -> None:
+        detail = str(first) or type(first).__name__
+        super().__init__(
+            f"journal {journal}: append not sent: an earlier append to it failed "
+            f"({type(first).__name__}: {detail})"
+        )
+        self.journal = journal
+        self.__cause__ = first
 
 
 class AppendCancelledError(RuntimeError):

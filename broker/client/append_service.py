@@ -38,7 +38,10 @@ Call order and concurrency (one event loop; nothing here is thread-safe):
   `AppendService.retrying()`, show what is stuck and why. A later batch starts afresh.
 - Other failures (JOURNAL_NOT_FOUND, WRONG_APPEND_OFFSET, REGISTER_MISMATCH,
   INDEX_HAS_GREATER_OFFSET, ...: `append_errors.TERMINAL_STATUSES`) fail the batch's future at
-  once with their typed error, and the journal's queue goes on with later batches.
+  once with their typed error. A journal's failure is sticky, as in Gazette: every later batch
+  of that journal fails with JournalFailedError instead of being sent, so that nothing commits
+  after a hole (a reader would otherwise see later messages without the failed ones). Other
+  journals go on; append to the failed one through a new service once the cause is fixed.
 - No failure is only a log line: besides the batch's future, a failed batch makes `flush()`
   raise, and leaving the `async with` block normally raises AppendsFailedError (naming the
   journals and counts), even if no writer awaited the batch (fire and forget). A failed batch
@@ -76,6 +79,7 @@ from broker.client.append_errors import (
     AppendsFailedError,
     DependencyCancelledError,
     DependencyFailedError,
+    JournalFailedError,
     backoff_s,
     is_transient,
 )
@@ -102,6 +106,7 @@ __all__ = [
     "AppendsFailedError",
     "DependencyCancelledError",
     "DependencyFailedError",
+    "JournalFailedError",
     "backoff_s",
     "is_transient",
 ]
@@ -192,6 +197,8 @@ class AppendService:
         self._failures: dict[str, int] = {}
         self._first_failure: BaseException | None = None
         self._failed_last: dict[str, AsyncAppend] = {}
+        # The first failure of each journal: later batches of it are not sent (sticky).
+        self._journal_failed: dict[str, BaseException] = {}
         self._budget_waiters: list[asyncio.Future[None]] = []
         self._unyielded_bytes = 0
         self._run = _Run.NEW
@@ -466,12 +473,17 @@ class AppendService:
                 while batch._held:
                     await wait_on(queue.waiters)
                 batch._state = AppendState.SENDING  # Later writers start the next batch.
-                try:
-                    response = await self._sender.send(batch)
-                except Exception as err:
-                    self._fail(batch, err)
+                failed = self._journal_failed.get(queue.journal)
+                if failed is not None:
+                    # Never after a hole: see JournalFailedError.
+                    self._fail(batch, JournalFailedError(queue.journal, failed))
                 else:
-                    self._commit(batch, response)
+                    try:
+                        response = await self._sender.send(batch)
+                    except Exception as err:
+                        self._fail(batch, err)
+                    else:
+                        self._commit(batch, response)
                 queue.batches.popleft()
                 batch._buffer.close()
                 notify(self._budget_waiters)
@@ -523,12 +535,14 @@ class AppendService:
         if self._first_failure is None:
             self._first_failure = err
         self._failed_last[journal] = batch
+        self._journal_failed.setdefault(journal, err)
         if not batch._future.done():  # Not cancelled by a writer (see _commit).
             batch._future.set_exception(err)
             # Retrieved here: the service itself reports it (flush, leaving the block), so
             # asyncio need not warn if no writer ever looks (fire and forget).
             batch._future.exception()
-        log.warning("append failed", journal=journal, error=str(err) or type(err).__name__)
+        if not isinstance(err, JournalFailedError):  # Its first failure was logged already.
+            log.warning("append failed", journal=journal, error=str(err) or type(err).__name__)
 
     def _cancel(self, batch: AsyncAppend) -> None:
         """Fail `batch` because the service stops. In flight (sent at least once) means it may

@@ -15,6 +15,7 @@ from broker.client.append_errors import (
     AppendsFailedError,
     DependencyCancelledError,
     DependencyFailedError,
+    JournalFailedError,
 )
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
@@ -91,9 +92,10 @@ async def _fail_twice_then_append(service: AppendService) -> None:
     later = await service.start_append("test/no-such-journal", dependencies=[resolved])
     later.write(b"y\n")
     later.release()
-    with pytest.raises(JournalNotFoundError):
+    with pytest.raises(JournalFailedError) as held:  # Sticky: the first failure, named.
         async with asyncio.timeout(WAIT_S):
             await later
+    assert isinstance(held.value.__cause__, JournalNotFoundError)
     assert service.stats.failed == 2
     ok = await service.start_append(J)
     ok.write(b"after\n")

@@ -23,6 +23,7 @@ from broker.client.append_errors import (
     AppendsFailedError,
     DependencyCancelledError,
     DependencyFailedError,
+    JournalFailedError,
     is_transient,
 )
 from broker.client.append_service import AppendService
@@ -127,8 +128,12 @@ async def test_fire_and_forget_publishes_that_fail_raise_when_leaving_the_servic
     assert BAD in str(error) and "INDEX_HAS_GREATER_OFFSET" in str(error)
     assert isinstance(error.__cause__, IndexHasGreaterOffsetError)
     for handle in handles:
-        with pytest.raises(IndexHasGreaterOffsetError):
+        # The first batch's own error, or (a later batch of the journal) the sticky failure
+        # that names it.
+        with pytest.raises((IndexHasGreaterOffsetError, JournalFailedError)) as refused:
             await handle
+        if isinstance(refused.value, JournalFailedError):
+            assert isinstance(refused.value.__cause__, IndexHasGreaterOffsetError)
     assert service.failures == error.failed
     # The healthy journal got everything.
     lines = local_content(cluster.brokers[0], GOOD)[1].splitlines()
@@ -156,6 +161,43 @@ async def test_flush_raises_for_the_batches_it_waited_on_that_failed(
             await service.flush()
             assert fine.done() and fine.exception() is None
     assert local_content(cluster.brokers[0], GOOD)[1] == b"fine\n"
+
+
+async def test_a_journals_failure_is_sticky_so_nothing_commits_after_a_hole(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    # A reader must never see later messages of a journal without earlier ones that failed:
+    # once a batch of a journal failed, the service sends no later batch of it (as Gazette's).
+    other = "outcomes/other"
+    await cluster.create(json_spec(GOOD), cluster.brokers)
+    await cluster.create(json_spec(other), cluster.brokers)
+    with pytest.raises(AppendsFailedError) as failure:
+        async with AppendService(client) as service:
+            refused = await service.start_append(pb.AppendRequest(journal=GOOD, offset=999))
+            refused.write(b"at a wrong offset\n")
+            refused.release()
+            later = await service.start_append(GOOD)
+            later.write(b"after the hole\n")
+            later.release()
+            elsewhere = await service.start_append(other)
+            elsewhere.write(b"unaffected\n")
+            elsewhere.release()
+            with pytest.raises(WrongAppendOffsetError):
+                await refused
+            with pytest.raises(JournalFailedError, match="earlier append to it failed") as held:
+                await later
+            assert isinstance(held.value.__cause__, WrongAppendOffsetError)
+            assert isinstance(held.value, DependencyFailedError)
+            await elsewhere
+            # Still sticky for batches started after the failure was known.
+            again = await service.start_append(GOOD)
+            again.write(b"still after the hole\n")
+            again.release()
+            with pytest.raises(JournalFailedError):
+                await again
+    assert failure.value.failed == {GOOD: 3}
+    assert local_content(cluster.brokers[0], GOOD)[1] == b""
+    assert local_content(cluster.brokers[0], other)[1] == b"unaffected\n"
 
 
 async def test_a_failed_batch_stays_in_the_pending_barrier(
