@@ -28,6 +28,8 @@ from broker.readiness import MemberKeyError, check_own_member
 from broker.server import Broker
 from broker.topology import member_key
 from gazette_consumer.member import ConsumerConfig, ConsumerMember
+from gazette_consumer.metrics import serve_metrics
+from gazette_consumer.runner import Readiness
 from gazette_consumer.topology import member_key as consumer_member_key
 from tests.gazette_consumer.consumer_testkit import FakeShards
 
@@ -51,12 +53,13 @@ async def _refused(call: object) -> grpc.aio.AioRpcError:
     return info.value
 
 
-async def _ready_status(gw: HttpGateway) -> int:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{gw.port}/debug/ready") as resp,
-    ):
+async def _status(url: str) -> int:
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
         return resp.status
+
+
+async def _ready_status(gw: HttpGateway) -> int:
+    return await _status(f"http://127.0.0.1:{gw.port}/debug/ready")
 
 
 async def test_a_broker_answers_unavailable_until_its_predecessor_is_gone(
@@ -126,6 +129,11 @@ async def test_a_consumer_answers_unavailable_until_its_predecessor_is_gone() ->
         ConsumerConfig(zone="zone-a", suffix="consumer-a", root=root, stop_grace_s=0.0),
         FakeShards(),
     )
+    readiness = Readiness()  # What `gazette-consumer serve --http-port` wires.
+    http, port = await serve_metrics("127.0.0.1", 0, ready=readiness)
+    ready_url = f"http://127.0.0.1:{port}/debug/ready"
+    assert await _status(ready_url) == 503  # No member yet.
+    readiness.member = member
     starting = asyncio.create_task(member.start())
     channel: grpc.aio.Channel | None = None
     try:
@@ -139,19 +147,23 @@ async def test_a_consumer_answers_unavailable_until_its_predecessor_is_gone() ->
         ]
         assert all(_starting(err) for err in refusals), [err.details() for err in refusals]
         assert not member.is_ready()
+        assert await _status(ready_url) == 503
 
         await admin.lease_revoke(lease)
         await asyncio.wait_for(starting, wait_s)
         assert member.is_ready()
+        assert await _status(ready_url) == 200
         listing = await stub.List(cpb.ListRequest())
         assert listing.status == cpb.OK
+        await member.stop(graceful=False)
+        assert not member.is_ready()
+        assert await _status(ready_url) == 503
     finally:
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
         if channel is not None:
             await channel.close()
-    await member.stop(graceful=False)
-    assert not member.is_ready()
+        await http.cleanup()
     await member.backend.close()
     await admin.close()
 
