@@ -18,12 +18,15 @@ time the broker holds a stream back is not charged to the client's minimum rate.
 
 Proxying. A broker that is not the journal's primary forwards the whole stream to the primary,
 unchanged except for the resolved header (which tells the primary which revision we saw), and
-relays its answer.
+relays its answer. A primary that fails UNAVAILABLE before the stream's first message reached it
+(it died, or is restarting) has read nothing of the client's: the broker waits, boundedly, for
+the route to change and runs the append again (``broker.proxy_retry``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -52,6 +55,7 @@ from broker.protocol.validate import (
     validate_label_selector,
     validate_label_set,
 )
+from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.request_stream import read_to_end
 from broker.resolver import ResolveError
 from broker.topology import as_status, member_index, validate_header
@@ -168,9 +172,13 @@ async def proxy_append(
     first: pb.AppendRequest,
     header: pb.Header,
     stream: AsyncIterator[AppendMessage],
+    attempts: ProxyAttempts | None = None,
 ) -> pb.AppendResponse:
     """Forward the Append stream to the broker ``header`` resolved it to; relay its answer.
-    Content chunks are forwarded as the bytes they arrived as."""
+    Content chunks are forwarded as the bytes they arrived as. If the primary fails
+    UNAVAILABLE before the first message could be sent to it (it died, or is restarting),
+    nothing of ``stream`` has been read yet: with ``attempts`` left, RetryProxyError says to
+    wait for the route to change and try again (broker.proxy_retry)."""
     route = header.route
     index = member_index(route, header.process_id)
     endpoint = route.endpoints[index] if 0 <= index < len(route.endpoints) else ""
@@ -180,10 +188,13 @@ async def proxy_append(
     forwarded.CopyFrom(first)
     forwarded.header.CopyFrom(header)
     call = env.dialer.append(endpoint)
+    started = False  # Whether the client's stream is being read (no retry past that).
 
     async def forward() -> None:
+        nonlocal started
         try:
             await call.write(forwarded)
+            started = True
             async for req in stream:
                 await call.write(req.wire if isinstance(req, ContentChunk) else req)
             await call.done_writing()
@@ -203,7 +214,17 @@ async def proxy_append(
         await asyncio.wait([forwarding, answering], return_when=asyncio.FIRST_COMPLETED)
         if forwarding.done():
             forwarding.result()
-        return await answering
+        try:
+            return await answering
+        except grpc.aio.AioRpcError as err:
+            if started or attempts is None or attempts.failed_on(endpoint, err) is None:
+                raise
+            # Only the primary takes the append: wait for the route to change.
+            retry = attempts.none_left()
+            if retry is None:
+                raise
+            log.info("proxied append failed; waiting for the route", endpoint=endpoint, error=err)
+            raise retry from err
     finally:
         for task in (forwarding, answering):
             task.cancel()
@@ -244,19 +265,26 @@ class AppendApi:
             await read_to_end(stream)  # So that the client hears why (request_stream.py).
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"append: {err}")
 
-        fsm = AppendFSM(self.env, first)
-        receiver = ChunkReceiver(
-            stream,
-            min_rate_bytes_per_s=self._min_rate,
-            burst_s=self._burst_s,
-            throttle=fsm.throttle,
-        )
-        await fsm.run(receiver.recv)
-
-        res = fsm.resolved
-        if fsm.state is State.PROXY and res is not None:
+        attempts = ProxyAttempts()
+        while True:
+            fsm = AppendFSM(self.env, first)
+            receiver = ChunkReceiver(
+                stream,
+                min_rate_bytes_per_s=self._min_rate,
+                burst_s=self._burst_s,
+                throttle=fsm.throttle,
+            )
+            await fsm.run(receiver.recv)
+            res = fsm.resolved
+            if fsm.state is not State.PROXY or res is None:
+                break
             try:
-                return await proxy_append(self.env, first, res.header, stream)
+                return await proxy_append(self.env, first, res.header, stream, attempts)
+            except RetryProxyError as retry:
+                # Nothing of the client's was consumed: resolve (and run) the append again
+                # once the route changes, or after the wait.
+                with contextlib.suppress(TimeoutError, WatchStoppedError):
+                    await self.env.resolver.ks.wait_for_revision(res.revision + 1, retry.wait_s)
             except grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), f"append (proxied): {exc.details()}")
             except PeerError as exc:

@@ -54,6 +54,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
 from broker.protocol.validate import split_journal_meta
 from broker.read_api import write_responses
+from broker.readiness import rebuild_handler
 from broker.request_stream import read_to_end, refusal_messages_max, refusal_read_s
 from broker.resolver import Resolver
 from broker.topology import etcd_header, make_header
@@ -107,23 +108,6 @@ def _authorization(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def _rebuild(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> Any:
-    """A handler of the same kind and (de)serializers as `handler`, running `behavior`."""
-    if handler.request_streaming and handler.response_streaming:
-        make = grpc.stream_stream_rpc_method_handler
-    elif handler.request_streaming:
-        make = grpc.stream_unary_rpc_method_handler
-    elif handler.response_streaming:
-        make = grpc.unary_stream_rpc_method_handler
-    else:
-        make = grpc.unary_unary_rpc_method_handler
-    return make(
-        behavior,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
-
-
 def _behavior(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
     inner = handler.unary_unary or handler.unary_stream or handler.stream_unary
     return inner or handler.stream_stream  # type: ignore[no-any-return]
@@ -174,7 +158,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             # A client-streaming RPC (Append) hears its answer only once it stops writing;
             # a bidirectional one (Replicate) reads answers as it writes.
             drains = handler.request_streaming and not handler.response_streaming
-            return _rebuild(handler, _refusal(err, drains))
+            return rebuild_handler(handler, _refusal(err, drains))
         name = method[len(_JOURNAL_SERVICE) :] if method.startswith(_JOURNAL_SERVICE) else ""
         wrapper = self._wrappers.get(name, self._plain)
         return wrapper(handler, claims)
@@ -203,14 +187,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 async for response in inner(request, context):
                     yield response
 
-            return _rebuild(handler, stream)
+            return rebuild_handler(handler, stream)
 
         async def call(request: Any, context: Any) -> Any:
             verified_claims.set(claims)
             result = inner(request, context)  # A generated default may be a plain function.
             return await result if inspect.isawaitable(result) else result
 
-        return _rebuild(handler, call)
+        return rebuild_handler(handler, call)
 
     def _read(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.unary_stream, covering_selector(claims)
@@ -231,7 +215,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             else:
                 await self._within_expiry(inner(request, context), claims, context)
 
-        return _rebuild(handler, read)
+        return rebuild_handler(handler, read)
 
     def _list(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.unary_stream, covering_selector(claims)
@@ -251,7 +235,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     response.journals.extend(kept)
                 yield response
 
-        return _rebuild(handler, list_)
+        return rebuild_handler(handler, list_)
 
     def _apply(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.unary_unary, covering_selector(claims)
@@ -273,7 +257,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             response: pb.ApplyResponse = await inner(request, context)
             return response
 
-        return _rebuild(handler, apply)
+        return rebuild_handler(handler, apply)
 
     def _append(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.stream_unary, covering_selector(claims)
@@ -287,7 +271,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=header)
             return await inner(_chain(first, stream), context)
 
-        return _rebuild(handler, append)
+        return rebuild_handler(handler, append)
 
     def _replicate(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.stream_stream, covering_selector(claims)
@@ -307,7 +291,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     )
             return await inner(_chain(first, stream), context)
 
-        return _rebuild(handler, replicate)
+        return rebuild_handler(handler, replicate)
 
     def _list_fragments(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.unary_unary, covering_selector(claims)
@@ -319,7 +303,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 return pb.FragmentsResponse(status=pb.JOURNAL_NOT_FOUND, header=header)
             return await inner(request, context)
 
-        return _rebuild(handler, list_fragments)
+        return rebuild_handler(handler, list_fragments)
 
     async def _until_expiry(
         self, responses: AsyncIterator[Any], claims: Claims, context: Any

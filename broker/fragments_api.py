@@ -4,6 +4,8 @@ Answered from a replica's FragmentIndex (any broker of the route), once the inde
 stores at least once: before that, it knows only the local spool and would answer a partial
 listing. Fragments come in offset order, at most `page_limit` per response (1000 by default,
 10000 at most); `next_page_token` is the begin offset to ask for next, or 0 after the last page.
+A broker outside the route proxies the listing to a member, passing over members that fail
+UNAVAILABLE before answering, as reads do (``broker.proxy_retry``).
 
 A time range selects fragments by modification time: `begin_mod_time` drops fragments persisted
 before it, and a non-zero `end_mod_time` drops those persisted after it *and* those not yet
@@ -26,11 +28,13 @@ from broker.fragment.stores.base import StoreError, signed_url_ttl_max_s
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at, validate_journal_name
+from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.read_api import (
     Context,
     Resolver,
     proxy_header,
     proxy_target,
+    resolve_again,
     resolve_for_reading,
     validate_request_header,
 )
@@ -119,11 +123,18 @@ class FragmentsAPI:
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"FragmentsRequest.{err}")
         resolution, status = await resolve_for_reading(self._resolver, context, request)
-        if status != pb.OK:
-            return pb.FragmentsResponse(status=status, header=resolution.header)
+        attempts = ProxyAttempts(self._channels)
+        while status == pb.OK and (not resolution.is_local or resolution.replica is None):
+            try:
+                return await self._proxy(request, resolution.header, context, attempts)
+            except RetryProxyError as retry:
+                revision = resolution.header.etcd.revision
+                resolution, status = await resolve_again(
+                    self._resolver, context, request, revision, retry.wait_s
+                )
         replica = resolution.replica
-        if not resolution.is_local or replica is None:
-            return await self._proxy(request, resolution.header, context)
+        if status != pb.OK or replica is None:
+            return pb.FragmentsResponse(status=status, header=resolution.header)
 
         index = replica.index
         try:
@@ -154,10 +165,18 @@ class FragmentsAPI:
         return response
 
     async def _proxy(
-        self, request: pb.FragmentsRequest, header: pb.Header, context: Context
+        self,
+        request: pb.FragmentsRequest,
+        header: pb.Header,
+        context: Context,
+        attempts: ProxyAttempts,
     ) -> pb.FragmentsResponse:
-        member, endpoint = proxy_target(header, self._zone)
+        """The listing from a member of the route. Raises RetryProxyError if the member failed
+        and another try may do better (see broker.proxy_retry)."""
+        member, endpoint = proxy_target(header, self._zone, attempts.exclude(header.route))
         if not endpoint:
+            if (retry := attempts.none_left()) is not None:
+                raise retry
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"no endpoint to proxy the listing of {request.journal} to",
@@ -170,5 +189,7 @@ class FragmentsAPI:
                 forwarded
             )
         except grpc.aio.AioRpcError as err:
+            if (retry := attempts.failed_on(endpoint, err)) is not None:
+                raise retry from err
             await context.abort(err.code(), f"proxied listing via {endpoint}: {err.details()}")
         return response

@@ -4,7 +4,11 @@ Requests map onto the broker's gRPC API through an ordinary `JournalClient` (nor
 at the serving broker itself), so routing, proxying and authorization work exactly as for any
 other client:
 
-- ``GET /<journal>?offset=N&block=true|false`` is a Read. The response (206) carries Gazette's
+- ``GET /<journal>?offset=N&block=true|false`` is a Read, through a `ReroutingReader`: when a
+  broker answers UNAVAILABLE (it died, or is starting) or that the route is stale, the cached
+  route is dropped and the read re-dispatched, at most ``read_attempts_max`` times in a row,
+  after a growing back-off, so that a gateway never keeps routing to a dead broker; a read
+  broken off mid-body resumes where it stopped. The response (206) carries Gazette's
   headers: ``Content-Range: bytes <offset>-<MaxInt64>/<MaxInt64>`` (the offset the read resolved
   to: -1 resolves to the write head, a gap in the journal jumps forward), ``X-Write-Head``,
   ``X-Fragment-Name``, ``X-Fragment-Location`` (a signed URL, for persisted fragments),
@@ -49,10 +53,10 @@ from broker.client.reader import (
     Chunk,
     DataLossError,
     FragmentContentError,
-    Reader,
     ReadProtocolError,
     validate_read_request,
 )
+from broker.client.rerouting_reader import ReroutingReader
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.fragment.naming import content_name, digest_of_sum
 from broker.logging import get_logger
@@ -78,6 +82,10 @@ body_chunk_bytes_default: Final = 256 << 10
 # The largest PUT body appended; a larger one is refused with 413 and rolled back. One append
 # holds the journal's pipeline while it streams, so very large ones belong to a native client.
 append_bytes_max_default: Final = 1 << 30
+# Consecutive failed Read RPCs of one GET (each re-dispatched after dropping the route it used)
+# before the gateway answers with the last failure (with the back-off, about a second and a
+# half: the serving broker itself re-routes reads it proxies meanwhile).
+read_attempts_max_default: Final = 6
 # How long stopping waits for requests in flight (blocking reads never finish by themselves).
 shutdown_timeout_s_default: Final = 1.0
 
@@ -221,9 +229,13 @@ class HttpGateway:
         append_bytes_max: int = append_bytes_max_default,
         body_chunk_bytes: int = body_chunk_bytes_default,
         shutdown_timeout_s: float = shutdown_timeout_s_default,
+        read_attempts_max: int = read_attempts_max_default,
     ) -> None:
-        if append_bytes_max < 0 or body_chunk_bytes < 1:
-            raise ValueError("append_bytes_max: must be >= 0; body_chunk_bytes: must be >= 1")
+        if append_bytes_max < 0 or body_chunk_bytes < 1 or read_attempts_max < 1:
+            raise ValueError(
+                "append_bytes_max: must be >= 0; body_chunk_bytes, read_attempts_max: must be >= 1"
+            )
+        self._read_attempts_max = read_attempts_max
         self.client = client
         self._ready = ready
         self._registry = registry
@@ -313,7 +325,7 @@ class HttpGateway:
     async def _read(
         self, request: web.Request, client: JournalClient, read: pb.ReadRequest
     ) -> web.StreamResponse:
-        reader = Reader(client, read)
+        reader = ReroutingReader(client, read, attempts_max=self._read_attempts_max)
         try:
             first = await reader.read_chunk()
         except OffsetNotYetAvailableError:
@@ -338,7 +350,11 @@ class HttpGateway:
             await reader.close()
 
     async def _stream(
-        self, request: web.Request, reader: Reader, chunk: Chunk, response: web.StreamResponse
+        self,
+        request: web.Request,
+        reader: ReroutingReader,
+        chunk: Chunk,
+        response: web.StreamResponse,
     ) -> bool:
         """Copy content to the response; False if it broke off on an error (the connection
         is then closed without the final chunk, so that the client sees the body cut)."""

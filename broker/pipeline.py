@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from broker import metrics
+from broker.client.route_cache import reconnect_backoff_initial_ms, reconnect_backoff_max_ms
 from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -67,6 +68,9 @@ local_offload_bytes_min = 64 << 10
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", message_bytes_max),
     ("grpc.max_receive_message_length", message_bytes_max),
+    # A peer back on the same endpoint (restarted) is reachable again within seconds.
+    ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
+    ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
 ]
 _REPLICATE_METHOD = "/protocol.Journal/Replicate"
 _REPLICATE_SERIALIZER = passthrough_serializer(pb.ReplicateRequest.SerializeToString)

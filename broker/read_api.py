@@ -3,7 +3,9 @@
 A read is resolved like any journal request, but any broker of the journal's route may serve it
 (replicas hold the same committed content as the primary). A broker outside the route proxies
 the whole stream to a member, unless the client asked it not to (`do_not_proxy`: the answer is
-then NOT_JOURNAL_BROKER and the client re-dispatches by the route in the header).
+then NOT_JOURNAL_BROKER and the client re-dispatches by the route in the header). A member that
+fails UNAVAILABLE before answering (it died, or is starting) is passed over for another, or the
+route is re-resolved once it changes, boundedly (``broker.proxy_retry``).
 
 A served read is a loop over the replica's FragmentIndex, exactly as Gazette's:
 
@@ -65,6 +67,7 @@ from broker.fragment.verify import FragmentIntegrityError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at
+from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.topology import validate_header
 
 log = get_logger(__name__)
@@ -131,16 +134,20 @@ def may_read(spec: pb.JournalSpec | None) -> bool:
     return spec is not None and spec.flags != pb.JournalSpec.O_WRONLY
 
 
-def proxy_target(header: pb.Header, zone: str = "") -> tuple[pb.ProcessSpec.ID, str]:
+def proxy_target(
+    header: pb.Header, zone: str = "", exclude: set[str] | frozenset[str] = frozenset()
+) -> tuple[pb.ProcessSpec.ID, str]:
     """The route member (and its endpoint) a request resolved to `header` is proxied to: the
-    header's process if it names one, else a member in `zone`, else the primary, else any."""
+    header's process if it names one, else a member in `zone`, else the primary, else any;
+    never one whose endpoint is in `exclude` (the endpoint is then "")."""
     route = header.route
     if header.process_id.zone or header.process_id.suffix:
         for index, member in enumerate(route.members):
             if member == header.process_id and index < len(route.endpoints):
-                return member, route.endpoints[index]
+                endpoint = route.endpoints[index]
+                return member, endpoint if endpoint not in exclude else ""
         return header.process_id, ""
-    endpoint = pick_endpoint(route, require_primary=False, zone=zone)
+    endpoint = pick_endpoint(route, require_primary=False, zone=zone, exclude=exclude)
     for index, candidate in enumerate(route.endpoints):
         if endpoint and candidate == endpoint:
             return route.members[index], endpoint
@@ -324,19 +331,25 @@ class ReadAPI:
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReadRequest.{err}")
         resolution, status = await resolve_for_reading(self._resolver, context, request)
-        if status != pb.OK:
-            yield pb.ReadResponse(status=status, header=resolution.header)
-            return
-        replica = resolution.replica
-        if not resolution.is_local or replica is None:
-            proxied = self._proxy(request, resolution.header, context)
+        attempts = ProxyAttempts(self._channels)
+        while status == pb.OK and (not resolution.is_local or resolution.replica is None):
+            proxied = self._proxy(request, resolution.header, context, attempts)
             try:
                 async for response in proxied:
                     yield response
+                return
+            except RetryProxyError as retry:
+                revision = resolution.header.etcd.revision
+                resolution, status = await resolve_again(
+                    self._resolver, context, request, revision, retry.wait_s
+                )
             finally:
                 # Closed now rather than when collected, so that a read ended early (the
                 # client went away) cancels its upstream call at once.
                 await proxied.aclose()
+        replica = resolution.replica
+        if status != pb.OK or replica is None:
+            yield pb.ReadResponse(status=status, header=resolution.header)
             return
         responses = serve_read(
             request,
@@ -370,10 +383,14 @@ class ReadAPI:
             await responses.aclose()
 
     async def _proxy(
-        self, request: pb.ReadRequest, header: pb.Header, context: Context
+        self, request: pb.ReadRequest, header: pb.Header, context: Context, attempts: ProxyAttempts
     ) -> AsyncGenerator[pb.ReadResponse, None]:
-        member, endpoint = proxy_target(header, self._zone)
+        """Relay the read from a member of the route. Raises RetryProxyError if the member
+        failed before answering and another try may do better (see broker.proxy_retry)."""
+        member, endpoint = proxy_target(header, self._zone, attempts.exclude(header.route))
         if not endpoint:
+            if (retry := attempts.none_left()) is not None:
+                raise retry
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"no endpoint to proxy the read of {request.journal} to (route {header.route})",
@@ -382,10 +399,15 @@ class ReadAPI:
         forwarded.CopyFrom(request)
         forwarded.header.CopyFrom(proxy_header(header, member))
         call = self._channels.stub(endpoint).Read(forwarded)
+        relayed = False
         try:
             async for response in call:
+                relayed = True
                 yield response
         except grpc.aio.AioRpcError as err:
+            if not relayed and (retry := attempts.failed_on(endpoint, err)) is not None:
+                log.info("proxied read failed; trying again", endpoint=endpoint, error=str(err))
+                raise retry from err
             await context.abort(err.code(), f"proxied read via {endpoint}: {err.details()}")
         finally:
             call.cancel()
@@ -439,6 +461,40 @@ async def resolve_for_reading(
         may_proxy=not request.do_not_proxy,
         header=request.header if request.HasField("header") else None,
     )
+    status = cast(pb.Status, resolution.status)
+    if status == pb.OK and not may_read(resolution.spec):
+        status = pb.NOT_ALLOWED
+    return resolution, status
+
+
+async def resolve_again(
+    resolver: Resolver,
+    context: Context,
+    request: pb.ReadRequest | pb.FragmentsRequest,
+    after_revision: int,
+    wait_s: float,
+) -> tuple[Resolution, pb.Status]:
+    """Resolve a read-only request again after proxying it failed: once the keyspace has moved
+    past `after_revision` (the route may have changed), or after `wait_s` (0: at once) as it
+    stands. Returns what resolve_for_reading does."""
+    journal = request.journal
+    try:
+        if wait_s > 0:
+            try:
+                async with asyncio.timeout(wait_s):
+                    resolution = await resolver.resolve(
+                        journal,
+                        require_primary=False,
+                        may_proxy=True,
+                        min_revision=after_revision + 1,
+                    )
+            except TimeoutError:
+                resolution = await resolver.resolve(journal, require_primary=False, may_proxy=True)
+        else:
+            resolution = await resolver.resolve(journal, require_primary=False, may_proxy=True)
+    except Exception as err:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"re-resolving {journal}: {err}")
+        raise AssertionError("unreachable: context.abort raises") from err
     status = cast(pb.Status, resolution.status)
     if status == pb.OK and not may_read(resolution.spec):
         status = pb.NOT_ALLOWED

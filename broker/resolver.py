@@ -124,6 +124,9 @@ class Resolver:
         self._replicas: dict[str, _LocalReplica] | None = {}
         self._tg: asyncio.TaskGroup | None = None
         self._stop = asyncio.Event()
+        # Set once run() has started the replicas of the journals assigned here: before it, a
+        # journal assigned here would resolve locally with no replica to serve it.
+        self.serving = asyncio.Event()
 
     # --- Lifecycle ---
 
@@ -134,6 +137,7 @@ class Resolver:
             self.ks.observers.append(self._update_replicas)
             try:
                 self._update_replicas()
+                self.serving.set()
                 await self._stop.wait()
             finally:
                 self.ks.observers.remove(self._update_replicas)

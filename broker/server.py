@@ -3,13 +3,18 @@
 A ``Broker`` is one broker of a cluster, runnable in-process (tests, the embedded mode) or as
 ``gazette serve``. Starting it:
 
-1. binds the gRPC server (port 0 picks a free one), so that the endpoint is known;
+1. binds the gRPC server (port 0 picks a free one), so that the endpoint is known, behind a
+   closed readiness gate (``broker.readiness``): until step 4, every RPC is answered UNAVAILABLE
+   ("starting"), which clients retry, never from an empty view of the cluster;
 2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = BrokerSpec,
    under it: if the broker dies, the lease expires, the key vanishes, and the allocator moves
    its journals elsewhere. A broker restarted with the same ID first waits for its
    predecessor's key to go (``broker.allocator.announce``);
-3. loads the KeySpace mirror, then runs, in one TaskGroup: the keyspace watch, the lease
-   keep-alive, the resolver (which runs a Replica per assigned journal) and the persister.
+3. loads the KeySpace mirror, which must hold the member key just announced, under our lease,
+   then runs, in one TaskGroup: the keyspace watch, the lease keep-alive, the resolver (which
+   runs a Replica per assigned journal) and the persister;
+4. once the resolver runs the local replicas, opens the gate: ``start()`` returns, and
+   ``is_ready()`` (``/debug/ready``) turns true.
 
 Any of those failing fails the broker (``stop()`` re-raises): a broker that lost its lease or its
 view of etcd must not go on serving. Stopping is graceful: the gRPC server drains (appends in
@@ -62,10 +67,9 @@ from broker.logging import get_logger
 from broker.pipeline import Dialer, message_bytes_max
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
-from broker.protocol.validate import (
-    validate_broker_spec,
-)
+from broker.protocol.validate import validate_broker_spec
 from broker.read_api import ReadAPI, write_responses
+from broker.readiness import ReadinessGate, check_own_member
 from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver, revision_wait_s_default
@@ -247,6 +251,10 @@ class Broker:
         )
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        # Answers every RPC UNAVAILABLE until start() has the broker ready (broker.readiness).
+        self.gate = ReadinessGate(f"broker {config.zone}#{config.suffix}")
+        # Set once the gRPC port is bound (``endpoint`` known), before the broker is ready.
+        self.bound = asyncio.Event()
         self.lease_id = 0
         self.endpoint = ""
         # The BrokerSpec announced under the lease (set by start()).
@@ -256,8 +264,14 @@ class Broker:
         return f"Broker<{self.config.zone}#{self.config.suffix} {self.endpoint}>"
 
     def is_ready(self) -> bool:
-        """Whether the broker serves: started, and neither stopping nor failed."""
-        return self._server is not None and self._task is not None and not self._task.done()
+        """Whether the broker serves: started (it knows the cluster: see broker.readiness),
+        and neither stopping nor failed."""
+        return (
+            self.gate.is_open
+            and self._server is not None
+            and self._task is not None
+            and not self._task.done()
+        )
 
     # --- Wiring ---
 
@@ -279,12 +293,34 @@ class Broker:
     # --- Lifecycle ---
 
     async def start(self) -> None:
+        """Bind, announce, load the mirror, start the replicas, then serve (see the module
+        docstring). RPCs that arrive before (the port is bound first) are answered UNAVAILABLE
+        by the readiness gate. Returns once the broker serves; raises (having released the
+        port and the lease) if it cannot."""
         if self._server is not None:
             raise BrokerStateError(f"{self!r}: already started")
-        cfg = self.config
         validate_process_id(self.id)  # Before binding anything: a bad ID changes nothing.
+        server = await self._bind()
+        try:
+            announced, ttl_s = await self._announce()
+            await self._load_keyspace(announced)
+            self._task = asyncio.create_task(self._run(ttl_s), name=f"{self!r}")
+            await self._until_serving(self._task)
+        except BaseException:
+            # Not serving: release the port (and the member key) rather than hold them as a
+            # member that answers nothing.
+            self._server = None
+            await self._abandon_start(server)
+            raise
+        self.gate.open()
+        log.info("broker ready", broker=repr(self), revision=self.ks.header.revision)
+
+    async def _bind(self) -> grpc.aio.Server:
+        """Start the gRPC server, behind the closed readiness gate; sets ``endpoint``."""
+        cfg = self.config
         auth = [AuthInterceptor(self.auth, ResolverScope(self.resolver))] if self.auth else []
-        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=auth)
+        # The gate first: a broker that is not ready answers before checking anything else.
+        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate, *auth])
         registry = self.stores if self.stores is not None else new_registry()
         service = JournalService(
             AppendApi(
@@ -303,30 +339,58 @@ class Broker:
         await server.start()
         self._server = server
         self.endpoint = f"http://{cfg.host}:{port}"
+        self.bound.set()
+        return server
+
+    async def _announce(self) -> tuple[int, int]:
+        """Grant the lease and put the member key under it: (revision of the put, lease TTL)."""
+        cfg = self.config
+        spec = pb.BrokerSpec(
+            process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
+            journal_limit=cfg.journal_limit,
+        )
+        validate_broker_spec(spec)
+        self.spec = spec
+        self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
+        # A predecessor with this ID (crashed, its lease not yet expired) still holds the key
+        # and its assignments: wait for them to go rather than take them as ours.
+        revision = await announce(
+            self.backend, self._member_key(), spec.SerializeToString(), self.lease_id, ttl_s
+        )
+        return revision, ttl_s
+
+    async def _load_keyspace(self, announced: int) -> None:
+        """Load the mirror; it must show this broker's own announcement."""
+        await self.ks.load(self.backend)
+        check_own_member(self.ks, self._member_key(), self.lease_id, announced)
+
+    async def _until_serving(self, task: asyncio.Task[None]) -> None:
+        """Wait until the resolver runs the local replicas (or ``task`` fails first)."""
+        serving = asyncio.ensure_future(self.resolver.serving.wait())
         try:
-            spec = pb.BrokerSpec(
-                process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
-                journal_limit=cfg.journal_limit,
-            )
-            validate_broker_spec(spec)
-            self.spec = spec
-            self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
-            # A predecessor with this ID (crashed, its lease not yet expired) still holds the
-            # key and its assignments: wait for them to go rather than take them as ours.
-            await announce(
-                self.backend,
-                member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
-                spec.SerializeToString(),
-                self.lease_id,
-                ttl_s,
-            )
-            await self.ks.load(self.backend)
-        except BaseException:
-            # Not announced (or half): release the port rather than serve as no member.
-            self._server = None
-            await server.stop(0)
-            raise
-        self._task = asyncio.create_task(self._run(ttl_s), name=f"{self!r}")
+            await asyncio.wait([serving, task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            serving.cancel()
+        if task.done():
+            task.result()  # Raises what failed it.
+            raise BrokerStateError(f"{self!r}: stopped while starting")
+
+    async def _abandon_start(self, server: grpc.aio.Server) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            with contextlib.suppress(BaseException):
+                await task
+        await server.stop(0)
+        if self.lease_id:
+            with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
+                await self.backend.lease_revoke(self.lease_id)
+        await self.dialer.close()
+        await self.channels.close()
+
+    def _member_key(self) -> bytes:
+        return member_key(self.config.root, self.config.zone, self.config.suffix).encode()
 
     async def _run(self, ttl_s: int) -> None:
         persister = self.persister
@@ -346,6 +410,7 @@ class Broker:
             # cluster can no longer be trusted. Stop answering at once, rather than serve (or
             # proxy) on it until someone calls stop().
             log.exception("broker failed; no longer serving", broker=repr(self))
+            self.gate.close()
             server = self._server
             if server is not None:
                 await server.stop(0)
@@ -387,9 +452,7 @@ class Broker:
         exiting.journal_limit = 0
         exiting.exiting = True
         header = await self.backend.put(
-            member_key(cfg.root, cfg.zone, cfg.suffix).encode(),
-            exiting.SerializeToString(),
-            lease=self.lease_id,
+            self._member_key(), exiting.SerializeToString(), lease=self.lease_id
         )
         log.info("broker exiting: handing off its journals", broker=repr(self))
         try:
@@ -446,6 +509,7 @@ class Broker:
         if self._server is None or self._task is None:
             raise BrokerStateError(f"{self!r}: not started")
         server, self._server = self._server, None
+        self.gate.close()
         try:
             await server.stop(self.config.stop_grace_s)
             self.resolver.stop_serving()

@@ -4,12 +4,14 @@ A ``ConsumerMember`` is one member of a consumer group (one ``gazette-consumer s
 of several in an embedded process or a test). Starting it:
 
 1. binds the gRPC server (port 0 picks a free one) with the Shard service, so that the endpoint
-   is known;
+   is known, behind a readiness gate (``broker.readiness``): until step 3 is done, every RPC is
+   answered UNAVAILABLE ("starting"), never from an empty view of the cluster;
 2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = ConsumerSpec,
    under it: if the process dies, the lease expires, the key and its assignments vanish, and the
    allocator promotes the standbys elsewhere. A process restarted with the same ID first waits
    for its predecessor's key to go (``broker.allocator.announce``);
-3. loads the KeySpace mirror, then runs, in one TaskGroup: the keyspace watch, the lease
+3. loads the KeySpace mirror (it must hold the member key just announced, under our lease),
+   opens the gate, and runs, in one TaskGroup: the keyspace watch, the lease
    keep-alive, the allocator (it acts only while this member leads) and the local shards, which
    start and stop replicas through ``start_shard`` and advertise their statuses.
 
@@ -47,6 +49,7 @@ from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import consumer_pb2_grpc as cpbg
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import validate_consumer_spec
+from broker.readiness import ReadinessGate, check_own_member
 from broker.topology import MEMBERS
 from gazette_consumer.local_shards import LocalShards
 from gazette_consumer.resolver import Resolver
@@ -133,6 +136,10 @@ class ConsumerMember:
         self._add_services = add_services
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        # Answers every RPC UNAVAILABLE until start() has the member ready (broker.readiness).
+        self.gate = ReadinessGate(f"consumer {config.zone}#{config.suffix}")
+        # Set once the gRPC port is bound (``endpoint`` known), before the member is ready.
+        self.bound = asyncio.Event()
         self._draining = asyncio.Event()
         self._drained = asyncio.Event()
         self.lease_id = 0
@@ -152,11 +159,15 @@ class ConsumerMember:
     # --- Lifecycle ---
 
     async def start(self) -> None:
-        """Bind, announce, load the mirror and start serving (see the module docstring)."""
+        """Bind, announce, load the mirror and start serving (see the module docstring). RPCs
+        that arrive before (the port is bound first) are answered UNAVAILABLE by the readiness
+        gate; returns once the member serves."""
         if self._server is not None:
             raise ConsumerStateError(f"{self!r}: already started")
         cfg = self.config
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        # The gate first: a member that is not ready refuses every service's RPCs, the
+        # application's own included.
+        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate])
         cpbg.add_ShardServicer_to_server(
             ShardService(self.ks, self.backend, cfg.root, self.resolver, self.channels, self.id),
             server,
@@ -167,20 +178,32 @@ class ConsumerMember:
         await server.start()
         self._server = server
         self.endpoint = f"http://{cfg.host}:{port}"
+        self.bound.set()
         try:
             spec = self._spec(cfg.shard_limit)
             self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
             # A predecessor with this ID (crashed, its lease not yet expired) still holds the
             # key and its assignments: wait for them to go rather than take them as ours.
-            await announce(
+            announced = await announce(
                 self.backend, self._key(), spec.SerializeToString(), self.lease_id, ttl_s
             )
             await self.ks.load(self.backend)
+            check_own_member(self.ks, self._key(), self.lease_id, announced)
         except BaseException:
             self._server = None
             await server.stop(0)
+            if self.lease_id:
+                with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
+                    await self.backend.lease_revoke(self.lease_id)
             raise
         self._task = asyncio.create_task(self._run(ttl_s), name=repr(self))
+        self.gate.open()
+
+    def is_ready(self) -> bool:
+        """Whether the member serves: started (it knows the cluster: see broker.readiness),
+        and neither stopping nor failed."""
+        task = self._task
+        return self.gate.is_open and task is not None and not task.done()
 
     def _key(self) -> bytes:
         return member_key(self.config.root, self.config.zone, self.config.suffix).encode()
@@ -201,6 +224,7 @@ class ConsumerMember:
             # TaskGroup has already stopped the local shards: see LocalShards.run).
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("consumer member failed; no longer serving", member=repr(self))
+            self.gate.close()
             server = self._server
             if server is not None:
                 await server.stop(0)
@@ -248,6 +272,7 @@ class ConsumerMember:
         (simulations and tests of failover). The local shards are still stopped."""
         if self._server is None or self._task is None:
             raise ConsumerStateError(f"{self!r}: not started")
+        self.gate.close()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -324,6 +349,7 @@ class ConsumerMember:
                     await self._task
             with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
                 await self.backend.lease_revoke(self.lease_id)
+            self.gate.close()
             server, self._server = self._server, None
             if server is not None:
                 await server.stop(self.config.stop_grace_s)

@@ -25,7 +25,7 @@ metric costs anything per message.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from aiohttp import web
@@ -117,17 +117,30 @@ class ShardMetrics:
 
 
 async def serve_metrics(
-    host: str, port: int, registry: CollectorRegistry = REGISTRY
+    host: str,
+    port: int,
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    ready: Callable[[], bool] | None = None,
 ) -> tuple[web.AppRunner, int]:
-    """Serve ``GET /debug/metrics`` (Prometheus text) on host:port (0: a free port). Returns
-    the runner (``await runner.cleanup()`` stops it) and the bound port."""
+    """Serve ``GET /debug/metrics`` (Prometheus text) on host:port (0: a free port), and with
+    ``ready``, ``GET /debug/ready``: 200 while it returns True, else 503 (the process is
+    starting or stopping). Returns the runner (``await runner.cleanup()`` stops it) and the
+    bound port."""
 
     async def metrics(_request: web.Request) -> web.Response:
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def readiness(_request: web.Request) -> web.Response:
+        if ready is not None and ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: the consumer is starting or stopping\n")
+
     app = web.Application()
     app.router.add_get("/debug/metrics", metrics)
+    if ready is not None:
+        app.router.add_get("/debug/ready", readiness)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

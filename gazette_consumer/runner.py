@@ -13,7 +13,9 @@ consumer, all in one process (the embedded default of DESIGN.md §5).
 Each shard assigned here runs in this process (``shard_runner.ShardRunner``) against the
 broker at ``--broker`` (embedded: its own broker), with one instance of the ``--app`` class for
 all of them. ``--http-port`` serves Prometheus metrics at ``/debug/metrics`` (shard metrics
-from ``gazette_consumer.metrics``; the embedded broker's too).
+from ``gazette_consumer.metrics``; the embedded broker's too), and ``/debug/ready``: 503 until
+the member serves (a restarted process first waits out its predecessor's lease; its Shard
+service answers UNAVAILABLE meanwhile), 200 while it does.
 
 SIGTERM or SIGINT stop it gracefully: the member hands its shards off to the other members
 (bounded by ``--drain-timeout``), then exits 0. Bad arguments (an ``--app`` that does not name
@@ -115,6 +117,17 @@ def new_app(app: type[Application], text: str) -> Application:
         ) from exc
 
 
+@dataclass
+class Readiness:
+    """What ``/debug/ready`` answers: whether the member serves (it knows the cluster, and is
+    neither stopping nor failed), once there is one."""
+
+    member: ConsumerMember | None = None
+
+    def __call__(self) -> bool:
+        return self.member is not None and self.member.is_ready()
+
+
 @dataclass(frozen=True)
 class ShardRuntime:
     """What the shards of this process run against."""
@@ -209,16 +222,18 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
     )
     broker_address = embedded[0] if embedded is not None else args.broker
     root = args.root or default_root(type(app).__name__)
+    readiness = Readiness()
     http = None
     try:
         if args.http_port is not None:
-            http, http_port = await serve_metrics(args.host, args.http_port)
+            # Listening before the member starts: /debug/ready answers 503 until it serves.
+            http, http_port = await serve_metrics(args.host, args.http_port, ready=readiness)
             print(f"metrics on http://{args.host}:{http_port}/debug/metrics", flush=True)
         shard_dir = os.path.join(args.data_dir, "shards") if args.data_dir else None
         runtime = ShardRuntime(app, root, broker_address, backend, shard_dir)
         async with shard_factory(runtime) as start_shard:
             embedded_broker = broker_address if embedded is not None else None
-            return await _run_member(args, backend, root, start_shard, embedded_broker)
+            return await _run_member(args, backend, root, start_shard, embedded_broker, readiness)
     finally:
         if http is not None:
             await http.cleanup()
@@ -233,6 +248,7 @@ async def _run_member(
     root: str,
     start_shard: StartShard,
     embedded_broker: str | None,
+    readiness: Readiness,
 ) -> int:
     member = ConsumerMember(
         backend,
@@ -248,7 +264,8 @@ async def _run_member(
         ),
         start_shard,
     )
-    await member.start()
+    readiness.member = member
+    await member.start()  # Returns once the member serves (see broker.readiness).
     print(f"serving on {member.endpoint}", flush=True)
     if embedded_broker is not None:
         print(f"embedded broker on {embedded_broker}", flush=True)

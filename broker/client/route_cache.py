@@ -11,13 +11,25 @@ proxies them.
 
 Both caches are bounded LRUs: a client of many journals, or of a cluster whose brokers come
 and go, must not grow without limit.
+
+Healing after a broker dies. A cached route may name a broker that has died (killed, its lease
+not yet expired, or its journals since moved). Callers drop a journal's route when an RPC to
+it fails UNAVAILABLE (``update_route(journal, None)``), so that the next one goes to the default
+broker, whose answer carries the current route. Besides, the pool knows which endpoints it
+failed to connect to (``ChannelPool.unreachable``: the channel is in TRANSIENT_FAILURE), and
+``JournalClient`` never dispatches to one while the route has another suitable member (a read
+goes to a live replica), else drops the route and asks the default broker. Channels reconnect
+with a bounded back-off (``reconnect_backoff_max_ms``, not gRPC's two minutes), so a broker back
+on the same endpoint is reachable again within seconds; a channel whose endpoint stays
+unreachable is closed and dropped after ``unreachable_channel_ttl_s``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -41,10 +53,31 @@ channels_max_default: Final = 64
 # journal specs, a Read chunk is smaller, and gRPC's default of 4 MiB is too tight for the former.
 message_bytes_max: Final = 64 << 20
 
-_CHANNEL_OPTIONS: Final = (
+# A failed connection is retried after a back-off growing from the initial value to the maximum
+# (gRPC's own maximum is 120 s: a broker back on the same endpoint would stay unreachable that
+# long after it restarted).
+reconnect_backoff_initial_ms: Final = 100
+reconnect_backoff_max_ms: Final = 2000
+# A pooled channel whose endpoint has been unreachable this long is closed and dropped (the
+# broker is gone; a later request for it opens a new channel) ...
+unreachable_channel_ttl_s: Final = 60.0
+# ... as found by a sweep of the pool's channels, at most this often (each asks every channel
+# its state).
+unreachable_sweep_interval_s: Final = 5.0
+
+# Options of every client channel to a broker (the broker's own peer channels use them too).
+CHANNEL_OPTIONS: Final = (
     ("grpc.max_receive_message_length", message_bytes_max),
     ("grpc.max_send_message_length", message_bytes_max),
+    ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
+    ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
 )
+
+
+def channel_unreachable(channel: grpc.aio.Channel) -> bool:
+    """Whether ``channel``'s last attempt to connect failed (gRPC's TRANSIENT_FAILURE): RPCs on
+    it fail at once until a reconnection succeeds."""
+    return channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE
 
 
 class EndpointError(ValidationError):
@@ -72,24 +105,38 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
 class ChannelPool:
     """One gRPC channel per endpoint, at most `channels_max` of them (least recently used
     channels are closed first). Close the pool to close every channel. `interceptors` are
-    installed on every channel (e.g. `broker.auth.client_interceptors`)."""
+    installed on every channel (e.g. `broker.auth.client_interceptors`). Channels to endpoints
+    that stay unreachable are dropped (see the module docstring)."""
 
     def __init__(
         self,
         *,
         channels_max: int = channels_max_default,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if channels_max < 1:
             raise ValueError(f"channels_max: must be >= 1 (got {channels_max})")
         self._channels_max = channels_max
         self._interceptors = list(interceptors) or None
+        self._clock = clock
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         # Evicted channels are closed by the next `close`/`prune` await, since closing is
         # async and `get` is not; at most `channels_max` wait there.
         self._evicted: list[grpc.aio.Channel] = []
+        # Endpoints found unreachable by a sweep, and when they first were.
+        self._unreachable_since: dict[str, float] = {}
+        self._next_sweep = clock() + unreachable_sweep_interval_s
+        # Closings of dropped unreachable channels, in the background (`close` awaits them).
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def unreachable(self, endpoint: str) -> bool:
+        """Whether the pool's channel to `endpoint` failed to connect (False if it has none)."""
+        channel = self._channels.get(endpoint)
+        return channel is not None and channel_unreachable(channel)
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
+        self._sweep()
         channel = self._channels.get(endpoint)
         if channel is not None:
             self._channels.move_to_end(endpoint)
@@ -99,12 +146,12 @@ class ChannelPool:
             channel = grpc.aio.secure_channel(
                 target,
                 grpc.ssl_channel_credentials(),
-                options=_CHANNEL_OPTIONS,
+                options=CHANNEL_OPTIONS,
                 interceptors=self._interceptors,
             )
         else:
             channel = grpc.aio.insecure_channel(
-                target, options=_CHANNEL_OPTIONS, interceptors=self._interceptors
+                target, options=CHANNEL_OPTIONS, interceptors=self._interceptors
             )
         self._channels[endpoint] = channel
         if len(self._channels) > self._channels_max:
@@ -114,6 +161,32 @@ class ChannelPool:
 
     def stub(self, endpoint: str) -> pb_grpc.JournalStub:
         return pb_grpc.JournalStub(self.get(endpoint))
+
+    def _sweep(self) -> None:
+        """Drop the channels unreachable for `unreachable_channel_ttl_s` (every so often)."""
+        now = self._clock()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + unreachable_sweep_interval_s
+        for endpoint, channel in list(self._channels.items()):
+            if not channel_unreachable(channel):
+                self._unreachable_since.pop(endpoint, None)
+                continue
+            since = self._unreachable_since.setdefault(endpoint, now)
+            if now - since >= unreachable_channel_ttl_s:
+                del self._channels[endpoint]
+                del self._unreachable_since[endpoint]
+                self._close_soon(channel)
+
+    def _close_soon(self, channel: grpc.aio.Channel) -> None:
+        # Nothing runs on an unreachable channel (its RPCs failed at once): close it now.
+        try:
+            task = asyncio.get_running_loop().create_task(channel.close())
+        except RuntimeError:  # No running loop: closed by the next prune() or close().
+            self._evicted.append(channel)
+            return
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def __len__(self) -> int:
         return len(self._channels)
@@ -126,8 +199,11 @@ class ChannelPool:
 
     async def close(self) -> None:
         await self.prune()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         channels = list(self._channels.values())
         self._channels.clear()
+        self._unreachable_since.clear()
         for channel in channels:
             await channel.close()
 
@@ -155,6 +231,13 @@ class RouteCache:
         self._ttl_s = ttl_s
         self._clock = clock
         self._routes: OrderedDict[str, _Cached] = OrderedDict()
+
+    def drop_endpoint(self, endpoint: str) -> int:
+        """Forget every route naming `endpoint` (a broker found gone); how many."""
+        stale = [j for j, cached in self._routes.items() if endpoint in cached.route.endpoints]
+        for journal in stale:
+            del self._routes[journal]
+        return len(stale)
 
     def update(self, journal: str, route: pb.Route | None) -> None:
         """Remember `route` for `journal`; forget it if `route` is None or has no members (a
@@ -186,11 +269,13 @@ class RouteCache:
         return len(self._routes)
 
 
-def pick_endpoint(route: pb.Route, *, require_primary: bool, zone: str = "") -> str:
+def pick_endpoint(
+    route: pb.Route, *, require_primary: bool, zone: str = "", exclude: Collection[str] = ()
+) -> str:
     """The endpoint of the route member a request should go to, or "" if the route names none
     suitable: the primary when required; else a member of `zone`, else the primary, else the
-    first member with an endpoint."""
-    endpoints = list(route.endpoints)
+    first member with an endpoint. Endpoints in `exclude` (unreachable ones) are never picked."""
+    endpoints = [e if e not in exclude else "" for e in route.endpoints]
     if len(endpoints) != len(route.members):
         return ""
 
@@ -240,11 +325,20 @@ class JournalClient:
         self.routes = routes if routes is not None else RouteCache()
 
     def endpoint_for(self, journal: str, *, require_primary: bool) -> str:
+        """Where a request of `journal` goes: a suitable member of its cached route that is
+        not known to be unreachable, else the default endpoint."""
         route = self.routes.get(journal)
         if route is not None:
-            endpoint = pick_endpoint(route, require_primary=require_primary, zone=self.zone)
+            unreachable = [e for e in route.endpoints if e and self.channels.unreachable(e)]
+            endpoint = pick_endpoint(
+                route, require_primary=require_primary, zone=self.zone, exclude=unreachable
+            )
             if endpoint:
                 return endpoint
+            if unreachable:
+                # The route's only suitable member is gone (or the route is stale): the
+                # default broker knows the current one and teaches it in its answer.
+                self.routes.update(journal, None)
         return self.endpoint
 
     def stub_for(self, journal: str, *, require_primary: bool) -> pb_grpc.JournalStub:

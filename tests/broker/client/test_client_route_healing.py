@@ -1,0 +1,176 @@
+"""Routing heals: cached routes naming a broker that is gone are dropped or steered around, the
+pool knows which endpoints it cannot reach and drops their channels after a while, and a
+ReroutingReader re-dispatches a read whose broker cannot serve. The dead broker is a loopback
+port nobody listens on; the live one a real in-process broker."""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+import grpc.aio
+import pytest
+from broker_testkit import one_broker_with
+
+from broker.client.appender import append
+from broker.client.reader import Reader
+from broker.client.rerouting_reader import (
+    ReroutingReader,
+    backoff_max_s,
+    rerouting_backoff_s,
+)
+from broker.client.route_cache import (
+    ChannelPool,
+    JournalClient,
+    RouteCache,
+    pick_endpoint,
+    unreachable_channel_ttl_s,
+    unreachable_sweep_interval_s,
+)
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import JournalNotFoundError
+
+A = pb.ProcessSpec.ID(zone="zone-a", suffix="broker-a")
+B = pb.ProcessSpec.ID(zone="zone-b", suffix="broker-b")
+J = "heal/journal"
+
+
+def _dead_endpoint() -> str:
+    """An endpoint with nothing listening (the port was free a moment ago)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+async def _fail_to_connect(pool: ChannelPool, endpoint: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await pool.stub(endpoint).Apply(pb.ApplyRequest(), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_routes_naming_a_dead_endpoint_are_dropped() -> None:
+    cache = RouteCache()
+    cache.update(
+        "j/one", pb.Route(members=[A, B], primary=0, endpoints=["http://a:1", "http://b:1"])
+    )
+    cache.update("j/two", pb.Route(members=[B], primary=0, endpoints=["http://b:1"]))
+    cache.update("j/three", pb.Route(members=[A], primary=0, endpoints=["http://a:1"]))
+    assert cache.drop_endpoint("http://b:1") == 2
+    assert cache.get("j/one") is None and cache.get("j/two") is None
+    assert cache.get("j/three") is not None
+    assert cache.drop_endpoint("http://b:1") == 0
+
+
+def test_pick_endpoint_never_picks_an_excluded_endpoint() -> None:
+    route = pb.Route(members=[A, B], primary=1, endpoints=["http://a:1", "http://b:1"])
+    dead = {"http://b:1"}
+    assert pick_endpoint(route, require_primary=True, exclude=dead) == ""
+    assert pick_endpoint(route, require_primary=False, exclude=dead) == "http://a:1"
+    assert pick_endpoint(route, require_primary=False, zone="zone-b", exclude=dead) == "http://a:1"
+    both = {"http://a:1", "http://b:1"}
+    assert pick_endpoint(route, require_primary=False, exclude=both) == ""
+
+
+async def test_the_pool_knows_an_unreachable_endpoint_and_drops_its_channel() -> None:
+    clock = Clock()
+    pool = ChannelPool(clock=clock)
+    dead, other = _dead_endpoint(), _dead_endpoint()
+    assert not pool.unreachable(dead)  # No channel: nothing known.
+    await _fail_to_connect(pool, dead)
+    assert pool.unreachable(dead)
+    channel = pool.get(dead)  # Kept meanwhile: it reconnects with a bounded back-off.
+    clock.now += unreachable_sweep_interval_s
+    pool.get(other)  # A sweep notes the dead endpoint ...
+    assert pool.get(dead) is channel
+    clock.now += unreachable_channel_ttl_s + unreachable_sweep_interval_s
+    pool.get(other)  # ... and the next one past its TTL drops its channel.
+    assert not pool.unreachable(dead) and len(pool) == 1
+    assert pool.get(dead) is not channel
+    await pool.close()
+    assert len(pool) == 0
+
+
+async def test_a_client_steers_around_an_unreachable_route_member() -> None:
+    dead = _dead_endpoint()
+    client = JournalClient("http://default:1", zone="zone-b")
+    route = pb.Route(members=[A, B], primary=1, endpoints=["http://a:1", dead])
+    client.update_route(J, pb.Header(route=route))
+    assert client.endpoint_for(J, require_primary=False) == dead  # Same zone.
+    await _fail_to_connect(client.channels, dead)
+    # Reads go to another member; appends (the primary is dead) to the default broker, and the
+    # stale route is dropped.
+    assert client.endpoint_for(J, require_primary=False) == "http://a:1"
+    assert client.routes.get(J) is not None
+    assert client.endpoint_for(J, require_primary=True) == "http://default:1"
+    assert client.routes.get(J) is None
+    await client.close()
+
+
+def test_rerouting_backoff_grows_to_a_bound() -> None:
+    delays = [rerouting_backoff_s(attempt) for attempt in range(1, 12)]
+    assert delays == sorted(delays) and delays[0] > 0 and delays[-1] == backoff_max_s
+
+
+async def test_a_read_routed_to_a_dead_broker_is_rerouted() -> None:
+    async with one_broker_with([J]) as (_, client):
+        await append(client, pb.AppendRequest(journal=J), b"hello, healed\n")
+        dead = _dead_endpoint()
+        # A route naming only a broker that died (as its own answer last taught it).
+        stale = pb.Header(route=pb.Route(members=[B], primary=0, endpoints=[dead]))
+        request = pb.ReadRequest(journal=J, offset=0, block=False)
+        pauses: list[float] = []
+
+        async def pause(delay_s: float) -> None:
+            pauses.append(delay_s)
+
+        for rerouting in (False, True):
+            # A new client each time: its pool does not know the endpoint is dead yet.
+            fresh = JournalClient(client.endpoint)
+            fresh.update_route(J, stale)
+            if not rerouting:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await Reader(fresh, request).read_chunk()  # A plain Reader just fails.
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+                await fresh.close()
+                continue
+            reader = ReroutingReader(fresh, request, sleep=pause)
+            try:
+                chunk = await reader.read_chunk()
+            finally:
+                await reader.close()
+            assert chunk.offset == 0 and chunk.content == b"hello, healed\n"
+            assert reader.reroutes == 1 and pauses == [rerouting_backoff_s(1)]
+            # The broker's answer taught the current route.
+            route = fresh.routes.get(J)
+            assert route is not None and dead not in route.endpoints
+            await fresh.close()
+
+
+async def test_a_rerouting_reader_raises_what_no_route_can_fix() -> None:
+    async with one_broker_with([J]) as (_, client):
+        pauses: list[float] = []
+
+        async def pause(delay_s: float) -> None:
+            pauses.append(delay_s)
+
+        missing = ReroutingReader(client, pb.ReadRequest(journal="heal/missing"), sleep=pause)
+        with pytest.raises(JournalNotFoundError):
+            await missing.read_chunk()
+        await missing.close()
+        # A broker that stays unreachable: the last failure, after attempts_max tries.
+        dead = _dead_endpoint()
+        client.endpoint = dead
+        lost = ReroutingReader(client, pb.ReadRequest(journal=J), attempts_max=3, sleep=pause)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await lost.read_chunk()
+        await lost.close()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert pauses == [rerouting_backoff_s(1), rerouting_backoff_s(2)]
