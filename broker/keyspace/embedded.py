@@ -163,8 +163,12 @@ class EmbeddedStore:
         return store
 
     @property
-    def path(self) -> str | None:
+    def directory(self) -> KeySpaceDir | None:
         """The directory backing this store (None: in memory)."""
+        return self._dir
+
+    @property
+    def path(self) -> str | None:
         return self._dir.path if self._dir is not None else None
 
     def connect(self) -> EmbeddedBackend:
@@ -206,7 +210,10 @@ class EmbeddedStore:
         clock may too."""
         if self._closed or self._failure is not None:
             return
-        self._commit(self.core.expire(self.clock()))
+        try:
+            self._commit(self.core.expire(self.clock()))
+        except KeySpaceStorageError:
+            return  # The store is failed: every request and watch reports it from now on.
         self._rearm()
 
     @property
@@ -232,7 +239,8 @@ class EmbeddedStore:
 
     def _commit(self, commits: Iterable[Commit | None]) -> None:
         """Write the core's new changes to the log, then publish ``commits`` (the commits among
-        them) to watchers: now, or once synced with ``fsync``. A failed write fails the store."""
+        them) to watchers: now, or once synced with ``fsync``. A failed write fails the store
+        and raises KeySpaceStorageError (the change may or may not be on disk)."""
         done = [c for c in commits if c is not None]
         if self._dir is not None and self._failure is None:
             changes = self.core.take_changes()
@@ -241,7 +249,7 @@ class EmbeddedStore:
                     self._dir.append(changes)
                 except (OSError, ValueError) as exc:
                     self._fail("appending to the write-ahead log", exc)
-                    return
+                    raise self._storage_error() from exc
                 self._written += 1
                 if self._fsync:
                     self._unsynced.extend((self._written, c) for c in done)

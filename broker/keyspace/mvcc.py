@@ -495,7 +495,7 @@ class MVCCStore:
                 self._leases[lease_id] = _Lease(lease_id, ttl_s, -math.inf)
                 self._next_lease_id = max(self._next_lease_id, lease_id + 1)
             case LeaseRevoked(lease_id, commit):
-                lease = self._leases.pop(lease_id, None)
+                lease = self._leases.get(lease_id)
                 if lease is None:
                     raise RedoError(f"revocation of lease {lease_id:#x}: it does not exist")
                 deleted = {e.kv.key for e in commit.events} if commit is not None else set()
@@ -504,6 +504,7 @@ class MVCCStore:
                         f"revocation of lease {lease_id:#x}: deletes {len(deleted)} keys, but "
                         f"the lease has {len(lease.keys)}"
                     )
+                del self._leases[lease_id]
                 if commit is not None:
                     self._redo_commit(commit)
             case Compacted(revision):

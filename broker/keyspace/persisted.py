@@ -68,6 +68,7 @@ class KeySpaceDir:
         self._lock_fd = _lock(os.path.join(self.path, "LOCK"))
         self._generation = 0
         self._writer: LogWriter | None = None
+        self.syncs = 0  # fdatasyncs of the log so far (group commit shows as fewer syncs).
 
     def load(self, core: MVCCStore) -> None:
         """Rebuild the fresh ``core`` from the snapshot and the log, dropping a torn tail of
@@ -116,6 +117,7 @@ class KeySpaceDir:
     def sync(self) -> None:
         """fdatasync the log: what was appended survives an OS crash."""
         self._open_writer().sync()
+        self.syncs += 1
 
     def snapshot(self, state: StoreState) -> None:
         """Replace the snapshot and the log with ``state`` (see the module docstring)."""
