@@ -217,6 +217,11 @@ class EmbeddedStore:
         self._rearm()
 
     @property
+    def failed(self) -> bool:
+        """Whether writing the log failed (see KeySpaceStorageError)."""
+        return self._failure is not None
+
+    @property
     def durable_revision(self) -> int:
         """The newest revision whose changes are written (and synced, with ``fsync``)."""
         return self._unsynced[0][1].revision - 1 if self._unsynced else self.core.revision
@@ -241,8 +246,10 @@ class EmbeddedStore:
         """Write the core's new changes to the log, then publish ``commits`` (the commits among
         them) to watchers: now, or once synced with ``fsync``. A failed write fails the store
         and raises KeySpaceStorageError (the change may or may not be on disk)."""
+        if self._failure is not None:
+            raise self._storage_error()
         done = [c for c in commits if c is not None]
-        if self._dir is not None and self._failure is None:
+        if self._dir is not None:
             changes = self.core.take_changes()
             if changes:
                 try:

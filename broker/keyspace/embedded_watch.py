@@ -76,6 +76,9 @@ class WatchStream(AsyncIterator[WatchResponse]):
         if self._client.closed:
             self._done = True
             return
+        if self._client.store.failed:
+            self._error = self._client.store._storage_error()
+            return
         if self._next_revision < core.compact_revision:
             self._error = CompactedError(self._next_revision, core.compact_revision)
             return

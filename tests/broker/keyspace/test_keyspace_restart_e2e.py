@@ -259,6 +259,11 @@ FAILING_WRITER = textwrap.dedent(
             later = "served"
         except KeySpaceStorageError:
             later = "refused"
+        try:
+            await anext(backend.watch(b"/k/", b"/k0", start_revision=1))
+            later += ", watch served"
+        except KeySpaceStorageError:
+            later += ", watch refused"
         seen, watch_error = await watcher
         print(json.dumps({"acked": acked, "failure": failure, "later": later,
                           "seen": seen, "watch_error": watch_error}))
@@ -294,7 +299,7 @@ async def test_a_failed_log_write_fails_the_store_and_loses_nothing_acknowledged
     assert 0 < len(acked) < 100 and acked == list(range(len(acked)))
     assert "appending to the write-ahead log failed" in result["failure"]
     assert "File too large" in result["failure"]
-    assert result["later"] == "refused"
+    assert result["later"] == "refused, watch refused"
     # Watchers saw nothing unacknowledged, then the error (not a silent end): what they had
     # not read yet is dropped with the watch, as with any watch error.
     assert result["seen"] == acked[: len(result["seen"])]
