@@ -21,7 +21,7 @@ from broker.auth import decode_keys
 from broker.fragment.stores.registry import new_registry
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
-from broker.keyspace.persisted import KeySpaceLockedError
+from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
 from broker.protocol.validate import (
@@ -328,7 +328,5 @@ def main(argv: list[str] | None = None) -> None:
     tune_malloc()  # Large append buffers: see malloc_tuning.py.
     try:
         asyncio.run(_serve(args))
-    except KeySpaceLockedError as err:
+    except (KeySpaceDirError, CorruptLogError) as err:  # Locked, unusable or corrupt.
         sys.exit(f"gazette serve: --data-dir: {err}")
-    except CorruptLogError as err:
-        sys.exit(f"gazette serve: {err}")

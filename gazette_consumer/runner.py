@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from broker.client.route_cache import JournalClient
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
-from broker.keyspace.persisted import KeySpaceLockedError
+from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
 from broker.protocol.validate import (
@@ -357,11 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # Bad configuration (a zone or ID that is not a valid token, ...)
         print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeySpaceLockedError as exc:
+    except (KeySpaceDirError, CorruptLogError) as exc:  # Locked, unusable or corrupt.
         print(f"gazette-consumer: --data-dir: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except CorruptLogError as exc:
-        print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED

@@ -60,7 +60,7 @@ from broker.keyspace.mvcc import (
     lease_ttl_min_s_default,
     txn_ops_max_default,
 )
-from broker.keyspace.persisted import KeySpaceDir, wal_bytes_max_default
+from broker.keyspace.persisted import KeySpaceDir, KeySpaceDirError, wal_bytes_max_default
 
 # Live responses a watch may hold unread before it is ended with UnavailableError.
 watch_queue_responses_max_default = 1024
@@ -131,8 +131,8 @@ class EmbeddedStore:
         """A store backed by ``directory`` (created if missing), holding what it held when its
         last process ended, leases excepted (revoked now, in new revisions). Raises
         KeySpaceLockedError if another store has it open, CorruptLogError if it is damaged
-        (other than a torn final record, dropped with a warning), OSError if it cannot be
-        read or written."""
+        (other than a torn final record, dropped with a warning), KeySpaceDirError if it
+        cannot be created, read or written."""
         store = cls(
             clock=clock,
             history_revisions_max=history_revisions_max,
@@ -145,7 +145,11 @@ class EmbeddedStore:
             txn_ops_max=txn_ops_max,
             record_changes=True,
         )
-        kdir = KeySpaceDir(os.fspath(directory), wal_bytes_max)
+        path = os.fspath(directory)
+        try:
+            kdir = KeySpaceDir(path, wal_bytes_max)
+        except OSError as exc:
+            raise KeySpaceDirError(f"embedded keyspace directory {path}: {exc}") from exc
         try:
             kdir.load(store.core)
             store.core.expire_all()
@@ -155,6 +159,9 @@ class EmbeddedStore:
             kdir.sync()
             if kdir.wants_snapshot():
                 kdir.snapshot(store.core.state())
+        except OSError as exc:
+            kdir.close()
+            raise KeySpaceDirError(f"embedded keyspace directory {path}: {exc}") from exc
         except BaseException:
             kdir.close()
             raise

@@ -50,7 +50,11 @@ _GENERATION = struct.Struct("<Q")
 _WAL_NAME = re.compile(r"wal-([0-9a-f]{16})\.log")
 
 
-class KeySpaceLockedError(KeySpaceError):
+class KeySpaceDirError(KeySpaceError):
+    """The keyspace directory cannot be opened (it cannot be created, read or written)."""
+
+
+class KeySpaceLockedError(KeySpaceDirError):
     """Another process (or another store in this one) has the keyspace directory open."""
 
 

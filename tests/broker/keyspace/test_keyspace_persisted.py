@@ -18,7 +18,7 @@ import structlog
 from broker.keyspace.backend import CompactedError, EventType, KeyValue, LeaseNotFoundError
 from broker.keyspace.conformance import EmbeddedHarness, check_keyspace
 from broker.keyspace.embedded import EmbeddedBackend, EmbeddedStore
-from broker.keyspace.persisted import KeySpaceLockedError
+from broker.keyspace.persisted import KeySpaceDirError, KeySpaceLockedError
 from broker.keyspace.wal import CorruptLogError, frame, header_bytes
 
 ALL = (b"\x00", b"\x00")
@@ -308,3 +308,10 @@ async def test_fsync_group_commits_concurrent_writes(tmp_path: Path) -> None:
         assert await everything(reopened.connect()) == before
     finally:
         await reopened.close()
+
+
+async def test_an_unusable_directory_is_a_typed_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "keyspace").write_text("a file, not a directory")
+    with pytest.raises(KeySpaceDirError, match=f"directory {tmp_path / 'keyspace'}: "):
+        EmbeddedStore.open(tmp_path / "keyspace")
+    assert (tmp_path / "keyspace").read_text() == "a file, not a directory"
