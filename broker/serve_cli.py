@@ -1,6 +1,9 @@
 """The `gazette` command: `gazette serve` runs one broker process (on etcd, or on the embedded
 keyspace without `--etcd`) until SIGTERM/SIGINT, handing its journals off first; `gazette demo`
 runs the embedded end-to-end demo. The Broker itself is broker/server.py.
+
+The embedded keyspace persists under `<--data-dir>/keyspace/` (broker/keyspace/persisted.py), or
+lives in memory without `--data-dir`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from broker.append_api import flow_control_burst_s_default, min_append_rate_byte
 from broker.auth import decode_keys
 from broker.fragment.stores.registry import new_registry
 from broker.keyspace.backend import Backend
+from broker.keyspace.embedded import EmbeddedStore
+from broker.keyspace.persisted import KeySpaceDirError
+from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
 from broker.protocol.validate import (
     PROCESS_SUFFIX_LEN_MAX,
@@ -109,7 +115,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
     serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
-    serve.add_argument("--spool-dir", "--data-dir", dest="spool_dir", default=None)
+    serve.add_argument(
+        "--spool-dir",
+        "--data-dir",
+        dest="spool_dir",
+        default=None,
+        help="spools; without --etcd, the embedded keyspace persists in its keyspace/"
+        " (default: spools in the temporary directory, the keyspace in memory)",
+    )
+    serve.add_argument(
+        "--fsync",
+        action="store_true",
+        help="fdatasync before acknowledging a write, so that it survives an OS crash or power"
+        " loss too, not only the process being killed (slower)",
+    )
     serve.add_argument(
         "--spool-memory",
         action="store_true",
@@ -169,10 +188,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _serve(args: argparse.Namespace) -> None:
     from broker.http_gateway import HttpGateway
-    from broker.keyspace.embedded import EmbeddedBackend
     from broker.keyspace.etcd import EtcdBackend
 
-    backend: Backend = EtcdBackend(args.etcd) if args.etcd else EmbeddedBackend()
+    store = None if args.etcd else _embedded_store(args.spool_dir, args.fsync)
+    backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
     broker = Broker(
         backend,
         BrokerConfig(
@@ -233,6 +252,15 @@ async def _serve(args: argparse.Namespace) -> None:
         if gateway is not None:
             await gateway.stop()  # After the broker: /debug/ready says 503 while it stops.
         await backend.close()
+        if store is not None:
+            await store.close()
+
+
+def _embedded_store(data_dir: str | None, fsync: bool) -> EmbeddedStore:
+    """The embedded keyspace: persisted under ``data_dir``/keyspace, else in memory."""
+    if data_dir is None:
+        return EmbeddedStore()
+    return EmbeddedStore.open(os.path.join(data_dir, "keyspace"), fsync=fsync)
 
 
 async def _serve_until_exit(
@@ -298,4 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     from broker.malloc_tuning import tune_malloc
 
     tune_malloc()  # Large append buffers: see malloc_tuning.py.
-    asyncio.run(_serve(args))
+    try:
+        asyncio.run(_serve(args))
+    except (KeySpaceDirError, CorruptLogError) as err:  # Locked, unusable or corrupt.
+        sys.exit(f"gazette serve: --data-dir: {err}")

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from broker.client.route_cache import JournalClient
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
+from broker.keyspace.persisted import KeySpaceDirError
+from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
 from broker.protocol.validate import (
     PROCESS_SUFFIX_LEN_MAX,
@@ -183,8 +185,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--data-dir",
         default=None,
-        help="embedded broker's spools and fragments; shards' recovery-log directories go to"
-        " its shards/ (default: the system's temporary directory)",
+        help="embedded broker's spools and fragments, and the embedded keyspace (its keyspace/);"
+        " shards' recovery-log directories go to its shards/ (default: the system's temporary"
+        " directory, and the keyspace in memory)",
+    )
+    serve.add_argument(
+        "--fsync",
+        action="store_true",
+        help="embedded: fdatasync the keyspace's log before acknowledging a write (survives an"
+        " OS crash too, not only the process being killed)",
     )
     serve.add_argument("--drain-timeout", type=float, default=drain_timeout_s_default)
     serve.add_argument(
@@ -207,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace, app: Application) -> int:
     from broker.keyspace.etcd import EtcdBackend
 
-    store = None if args.etcd else EmbeddedStore()
+    store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
     backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
     embedded = (
         await start_embedded_broker(
@@ -240,6 +249,15 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
         if embedded is not None:
             await embedded[1]()
         await backend.close()
+        if store is not None:
+            await store.close()
+
+
+def _embedded_store(data_dir: str | None, fsync: bool) -> EmbeddedStore:
+    """The embedded keyspace: persisted under ``data_dir``/keyspace, else in memory."""
+    if data_dir is None:
+        return EmbeddedStore()
+    return EmbeddedStore.open(os.path.join(data_dir, "keyspace"), fsync=fsync)
 
 
 async def _run_member(
@@ -356,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # Bad configuration (a zone or ID that is not a valid token, ...)
         print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (KeySpaceDirError, CorruptLogError) as exc:  # Locked, unusable or corrupt.
+        print(f"gazette-consumer: --data-dir: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED
 

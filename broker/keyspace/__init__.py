@@ -29,7 +29,12 @@ from broker.keyspace.backend import (
     WatchResponse,
     prefix_end,
 )
-from broker.keyspace.embedded import BackendClosedError, EmbeddedBackend, EmbeddedStore
+from broker.keyspace.embedded import (
+    BackendClosedError,
+    EmbeddedBackend,
+    EmbeddedStore,
+    KeySpaceStorageError,
+)
 from broker.keyspace.keyspace import (
     ApplyIssue,
     Entry,
@@ -39,6 +44,8 @@ from broker.keyspace.keyspace import (
     apply_events,
 )
 from broker.keyspace.mvcc import InvalidRequestError, LeaseExistsError, MVCCStore
+from broker.keyspace.persisted import KeySpaceDirError, KeySpaceLockedError
+from broker.keyspace.wal import CorruptLogError
 
 __all__ = [
     "ApplyIssue",
@@ -48,6 +55,7 @@ __all__ = [
     "Compare",
     "CompareResult",
     "CompareTarget",
+    "CorruptLogError",
     "EmbeddedBackend",
     "EmbeddedStore",
     "Entry",
@@ -58,7 +66,10 @@ __all__ = [
     "InvalidRequestError",
     "InvalidRootError",
     "KeySpace",
+    "KeySpaceDirError",
     "KeySpaceError",
+    "KeySpaceLockedError",
+    "KeySpaceStorageError",
     "KeyValue",
     "LeaseExistsError",
     "LeaseNotFoundError",

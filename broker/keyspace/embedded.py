@@ -15,19 +15,33 @@ is due; it is re-armed after every grant, refresh, revocation and expiry. A time
 than a sleeping task: it holds no stack, cannot fail half-way, and is simply cancelled when the
 last client closes. Every request also revokes leases that are already due first, so that with an
 injected ``clock`` the store behaves exactly as that clock says, whenever the timer fires.
+
+Persistence. ``EmbeddedStore()`` lives in memory; ``EmbeddedStore.open(directory)`` is backed by
+a directory (persisted.py), like a one-member etcd: every change is written to its write-ahead
+log (to the OS, so that it survives the process being killed) before the request that made it
+is answered and before watchers see it. With ``fsync=True`` the log is also fdatasynced first,
+so that it survives an OS crash: in a worker thread, one fdatasync covering every change written
+meanwhile (group commit). Until its fdatasync completes, a change is applied in memory but not
+visible: answers and watch events wait for it, and so does every request that ran after it
+(what it read may depend on the change). Leases do not survive a restart: their holders were
+processes now gone, so ``open`` revokes them all, as etcd would once their TTLs ran out, in new
+revisions, so that a restarted member announces itself at once. A failure to write or sync the
+log (a full disk, an I/O error) fails the store for good: the change is in memory but may not be
+on disk, so every later request and every watch raises KeySpaceStorageError; restart the process
+to recover from what the disk holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from broker.keyspace.backend import (
     Backend,
-    CompactedError,
     Compare,
     Header,
     KeySpaceError,
@@ -37,6 +51,7 @@ from broker.keyspace.backend import (
     UnavailableError,
     WatchResponse,
 )
+from broker.keyspace.embedded_watch import WatchStream
 from broker.keyspace.mvcc import (
     Commit,
     InvalidRequestError,
@@ -45,6 +60,7 @@ from broker.keyspace.mvcc import (
     lease_ttl_min_s_default,
     txn_ops_max_default,
 )
+from broker.keyspace.persisted import KeySpaceDir, KeySpaceDirError, wal_bytes_max_default
 
 # Live responses a watch may hold unread before it is ended with UnavailableError.
 watch_queue_responses_max_default = 1024
@@ -53,12 +69,17 @@ watch_batch_events_max_default = 1000
 
 
 class BackendClosedError(KeySpaceError):
-    """The embedded backend client was closed."""
+    """The embedded backend client (or its store) was closed."""
+
+
+class KeySpaceStorageError(KeySpaceError):
+    """The persisted store could not write or sync its log (or snapshot): it refuses every
+    request from then on, since memory may hold changes the disk does not. Not retryable."""
 
 
 class EmbeddedStore:
     """The in-process keyspace server shared by EmbeddedBackend clients. Bound to the event loop
-    that first uses its leases."""
+    that first uses its leases. In memory; ``open`` gives one backed by a directory."""
 
     def __init__(
         self,
@@ -82,10 +103,107 @@ class EmbeddedStore:
         self.watch_batch_events_max = watch_batch_events_max
         self._clients: set[EmbeddedBackend] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        # Persistence (see the module docstring); None: in memory.
+        self._dir: KeySpaceDir | None = None
+        self._fsync = False
+        self._failure: tuple[str, BaseException] | None = None
+        # Batches of changes written to the log, and how many of them are known synced.
+        self._written = 0
+        self._synced = 0
+        # Commits written but not yet synced, with their batch: published once it is.
+        self._unsynced: collections.deque[tuple[int, Commit]] = collections.deque()
+        self._syncer: asyncio.Task[None] | None = None
+        self._sync_round = asyncio.Event()  # Set (and replaced) after each fdatasync.
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        wal_bytes_max: int = wal_bytes_max_default,
+        clock: Callable[[], float] = time.monotonic,
+        history_revisions_max: int = history_revisions_max_default,
+        lease_ttl_min_s: int = lease_ttl_min_s_default,
+        txn_ops_max: int = txn_ops_max_default,
+    ) -> EmbeddedStore:
+        """A store backed by ``directory`` (created if missing), holding what it held when its
+        last process ended, leases excepted (revoked now, in new revisions). Raises
+        KeySpaceLockedError if another store has it open, CorruptLogError if it is damaged
+        (other than a torn final record, dropped with a warning), KeySpaceDirError if it
+        cannot be created, read or written."""
+        store = cls(
+            clock=clock,
+            history_revisions_max=history_revisions_max,
+            lease_ttl_min_s=lease_ttl_min_s,
+            txn_ops_max=txn_ops_max,
+        )
+        store.core = MVCCStore(
+            history_revisions_max=history_revisions_max,
+            lease_ttl_min_s=lease_ttl_min_s,
+            txn_ops_max=txn_ops_max,
+            record_changes=True,
+        )
+        path = os.fspath(directory)
+        try:
+            kdir = KeySpaceDir(path, wal_bytes_max)
+        except OSError as exc:
+            raise KeySpaceDirError(f"embedded keyspace directory {path}: {exc}") from exc
+        try:
+            kdir.load(store.core)
+            store.core.expire_all()
+            changes = store.core.take_changes()
+            if changes:
+                kdir.append(changes)
+            kdir.sync()
+            if kdir.wants_snapshot():
+                kdir.snapshot(store.core.state())
+        except OSError as exc:
+            kdir.close()
+            raise KeySpaceDirError(f"embedded keyspace directory {path}: {exc}") from exc
+        except BaseException:
+            kdir.close()
+            raise
+        store._dir = kdir
+        store._fsync = fsync
+        return store
+
+    @property
+    def directory(self) -> KeySpaceDir | None:
+        """The directory backing this store (None: in memory)."""
+        return self._dir
+
+    @property
+    def path(self) -> str | None:
+        return self._dir.path if self._dir is not None else None
 
     def connect(self) -> EmbeddedBackend:
         """A new client of this store."""
         return EmbeddedBackend(self)
+
+    async def close(self) -> None:
+        """Stop serving: requests of its clients then fail with BackendClosedError. A persisted
+        store syncs its log (whatever ``fsync`` says: a clean exit loses nothing even to a later
+        OS crash), then closes its files and releases its directory."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._syncer is not None:
+            await asyncio.gather(self._syncer, return_exceptions=True)
+        for client in list(self._clients):
+            await client.close()
+        if self._dir is not None:
+            try:
+                if self._failure is None:
+                    self._dir.sync()
+                    self._synced = self._written
+            finally:
+                self._dir.close()
+                self._next_round()
 
     def break_watches(self) -> None:
         """Fault injection: every active watch of every client raises UnavailableError, as if
@@ -97,23 +215,151 @@ class EmbeddedStore:
     def expire_leases(self) -> None:
         """Revoke the leases due at ``clock()`` now. The timer calls this; tests driving a fake
         clock may too."""
-        self._dispatch(self.core.expire(self.clock()))
+        if self._closed or self._failure is not None:
+            return
+        try:
+            self._commit(self.core.expire(self.clock()))
+        except KeySpaceStorageError:
+            return  # The store is failed: every request and watch reports it from now on.
         self._rearm()
 
-    def _dispatch(self, commits: Iterable[Commit | None]) -> None:
+    @property
+    def failed(self) -> bool:
+        """Whether writing the log failed (see KeySpaceStorageError)."""
+        return self._failure is not None
+
+    @property
+    def durable_revision(self) -> int:
+        """The newest revision whose changes are written (and synced, with ``fsync``)."""
+        return self._unsynced[0][1].revision - 1 if self._unsynced else self.core.revision
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise BackendClosedError("embedded keyspace: store is closed")
+        if self._failure is not None:
+            raise self._storage_error()
+
+    def _storage_error(self) -> KeySpaceStorageError:
+        assert self._failure is not None
+        what, exc = self._failure
+        error = KeySpaceStorageError(
+            f"embedded keyspace {self.path}: {what} failed ({exc}); it serves no more requests:"
+            " restart the process once the disk is fixed"
+        )
+        error.__cause__ = exc
+        return error
+
+    def _commit(self, commits: Iterable[Commit | None]) -> None:
+        """Write the core's new changes to the log, then publish ``commits`` (the commits among
+        them) to watchers: now, or once synced with ``fsync``. A failed write fails the store
+        and raises KeySpaceStorageError (the change may or may not be on disk)."""
+        if self._failure is not None:
+            raise self._storage_error()
+        done = [c for c in commits if c is not None]
+        if self._dir is not None:
+            changes = self.core.take_changes()
+            if changes:
+                try:
+                    self._dir.append(changes)
+                except (OSError, ValueError) as exc:
+                    self._fail("appending to the write-ahead log", exc)
+                    raise self._storage_error() from exc
+                self._written += 1
+                if self._fsync:
+                    self._unsynced.extend((self._written, c) for c in done)
+                    done = []
+                    self._start_syncer()
+                else:
+                    self._synced = self._written
+                    self._maybe_snapshot()
+        self._dispatch(done)
+
+    def _dispatch(self, commits: Iterable[Commit]) -> None:
         for commit in commits:
-            if commit is None:
-                continue
             for client in self._clients:
                 for stream in list(client._streams):
                     stream._offer(commit)
+
+    async def _durable(self) -> None:
+        """Return once everything written so far is synced (at once without ``fsync``): what
+        the caller is about to answer may reflect any of it."""
+        target = self._written
+        while self._synced < target:
+            self._check_usable()
+            self._start_syncer()
+            await self._sync_round.wait()
+
+    def _start_syncer(self) -> None:
+        if self._syncer is not None or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # No loop (a synchronous expire_leases): the next request syncs.
+        self._syncer = loop.create_task(self._sync_loop())
+
+    async def _sync_loop(self) -> None:
+        assert self._dir is not None
+        try:
+            while self._synced < self._written and self._failure is None:
+                target = self._written
+                try:
+                    await asyncio.to_thread(self._dir.sync)
+                except OSError as exc:
+                    self._fail("fdatasync of the write-ahead log", exc)
+                    return
+                self._synced = target
+                self._release(target)
+                self._next_round()
+        finally:
+            self._syncer = None
+            self._next_round()
+        self._maybe_snapshot()
+
+    def _next_round(self) -> None:
+        done, self._sync_round = self._sync_round, asyncio.Event()
+        done.set()
+
+    def _release(self, batch: int) -> None:
+        """Publish the commits of every batch up to ``batch``, now synced."""
+        released = []
+        while self._unsynced and self._unsynced[0][0] <= batch:
+            released.append(self._unsynced.popleft()[1])
+        self._dispatch(released)
+
+    def _maybe_snapshot(self) -> None:
+        """Replace the log with a snapshot once it is over its bound (never while an fdatasync
+        runs: that would close the file under it)."""
+        kdir = self._dir
+        if kdir is None or self._failure is not None or self._syncer is not None:
+            return
+        if self._closed or not kdir.wants_snapshot():
+            return
+        try:
+            kdir.snapshot(self.core.state())
+        except OSError as exc:
+            self._fail("writing a snapshot", exc)
+            return
+        # The snapshot (fsynced) holds every change made so far.
+        self._synced = self._written
+        self._release(self._written)
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """Fail the store for good (see the module docstring): every watch ends with the error,
+        and every request from now on raises it."""
+        self._failure = (what, exc)
+        self._unsynced.clear()
+        for client in self._clients:
+            for stream in list(client._streams):
+                stream._fail(self._storage_error())
+        self._next_round()
 
     def _rearm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         deadline = self.core.next_lease_deadline()
-        if deadline is None or not self._clients:
+        if deadline is None or not self._clients or self._closed:
             return
         delay_s = max(0.0, deadline - self.clock())
         self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
@@ -136,7 +382,7 @@ class EmbeddedBackend(Backend):
         self.store = store if store is not None else EmbeddedStore()
         self._closed = False
         # Weak: a watch its caller dropped without aclose() just disappears.
-        self._streams: weakref.WeakSet[_WatchStream] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[WatchStream] = weakref.WeakSet()
         self.store._clients.add(self)
 
     @property
@@ -155,14 +401,17 @@ class EmbeddedBackend(Backend):
     def _begin(self) -> MVCCStore:
         if self._closed:
             raise BackendClosedError("embedded keyspace: backend is closed")
+        self.store._check_usable()
         # Leases already due are revoked before the request, as if the timer had just fired.
-        self.store._dispatch(self.store.core.expire(self.store.clock()))
+        self.store._commit(self.store.core.expire(self.store.clock()))
         return self.store.core
 
     async def _end(self, *commits: Commit | None, rearm: bool = False) -> None:
-        self.store._dispatch(commits)
+        self.store._commit(commits)
         if rearm:
             self.store._rearm()
+        # Answer only once what the answer reflects is durable (see the module docstring).
+        await self.store._durable()
         # A real backend's request always suspends the caller; yielding here keeps a writer
         # loop from starving watchers (and overflowing their queues) where etcd would not.
         await asyncio.sleep(0)
@@ -217,8 +466,8 @@ class EmbeddedBackend(Backend):
         if start_revision < 0:
             raise InvalidRequestError(f"watch: start_revision must be >= 0 ({start_revision})")
         if start_revision == 0:
-            start_revision = self.store.core.revision + 1
-        return _WatchStream(self, key, range_end, start_revision)
+            start_revision = self.store.durable_revision + 1
+        return WatchStream(self, key, range_end, start_revision)
 
     async def close(self) -> None:
         if self._closed:
@@ -227,110 +476,3 @@ class EmbeddedBackend(Backend):
         self.store._detach(self)
         for stream in list(self._streams):
             stream._wake.set()
-
-
-class _WatchStream(AsyncIterator[WatchResponse]):
-    """One watch. It registers with its client on the first ``__anext__``; from then on it
-    replays [start, revision at registration] from the log, then yields live responses."""
-
-    def __init__(
-        self, client: EmbeddedBackend, key: bytes, range_end: bytes | None, start: int
-    ) -> None:
-        self._client = client
-        self._key = key
-        self._range_end = range_end
-        self._next_revision = start
-        self._replay_end: int | None = None  # None until registered
-        self._queue: collections.deque[WatchResponse] = collections.deque()
-        self._wake = asyncio.Event()
-        self._error: KeySpaceError | None = None
-        self._done = False
-
-    def __aiter__(self) -> _WatchStream:
-        return self
-
-    async def __anext__(self) -> WatchResponse:
-        store = self._client.store
-        while True:
-            if self._done:
-                raise StopAsyncIteration
-            if self._error is not None:
-                error, self._error = self._error, None
-                self._finish()
-                raise error
-            if self._replay_end is None:
-                self._register()
-                continue
-            if self._next_revision <= self._replay_end:
-                resp = self._replay_batch(store)
-                if resp is not None:
-                    return resp
-                continue
-            if self._queue:
-                return self._queue.popleft()
-            if self._client.closed:
-                self._finish()
-                raise StopAsyncIteration
-            self._wake.clear()
-            await self._wake.wait()
-
-    async def aclose(self) -> None:
-        self._finish()
-
-    def _register(self) -> None:
-        core = self._client.store.core
-        if self._client.closed:
-            self._done = True
-            return
-        if self._next_revision < core.compact_revision:
-            self._error = CompactedError(self._next_revision, core.compact_revision)
-            return
-        self._replay_end = core.revision
-        self._client._streams.add(self)
-
-    def _replay_batch(self, store: EmbeddedStore) -> WatchResponse | None:
-        assert self._replay_end is not None
-        try:
-            events, last = store.core.replay(
-                self._key,
-                self._range_end,
-                self._next_revision,
-                self._replay_end,
-                store.watch_batch_events_max,
-            )
-        except KeySpaceError as exc:
-            # Compacted while we replayed: the caller must re-load, as with etcd.
-            self._error = exc
-            return None
-        self._next_revision = last + 1
-        return WatchResponse(Header(last), events) if events else None
-
-    def _offer(self, commit: Commit) -> None:
-        """Queue the part of a live commit this watch covers (called by the store)."""
-        if self._done or self._error is not None:
-            return
-        events = commit.events_in(self._key, self._range_end)
-        if not events:
-            return
-        if len(self._queue) >= self._client.store.watch_queue_responses_max:
-            self._fail(
-                UnavailableError(
-                    f"embedded keyspace: watch of {self._key!r} fell "
-                    f"{len(self._queue)} responses behind; resume from the last revision seen"
-                )
-            )
-            return
-        self._queue.append(WatchResponse(Header(commit.revision), events))
-        self._wake.set()
-
-    def _fail(self, error: KeySpaceError) -> None:
-        # Queued responses are dropped with the watch; the caller resumes from the last
-        # revision it saw, so none of them is lost.
-        self._queue.clear()
-        self._error = error
-        self._wake.set()
-
-    def _finish(self) -> None:
-        self._done = True
-        self._queue.clear()
-        self._client._streams.discard(self)

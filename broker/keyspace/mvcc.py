@@ -19,18 +19,22 @@ revisions, the oldest are compacted automatically.
 Deviation from etcd worth knowing: etcd's compaction at revision r also drops a tombstone written
 exactly at r, so a watch from r may miss that deletion. We keep every event >= r, which is never
 less than etcd delivers.
+
+Persistence. With ``record_changes``, every public mutation also records the ``Change`` it made
+(changes.py), which the caller takes with ``take_changes`` and makes durable; ``redo`` applies
+such a change to a store being rebuilt, and ``state``/``load_state`` are its snapshot.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker.keyspace.backend import (
     CompactedError,
     Compare,
-    CompareResult,
     CompareTarget,
     Event,
     EventType,
@@ -41,11 +45,35 @@ from broker.keyspace.backend import (
     LeaseNotFoundError,
     Op,
     OpDelete,
-    OpGet,
     OpPut,
     RangeResponse,
     TxnResponse,
 )
+from broker.keyspace.changes import (
+    Change,
+    Commit,
+    Committed,
+    Compacted,
+    LeaseGranted,
+    LeaseRevoked,
+    RedoError,
+    StoreState,
+)
+from broker.keyspace.request_checks import (
+    InvalidRequestError,
+    RequestLimits,
+    check_key,
+    holds,
+    in_range,
+)
+
+__all__ = [
+    "Commit",
+    "InvalidRequestError",
+    "LeaseExistsError",
+    "MVCCStore",
+    "in_range",
+]
 
 # Revisions of history kept readable behind the current one before automatic compaction.
 history_revisions_max_default = 10_000
@@ -62,11 +90,6 @@ request_bytes_max_default = 1_572_864
 _initial_revision = 1
 
 
-class InvalidRequestError(KeySpaceError):
-    """The request is malformed (empty key, duplicate keys in a txn branch, too many operations,
-    too large, wrong compare value type...). Nothing was changed."""
-
-
 class LeaseExistsError(KeySpaceError):
     """A grant asked for a lease ID that is already in use."""
 
@@ -75,40 +98,12 @@ class LeaseExistsError(KeySpaceError):
         self.lease_id = lease_id
 
 
-@dataclass(frozen=True, slots=True)
-class Commit:
-    """One mutating revision: its events in order and, for each event, the KeyValue its key had
-    just before it (None if absent). The priors are what a read of an older revision undoes."""
-
-    revision: int
-    events: tuple[Event, ...]
-    priors: tuple[KeyValue | None, ...]
-
-    def events_in(self, key: bytes, range_end: bytes | None) -> tuple[Event, ...]:
-        return tuple(e for e in self.events if in_range(e.kv.key, key, range_end))
-
-
 @dataclass(slots=True)
 class _Lease:
     lease_id: int
     ttl_s: int
     deadline: float
     keys: set[bytes] = field(default_factory=set)
-
-
-def in_range(candidate: bytes, key: bytes, range_end: bytes | None) -> bool:
-    """Whether ``candidate`` lies in etcd's range [key, range_end): just ``key`` when range_end
-    is None, everything from ``key`` on when it is ``b"\\x00"``."""
-    if range_end is None:
-        return candidate == key
-    if range_end == b"\x00":
-        return candidate >= key
-    return key <= candidate < range_end
-
-
-def _check_key(what: str, key: bytes) -> None:
-    if not key:
-        raise InvalidRequestError(f"{what}: key is empty")
 
 
 class MVCCStore:
@@ -121,6 +116,7 @@ class MVCCStore:
         lease_ttl_min_s: int = lease_ttl_min_s_default,
         txn_ops_max: int = txn_ops_max_default,
         request_bytes_max: int = request_bytes_max_default,
+        record_changes: bool = False,
     ) -> None:
         if history_revisions_max < 1:
             raise ValueError(f"history_revisions_max: must be >= 1 (got {history_revisions_max})")
@@ -130,8 +126,7 @@ class MVCCStore:
             raise ValueError("txn_ops_max and request_bytes_max: must be >= 1")
         self._history_revisions_max = history_revisions_max
         self._lease_ttl_min_s = lease_ttl_min_s
-        self._txn_ops_max = txn_ops_max
-        self._request_bytes_max = request_bytes_max
+        self._limits = RequestLimits(txn_ops_max, request_bytes_max)
 
         self._revision = _initial_revision
         self._compact_revision = 0
@@ -141,6 +136,8 @@ class MVCCStore:
         self._log: dict[int, Commit] = {}
         self._leases: dict[int, _Lease] = {}
         self._next_lease_id = 1
+        # Changes made since the last take_changes() (None: not recorded).
+        self._changes: list[Change] | None = [] if record_changes else None
 
     # -- Reads ------------------------------------------------------------------------------
 
@@ -156,7 +153,7 @@ class MVCCStore:
         return Header(revision=self._revision)
 
     def range(self, key: bytes, range_end: bytes | None = None, revision: int = 0) -> RangeResponse:
-        _check_key("range", key)
+        check_key("range", key)
         if revision < 0:
             raise InvalidRequestError(f"range: revision must be >= 0 (got {revision})")
         if revision > self._revision:
@@ -222,22 +219,25 @@ class MVCCStore:
     # -- Writes -----------------------------------------------------------------------------
 
     def put(self, key: bytes, value: bytes, lease: int = 0) -> tuple[Header, Commit]:
-        self._check_put(OpPut(key, value, lease))
+        self._limits.check_put(OpPut(key, value, lease))
         if lease and lease not in self._leases:
             raise LeaseNotFoundError(lease)
         pending = _Pending(self._revision + 1)
         self._put(pending, key, value, lease)
         commit = self._commit(pending)
         assert commit is not None, "a put always mutates"
+        self._record(Committed(commit))
         return self.header(), commit
 
     def delete(
         self, key: bytes, range_end: bytes | None = None
     ) -> tuple[Header, int, Commit | None]:
-        _check_key("delete", key)
+        check_key("delete", key)
         pending = _Pending(self._revision + 1)
         deleted = self._delete(pending, key, range_end)
         commit = self._commit(pending)
+        if commit is not None:
+            self._record(Committed(commit))
         return self.header(), deleted, commit
 
     def txn(
@@ -245,7 +245,7 @@ class MVCCStore:
     ) -> tuple[TxnResponse, Commit | None]:
         """Evaluate ``compares`` (all must hold), then run one branch as one revision (if it
         mutates anything). Every check that can fail runs before the first change."""
-        self._check_txn(compares, success, failure)
+        self._limits.check_txn(compares, success, failure)
         succeeded = all(self._compare(c) for c in compares)
         ops = success if succeeded else failure
         for op in ops:
@@ -264,6 +264,8 @@ class MVCCStore:
                 # Reads inside a txn see the branch's earlier writes, as in etcd.
                 results.append(tuple(self._live_range(op.key, op.range_end)))
         commit = self._commit(pending)
+        if commit is not None:
+            self._record(Committed(commit))
         return TxnResponse(succeeded, self.header(), tuple(results)), commit
 
     def compact(self, revision: int) -> None:
@@ -275,6 +277,10 @@ class MVCCStore:
                 f"compact: revision {revision} is in the future (current revision is "
                 f"{self._revision})"
             )
+        self._compact_to(revision)
+        self._record(Compacted(revision))
+
+    def _compact_to(self, revision: int) -> None:
         for rev in range(max(self._compact_revision, _initial_revision), revision):
             self._log.pop(rev, None)
         self._compact_revision = revision
@@ -319,80 +325,8 @@ class MVCCStore:
         self._log[commit.revision] = commit
         floor = self._revision - self._history_revisions_max
         if floor > self._compact_revision:
-            self.compact(floor)
+            self._compact_to(floor)  # Not recorded: redoing the commits compacts alike.
         return commit
-
-    # -- Validation -------------------------------------------------------------------------
-
-    def _check_put(self, op: OpPut) -> None:
-        _check_key("put", op.key)
-        if op.lease < 0:
-            raise InvalidRequestError(f"put {op.key!r}: lease must be >= 0 (got {op.lease})")
-        size = len(op.key) + len(op.value)
-        if size > self._request_bytes_max:
-            raise InvalidRequestError(
-                f"put {op.key!r}: request of {size} bytes exceeds {self._request_bytes_max}"
-            )
-
-    def _check_txn(
-        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]
-    ) -> None:
-        for name, items in (("compares", compares), ("success", success), ("failure", failure)):
-            if len(items) > self._txn_ops_max:
-                raise InvalidRequestError(
-                    f"txn {name}: {len(items)} operations exceed the limit of {self._txn_ops_max}"
-                )
-        for i, c in enumerate(compares):
-            _check_key(f"txn compares[{i}]", c.key)
-            wants_bytes = c.target == CompareTarget.VALUE
-            if isinstance(c.value, bytes) != wants_bytes or isinstance(c.value, bool):
-                raise InvalidRequestError(
-                    f"txn compares[{i}]: a {c.target.name} compare needs "
-                    f"{'bytes' if wants_bytes else 'an int'} (got {type(c.value).__name__})"
-                )
-        size = sum(
-            len(c.key) + (len(c.value) if isinstance(c.value, bytes) else 0) for c in compares
-        )
-        for name, ops in (("success", success), ("failure", failure)):
-            size += self._check_branch(name, ops)
-        if size > self._request_bytes_max:
-            raise InvalidRequestError(
-                f"txn: request of {size} bytes exceeds {self._request_bytes_max}"
-            )
-
-    def _check_branch(self, name: str, ops: Sequence[Op]) -> int:
-        """Validate one branch; returns its key and value bytes. As etcd does, refuse a branch
-        that writes one key twice (or puts a key it also deletes): the outcome would depend on
-        op order within one revision, which watchers cannot see."""
-        size = 0
-        puts: set[bytes] = set()
-        deletes: list[OpDelete] = []
-        for i, op in enumerate(ops):
-            what = f"txn {name}[{i}]"
-            if isinstance(op, OpPut):
-                self._check_put(op)
-                if op.key in puts:
-                    raise InvalidRequestError(f"{what}: duplicate key {op.key!r} in one branch")
-                puts.add(op.key)
-                size += len(op.key) + len(op.value)
-            elif isinstance(op, OpDelete):
-                _check_key(what, op.key)
-                deletes.append(op)
-                size += len(op.key) + len(op.range_end or b"")
-            elif isinstance(op, OpGet):
-                _check_key(what, op.key)
-                size += len(op.key) + len(op.range_end or b"")
-            else:
-                raise InvalidRequestError(
-                    f"{what}: expected OpPut, OpDelete or OpGet (got {type(op).__name__})"
-                )
-        for d in deletes:
-            for k in puts:
-                if in_range(k, d.key, d.range_end):
-                    raise InvalidRequestError(
-                        f"txn {name}: key {k!r} is both put and deleted in one branch"
-                    )
-        return size
 
     def _compare(self, c: Compare) -> bool:
         kv = self._kvs.get(c.key)
@@ -413,7 +347,7 @@ class MVCCStore:
                 actual = kv.value
             case CompareTarget.LEASE:
                 actual = kv.lease
-        return _holds(actual, c.result, c.value)
+        return holds(actual, c.result, c.value)
 
     # -- Leases -----------------------------------------------------------------------------
 
@@ -433,6 +367,7 @@ class MVCCStore:
             self._next_lease_id += 1
         ttl = max(ttl_s, self._lease_ttl_min_s)
         self._leases[lease_id] = _Lease(lease_id, ttl, now + ttl)
+        self._record(LeaseGranted(lease_id, ttl))
         return lease_id, ttl
 
     def lease_keepalive(self, lease_id: int, now: float) -> int:
@@ -453,6 +388,7 @@ class MVCCStore:
         for key in sorted(lease.keys):
             self._delete(pending, key, None)
         commit = self._commit(pending)
+        self._record(LeaseRevoked(lease_id, commit))
         return self.header(), commit
 
     def lease_keys(self, lease_id: int) -> list[bytes]:
@@ -480,6 +416,142 @@ class MVCCStore:
                 commits.append(commit)
         return commits
 
+    def expire_all(self) -> list[Commit]:
+        """Revoke every lease (as expire() at the end of time): what a store reopened after its
+        process ended does, since no holder of those leases can still be refreshing them."""
+        return self.expire(math.inf)
+
+    # -- Persistence ------------------------------------------------------------------------
+
+    def take_changes(self) -> list[Change]:
+        """The changes made since the last call, oldest first (empty unless recording)."""
+        if not self._changes:
+            return []
+        changes, self._changes = self._changes, []
+        return changes
+
+    def _record(self, change: Change) -> None:
+        if self._changes is not None:
+            self._changes.append(change)
+
+    def state(self) -> StoreState:
+        """A snapshot of the live state (see StoreState)."""
+        last = self._log.get(self._revision)
+        return StoreState(
+            revision=self._revision,
+            compact_revision=self._compact_revision,
+            next_lease_id=self._next_lease_id,
+            leases=tuple((i, self._leases[i].ttl_s) for i in sorted(self._leases)),
+            kvs=tuple(self._kvs[k] for k in self._keys),
+            last_events=last.events if last is not None else (),
+        )
+
+    def load_state(self, state: StoreState) -> None:
+        """Make this fresh store the one ``state`` describes. History before ``state.revision``
+        is not in a snapshot, so it is compacted there. Leases come back due at once: their
+        deadlines were the previous process's clock, and nobody refreshes them any more."""
+        if self._revision != _initial_revision or self._kvs or self._leases or self._log:
+            raise ValueError("load_state: the store is not fresh")
+        if not 0 <= state.compact_revision <= state.revision or state.revision < 1:
+            raise RedoError(
+                f"snapshot: revision {state.revision} and compact revision "
+                f"{state.compact_revision} are inconsistent"
+            )
+        for lease_id, ttl_s in state.leases:
+            if lease_id <= 0 or lease_id in self._leases:
+                raise RedoError(f"snapshot: lease {lease_id:#x} is invalid or listed twice")
+            self._leases[lease_id] = _Lease(lease_id, ttl_s, -math.inf)
+        for i, kv in enumerate(state.kvs):
+            if i and kv.key <= state.kvs[i - 1].key:
+                raise RedoError(f"snapshot: key {kv.key!r} is out of order or listed twice")
+            if not 0 < kv.create_revision <= kv.mod_revision <= state.revision or kv.version < 1:
+                raise RedoError(f"snapshot: key {kv.key!r} has inconsistent revisions")
+            if kv.lease:
+                lease = self._leases.get(kv.lease)
+                if lease is None:
+                    raise RedoError(f"snapshot: key {kv.key!r} names unknown lease {kv.lease:#x}")
+                lease.keys.add(kv.key)
+            self._kvs[kv.key] = kv
+        if any(e.kv.mod_revision != state.revision for e in state.last_events):
+            raise RedoError(f"snapshot: its last events are not of revision {state.revision}")
+        self._keys = [kv.key for kv in state.kvs]
+        self._revision = state.revision
+        self._compact_revision = state.revision
+        if state.last_events:
+            # No read is ever of a revision before this one, so the priors are never undone.
+            priors = (None,) * len(state.last_events)
+            self._log[state.revision] = Commit(state.revision, state.last_events, priors)
+        self._next_lease_id = max(state.next_lease_id, 1)
+
+    def redo(self, change: Change) -> None:
+        """Apply a recorded change again, in a store being rebuilt from its log. Raises
+        RedoError if the change does not follow from the current state."""
+        match change:
+            case Committed(commit):
+                self._redo_commit(commit)
+            case LeaseGranted(lease_id, ttl_s):
+                if lease_id <= 0 or lease_id in self._leases:
+                    raise RedoError(f"grant of lease {lease_id:#x}: invalid or already granted")
+                self._leases[lease_id] = _Lease(lease_id, ttl_s, -math.inf)
+                self._next_lease_id = max(self._next_lease_id, lease_id + 1)
+            case LeaseRevoked(lease_id, commit):
+                lease = self._leases.get(lease_id)
+                if lease is None:
+                    raise RedoError(f"revocation of lease {lease_id:#x}: it does not exist")
+                deleted = {e.kv.key for e in commit.events} if commit is not None else set()
+                if deleted != lease.keys:
+                    raise RedoError(
+                        f"revocation of lease {lease_id:#x}: deletes {len(deleted)} keys, but "
+                        f"the lease has {len(lease.keys)}"
+                    )
+                del self._leases[lease_id]
+                if commit is not None:
+                    self._redo_commit(commit)
+            case Compacted(revision):
+                if revision > self._revision:
+                    raise RedoError(f"compaction at {revision}: past revision {self._revision}")
+                if revision > self._compact_revision:
+                    self._compact_to(revision)
+
+    def _redo_commit(self, commit: Commit) -> None:
+        rev = commit.revision
+        if rev != self._revision + 1 or not commit.events:
+            raise RedoError(
+                f"commit of revision {rev} ({len(commit.events)} events) does not follow "
+                f"revision {self._revision}"
+            )
+        pending = _Pending(rev)
+        for event in commit.events:
+            kv = event.kv
+            prior = self._kvs.get(kv.key)
+            if event.type is EventType.PUT:
+                created = prior is None
+                expected = KeyValue(
+                    kv.key,
+                    kv.value,
+                    rev if prior is None else prior.create_revision,
+                    rev,
+                    1 if prior is None else prior.version + 1,
+                    kv.lease,
+                )
+                if kv != expected or (kv.lease and kv.lease not in self._leases):
+                    raise RedoError(f"revision {rev}: put of {kv.key!r} does not follow")
+                if prior is not None:
+                    self._detach(prior)
+                if kv.lease:
+                    self._leases[kv.lease].keys.add(kv.key)
+                self._kvs[kv.key] = kv
+                if created:
+                    bisect.insort(self._keys, kv.key)
+            else:
+                if prior is None or kv != KeyValue(kv.key, b"", 0, rev, 0):
+                    raise RedoError(f"revision {rev}: delete of {kv.key!r} does not follow")
+                del self._kvs[kv.key]
+                del self._keys[bisect.bisect_left(self._keys, kv.key)]
+                self._detach(prior)
+            pending.add(event, prior)
+        self._commit(pending)
+
 
 class _Pending:
     """Changes being made at one revision, before they are committed."""
@@ -494,22 +566,3 @@ class _Pending:
     def add(self, event: Event, prior: KeyValue | None) -> None:
         self.events.append(event)
         self.priors.append(prior)
-
-
-def _holds(actual: int | bytes, result: CompareResult, expected: int | bytes) -> bool:
-    if isinstance(actual, bytes) and isinstance(expected, bytes):
-        sign = (actual > expected) - (actual < expected)
-    elif isinstance(actual, int) and isinstance(expected, int):
-        sign = (actual > expected) - (actual < expected)
-    else:  # The txn checks rule this out; keep the store's state safe if they are bypassed.
-        raise InvalidRequestError(f"compare: cannot compare {actual!r} with {expected!r}")
-    match result:
-        case CompareResult.EQUAL:
-            return sign == 0
-        case CompareResult.NOT_EQUAL:
-            return sign != 0
-        case CompareResult.GREATER:
-            return sign > 0
-        case CompareResult.LESS:
-            return sign < 0
-    raise InvalidRequestError(f"compare: unknown result {result!r}")

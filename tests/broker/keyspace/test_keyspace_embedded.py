@@ -153,6 +153,20 @@ async def test_watch_from_zero_starts_at_the_next_revision() -> None:
     await backend.close()
 
 
+async def test_watch_from_a_future_revision_skips_the_revisions_before_it() -> None:
+    # etcd delivers only events >= start_revision, even when it is not reached yet.
+    backend = EmbeddedBackend()
+    h = await backend.put(b"k", b"0")
+    stream = backend.watch(b"k", None, h.revision + 2)
+    waiter = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)  # A yield, no wait: the ready waiter runs and registers the watch.
+    await backend.put(b"k", b"1")  # h + 1: before the start
+    await backend.put(b"k", b"2")  # h + 2
+    resp = await asyncio.wait_for(waiter, wait_s)
+    assert (resp.header.revision, [e.kv.value for e in resp.events]) == (h.revision + 2, [b"2"])
+    await backend.close()
+
+
 async def test_watch_rejects_bad_arguments() -> None:
     backend = EmbeddedBackend()
     with pytest.raises(InvalidRequestError):
