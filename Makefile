@@ -18,7 +18,9 @@ MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspac
 	broker/append_rate.py broker/malloc_tuning.py broker/protocol/content_wire.py broker/protocol/selector.py broker/protocol/validate.py \
 	gazette_consumer/message gazette_consumer/sequencer gazette_consumer/transaction.py gazette_consumer/shard_spec.py broker/logging.py \
 	gazette_consumer/recoverylog/fsm.py gazette_consumer/recoverylog/ops.py gazette_consumer/recoverylog/segments.py \
-	gazette_consumer/stores/rocksdb.py gazette_consumer/stores/recorded.py
+	gazette_consumer/stores/rocksdb.py gazette_consumer/stores/recorded.py \
+	broker/keyspace/wal.py broker/keyspace/persisted.py broker/keyspace/changes.py broker/keyspace/change_codec.py broker/keyspace/request_checks.py broker/keyspace/embedded_watch.py \
+	broker/fragment/verify.py broker/fragment/lost.py gazette_consumer/shard_retry.py
 
 .PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean
 
