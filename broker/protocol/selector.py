@@ -25,12 +25,14 @@ from collections.abc import Callable, Iterable
 from itertools import groupby
 from typing import NamedTuple
 
+from broker.protocol import limits
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.labels import PREFIX_SUFFIX
+from broker.protocol.labels import PREFIX_SUFFIX, values_of
 from broker.protocol.validate import (
     PATH_SYMBOLS,
     TOKEN_SYMBOLS,
     ValidationError,
+    check_count,
     is_letter_or_number,
     validate_label_selector,
 )
@@ -183,7 +185,12 @@ def _to_label_set(labels: Iterable[_Label]) -> pb.LabelSet:
 
 
 def parse_selector(text: str) -> pb.LabelSelector:
-    """Parse a selector string into a validated LabelSelector, or raise SelectorError."""
+    """Parse a selector string into a validated LabelSelector, or raise SelectorError. A string
+    longer than `selector_chars_max` is refused before parsing."""
+    try:
+        check_count(len(text), "characters", "selector_chars_max", limits.selector_chars_max)
+    except ValidationError as err:
+        raise SelectorError(err.rule, position=limits.selector_chars_max) from None
     scan = _Scanner(text)
     include: list[_Label] = []
     exclude: list[_Label] = []
@@ -243,18 +250,29 @@ def _value_matches(wanted: pb.Label, values: list[str]) -> bool:
     return wanted.value in values
 
 
-def matches(selector: pb.LabelSelector, label_set: pb.LabelSet) -> bool:
+def matches(
+    selector: pb.LabelSelector, label_set: pb.LabelSet, meta: pb.LabelSet | None = None
+) -> bool:
     """Whether `label_set` is selected: every included name is matched by at least one of its
-    selector values, and no excluded label is matched."""
-    values: dict[str, list[str]] = {}
-    for label in label_set.labels:
-        values.setdefault(label.name, []).append(label.value)
+    selector values, and no excluded label is matched.
+
+    `meta` are meta-labels (labels.journal_meta_labels, shard_meta_labels): where `meta` has a
+    name, its values are those matched, as if matching `labels.union(meta, label_set)`, without
+    building that union. Both sets must be sorted by name (as valid sets are): each selector
+    name is looked up by bisection, so the cost follows the selector's size, not the set's."""
+
+    def values(name: str) -> list[str]:
+        if meta is not None:
+            found = values_of(meta, name)
+            if found:
+                return found
+        return values_of(label_set, name)
 
     for label in selector.exclude.labels:
-        if _value_matches(label, values.get(label.name, [])):
+        if _value_matches(label, values(label.name)):
             return False
     for name, group in groupby(selector.include.labels, key=lambda label: label.name):
-        present = values.get(name, [])
+        present = values(name)
         if not any(_value_matches(label, present) for label in group):
             return False
     return True
