@@ -185,7 +185,7 @@ class ShardSpecsAPI:
         for entry in shard_items(self._ks, self._root):
             item = entry.decoded
             assert isinstance(item, ShardItem)
-            if not matches(selector, gl.union(gl.shard_meta_labels(item.id), item.spec.labels)):
+            if not matches(selector, item.spec.labels, meta=gl.shard_meta_labels(item.id)):
                 continue
             route, statuses = shard_route(self._ks, self._root, item.id)
             out.append(

@@ -1,0 +1,140 @@
+"""No one request stalls a broker: real in-process brokers, over their gRPC API.
+
+A request over a limit (labels of a spec, registers of an append) is refused with
+INVALID_ARGUMENT naming the limit and the field, and changes nothing. Requests within the limits
+that carry many labels (a List of journals with a thousand labels each) never hold the broker's
+event loop for long: a task ticking on the loop sees no gap longer than a fraction of a second,
+and an append to an unrelated journal, sent while the List runs, completes meanwhile. (Before the
+label operations were made near-linear, that List held the loop for seconds.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from broker_testkit import Cluster, journal_spec, local_content
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
+from broker.protocol.limits import labels_per_set_max
+from broker.server import Broker
+
+# The longest the event loop may stall in these tests. Work within the limits takes a few
+# milliseconds; this bound leaves room for a loaded test machine, and is far below the seconds
+# the same requests took when label operations were quadratic.
+loop_gap_s_max = 0.5
+
+
+class LoopGaps:
+    """The longest the event loop went without running a ticking task."""
+
+    def __init__(self, tick_s: float = 0.005) -> None:
+        self.tick_s = tick_s
+        self.longest_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.tick_s)
+            now = time.monotonic()
+            self.longest_s = max(self.longest_s, now - last - self.tick_s)
+            last = now
+
+    async def __aenter__(self) -> LoopGaps:
+        self._task = asyncio.ensure_future(self._run())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def labelled_spec(name: str, count: int, value_len: int = 8) -> pb.JournalSpec:
+    spec = journal_spec(name)
+    spec.labels.CopyFrom(label_set((f"tag-{i:06d}", "v" * value_len) for i in range(count)))
+    return spec
+
+
+@pytest.fixture
+async def broker(cluster: Cluster) -> AsyncIterator[Broker]:
+    yield await cluster.start_broker("zone-a", "broker-a")
+
+
+async def test_apply_over_the_label_limit_is_refused_and_changes_nothing(
+    cluster: Cluster, broker: Broker
+) -> None:
+    stub = cluster.stub(broker)
+    change = pb.ApplyRequest.Change(upsert=labelled_spec("limits/many", 10_000))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Apply(pb.ApplyRequest(changes=[change]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "ApplyRequest.changes[0].upsert.labels: 10000 labels exceed labels_per_set_max"
+        f" ({labels_per_set_max})"
+    )
+    listed = [r async for r in stub.List(pb.ListRequest())]
+    assert [j.spec.name for r in listed for j in r.journals] == []
+
+    # At the limit, the same spec applies.
+    change = pb.ApplyRequest.Change(upsert=labelled_spec("limits/many", labels_per_set_max))
+    assert (await stub.Apply(pb.ApplyRequest(changes=[change]))).status == pb.OK
+
+
+async def test_append_over_the_register_limit_is_refused_and_changes_nothing(
+    cluster: Cluster, broker: Broker
+) -> None:
+    await cluster.create(journal_spec("limits/registers"), [broker])
+    registers = label_set((f"reg-{i:06d}", "1") for i in range(10_000))
+    resp_or_error: pb.AppendResponse | grpc.aio.AioRpcError
+    try:
+        resp_or_error = await cluster.append(
+            broker, "limits/registers", [b"data"], union_registers=registers
+        )
+    except grpc.aio.AioRpcError as err:
+        resp_or_error = err
+    assert isinstance(resp_or_error, grpc.aio.AioRpcError)
+    assert resp_or_error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert resp_or_error.details() == (
+        f"append: union_registers: 10000 labels exceed labels_per_set_max ({labels_per_set_max})"
+    )
+    # Nothing was written and no register was set: the next append starts at 0, unfenced.
+    resp = await cluster.append(broker, "limits/registers", [b"ok"])
+    assert (resp.status, resp.commit.begin, list(resp.registers.labels)) == (pb.OK, 0, [])
+    assert local_content(broker, "limits/registers") == (0, b"ok")
+
+
+async def test_list_of_label_heavy_journals_does_not_stall_the_broker(
+    cluster: Cluster, broker: Broker
+) -> None:
+    journals = 20
+    for index in range(journals):
+        await cluster.put_spec(labelled_spec(f"limits/heavy-{index:03d}", 1000))
+    await cluster.create(journal_spec("limits/unrelated"), [broker])
+    stub = cluster.stub(broker)
+
+    async def timed_append() -> float:
+        started = time.monotonic()
+        resp = await cluster.append(broker, "limits/unrelated", [b"x"])
+        assert resp.status == pb.OK
+        return time.monotonic() - started
+
+    await timed_append()  # Warm: the journal's pipeline exists.
+    async with LoopGaps() as gaps:
+        selector = pb.LabelSelector(include=label_set([("tag-000999", "")]))
+        listing = asyncio.ensure_future(_collect(stub.List(pb.ListRequest(selector=selector))))
+        append_s = await timed_append()
+        listed = await listing
+    assert len(listed) == journals
+    assert gaps.longest_s < loop_gap_s_max, f"event loop stalled {gaps.longest_s:.3f}s"
+    assert append_s < loop_gap_s_max, f"unrelated append took {append_s:.3f}s"
+
+
+async def _collect(call: AsyncIterator[pb.ListResponse]) -> list[str]:
+    return [j.spec.name async for r in call for j in r.journals]
