@@ -11,7 +11,10 @@
 
 The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``).
 Errors are printed as one line naming what was wrong, with exit status 2 for bad input and 1 for
-a failed request.
+a failed request. Spec files are read strictly and boundedly (strict_yaml.py): a bad document is
+one line naming its file, line and field. Whatever the input, gazctl prints no traceback: an
+unexpected error (a bug) is one line too, with exit status 1; ``--debug`` (or
+``$GAZCTL_DEBUG=1``) prints its traceback as well.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +32,7 @@ import grpc
 from broker import logging as gazette_logging
 from broker.cli import journalspace, shards
 from broker.cli.output import FORMATS, emit
+from broker.cli.strict_yaml import parse_file
 from broker.fragment.stores.base import StoreError
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import StatusError
@@ -42,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker", default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"))
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--log-format", choices=("console", "json"), default="console")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=os.environ.get("GAZCTL_DEBUG", "") not in ("", "0"),
+        help="print the traceback of an unexpected error (also $GAZCTL_DEBUG=1)",
+    )
     top = parser.add_subparsers(dest="noun", required=True)
 
     journals = top.add_parser("journals", help="journal specs, content and fragments")
@@ -92,13 +103,6 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The parsed command line (argparse exits with status 2 on a malformed one)."""
     return _parser().parse_args(argv)
-
-
-def _read_input(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
 
 
 def _apply_records(nodes: Sequence[tuple[Any, str]]) -> list[dict[str, Any]]:
@@ -156,7 +160,7 @@ async def _run(args: argparse.Namespace) -> int:
     if args.verb in ("prune", "reset-head"):
         return await _operate(args)
     if args.verb == "apply":
-        nodes = journalspace.parse_journal_space(_read_input(args.file))
+        nodes = parse_file(args.file, journalspace.parse_journal_space)
         records = _apply_records(nodes)
         if not args.dry_run:
             from broker.cli import remote
@@ -172,21 +176,35 @@ async def _run(args: argparse.Namespace) -> int:
     return await remote.run(args)
 
 
+def _print_error(text: str) -> None:
+    # One line, whatever the error's text holds.
+    print("gazctl: " + " ".join(text.splitlines()), file=sys.stderr)
+
+
 async def run(args: argparse.Namespace) -> int:
     """Run a parsed command on the current event loop; failures are printed as one line and
     returned as the exit status (see the module docstring)."""
     try:
         return await _run(args)
     except (ValidationError, OSError) as exc:
-        print(f"gazctl: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_BAD_INPUT
     except (StatusError, StoreError) as exc:
         # A refusal by the broker (journal not found, wrong offset, ...), a failed store
         # operation, or nothing to act on: one line naming it.
-        print(f"gazctl: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_FAILED
     except grpc.aio.AioRpcError as exc:
-        print(f"gazctl: broker {args.broker}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        _print_error(f"broker {args.broker}: {exc.code().name}: {exc.details()}")
+        return EXIT_FAILED
+    except Exception as exc:
+        # A bug, not the user's doing: still one line (the traceback on request).
+        if getattr(args, "debug", False):
+            traceback.print_exc(file=sys.stderr)
+        _print_error(
+            f"unexpected error: {type(exc).__name__}: {exc}"
+            " (a bug in gazctl; --debug or GAZCTL_DEBUG=1 shows its traceback)"
+        )
         return EXIT_FAILED
 
 
