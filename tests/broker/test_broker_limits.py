@@ -16,12 +16,16 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from broker_testkit import Cluster, journal_spec, local_content
+from broker_testkit import ROOT, Cluster, journal_spec, local_content
 
+from broker.keyspace.backend import prefix_end
+from broker.list_apply_api import list_response_bytes_max
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.protocol.limits import labels_per_set_max
+from broker.protocol.validate import LABEL_VALUE_LEN_MAX
 from broker.server import Broker
+from broker.topology import item_key
 
 # The longest the event loop may stall in these tests. Work within the limits takes a few
 # milliseconds; this bound leaves room for a loaded test machine, and is far below the seconds
@@ -138,3 +142,52 @@ async def test_list_of_label_heavy_journals_does_not_stall_the_broker(
 
 async def _collect(call: AsyncIterator[pb.ListResponse]) -> list[str]:
     return [j.spec.name async for r in call for j in r.journals]
+
+
+async def test_list_messages_are_bounded_in_bytes(cluster: Cluster, broker: Broker) -> None:
+    """Journals of about 1 MiB each (the most labels, of the longest values): a List splits
+    them into messages of at most list_response_bytes_max."""
+    count = 6
+    for index in range(count):
+        await cluster.put_spec(
+            labelled_spec(f"limits/big-{index}", labels_per_set_max, LABEL_VALUE_LEN_MAX)
+        )
+    await cluster.sync(await cluster.put_spec(journal_spec("limits/small")))
+    messages = [m async for m in cluster.stub(broker).List(pb.ListRequest())]
+    assert sum(len(m.journals) for m in messages) == count + 1
+    assert len(messages) > 1
+    for message in messages:
+        # The bound counts each spec at its etcd size; a message adds a few bytes per journal.
+        assert message.ByteSize() <= list_response_bytes_max + 64 * len(message.journals)
+
+
+async def test_a_list_shows_one_revision_while_journals_change(
+    cluster: Cluster, broker: Broker
+) -> None:
+    """A List that yields the event loop part-way still answers with the journals of exactly
+    the revision its header names, though journals are deleted meanwhile."""
+    journals = 400
+    for index in range(journals):
+        await cluster.put_spec(labelled_spec(f"limits/churn-{index:04d}", 100))
+    await cluster.sync(await cluster.put_spec(journal_spec("limits/anchor")))
+    stub = cluster.stub(broker)
+    prefix = f"{ROOT}/items/".encode()
+
+    async def delete_all() -> None:
+        for index in reversed(range(journals)):
+            await cluster.admin.delete(item_key(ROOT, f"limits/churn-{index:04d}").encode())
+
+    deleting = asyncio.ensure_future(delete_all())
+    overlapped = 0
+    try:
+        while not deleting.done():
+            messages = [m async for m in stub.List(pb.ListRequest())]
+            revision = messages[0].header.etcd.revision
+            listed = sorted(j.spec.name for m in messages for j in m.journals)
+            at_revision = await cluster.admin.range(prefix, prefix_end(prefix), revision)
+            expected = sorted(kv.key.decode()[len(prefix) :] for kv in at_revision.kvs)
+            assert listed == expected, revision
+            overlapped += broker.ks.header.revision > revision
+    finally:
+        await deleting
+    assert overlapped, "no List overlapped a deletion: the test proved nothing"

@@ -22,8 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.cli.gazctl import EXIT_BAD_INPUT, EXIT_FAILED, main, parse_args, run
+from broker.cli.journalspace import JournalSpaceError, parse_journal_space
+from broker.cli.shardspace import ShardSpaceError, parse_shard_space
 from broker.cli.strict_yaml import yaml_bytes_max, yaml_depth_max
 
 JOURNAL_BASE = (
@@ -310,3 +315,57 @@ def test_a_number_where_a_string_is_due_says_to_quote_it(
     assert line.endswith(
         ":4: root.labels[0].value: must be a string (got 1; quote it if it is one)"
     )
+
+
+# --- Fuzzing: whatever the document, a spec list or one typed error ---------------------------
+
+_KEY_NAMES = [
+    *("name", "children", "delete", "comment", "replication", "fragment", "labels", "flags"),
+    *("max_append_rate", "suspend", "length", "compression_codec", "stores", "level", "offset"),
+    *("refresh_interval", "retention", "flush_interval", "path_postfix_template", "value"),
+    *("common", "shards", "id", "sources", "journal", "min_offset", "max_txn_duration"),
+    *("hot_standbys", "hint_prefix", "recovery_log_prefix", "hint_backups", "revision"),
+]
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["demo/", "demo/a", "30s", "NONE", "O_RDWR", "s3://b/", "x", "", "1h"]),
+    st.text(max_size=12),
+)
+_DOCUMENTS = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(_KEY_NAMES) | st.text(max_size=6), inner, max_size=6)
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DOCUMENTS)
+def test_any_yaml_document_is_specs_or_one_typed_error(document: object) -> None:
+    text = yaml.safe_dump(document, allow_unicode=True)
+    for parse, error in (
+        (parse_journal_space, JournalSpaceError),
+        (parse_shard_space, ShardSpaceError),
+    ):
+        try:
+            parse(text)
+        except error as exc:
+            assert "\n" not in str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_are_specs_or_one_typed_error(data: bytes) -> None:
+    for parse, error in (
+        (parse_journal_space, JournalSpaceError),
+        (parse_shard_space, ShardSpaceError),
+    ):
+        try:
+            parse(data)
+        except error as exc:
+            assert "\n" not in str(exc)
