@@ -148,24 +148,11 @@ def shard_meta_labels(shard_id: str) -> pb.LabelSet:
 def union(lhs: pb.LabelSet, rhs: pb.LabelSet) -> pb.LabelSet:
     """Labels of either set; where both have a name, the values of `lhs` win.
 
-    Both sets must be sorted by name (as every valid LabelSet is): one merge pass, O(n + m),
-    copying runs of labels rather than inserting them one by one."""
-    left, right = lhs.labels, rhs.labels
+    Both sets must be sorted (as every valid LabelSet is): the labels of `rhs` under names
+    `lhs` lacks are merged in by one stable sort of two sorted runs, which is linear."""
+    left = list(lhs.labels)
+    names = {label.name for label in left}
+    kept = [label for label in rhs.labels if label.name not in names]
     out = pb.LabelSet()
-    i = j = 0
-    while i < len(left) and j < len(right):
-        left_name, right_name = left[i].name, right[j].name
-        if left_name <= right_name:
-            # Every label of `lhs` is kept; a run of `rhs` under the same name is skipped.
-            end = bisect_right(left, left_name, lo=i, key=_label_name)
-            out.labels.extend(left[i:end])
-            i = end
-            if left_name == right_name:
-                j = bisect_right(right, right_name, lo=j, key=_label_name)
-        else:
-            end = bisect_left(right, left_name, lo=j, key=_label_name)
-            out.labels.extend(right[j:end])
-            j = end
-    out.labels.extend(left[i:])
-    out.labels.extend(right[j:])
+    out.labels.extend(sorted(left + kept, key=_label_name) if kept else left)
     return out

@@ -20,9 +20,12 @@ re-exported here, where callers have always found them.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import re
+import string
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from broker.protocol import consumer_pb2 as cpb
@@ -73,7 +76,7 @@ def validate_token(value: str, min_len: int, max_len: int, symbols: str = TOKEN_
         raise ValidationError(
             f"length must be in [{min_len}, {max_len}] bytes (got {size}: {_quote(value)})"
         )
-    if _token_pattern(symbols).fullmatch(value) is not None:
+    if _in_alphabet(value, symbols):
         return
     for index, ch in enumerate(value):
         if not is_letter_or_number(ch) and ch not in symbols:
@@ -105,12 +108,23 @@ def _token_pattern(symbols: str) -> re.Pattern[str]:
     return re.compile(f"(?:[^\\W_]|[{escaped}])*")
 
 
+@functools.cache
+def _ascii_alphabet(symbols: str) -> bytes:
+    # ASCII's letters and numbers are exactly its Unicode letters and numbers.
+    return (string.ascii_letters + string.digits + symbols).encode("ascii")
+
+
+def _in_alphabet(value: str, symbols: str) -> bool:
+    """Whether `value` holds only letters, numbers and `symbols`. ASCII text (nearly all) is
+    checked by deleting its allowed bytes, several times faster than any pattern match."""
+    if value.isascii():
+        return not value.encode("ascii").translate(None, _ascii_alphabet(symbols))
+    return _token_pattern(symbols).fullmatch(value) is not None
+
+
 def _is_token(value: str, min_len: int, max_len: int, symbols: str) -> bool:
     """Whether validate_token would accept `value` (without building its error)."""
-    return (
-        min_len <= _utf8_len(value) <= max_len
-        and _token_pattern(symbols).fullmatch(value) is not None
-    )
+    return min_len <= _utf8_len(value) <= max_len and _in_alphabet(value, symbols)
 
 
 def go_path_clean(path: str) -> str:
@@ -201,10 +215,14 @@ def validate_label_set(label_set: pb.LabelSet, *, in_selector: bool = False) -> 
     name never carries both the empty value (which a selector reads as "any value") and a
     non-empty one.
 
-    Linear, with a fast path: a set of valid labels costs one regular-expression match per name
-    and value; only a bad label goes through the validators that build its message."""
+    Sets of thousands of labels arrive with requests and specs, so the usual case (every label
+    ASCII and valid) is checked in bulk, a few passes of C code over all names and values; the
+    label-by-label walk, which builds the message naming the first bad one, runs only when the
+    bulk check fails."""
     labels = label_set.labels
     check_count(len(labels), "labels", "labels_per_set_max", limits.labels_per_set_max)
+    if _is_valid_ascii_label_set(labels, in_selector):
+        return
     previous: pb.Label | None = None
     previous_name = previous_value = ""
     for index, label in enumerate(labels):
@@ -223,6 +241,39 @@ def validate_label_set(label_set: pb.LabelSet, *, in_selector: bool = False) -> 
             with at(f"labels[{index}]"):
                 _check_label_order(previous, label)
         previous, previous_name, previous_value = label, name, value
+
+
+def _is_valid_ascii_label_set(labels: Sequence[pb.Label], in_selector: bool) -> bool:
+    """Whether every label is ASCII and valid, in order (False: something is not, or is not
+    ASCII; validate_label_set then finds what). NUL, which no token may hold, joins the names
+    and the values so that one translate() checks each alphabet."""
+    if not labels:
+        return True
+    if not in_selector and any(label.prefix for label in labels):
+        return False
+    pairs = [(label.name, label.value) for label in labels]
+    names = [name for name, _ in pairs]
+    values = [value for _, value in pairs]
+    joined_names, joined_values = "\0".join(names), "\0".join(values)
+    if not (joined_names.isascii() and joined_values.isascii()):
+        return False
+    if joined_names.encode("ascii").translate(None, _ascii_alphabet(TOKEN_SYMBOLS + "\0")):
+        return False
+    if joined_values.encode("ascii").translate(None, _ascii_alphabet(PATH_SYMBOLS + "\0")):
+        return False
+    if not (
+        LABEL_NAME_LEN_MIN <= min(map(len, names))
+        and max(map(len, names)) <= LABEL_NAME_LEN_MAX
+        and max(map(len, values)) <= LABEL_VALUE_LEN_MAX
+    ):
+        return False
+    if not all(map(operator.lt, pairs, itertools.islice(pairs, 1, None))):  # Strictly sorted.
+        return False
+    # In sorted order a name's empty value comes first: a mix is "" followed by the same name.
+    return "" not in values or not any(
+        value == "" and name == following[0]
+        for (name, value), following in itertools.pairwise(pairs)
+    )
 
 
 def _check_label_order(previous: pb.Label, label: pb.Label) -> None:

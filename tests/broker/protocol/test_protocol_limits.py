@@ -10,6 +10,7 @@ as strings and as messages.
 from __future__ import annotations
 
 import re
+import string
 import sys
 import time
 from collections.abc import Callable
@@ -37,8 +38,10 @@ from broker.protocol.validate import (
     PATH_SYMBOLS,
     TOKEN_SYMBOLS,
     ValidationError,
+    at,
     is_letter_or_number,
     validate_journal_spec,
+    validate_label,
     validate_label_selector,
     validate_label_set,
     validate_shard_spec,
@@ -256,6 +259,12 @@ def test_the_token_alphabet_is_unicode_letters_numbers_and_symbols_exactly() -> 
         with pytest.raises(ValidationError, match="must be only letters"):
             validate_token("ab" + ch, 0, 16, PATH_SYMBOLS)
     assert accepted  # The sweep covered letters and numbers.
+    ascii_token = string.ascii_letters + string.digits + PATH_SYMBOLS
+    validate_token(ascii_token, 0, 1024, PATH_SYMBOLS)
+    for ch in map(chr, range(128)):
+        if ch not in ascii_token:
+            with pytest.raises(ValidationError, match="must be only letters"):
+                validate_token(ascii_token + ch, 0, 1024, PATH_SYMBOLS)
 
 
 # --- Label and register operations stay near-linear -----------------------------------------
@@ -291,7 +300,7 @@ def _reference_union(
     return sorted(set(lhs) | {(n, v) for n, v in rhs if n not in names})
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(st.lists(st.tuples(_NAMES, _VALUES)), st.lists(st.tuples(_NAMES, _VALUES)))
 def test_union_is_the_reference_union(
     lhs: list[tuple[str, str]], rhs: list[tuple[str, str]]
@@ -301,7 +310,7 @@ def test_union_is_the_reference_union(
     assert [(lb.name, lb.value) for lb in united.labels] == _reference_union(lhs, rhs)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(st.lists(st.tuples(_NAMES, _VALUES)), st.lists(st.tuples(_NAMES, _VALUES)))
 def test_matching_with_meta_labels_is_matching_their_union(
     labels: list[tuple[str, str]], meta: list[tuple[str, str]]
@@ -311,6 +320,112 @@ def test_matching_with_meta_labels_is_matching_their_union(
     for text in ("aa", "!bb", "name=x", "prefix:prefix=x", "cc in (x, y)", "Zz notin (x)"):
         selector = parse_selector(text)
         assert matches(selector, label_set, meta=meta_set) == matches(selector, united), text
+
+
+def _reference_matches(
+    include: list[tuple[str, str, bool]],
+    exclude: list[tuple[str, str, bool]],
+    pairs: list[tuple[str, str]],
+) -> bool:
+    """Selector semantics, naively: a label (name, value, prefix) matches a set when the set
+    has the name with that value (any value if empty; a value it begins, if prefix)."""
+
+    def hit(name: str, value: str, prefix: bool) -> bool:
+        return any(
+            n == name and (value == "" or (v.startswith(value) if prefix else v == value))
+            for n, v in pairs
+        )
+
+    if any(hit(*label) for label in exclude):
+        return False
+    names = {name for name, _, _ in include}
+    return all(any(hit(*label) for label in include if label[0] == name) for name in names)
+
+
+_SELECTOR_LABELS = st.lists(
+    st.tuples(_NAMES, st.text("xy=%", min_size=1, max_size=3), st.booleans()), max_size=40
+)
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(_NAMES, _VALUES), max_size=60),
+    _SELECTOR_LABELS,
+    _SELECTOR_LABELS,
+    st.lists(_NAMES, max_size=2),
+)
+def test_matching_is_the_reference_for_selectors_and_sets_of_any_size(
+    pairs: list[tuple[str, str]],
+    include: list[tuple[str, str, bool]],
+    exclude: list[tuple[str, str, bool]],
+    any_value: list[str],
+) -> None:
+    """Small and large selectors against small and large sets: both ways of looking values
+    up (bisection, one-pass index), exact values and prefixes, agree with the naive rule."""
+    include = include + [(name, "", False) for name in any_value]
+
+    def side(labels: list[tuple[str, str, bool]]) -> pb.LabelSet:
+        unique = {(n, v): p for n, v, p in labels}
+        return pb.LabelSet(
+            labels=[pb.Label(name=n, value=v, prefix=p) for (n, v), p in sorted(unique.items())]
+        )
+
+    selector = pb.LabelSelector(include=side(include), exclude=side(exclude))
+    kept_include = [(lb.name, lb.value, lb.prefix) for lb in selector.include.labels]
+    kept_exclude = [(lb.name, lb.value, lb.prefix) for lb in selector.exclude.labels]
+    label_set = gl.label_set(pairs)
+    expected = _reference_matches(kept_include, kept_exclude, sorted(set(pairs)))
+    assert matches(selector, label_set) == expected
+
+
+def _label_by_label(labels: list[pb.Label], in_selector: bool) -> str | None:
+    """The first error of `labels` checked one by one (None if valid): validate_label_set's
+    rules, written the plain way."""
+    for index, label in enumerate(labels):
+        try:
+            with at(f"labels[{index}]"):
+                validate_label(label, in_selector=in_selector)
+                if index:
+                    previous = labels[index - 1]
+                    if (previous.name, previous.value) >= (label.name, label.value) or (
+                        previous.name == label.name and previous.value == ""
+                    ):
+                        raise ValidationError("out of order or mixed")
+        except ValidationError as err:
+            return str(err)
+    return None
+
+
+_LABEL_TEXT = st.text("ab9-_+/.=%:#é \x00", max_size=6) | st.sampled_from(
+    ["a" * 63, "a" * 64, "a" * 65, "é" * 32, "é" * 33]
+)
+_LONG_VALUES = st.sampled_from(["v" * 1024, "v" * 1025, "é" * 512, "é" * 513, "v" * 1023 + "#"])
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(_LABEL_TEXT, _LABEL_TEXT | _LONG_VALUES, st.booleans()), max_size=8),
+    st.booleans(),
+    st.booleans(),
+)
+def test_bulk_label_validation_agrees_with_label_by_label(
+    triples: list[tuple[str, str, bool]], ordered: bool, in_selector: bool
+) -> None:
+    """The bulk check of validate_label_set (ASCII sets, in a few passes) accepts exactly the
+    sets the label-by-label rules accept, and a refused set gets the label-by-label message."""
+    if ordered:
+        unique = {(name, value): prefix for name, value, prefix in triples}
+        triples = [(name, value, prefix) for (name, value), prefix in sorted(unique.items())]
+    labels = [pb.Label(name=n, value=v, prefix=p) for n, v, p in triples]
+    expected = _label_by_label(labels, in_selector)
+    try:
+        validate_label_set(pb.LabelSet(labels=labels), in_selector=in_selector)
+    except ValidationError as err:
+        assert expected is not None, str(err)
+        if "out of order or mixed" not in expected:
+            assert str(err) == expected
+    else:
+        assert expected is None
 
 
 def test_error_messages_never_echo_a_whole_huge_value() -> None:
