@@ -30,8 +30,6 @@ this broker's KeySpace reflects the transaction, so a List that follows sees it.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Final, NamedTuple
 
@@ -50,6 +48,7 @@ from broker.keyspace.backend import (
     UnavailableError,
 )
 from broker.keyspace.keyspace import Entry, KeySpace
+from broker.loop_slices import LoopSlices, loop_hold_s_max
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
@@ -78,8 +77,8 @@ journals_per_response_max: Final = 1000
 # Bytes of journals per List message: gRPC serializes each message in one piece on the event
 # loop, which takes about a millisecond per MiB. (A journal larger than this is sent alone.)
 list_response_bytes_max: Final = 4 << 20
-# The longest a List runs on the event loop between yields to other work.
-list_loop_hold_s_max: Final = 0.002
+# The longest a List or an Apply runs on the event loop between yields to other work.
+list_loop_hold_s_max: Final = loop_hold_s_max
 # Changes of one Apply. Each is one compare and one operation of the etcd transaction, and etcd
 # refuses transactions of more than 128 operations by default (--max-txn-ops).
 apply_changes_max: Final = 128
@@ -109,6 +108,20 @@ def validate_list_request(request: pb.ListRequest) -> None:
 
 
 def validate_apply_request(request: pb.ApplyRequest) -> None:
+    for _ in _validate_apply_changes(request):
+        pass
+
+
+async def validate_apply_request_sliced(request: pb.ApplyRequest) -> None:
+    """validate_apply_request, yielding the event loop between changes now and then: an Apply
+    of many large specs is many milliseconds of validation."""
+    slices = LoopSlices(list_loop_hold_s_max)
+    for _ in _validate_apply_changes(request):
+        await slices.next_item()
+
+
+def _validate_apply_changes(request: pb.ApplyRequest) -> Iterator[None]:
+    """Validates the request's changes, one per step."""
     if len(request.changes) > apply_changes_max:
         raise ValidationError(
             f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
@@ -124,6 +137,7 @@ def validate_apply_request(request: pb.ApplyRequest) -> None:
                     f"must not change journal {name!r} twice (also changes[{seen[name]}])"
                 )
             seen[name] = index
+        yield
 
 
 def _validate_change(change: pb.ApplyRequest.Change) -> str:
@@ -208,14 +222,12 @@ class ListApplyAPI:
             entry = ks.get(item_key(self._root, name_values[0]))
             items = [entry] if entry is not None else []
         selected: list[Selected] = []
-        since = time.monotonic()
+        slices = LoopSlices(list_loop_hold_s_max)
         for entry in items:
             journal = self._selected(ks, entry, selector)
             if journal is not None:
                 selected.append(journal)
-            if time.monotonic() - since >= list_loop_hold_s_max:
-                await asyncio.sleep(0)
-                since = time.monotonic()
+            await slices.next_item()
         return selected, ks.header
 
     def _selected(
@@ -305,7 +317,7 @@ class ListApplyAPI:
 
     async def apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:
         try:
-            validate_apply_request(request)
+            await validate_apply_request_sliced(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
         compares: list[Compare] = []

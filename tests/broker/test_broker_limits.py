@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 import pytest
 from broker_testkit import ROOT, Cluster, journal_spec, local_content
+from google.protobuf.duration_pb2 import Duration
 
 from broker.keyspace.backend import prefix_end
-from broker.list_apply_api import list_response_bytes_max
+from broker.list_apply_api import list_response_bytes_max, validate_apply_request_sliced
+from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.protocol.limits import labels_per_set_max
-from broker.protocol.validate import LABEL_VALUE_LEN_MAX
+from broker.protocol.validate import LABEL_VALUE_LEN_MAX, ValidationError
 from broker.server import Broker
 from broker.topology import item_key
+from gazette_consumer import shard_specs_api
 
 # The longest the event loop may stall in these tests. Work within the limits takes a few
 # milliseconds; this bound leaves room for a loaded test machine, and is far below the seconds
@@ -191,3 +194,59 @@ async def test_a_list_shows_one_revision_while_journals_change(
     finally:
         await deleting
     assert overlapped, "no List overlapped a deletion: the test proved nothing"
+
+
+async def _ticks_during(work: Awaitable[object]) -> tuple[int, BaseException | None]:
+    """How many times another task ran while `work` was awaited, and what `work` raised."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)
+    started = ticks
+    error: BaseException | None = None
+    try:
+        await work
+    except ValidationError as err:
+        error = err
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return ticks - started, error
+
+
+async def test_an_apply_of_many_large_specs_is_validated_in_slices() -> None:
+    """Validating 40 specs at the label limit is tens of milliseconds of work: it yields the
+    event loop between changes (other tasks run meanwhile), and still names the bad change."""
+    changes = [
+        pb.ApplyRequest.Change(
+            upsert=labelled_spec(f"limits/apply-{i:03d}", labels_per_set_max, 64)
+        )
+        for i in range(40)
+    ]
+    bad = labelled_spec("limits/apply-bad", labels_per_set_max + 1)
+    request = pb.ApplyRequest(changes=[*changes, pb.ApplyRequest.Change(upsert=bad)])
+    ticks, error = await _ticks_during(validate_apply_request_sliced(request))
+    assert ticks > 0
+    assert str(error) == f"changes[40].upsert.labels: {labels_per_set_max + 1} labels exceed" + (
+        f" labels_per_set_max ({labels_per_set_max})"
+    )
+
+    shard_labels = label_set((f"tag-{i:06d}", "v" * 64) for i in range(labels_per_set_max))
+    shard_changes = [
+        cpb.ApplyRequest.Change(
+            upsert=cpb.ShardSpec(
+                id=f"shard-{i:03d}", max_txn_duration=Duration(seconds=1), labels=shard_labels
+            )
+        )
+        for i in range(40)
+    ]
+    ticks, error = await _ticks_during(
+        shard_specs_api.validate_apply_request_sliced(cpb.ApplyRequest(changes=shard_changes))
+    )
+    assert ticks > 0 and error is None
