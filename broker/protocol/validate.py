@@ -13,18 +13,14 @@ counts a request controls (labels per set, sources per shard, ...) are bounded b
 limits of limits.py, chosen far above any real use of Gazette, so that no one request can make
 a broker spend seconds on it (docs/limits.md).
 
-URLs (urls.py) and media types (media_type.py) have modules of their own; their validators are
-re-exported here, where callers have always found them.
+Tokens and paths (tokens.py), URLs (urls.py) and media types (media_type.py) have modules of
+their own; their validators are re-exported here, where callers have always found them.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
-import re
-import string
-import unicodedata
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -33,6 +29,13 @@ from broker.protocol import labels as gl
 from broker.protocol import limits
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.media_type import validate_media_type as validate_media_type
+from broker.protocol.tokens import PATH_SYMBOLS as PATH_SYMBOLS
+from broker.protocol.tokens import TOKEN_SYMBOLS as TOKEN_SYMBOLS
+from broker.protocol.tokens import ascii_alphabet, is_token
+from broker.protocol.tokens import go_path_clean as go_path_clean
+from broker.protocol.tokens import is_letter_or_number as is_letter_or_number
+from broker.protocol.tokens import validate_path_component as validate_path_component
+from broker.protocol.tokens import validate_token as validate_token
 from broker.protocol.urls import FRAGMENT_STORE_SCHEMES as FRAGMENT_STORE_SCHEMES
 from broker.protocol.urls import validate_endpoint as validate_endpoint
 from broker.protocol.urls import validate_fragment_store as validate_fragment_store
@@ -43,14 +46,6 @@ from broker.protocol.validation_error import check_min as check_min
 from broker.protocol.validation_error import check_range as check_range
 from broker.protocol.validation_error import quote as _quote
 
-# Symbols allowed in tokens (zones, suffixes, shard IDs, label names) besides Unicode letters and
-# numbers. Every rune <= '#' (35) is excluded on purpose: '#' separates the fields of allocator
-# keys in etcd, so a token must never contain it, nor anything that sorts before it.
-TOKEN_SYMBOLS = "-_+/."
-# Path components (journal names, label values) also allow '=' (Hive-style "key=value" parts)
-# and '%' (so that URL-encoded text is a valid value).
-PATH_SYMBOLS = TOKEN_SYMBOLS + "=%"
-
 LABEL_NAME_LEN_MIN, LABEL_NAME_LEN_MAX = 2, 64
 LABEL_VALUE_LEN_MAX = 1024
 JOURNAL_NAME_LEN_MIN, JOURNAL_NAME_LEN_MAX = 4, 512
@@ -59,113 +54,7 @@ PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX = 4, 128
 SHARD_ID_LEN_MIN, SHARD_ID_LEN_MAX = 4, 512
 
 
-# --- Tokens and paths ---------------------------------------------------------------------------
-
-
-def is_letter_or_number(ch: str) -> bool:
-    # Go's unicode.IsLetter / unicode.IsNumber: general categories L* and N*.
-    return unicodedata.category(ch)[0] in ("L", "N")
-
-
-def validate_token(value: str, min_len: int, max_len: int, symbols: str = TOKEN_SYMBOLS) -> None:
-    """A token is [min_len, max_len] UTF-8 bytes of Unicode letters, numbers and `symbols`.
-
-    Length is in bytes, not characters, as Gazette measures it (Go's len of a string)."""
-    size = _utf8_len(value)
-    if not min_len <= size <= max_len:
-        raise ValidationError(
-            f"length must be in [{min_len}, {max_len}] bytes (got {size}: {_quote(value)})"
-        )
-    if _in_alphabet(value, symbols):
-        return
-    for index, ch in enumerate(value):
-        if not is_letter_or_number(ch) and ch not in symbols:
-            raise ValidationError(
-                f"must be only letters, numbers and {_quote(symbols)}"
-                f" (got {_quote(value)}: {ch!r} at index {index})"
-            )
-
-
-def _utf8_len(value: str) -> int:
-    # "surrogatepass": a lone surrogate (possible in text from YAML, never from the wire) is
-    # then refused as a character, rather than failing the length with an encoding error.
-    return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-
-
-@functools.cache
-def _token_pattern(symbols: str) -> re.Pattern[str]:
-    """The alphabet of tokens as one regular expression, so that a token is checked in one pass
-    of C code rather than a Python call per character (labels are validated by the thousand).
-
-    `\\w` of a str pattern is exactly the characters of is_letter_or_number, plus '_': both
-    read Python's Unicode database (tests/broker/protocol/test_protocol_limits.py checks every
-    code point). '_' is excluded unless `symbols` has it."""
-    escaped = re.escape(symbols)
-    if "_" in symbols:
-        return re.compile(f"[\\w{escaped}]*")
-    if not symbols:
-        return re.compile("[^\\W_]*")
-    return re.compile(f"(?:[^\\W_]|[{escaped}])*")
-
-
-@functools.cache
-def _ascii_alphabet(symbols: str) -> bytes:
-    # ASCII's letters and numbers are exactly its Unicode letters and numbers.
-    return (string.ascii_letters + string.digits + symbols).encode("ascii")
-
-
-def _in_alphabet(value: str, symbols: str) -> bool:
-    """Whether `value` holds only letters, numbers and `symbols`. ASCII text (nearly all) is
-    checked by deleting its allowed bytes, several times faster than any pattern match."""
-    if value.isascii():
-        return not value.encode("ascii").translate(None, _ascii_alphabet(symbols))
-    return _token_pattern(symbols).fullmatch(value) is not None
-
-
-def _is_token(value: str, min_len: int, max_len: int, symbols: str) -> bool:
-    """Whether validate_token would accept `value` (without building its error)."""
-    return min_len <= _utf8_len(value) <= max_len and _in_alphabet(value, symbols)
-
-
-def go_path_clean(path: str) -> str:
-    """Go's path.Clean: the shortest lexically equivalent slash-separated path.
-
-    posixpath.normpath differs in corner cases ("" is ".", a leading "//" is kept), so Gazette's
-    rule "a name equals its cleaned form" needs Go's exact function."""
-    if path == "":
-        return "."
-    rooted = path.startswith("/")
-    parts: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if parts and parts[-1] != "..":
-                parts.pop()
-            elif not rooted:
-                parts.append("..")
-            continue
-        parts.append(part)
-    cleaned = ("/" if rooted else "") + "/".join(parts)
-    return cleaned or "."
-
-
-def validate_path_component(value: str, min_len: int, max_len: int) -> None:
-    """A token over PATH_SYMBOLS which is a clean (path.Clean), non-rooted path.
-
-    Note Gazette's rule admits a leading "../" (it survives cleaning); anything joining such a
-    path under a root directory must guard against escaping it."""
-    validate_token(value, min_len, max_len, PATH_SYMBOLS)
-    if value == "":
-        return
-    cleaned = go_path_clean(value)
-    if cleaned != value:
-        raise ValidationError(
-            f"must be a clean path, equal to its normalized form {_quote(cleaned)}"
-            f" (got {_quote(value)})"
-        )
-    if value.startswith("/"):
-        raise ValidationError(f"must not begin with '/' (got {_quote(value)})")
+# --- Names --------------------------------------------------------------------------------------
 
 
 def split_journal_meta(name: str) -> tuple[str, str]:
@@ -228,8 +117,8 @@ def validate_label_set(label_set: pb.LabelSet, *, in_selector: bool = False) -> 
     for index, label in enumerate(labels):
         name, value = label.name, label.value
         if (
-            not _is_token(name, LABEL_NAME_LEN_MIN, LABEL_NAME_LEN_MAX, TOKEN_SYMBOLS)
-            or not _is_token(value, 0, LABEL_VALUE_LEN_MAX, PATH_SYMBOLS)
+            not is_token(name, LABEL_NAME_LEN_MIN, LABEL_NAME_LEN_MAX, TOKEN_SYMBOLS)
+            or not is_token(value, 0, LABEL_VALUE_LEN_MAX, PATH_SYMBOLS)
             or (label.prefix and not in_selector)
         ):
             with at(f"labels[{index}]"):
@@ -257,9 +146,12 @@ def _is_valid_ascii_label_set(labels: Sequence[pb.Label], in_selector: bool) -> 
     joined_names, joined_values = "\0".join(names), "\0".join(values)
     if not (joined_names.isascii() and joined_values.isascii()):
         return False
-    if joined_names.encode("ascii").translate(None, _ascii_alphabet(TOKEN_SYMBOLS + "\0")):
+    separators = len(labels) - 1  # Any other NUL is a label's own: not in any alphabet.
+    if joined_names.count("\0") != separators or joined_values.count("\0") != separators:
         return False
-    if joined_values.encode("ascii").translate(None, _ascii_alphabet(PATH_SYMBOLS + "\0")):
+    if joined_names.encode("ascii").translate(None, ascii_alphabet(TOKEN_SYMBOLS + "\0")):
+        return False
+    if joined_values.encode("ascii").translate(None, ascii_alphabet(PATH_SYMBOLS + "\0")):
         return False
     if not (
         LABEL_NAME_LEN_MIN <= min(map(len, names))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.append_api import validate_append_request
@@ -408,6 +408,9 @@ _LONG_VALUES = st.sampled_from(["v" * 1024, "v" * 1025, "é" * 512, "é" * 513, 
     st.booleans(),
     st.booleans(),
 )
+# A NUL inside a name or value (the bulk check joins them with NUL): found by this test.
+@example(triples=[("9\x00", "", False)], ordered=False, in_selector=False)
+@example(triples=[("aa", "x", False), ("bb", "\x00y", False)], ordered=True, in_selector=False)
 def test_bulk_label_validation_agrees_with_label_by_label(
     triples: list[tuple[str, str, bool]], ordered: bool, in_selector: bool
 ) -> None:
