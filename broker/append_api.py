@@ -7,10 +7,12 @@ message) rolls the append back on every replica.
 
 Flow control. Appends are not buffered by the broker: content goes straight to the replicas
 while this append holds the journal's pipeline, which every other append of the journal waits
-for. A client that streams slowly would hold them all up, so the broker polices a minimum rate:
-a client may fall behind ``min_rate_bytes_per_s`` by at most ``burst_s`` worth of bytes, after
-which its append is aborted (and rolled back) with RESOURCE_EXHAUSTED. The allowance is
-generous: an append that sends a 64 KiB chunk at least once a second never comes near it.
+for. A client that streams slowly would hold them all up, so the broker polices a minimum rate
+with a credit of ``min_rate_bytes_per_s * burst_s`` bytes (append_rate.MinRateCredit): a client
+that keeps up with the minimum rate over every window of ``burst_s`` seconds is admitted, bursty
+or steady (by default, 64 KiB/s over 5 s: a client sending 1 MiB every 1.5 s is well within it);
+one that stalls is aborted (and rolled back) with RESOURCE_EXHAUSTED at most ``burst_s`` after
+its last chunk.
 
 The other bound is a maximum: a journal whose spec sets ``max_append_rate`` has its content
 held back (never refused) to stay within it, per journal, on the primary (append_rate.py). The
@@ -42,6 +44,7 @@ from broker.append_fsm import (
     IndexNotReadyError,
     State,
 )
+from broker.append_rate import MinRateCredit, min_rate_burst_s_default
 from broker.keyspace.backend import KeySpaceError
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
@@ -62,9 +65,10 @@ from broker.topology import as_status, member_index, validate_header
 
 log = get_logger(__name__)
 
-# Gazette's MinAppendRate (64 KiB/s) and burst allowance (one second of it).
+# Gazette's MinAppendRate (64 KiB/s), and the window over which a client must sustain it
+# (Gazette's one second admits no gap longer than a second; see append_rate.MinRateCredit).
 min_append_rate_bytes_per_s_default = 1 << 16
-flow_control_burst_s_default = 1.0
+flow_control_burst_s_default = min_rate_burst_s_default
 
 
 class FlowControlUnderflowError(Exception):
@@ -103,11 +107,10 @@ def validate_append_request(req: pb.AppendRequest) -> None:
 
 
 class ChunkReceiver:
-    """Reads an Append stream's content messages under the minimum-rate policy.
-
-    ``credit`` is how many bytes the client is ahead of the minimum rate: it starts at a burst
-    allowance, drains at the minimum rate, is topped up by every chunk (capped at the
-    allowance), and the append fails when it runs out while the broker waits for a message.
+    """Reads an Append stream's content messages under the minimum-rate policy: the client's
+    credit (append_rate.MinRateCredit) bounds how long each message is waited for, and the
+    append fails when it runs out. Time the broker holds the stream back to honour the journal's
+    maximum rate (``throttle``) is not charged to the client.
     """
 
     def __init__(
@@ -124,24 +127,21 @@ class ChunkReceiver:
             raise ValueError("flow control: min_rate_bytes_per_s and burst_s must be > 0")
         self._stream = stream
         self._min_rate = min_rate_bytes_per_s
-        self._credit_max = min_rate_bytes_per_s * burst_s
+        # Its clock starts with the first receive (STREAM_CONTENT), not with the RPC: waiting
+        # for the journal's pipeline is not the client's doing.
+        self._credit = MinRateCredit(min_rate_bytes_per_s, burst_s=burst_s)
         self._clock = clock
-        self._credit = self._credit_max
-        self._at: float | None = None  # Starts with the first receive (STREAM_CONTENT).
         self._throttle = throttle
         self._sleep = sleep
         self.total_chunks = 0
         self.delayed_chunks = 0
 
     async def recv(self) -> tuple[AppendMessage | None, BaseException | None]:
-        now = self._clock()
-        if self._at is not None:
-            self._credit -= (now - self._at) * self._min_rate
-        self._at = now
-        if self._credit <= 0:
+        wait_s = self._credit.wait_s(self._clock())
+        if wait_s <= 0:
             return None, FlowControlUnderflowError(self._min_rate)
         try:
-            async with asyncio.timeout(self._credit / self._min_rate):
+            async with asyncio.timeout(wait_s):
                 req = await anext(self._stream)
         except StopAsyncIteration:
             return None, None
@@ -151,10 +151,7 @@ class ChunkReceiver:
             return None, exc
         now = self._clock()
         size = len(req.content)
-        self._credit = min(
-            self._credit - (now - self._at) * self._min_rate + size, self._credit_max
-        )
-        self._at = now
+        self._credit.on_chunk(size, now)
         self.total_chunks += 1
         if self._throttle is not None and size:
             delay = self._throttle(size, now)
@@ -163,7 +160,7 @@ class ChunkReceiver:
                 # stream, not the client: the wait is not charged to the client's credit.
                 self.delayed_chunks += 1
                 await self._sleep(delay)
-                self._at = self._clock()
+                self._credit.resume(self._clock())
         return req, None
 
 

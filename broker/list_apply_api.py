@@ -6,12 +6,19 @@ a journal's own labels, selectors match its meta-labels: `name` (the journal nam
 (each prefix of the name ending in '/'). As in Gazette, `prefix=a/b/` is rewritten into
 `name:prefix=a/b/` (a prefix match of the name), so the two spellings select the same journals.
 
-The response is a stream: a listing of more than `journals_per_response_max` journals is split
-over several messages (the first carries status and header; the rest only journals), which keeps
-each under gRPC's message size limits. With `watch`, the stream stays open: each snapshot is
-followed by an empty message marking its end, and a new snapshot is sent whenever the selected
+The response is a stream: a listing of more than `journals_per_response_max` journals, or of
+more than `list_response_bytes_max` bytes, is split over several messages (the first carries
+status and header; the rest only journals), which keeps each under gRPC's message size limits
+and bounds the time the event loop spends building and serializing one. With `watch`, the
+stream stays open: each snapshot is followed by an empty message marking its end, and a new snapshot is sent whenever the selected
 journals change (a journal created, updated or deleted). `watch_resume` (the header of the last
 snapshot a client saw) resumes a watch: the next snapshot is of a later revision.
+
+A List never holds the event loop for long, however many journals it goes through: it selects
+from a pinned view of the KeySpace (the mirror as of one revision, see `_pinned`), yielding to
+the loop whenever it has run for `list_loop_hold_s_max`, and builds each message only once the
+one before it is sent. Matching a journal costs a bisection per selector label, whatever the
+number of its labels (selector.matches).
 
 Apply. Upserts and deletions of specs in one etcd transaction: each change is guarded by its
 `expect_mod_revision` (0: the journal must not exist; -1: no check), and if any guard fails,
@@ -23,8 +30,8 @@ this broker's KeySpace reflects the transaction, so a List that follows sees it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Final
+from collections.abc import AsyncIterator, Iterator
+from typing import Final, NamedTuple
 
 import grpc
 import grpc.aio
@@ -34,12 +41,14 @@ from broker.keyspace.backend import (
     Compare,
     CompareResult,
     CompareTarget,
+    Header,
     KeySpaceError,
     OpDelete,
     OpPut,
     UnavailableError,
 )
 from broker.keyspace.keyspace import Entry, KeySpace
+from broker.loop_slices import LoopSlices, loop_hold_s_max
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
@@ -65,6 +74,11 @@ from broker.topology import (
 
 # Journals per List message (Gazette's value): a snapshot larger than this is split.
 journals_per_response_max: Final = 1000
+# Bytes of journals per List message: gRPC serializes each message in one piece on the event
+# loop, which takes about a millisecond per MiB. (A journal larger than this is sent alone.)
+list_response_bytes_max: Final = 4 << 20
+# The longest a List or an Apply runs on the event loop between yields to other work.
+list_loop_hold_s_max: Final = loop_hold_s_max
 # Changes of one Apply. Each is one compare and one operation of the etcd transaction, and etcd
 # refuses transactions of more than 128 operations by default (--max-txn-ops).
 apply_changes_max: Final = 128
@@ -72,6 +86,14 @@ apply_changes_max: Final = 128
 apply_revision_wait_s: Final = 10.0
 # A watching List re-checks its end of stream at least this often while nothing changes.
 watch_poll_s: Final = 60.0
+
+
+class Selected(NamedTuple):
+    """A journal a List selected: its KeySpace entry (revisions, raw value), spec and route."""
+
+    entry: Entry[Decoded]
+    spec: pb.JournalSpec
+    route: pb.Route
 
 
 def validate_list_request(request: pb.ListRequest) -> None:
@@ -86,6 +108,20 @@ def validate_list_request(request: pb.ListRequest) -> None:
 
 
 def validate_apply_request(request: pb.ApplyRequest) -> None:
+    for _ in _validate_apply_changes(request):
+        pass
+
+
+async def validate_apply_request_sliced(request: pb.ApplyRequest) -> None:
+    """validate_apply_request, yielding the event loop between changes now and then: an Apply
+    of many large specs is many milliseconds of validation."""
+    slices = LoopSlices(list_loop_hold_s_max)
+    for _ in _validate_apply_changes(request):
+        await slices.next_item()
+
+
+def _validate_apply_changes(request: pb.ApplyRequest) -> Iterator[None]:
+    """Validates the request's changes, one per step."""
     if len(request.changes) > apply_changes_max:
         raise ValidationError(
             f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
@@ -101,6 +137,7 @@ def validate_apply_request(request: pb.ApplyRequest) -> None:
                     f"must not change journal {name!r} twice (also changes[{seen[name]}])"
                 )
             seen[name] = index
+        yield
 
 
 def _validate_change(change: pb.ApplyRequest.Change) -> str:
@@ -162,9 +199,9 @@ class ListApplyAPI:
         self._process_id = process_id
         self._revision_wait_s = revision_wait_s
 
-    def _header(self, revision: int | None = None) -> pb.Header:
+    def _header(self, revision: int | None = None, etcd: Header | None = None) -> pb.Header:
         # Not about one journal: no route (Gazette's "unrouted" header).
-        header = pb.Header(route=pb.Route(primary=-1), etcd=etcd_header(self._ks.header))
+        header = pb.Header(route=pb.Route(primary=-1), etcd=etcd_header(etcd or self._ks.header))
         header.process_id.CopyFrom(self._process_id)
         if revision is not None:
             header.etcd.revision = revision
@@ -172,51 +209,65 @@ class ListApplyAPI:
 
     # --- List ---
 
-    def snapshot(self, selector: pb.LabelSelector) -> tuple[list[pb.ListResponse.Journal], int]:
-        """The journals `selector` matches now, and the largest mod revision among them."""
-        items = self._ks.search(items_prefix(self._root))
+    async def snapshot(self, selector: pb.LabelSelector) -> tuple[list[Selected], Header]:
+        """The journals `selector` matches, all as of one revision (whose header is returned),
+        selected in slices of at most `list_loop_hold_s_max` of the event loop."""
+        ks = _pinned(self._ks)
+        items = ks.search(items_prefix(self._root))
         name_values = gl.values_of(selector.include, gl.META_NAME)
         if len(name_values) == 1 and not any(
             label.name == gl.META_NAME and label.prefix for label in selector.include.labels
         ):
             # One exact name: look it up rather than scan every journal.
-            entry = self._ks.get(item_key(self._root, name_values[0]))
+            entry = ks.get(item_key(self._root, name_values[0]))
             items = [entry] if entry is not None else []
-        journals: list[pb.ListResponse.Journal] = []
-        max_mod_revision = -1
+        selected: list[Selected] = []
+        slices = LoopSlices(list_loop_hold_s_max)
         for entry in items:
-            journal = self._journal_if_selected(entry, selector)
+            journal = self._selected(ks, entry, selector)
             if journal is not None:
-                journals.append(journal)
-                max_mod_revision = max(max_mod_revision, journal.mod_revision)
-        return journals, max_mod_revision
+                selected.append(journal)
+            await slices.next_item()
+        return selected, ks.header
 
-    def _journal_if_selected(
-        self, entry: Entry[Decoded], selector: pb.LabelSelector
-    ) -> pb.ListResponse.Journal | None:
+    def _selected(
+        self, ks: KeySpace[Decoded], entry: Entry[Decoded], selector: pb.LabelSelector
+    ) -> Selected | None:
         item = entry.decoded
         if not isinstance(item, JournalItem):
             return None
         spec = item.spec
-        if not matches(selector, gl.union(gl.journal_meta_labels(spec.name), spec.labels)):
+        if not matches(selector, spec.labels, meta=gl.journal_meta_labels(spec.name)):
             return None
         route = route_from_assignments(
-            assignment_of(a) for a in journal_assignments(self._ks, self._root, spec.name)
+            assignment_of(a) for a in journal_assignments(ks, self._root, spec.name)
         )
-        attach_endpoints(route, self._ks, self._root)
-        return pb.ListResponse.Journal(
-            spec=spec,
-            mod_revision=entry.kv.mod_revision,
-            create_revision=entry.kv.create_revision,
-            route=route,
-        )
+        attach_endpoints(route, ks, self._root)
+        return Selected(entry, spec, route)
 
-    def _messages(self, journals: list[pb.ListResponse.Journal]) -> list[pb.ListResponse]:
-        step = self._journals_per_response
-        messages = [pb.ListResponse(status=pb.OK, header=self._header(), journals=journals[:step])]
-        for start in range(step, len(journals), step):
-            messages.append(pb.ListResponse(journals=journals[start : start + step]))
-        return messages
+    def _messages(self, selected: list[Selected], etcd: Header) -> Iterator[pb.ListResponse]:
+        """The messages of one snapshot, each of at most `journals_per_response` journals and
+        `list_response_bytes_max` bytes (or of one journal, if larger), built one at a time."""
+        message = pb.ListResponse(status=pb.OK, header=self._header(etcd=etcd))
+        count = size = 0
+        for journal in selected:
+            # The spec's size is that of its etcd value, known without serializing it.
+            journal_size = len(journal.entry.kv.value) + journal.route.ByteSize()
+            if count and (
+                count >= self._journals_per_response
+                or size + journal_size > list_response_bytes_max
+            ):
+                yield message
+                message, count, size = pb.ListResponse(), 0, 0
+            message.journals.add(
+                spec=journal.spec,
+                mod_revision=journal.entry.kv.mod_revision,
+                create_revision=journal.entry.kv.create_revision,
+                route=journal.route,
+            )
+            count += 1
+            size += journal_size
+        yield message
 
     async def list(
         self, request: pb.ListRequest, context: Context
@@ -233,15 +284,18 @@ class ListApplyAPI:
         while True:
             if not await self._reached(min_revision, context):
                 continue
-            min_revision = self._ks.header.revision + 1
-            journals, _ = self.snapshot(selector)
+            selected, etcd = await self.snapshot(selector)
+            min_revision = etcd.revision + 1
             # A watcher wants a new snapshot when a journal is created, updated or deleted, and
             # also when its route changes (assignments, a new primary): compare all three.
-            seen = [(j.spec.name, j.mod_revision, j.route.SerializeToString()) for j in journals]
+            seen = [
+                (j.spec.name, j.entry.kv.mod_revision, j.route.SerializeToString())
+                for j in selected
+            ]
             if seen == last:
                 continue
             last = seen
-            for message in self._messages(journals):
+            for message in self._messages(selected, etcd):
                 yield message
             if not request.watch:
                 return
@@ -263,7 +317,7 @@ class ListApplyAPI:
 
     async def apply(self, request: pb.ApplyRequest, context: Context) -> pb.ApplyResponse:
         try:
-            validate_apply_request(request)
+            await validate_apply_request_sliced(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
         compares: list[Compare] = []
@@ -300,3 +354,13 @@ class ListApplyAPI:
                     f" catch up: {err}",
                 )
         return pb.ApplyResponse(status=pb.OK, header=self._header(revision))
+
+
+def _pinned(ks: KeySpace[Decoded]) -> KeySpace[Decoded]:
+    """A read-only view of `ks` as it is now, which later updates leave as it is: a KeySpace
+    replaces its list of entries on every update, never changing one in place (see
+    keyspace.apply_events), so the view holds the state of one revision while a List yields the
+    event loop to the watch that applies updates."""
+    view: KeySpace[Decoded] = KeySpace(ks.root, ks.decoder)
+    view.header, view.kvs = ks.header, ks.kvs
+    return view

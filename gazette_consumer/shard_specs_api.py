@@ -24,6 +24,7 @@ shard without a recovery log has none, and the answer is then empty.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 import grpc
@@ -42,6 +43,7 @@ from broker.keyspace.backend import (
     UnavailableError,
 )
 from broker.keyspace.keyspace import KeySpace
+from broker.loop_slices import LoopSlices
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
@@ -90,6 +92,20 @@ def validate_list_request(request: cpb.ListRequest) -> None:
 
 
 def validate_apply_request(request: cpb.ApplyRequest) -> None:
+    for _ in _validate_apply_changes(request):
+        pass
+
+
+async def validate_apply_request_sliced(request: cpb.ApplyRequest) -> None:
+    """validate_apply_request, yielding the event loop between changes now and then: an Apply
+    of many large specs is many milliseconds of validation (broker/loop_slices.py)."""
+    slices = LoopSlices()
+    for _ in _validate_apply_changes(request):
+        await slices.next_item()
+
+
+def _validate_apply_changes(request: cpb.ApplyRequest) -> Iterator[None]:
+    """Validates the request's changes, one per step."""
     if len(request.changes) > apply_changes_max:
         raise ValidationError(
             f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
@@ -105,6 +121,7 @@ def validate_apply_request(request: cpb.ApplyRequest) -> None:
                     f"must not change shard {shard!r} twice (also changes[{seen[shard]}])"
                 )
             seen[shard] = index
+        yield
 
 
 def _validate_change(change: cpb.ApplyRequest.Change) -> str:
@@ -185,7 +202,7 @@ class ShardSpecsAPI:
         for entry in shard_items(self._ks, self._root):
             item = entry.decoded
             assert isinstance(item, ShardItem)
-            if not matches(selector, gl.union(gl.shard_meta_labels(item.id), item.spec.labels)):
+            if not matches(selector, item.spec.labels, meta=gl.shard_meta_labels(item.id)):
                 continue
             route, statuses = shard_route(self._ks, self._root, item.id)
             out.append(
@@ -208,7 +225,7 @@ class ShardSpecsAPI:
 
     async def apply(self, request: cpb.ApplyRequest, context: Context) -> cpb.ApplyResponse:
         try:
-            validate_apply_request(request)
+            await validate_apply_request_sliced(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
         compares: list[Compare] = []

@@ -19,6 +19,11 @@ failed (retries are bounded: a broker or store unavailable for one to two minute
 if the read stopped below the write head (a gap: content not yet persisted, or lost), and 3 if
 the broker answered DATA_LOSS, a fragment failed verification, or the read jumped over a gap
 after its first byte. Output written before the error is valid journal content.
+
+Spec files are read strictly and boundedly (strict_yaml.py): a bad document is
+one line naming its file, line and field. Whatever the input, gazctl prints no traceback: an
+unexpected error (a bug) is one line too, with exit status 1; ``--debug`` (or
+``$GAZCTL_DEBUG=1``) prints its traceback as well.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import asyncio
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +41,7 @@ import grpc
 from broker import logging as gazette_logging
 from broker.cli import journalspace, shards
 from broker.cli.output import FORMATS, emit
+from broker.cli.strict_yaml import parse_file
 from broker.fragment.stores.base import StoreError
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import StatusError
@@ -50,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker", default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"))
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--log-format", choices=("console", "json"), default="console")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=os.environ.get("GAZCTL_DEBUG", "") not in ("", "0"),
+        help="print the traceback of an unexpected error (also $GAZCTL_DEBUG=1)",
+    )
     top = parser.add_subparsers(dest="noun", required=True)
 
     journals = top.add_parser("journals", help="journal specs, content and fragments")
@@ -100,13 +113,6 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The parsed command line (argparse exits with status 2 on a malformed one)."""
     return _parser().parse_args(argv)
-
-
-def _read_input(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
 
 
 def _apply_records(nodes: Sequence[tuple[Any, str]]) -> list[dict[str, Any]]:
@@ -164,7 +170,7 @@ async def _run(args: argparse.Namespace) -> int:
     if args.verb in ("prune", "reset-head"):
         return await _operate(args)
     if args.verb == "apply":
-        nodes = journalspace.parse_journal_space(_read_input(args.file))
+        nodes = parse_file(args.file, journalspace.parse_journal_space)
         records = _apply_records(nodes)
         if not args.dry_run:
             from broker.cli import remote
@@ -180,6 +186,11 @@ async def _run(args: argparse.Namespace) -> int:
     return await remote.run(args)
 
 
+def _print_error(text: str) -> None:
+    # One line, whatever the error's text holds.
+    print("gazctl: " + " ".join(text.splitlines()), file=sys.stderr)
+
+
 async def run(args: argparse.Namespace) -> int:
     """Run a parsed command on the current event loop; failures are printed as one line and
     returned as the exit status (see the module docstring)."""
@@ -190,22 +201,31 @@ async def run(args: argparse.Namespace) -> int:
     try:
         return await _run(args)
     except DataLossError as exc:
-        print(f"gazctl: data loss: {exc}", file=sys.stderr)
+        _print_error(f"data loss: {exc}")
         return EXIT_DATA_LOSS
     except (ReadGapError, ConnectionError) as exc:
         # A read short of the write head; retries of an unreachable broker exhausted.
-        print(f"gazctl: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_FAILED
     except (ValidationError, OSError) as exc:
-        print(f"gazctl: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_BAD_INPUT
     except (StatusError, StoreError) as exc:
         # A refusal by the broker (journal not found, wrong offset, ...), a failed store
         # operation, or nothing to act on: one line naming it.
-        print(f"gazctl: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_FAILED
     except grpc.aio.AioRpcError as exc:
-        print(f"gazctl: broker {args.broker}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        _print_error(f"broker {args.broker}: {exc.code().name}: {exc.details()}")
+        return EXIT_FAILED
+    except Exception as exc:
+        # A bug, not the user's doing: still one line (the traceback on request).
+        if getattr(args, "debug", False):
+            traceback.print_exc(file=sys.stderr)
+        _print_error(
+            f"unexpected error: {type(exc).__name__}: {exc}"
+            " (a bug in gazctl; --debug or GAZCTL_DEBUG=1 shows its traceback)"
+        )
         return EXIT_FAILED
 
 

@@ -19,6 +19,10 @@ stores, codec, labels) are written once at the top::
 
 A child's name must extend its parent's (``examples/`` → ``examples/words``). Durations are Go
 durations (``30s``, ``1m30s``, ``24h``) because that is what Gazette's YAML uses.
+
+Documents are read strictly, as Gazette's gazctl reads them (strict_yaml.py, yaml_shape.py): a
+repeated key, an unknown field or a value of the wrong type is an error naming its line and
+field path, never silently dropped or the cause of a traceback.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import yaml
 from google.protobuf import json_format
 
+from broker.cli.strict_yaml import YamlInputError, line_of, load_yaml
+from broker.cli.yaml_shape import check_message, shown
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, validate_journal_spec
 
@@ -45,11 +50,12 @@ _DURATION_FIELDS = ("refresh_interval", "retention", "flush_interval")
 _NODE_KEYS = {"name", "children", "delete", "comment"}
 
 
-class JournalSpaceError(ValidationError):
-    """The journal-space document is malformed; the message names the node and the field."""
+class JournalSpaceError(YamlInputError):
+    """The journal-space document is malformed; the message names the node, the field and (when
+    known) the line."""
 
-    def __init__(self, path: str, rule: str) -> None:
-        super().__init__(rule, path)
+    def __init__(self, path: str, rule: str, *, line: int | None = None) -> None:
+        super().__init__(rule, *((path,) if path else ()), line=line)
 
 
 def parse_go_duration(text: str, path: str) -> float:
@@ -96,12 +102,15 @@ def _merge(parent: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _spec_from_fields(fields: Mapping[str, Any], path: str) -> pb.JournalSpec:
+def _spec_from_fields(fields: Mapping[str, Any], path: str, line: int | None) -> pb.JournalSpec:
     doc = {k: v for k, v in fields.items() if k not in _NODE_KEYS}
     fragment = dict(doc.get("fragment") or {})
     for name in _DURATION_FIELDS:
         if name in fragment:
-            seconds = parse_go_duration(fragment[name], f"{path}.fragment.{name}")
+            try:
+                seconds = parse_go_duration(fragment[name], f"{path}.fragment.{name}")
+            except JournalSpaceError as exc:
+                raise exc.locate(line=line_of(fields.get("fragment"), name) or line) from None
             fragment[name] = f"{seconds:.9f}s"
     if fragment:
         doc["fragment"] = fragment
@@ -109,57 +118,93 @@ def _spec_from_fields(fields: Mapping[str, Any], path: str) -> pb.JournalSpec:
     # Gazette writes a LabelSet as a bare list of {name, value}.
     if isinstance(doc.get("labels"), list):
         doc["labels"] = {"labels": doc["labels"]}
+    # ... and flags as a Flag's name, or an integer.
+    if isinstance(doc.get("flags"), str):
+        doc["flags"] = pb.JournalSpec.Flag.Value(doc["flags"])
     spec = pb.JournalSpec()
     try:
         json_format.ParseDict(doc, spec, ignore_unknown_fields=False)
     except json_format.ParseError as exc:
-        raise JournalSpaceError(path, f"is not a valid journal spec: {exc}") from None
+        # Not expected after check_message; kept so that nothing reaches the user as a trace.
+        message = " ".join(str(exc).split())
+        raise JournalSpaceError(
+            path, f"is not a valid journal spec: {message}", line=line
+        ) from None
     return spec
+
+
+_NODE_ONLY_KEYS = _NODE_KEYS - {"name"}
 
 
 def _walk(
     node: Any, inherited: dict[str, Any], parent_name: str, path: str, depth: int
 ) -> Iterator[tuple[pb.JournalSpec | None, str]]:
+    line = line_of(node)
     if depth > depth_max:
-        raise JournalSpaceError(path, f"nesting deeper than {depth_max} levels")
+        raise JournalSpaceError(path, f"nesting deeper than {depth_max} levels", line=line)
     if not isinstance(node, Mapping):
-        raise JournalSpaceError(path, "must be a mapping with at least a 'name'")
+        raise JournalSpaceError(
+            path, f"must be a mapping with at least a 'name' (got {shown(node)})", line=line
+        )
+    check_message(node, pb.JournalSpec.DESCRIPTOR, path, line, extra_keys=_NODE_ONLY_KEYS)
     name = node.get("name")
-    if not isinstance(name, str) or not name:
-        raise JournalSpaceError(f"{path}.name", "is required")
+    name_line = line_of(node, "name") or line
+    if not name:
+        raise JournalSpaceError(f"{path}.name", "is required", line=name_line)
     if parent_name and not name.startswith(parent_name):
-        raise JournalSpaceError(f"{path}.name", f"must extend its parent's name {parent_name!r}")
+        raise JournalSpaceError(
+            f"{path}.name", f"must extend its parent's name {parent_name!r}", line=name_line
+        )
+    for key, kind, what in (("delete", bool, "true or false"), ("comment", str, "a string")):
+        if node.get(key) is not None and not isinstance(node[key], kind):
+            raise JournalSpaceError(
+                f"{path}.{key}", f"must be {what} (got {shown(node[key])})", line=line_of(node, key)
+            )
     fields = _merge(inherited, node)
     children = node.get("children")
     if children is not None:
+        children_line = line_of(node, "children")
         if not name.endswith("/"):
-            raise JournalSpaceError(f"{path}.name", "a node with children must end in '/'")
+            raise JournalSpaceError(
+                f"{path}.name", "a node with children must end in '/'", line=name_line
+            )
         if not isinstance(children, list):
-            raise JournalSpaceError(f"{path}.children", "must be a list")
+            raise JournalSpaceError(
+                f"{path}.children", f"must be a list (got {shown(children)})", line=children_line
+            )
         fields.pop("children", None)
         for i, child in enumerate(children):
             yield from _walk(child, fields, name, f"{path}.children[{i}]", depth + 1)
         return
     if name.endswith("/"):
-        raise JournalSpaceError(f"{path}.name", "a journal name must not end in '/'")
+        raise JournalSpaceError(
+            f"{path}.name", "a journal name must not end in '/'", line=name_line
+        )
     if node.get("delete"):
         yield None, name
         return
-    spec = _spec_from_fields(fields, path)
+    spec = _spec_from_fields(fields, path, line)
     try:
         validate_journal_spec(spec)
     except ValidationError as exc:
-        raise JournalSpaceError(f"{path} ({name})", str(exc)) from None
+        raise JournalSpaceError(f"{path} ({name})", str(exc), line=line) from None
     yield spec, name
 
 
-def parse_journal_space(text: str) -> list[tuple[pb.JournalSpec | None, str]]:
+def parse_journal_space(data: str | bytes) -> list[tuple[pb.JournalSpec | None, str]]:
     """Every journal of a YAML journal space: ``(spec, name)``, or ``(None, name)`` for a leaf
-    marked ``delete: true``. Raises JournalSpaceError naming the first bad node."""
+    marked ``delete: true``. Raises JournalSpaceError naming the first bad node, field and
+    line."""
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise JournalSpaceError("document", f"is not valid YAML: {exc}") from None
+        return _parse(data)
+    except JournalSpaceError:
+        raise
+    except YamlInputError as err:
+        raise JournalSpaceError(err.path, err.rule, line=err.line) from None
+
+
+def _parse(data: str | bytes) -> list[tuple[pb.JournalSpec | None, str]]:
+    doc = load_yaml(data)
     out: list[tuple[pb.JournalSpec | None, str]] = []
     seen: set[str] = set()
     for spec, name in _walk(doc, {}, "", "root", 0):

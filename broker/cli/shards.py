@@ -26,6 +26,7 @@ import yaml
 
 from broker.cli import shardspace
 from broker.cli.output import FORMATS, emit
+from broker.cli.strict_yaml import parse_file
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.selector import parse_selector
 
@@ -81,7 +82,7 @@ async def _run(args: argparse.Namespace) -> int:
     from gazette_consumer.shard_client import ShardClient
 
     if args.verb == "apply":
-        changes = shardspace.parse_shard_space(_read_input(args.file))
+        changes = parse_file(args.file, shardspace.parse_shard_space)
         if not args.dry_run:
             async with ShardClient(args.consumer) as client:
                 await client.apply([c.to_change() for c in changes])
@@ -103,13 +104,6 @@ async def _run(args: argparse.Namespace) -> int:
     if not done:
         print("gazctl: no assignment matched; nothing changed", file=sys.stderr)
     return 0
-
-
-def _read_input(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
 
 
 # --- Output -----------------------------------------------------------------------------------

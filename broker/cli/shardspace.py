@@ -22,18 +22,23 @@ place (labels are the union of both), as Gazette pushes common fields down: so `
 cannot undo a common ``disable: true``. ``revision`` is the mod revision the change expects
 (omitted: 0, the shard must not exist yet); ``delete: true`` deletes the shard; ``comment`` is
 for people. Durations are Go durations (``1s``, ``500ms``, ``1m30s``).
+
+Documents are read strictly, as Gazette's gazctl reads them (strict_yaml.py, yaml_shape.py): a
+repeated key, an unknown field or a value of the wrong type is an error naming its line and
+field path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from google.protobuf import json_format
 
 from broker.cli.journalspace import format_go_duration, parse_go_duration
+from broker.cli.strict_yaml import YamlInputError, line_of, load_yaml
+from broker.cli.yaml_shape import check_keys, check_message, shown
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol.validate import ValidationError, validate_shard_spec
@@ -44,14 +49,15 @@ shards_max = 10_000
 
 _DURATIONS = ("max_txn_duration", "min_txn_duration")
 _SPEC_FIELDS = frozenset(f.name for f in cpb.ShardSpec.DESCRIPTOR.fields)
-_SHARD_KEYS = _SPEC_FIELDS | {"comment", "delete", "revision"}
+_CHANGE_KEYS = frozenset({"comment", "delete", "revision"})
 
 
-class ShardSpaceError(ValidationError):
-    """The shard-space document is malformed; the message names the shard and the field."""
+class ShardSpaceError(YamlInputError):
+    """The shard-space document is malformed; the message names the shard, the field and (when
+    known) the line."""
 
-    def __init__(self, path: str, rule: str) -> None:
-        super().__init__(rule, path)
+    def __init__(self, path: str, rule: str, *, line: int | None = None) -> None:
+        super().__init__(rule, *((path,) if path else ()), line=line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +79,19 @@ class ShardChange:
 # --- Specs and YAML mappings ------------------------------------------------------------------
 
 
-def _spec_from_yaml(fields: Mapping[str, Any], path: str) -> cpb.ShardSpec:
+def _spec_from_yaml(fields: Mapping[str, Any], path: str, node: Any = None) -> cpb.ShardSpec:
+    """A ShardSpec of a shard space's mapping (`fields`, of the loaded `node`), which
+    `check_message` accepted."""
+    node = fields if node is None else node
     doc = dict(fields)
     for name in _DURATIONS:
-        if name in doc:
+        if doc.get(name) is not None:
             try:
                 seconds = parse_go_duration(doc[name], f"{path}.{name}")
             except ValidationError as exc:
-                raise ShardSpaceError(f"{path}.{name}", exc.rule) from None
+                raise ShardSpaceError(
+                    f"{path}.{name}", exc.rule, line=line_of(fields, name)
+                ) from None
             doc[name] = f"{seconds:.9f}s"
     if isinstance(doc.get("labels"), list):
         doc["labels"] = {"labels": doc["labels"]}
@@ -88,7 +99,11 @@ def _spec_from_yaml(fields: Mapping[str, Any], path: str) -> cpb.ShardSpec:
     try:
         json_format.ParseDict(doc, spec, ignore_unknown_fields=False)
     except json_format.ParseError as exc:
-        raise ShardSpaceError(path, f"is not a valid shard spec: {exc}") from None
+        # Not expected after check_message; kept so that nothing reaches the user as a trace.
+        message = " ".join(str(exc).split())
+        raise ShardSpaceError(
+            path, f"is not a valid shard spec: {message}", line=line_of(node)
+        ) from None
     return spec
 
 
@@ -199,66 +214,91 @@ def hoist(specs: Sequence[cpb.ShardSpec]) -> tuple[cpb.ShardSpec, list[cpb.Shard
 # --- Documents --------------------------------------------------------------------------------
 
 
-def parse_shard_space(text: str) -> list[ShardChange]:
+def parse_shard_space(data: str | bytes) -> list[ShardChange]:
     """Every shard of a shard-space YAML document, fully specified and validated. Raises
-    ShardSpaceError naming the first bad shard and field."""
+    ShardSpaceError naming the first bad shard, field and line."""
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ShardSpaceError("document", f"is not valid YAML: {exc}") from None
+        return _parse(data)
+    except ShardSpaceError:
+        raise
+    except YamlInputError as err:
+        raise ShardSpaceError(err.path, err.rule, line=err.line) from None
+
+
+def _parse(data: str | bytes) -> list[ShardChange]:
+    doc = load_yaml(data)
     if not isinstance(doc, Mapping) or "shards" not in doc:
-        raise ShardSpaceError("document", "must be a mapping with 'shards' (and 'common')")
-    unknown = set(doc) - {"common", "shards"}
-    if unknown:
-        raise ShardSpaceError("document", f"has unknown keys {sorted(unknown)}")
+        raise ShardSpaceError(
+            "document",
+            f"must be a mapping with 'shards' (and 'common') (got {shown(doc)})",
+            line=line_of(doc),
+        )
+    check_keys(doc, ("common", "shards"), "document", line_of(doc))
     common_doc = doc.get("common") or {}
+    common_line = line_of(doc, "common")
     if not isinstance(common_doc, Mapping):
-        raise ShardSpaceError("common", "must be a mapping")
+        raise ShardSpaceError(
+            "common", f"must be a mapping (got {shown(common_doc)})", line=common_line
+        )
     if "id" in common_doc:
-        raise ShardSpaceError("common.id", "a common spec has no ID")
-    _check_keys(common_doc, _SPEC_FIELDS, "common")
+        raise ShardSpaceError(
+            "common.id", "a common spec has no ID", line=line_of(common_doc, "id")
+        )
+    check_message(common_doc, cpb.ShardSpec.DESCRIPTOR, "common", common_line)
     common = _spec_from_yaml(common_doc, "common")
     shards = doc["shards"]
     if not isinstance(shards, list):
-        raise ShardSpaceError("shards", "must be a list")
+        raise ShardSpaceError(
+            "shards", f"must be a list (got {shown(shards)})", line=line_of(doc, "shards")
+        )
     if len(shards) > shards_max:
         raise ShardSpaceError("shards", f"must hold at most {shards_max} shards")
     out: list[ShardChange] = []
     seen: set[str] = set()
     for index, node in enumerate(shards):
-        change = _parse_shard(node, common, f"shards[{index}]")
+        path, line = f"shards[{index}]", line_of(shards, index)
+        change = _parse_shard(node, common, path, line)
         if change.id in seen:
-            raise ShardSpaceError(f"shards[{index}].id", f"{change.id!r} is declared twice")
+            raise ShardSpaceError(
+                f"{path}.id", f"{change.id!r} is declared twice", line=line_of(node, "id") or line
+            )
         seen.add(change.id)
         out.append(change)
     return out
 
 
-def _check_keys(node: Mapping[str, Any], allowed: Iterable[str], path: str) -> None:
-    unknown = sorted(set(node) - set(allowed))
-    if unknown:
-        raise ShardSpaceError(path, f"has unknown fields {unknown}")
-
-
-def _parse_shard(node: Any, common: cpb.ShardSpec, path: str) -> ShardChange:
+def _parse_shard(node: Any, common: cpb.ShardSpec, path: str, line: int | None) -> ShardChange:
     if not isinstance(node, Mapping):
-        raise ShardSpaceError(path, "must be a mapping with at least an 'id'")
-    _check_keys(node, _SHARD_KEYS, path)
+        raise ShardSpaceError(
+            path, f"must be a mapping with at least an 'id' (got {shown(node)})", line=line
+        )
+    check_message(node, cpb.ShardSpec.DESCRIPTOR, path, line, extra_keys=_CHANGE_KEYS)
     shard_id = node.get("id")
-    if not isinstance(shard_id, str) or not shard_id:
-        raise ShardSpaceError(f"{path}.id", "is required")
+    if not shard_id:
+        raise ShardSpaceError(f"{path}.id", "is required", line=line_of(node) or line)
     revision = node.get("revision", 0)
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < -1:
-        raise ShardSpaceError(f"{path}.revision", f"must be an integer >= -1 (got {revision!r})")
-    comment = str(node.get("comment", ""))
+        raise ShardSpaceError(
+            f"{path}.revision",
+            f"must be an integer >= -1 (got {shown(revision)})",
+            line=line_of(node, "revision"),
+        )
+    for key, kind, what in (("delete", bool, "true or false"), ("comment", str, "a string")):
+        if node.get(key) is not None and not isinstance(node[key], kind):
+            raise ShardSpaceError(
+                f"{path}.{key}", f"must be {what} (got {shown(node[key])})", line=line_of(node, key)
+            )
+    comment = node.get("comment") or ""
     if node.get("delete"):
         return ShardChange(shard_id, None, revision, comment)
     fields = {k: v for k, v in node.items() if k in _SPEC_FIELDS}
-    spec = push_down(common, _spec_from_yaml(fields, path))
+    spec = push_down(common, _spec_from_yaml(fields, path, node))
     try:
         validate_shard_spec(spec)
     except ValidationError as exc:
-        raise ShardSpaceError(f"{path} ({shard_id})", str(exc)) from None
+        raise ShardSpaceError(
+            f"{path} ({shard_id})", str(exc), line=line_of(node) or line
+        ) from None
     return ShardChange(shard_id, spec, revision, comment)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from operator import attrgetter
 
 from broker.protocol import protocol_pb2 as pb
 
@@ -59,26 +60,33 @@ def _split_prefix(name: str) -> tuple[str, bool]:
     return name, False
 
 
-def _keys(label_set: pb.LabelSet) -> list[tuple[str, str]]:
-    return [(label.name, label.value) for label in label_set.labels]
+def _label_key(label: pb.Label) -> tuple[str, str]:
+    return label.name, label.value
+
+
+_label_name = attrgetter("name")
 
 
 def _name_range(label_set: pb.LabelSet, name: str) -> tuple[int, int]:
-    """[begin, end) indices of labels named `name` (an empty range at its insertion point)."""
-    names = [label.name for label in label_set.labels]
-    return bisect_left(names, name), bisect_right(names, name)
+    """[begin, end) indices of labels named `name` (an empty range at its insertion point).
+    Bisects the set: O(log n) reads of labels, none of the others."""
+    labels = label_set.labels
+    begin = bisect_left(labels, name, key=_label_name)
+    return begin, bisect_right(labels, name, lo=begin, key=_label_name)
 
 
 def add_value(label_set: pb.LabelSet, name: str, value: str) -> None:
     """Insert label `name`=`value` in order, keeping other values of `name`; a no-op if present.
 
-    A `name` ending in ":prefix" adds a prefix-matching label, meaningful only in a selector."""
+    A `name` ending in ":prefix" adds a prefix-matching label, meaningful only in a selector.
+    One insertion costs O(log n) comparisons and one move of the labels after it; to build a
+    set of many labels, use `label_set`, which sorts once."""
     name, prefix = _split_prefix(name)
-    keys = _keys(label_set)
-    index = bisect_left(keys, (name, value))
-    if index < len(keys) and keys[index] == (name, value):
+    labels = label_set.labels
+    index = bisect_left(labels, (name, value), key=_label_key)
+    if index < len(labels) and _label_key(labels[index]) == (name, value):
         return
-    label_set.labels.insert(index, pb.Label(name=name, value=value, prefix=prefix))
+    labels.insert(index, pb.Label(name=name, value=value, prefix=prefix))
 
 
 def set_value(label_set: pb.LabelSet, name: str, value: str) -> None:
@@ -103,27 +111,33 @@ def values_of(label_set: pb.LabelSet, name: str) -> list[str]:
 
 def value_of(label_set: pb.LabelSet, name: str) -> str:
     """The first value of label `name`, or "" if absent."""
-    begin, end = _name_range(label_set, name)
-    return label_set.labels[begin].value if begin != end else ""
+    labels = label_set.labels
+    begin = bisect_left(labels, name, key=_label_name)
+    return labels[begin].value if begin < len(labels) and labels[begin].name == name else ""
 
 
 def label_set(pairs: Iterable[tuple[str, str]] = ()) -> pb.LabelSet:
-    """A LabelSet of (name, value) pairs in any order, sorted and de-duplicated."""
-    out = pb.LabelSet()
-    for name, value in pairs:
-        add_value(out, name, value)
-    return out
+    """A LabelSet of (name, value) pairs in any order, sorted and de-duplicated (a pair given
+    twice keeps the first one's ":prefix" marking). One sort: O(n log n)."""
+    first: dict[tuple[str, str], bool] = {}
+    for raw_name, value in pairs:
+        name, prefix = _split_prefix(raw_name)
+        first.setdefault((name, value), prefix)
+    return pb.LabelSet(
+        labels=[
+            pb.Label(name=name, value=value, prefix=prefix)
+            for (name, value), prefix in sorted(first.items())
+        ]
+    )
 
 
 def journal_meta_labels(journal: str) -> pb.LabelSet:
     """Meta-labels a journal is matched with besides its own labels: "name" (the journal name)
     and one "prefix" per path component boundary, so "prefix=a/b/" selects "a/b/c" and
     "a/b/c/d" but not "a/bc". (For arbitrary prefixes, select "name:prefix=a/b".)"""
-    out = label_set([(META_NAME, journal)])
-    for index, char in enumerate(journal):
-        if char == "/":
-            add_value(out, META_PREFIX, journal[: index + 1])
-    return out
+    pairs = [(META_NAME, journal)]
+    pairs += [(META_PREFIX, journal[: index + 1]) for index, ch in enumerate(journal) if ch == "/"]
+    return label_set(pairs)
 
 
 def shard_meta_labels(shard_id: str) -> pb.LabelSet:
@@ -132,11 +146,13 @@ def shard_meta_labels(shard_id: str) -> pb.LabelSet:
 
 
 def union(lhs: pb.LabelSet, rhs: pb.LabelSet) -> pb.LabelSet:
-    """Labels of either set; where both have a name, the values of `lhs` win."""
-    names = {label.name for label in lhs.labels}
+    """Labels of either set; where both have a name, the values of `lhs` win.
+
+    Both sets must be sorted (as every valid LabelSet is): the labels of `rhs` under names
+    `lhs` lacks are merged in by one stable sort of two sorted runs, which is linear."""
+    left = list(lhs.labels)
+    names = {label.name for label in left}
+    kept = [label for label in rhs.labels if label.name not in names]
     out = pb.LabelSet()
-    out.CopyFrom(lhs)
-    for label in rhs.labels:
-        if label.name not in names:
-            add_value(out, label.name, label.value)
+    out.labels.extend(sorted(left + kept, key=_label_name) if kept else left)
     return out

@@ -21,16 +21,19 @@ reads. `format_selector` writes the canonical form: terms without spaces, in lab
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from itertools import groupby
 from typing import NamedTuple
 
+from broker.protocol import limits
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.labels import PREFIX_SUFFIX
+from broker.protocol.labels import PREFIX_SUFFIX, values_of
 from broker.protocol.validate import (
     PATH_SYMBOLS,
     TOKEN_SYMBOLS,
     ValidationError,
+    check_count,
     is_letter_or_number,
     validate_label_selector,
 )
@@ -183,7 +186,12 @@ def _to_label_set(labels: Iterable[_Label]) -> pb.LabelSet:
 
 
 def parse_selector(text: str) -> pb.LabelSelector:
-    """Parse a selector string into a validated LabelSelector, or raise SelectorError."""
+    """Parse a selector string into a validated LabelSelector, or raise SelectorError. A string
+    longer than `selector_chars_max` is refused before parsing."""
+    try:
+        check_count(len(text), "characters", "selector_chars_max", limits.selector_chars_max)
+    except ValidationError as err:
+        raise SelectorError(err.rule, position=limits.selector_chars_max) from None
     scan = _Scanner(text)
     include: list[_Label] = []
     exclude: list[_Label] = []
@@ -233,28 +241,103 @@ def format_selector(selector: pb.LabelSelector) -> str:
     return ",".join(terms)
 
 
-def _value_matches(wanted: pb.Label, values: list[str]) -> bool:
+def _name_matches(wanted: Iterable[pb.Label], values: list[str]) -> bool:
+    """Whether any of the selector labels `wanted` (all of one name) matches one of `values`
+    (that name's values in the set, sorted)."""
     if not values:
         return False
-    if wanted.value == "":
-        return True  # Any value.
-    if wanted.prefix:
-        return any(value.startswith(wanted.value) for value in values)
-    return wanted.value in values
+    for label in wanted:
+        if label.value == "":
+            return True  # Any value.
+        if label.prefix:
+            index = bisect_left(values, label.value)
+            if index < len(values) and values[index].startswith(label.value):
+                return True
+        elif label.value in values:
+            return True
+    return False
 
 
-def matches(selector: pb.LabelSelector, label_set: pb.LabelSet) -> bool:
-    """Whether `label_set` is selected: every included name is matched by at least one of its
-    selector values, and no excluded label is matched."""
-    values: dict[str, list[str]] = {}
-    for label in label_set.labels:
-        values.setdefault(label.name, []).append(label.value)
+def _bisected_matches(selector: pb.LabelSelector, sets: list[pb.LabelSet]) -> bool:
+    """`matches` for a selector of few labels: each name's values found by bisecting the sets
+    (the first set that has the name gives them), whatever their size."""
 
-    for label in selector.exclude.labels:
-        if _value_matches(label, values.get(label.name, [])):
+    def values(name: str) -> list[str]:
+        for labels in sets:
+            found = values_of(labels, name)
+            if found:
+                return found
+        return []
+
+    for name, group in groupby(selector.exclude.labels, key=lambda label: label.name):
+        if _name_matches(group, values(name)):
             return False
     for name, group in groupby(selector.include.labels, key=lambda label: label.name):
-        present = values.get(name, [])
-        if not any(_value_matches(label, present) for label in group):
+        if not _name_matches(group, values(name)):
             return False
     return True
+
+
+class _Indexed:
+    """The labels of the sets (the first that has a name gives its values), indexed in one pass
+    for a selector of many labels: exact values and names by hashing, prefixes by bisecting
+    the (sorted) values of their name."""
+
+    def __init__(self, sets: list[pb.LabelSet]) -> None:
+        pairs: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for labels in sets:
+            these = [(label.name, label.value) for label in labels.labels]
+            pairs += [pair for pair in these if pair[0] not in seen] if seen else these
+            seen.update(name for name, _ in these)
+        self._pairs = set(pairs)
+        self._names = seen
+        self._ordered = pairs
+        self._by_name: dict[str, list[str]] | None = None
+
+    def hit(self, name: str, value: str, prefix: bool) -> bool:
+        if value == "":
+            return name in self._names
+        if not prefix:
+            return (name, value) in self._pairs
+        if self._by_name is None:
+            self._by_name = {}
+            for pair_name, pair_value in self._ordered:
+                self._by_name.setdefault(pair_name, []).append(pair_value)
+        values = self._by_name.get(name, [])
+        index = bisect_left(values, value)
+        return index < len(values) and values[index].startswith(value)
+
+
+def _indexed_matches(selector: pb.LabelSelector, sets: list[pb.LabelSet]) -> bool:
+    index = _Indexed(sets)
+    for label in selector.exclude.labels:
+        if index.hit(label.name, label.value, label.prefix):
+            return False
+    wanted: set[str] = set()
+    found: set[str] = set()
+    for label in selector.include.labels:
+        name = label.name
+        wanted.add(name)
+        if name not in found and index.hit(name, label.value, label.prefix):
+            found.add(name)
+    return found == wanted
+
+
+def matches(
+    selector: pb.LabelSelector, label_set: pb.LabelSet, meta: pb.LabelSet | None = None
+) -> bool:
+    """Whether `label_set` is selected: every included name is matched by at least one of its
+    selector values, and no excluded label is matched.
+
+    `meta` are meta-labels (labels.journal_meta_labels, shard_meta_labels): where `meta` has a
+    name, its values are those matched, as if matching `labels.union(meta, label_set)`, without
+    building that union. Both sets must be valid (sorted). The cost is near-linear in the sizes
+    of the selector and the sets, and follows the selector's alone when it is much the smaller
+    (a List matching many journals' labels)."""
+    sets = [label_set] if meta is None else [meta, label_set]
+    terms = len(selector.include.labels) + len(selector.exclude.labels)
+    size = sum(len(labels.labels) for labels in sets)
+    if terms * max(1, size.bit_length()) <= size:
+        return _bisected_matches(selector, sets)
+    return _indexed_matches(selector, sets)

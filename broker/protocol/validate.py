@@ -1,39 +1,50 @@
 """Boundary validation of names, labels and specs, with Gazette's exact rules.
 
 Input from the wire, etcd or a user is validated once, here, and inner code trusts it
-(DESIGN.md §3.10). Every failure is a `ValidationError` whose message starts with the path of the
-offending field, then names the rule and the value that broke it:
+(DESIGN.md §3.10). Every failure is a `ValidationError` (validation_error.py) whose message
+starts with the path of the offending field, then names the rule and the value that broke it:
 
     fragment.length: must be in [1024, 17179869184] (got 12)
 
-Validators of nested messages raise with paths relative to their own message; callers prefix
-their own field name with `at("fragment")` as the error bubbles out (Gazette's ExtendContext).
-
 The bounds and alphabets are Gazette's (broker/protocol/validator.go, *_extensions.go,
 fragment_store.go, endpoint.go and consumer/protocol/shard_spec_extensions.go), because a spec
-one implementation accepts must be accepted by the other: they share etcd.
+one implementation accepts must be accepted by the other: they share etcd. On top of them, the
+counts a request controls (labels per set, sources per shard, ...) are bounded by the named
+limits of limits.py, chosen far above any real use of Gazette, so that no one request can make
+a broker spend seconds on it (docs/limits.md).
+
+Tokens and paths (tokens.py), URLs (urls.py) and media types (media_type.py) have modules of
+their own; their validators are re-exported here, where callers have always found them.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+import itertools
+import operator
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
+from broker.protocol import limits
 from broker.protocol import protocol_pb2 as pb
-
-# Symbols allowed in tokens (zones, suffixes, shard IDs, label names) besides Unicode letters and
-# numbers. Every rune <= '#' (35) is excluded on purpose: '#' separates the fields of allocator
-# keys in etcd, so a token must never contain it, nor anything that sorts before it.
-TOKEN_SYMBOLS = "-_+/."
-# Path components (journal names, label values) also allow '=' (Hive-style "key=value" parts)
-# and '%' (so that URL-encoded text is a valid value).
-PATH_SYMBOLS = TOKEN_SYMBOLS + "=%"
+from broker.protocol.media_type import validate_media_type as validate_media_type
+from broker.protocol.tokens import PATH_SYMBOLS as PATH_SYMBOLS
+from broker.protocol.tokens import TOKEN_SYMBOLS as TOKEN_SYMBOLS
+from broker.protocol.tokens import ascii_alphabet, is_token
+from broker.protocol.tokens import go_path_clean as go_path_clean
+from broker.protocol.tokens import is_letter_or_number as is_letter_or_number
+from broker.protocol.tokens import validate_path_component as validate_path_component
+from broker.protocol.tokens import validate_token as validate_token
+from broker.protocol.urls import FRAGMENT_STORE_SCHEMES as FRAGMENT_STORE_SCHEMES
+from broker.protocol.urls import validate_endpoint as validate_endpoint
+from broker.protocol.urls import validate_fragment_store as validate_fragment_store
+from broker.protocol.validation_error import ValidationError as ValidationError
+from broker.protocol.validation_error import at as at
+from broker.protocol.validation_error import check_count as check_count
+from broker.protocol.validation_error import check_min as check_min
+from broker.protocol.validation_error import check_range as check_range
+from broker.protocol.validation_error import quote as _quote
 
 LABEL_NAME_LEN_MIN, LABEL_NAME_LEN_MAX = 2, 64
 LABEL_VALUE_LEN_MAX = 1024
@@ -42,151 +53,8 @@ ZONE_LEN_MIN, ZONE_LEN_MAX = 1, 32
 PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX = 4, 128
 SHARD_ID_LEN_MIN, SHARD_ID_LEN_MAX = 4, 512
 
-FRAGMENT_STORE_SCHEMES = ("s3", "gs", "azure", "azure-ad", "file")
 
-
-class ValidationError(ValueError):
-    """Bad input. `context` is the field path from the validated message down to the offending
-    field; `rule` says what was required and what was found."""
-
-    def __init__(self, rule: str, *context: str) -> None:
-        self.rule = rule
-        self.context: tuple[str, ...] = context
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        if not self.context:
-            return self.rule
-        return _join_path(self.context) + ": " + self.rule
-
-    def __str__(self) -> str:
-        return self._render()
-
-    @property
-    def path(self) -> str:
-        return _join_path(self.context)
-
-    def extend(self, segment: str) -> ValidationError:
-        """Prefix `segment` to the context path (in place), and return self for re-raising."""
-        self.context = (segment, *self.context)
-        self.args = (self._render(),)
-        return self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Exception pickling replays __init__(*args); ours would lose the context. Rebuild from
-        # the instance state instead, so errors survive a trip across processes (Spark workers).
-        return (_restore_error, (type(self), dict(self.__dict__)))
-
-
-def _restore_error(cls: type[ValidationError], state: dict[str, Any]) -> ValidationError:
-    err = cls.__new__(cls)
-    err.__dict__.update(state)
-    err.args = (err._render(),)
-    return err
-
-
-def _join_path(context: tuple[str, ...]) -> str:
-    # Index segments ("[3]") attach to the field before them without a dot: "labels[3].name".
-    out = ""
-    for segment in context:
-        if out and not segment.startswith("["):
-            out += "."
-        out += segment
-    return out
-
-
-@contextmanager
-def at(segment: str) -> Iterator[None]:
-    """Prefix `segment` to the path of any ValidationError raised inside the block."""
-    try:
-        yield
-    except ValidationError as err:
-        err.extend(segment)
-        raise
-
-
-def _quote(value: str) -> str:
-    # Long values are cut so a message stays readable; the head is what a user recognizes.
-    shown_chars_max = 80
-    if len(value) > shown_chars_max:
-        value = value[:shown_chars_max] + "..."
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def check_range(value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise ValidationError(f"must be in [{low}, {high}] (got {value})")
-
-
-def check_min(value: int, low: int) -> None:
-    if value < low:
-        raise ValidationError(f"must be >= {low} (got {value})")
-
-
-# --- Tokens and paths ---------------------------------------------------------------------------
-
-
-def is_letter_or_number(ch: str) -> bool:
-    # Go's unicode.IsLetter / unicode.IsNumber: general categories L* and N*.
-    return unicodedata.category(ch)[0] in ("L", "N")
-
-
-def validate_token(value: str, min_len: int, max_len: int, symbols: str = TOKEN_SYMBOLS) -> None:
-    """A token is [min_len, max_len] UTF-8 bytes of Unicode letters, numbers and `symbols`.
-
-    Length is in bytes, not characters, as Gazette measures it (Go's len of a string)."""
-    size = len(value.encode("utf-8"))
-    if not min_len <= size <= max_len:
-        raise ValidationError(
-            f"length must be in [{min_len}, {max_len}] bytes (got {size}: {_quote(value)})"
-        )
-    for index, ch in enumerate(value):
-        if not is_letter_or_number(ch) and ch not in symbols:
-            raise ValidationError(
-                f"must be only letters, numbers and {_quote(symbols)}"
-                f" (got {_quote(value)}: {ch!r} at index {index})"
-            )
-
-
-def go_path_clean(path: str) -> str:
-    """Go's path.Clean: the shortest lexically equivalent slash-separated path.
-
-    posixpath.normpath differs in corner cases ("" is ".", a leading "//" is kept), so Gazette's
-    rule "a name equals its cleaned form" needs Go's exact function."""
-    if path == "":
-        return "."
-    rooted = path.startswith("/")
-    parts: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if parts and parts[-1] != "..":
-                parts.pop()
-            elif not rooted:
-                parts.append("..")
-            continue
-        parts.append(part)
-    cleaned = ("/" if rooted else "") + "/".join(parts)
-    return cleaned or "."
-
-
-def validate_path_component(value: str, min_len: int, max_len: int) -> None:
-    """A token over PATH_SYMBOLS which is a clean (path.Clean), non-rooted path.
-
-    Note Gazette's rule admits a leading "../" (it survives cleaning); anything joining such a
-    path under a root directory must guard against escaping it."""
-    validate_token(value, min_len, max_len, PATH_SYMBOLS)
-    if value == "":
-        return
-    cleaned = go_path_clean(value)
-    if cleaned != value:
-        raise ValidationError(
-            f"must be a clean path, equal to its normalized form {_quote(cleaned)}"
-            f" (got {_quote(value)})"
-        )
-    if value.startswith("/"):
-        raise ValidationError(f"must not begin with '/' (got {_quote(value)})")
+# --- Names --------------------------------------------------------------------------------------
 
 
 def split_journal_meta(name: str) -> tuple[str, str]:
@@ -220,153 +88,6 @@ def validate_shard_id(shard_id: str) -> None:
     validate_token(shard_id, SHARD_ID_LEN_MIN, SHARD_ID_LEN_MAX)
 
 
-# --- URLs ---------------------------------------------------------------------------------------
-
-_CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")
-_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-
-
-def _parse_url(url: str) -> tuple[str, str, str]:
-    """(scheme, host, path) of an absolute URL, refusing what Go's url.Parse refuses and
-    urlsplit would let through: control characters and malformed %-escapes."""
-    if _CONTROL_CHAR.search(url):
-        raise ValidationError(f"must not contain control characters (got {_quote(url)})")
-    # Go validates escapes of everything but the raw query; check up to the query.
-    if _BAD_ESCAPE.search(url.split("?", 1)[0]):
-        raise ValidationError(f"has an invalid %-escape (got {_quote(url)})")
-    try:
-        parts = urlsplit(url)
-    except ValueError as err:  # An unbalanced '[' or ']' of an IPv6 host, for one.
-        raise ValidationError(f"must be a valid URL: {err} (got {_quote(url)})") from None
-    try:
-        parts.port  # noqa: B018 -- evaluated for the ValueError of a malformed port.
-    except ValueError:
-        raise ValidationError(
-            f"must have a numeric port in [0, 65535] (got {_quote(url)})"
-        ) from None
-    if not parts.scheme:
-        raise ValidationError(f"must be an absolute URL with a scheme (got {_quote(url)})")
-    host = parts.netloc.rpartition("@")[2]
-    return parts.scheme, host, parts.path
-
-
-def validate_fragment_store(url: str) -> None:
-    """A fragment store is an absolute URL of a known scheme whose path ends in '/'."""
-    scheme, host, path = _parse_url(url)
-    if scheme in ("s3", "gs", "azure"):
-        if not host:
-            raise ValidationError(f"must name a bucket as the URL host (got {_quote(url)})")
-    elif scheme == "azure-ad":
-        # azure-ad://<tenant-id>/<storage-account>/<container>/<prefix...>/
-        segments = path[1:].split("/")
-        if not host:
-            raise ValidationError(f"must name a tenant ID as the URL host (got {_quote(url)})")
-        if segments[0] == "":
-            raise ValidationError(
-                f"must name a storage account as the first path segment (got {_quote(url)})"
-            )
-        if len(segments) < 2 or segments[1] == "":
-            raise ValidationError(
-                f"must name a storage container as the second path segment (got {_quote(url)})"
-            )
-    elif scheme == "file":
-        if host:
-            raise ValidationError(f"must not have a host with the file scheme (got {_quote(url)})")
-    else:
-        raise ValidationError(
-            f"scheme must be one of {', '.join(FRAGMENT_STORE_SCHEMES)} (got {_quote(scheme)})"
-        )
-    if not path.endswith("/"):
-        raise ValidationError(f"path must end in '/' (got {_quote(path)})")
-
-
-def validate_endpoint(url: str) -> None:
-    """An endpoint is an absolute URL with a host (http://host:port, unix://host/path)."""
-    _, host, _ = _parse_url(url)
-    if not host:
-        raise ValidationError(f"must have a host (got {_quote(url)})")
-
-
-# --- Media types (Go's mime.ParseMediaType) -----------------------------------------------------
-
-_TSPECIALS = frozenset('()<>@,;:\\"/[]?=')
-
-
-def _is_token_char(ch: str) -> bool:
-    return " " < ch < "\x7f" and ch not in _TSPECIALS
-
-
-def _consume_token(text: str) -> tuple[str, str]:
-    end = 0
-    while end < len(text) and _is_token_char(text[end]):
-        end += 1
-    return text[:end], text[end:]
-
-
-def _consume_param_value(text: str) -> tuple[str, str] | None:
-    """A token or a quoted-string; None if neither is well-formed."""
-    if not text.startswith('"'):
-        token, rest = _consume_token(text)
-        return (token, rest) if token else None
-    index = 1
-    out: list[str] = []
-    while index < len(text):
-        ch = text[index]
-        if ch == '"':
-            return "".join(out), text[index + 1 :]
-        if ch == "\\" and index + 1 < len(text):
-            index += 1
-            ch = text[index]
-        elif ch in "\r\n":
-            return None
-        out.append(ch)
-        index += 1
-    return None  # Unterminated.
-
-
-def validate_media_type(text: str) -> None:
-    """RFC 1521 media type with parameters, as Go's mime.ParseMediaType accepts it:
-    `type[/subtype] *(; attribute=value)`, a trailing ';' tolerated, no duplicate attributes."""
-    base, separator, params = text.partition(";")
-    kind, rest = _consume_token(base.strip().lower())
-    if not kind:
-        raise ValidationError(f"must have a media type (got {_quote(text)})")
-    if rest:
-        if not rest.startswith("/"):
-            raise ValidationError(f"expected '/' after the media type (got {_quote(text)})")
-        subtype, rest = _consume_token(rest[1:])
-        if not subtype:
-            raise ValidationError(f"expected a subtype after '/' (got {_quote(text)})")
-        if rest:
-            raise ValidationError(f"unexpected text after the media subtype (got {_quote(text)})")
-    _validate_media_params(text, separator + params)
-
-
-def _validate_media_params(text: str, rest: str) -> None:
-    seen: set[str] = set()
-    while True:
-        rest = rest.lstrip()
-        if not rest:
-            return
-        if not rest.startswith(";"):
-            raise ValidationError(f"has an invalid media parameter (got {_quote(text)})")
-        key, after = _consume_token(rest[1:].lstrip())
-        if not key:
-            if rest.strip() == ";":
-                return  # A trailing ';' is tolerated.
-            raise ValidationError(f"has an invalid media parameter (got {_quote(text)})")
-        after = after.lstrip()
-        if not after.startswith("="):
-            raise ValidationError(f"has an invalid media parameter (got {_quote(text)})")
-        consumed = _consume_param_value(after[1:].lstrip())
-        if consumed is None:
-            raise ValidationError(f"has an invalid media parameter (got {_quote(text)})")
-        if key.lower() in seen:
-            raise ValidationError(f"has a duplicate parameter {_quote(key)} (got {_quote(text)})")
-        seen.add(key.lower())
-        rest = consumed[1]
-
-
 # --- Labels -------------------------------------------------------------------------------------
 
 
@@ -379,15 +100,72 @@ def validate_label(label: pb.Label, *, in_selector: bool = False) -> None:
 
 
 def validate_label_set(label_set: pb.LabelSet, *, in_selector: bool = False) -> None:
-    """Labels are valid and strictly increasing over (name, value); a name never carries both
-    the empty value (which a selector reads as "any value") and a non-empty one."""
+    """At most `labels_per_set_max` labels, valid and strictly increasing over (name, value); a
+    name never carries both the empty value (which a selector reads as "any value") and a
+    non-empty one.
+
+    Sets of thousands of labels arrive with requests and specs, so the usual case (every label
+    ASCII and valid) is checked in bulk, a few passes of C code over all names and values; the
+    label-by-label walk, which builds the message naming the first bad one, runs only when the
+    bulk check fails."""
+    labels = label_set.labels
+    check_count(len(labels), "labels", "labels_per_set_max", limits.labels_per_set_max)
+    if _is_valid_ascii_label_set(labels, in_selector):
+        return
     previous: pb.Label | None = None
-    for index, label in enumerate(label_set.labels):
-        with at(f"labels[{index}]"):
-            validate_label(label, in_selector=in_selector)
-            if previous is not None:
+    previous_name = previous_value = ""
+    for index, label in enumerate(labels):
+        name, value = label.name, label.value
+        if (
+            not is_token(name, LABEL_NAME_LEN_MIN, LABEL_NAME_LEN_MAX, TOKEN_SYMBOLS)
+            or not is_token(value, 0, LABEL_VALUE_LEN_MAX, PATH_SYMBOLS)
+            or (label.prefix and not in_selector)
+        ):
+            with at(f"labels[{index}]"):
+                validate_label(label, in_selector=in_selector)
+        if previous is not None and (
+            (previous_name, previous_value) >= (name, value)
+            or (previous_name == name and previous_value == "")
+        ):
+            with at(f"labels[{index}]"):
                 _check_label_order(previous, label)
-        previous = label
+        previous, previous_name, previous_value = label, name, value
+
+
+def _is_valid_ascii_label_set(labels: Sequence[pb.Label], in_selector: bool) -> bool:
+    """Whether every label is ASCII and valid, in order (False: something is not, or is not
+    ASCII; validate_label_set then finds what). NUL, which no token may hold, joins the names
+    and the values so that one translate() checks each alphabet."""
+    if not labels:
+        return True
+    if not in_selector and any(label.prefix for label in labels):
+        return False
+    pairs = [(label.name, label.value) for label in labels]
+    names = [name for name, _ in pairs]
+    values = [value for _, value in pairs]
+    joined_names, joined_values = "\0".join(names), "\0".join(values)
+    if not (joined_names.isascii() and joined_values.isascii()):
+        return False
+    separators = len(labels) - 1  # Any other NUL is a label's own: not in any alphabet.
+    if joined_names.count("\0") != separators or joined_values.count("\0") != separators:
+        return False
+    if joined_names.encode("ascii").translate(None, ascii_alphabet(TOKEN_SYMBOLS + "\0")):
+        return False
+    if joined_values.encode("ascii").translate(None, ascii_alphabet(PATH_SYMBOLS + "\0")):
+        return False
+    if not (
+        LABEL_NAME_LEN_MIN <= min(map(len, names))
+        and max(map(len, names)) <= LABEL_NAME_LEN_MAX
+        and max(map(len, values)) <= LABEL_VALUE_LEN_MAX
+    ):
+        return False
+    if not all(map(operator.lt, pairs, itertools.islice(pairs, 1, None))):  # Strictly sorted.
+        return False
+    # In sorted order a name's empty value comes first: a mix is "" followed by the same name.
+    return "" not in values or not any(
+        value == "" and name == following[0]
+        for (name, value), following in itertools.pairwise(pairs)
+    )
 
 
 def _check_label_order(previous: pb.Label, label: pb.Label) -> None:
@@ -669,6 +447,7 @@ def validate_shard_spec(spec: cpb.ShardSpec) -> None:
         )
     with at("hint_backups"):
         check_min(spec.hint_backups, 0)
+        check_count(spec.hint_backups, "hint backups", "hint_backups_max", limits.hint_backups_max)
     min_txn_ns = spec.min_txn_duration.ToNanoseconds()
     if min_txn_ns < 0:
         raise ValidationError(
@@ -682,6 +461,8 @@ def validate_shard_spec(spec: cpb.ShardSpec) -> None:
         validate_single_value_labels(spec.labels)
         # "id" is the meta-label selectors use to pick a shard by ID.
         _check_reserved_labels(spec.labels, gl.SHARD_RESERVED_LABELS)
+    with at("sources"):
+        check_count(len(spec.sources), "sources", "shard_sources_max", limits.shard_sources_max)
     for index, source in enumerate(spec.sources):
         with at(f"sources[{index}]"):
             with at("journal"):

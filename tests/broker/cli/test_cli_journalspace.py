@@ -76,7 +76,7 @@ def test_round_trip_through_yaml_dict() -> None:
             "name: test/a/b\nreplication: 9\nfragment: {length: 4096, compression_codec: NONE}",
             "replication",
         ),
-        ("name: a/b\nreplicaton: 1", "is not a valid journal spec"),
+        ("name: a/b\nreplicaton: 1", "<input>:2: root: unknown field 'replicaton'"),
         (
             "name: a/b\nfragment: {flush_interval: soon}",
             "root.fragment.flush_interval: must be a duration",
@@ -85,7 +85,7 @@ def test_round_trip_through_yaml_dict() -> None:
             "name: test/\nreplication: 1\nfragment: {length: 4096, compression_codec: NONE, refresh_interval: 30s}\nchildren: [{name: test/x}, {name: test/x}]",
             "declared more than once",
         ),
-        (": :\n  - [", "document: is not valid YAML"),
+        (": :\n  - [", "<input>:1: not valid YAML: while parsing a block mapping"),
     ],
 )
 def test_bad_documents_name_the_node_and_rule(doc: str, message: str) -> None:

@@ -117,7 +117,7 @@ async def test_apply_list_unassign_in_process(
     [
         ("shards: [{id: counter-000}]", "max_txn_duration: must be > 0s"),
         ("shards: [{id: 'a#b', max_txn_duration: 1s}]", "(a#b): id"),
-        ("common: {max_txn_duration: 1s}\nshards: [{id: c-000, ring: 3}]", "unknown fields"),
+        ("common: {max_txn_duration: 1s}\nshards: [{id: c-000, ring: 3}]", "unknown field 'ring'"),
     ],
 )
 async def test_bad_shard_spaces_change_nothing(
@@ -132,7 +132,9 @@ async def test_bad_shard_spaces_change_nothing(
     path.write_text(space)
     assert await gazctl_run(node, "apply", "-f", str(path)) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gazctl: shards[0]") and message in err
+    # One line: the file and line, then the shard's path.
+    assert err.startswith(f"gazctl: {path}:") and ": shards[0]" in err and message in err
+    assert err.count("\n") == 1
     assert await listed(node, capsys) == []
 
 

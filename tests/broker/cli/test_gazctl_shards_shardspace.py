@@ -132,11 +132,11 @@ def test_deletions_and_revisions() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("shards: [", "document: is not valid YAML"),
+        ("shards: [", ":2: not valid YAML: while parsing a flow node"),
         ("- id: a", "document: must be a mapping with 'shards'"),
-        ("shards: []\nextra: 1", r"document: has unknown keys \['extra'\]"),
+        ("shards: []\nextra: 1", r":2: document: unknown field 'extra'"),
         ("common: {id: x}\nshards: []", "common.id: a common spec has no ID"),
-        ("common: {hot_standby: 1}\nshards: []", r"common: has unknown fields \['hot_standby'\]"),
+        ("common: {hot_standby: 1}\nshards: []", r":1: common: unknown field 'hot_standby'"),
         ("shards: {id: a}", "shards: must be a list"),
         ("shards: [{max_txn_duration: 1s}]", r"shards\[0\].id: is required"),
         ("shards: [{id: shard-a}]", r"shards\[0\] \(shard-a\): max_txn_duration: must be > 0s"),
@@ -146,7 +146,7 @@ def test_deletions_and_revisions() -> None:
         ),
         (
             "shards: [{id: shard-a, max_txn_duration: 1s, hot_standbys: many}]",
-            r"shards\[0\]: is not a valid shard spec",
+            r":1: shards\[0\]\.hot_standbys: must be an integer \(got 'many'\)",
         ),
         (
             "shards: [{id: shard-a, max_txn_duration: 1s, revision: -2}]",
