@@ -19,6 +19,7 @@ from typing import Any
 from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.auth import decode_keys
 from broker.fragment.stores.registry import new_registry
+from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
 from broker.keyspace.persisted import KeySpaceDirError
@@ -221,6 +222,7 @@ async def _serve(args: argparse.Namespace) -> None:
     if gateway is not None:
         await gateway.start(args.host, args.http_port)
     await broker.start()
+    freeze_startup_heap()  # Long-lived start-up objects out of full collections (gc_tuning).
     log.info("broker serving", endpoint=broker.endpoint)
     print(f"serving on {broker.endpoint}", flush=True)
     if gateway is not None:

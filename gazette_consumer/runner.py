@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from broker.client.route_cache import JournalClient
+from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
 from broker.keyspace.persisted import KeySpaceDirError
@@ -284,6 +285,7 @@ async def _run_member(
     )
     readiness.member = member
     await member.start()  # Returns once the member serves (see broker.readiness).
+    freeze_startup_heap()  # Long-lived start-up objects out of full collections (gc_tuning).
     print(f"serving on {member.endpoint}", flush=True)
     if embedded_broker is not None:
         print(f"embedded broker on {embedded_broker}", flush=True)
