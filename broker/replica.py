@@ -30,11 +30,19 @@ resolver the broker: loud, never silent):
 
 Stopping rolls the spool forward, completing its current fragment so that the persister stores
 it, then releases everything.
+
+Durable spools (a broker with a data directory, fragment/spool_dir.py). A replica takes what the
+broker recovered of its journal, if anything, and resumes its spool from it, *pending*: the
+first to take the spool to synchronise calls `settle_recovery` (fragment/spool_settle.py),
+which adopts the recovered content or sets it aside. A replica that stops before that gives
+the recovered state back untouched; one that stops after leaves its final (empty) spool state
+for the journal's next replica on this broker, exactly as a restart would find it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -42,7 +50,11 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from broker.append_rate import TokenBucket
 from broker.fragment.index import FragmentIndex, IndexRefresher
 from broker.fragment.spool import CompletedSpool, LocalFragment, Spool
+from broker.fragment.spool_dir import RecoveredJournal, SpoolDir
 from broker.fragment.spool_file import SpoolFile
+from broker.fragment.spool_named import JournalFiles
+from broker.fragment.spool_settle import RecoverySettler
+from broker.fragment.spool_types import RecoveredSpool
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -179,6 +191,10 @@ class ReplicaEnv:
     clock: Callable[[], float]
     pulse_interval_s: float = pulse_interval_s_default
     shutdown_wait_s: float = shutdown_wait_s_default
+    # Durable spools (None: spools are scratch files or memory, lost with the process).
+    spool_dir: SpoolDir | None = None
+    # How long settling a recovered spool waits for the replica's first store listing.
+    recovery_wait_s: float = 30.0
 
 
 class _SpoolObserver:
@@ -207,10 +223,23 @@ class Replica:
         self.journal = journal
         self.env = env
         self.index = FragmentIndex(journal, clock=env.clock)
+        self.recovery: RecoverySettler | None = None
+        files: JournalFiles | None = None
+        recovered: RecoveredJournal | None = None
+        if env.spool_dir is not None:
+            recovered = env.spool_dir.take(journal)
+            if recovered is not None:
+                files = recovered.files
+                self.recovery = RecoverySettler(recovered, env.spool_dir, self.index, env.persister)
+            else:
+                files = env.spool_dir.journal_files(journal)
+        self._files = files
         spool = Spool(
             journal,
             _SpoolObserver(self.index, env.persister),
             new_file=env.new_spool_file,
+            files=files,
+            recovered=recovered.spool if recovered is not None else None,
             clock=env.clock,
         )
         self.spool_slot: Slot[Spool] = Slot(f"{journal}: spool", spool)
@@ -248,6 +277,18 @@ class Replica:
             callback()
         self._stop_callbacks.add(callback)
         return lambda: self._stop_callbacks.discard(callback)
+
+    async def settle_recovery(
+        self, spool: Spool, proposal: pb.Fragment | None, invalidated: asyncio.Event
+    ) -> bool:
+        """Settle the spool's recovered state, if it has one pending, as the primary (proposal
+        None) or as a replica whose primary proposes `proposal` first. The caller owns the
+        spool. False: not settled (no store listing in time, or `invalidated`)."""
+        if self.recovery is None or not spool.recovery_pending:
+            return True
+        return await self.recovery.settle(
+            spool, proposal, invalidated=invalidated, wait_s=self.env.recovery_wait_s
+        )
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -294,6 +335,11 @@ class Replica:
         except TimeoutError:
             log.warning("replica stopping: spool not returned in time", journal=self.journal)
             return
+        if spool.recovery_pending and self.recovery is not None:
+            # Never settled: its recovered state waits, untouched, for the next replica.
+            self.recovery.give_back()
+            self.index.close(close_files=False)
+            return
         # Roll forward to an empty fragment at the end: this completes the current fragment,
         # handing it to the persister, so that what this broker holds is not lost with it.
         fragment = spool.fragment
@@ -309,8 +355,23 @@ class Replica:
         # Files of local fragments stay open: the persister may still be uploading them, and
         # closes them itself.
         self.index.close(close_files=False)
+        self._leave_spool_state(spool)
         # Neither value is put back: the replica is gone, and anyone still waiting on a slot
         # was released by the invalidation of its resolution.
+
+    def _leave_spool_state(self, spool: Spool) -> None:
+        """With durable spools, the stopped spool's empty fragment and registers are what the
+        journal's next replica on this broker resumes from (a restart finds the same on
+        disk); a deleted journal's record is removed instead."""
+        spool_dir = self.env.spool_dir
+        files = self._files
+        if spool_dir is None or files is None:
+            return
+        if self.env.lookup_spec(self.journal) is None:
+            files.remove()
+            return
+        state = RecoveredSpool(spool.fragment, spool.registers, None, None, hashlib.sha1())
+        spool_dir.put_back(RecoveredJournal(self.journal, files, state))
 
     # --- Daemons ---
 
