@@ -249,10 +249,15 @@ class JournalFiles:
         self._recorded_length = record.length
 
     def _retire(self, record: RecordFile | None) -> None:
-        """The previous fragment's record, once a new one is current."""
-        content, self._content = self._content, None
+        """The previous fragment's record, once a new one is current. (With none, nothing was
+        recorded yet: a content file is the current fragment's own.)"""
         if record is None:
             return
+        content = self._content
+        if content is not None and content.path == record.path.with_suffix(CONTENT_SUFFIX):
+            self._content = None
+        else:
+            content = None
         if not self._recorded_length:
             record.unlink()  # An empty fragment's: superseded.
             return
