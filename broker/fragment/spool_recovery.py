@@ -38,12 +38,15 @@ the decisions once the journal is assigned to this broker again.
       and the pipeline's own rules apply (the greatest offset among the replicas wins; spools
       below it roll forward): no live broker held the journal ahead of it, or it would be the
       primary. As a replica, the recovered spool is kept only if the primary's proposal is its
-      recovered fragment itself (the primary holds the same content) or a part of it whose
-      SHA1 this broker verifies over its own content (the primary holds a prefix of it, and
-      this broker's greater offset then wins, as a live replica's would). Anything else, a
-      proposal beyond its end (the journal went on) or one it cannot verify, and it *disowns*
-      the recovered spool: its content is set aside, its offset and registers forgotten, and
-      the proposal is applied to a fresh spool.
+      recovered fragment itself (the primary holds the same content), or a part of it whose
+      SHA1 this broker verifies over its own content (the primary holds a prefix of it), or an
+      empty fragment at or before the begin of all recovered content (the primary holds
+      nothing there: a broker that started afresh after every replica of the journal was
+      lost). In the last two cases this broker's greater offset then wins, as a live
+      replica's would. Anything else, a proposal beyond its end or within it that it cannot
+      verify (the journal went on), and it *disowns* the recovered spool: its content is set
+      aside, its offset and registers forgotten, and the proposal is applied to a fresh
+      spool.
    Only content kept by both checks is adopted: indexed for reads, and completed fragments
    handed to the persister.
 
@@ -206,12 +209,18 @@ def settle_verdict(
     recovered: pb.Fragment,
     proposal: pb.Fragment | None,
     prefix_sum: pb.SHA1Sum | None = None,
+    content_begin: int | None = None,
 ) -> Verdict:
     """The synchronisation check (module docstring, 2b). `proposal` is the primary's first
     proposal to this broker as a replica (None: this broker is the primary); `prefix_sum` is
-    the SHA1 of the recovered content over `prefix_to_verify`'s range, if there is one."""
+    the SHA1 of the recovered content over `prefix_to_verify`'s range, if there is one;
+    `content_begin` is where the recovered content begins, completed fragments included
+    (default: the recovered fragment's begin)."""
     if proposal is None or same_fragment(proposal, recovered):
         return Verdict.ADOPT
     if prefix_to_verify(recovered, proposal) is not None and prefix_sum == proposal.sum:
+        return Verdict.ADOPT
+    begin = recovered.begin if content_begin is None else min(content_begin, recovered.begin)
+    if proposal.begin == proposal.end and proposal.end <= begin:
         return Verdict.ADOPT
     return Verdict.DISOWN

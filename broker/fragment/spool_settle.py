@@ -132,7 +132,8 @@ class RecoverySettler:
             local = spool.local_fragment
             if span is not None and local is not None:
                 prefix_sum = await asyncio.to_thread(_hash_range, local.file, *span)
-        verdict = settle_verdict(spool.fragment, proposal, prefix_sum)
+        content_begin = min((c.fragment.begin for c in completed), default=None)
+        verdict = settle_verdict(spool.fragment, proposal, prefix_sum, content_begin)
         if verdict is Verdict.ADOPT:
             self._adopt(spool, primary=proposal is None)
         else:

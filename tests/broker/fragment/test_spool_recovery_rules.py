@@ -125,12 +125,22 @@ def test_a_primary_adopts_and_a_replica_only_what_its_primary_holds() -> None:
     assert settle_verdict(recovered, prefix, content_sum(CONTENT[100:150])) is Verdict.ADOPT
     assert settle_verdict(recovered, prefix, content_sum(b"other")) is Verdict.DISOWN
     assert settle_verdict(recovered, prefix, None) is Verdict.DISOWN
-    # Beyond our end, an empty roll, or elsewhere: the journal went on without us.
+    # Beyond our end, an empty roll within or past it, or elsewhere: the journal went on.
     for proposal in (frag(100, 250), frag(300, 300), frag(150, 200), frag(200, 200)):
         assert settle_verdict(recovered, proposal, content_sum(b"")) is Verdict.DISOWN
+    assert settle_verdict(recovered, frag(150, 150)) is Verdict.DISOWN
     assert prefix_to_verify(recovered, frag(200, 200)) is None
     assert prefix_to_verify(recovered, frag(100, 250)) is None
-    # An empty recovered spool is kept only if the primary proposes exactly it.
+    # A primary holding nothing at or past our content (it started afresh): kept, and our
+    # greater offset then wins, as a live replica's does.
+    assert settle_verdict(recovered, frag(100, 100)) is Verdict.ADOPT
+    assert settle_verdict(recovered, frag(0, 0)) is Verdict.ADOPT
+    # ... unless completed recovered fragments lie before it.
+    assert settle_verdict(recovered, frag(100, 100), content_begin=50) is Verdict.DISOWN
+    assert settle_verdict(recovered, frag(40, 40), content_begin=50) is Verdict.ADOPT
+    assert settle_verdict(recovered, frag(40, 50)) is Verdict.DISOWN  # It holds content.
+    # An empty recovered spool is kept if the primary proposes it, or holds less.
     empty = frag(200, 200)
     assert settle_verdict(empty, frag(200, 200)) is Verdict.ADOPT
+    assert settle_verdict(empty, frag(150, 150)) is Verdict.ADOPT
     assert settle_verdict(empty, frag(300, 300)) is Verdict.DISOWN

@@ -126,10 +126,19 @@ async def test_a_replica_adopts_what_its_primary_holds(tmp_path: Path) -> None:
     assert [c.primary for c in r.sink.completed] == [False]  # After the primary's upload.
 
 
-async def test_a_replica_adopts_after_verifying_its_primarys_prefix(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "proposal",
+    [
+        frag(5, 11, b"second"),  # A prefix, verified over our own content.
+        frag(0, 0, b""),  # A primary started afresh: it holds nothing of ours.
+    ],
+)
+async def test_a_replica_adopts_when_its_primary_holds_nothing_else(
+    tmp_path: Path, proposal: pb.Fragment
+) -> None:
     r = recovered(tmp_path)
     r.index.replace_remote([])
-    assert await settle(r, frag(5, 11, b"second"))
+    assert await settle(r, proposal)
     assert r.settler.verdict is Verdict.ADOPT and r.spool.fragment.end == 15
 
 
@@ -139,6 +148,7 @@ async def test_a_replica_adopts_after_verifying_its_primarys_prefix(tmp_path: Pa
         frag(5, 20, b"second" + b"x" * 9),  # The journal went on past our end.
         frag(5, 11, b"other!"),  # Someone else's bytes at our offsets.
         frag(30, 30, b""),  # An empty roll beyond us: cannot be verified.
+        frag(3, 3, b""),  # Empty, but within our completed content.
     ],
 )
 async def test_a_replica_disowns_what_its_primary_does_not_hold(
