@@ -14,7 +14,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 
 # Sans-IO modules are type-checked with --strict; the rest with the default settings.
 MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspace/keyspace.py broker/keyspace/embedded.py broker/keyspace/conformance.py broker/allocator broker/fragment/cover_set.py \
-	broker/fragment/naming.py broker/fragment/spool.py broker/fragment/spool_types.py broker/fragment/spool_roll.py broker/fragment/spool_compression.py broker/fragment/spool_file.py broker/fragment/codecs.py \
+	broker/fragment/naming.py broker/fragment/spool.py broker/fragment/spool_types.py broker/fragment/spool_roll.py broker/fragment/spool_compression.py broker/fragment/spool_file.py broker/fragment/spool_record.py broker/fragment/spool_recovery.py broker/fragment/spool_named.py broker/fragment/codecs.py \
 	broker/append_rate.py broker/malloc_tuning.py broker/protocol/content_wire.py broker/protocol/selector.py broker/protocol/validate.py \
 	gazette_consumer/message gazette_consumer/sequencer gazette_consumer/transaction.py gazette_consumer/shard_spec.py broker/logging.py \
 	gazette_consumer/recoverylog/fsm.py gazette_consumer/recoverylog/ops.py gazette_consumer/recoverylog/segments.py \
