@@ -94,6 +94,14 @@ class Slot(Generic[T]):
         self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=1)
         self._queue.put_nowait(value)
 
+    @classmethod
+    def empty(cls, name: str) -> Slot[T]:
+        """A slot whose value is handed over later, with ``put``."""
+        slot: Slot[T] = cls.__new__(cls)
+        slot._name = name
+        slot._queue = asyncio.Queue(maxsize=1)
+        return slot
+
     @property
     def name(self) -> str:
         return self._name
@@ -224,25 +232,17 @@ class Replica:
         self.env = env
         self.index = FragmentIndex(journal, clock=env.clock)
         self.recovery: RecoverySettler | None = None
-        files: JournalFiles | None = None
-        recovered: RecoveredJournal | None = None
-        if env.spool_dir is not None:
-            recovered = env.spool_dir.take(journal)
-            if recovered is not None:
-                files = recovered.files
-                self.recovery = RecoverySettler(recovered, env.spool_dir, self.index, env.persister)
-            else:
-                files = env.spool_dir.journal_files(journal)
-        self._files = files
-        spool = Spool(
-            journal,
-            _SpoolObserver(self.index, env.persister),
-            new_file=env.new_spool_file,
-            files=files,
-            recovered=recovered.spool if recovered is not None else None,
-            clock=env.clock,
+        self._files: JournalFiles | None = None
+        # A durable spool is opened by serve(), once no other replica of this journal in this
+        # process holds its files (the resolver starts a new replica while the previous one
+        # may still be stopping); until then its slot is empty and takers wait.
+        self._spool_opened = env.spool_dir is None
+        self._claimed = False
+        self.spool_slot: Slot[Spool] = (
+            Slot(f"{journal}: spool", self._new_spool(None))
+            if env.spool_dir is None
+            else Slot.empty(f"{journal}: spool")
         )
-        self.spool_slot: Slot[Spool] = Slot(f"{journal}: spool", spool)
         self.pipeline_slot: Slot[Pipeline | None] = Slot(f"{journal}: pipeline", None)
         # The route of the last pipeline that synchronised: a new pipeline of another route
         # starts a new fragment (see append_fsm).
@@ -278,6 +278,31 @@ class Replica:
         self._stop_callbacks.add(callback)
         return lambda: self._stop_callbacks.discard(callback)
 
+    def _new_spool(self, recovered: RecoveredJournal | None) -> Spool:
+        return Spool(
+            self.journal,
+            _SpoolObserver(self.index, self.env.persister),
+            new_file=self.env.new_spool_file,
+            files=self._files,
+            recovered=recovered.spool if recovered is not None else None,
+            clock=self.env.clock,
+        )
+
+    async def _open_durable_spool(self, spool_dir: SpoolDir) -> None:
+        """Take this journal's spool files (waiting for a previous replica of it to let go),
+        resume the spool from what was recovered or left there, and hand it to the slot."""
+        if not await spool_dir.claim(self.journal, self._stopping):
+            return
+        self._claimed = True
+        recovered = spool_dir.take(self.journal)
+        if recovered is not None:
+            self._files = recovered.files
+            self.recovery = RecoverySettler(recovered, spool_dir, self.index, self.env.persister)
+        else:
+            self._files = spool_dir.journal_files(self.journal)
+        self.spool_slot.put(self._new_spool(recovered))
+        self._spool_opened = True
+
     async def settle_recovery(
         self, spool: Spool, proposal: pb.Fragment | None, invalidated: asyncio.Event
     ) -> bool:
@@ -308,6 +333,8 @@ class Replica:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 daemons = [tg.create_task(self._refresh_daemon())]
+                if self.env.spool_dir is not None:
+                    daemons.append(tg.create_task(self._open_durable_spool(self.env.spool_dir)))
                 if self.env.pulse is not None:
                     daemons.append(tg.create_task(self._pulse_daemon(self.env.pulse)))
                 await self._stopping.wait()
@@ -316,6 +343,8 @@ class Replica:
                 await self._shut_down()
         finally:
             self._tg = None
+            if self._claimed and self.env.spool_dir is not None:
+                self.env.spool_dir.release(self.journal)
             self._stopped.set()
 
     async def _shut_down(self) -> None:
@@ -329,6 +358,9 @@ class Replica:
             if pln is not None:
                 pln.begin_shutdown()
                 await pln.finish_shutdown(expect_err=False)
+        if not self._spool_opened:
+            self.index.close(close_files=False)  # Stopped before its spool files were free.
+            return
         try:
             async with asyncio.timeout(wait_s):
                 spool = await self.spool_slot.take(asyncio.Event())

@@ -47,9 +47,19 @@ only the local side effect differs, and "a mismatch changes nothing" is worth mo
 Compression (spool_compression.py). The primary compresses committed content as it commits, in
 batches; replicas compress only on demand. Compression is a cache of the content file.
 
+Durability. The spool keeps its fragments through a `FragmentFiles` (spool_types.py). Without
+a data directory that is `ScratchFiles`: content in scratch files, nothing recorded, all of it
+gone with the process. With one it is spool_named.JournalFiles: named content files, and a
+commit record written *before* each commit or roll takes effect (so before any
+acknowledgement), from which a restarted broker resumes the spool (`recovered`, see
+spool_recovery.py). A resumed spool is `recovery_pending` and applies nothing until it is
+settled: adopted (its content is the journal's) or disowned (it starts over, empty).
+
 Around this module: spool_types.py holds the values, outcomes, errors and proposal checks;
-spool_roll.py the primary's roll policy; spool_file.py the content files. The primary feeds its
-own spool content with `apply_content` (the bytes, without a ReplicateRequest around them).
+spool_roll.py the primary's roll policy; spool_file.py the content files; spool_named.py,
+spool_record.py, spool_dir.py, spool_recovery.py and spool_settle.py durability and recovery.
+The primary feeds its own spool content with `apply_content` (the bytes, without a
+ReplicateRequest around them).
 
 Only content whose bytes reached the file is counted, and a failed file operation raises before
 any state changes, so an OSError leaves the spool consistent and the caller may retry or fail

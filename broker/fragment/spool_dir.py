@@ -23,6 +23,7 @@ it stops first. Recovered content is never persisted nor served before that.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -120,6 +121,9 @@ class SpoolDir:
         self.fsync = fsync
         self._recovered: dict[str, RecoveredJournal] = {}
         self._scanned = False
+        # Journals whose files a replica of this process holds, and the event set when it
+        # lets go (see `claim`).
+        self._held: dict[str, asyncio.Event] = {}
 
     # --- Files of live spools ---
 
@@ -129,6 +133,31 @@ class SpoolDir:
     def journal_files(self, journal: str) -> JournalFiles:
         """Fresh files for a journal nothing was recovered of."""
         return JournalFiles(self.root / journal_dir_name(journal), fsync=self.fsync)
+
+    # --- One replica at a time ---
+
+    async def claim(self, journal: str, stopping: asyncio.Event) -> bool:
+        """Wait until no other replica of this process holds `journal`'s files, then hold
+        them until `release`. False (holding nothing) if `stopping` is set first."""
+        while (held := self._held.get(journal)) is not None:
+            released = asyncio.ensure_future(held.wait())
+            stopped = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait((released, stopped), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                released.cancel()
+                stopped.cancel()
+            if stopping.is_set():
+                return False
+        if stopping.is_set():
+            return False
+        self._held[journal] = asyncio.Event()
+        return True
+
+    def release(self, journal: str) -> None:
+        held = self._held.pop(journal, None)
+        if held is not None:
+            held.set()
 
     # --- The registry of recovered journals ---
 

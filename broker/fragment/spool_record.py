@@ -91,8 +91,8 @@ class SlotRecord:
 
 def encode_payload(record: CommitRecord) -> bytes:
     fat = math.nan if record.first_append_time is None else record.first_append_time
-    fragment = record.fragment.SerializeToString(deterministic=True)
-    registers = record.registers.SerializeToString(deterministic=True)
+    fragment = record.fragment.SerializeToString()
+    registers = record.registers.SerializeToString()
     return b"".join(
         (_F64.pack(fat), _U32.pack(len(fragment)), fragment, _U32.pack(len(registers)), registers)
     )
