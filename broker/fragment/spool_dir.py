@@ -277,6 +277,8 @@ class SpoolDir:
             summer: HASH | None = None
             if plan.disposition is not Disposition.CORRUPT:
                 chosen, summer = _verify(content, plan.candidates)
+            if chosen is not None and chosen.length and chosen.first_append_time is None:
+                chosen = None  # Content without a first append time: no record we wrote.
             if (
                 chosen is None
                 or summer is None

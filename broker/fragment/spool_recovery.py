@@ -30,9 +30,10 @@ the decisions once the journal is assigned to this broker again.
    a. *The store check* (`store_verdict`), against the replica's first fresh store listing: a
       persisted fragment identical to a recovered one (same offsets and SHA1: same name) makes
       that one redundant, and it is dropped. Any other persisted fragment ending past the begin
-      of the remaining recovered content means the journal was written on without this broker:
-      all of it is set aside, and the replica starts with a fresh spool, as a broker without a
-      data directory does.
+      of the remaining recovered fragments (the open one included, even empty) means the
+      journal was written on without this broker: all of it is set aside, and the replica
+      starts with a fresh spool (offset zero, no registers), as a broker without a data
+      directory does.
    b. *The synchronisation check* (`settle_verdict`), at the first synchronisation of a
       pipeline that includes this broker. As the primary, it proposes its recovered fragment
       and the pipeline's own rules apply (the greatest offset among the replicas wins; spools
@@ -165,8 +166,9 @@ class StoreVerdict:
 def store_verdict(
     recovered: Sequence[pb.Fragment], persisted: Sequence[pb.Fragment]
 ) -> StoreVerdict:
-    """The store check (module docstring, 2a) of non-empty `recovered` fragments against the
-    `persisted` fragments of a fresh listing."""
+    """The store check (module docstring, 2a) of `recovered` fragments (the completed ones,
+    and the open one even if empty: its offset must not be behind the store either) against
+    the `persisted` fragments of a fresh listing."""
     identical = {
         index
         for index, fragment in enumerate(recovered)

@@ -106,9 +106,9 @@ class RecoverySettler:
                 return False
 
         completed = self.recovered.completed
-        recovered = [c.fragment for c in completed]
-        if spool.content_length:
-            recovered.append(spool.fragment)
+        # The open fragment counts even when empty: its offset and registers are stale too if
+        # the journal was persisted past it without this broker.
+        recovered = [c.fragment for c in completed] + [spool.fragment]
         persisted = [e.fragment for e in self._index.snapshot() if e.file is None]
         store = store_verdict(recovered, persisted)
         for index in sorted(store.redundant, reverse=True):

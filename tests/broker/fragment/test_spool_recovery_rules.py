@@ -113,6 +113,14 @@ def test_store_check_drops_identical_fragments_and_sees_the_journal_going_on() -
     # All recovered content already persisted: nothing left to conflict.
     verdict = store_verdict(recovered, [frag(0, 100), frag(100, 150), frag(150, 900)])
     assert verdict.redundant == {0, 1} and verdict.conflict is None
+    # With the (empty) open fragment after them: persisted up to it is normal, past it not:
+    # the journal went on without this broker, and its offset and registers are stale.
+    with_open = [*recovered, frag(150, 150)]
+    verdict = store_verdict(with_open, [frag(0, 100), frag(100, 150)])
+    assert verdict.redundant == {0, 1} and verdict.conflict is None
+    verdict = store_verdict(with_open, [frag(0, 100), frag(100, 150), frag(150, 900)])
+    assert verdict.conflict == frag(150, 900)
+    assert store_verdict([frag(150, 150)], [frag(0, 150)]).conflict is None
 
 
 def test_a_primary_adopts_and_a_replica_only_what_its_primary_holds() -> None:

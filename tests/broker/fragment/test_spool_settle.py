@@ -197,3 +197,31 @@ async def test_no_store_listing_in_time_leaves_it_pending_and_gives_it_back(
     r.settler.give_back()
     state = r.spool_dir.take(JOURNAL)
     assert state is r.settler.recovered and state.spool.fragment.end == 15
+
+
+async def test_an_empty_spool_behind_the_store_forgets_its_offset_and_registers(
+    tmp_path: Path,
+) -> None:
+    writer, _ = durable_spool(SpoolDir(tmp_path, fsync=False))
+    append(writer, b"first")
+    roll(writer)  # A graceful stop: [0, 5) persisted, the spool empty at 5.
+    del writer
+    spool_dir = SpoolDir(tmp_path, fsync=False)
+    spool_dir.recover()
+    state = spool_dir.take(JOURNAL)
+    assert state is not None and state.spool.fragment.begin == 5
+    index = FragmentIndex(JOURNAL, clock=lambda: CLOCK_S)
+    spool = Spool(
+        JOURNAL,
+        Recorder(),
+        new_file=MemorySpoolFile,
+        files=state.files,
+        recovered=state.spool,
+        clock=lambda: CLOCK_S,
+    )
+    settler = RecoverySettler(state, spool_dir, index, Sink())
+    # Someone else persisted [5, 9) meanwhile (after a reset-head, say).
+    index.replace_remote([frag(0, 5, b"first", STORE), frag(5, 9, b"else", STORE)])
+    assert await settler.settle(spool, None, invalidated=asyncio.Event(), wait_s=5)
+    assert settler.verdict is Verdict.DISOWN
+    assert spool.fragment.end == 0 and spool.registers == pb.LabelSet()
