@@ -70,6 +70,9 @@ T = TypeVar("T")
 # stream to return its spool. Both watch for invalidation and give them back promptly; a peer
 # whose primary vanished without closing its stream is what this bound is for.
 shutdown_wait_s_default = 10.0
+# How long settling a recovered spool (fragment/spool_settle.py) waits for the replica's first
+# store listing; the append or Replicate stream that wanted the spool then fails, and retries.
+recovery_wait_s_default = 30.0
 # A pulse is a zero-byte append; it may wait this long before it is abandoned (and retried at
 # the next interval). Gazette uses its pulse interval for both.
 pulse_interval_s_default = 60.0
@@ -201,8 +204,7 @@ class ReplicaEnv:
     shutdown_wait_s: float = shutdown_wait_s_default
     # Durable spools (None: spools are scratch files or memory, lost with the process).
     spool_dir: SpoolDir | None = None
-    # How long settling a recovered spool waits for the replica's first store listing.
-    recovery_wait_s: float = 30.0
+    recovery_wait_s: float = recovery_wait_s_default
 
 
 class _SpoolObserver:
