@@ -9,6 +9,7 @@ The embedded keyspace is not persistent (yet): each run re-applies the same jour
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -24,6 +25,7 @@ from broker.client.route_cache import JournalClient
 from broker.fragment.spool_dir import journal_dir_name
 from broker.fragment.spool_record import decode_file, slot_bytes_min, slot_offset
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import IndexHasGreaterOffsetError
 from tests.broker.serve_testkit import gazette_serve, stop_timeout_s
 from tests.e2e.e2e_workload import fragment_files, stored_prefix
 
@@ -177,3 +179,20 @@ async def test_a_damaged_spool_recovers_to_its_last_good_commit(
             assert await commit(client, b"next") == (end, end + 4)
             assert sigterm(proc) == 0
         assert stored(root) == good + b"next"
+
+
+async def test_a_lost_data_directory_still_needs_reset_head(tmp_path: Path) -> None:
+    with root_dir(tmp_path) as root:
+        async with serving(root) as (client, proc):
+            assert await commit(client, b"abc") == (0, 3)
+            assert sigterm(proc) == 0
+        shutil.rmtree(root / "spools")  # Every replica lost its spools: nothing knows 3.
+
+        async with serving(root) as (client, proc):
+            # Gazette's answer stands: an operator must confirm the store's end.
+            with pytest.raises(IndexHasGreaterOffsetError):
+                await commit(client, b"defg")
+            resp = await append(client, pb.AppendRequest(journal=JOURNAL, offset=3), b"defg")
+            assert (resp.commit.begin, resp.commit.end) == (3, 7)
+            assert sigterm(proc) == 0
+        assert stored(root) == b"abcdefg"
