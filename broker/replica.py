@@ -34,7 +34,10 @@ it, then releases everything.
 Durable spools (a broker with a data directory, fragment/spool_dir.py). A replica takes what the
 broker recovered of its journal, if anything, and resumes its spool from it, *pending*: the
 first to take the spool to synchronise calls `settle_recovery` (fragment/spool_settle.py),
-which adopts the recovered content or sets it aside. A replica that stops before that gives
+which adopts the recovered content or sets it aside. The spool is opened by `serve`, once no
+other replica of the journal in this process holds its files (the resolver may start a new
+replica while the previous one still stops); its slot is empty until then. A replica that
+stops before settling gives
 the recovered state back untouched; one that stops after leaves its final (empty) spool state
 for the journal's next replica on this broker, exactly as a restart would find it.
 """
