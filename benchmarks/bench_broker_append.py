@@ -192,13 +192,17 @@ async def small_appends(
     return rate, rate * SMALL_BYTES / (1 << 20)
 
 
-async def in_process_broker(seconds: float, append: bytes, data_dir: Path) -> None:
+async def in_process_broker(
+    seconds: float, append: bytes, data_dir: Path, spools: str = "temp"
+) -> None:
     backend = EmbeddedBackend()
-    broker = Broker(
-        backend,
-        BrokerConfig(zone="local", suffix="bench", spool_dir=str(data_dir)),
-        stores=new_registry(file_root="/"),
-    )
+    if spools == "temp":
+        config = BrokerConfig(zone="local", suffix="bench", spool_dir=str(data_dir))
+    else:
+        config = BrokerConfig(
+            zone="local", suffix="bench", data_dir=str(data_dir), fsync=spools == "fsync"
+        )
+    broker = Broker(backend, config, stores=new_registry(file_root="/"))
     await broker.start()
     allocator = asyncio.create_task(
         allocate(backend, broker.ks, MemberId("local", "bench"), is_consistent=broker_is_consistent)
@@ -248,6 +252,13 @@ async def main() -> None:
         action="store_true",
         help="run as an embedded broker in an untuned process would (see malloc_tuning.py)",
     )
+    parser.add_argument(
+        "--spools",
+        choices=["temp", "durable", "fsync"],
+        default="temp",
+        help="temporary spool files (no --data-dir), durable ones (--data-dir), or durable"
+        " and fdatasync'd before each acknowledgement (--data-dir --fsync)",
+    )
     parser.add_argument("--sink-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sink_server:
@@ -259,9 +270,9 @@ async def main() -> None:
         print(f"glibc malloc tuned for large buffers: {tune_malloc()}")
     append = b"x" * int(args.append_mib * (1 << 20))
     print_limits("limits (one process):", await in_process_limits(args.seconds))
-    print("broker, client and baselines in one process:")
+    print(f"broker, client and baselines in one process (spools: {args.spools}):")
     with tempfile.TemporaryDirectory() as tmp:
-        await in_process_broker(args.seconds, append, Path(tmp))
+        await in_process_broker(args.seconds, append, Path(tmp), args.spools)
 
 
 if __name__ == "__main__":

@@ -493,6 +493,21 @@ class AppendFSM:
         except SlotInvalidatedError:
             self.state = State.RESOLVE
             return
+        if spool.recovery_pending:
+            # A spool recovered from this broker's data directory: as the primary, it adopts
+            # what the store check leaves of it (fragment/spool_recovery.py).
+            try:
+                settled = await replica.settle_recovery(spool, None, res.invalidated)
+            except BaseException:
+                replica.spool_slot.put(spool)
+                raise
+            if not settled:
+                replica.spool_slot.put(spool)
+                if res.invalidated.is_set():
+                    self.state = State.RESOLVE
+                else:
+                    self._fail(IndexNotReadyError(f"{res.journal}: no fragment store listing yet"))
+                return
         self.registers = spool.registers
         self.roll_to_offset = 0
         previous = replica.synced_route

@@ -69,6 +69,15 @@ SPOOL_BLOCKS: Final = Counter(
     " pool, or allocated anew (fresh memory: costly on first touch).",
     ["source"],
 )
+SPOOL_RECOVERY: Final = Counter(
+    "gazette_spool_recovery_fragments_total",
+    "Fragments a restarted broker found in its durable spools (--data-dir), by outcome:"
+    " adopted (its content is the journal's: indexed, and persisted once complete), redundant"
+    " (the store already held it), stale (the journal went on without this broker) and corrupt"
+    " (no commit record verified against the content). Stale and corrupt ones are set aside"
+    " under <data-dir>/spool-quarantine, never persisted.",
+    ["outcome"],
+)
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",
     "Fragment files this broker uploaded to fragment stores.",

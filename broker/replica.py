@@ -30,11 +30,22 @@ resolver the broker: loud, never silent):
 
 Stopping rolls the spool forward, completing its current fragment so that the persister stores
 it, then releases everything.
+
+Durable spools (a broker with a data directory, fragment/spool_dir.py). A replica takes what the
+broker recovered of its journal, if anything, and resumes its spool from it, *pending*: the
+first to take the spool to synchronise calls `settle_recovery` (fragment/spool_settle.py),
+which adopts the recovered content or sets it aside. The spool is opened by `serve`, once no
+other replica of the journal in this process holds its files (the resolver may start a new
+replica while the previous one still stops); its slot is empty until then. A replica that
+stops before settling gives
+the recovered state back untouched; one that stops after leaves its final (empty) spool state
+for the journal's next replica on this broker, exactly as a restart would find it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -42,7 +53,11 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from broker.append_rate import TokenBucket
 from broker.fragment.index import FragmentIndex, IndexRefresher
 from broker.fragment.spool import CompletedSpool, LocalFragment, Spool
+from broker.fragment.spool_dir import RecoveredJournal, SpoolDir
 from broker.fragment.spool_file import SpoolFile
+from broker.fragment.spool_named import JournalFiles
+from broker.fragment.spool_settle import RecoverySettler
+from broker.fragment.spool_types import RecoveredSpool
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -58,6 +73,9 @@ T = TypeVar("T")
 # stream to return its spool. Both watch for invalidation and give them back promptly; a peer
 # whose primary vanished without closing its stream is what this bound is for.
 shutdown_wait_s_default = 10.0
+# How long settling a recovered spool (fragment/spool_settle.py) waits for the replica's first
+# store listing; the append or Replicate stream that wanted the spool then fails, and retries.
+recovery_wait_s_default = 30.0
 # A pulse is a zero-byte append; it may wait this long before it is abandoned (and retried at
 # the next interval). Gazette uses its pulse interval for both.
 pulse_interval_s_default = 60.0
@@ -81,6 +99,14 @@ class Slot(Generic[T]):
         self._name = name
         self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=1)
         self._queue.put_nowait(value)
+
+    @classmethod
+    def empty(cls, name: str) -> Slot[T]:
+        """A slot whose value is handed over later, with ``put``."""
+        slot: Slot[T] = cls.__new__(cls)
+        slot._name = name
+        slot._queue = asyncio.Queue(maxsize=1)
+        return slot
 
     @property
     def name(self) -> str:
@@ -179,6 +205,9 @@ class ReplicaEnv:
     clock: Callable[[], float]
     pulse_interval_s: float = pulse_interval_s_default
     shutdown_wait_s: float = shutdown_wait_s_default
+    # Durable spools (None: spools are scratch files or memory, lost with the process).
+    spool_dir: SpoolDir | None = None
+    recovery_wait_s: float = recovery_wait_s_default
 
 
 class _SpoolObserver:
@@ -207,13 +236,18 @@ class Replica:
         self.journal = journal
         self.env = env
         self.index = FragmentIndex(journal, clock=env.clock)
-        spool = Spool(
-            journal,
-            _SpoolObserver(self.index, env.persister),
-            new_file=env.new_spool_file,
-            clock=env.clock,
+        self.recovery: RecoverySettler | None = None
+        self._files: JournalFiles | None = None
+        # A durable spool is opened by serve(), once no other replica of this journal in this
+        # process holds its files (the resolver starts a new replica while the previous one
+        # may still be stopping); until then its slot is empty and takers wait.
+        self._spool_opened = env.spool_dir is None
+        self._claimed = False
+        self.spool_slot: Slot[Spool] = (
+            Slot(f"{journal}: spool", self._new_spool(None))
+            if env.spool_dir is None
+            else Slot.empty(f"{journal}: spool")
         )
-        self.spool_slot: Slot[Spool] = Slot(f"{journal}: spool", spool)
         self.pipeline_slot: Slot[Pipeline | None] = Slot(f"{journal}: pipeline", None)
         # The route of the last pipeline that synchronised: a new pipeline of another route
         # starts a new fragment (see append_fsm).
@@ -249,6 +283,43 @@ class Replica:
         self._stop_callbacks.add(callback)
         return lambda: self._stop_callbacks.discard(callback)
 
+    def _new_spool(self, recovered: RecoveredJournal | None) -> Spool:
+        return Spool(
+            self.journal,
+            _SpoolObserver(self.index, self.env.persister),
+            new_file=self.env.new_spool_file,
+            files=self._files,
+            recovered=recovered.spool if recovered is not None else None,
+            clock=self.env.clock,
+        )
+
+    async def _open_durable_spool(self, spool_dir: SpoolDir) -> None:
+        """Take this journal's spool files (waiting for a previous replica of it to let go),
+        resume the spool from what was recovered or left there, and hand it to the slot."""
+        if not await spool_dir.claim(self.journal, self._stopping):
+            return
+        self._claimed = True
+        recovered = spool_dir.take(self.journal)
+        if recovered is not None:
+            self._files = recovered.files
+            self.recovery = RecoverySettler(recovered, spool_dir, self.index, self.env.persister)
+        else:
+            self._files = spool_dir.journal_files(self.journal)
+        self.spool_slot.put(self._new_spool(recovered))
+        self._spool_opened = True
+
+    async def settle_recovery(
+        self, spool: Spool, proposal: pb.Fragment | None, invalidated: asyncio.Event
+    ) -> bool:
+        """Settle the spool's recovered state, if it has one pending, as the primary (proposal
+        None) or as a replica whose primary proposes `proposal` first. The caller owns the
+        spool. False: not settled (no store listing in time, or `invalidated`)."""
+        if self.recovery is None or not spool.recovery_pending:
+            return True
+        return await self.recovery.settle(
+            spool, proposal, invalidated=invalidated, wait_s=self.env.recovery_wait_s
+        )
+
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
@@ -267,6 +338,8 @@ class Replica:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 daemons = [tg.create_task(self._refresh_daemon())]
+                if self.env.spool_dir is not None:
+                    daemons.append(tg.create_task(self._open_durable_spool(self.env.spool_dir)))
                 if self.env.pulse is not None:
                     daemons.append(tg.create_task(self._pulse_daemon(self.env.pulse)))
                 await self._stopping.wait()
@@ -275,6 +348,8 @@ class Replica:
                 await self._shut_down()
         finally:
             self._tg = None
+            if self._claimed and self.env.spool_dir is not None:
+                self.env.spool_dir.release(self.journal)
             self._stopped.set()
 
     async def _shut_down(self) -> None:
@@ -288,11 +363,19 @@ class Replica:
             if pln is not None:
                 pln.begin_shutdown()
                 await pln.finish_shutdown(expect_err=False)
+        if not self._spool_opened:
+            self.index.close(close_files=False)  # Stopped before its spool files were free.
+            return
         try:
             async with asyncio.timeout(wait_s):
                 spool = await self.spool_slot.take(asyncio.Event())
         except TimeoutError:
             log.warning("replica stopping: spool not returned in time", journal=self.journal)
+            return
+        if spool.recovery_pending and self.recovery is not None:
+            # Never settled: its recovered state waits, untouched, for the next replica.
+            self.recovery.give_back()
+            self.index.close(close_files=False)
             return
         # Roll forward to an empty fragment at the end: this completes the current fragment,
         # handing it to the persister, so that what this broker holds is not lost with it.
@@ -309,8 +392,23 @@ class Replica:
         # Files of local fragments stay open: the persister may still be uploading them, and
         # closes them itself.
         self.index.close(close_files=False)
+        self._leave_spool_state(spool)
         # Neither value is put back: the replica is gone, and anyone still waiting on a slot
         # was released by the invalidation of its resolution.
+
+    def _leave_spool_state(self, spool: Spool) -> None:
+        """With durable spools, the stopped spool's empty fragment and registers are what the
+        journal's next replica on this broker resumes from (a restart finds the same on
+        disk); a deleted journal's record is removed instead."""
+        spool_dir = self.env.spool_dir
+        files = self._files
+        if spool_dir is None or files is None:
+            return
+        if self.env.lookup_spec(self.journal) is None:
+            files.remove()
+            return
+        state = RecoveredSpool(spool.fragment, spool.registers, None, None, hashlib.sha1())
+        spool_dir.put_back(RecoveredJournal(self.journal, files, state))
 
     # --- Daemons ---
 

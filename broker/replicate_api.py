@@ -143,6 +143,22 @@ class ReplicateApi:
                 spool = await replica.spool_slot.take(resolved.invalidated)
             except SlotInvalidatedError:
                 continue  # The assignments changed while we waited: resolve again.
+            # A spool recovered from this broker's data directory is settled against the
+            # primary's first proposal before anything applies to it (spool_recovery.py).
+            try:
+                settled = await replica.settle_recovery(spool, first.proposal, resolved.invalidated)
+            except BaseException:
+                replica.spool_slot.put(spool)
+                raise
+            if not settled:
+                replica.spool_slot.put(spool)
+                if resolved.invalidated.is_set():
+                    continue
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"replicate: {journal}: recovered spool awaits the first store listing",
+                )
+                raise AssertionError("not reached")
             return resolved, replica, spool
         await context.abort(
             grpc.StatusCode.UNAVAILABLE,

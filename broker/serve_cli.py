@@ -117,24 +117,32 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
     serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
     serve.add_argument(
-        "--spool-dir",
         "--data-dir",
-        dest="spool_dir",
         default=None,
-        help="spools; without --etcd, the embedded keyspace persists in its keyspace/"
-        " (default: spools in the temporary directory, the keyspace in memory)",
+        help="the broker's data directory: spools are durable files under <dir>/spools, and a"
+        " broker restarted on it (after kill -9, or SIGTERM) recovers every appended byte it"
+        " acknowledged and continues each journal at its offset (README, 'Data directory');"
+        " without --etcd, the embedded keyspace persists under <dir>/keyspace",
     )
     serve.add_argument(
         "--fsync",
         action="store_true",
-        help="fdatasync before acknowledging a write, so that it survives an OS crash or power"
-        " loss too, not only the process being killed (slower)",
+        help="fdatasync spool content, commit records and the embedded keyspace's log before"
+        " acknowledging a write, so that it survives power loss too, not only the process"
+        " being killed (slower)",
+    )
+    serve.add_argument(
+        "--spool-dir",
+        default=None,
+        help="without --data-dir: the directory of temporary spool files, unlinked at creation"
+        " and lost with the process (default: the system's temporary directory)",
     )
     serve.add_argument(
         "--spool-memory",
         action="store_true",
         help="keep spools in process memory, in blocks re-used across fragments (faster than"
-        " files; needs RAM for each journal's open fragment, as a tmpfs --spool-dir does)",
+        " files; needs RAM for each journal's open fragment). Never durable, even with"
+        " --data-dir: a killed broker loses what it did not persist yet",
     )
     serve.add_argument(
         "--no-allocator",
@@ -175,12 +183,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
     args = p.parse_args(argv)
     if args.command == "serve":
-        if args.spool_dir:
-            # Spools are scratch files: make their directory rather than fail every append.
-            try:
-                os.makedirs(args.spool_dir, exist_ok=True)
-            except OSError as err:
-                p.error(f"--spool-dir {args.spool_dir}: cannot create it: {err.strerror}")
+        if args.spool_dir and args.data_dir and not args.spool_memory:
+            p.error("--spool-dir: not with --data-dir (spools are durable under <data-dir>/spools)")
+        for flag, directory in (("--spool-dir", args.spool_dir), ("--data-dir", args.data_dir)):
+            if directory:
+                # Make it rather than fail every append.
+                try:
+                    os.makedirs(directory, exist_ok=True)
+                except OSError as err:
+                    p.error(f"{flag} {directory}: cannot create it: {err.strerror}")
         if not os.path.isdir(args.file_root):
             # Not created: a missing root is usually a volume that failed to mount.
             p.error(f"--file-root {args.file_root}: no such directory (is its volume mounted?)")
@@ -191,7 +202,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from broker.http_gateway import HttpGateway
     from broker.keyspace.etcd import EtcdBackend
 
-    store = None if args.etcd else _embedded_store(args.spool_dir, args.fsync)
+    store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
     backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
     broker = Broker(
         backend,
@@ -202,6 +213,8 @@ async def _serve(args: argparse.Namespace) -> None:
             host=args.host,
             port=args.port,
             spool_dir=args.spool_dir,
+            data_dir=args.data_dir,
+            fsync=args.fsync,
             memory_spools=args.spool_memory,
             auth_keys=args.auth_keys,
             lease_ttl_s=args.lease_ttl_s,

@@ -56,6 +56,7 @@ from broker.client.route_cache import ChannelPool
 from broker.fragment.index import FragmentIndex
 from broker.fragment.persister import Persister
 from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
+from broker.fragment.spool_dir import SpoolDir
 from broker.fragment.spool_file import SpoolFile, TempSpoolFile
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI
@@ -117,10 +118,18 @@ class BrokerConfig:
     port: int = 0
     journal_limit: int = journal_limit_default
     lease_ttl_s: int = lease_ttl_s_default
-    # Directory of spool files (None: the system's temporary directory).
+    # Directory of temporary (unlinked) spool files when there is no data_dir (None: the
+    # system's temporary directory).
     spool_dir: str | None = None
+    # The data directory: spools are durable files under <data_dir>/spools, recovered when the
+    # broker restarts (fragment/spool_dir.py). None: spools are temporary files.
+    data_dir: str | None = None
+    # fdatasync spool content and commit records before acknowledging an append (and the
+    # directories of new files), so that they survive power loss, not only the process.
+    fsync: bool = False
     # Keep spools in memory, in blocks re-used across fragments (fragment/spool_blocks.py),
-    # instead of unlinked temporary files: faster; needs RAM for every open fragment.
+    # instead of files: faster; needs RAM for every open fragment; never durable (even with a
+    # data_dir).
     memory_spools: bool = False
     pulse_interval_s: float = pulse_interval_s_default
     # Run the primary's pulse (tests that drive the append machine by hand turn it off).
@@ -208,6 +217,10 @@ class Broker:
         self.clock = clock
         # Blocks of memory spools, shared by this broker's journals (unused with files).
         self._spool_blocks = BlockPool()
+        # Durable spools, when the broker has a data directory (and does not spool in memory).
+        self.spool_dir: SpoolDir | None = None
+        if config.data_dir is not None and not config.memory_spools:
+            self.spool_dir = SpoolDir(config.data_dir, fsync=config.fsync)
         self.id = pb.ProcessSpec.ID(zone=config.zone, suffix=config.suffix)
         self.ks: KeySpace[Decoded] = new_keyspace(config.root)
         # With keys, every RPC must be authorized, and this broker signs its own calls.
@@ -248,6 +261,7 @@ class Broker:
             clock=clock,
             pulse_interval_s=config.pulse_interval_s,
             shutdown_wait_s=config.shutdown_wait_s,
+            spool_dir=self.spool_dir,
         )
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -276,9 +290,27 @@ class Broker:
     # --- Wiring ---
 
     def _new_spool_file(self) -> SpoolFile:
+        """Content files of non-durable spools, and scratch files (compressed copies)."""
         if self.config.memory_spools:
             return BlockSpoolFile(self._spool_blocks)
+        if self.spool_dir is not None:
+            return self.spool_dir.new_scratch_file()
         return TempSpoolFile(self.config.spool_dir)
+
+    async def _recover_spools(self) -> None:
+        """Recover the durable spools of a previous run (fragment/spool_dir.py), before the
+        broker serves anything: their journals' replicas resume from them once assigned."""
+        if self.spool_dir is None:
+            return
+        report = await asyncio.to_thread(self.spool_dir.recover)
+        if report.journals or report.set_aside:
+            log.info(
+                "spools recovered",
+                journals=report.journals,
+                completed_fragments=report.completed,
+                open_bytes=report.open_bytes,
+                set_aside=report.set_aside,
+            )
 
     def _new_replica(self, journal: str) -> Replica:
         return Replica(journal, self.replica_env)
@@ -300,6 +332,8 @@ class Broker:
         if self._server is not None:
             raise BrokerStateError(f"{self!r}: already started")
         validate_process_id(self.id)  # Before binding anything: a bad ID changes nothing.
+        # Before binding: a spool directory that cannot be recovered changes nothing.
+        await self._recover_spools()
         server = await self._bind()
         try:
             announced, ttl_s = await self._announce()

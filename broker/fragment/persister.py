@@ -36,6 +36,10 @@ Otherwise (no store configured, journal removed, attempts exhausted, or no index
 content file is left to whoever may still read it: the index, which closes the files it holds
 when it is closed, or else the garbage collector (a TempSpoolFile closes itself when dropped).
 Closing a file an index still serves would make its reads fail, which is worse than a late close.
+A durable spool file (a broker with a data directory, spool_named.py) also has a name on disk:
+it is removed once the fragment is persisted (or will never be: no store, journal deleted), and
+kept otherwise, so that a broker restarted after a failed or interrupted upload recovers the
+fragment and persists it then.
 
 Path postfixes. The spec's `path_postfix_template` is evaluated for each fragment (see
 `postfix.py`) and places its file under "directories" between the journal name and the content
@@ -60,7 +64,7 @@ from broker.fragment import codecs
 from broker.fragment.index import FragmentIndex, IndexClosedError
 from broker.fragment.postfix import postfix_of
 from broker.fragment.spool import CompletedSpool, compress_file
-from broker.fragment.spool_file import SpoolFile
+from broker.fragment.spool_file import SpoolFile, unlink_durable
 from broker.fragment.stores.base import FragmentStore, StoreError, run_to_completion
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
@@ -109,6 +113,9 @@ class Outcome(enum.Enum):
 
 
 _DONE: Final = frozenset({Outcome.PERSISTED, Outcome.ALREADY_PRESENT})
+# Outcomes after which nothing will ever persist the fragment: a journal without stores keeps
+# its content only as long as the broker holds it, and a deleted journal's is dropped.
+_NEVER_PERSISTED: Final = frozenset({Outcome.NO_STORE, Outcome.JOURNAL_REMOVED, Outcome.EMPTY})
 
 # Errors of one attempt that a later attempt may not meet: store and file-system failures,
 # time-outs, and a spec naming a store that cannot be built (the spec may be fixed meanwhile).
@@ -531,8 +538,14 @@ class Persister:
         if job.compressed is not None:
             job.compressed[0].close()
         index = job.index
+        content = completed.content_file
+        if outcome in _DONE or outcome in _NEVER_PERSISTED:
+            # A durable spool file's name goes: its content is in the store, or never will be
+            # (a restarted broker must not recover it). Other outcomes keep it for a retry
+            # after a restart.
+            unlink_durable(content)
         if index is not None and (outcome in _DONE or index.closed):
-            completed.content_file.close()
+            content.close()
 
     def _check_open(self) -> None:
         if self._closed:

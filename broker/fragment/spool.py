@@ -47,9 +47,19 @@ only the local side effect differs, and "a mismatch changes nothing" is worth mo
 Compression (spool_compression.py). The primary compresses committed content as it commits, in
 batches; replicas compress only on demand. Compression is a cache of the content file.
 
+Durability. The spool keeps its fragments through a `FragmentFiles` (spool_types.py). Without
+a data directory that is `ScratchFiles`: content in scratch files, nothing recorded, all of it
+gone with the process. With one it is spool_named.JournalFiles: named content files, and a
+commit record written *before* each commit or roll takes effect (so before any
+acknowledgement), from which a restarted broker resumes the spool (`recovered`, see
+spool_recovery.py). A resumed spool is `recovery_pending` and applies nothing until it is
+settled: adopted (its content is the journal's) or disowned (it starts over, empty).
+
 Around this module: spool_types.py holds the values, outcomes, errors and proposal checks;
-spool_roll.py the primary's roll policy; spool_file.py the content files. The primary feeds its
-own spool content with `apply_content` (the bytes, without a ReplicateRequest around them).
+spool_roll.py the primary's roll policy; spool_file.py the content files; spool_named.py,
+spool_record.py, spool_dir.py, spool_recovery.py and spool_settle.py durability and recovery.
+The primary feeds its own spool content with `apply_content` (the bytes, without a
+ReplicateRequest around them).
 
 Only content whose bytes reached the file is counted, and a failed file operation raises before
 any state changes, so an OSError leaves the spool consistent and the caller may retry or fail
@@ -70,7 +80,7 @@ from broker.fragment.spool_compression import (
     compress_chunk_bytes_max,
     compress_file,
 )
-from broker.fragment.spool_file import BytesLike, SpoolFile
+from broker.fragment.spool_file import BytesLike, SpoolFile, unlink_durable
 from broker.fragment.spool_roll import RollReason, roll_proposal, roll_reason
 from broker.fragment.spool_types import (
     TRANSITIONS,
@@ -78,8 +88,11 @@ from broker.fragment.spool_types import (
     ApplyResult,
     CompletedSpool,
     ContentDeltaError,
+    FragmentFiles,
     LocalFragment,
     Outcome,
+    RecoveredSpool,
+    ScratchFiles,
     SpoolClosedError,
     SpoolInvariantError,
     SpoolObserver,
@@ -127,9 +140,14 @@ class Spool:
         observer: SpoolObserver,
         *,
         new_file: Callable[[], SpoolFile],
+        files: FragmentFiles | None = None,
+        recovered: RecoveredSpool | None = None,
         clock: Callable[[], float] = time.time,
         compress_batch_bytes_min: int = compress_batch_bytes_min_default,
     ) -> None:
+        """`new_file` makes scratch files (compressed copies); `files` keeps the fragments'
+        content and commit records (default: `ScratchFiles(new_file)`, nothing durable).
+        `recovered` resumes the spool from a recovered state (see `recovery_pending`)."""
         with at("journal"):
             validate_journal_name(journal)
         if compress_batch_bytes_min < 0:
@@ -139,6 +157,7 @@ class Spool:
         self._journal = journal
         self._observer = observer
         self._new_file = new_file
+        self._files: FragmentFiles = files if files is not None else ScratchFiles(new_file)
         self._clock = clock
         self._compress_batch_bytes_min = compress_batch_bytes_min
         # A new journal starts at offset zero, uncompressed; the primary's first synchronization
@@ -146,7 +165,10 @@ class Spool:
         self._fragment = pb.Fragment(journal=journal, sum=ZERO_SUM, compression_codec=pb.NONE)
         self._registers = pb.LabelSet()
         self._closed = False
+        self._recovery_pending = False
         self._reset_content()
+        if recovered is not None:
+            self._restore(recovered)
 
     def _reset_content(self) -> None:
         """Forget the content of the current fragment (its files were handed over or closed)."""
@@ -156,6 +178,62 @@ class Spool:
         self._sum_at_commit = self._summer.copy()
         self._first_append_time: float | None = None
         self._compression: IncrementalCompression | None = None
+
+    def _restore(self, recovered: RecoveredSpool) -> None:
+        fragment = copy_fragment(recovered.fragment)
+        fragment.sum.SetInParent()
+        length = fragment.end - fragment.begin
+        if fragment.journal != self._journal:
+            raise ValueError(f"recovered: fragment of another journal {fragment.journal!r}")
+        if length and (recovered.file is None or recovered.file.size() < length):
+            raise ValueError(f"recovered: [{fragment.begin}, {fragment.end}) without its content")
+        if length and sum_from_digest(recovered.summer.digest()) != fragment.sum:
+            raise ValueError(f"recovered: [{fragment.begin}, {fragment.end}) SHA1 mismatch")
+        self._fragment = fragment
+        self._registers = copy_registers(recovered.registers)
+        self._file = recovered.file if length else None
+        self._summer = recovered.summer.copy()
+        self._sum_at_commit = self._summer.copy()
+        self._first_append_time = recovered.first_append_time if length else None
+        self._recovery_pending = True
+        self._check_invariants()
+
+    # --- Recovery (spool_recovery.py) ---
+
+    @property
+    def recovery_pending(self) -> bool:
+        """Whether the spool was resumed from a recovered state that is not yet settled: it must
+        be adopted or disowned (spool_settle.py) before it applies anything."""
+        return self._recovery_pending
+
+    def adopt_recovery(self) -> None:
+        """Keep the recovered state: its content is the journal's. The observer hears of the
+        recovered fragment as of a commit (the index then serves it)."""
+        self._check_recovery_pending()
+        self._recovery_pending = False
+        local = self.local_fragment
+        if local is not None:
+            self._observer.on_commit(local)
+
+    def disown_recovery(self) -> SpoolFile | None:
+        """Drop the recovered state and start over as a new spool, empty at offset zero with
+        no registers. Returns the recovered content's file (with its commit record: set it
+        aside), or None if the fragment was empty."""
+        self._check_recovery_pending()
+        file = self._file if self.content_length else None
+        self._files.forget()
+        self._fragment = pb.Fragment(journal=self._journal, sum=ZERO_SUM, compression_codec=pb.NONE)
+        self._registers = pb.LabelSet()
+        self._reset_content()
+        self._recovery_pending = False
+        self._check_invariants()
+        return file
+
+    def _check_recovery_pending(self) -> None:
+        if self._closed:
+            raise SpoolClosedError(f"{self!r}: recovery settled after close()")
+        if not self._recovery_pending:
+            raise SpoolInvariantError(f"{self!r}: no recovery pending")
 
     # --- Read-only views ---
 
@@ -247,6 +325,8 @@ class Spool:
         unchanged, except that compression may have to be rebuilt)."""
         if self._closed:
             raise SpoolClosedError(f"{self!r}: apply() after close()")
+        if self._recovery_pending:
+            raise SpoolInvariantError(f"{self!r}: apply() before its recovery was settled")
         if request.HasField("proposal"):
             return self._apply_proposal(request, primary)
         return self._apply_content(request)
@@ -262,11 +342,13 @@ class Spool:
         return result
 
     def close(self) -> None:
-        """Discard the spool: close its files, dropping any content not yet completed (roll
-        first to persist it). Files already handed to the observer are not touched."""
+        """Close the spool and its files, without completing the current fragment (roll first
+        to persist it). Durable files keep what they recorded, for a later recovery; other
+        content is gone. Files already handed to the observer are not touched."""
         if self._closed:
             return
-        self._discard_files()
+        self._discard_files(unlink=False)
+        self._files.close()
         self._closed = True
 
     # --- Content chunks ---
@@ -277,6 +359,8 @@ class Spool:
         The primary feeds its own spool this way, saving a copy of every appended byte."""
         if self._closed:
             raise SpoolClosedError(f"{self!r}: apply_content() after close()")
+        if self._recovery_pending:
+            raise SpoolInvariantError(f"{self!r}: content before its recovery was settled")
         return self._append_content(content, content_delta)
 
     def _apply_content(self, request: pb.ReplicateRequest) -> ApplyResult:
@@ -300,7 +384,7 @@ class Spool:
         if self._file is None:
             if self.content_length:
                 raise SpoolInvariantError(f"{self!r}: non-empty fragment without a content file")
-            self._file = self._new_file()
+            self._file = self._files.content_file(self._fragment.begin)
         self._file.pwrite(content, self.content_length + self._delta)
         # Only bytes that reached the file are counted, so a failed write above leaves the spool
         # as it was (any partial bytes lie beyond the pending end, and are overwritten later).
@@ -390,15 +474,20 @@ class Spool:
             if length - through >= self._compress_batch_bytes_min:
                 # First, so that a failing compression raises before the commit changes state.
                 self._compress_through(length)
-        self._fragment.CopyFrom(proposal)
-        self._fragment.sum.SetInParent()  # Always present, as Go's non-nullable field is.
+        if self._file is None:
+            raise SpoolInvariantError("commit without a content file")
+        first_append_time = self._first_append_time
+        if first_append_time is None:
+            first_append_time = self._clock()
+        committed = copy_fragment(proposal)
+        committed.sum.SetInParent()  # Always present, as Go's non-nullable field is.
+        # Recorded before anything changes: the commit is acknowledged once this returns.
+        self._files.record(committed, registers, first_append_time)
+        self._fragment = committed
         self._registers.CopyFrom(registers)
         self._delta = 0
         self._sum_at_commit = self._summer.copy()
-        if self._first_append_time is None:
-            self._first_append_time = self._clock()
-        if self._file is None:
-            raise SpoolInvariantError("commit without a content file")
+        self._first_append_time = first_append_time
         return LocalFragment(self.fragment, self._file)
 
     def _rollback(self) -> None:
@@ -411,12 +500,24 @@ class Spool:
         """Roll to the empty fragment of `proposal`; return the completed fragment, if any."""
         catching_up = proposal.end > self._fragment.end + self._delta
         completed = self._complete(primary) if self.content_length else None
+        rolled = self._rolled_fragment(proposal)
+        # Whoever holds content up to the proposal's end holds the registers that go with it.
+        rolled_registers = registers if catching_up else self._registers
+        try:
+            self._files.record(rolled, rolled_registers, None)
+        except BaseException:
+            if completed is not None:
+                # The roll did not happen: the fragment stays current. Its file was cut to the
+                # committed length, so pending content goes, as a rollback would drop it.
+                if completed.compressed_file is not None:
+                    completed.compressed_file.close()
+                self._rollback()
+            raise
         if completed is None:
-            self._discard_files()
+            self._discard_files(unlink=True)
         if catching_up:
-            # Whoever holds content up to the proposal's end holds the registers that go with it.
             self._registers.CopyFrom(registers)
-        self._fragment = self._rolled_fragment(proposal)
+        self._fragment = rolled
         self._reset_content()
         return completed
 
@@ -476,10 +577,14 @@ class Spool:
             compression, self._compression = self._compression, None
             compression.discard()
 
-    def _discard_files(self) -> None:
+    def _discard_files(self, *, unlink: bool) -> None:
+        """Close the current files; with `unlink`, remove a durable content file's name too
+        (its content is dropped for good: an empty fragment's rolled-back bytes)."""
         self._drop_compression()
         if self._file is not None:
             file, self._file = self._file, None
+            if unlink:
+                unlink_durable(file)
             file.close()
 
     # --- Transition checks ---

@@ -13,8 +13,11 @@ Two implementations:
   exercise the spool's I/O error paths with a real file-like value instead of a mock.
 - `TempSpoolFile`: an unlinked temporary file, as Gazette's brokers use. Its directory entry is
   gone at creation, so the space is returned to the file system when the file is closed or the
-  process dies, and a broker restart leaves no stale spool files to clean up. The content is
-  still served by the broker while it lives; long-term durability is the BLOB store's job.
+  process dies, and a broker restart leaves no stale spool files to clean up. Used for scratch
+  (compressed copies), and for spools when the broker has no data directory: their content then
+  lives only as long as the process, until the BLOB store holds it.
+- `spool_dir.NamedSpoolFile` (a `DurableSpoolFile`): a named file under the broker's data
+  directory, which a restarted broker recovers (spool_dir.py, spool_recovery.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from typing import Final, Protocol, TypeAlias
+from typing import Final, Protocol, TypeAlias, runtime_checkable
 
 # What a spool file writes: any contiguous bytes, so that callers may hand over slices
 # (memoryviews) of larger buffers without copying them first.
@@ -129,20 +132,12 @@ class MemorySpoolFile:
         return self._closed
 
 
-class TempSpoolFile:
-    """A SpoolFile on an unlinked temporary file in `directory` (the system default if None)."""
+class FdSpoolFile:
+    """A SpoolFile over an open file descriptor, which it owns (closes)."""
 
     __slots__ = ("_fd",)
 
-    def __init__(self, directory: str | None = None) -> None:
-        fd, path = tempfile.mkstemp(prefix="spool-", dir=directory)
-        try:
-            # Unlink at once: the open descriptor keeps the data alive for exactly as long as
-            # we need it, and nothing is left behind if the process is killed.
-            os.unlink(path)
-        except BaseException:
-            os.close(fd)
-            raise
+    def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
 
     def _open_fd(self) -> int:
@@ -185,6 +180,10 @@ class TempSpoolFile:
         _check_offset("length", length)
         os.ftruncate(fd, length)
 
+    def sync(self) -> None:
+        """fdatasync: the content (and the size) reach the disk, not only the OS."""
+        os.fdatasync(self._open_fd())
+
     def close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
@@ -196,7 +195,42 @@ class TempSpoolFile:
 
     def __del__(self) -> None:
         # A spool file dropped without close() (e.g. a crashed task) must not leak its
-        # descriptor, or the unlinked file's space would stay allocated until process exit.
+        # descriptor, or an unlinked file's space would stay allocated until process exit.
         # (`_fd` is unset if __init__ failed before opening anything.)
         if getattr(self, "_fd", None) is not None:
             self.close()
+
+
+class TempSpoolFile(FdSpoolFile):
+    """A SpoolFile on an unlinked temporary file in `directory` (the system default if None)."""
+
+    __slots__ = ()
+
+    def __init__(self, directory: str | None = None) -> None:
+        fd, path = tempfile.mkstemp(prefix="spool-", dir=directory)
+        try:
+            # Unlink at once: the open descriptor keeps the data alive for exactly as long as
+            # we need it, and nothing is left behind if the process is killed.
+            os.unlink(path)
+        except BaseException:
+            os.close(fd)
+            raise
+        super().__init__(fd)
+
+
+@runtime_checkable
+class DurableSpoolFile(SpoolFile, Protocol):
+    """A SpoolFile with a name on disk that outlives the process (spool_dir.NamedSpoolFile):
+    whoever is done with its content for good removes that name, or a restarted broker would
+    recover the content again."""
+
+    def unlink_durable(self) -> None:
+        """Remove the file's names (content and commit record). Still readable until closed."""
+        ...
+
+
+def unlink_durable(file: SpoolFile) -> None:
+    """`file.unlink_durable()` for a durable file; nothing for another (its content goes with
+    it anyway)."""
+    if isinstance(file, DurableSpoolFile):
+        file.unlink_durable()

@@ -9,13 +9,17 @@ the machine.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from broker.fragment.naming import OFFSET_MAX
 from broker.fragment.spool_file import SpoolFile
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at, validate_fragment, validate_label_set
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
 
 ZERO_SUM: Final = pb.SHA1Sum()
 
@@ -138,6 +142,74 @@ class SpoolObserver(Protocol):
     def on_commit(self, fragment: LocalFragment) -> None: ...
 
     def on_complete(self, completed: CompletedSpool) -> None: ...
+
+
+# --- Where a spool keeps its fragments -----------------------------------------------------------
+
+
+class FragmentFiles(Protocol):
+    """Where a Spool keeps its fragments' content and, when durable, its commit records
+    (spool_dir.JournalFiles). `ScratchFiles` keeps content in scratch files and records nothing.
+    """
+
+    def content_file(self, begin: int) -> SpoolFile:
+        """A new, empty content file for the fragment beginning at `begin`."""
+        ...
+
+    def record(
+        self, fragment: pb.Fragment, registers: pb.LabelSet, first_append_time: float | None
+    ) -> None:
+        """Record `fragment` and `registers` as the spool's committed state. Called before the
+        commit or roll that leads there takes effect: once it returns, the state survives the
+        process. A fragment beginning elsewhere than the last one recorded starts a new record;
+        the previous one then goes with its content file (the persister's from then on), or
+        is removed if it had no content. Raises OSError having recorded nothing."""
+        ...
+
+    def forget(self) -> None:
+        """Stop recording the current fragment (the spool starts over, empty): its record goes
+        with its content file, or is removed if it has none."""
+        ...
+
+    def close(self) -> None:
+        """Release open records; what is recorded stays recorded."""
+        ...
+
+
+class ScratchFiles:
+    """FragmentFiles of a spool that is not durable: content in `new_file()`s, no records."""
+
+    __slots__ = ("_new_file",)
+
+    def __init__(self, new_file: Callable[[], SpoolFile]) -> None:
+        self._new_file = new_file
+
+    def content_file(self, begin: int) -> SpoolFile:
+        return self._new_file()
+
+    def record(
+        self, fragment: pb.Fragment, registers: pb.LabelSet, first_append_time: float | None
+    ) -> None:
+        pass
+
+    def forget(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredSpool:
+    """A spool's committed state as recovered from its files (spool_dir.py): the Spool resumes
+    from it. `file` holds exactly the fragment's content (None when it is empty), and `summer`
+    is a SHA1 over that content, matching `fragment.sum`."""
+
+    fragment: pb.Fragment
+    registers: pb.LabelSet
+    first_append_time: float | None
+    file: SpoolFile | None
+    summer: HASH
 
 
 @dataclass(frozen=True, slots=True)

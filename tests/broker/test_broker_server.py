@@ -72,8 +72,22 @@ def test_serve_refuses_bad_arguments_naming_the_flag(
     assert message in capsys.readouterr().err
 
 
-def test_serve_creates_its_spool_directory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flag", ["--data-dir", "--spool-dir"])
+def test_serve_creates_its_spool_directory(flag: str, tmp_path: Path) -> None:
     spools = tmp_path / "a" / "b" / "spools"
-    args = _parse_args(["serve", "--data-dir", str(spools), "--file-root", str(tmp_path)])
-    assert args.spool_dir == str(spools)
+    args = _parse_args(["serve", flag, str(spools), "--file-root", str(tmp_path)])
+    assert getattr(args, flag[2:].replace("-", "_")) == str(spools)
     assert spools.is_dir()
+
+
+def test_serve_refuses_a_spool_dir_beside_a_data_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse_args(["serve", "--data-dir", str(tmp_path), "--spool-dir", str(tmp_path)])
+    assert "--spool-dir: not with --data-dir" in capsys.readouterr().err
+    # Memory spools use neither, and are never durable: both are accepted then.
+    args = _parse_args(
+        ["serve", "--data-dir", str(tmp_path), "--spool-dir", str(tmp_path), "--spool-memory"]
+    )
+    assert args.spool_memory and not args.fsync

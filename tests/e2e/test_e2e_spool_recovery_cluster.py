@@ -1,0 +1,134 @@
+"""Durable spools in a cluster (issue #12): separate `gazette serve` processes on a real etcd,
+each on its own data directory, a journal of replication 2 whose open fragment is persisted
+only by rolls (flush interval of an hour).
+
+1. A replica is killed (-9) while appends run; the journal goes on without it (its lease
+   expires and another broker takes its place); it restarts on its data directory, and the
+   journal is then moved back onto it (the broker that took its place exits). Its recovered
+   spool is stale: the journal went on past it. It must not win a synchronisation nor be
+   persisted: every acknowledged append reads back at the offsets it was given, once.
+2. Then the whole route is killed (-9) at once, with acknowledged content in spools only, and
+   both brokers restart on their data directories: the content reads back, appends continue
+   at the end, and the fragment files in the store agree wherever they overlap and hold the
+   journal exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from e2e_workload import (
+    Committed,
+    Writers,
+    check_records,
+    fragment_files,
+    journal_spec,
+    record,
+    requires_etcd,
+    stored_prefix,
+)
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client.appender import append
+from broker.client.retry_reader import RetryReader
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster
+
+pytestmark = [pytest.mark.etcd, requires_etcd]
+
+JOURNAL = "durable/spools"
+LEASE_TTL_S = 3
+THREE_BROKERS = [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1")]
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[ProcessCluster]:
+    async with ProcessCluster(THREE_BROKERS, lease_ttl_s=LEASE_TTL_S) as c:
+        yield c
+
+
+def spec(store: str) -> pb.JournalSpec:
+    out = journal_spec(JOURNAL, 2, store, codec=pb.NONE)
+    out.fragment.flush_interval.CopyFrom(Duration(seconds=3600))
+    return out
+
+
+def members(cluster: ProcessCluster) -> list[BrokerProcess]:
+    return [cluster.broker(m.suffix) for m in cluster.route(JOURNAL).members]
+
+
+async def committed_append(cluster: ProcessCluster, data: bytes) -> Committed:
+    """One append through any running broker, retried until the journal is served."""
+    resp = await append(cluster.client(), pb.AppendRequest(journal=JOURNAL), data)
+    return Committed(JOURNAL, resp.commit.begin, resp.commit.end, data)
+
+
+async def read_through(cluster: ProcessCluster, end: int, timeout_s: float = 30.0) -> bytes:
+    """The journal's content [0, end), waiting for it: a replica that set its recovered copy
+    aside serves those offsets once its index lists the primary's upload of them."""
+    reader = RetryReader(cluster.client(), pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
+    out = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len(out) < end:
+                chunk = await reader.read_chunk()
+                assert chunk.offset == len(out), f"read jumped to {chunk.offset}"
+                out += chunk.content
+    finally:
+        await reader.close()
+    return bytes(out)
+
+
+async def test_restarted_brokers_recover_their_spools_without_writing_offsets_twice(
+    cluster: ProcessCluster,
+) -> None:
+    await cluster.apply([spec(cluster.store_url)])
+    await cluster.wait_until(cluster.journals_ready([JOURNAL], 2))
+    primary = cluster.primary(JOURNAL)
+    assert primary is not None
+    victim = next(b for b in members(cluster) if b is not primary)
+    spare = next(b for b in cluster.brokers if b not in members(cluster))
+
+    # 1. The replica is killed mid-stream; the journal goes on without it.
+    writers = Writers(cluster.client(primary), [JOURNAL], count=2, attempts_max=1)
+    writers.start()
+    await writers.wait_for(40)
+    await cluster.kill(victim)
+    await cluster.wait_until(cluster.journals_ready([JOURNAL], 2, exclude=[victim.suffix]))
+    await writers.wait_for(len(writers.committed) + 40)
+    await cluster.start_broker(victim)
+    # The spare exits, handing the journal off: to the restarted victim, the only one left.
+    code, _ = await cluster.terminate(spare)
+    assert code == 0, spare.log_tail()
+    await cluster.wait_until(cluster.journals_ready([JOURNAL], 2, exclude=[spare.suffix]))
+    assert victim in members(cluster)
+    await writers.wait_for(len(writers.committed) + 40)
+    await writers.stop()
+    committed = list(writers.committed)
+    content = await read_through(cluster, max(c.end for c in committed))
+    counts = check_records(JOURNAL, content, committed)
+    assert all(n == 1 for n in counts.values())
+
+    # 2. The whole route dies with content in its spools only, and restarts.
+    committed.append(await committed_append(cluster, record(90, 1, JOURNAL)))
+    route = members(cluster)
+    await asyncio.gather(*(cluster.kill(b) for b in route))
+    await asyncio.gather(*(cluster.start_broker(b) for b in route))
+    await cluster.wait_until(cluster.journals_ready([JOURNAL], 2))
+    after = await committed_append(cluster, record(90, 2, JOURNAL))
+    assert after.begin == committed[-1].end  # At the old end: nothing lost, nothing reused.
+    committed.append(after)
+    content = await read_through(cluster, after.end)
+    counts = check_records(JOURNAL, content, committed)
+    assert all(n == 1 for n in counts.values())
+
+    # Every broker exits, persisting its fragments: wherever they overlap they agree, and
+    # together they hold the journal exactly.
+    for b in cluster.running():
+        code, _ = await cluster.terminate(b)
+        assert code == 0, b.log_tail()
+    files = fragment_files(cluster.fragments_dir, JOURNAL)
+    assert stored_prefix(files) == content
+    assert max(f.end for f in files) == len(content)
