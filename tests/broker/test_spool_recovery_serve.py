@@ -4,7 +4,8 @@ persisted read back, and the next append lands at the old end; after SIGTERM the
 continues at its persisted end. Torn commit records, content cut short and bytes past the
 last commit (an append in flight) are recovered to the last good commit.
 
-The embedded keyspace is not persistent (yet): each run re-applies the same journal spec."""
+Each run applies the same journal spec (once the embedded keyspace persisted it, a change of
+nothing but its revision), so that these tests hold on etcd's semantics too."""
 
 from __future__ import annotations
 
