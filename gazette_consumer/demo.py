@@ -367,10 +367,11 @@ def prepare(data_dir: Path) -> Path:
 async def run(data_dir: Path) -> int:
     """Run the demo on `data_dir` (created if missing); the exit code."""
     data_dir = await asyncio.to_thread(prepare, data_dir)
-    fragments, spools, db_dir = data_dir / "fragments", data_dir / "spools", data_dir / "db"
+    fragments, db_dir = data_dir / "fragments", data_dir / "db"
     print(f"gazette-py demo: an exactly-once counting pipeline; data under {data_dir}")
     store = EmbeddedStore()
-    address, stop_broker = await start_embedded_broker(store, zone="local", spool_dir=str(spools))
+    # Durable spools under <data_dir>/spools: a run killed mid-way loses nothing acknowledged.
+    address, stop_broker = await start_embedded_broker(store, zone="local", data_dir=str(data_dir))
     c = client.JournalClient(address)
     consumer_backend = store.connect()
     try:

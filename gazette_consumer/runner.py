@@ -224,7 +224,8 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
             store,
             zone=args.zone,
             port=args.broker_port,
-            spool_dir=args.data_dir,
+            data_dir=args.data_dir,
+            fsync=args.fsync,
             file_root=args.data_dir or "/",
         )
         if store is not None
@@ -312,7 +313,8 @@ async def start_embedded_broker(
     *,
     zone: str,
     port: int = 0,
-    spool_dir: str | None = None,
+    data_dir: str | None = None,
+    fsync: bool = False,
     file_root: str = "/",
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """An in-process broker (and its allocator) over the embedded keyspace ``store``; returns
@@ -322,12 +324,14 @@ async def start_embedded_broker(
     from broker.fragment.stores.registry import new_registry
     from broker.server import Broker, BrokerConfig
 
-    if spool_dir is not None:
-        os.makedirs(spool_dir, exist_ok=True)  # Spools are created in it.
+    if data_dir is not None:
+        os.makedirs(data_dir, exist_ok=True)
     backend = store.connect()
     broker = Broker(
         backend,
-        BrokerConfig(zone=zone, suffix="broker", port=port, spool_dir=spool_dir),
+        # With a data directory, its spools are durable (<data_dir>/spools): a process killed
+        # and restarted on it loses no acknowledged append, and writes no offset twice.
+        BrokerConfig(zone=zone, suffix="broker", port=port, data_dir=data_dir, fsync=fsync),
         stores=new_registry(file_root=file_root),
     )
     await broker.start()

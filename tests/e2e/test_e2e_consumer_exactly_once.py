@@ -37,6 +37,8 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker.client.append_service import AppendService
 from broker.client.async_append import AsyncAppend
+from broker.client.list_apply import apply_journals, upsert
+from broker.client.route_cache import JournalClient
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
@@ -46,6 +48,7 @@ from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, JSONFraming, Parti
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_client import upsert as shard_upsert
+from tests.broker.serve_testkit import free_port
 from tests.gazette_consumer.consumer_testkit import ConsumerProcess, stat_through
 from tests.gazette_consumer.shard_testkit import pg_engine
 
@@ -324,3 +327,71 @@ async def read_derived(client: Any, *, until_key: str) -> list[Counted]:
                 if message.key == until_key:
                     return out
                 out.append(message)
+
+
+# The embedded default: one `gazette-consumer serve --data-dir` process holds the keyspace, the
+# broker and the consumer, and all three are killed together. Fewer messages and rounds: each
+# restart also recovers the broker's spools and the keyspace.
+EMBEDDED_MESSAGES = int(os.environ.get("GAZETTE_TEST_EO_EMBEDDED_MESSAGES", "20000"))
+EMBEDDED_ROUNDS = 5
+EMBEDDED_STORE = "file:///fragments/"  # Under --data-dir, the embedded broker's file root.
+
+
+async def test_exactly_once_across_kill_9_of_the_embedded_process(tmp_path: Path) -> None:
+    """Issue #12: a killed embedded process forgot its specs and the appends it acknowledged,
+    then failed "writing recovered ACK intents" or wrote acknowledged offsets again. Now its
+    keyspace and spools are durable under --data-dir: every restart continues exactly."""
+    rng = random.Random(SEED + 1)
+    print(f"seed {SEED + 1}")
+    data_dir = tmp_path / "data"
+    (data_dir / "fragments").mkdir(parents=True)
+    env = {"COUNTER_DATA_DIR": str(data_dir / "db")}
+    broker_port = free_port()
+    consumer = ConsumerProcess(
+        [
+            *("--app", "examples.counter:Counter", "--data-dir", str(data_dir)),
+            *("--root", ROOT, "--zone", "local", "--id", "consumer-1", "--port", "0"),
+            *("--broker-port", str(broker_port), "--drain-timeout", "5"),
+        ],
+        tmp_path / "consumer.log",
+        env=env,
+    )
+    await consumer.start()
+    client = JournalClient(f"127.0.0.1:{broker_port}")
+    try:
+        journals = [j for sources in SHARDS.values() for j in sources] + [OUTPUT]
+        await apply_journals(client, [upsert(json_journal(j, EMBEDDED_STORE)) for j in journals])
+        async with ShardClient(consumer.endpoint) as shards:
+            await shards.apply([shard_upsert(counter_shard(s)) for s in sorted(SHARDS)])
+        async with AppendService(client) as appends:
+            producers = Producers(rng, appends)
+            for round_index in range(EMBEDDED_ROUNDS):
+                await producers.round(EMBEDDED_MESSAGES // EMBEDDED_ROUNDS)
+                await appends.flush()
+                await kill_at_a_random_point(consumer, producers, rng, round_index)
+                await consumer.start()  # Same --data-dir: nothing re-applied, nothing reset.
+            ends = await producers.finish()
+        for shard, sources in SHARDS.items():
+            await stat_through(consumer, shard, {j: ends[j] for j in sources})
+        counts = committed_counts(env)
+        assert counts == producers.expected
+        async with AppendService(client) as appends:
+            marker = await Publisher(appends).publish_committed(to(OUTPUT), Counted(key="end"))
+            await marker
+        derived = await read_derived(client, until_key="end")
+        print(
+            f"{producers.written} messages written ({producers.duplicates} duplicates, "
+            f"{producers.rollbacks} rollbacks), {sum(counts.values())} counted, "
+            f"{len(derived)} derived; {consumer.starts - 1} kills of the embedded process"
+        )
+        totals: dict[str, list[int]] = {}
+        for message in derived:
+            totals.setdefault(message.key, []).append(message.total)
+        assert {key: sorted(values) for key, values in totals.items()} == {
+            key: list(range(1, n + 1)) for key, n in producers.expected.items()
+        }
+        assert len({m.source for m in derived}) == len(derived) == sum(producers.expected.values())
+        assert await consumer.terminate() == 0
+    finally:
+        await client.close()
+        await consumer.kill()
