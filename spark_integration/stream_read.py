@@ -36,6 +36,11 @@ what Kafka's source does in its poll. Trigger.AvailableNow never waits.
 
 A selector is re-evaluated at every micro-batch: journals it newly matches are read from their
 beginning. `Trigger.AvailableNow` reads up to the write heads of when the query started.
+
+Where the query starts a journal (startingOffsets) is its origin, kept in every offset: starting
+at an offset other than 0, `initialOffset` learns the producers open there (range_start.py),
+and the transactions they began before the origin are skipped when they commit, however many
+micro-batches later (range_read.py).
 """
 
 from __future__ import annotations
