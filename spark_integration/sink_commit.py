@@ -21,10 +21,12 @@ The driver reads it and decides (`decide`, sans-IO):
   run's are rolled back, and the register records that this run resolved it too;
 - DONE, if this run resolved it already: our own append landed once before (a retry).
 
-The append carries the check that the register still holds what was read, so two drivers (a
-zombie and its successor) cannot both commit; on REGISTER_MISMATCH it reads again and decides
-again, at most `commit_attempts_max` times. A register ahead of the micro-batch (Spark restored
-an older checkpoint) is ROLL_BACK_ONLY: those micro-batches were committed; the register stays.
+When the register was last set by another run (the query restarted), the append also closes
+what that run's producers left open (`previous_run_rollbacks`). The append carries the check
+that the register still holds what was read, so two drivers (a zombie and its successor)
+cannot both commit; on REGISTER_MISMATCH it reads again and decides again, at most
+`commit_attempts_max` times. A register ahead of the micro-batch (Spark restored an older
+checkpoint) is ROLL_BACK_ONLY: those micro-batches were committed; the register stays.
 Each commit also removes the registers of other queries that resolved nothing for
 `stale_register_s` (sink_task.py), so that they do not pile up.
 
@@ -134,6 +136,25 @@ class BatchTxns:
         rollbacks = [txn.rollbacks[journal] for txn in self.winners if journal in txn.rollbacks]
         return b"".join(rollbacks) + self._loser_rollbacks()
 
+    def previous_run_rollbacks(self, current: SinkMark | None) -> bytes:
+        """Rollbacks of what an earlier run that last resolved the journal (`current`) left
+        open there: the micro-batch it published but did not commit when it died. An ACK at
+        that run's high clock is not below any ACK it committed there, and below every clock
+        it used after (sink_task.py): it commits nothing and closes the open transaction of the
+        run's producer of each partition, which readers would otherwise remember forever."""
+        if current is None or not current.run or current.run == self.run:
+            return b""
+        framing = JSONFraming()
+        partitions = sorted({txn.task.partition for txn in self.winners})
+        return b"".join(
+            ack_message(
+                framing,
+                TaskIdentity(self.query, current.run, current.batch, k, 0).producer(),
+                current.high_clock,
+            )
+            for k in partitions
+        )
+
     def _loser_rollbacks(self) -> bytes:
         # An ACK at the base clock rolls back what any attempt of this micro-batch published
         # under the producer (sink_task.py). Appended in every journal of the micro-batch: an
@@ -223,12 +244,13 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
         if decision is Decision.ROLL_BACK_ONLY:
             await append(client, pb.AppendRequest(journal=journal), txns.rollback_content(journal))
             return decision
+        current = _mark_of(registers, register)
         mark = SinkMark(txns.batch, txns.run, txns.high_clock, int(time.time()))
         content = (
             txns.commit_content(journal)
             if decision is Decision.COMMIT
             else txns.rollback_content(journal)
-        )
+        ) + txns.previous_run_rollbacks(current)
         try:
             await append(client, _update_request(journal, registers, register, mark), content)
         except RegisterMismatchError:

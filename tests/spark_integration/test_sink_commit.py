@@ -258,3 +258,39 @@ def test_failed_attempts_and_producers() -> None:
 
 def _value(registers: pb.LabelSet, name: str) -> str:
     return next(label.value for label in registers.labels if label.name == name)
+
+
+async def test_a_restart_closes_what_the_dead_run_left_open(env: Env) -> None:
+    """The driver died while micro-batch 6's tasks had published (not committed): the next
+    run's first commit closes those transactions, so readers do not remember them forever."""
+    journal = await env.journal("sink/crash")
+    first = Query(env, journal, run="run-1")
+    b5 = first.plan()
+    await first.commit(5, [await first.task(5, b5, p, [f"b5-{p}"]) for p in (0, 1)])
+    b6 = first.plan()
+    for p in (0, 1):
+        await first.task(6, b6, p, [f"dead-{p}"])  # Published, then the driver died.
+
+    second = Query(env, journal, run="run-2")
+    b6 = second.plan()
+    await second.commit(6, [await second.task(6, b6, p, [f"b6-{p}"]) for p in (0, 1)])
+
+    head = await write_head(env.client, journal)
+    walk = CommittedRange(env.client, journal, 0, head, ring_size=64)
+    got = [json.loads(e.message.line)["text"] async for lines in walk.read() for e in lines]
+    assert sorted(got) == ["b5-0", "b5-1", "b6-0", "b6-1"]
+    assert all(state.begin == -1 for state in walk.checkpoint().producers.values())
+
+
+async def test_a_stream_of_micro_batches_uses_one_producer_per_partition(env: Env) -> None:
+    """What a reader of the sink must remember: one producer per partition of the run, however
+    many micro-batches (the sink once minted one per task and micro-batch)."""
+    journal = await env.journal("sink/producers")
+    q = Query(env, journal)
+    for batch in range(5):
+        base = q.plan()
+        await q.commit(batch, [await q.task(batch, base, p, [f"{batch}-{p}"]) for p in range(3)])
+    head = await write_head(env.client, journal)
+    walk = CommittedRange(env.client, journal, 0, head, ring_size=64)
+    assert len([e async for lines in walk.read() for e in lines]) == 15
+    assert len(walk.checkpoint().producers) == 3
