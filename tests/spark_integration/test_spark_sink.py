@@ -196,3 +196,33 @@ def test_two_queries_write_one_journal(spark, broker, tmp_path: Path) -> None:  
             query.stop()
 
     assert sorted(committed_texts(broker, sink)) == sorted(expected)
+
+
+def test_a_query_checkpointed_by_the_session_setting(spark, broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With only spark.sql.streaming.checkpointLocation set (no checkpointLocation option),
+    the sink needs nothing more: the query is identified by its id, kept in the checkpoint
+    Spark makes under that location (named by the query's name)."""
+    source = Source(broker)
+    sink = unique("spark/sink")
+    create_journals(broker, [sink])
+    setting = "spark.sql.streaming.checkpointLocation"
+    spark.conf.set(setting, str(tmp_path / "checkpoints"))
+    try:
+        expected = source.add([f"r-{i}" for i in range(10)])
+        for _ in range(2):  # The second run restarts from the checkpoint: nothing new.
+            stream = spark.readStream.format("gazette").option("broker", broker)
+            run(
+                stream.option("journals", source.journal)
+                .load()
+                .selectExpr("content")
+                .writeStream.format("gazette")
+                .queryName("copy")
+                .option("broker", broker)
+                .option("journal", sink)
+                .start()
+            )
+    finally:
+        spark.conf.unset(setting)
+
+    assert sorted(committed_texts(broker, sink)) == sorted(expected)
+    assert (tmp_path / "checkpoints" / "copy" / "commits" / "0").exists()
