@@ -49,6 +49,7 @@ publish_buffer_bytes_max: Final = 1 << 20
 publish_buffers_bytes_max: Final = 8 << 20
 
 _log = logging.getLogger(__name__)
+_CONTINUE_TXN: Final = int(Flag.CONTINUE_TXN)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,16 @@ class RowShape:
     content_column: bool
     journal_column: bool
     journal: str
+
+
+def continue_uuid_text(producer: ProducerID, clock: int) -> str:
+    """`str(build_uuid(producer, clock, CONTINUE_TXN))`, formatted directly: a task does this
+    for every row it publishes, and building the UUID object first costs about as much again."""
+    return (
+        f"{(clock >> 4) & 0xFFFF_FFFF:08x}-{(clock >> 36) & 0xFFFF:04x}"
+        f"-{((clock >> 52) & 0x0FFF) | 0x1000:04x}"
+        f"-{((clock & 0xF) << 10) | _CONTINUE_TXN | 0x8000:04x}-{producer.hex()}"
+    )
 
 
 def ack_message(framing: JSONFraming, producer: ProducerID, clock: int) -> bytes:
@@ -189,7 +200,7 @@ async def publish_rows(
                 journal=shape.journal,
             )
             clock += 1
-            message[UUID_FIELD] = str(build_uuid(producer, clock, Flag.CONTINUE_TXN))
+            message[UUID_FIELD] = continue_uuid_text(producer, clock)
             written[journal] = None
             if buffers.add(journal, framing.marshal(message)) >= publish_buffer_bytes_max:
                 await buffers.flush(journal)

@@ -294,3 +294,14 @@ async def test_a_stream_of_micro_batches_uses_one_producer_per_partition(env: En
     walk = CommittedRange(env.client, journal, 0, head, ring_size=64)
     assert len([e async for lines in walk.read() for e in lines]) == 15
     assert len(walk.checkpoint().producers) == 3
+
+
+def test_continue_uuid_text_is_the_uuids() -> None:
+    from spark_integration.publish import continue_uuid_text
+
+    producer = producer_id(bytes.fromhex("01a2b3c4d5e6"))
+    now = clock_from_unix_nanos(time.time_ns())
+    for clock in (1, 0xF, 0x10, now, now + 17, (1 << 60) - 1, (1 << 64) - 1):
+        assert continue_uuid_text(producer, clock) == str(
+            build_uuid(producer, clock, Flag.CONTINUE_TXN)
+        )
