@@ -28,18 +28,21 @@ from spark_integration.journal_io import (
 from spark_integration.offsets import from_json
 from spark_integration.options import GazetteOptionError, ReadOptions
 from spark_integration.range_read import CommittedRange, read_uncommitted
+from spark_integration.range_start import check_boundary, start_checkpoint
 from spark_integration.rows import infer_samples_max, infer_schema, row_builder
 
 
 @dataclass(frozen=True)
 class JournalRange(InputPartition):  # type: ignore[misc]
     """A partition: [begin, end) of one journal. `checkpoint` (streaming, read-committed) is the
-    journal's offset JSON at `begin` (see offsets.py); None starts a fresh Sequencer."""
+    journal's offset JSON at `begin` (see offsets.py); None starts a Sequencer that learns what
+    was open at `begin` (range_start.py). Transactions begun before `origin` are skipped."""
 
     journal: str
     begin: int
     end: int
     checkpoint: dict[str, Any] | None = None
+    origin: int = 0
 
 
 async def plan_ranges(client: JournalClient, opts: ReadOptions) -> list[JournalRange]:
@@ -61,7 +64,10 @@ async def plan_ranges(client: JournalClient, opts: ReadOptions) -> list[JournalR
             raise GazetteOptionError(
                 "begin", f"offset {begin} of {name} is beyond its end {end} (the write head)"
             )
-        ranges.append(JournalRange(name, begin, end))
+        for option, offsets in (("begin", opts.begin), ("end", opts.end)):
+            if name in offsets:
+                await check_boundary(client, name, offsets[name], option)
+        ranges.append(JournalRange(name, begin, end, origin=begin))
     return ranges
 
 
@@ -74,14 +80,31 @@ async def read_range(
         async for envelopes in read_uncommitted(client, part.journal, part.begin, part.end):
             yield [build(env) for env in envelopes]
         return
-    checkpoint = None
-    if part.checkpoint is not None:
-        checkpoint = from_json({part.journal: part.checkpoint})[part.journal]
-    walk = CommittedRange(
-        client, part.journal, part.begin, part.end, ring_size=opts.ring_size, checkpoint=checkpoint
-    )
+    walk = await committed_range(client, opts, part)
     async for envelopes in walk.read():
         yield [build(env) for env in envelopes]
+
+
+async def committed_range(
+    client: JournalClient, opts: ReadOptions, part: JournalRange
+) -> CommittedRange:
+    """The read-committed walk of a partition, from its checkpoint: the streaming offset, or
+    what the look-back before `begin` learns (range_start.py)."""
+    if part.checkpoint is not None:
+        checkpoint = from_json({part.journal: part.checkpoint})[part.journal].checkpoint
+    else:
+        checkpoint = await start_checkpoint(
+            client, part.journal, part.begin, lookback=opts.lookback_bytes, ring_size=opts.ring_size
+        )
+    return CommittedRange(
+        client,
+        part.journal,
+        part.begin,
+        part.end,
+        ring_size=opts.ring_size,
+        checkpoint=checkpoint,
+        origin=part.origin,
+    )
 
 
 def read_partition(
@@ -103,9 +126,7 @@ def sample_schema(opts: ReadOptions) -> StructType:
     async def sample(client: JournalClient) -> list[bytes]:
         lines: list[bytes] = []
         for part in await plan_ranges(client, opts):
-            walk = CommittedRange(
-                client, part.journal, part.begin, part.end, ring_size=opts.ring_size
-            )
+            walk = await committed_range(client, opts, part)
             async for envelopes in walk.read():
                 lines.extend(env.message.line for env in envelopes)
                 if len(lines) >= infer_samples_max:

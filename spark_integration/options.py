@@ -5,33 +5,43 @@ checked here, when the DataFrame is defined (or the query starts), and a bad one
 `GazetteOptionError` naming the option and what was wrong with it: nothing has been read or
 written then. What the executors receive is the parsed form (plain, picklable values).
 
-Reads:
+Every option given must be one the reader or writer uses: an unknown one (a typo such as
+`isolaton`, or an option of another source such as Kafka's `maxOffsetsPerTrigger`) is an error
+that lists the valid options and suggests the closest. Spark passes option names lowercased;
+they are matched case-insensitively.
+
+Reads (batch and streaming):
     broker      host:port (or http://host:port) of any broker of the cluster        (required)
     journals    comma-separated journal names                       (this or selector)
     selector    a label selector, e.g. "app=orders,region in (eu, us)"   (this or journals)
-    begin, end  JSON {journal: offset}: where a batch read starts (default 0) and ends
-                (default: the write head when the read is planned)
     isolation   read_committed (default) or read_uncommitted
     format      raw (default: the content column holds the JSON line) or json (fields parsed)
-    startingOffsets   streaming: earliest (default), latest, or JSON {journal: offset}
     ringSize    the Sequencer's ring entries (default 8192)
-    producerHorizonSeconds   streaming: producers idle for longer are forgotten (default 1 day)
-    idleWaitMs  streaming: how long planning waits for an append when no journal has new data
+    lookbackBytes  how far before a start offset other than 0 a read-committed read looks to
+                learn which transactions were open there (default 16 MiB; see range_start.py)
+Batch reads only:
+    begin, end  JSON {journal: offset}: where a batch read starts (default 0) and ends
+                (default: the write head when the read is planned); message boundaries
+Streaming reads only:
+    startingOffsets   earliest (default), latest, or JSON {journal: offset}
+    producerHorizonSeconds   producers idle for longer are forgotten (default 1 day)
+    idleWaitMs  how long planning waits for an append when no journal has new data
                 (default 500; 0: do not wait)
 
 Writes:
     broker      as above                                                          (required)
     journal     the journal every row goes to (else each row's "journal" column)
-    sinkId      streaming: names the query's commit register (default: from checkpointLocation)
+Streaming writes also accept the options Spark itself passes on (checkpointLocation,
+queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
 
 from __future__ import annotations
 
-import hashlib
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from broker.client.route_cache import EndpointError, grpc_target
 from broker.protocol.selector import parse_selector
@@ -51,6 +61,27 @@ producer_horizon_s_default: Final = 86_400
 # (stream_read.py). The bound is how long a query's stop can take while it waits.
 idle_wait_ms_default: Final = 500
 idle_wait_ms_max: Final = 60_000
+# A read starting at an offset other than 0 reads up to this much before it to learn which
+# transactions were open there (range_start.py).
+lookback_bytes_default: Final = 16 << 20
+lookback_bytes_max: Final = 1 << 30
+
+_READ_OPTIONS: Final = ("broker", "journals", "selector", "isolation", "format", "ringSize")
+_READ_OPTIONS_ALL: Final = (*_READ_OPTIONS, "lookbackBytes")
+BATCH_READ_OPTIONS: Final = frozenset((*_READ_OPTIONS_ALL, "begin", "end"))
+STREAM_READ_OPTIONS: Final = frozenset(
+    (*_READ_OPTIONS_ALL, "startingOffsets", "producerHorizonSeconds", "idleWaitMs")
+)
+BATCH_WRITE_OPTIONS: Final = frozenset(("broker", "journal"))
+# Spark passes the query's checkpointLocation and queryName on to a streaming sink.
+STREAM_WRITE_OPTIONS: Final = frozenset((*BATCH_WRITE_OPTIONS, "checkpointLocation", "queryName"))
+# Options this data source once had, and what to do instead.
+_RETIRED: Final = {
+    "sinkid": "is no longer used: a streaming write is identified by its Spark query id, which"
+    " Spark keeps in the checkpoint (a restart keeps it, a new checkpoint is a new query): remove"
+    " the option",
+}
+ReadKind = Literal["batch", "stream", "any"]
 
 
 class GazetteOptionError(ValueError):
@@ -74,6 +105,7 @@ class ReadOptions:
     ring_size: int
     producer_horizon_s: int
     idle_wait_ms: int  # Streaming: bound of the wait for an append when idle; 0: no wait.
+    lookback_bytes: int  # Read before a start offset > 0 to learn the open transactions.
 
     @property
     def committed(self) -> bool:
@@ -84,7 +116,24 @@ class ReadOptions:
 class WriteOptions:
     broker: str
     journal: str  # "" when each row names its journal.
-    sink_id: str  # "" when neither sinkId nor checkpointLocation was given.
+
+
+def check_known(options: Mapping[str, str], known: Collection[str], what: str) -> None:
+    """Refuse an option that is not in `known`, naming the closest known one."""
+    by_lower = {name.lower(): name for name in known}
+    for given in options:
+        lowered = str(given).lower()
+        if lowered in by_lower:
+            continue
+        retired = _RETIRED.get(lowered)
+        if retired is not None:
+            raise GazetteOptionError(given, retired)
+        close = difflib.get_close_matches(lowered, list(by_lower), n=1, cutoff=0.6)
+        hint = f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+        raise GazetteOptionError(
+            given,
+            f"unknown option{hint}; the options of {what} are: {', '.join(sorted(known))}",
+        )
 
 
 def _get(options: Mapping[str, str], name: str) -> str:
@@ -160,7 +209,15 @@ def _journal_list(options: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(_journal_name("journals", n) for n in names)
 
 
-def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
+def parse_read_options(options: Mapping[str, str], kind: ReadKind = "any") -> ReadOptions:
+    """The options of a batch read, a streaming read, or either (`kind` "any": the schema, which
+    Spark asks for before it knows which)."""
+    if kind == "batch":
+        check_known(options, BATCH_READ_OPTIONS, "a batch read")
+    elif kind == "stream":
+        check_known(options, STREAM_READ_OPTIONS, "a streaming read")
+    else:
+        check_known(options, BATCH_READ_OPTIONS | STREAM_READ_OPTIONS, "a read")
     broker = parse_broker(options)
     journals = _journal_list(options)
     selector = _get(options, "selector")
@@ -215,23 +272,19 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
             options, "producerHorizonSeconds", producer_horizon_s_default, 0, 10 * 365 * 86_400
         ),
         idle_wait_ms=_int_option(options, "idleWaitMs", idle_wait_ms_default, 0, idle_wait_ms_max),
+        lookback_bytes=_int_option(
+            options, "lookbackBytes", lookback_bytes_default, 0, lookback_bytes_max
+        ),
     )
 
 
-def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
+    if streaming:
+        check_known(options, STREAM_WRITE_OPTIONS, "a streaming write")
+    else:
+        check_known(options, BATCH_WRITE_OPTIONS, "a batch write")
     broker = parse_broker(options)
     journal = _get(options, "journal")
     if journal:
         _journal_name("journal", journal)
-    sink_id = _get(options, "sinkId")
-    if sink_id:
-        if len(sink_id) > 64 or not all(c.isalnum() or c in "-_." for c in sink_id):
-            raise GazetteOptionError(
-                "sinkId", f"must be 1-64 letters, digits, '-', '_' or '.' (got {sink_id!r})"
-            )
-    else:
-        checkpoint = _get(options, "checkpointLocation")
-        if checkpoint:
-            # A query's checkpoint location is what makes it the same query across restarts.
-            sink_id = hashlib.sha1(checkpoint.encode()).hexdigest()[:16]
-    return WriteOptions(broker=broker, journal=journal, sink_id=sink_id)
+    return WriteOptions(broker=broker, journal=journal)

@@ -1,50 +1,67 @@
 """The task side of a write: publish a partition's rows as one uncommitted transaction.
 
-Each task attempt draws its own random ProducerID and publishes every row of its partition as a
-CONTINUE_TXN message (`Publisher.publish_uncommitted`) through an AppendService. Nothing of it
-is visible to read-committed readers yet. The task returns a `PublishedTxn` commit message: per
-journal, the framed ACK_TXN that commits the transaction (the Publisher's ACK intent, one clock
-past its last message) and one that rolls it back (the clock just before the producer's first
-message in that journal: a reader that saw the span begin treats an ACK of the clock it started
-from as "abandon the pending span"). The driver appends the former on commit, the latter on
-abort (see write.py). A task attempt that fails appends its own rollbacks, best effort; a task
-that dies leaves a pending span that no ACK will ever commit, which readers never deliver.
+A task publishes every row of its partition as a CONTINUE_TXN message of its producer
+(`TaskIdentity.producer`, sink_task.py), numbered from the write's base clock: nothing of it is
+visible to read-committed readers yet. Messages are framed into a buffer per journal and
+appended a buffer at a time (`publish_buffer_bytes_max`), each append whole or not at all and
+retried by `append` when that is safe. The task returns a `PublishedTxn` commit message: per
+journal, the framed ACK_TXN that commits its rows (one clock past its last message) and the one
+that rolls them back (at the base clock, below all of them). The driver appends the former on
+commit, the latter on abort (write.py, sink_commit.py). A task that fails appends its own
+rollbacks, best effort; a task that dies leaves a pending span that the driver rolls back
+(streaming: the producer is used again) or that no ACK will ever commit (a batch write's
+producer is used once).
+
+Streaming tasks fence their appends. Before its first append to a journal, a task reads the
+journal's registers, and every append it makes there requires the query's register to still
+hold what it read. The driver updates that register when it resolves the micro-batch, so an
+attempt that Spark gave up on but that still runs (a speculative copy, an executor it lost
+touch with) cannot append once the micro-batch is resolved: its appends fail with
+REGISTER_MISMATCH instead of leaving messages that a later ACK of its producer would commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from broker.client.append_service import AppendService
 from broker.client.appender import append
-from broker.client.async_append import AsyncAppend
 from broker.client.route_cache import JournalClient
-from broker.protocol import labels
+from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.status import RegisterMismatchError
 from gazette_consumer.message.json_framing import JSONFraming
-from gazette_consumer.message.mapping import Partition
-from gazette_consumer.message.publisher import Publisher
-from gazette_consumer.message.uuid import Flag, ProducerID, build_uuid, get_clock, new_producer_id
+from gazette_consumer.message.uuid import Flag, ProducerID, build_uuid
 from spark_integration.journal_io import run_with_client
 from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
 from spark_integration.rows import publish_row
+from spark_integration.sink_task import TaskIdentity, register_name
+
+# A journal's framed messages are appended once this many bytes are buffered; all buffers
+# together are flushed, largest first, once they hold `publish_buffers_bytes_max`.
+publish_buffer_bytes_max: Final = 1 << 20
+publish_buffers_bytes_max: Final = 8 << 20
 
 _log = logging.getLogger(__name__)
+_CONTINUE_TXN: Final = int(Flag.CONTINUE_TXN)
 
 
 @dataclass(frozen=True)
 class PublishedTxn(WriterCommitMessage):  # type: ignore[misc]
-    """What one task attempt published: its producer (hex), the number of rows, and per journal
-    the framed ACK that commits them and the one that rolls them back."""
+    """What one task attempt published: its identity, producer (hex) and base clock, the
+    number of rows, and per journal the framed ACK that commits them and the one that rolls
+    them back."""
 
+    task: TaskIdentity
     producer: str
+    base_clock: int
+    ack_clock: int  # The clock of the ACKs: one past the last message's.
     rows: int
     acks: dict[str, bytes] = field(default_factory=dict)
     rollbacks: dict[str, bytes] = field(default_factory=dict)
@@ -60,66 +77,158 @@ class RowShape:
     journal: str
 
 
-def _ack(framing: JSONFraming, producer: ProducerID, clock: int) -> bytes:
+def continue_uuid_text(producer: ProducerID, clock: int) -> str:
+    """`str(build_uuid(producer, clock, CONTINUE_TXN))`, formatted directly: a task does this
+    for every row it publishes, and building the UUID object first costs about as much again."""
+    return (
+        f"{(clock >> 4) & 0xFFFF_FFFF:08x}-{(clock >> 36) & 0xFFFF:04x}"
+        f"-{((clock >> 52) & 0x0FFF) | 0x1000:04x}"
+        f"-{((clock & 0xF) << 10) | _CONTINUE_TXN | 0x8000:04x}-{producer.hex()}"
+    )
+
+
+def ack_message(framing: JSONFraming, producer: ProducerID, clock: int) -> bytes:
+    """The framed ACK_TXN of `producer` at `clock`."""
     return framing.marshal(JSONRow({UUID_FIELD: str(build_uuid(producer, clock, Flag.ACK_TXN))}))
-
-
-def _mapping_to(journal: str) -> Callable[[Any], Partition]:
-    """The Publisher's mapping of a message to `journal` (the row chose it already)."""
-    partition = Partition(journal, labels.CONTENT_TYPE_JSON_LINES)
-    return lambda _message: partition
 
 
 async def append_acks(client: JournalClient, acks: dict[str, list[bytes]]) -> None:
     """Append each journal's ACKs, all of a journal in one append. A retried append may land
     twice: readers take a repeated ACK (the clock they last acknowledged) as a rollback of
-    whatever the producer began since, which is nothing: it publishes no more."""
+    whatever the producer began since, which is nothing: it publishes no more before the
+    driver resolves what it published."""
     await asyncio.gather(
         *(
             append(client, pb.AppendRequest(journal=journal), b"".join(pieces))
             for journal, pieces in acks.items()
+            if pieces
         )
     )
 
 
-async def _publish(client: JournalClient, shape: RowShape, rows: Iterator[Any]) -> PublishedTxn:
-    producer = new_producer_id()
-    framing = JSONFraming()
-    first_clock: dict[str, int] = {}
-    batches: dict[int, AsyncAppend] = {}  # The distinct batches our messages joined.
-    count = 0
-    async with AppendService(client) as service:
-        publisher = Publisher(service, producer_id=producer)
+async def read_registers(client: JournalClient, journal: str) -> pb.LabelSet:
+    """The journal's registers, as an append of nothing returns them."""
+    response = await append(client, pb.AppendRequest(journal=journal), b"")
+    return response.registers
+
+
+def fenced_request(journal: str, register: str, registers: pb.LabelSet) -> pb.AppendRequest:
+    """An append to `journal` that requires `register` to hold what `registers` (read before)
+    says it holds: the value it had, or none."""
+    value = gl.value_of(registers, register)
+    if value:
+        check = pb.LabelSelector(include=pb.LabelSet(labels=[pb.Label(name=register, value=value)]))
+    else:
+        check = pb.LabelSelector(exclude=pb.LabelSet(labels=[pb.Label(name=register)]))
+    return pb.AppendRequest(journal=journal, check_registers=check)
+
+
+class _Buffers:
+    """Framed messages per journal, appended a buffer at a time (fenced when streaming)."""
+
+    def __init__(self, client: JournalClient, task: TaskIdentity) -> None:
+        self._client = client
+        self._register = register_name(task.query) if task.streaming else ""
+        # The request of each journal appended to so far (with its fence, streaming).
+        self.requests: dict[str, pb.AppendRequest] = {}
+        self.pending: dict[str, bytearray] = {}
+        self.size = 0
+
+    def add(self, journal: str, frame: bytes) -> int:
+        """Buffer `frame`; return the journal's buffered bytes."""
+        buffer = self.pending.get(journal)
+        if buffer is None:
+            buffer = self.pending[journal] = bytearray()
+        buffer += frame
+        self.size += len(frame)
+        return len(buffer)
+
+    async def request(self, journal: str) -> pb.AppendRequest:
+        request = self.requests.get(journal)
+        if request is None:
+            request = pb.AppendRequest(journal=journal)
+            if self._register:
+                registers = await read_registers(self._client, journal)
+                request = fenced_request(journal, self._register, registers)
+            self.requests[journal] = request
+        return request
+
+    async def flush(self, journal: str) -> None:
+        buffer = self.pending.pop(journal, None)
+        if not buffer:
+            return
+        self.size -= len(buffer)
+        await append(self._client, await self.request(journal), bytes(buffer))
+
+    async def flush_largest(self) -> None:
+        await self.flush(max(self.pending, key=lambda j: len(self.pending[j])))
+
+    async def flush_all(self) -> None:
+        for journal in list(self.pending):
+            await self.flush(journal)
+
+
+async def _roll_back(client: JournalClient, buffers: _Buffers, rollback: bytes) -> None:
+    """A failed task's rollbacks, in the journals it appended to, fenced as its appends were:
+    once the micro-batch is resolved (a late failure of an attempt Spark gave up on), the
+    driver has rolled it back, and a rollback now could reach a later micro-batch's messages
+    of the same producer."""
+    for journal, request in buffers.requests.items():
         try:
-            for row in rows:
-                journal, message = publish_row(
-                    row,
-                    content_column=shape.content_column,
-                    journal_column=shape.journal_column,
-                    journal=shape.journal,
-                )
-                batch = await publisher.publish_uncommitted(_mapping_to(journal), message)
-                batches.setdefault(id(batch), batch)
-                if journal not in first_clock:
-                    first_clock[journal] = get_clock(message.get_uuid())  # type: ignore[arg-type]
-                count += 1
-            for batch in list(batches.values()):
-                await batch  # Raises the typed error of a batch that failed.
-        except BaseException:
-            rollbacks = {j: [_ack(framing, producer, c - 1)] for j, c in first_clock.items()}
-            try:
-                await append_acks(client, rollbacks)
-            except Exception as err:  # The task's own error is what matters.
-                _log.warning("gazette: rollback of a failed write task failed: %s", err)
-            raise
-        acks = publisher.build_ack_intents()
+            await append(client, request, rollback)
+        except RegisterMismatchError:
+            pass  # Resolved by the driver already.
+        except Exception as err:  # The task's own error is what matters.
+            _log.warning("gazette: rollback of a failed write task in %s failed: %s", journal, err)
+
+
+async def publish_rows(
+    client: JournalClient, shape: RowShape, rows: Iterator[Any], base_clock: int, task: TaskIdentity
+) -> PublishedTxn:
+    """Publish `rows` as task `task`'s transaction, numbered from `base_clock`."""
+    producer = task.producer()
+    framing = JSONFraming()
+    buffers = _Buffers(client, task)
+    written: dict[str, None] = {}  # Journals published to, in first-publish order.
+    clock = base_clock
+    try:
+        for row in rows:
+            journal, message = publish_row(
+                row,
+                content_column=shape.content_column,
+                journal_column=shape.journal_column,
+                journal=shape.journal,
+            )
+            clock += 1
+            message[UUID_FIELD] = continue_uuid_text(producer, clock)
+            written[journal] = None
+            if buffers.add(journal, framing.marshal(message)) >= publish_buffer_bytes_max:
+                await buffers.flush(journal)
+            elif buffers.size >= publish_buffers_bytes_max:
+                await buffers.flush_largest()
+        await buffers.flush_all()
+    except BaseException:
+        await _roll_back(client, buffers, ack_message(framing, producer, base_clock))
+        raise
+    rollback = ack_message(framing, producer, base_clock)
     return PublishedTxn(
+        task=task,
         producer=producer.hex(),
-        rows=count,
-        acks=acks,
-        rollbacks={j: _ack(framing, producer, c - 1) for j, c in first_clock.items()},
+        base_clock=base_clock,
+        ack_clock=clock + 1,
+        rows=clock - base_clock,
+        acks=dict.fromkeys(written, ack_message(framing, producer, clock + 1)),
+        rollbacks=dict.fromkeys(written, rollback),
     )
 
 
-def publish_partition(opts: WriteOptions, shape: RowShape, rows: Iterator[Any]) -> PublishedTxn:
-    return run_with_client(opts.broker, lambda client: _publish(client, shape, rows))
+def publish_partition(
+    opts: WriteOptions, shape: RowShape, rows: Iterator[Any], base_clock: int, *, streaming: bool
+) -> PublishedTxn:
+    """Publish a task's rows (see the module docstring); `streaming` for a stream writer's
+    task (a batch writer's tasks publish under producers of their own, even in a streaming
+    query's foreachBatch)."""
+    task = TaskIdentity.current(streaming)
+    return run_with_client(
+        opts.broker, lambda client: publish_rows(client, shape, rows, base_clock, task)
+    )

@@ -4,7 +4,9 @@ A Spark partition is such a range: it must read the same messages whenever it is
 it reads exactly to `end` and never blocks at the head.
 
 Read-uncommitted, every message framed in the range is returned, ACKs, duplicates and
-transactions that never commit included.
+transactions that never commit included. Content that does not frame as JSON lines (a message
+cut by a bad offset, a line over the size limit) fails the read with `GazetteJournalError`
+naming its offsets: a Spark read never skips content silently.
 
 Read-committed, the range goes through a `Sequencer` started from a `SequencerCheckpoint` of
 the journal at `begin` (producers' last ACK clocks and the begin offsets of their pending
@@ -15,6 +17,10 @@ Sequencer then asks for that span to be replayed, and it is re-read from the jou
 by `Replay`. `scan_committed` is the same walk that keeps no messages, to compute the checkpoint
 at `end` (streaming plans with it); there a replay is not read: only the state after the ACK
 matters, and the ACK alone determines it (the producer's state is reset to the ACK's clock).
+
+`origin` is where the reader started reading the journal (a batch read's `begin`, a streaming
+query's starting offset): a transaction that began before it is skipped whole when its ACK
+commits it, never delivered in part (range_start.py says how the reader knows).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from gazette_consumer.sequencer.types import (
     JournalProducer,
     SequencerCheckpoint,
 )
+from spark_integration.journal_io import GazetteJournalError
 from spark_integration.raw_json import new_decoder
 
 # Envelopes are handed on a Read chunk's worth (at most 128 KiB of content) at a time.
@@ -41,9 +48,10 @@ Envelopes = list[Envelope[Any]]
 
 
 async def read_uncommitted(
-    client: JournalClient, journal: str, begin: int, end: int
+    client: JournalClient, journal: str, begin: int, end: int, *, strict: bool = True
 ) -> AsyncIterator[Envelopes]:
-    """The envelopes of [begin, end) in journal order, a chunk's worth at a time."""
+    """The envelopes of [begin, end) in journal order, a chunk's worth at a time. `strict`:
+    content that does not frame fails the read (else it is skipped, and logged)."""
     if end <= begin:
         return
     decoder = new_decoder(journal, begin)
@@ -55,6 +63,12 @@ async def read_uncommitted(
             envelopes = (
                 decoder.feed(chunk.content, chunk.offset) if chunk.content else decoder.flush()
             )
+            if strict and decoder.skipped_bytes:
+                raise GazetteJournalError(
+                    f"journal {journal!r}: content in [{begin}, {end}) that is not whole JSON"
+                    f" lines, before offset {decoder.through} (a message cut short, or longer"
+                    " than the limit)"
+                )
             if envelopes:
                 yield envelopes
             if decoder.error is not None:
@@ -80,6 +94,8 @@ class CommittedRange:
         ring_size: int,
         checkpoint: SequencerCheckpoint | None = None,
         replay: bool = True,
+        origin: int = 0,
+        strict: bool = True,
     ) -> None:
         if checkpoint is None:
             checkpoint = SequencerCheckpoint(read_through={journal: begin})
@@ -87,6 +103,8 @@ class CommittedRange:
         self._journal = journal
         self._begin = begin
         self._end = end
+        self._origin = origin
+        self._strict = strict
         self._seq: Sequencer[Envelope[Any]] = Sequencer(ring_size, checkpoint)
         self._replay_wanted = replay
         self.replays = 0
@@ -106,7 +124,7 @@ class CommittedRange:
         # commits them (the property tests hold these to the general protocol).
         seq = self._seq
         async for envelopes in read_uncommitted(
-            self._client, self._journal, self._begin, self._end
+            self._client, self._journal, self._begin, self._end, strict=self._strict
         ):
             out: Envelopes = []
             pending = deque(envelopes)
@@ -127,6 +145,11 @@ class CommittedRange:
                 if seq.replay_required is None:
                     committed = seq.dequeue_all()
                     out.extend(env for env in committed if env.flags != FLAG_ACK_TXN)
+                    continue
+                if seq.replay_required.begin < self._origin:
+                    # Begun before the reader's origin: skipped whole (the module docstring).
+                    seq.replay(())
+                    await self._dequeue(None, _drop)
                     continue
                 await self._dequeue(self._start_replay(committing), out.append)
             if out:
@@ -169,6 +192,10 @@ class CommittedRange:
         return replay
 
 
+def _drop(_env: Envelope[Any]) -> None:
+    pass
+
+
 async def scan_committed(
     client: JournalClient,
     journal: str,
@@ -178,10 +205,18 @@ async def scan_committed(
     ring_size: int,
     checkpoint: SequencerCheckpoint,
     horizon_clock: int,
+    strict: bool = True,
 ) -> SequencerCheckpoint:
     """The Sequencer's checkpoint of `journal` at `end`, walking from `checkpoint` at `begin`."""
     walk = CommittedRange(
-        client, journal, begin, end, ring_size=ring_size, checkpoint=checkpoint, replay=False
+        client,
+        journal,
+        begin,
+        end,
+        ring_size=ring_size,
+        checkpoint=checkpoint,
+        replay=False,
+        strict=strict,
     )
     async for _ in walk.read():
         pass

@@ -50,13 +50,15 @@ class GazetteDataSource(DataSource):  # type: ignore[misc]
         return META_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return GazetteBatchReader(parse_read_options(self.options), schema)
+        return GazetteBatchReader(parse_read_options(self.options, "batch"), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return GazetteStreamReader(parse_read_options(self.options), schema)
+        return GazetteStreamReader(parse_read_options(self.options, "stream"), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return GazetteBatchWriter(parse_write_options(self.options), schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return GazetteStreamWriter(parse_write_options(self.options), schema, overwrite)
+        return GazetteStreamWriter(
+            parse_write_options(self.options, streaming=True), schema, overwrite
+        )

@@ -36,6 +36,11 @@ what Kafka's source does in its poll. Trigger.AvailableNow never waits.
 
 A selector is re-evaluated at every micro-batch: journals it newly matches are read from their
 beginning. `Trigger.AvailableNow` reads up to the write heads of when the query started.
+
+Where the query starts a journal (startingOffsets) is its origin, kept in every offset: starting
+at an offset other than 0, `initialOffset` learns the producers open there (range_start.py),
+and the transactions they began before the origin are skipped when they commit, however many
+micro-batches later (range_read.py).
 """
 
 from __future__ import annotations
@@ -51,7 +56,6 @@ from pyspark.sql.types import StructType
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.clock import clock_from_unix_nanos
-from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
 from spark_integration.batch_read import JournalRange, read_partition
 from spark_integration.journal_io import (
@@ -61,8 +65,10 @@ from spark_integration.journal_io import (
     wait_for_append,
     write_heads,
 )
-from spark_integration.options import ReadOptions
+from spark_integration.offsets import JournalOffset
+from spark_integration.options import GazetteOptionError, ReadOptions
 from spark_integration.range_read import scan_committed
+from spark_integration.range_start import check_boundary, start_checkpoint
 
 
 class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
@@ -78,21 +84,44 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         return await resolve_journals(client, self.opts.journals, self.opts.selector)
 
     def initialOffset(self) -> dict[str, Any]:
-        async def plan(client: JournalClient) -> dict[str, int]:
+        """Where the query starts reading each journal: its origin. Starting at an offset other
+        than 0, read-committed, the offset also holds the producers open there (range_start.py),
+        whose transactions are skipped."""
+
+        async def start_at(client: JournalClient, journal: str, offset: int) -> JournalOffset:
+            if not offset or not self.opts.committed:
+                return JournalOffset.at(journal, offset, offset)
+            checkpoint = await start_checkpoint(
+                client,
+                journal,
+                offset,
+                lookback=self.opts.lookback_bytes,
+                ring_size=self.opts.ring_size,
+            )
+            return JournalOffset(checkpoint, offset)
+
+        async def plan(client: JournalClient) -> dict[str, JournalOffset]:
             names = [s.name for s in await self._journals(client)]
             if not names:
                 raise GazetteJournalError(f"selector {self.opts.selector!r} matches no journal")
             starting = self.opts.starting
             if starting == "latest":
-                return await write_heads(client, names)
-            if isinstance(starting, Mapping):
-                return offsets.starting_offsets(starting, names)
-            return dict.fromkeys(names, 0)
+                start = await write_heads(client, names)
+            elif isinstance(starting, Mapping):
+                start = offsets.starting_offsets(starting, names)
+                heads = await write_heads(client, [j for j, o in start.items() if o])
+                for journal, head in heads.items():
+                    if start[journal] > head:
+                        raise GazetteOptionError(
+                            "startingOffsets",
+                            f"offset {start[journal]} of {journal} is beyond its write head {head}",
+                        )
+                    await check_boundary(client, journal, start[journal], "startingOffsets")
+            else:
+                start = dict.fromkeys(names, 0)
+            return {j: await start_at(client, j, offset) for j, offset in start.items()}
 
-        start = run_with_client(self.opts.broker, plan)
-        return offsets.to_json(
-            {j: SequencerCheckpoint(read_through={j: offset}) for j, offset in start.items()}
-        )
+        return offsets.to_json(run_with_client(self.opts.broker, plan))
 
     def prepareForTriggerAvailableNow(self) -> None:
         async def heads(client: JournalClient) -> dict[str, int]:
@@ -116,8 +145,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         wait_s = 0.0 if self._available_now is not None else self.opts.idle_wait_ms / 1000
 
         def begin_of(journal: str) -> int:
-            cp = starts.get(journal)
-            return cp.read_through[journal] if cp is not None else 0
+            entry = starts.get(journal)
+            return entry.offset(journal) if entry is not None else 0
 
         async def look(client: JournalClient) -> dict[str, int]:
             names = [s.name for s in await self._journals(client)]
@@ -126,42 +155,44 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 heads = {j: min(h, self._available_now.get(j, 0)) for j, h in heads.items()}
             return heads
 
-        async def plan(client: JournalClient) -> dict[str, SequencerCheckpoint]:
+        async def plan(client: JournalClient) -> dict[str, JournalOffset]:
             heads = await look(client)
             # A selector matching no journal gives nothing to wait on: answer at once.
             if wait_s and heads and all(h <= begin_of(j) for j, h in heads.items()):
                 await wait_for_append(client, heads, wait_s)
                 heads = await look(client)
-            out: dict[str, SequencerCheckpoint] = {}
+            out: dict[str, JournalOffset] = {}
             for journal, head in heads.items():
-                cp = starts.get(journal) or SequencerCheckpoint(read_through={journal: 0})
-                begin = cp.read_through[journal]
+                entry = starts.get(journal) or JournalOffset.at(journal, 0)  # Newly matched.
+                begin = entry.offset(journal)
                 if head <= begin:
-                    out[journal] = cp
+                    out[journal] = entry
                 elif self.opts.committed:
-                    out[journal] = await scan_committed(
+                    checkpoint = await scan_committed(
                         client,
                         journal,
                         begin,
                         head,
                         ring_size=self.opts.ring_size,
-                        checkpoint=cp,
+                        checkpoint=entry.checkpoint,
                         horizon_clock=horizon,
                     )
+                    out[journal] = JournalOffset(checkpoint, entry.origin)
                 else:
-                    out[journal] = SequencerCheckpoint(read_through={journal: head})
+                    out[journal] = JournalOffset.at(journal, head, entry.origin)
             return out
 
         return offsets.to_json(run_with_client(self.opts.broker, plan))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begins = offsets.read_through(start)
+        starts = offsets.from_json(start)
         parts: list[InputPartition] = []
         for journal, stop in offsets.read_through(end).items():
-            begin = begins.get(journal, 0)
+            entry = starts.get(journal) or JournalOffset.at(journal, 0)
+            begin = entry.offset(journal)
             if stop > begin:
                 checkpoint = start.get(journal) if self.opts.committed else None
-                parts.append(JournalRange(journal, begin, stop, checkpoint))
+                parts.append(JournalRange(journal, begin, stop, checkpoint, entry.origin))
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:

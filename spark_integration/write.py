@@ -9,40 +9,30 @@ will ever commit. Either way read-committed readers see nothing of an aborted wr
 Speculative or retried task attempts publish under producers of their own, and only the attempt
 whose commit message reaches the driver is acknowledged.
 
-Streaming (`GazetteStreamWriter`): the same per micro-batch, plus one rule for replays. After a
-failure Spark may run a micro-batch again, with the same batch id, although the first run's
-commit had already reached the journals (the driver died before recording it). The replay
-publishes the rows again under new producers; its commit must not acknowledge them. So the ACKs
-of a micro-batch are appended, per journal, in one append conditioned on the journal's
-*register* `gazette.spark/<sinkId>`: the append requires that the register does not already
-hold this batch id, and sets it to this batch id, atomically with the ACKs (Gazette checks and
-updates registers within the append transaction). A replayed commit finds its batch id there
-and leaves them pending, never delivered. Spark only ever replays the last micro-batch it ran, so the
-register needs to hold one batch id per sink. `sinkId` defaults to a hash of the query's
-checkpointLocation: the same query keeps the same register across restarts.
+Streaming (`GazetteStreamWriter`): the same per micro-batch, under producers reused from one
+micro-batch to the next (sink_task.py), committed through the query's register in each journal
+so that a micro-batch is committed once whichever runs of the query ran it (sink_commit.py).
+Spark builds a new stream writer for each micro-batch it plans: that is when the micro-batch's
+base clock is taken.
 """
 
 from __future__ import annotations
 
-import logging
+import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Final
+from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StringType, StructType
 
-from broker.client.appender import append
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import JournalNotFoundError, RegisterMismatchError
+from broker.protocol.status import JournalNotFoundError
+from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration.journal_io import GazetteJournalError, check_json_lines, run_with_client
 from spark_integration.options import GazetteOptionError, WriteOptions
 from spark_integration.publish import PublishedTxn, RowShape, append_acks, publish_partition
-
-REGISTER_PREFIX: Final = "gazette.spark/"
-
-_log = logging.getLogger(__name__)
+from spark_integration.sink_commit import BatchTxns, abort_batch, commit_batch
 
 
 def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
@@ -86,16 +76,21 @@ def _group(messages: Sequence[WriterCommitMessage | None], field: str) -> dict[s
     return out
 
 
+def _base_clock() -> int:
+    return clock_from_unix_nanos(time.time_ns())
+
+
 class GazetteBatchWriter(DataSourceWriter):  # type: ignore[misc]
     def __init__(self, opts: WriteOptions, schema: StructType, overwrite: bool) -> None:
         if overwrite:
             raise GazetteOptionError("mode", "journals are append-only: use mode('append')")
         self.opts = opts
         self.shape = row_shape(opts, schema)
+        self.base_clock = _base_clock()
         _check_journal(opts)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return publish_partition(self.opts, self.shape, iterator)
+        return publish_partition(self.opts, self.shape, iterator, self.base_clock, streaming=False)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         acks = _group(messages, "acks")
@@ -108,52 +103,22 @@ class GazetteBatchWriter(DataSourceWriter):  # type: ignore[misc]
 
 class GazetteStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
     def __init__(self, opts: WriteOptions, schema: StructType, overwrite: bool) -> None:
-        if not opts.sink_id:
-            raise GazetteOptionError(
-                "sinkId",
-                "is required for a streaming write (or option 'checkpointLocation'): it names"
-                " the register that keeps a replayed micro-batch from committing twice",
-            )
         if overwrite:
             raise GazetteOptionError("outputMode", "journals are append-only: use append")
         self.opts = opts
         self.shape = row_shape(opts, schema)
-        self.register = REGISTER_PREFIX + opts.sink_id
+        self.base_clock = _base_clock()
         _check_journal(opts)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return publish_partition(self.opts, self.shape, iterator)
+        return publish_partition(self.opts, self.shape, iterator, self.base_clock, streaming=True)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        acks = _group(messages, "acks")
-
-        async def commit(client: JournalClient) -> None:
-            for journal, pieces in acks.items():
-                if not await self._append_once(client, journal, b"".join(pieces), batchId):
-                    # The replay's own messages stay pending, never delivered. No rollback:
-                    # when the mismatch is our own retried append landing twice, a rollback
-                    # would reach readers as an ACK older than the one that committed.
-                    _log.info("gazette: micro-batch %d already committed to %s", batchId, journal)
-
-        run_with_client(self.opts.broker, commit)
-
-    async def _append_once(
-        self, client: JournalClient, journal: str, acks: bytes, batch_id: int
-    ) -> bool:
-        """Append `acks` unless the journal's register says `batch_id` was committed; say
-        whether they were appended."""
-        label = pb.Label(name=self.register, value=str(batch_id))
-        request = pb.AppendRequest(
-            journal=journal,
-            check_registers=pb.LabelSelector(exclude=pb.LabelSet(labels=[label])),
-            union_registers=pb.LabelSet(labels=[label]),
-        )
-        try:
-            await append(client, request, acks)
-        except RegisterMismatchError:
-            return False
-        return True
+        txns = BatchTxns.of(messages, batchId)
+        if txns is not None:
+            run_with_client(self.opts.broker, lambda client: commit_batch(client, txns))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        rollbacks = _group(messages, "rollbacks")
-        run_with_client(self.opts.broker, lambda client: append_acks(client, rollbacks))
+        txns = BatchTxns.of(messages, batchId)
+        if txns is not None:
+            run_with_client(self.opts.broker, lambda client: abort_batch(client, txns))

@@ -33,7 +33,7 @@ class Partial:
     A partial without a pending span (`begin` -1) links no ring entry.
     """
 
-    __slots__ = ("begin", "max_clock", "min_clock", "ring_start", "ring_stop")
+    __slots__ = ("begin", "max_clock", "min_clock", "presumed", "ring_start", "ring_stop")
 
     def __init__(self, min_clock: int, begin: int) -> None:
         self.min_clock = min_clock  # Exclusive: clocks up to here are delivered or acked.
@@ -41,11 +41,15 @@ class Partial:
         self.begin = begin  # Offset to replay the pending span from, or -1.
         self.ring_start = -1  # First ring index of the span's linked entries, or -1.
         self.ring_stop = -1  # Last ring index of the span's linked entries, or -1.
+        # True while `min_clock` is only presumed (the producer was first seen mid-span, not
+        # at an ACK): an older ACK then rolls back what was seen, and regresses nothing.
+        self.presumed = False
 
     def reset(self, clock: int) -> None:
         """Forget any pending span; `clock` becomes the last acknowledged clock."""
         self.min_clock = self.max_clock = clock
         self.begin = self.ring_start = self.ring_stop = -1
+        self.presumed = False
 
 
 class SpanRing(Generic[E]):

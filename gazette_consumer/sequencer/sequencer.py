@@ -213,6 +213,7 @@ class Sequencer(Generic[E]):
         if partial is None:
             # First sight of this producer: everything before this clock is presumed seen.
             partial = self._partials[key] = Partial(env.clock - 1, -1)
+            partial.presumed = True
 
         outcome = self._classify(env, partial)
         self._apply(outcome, env, partial)
@@ -509,6 +510,11 @@ class Sequencer(Generic[E]):
             return _CONTINUE_EXTEND_SPAN
 
         if flags == FLAG_ACK_TXN:
+            if clock < partial.min_clock and partial.presumed:
+                # The reader started inside this producer's span (its bound is presumed from
+                # the first clock seen): the ACK rolls back a transaction begun before that
+                # start, of which only the tail was seen. Nothing regressed: no error.
+                return _ACK_ROLLBACK
             if clock < partial.min_clock:
                 # An upstream consumer restored a checkpoint older than its furthest progress and
                 # is re-sending its ACKs. Gazette accepts the older clock as the new bound rather

@@ -3,7 +3,8 @@
 The JVM takes 10-20 s to start, so the session is shared (session scope); each test uses journals
 of its own. The broker is `gazette serve` on loopback with its embedded keyspace. Spark's Python
 workers are separate processes: they find the repository through PYTHONPATH and run the venv's
-interpreter.
+interpreter. The master, local[2,3], runs two tasks at a time and gives a failed task three
+attempts, as a cluster would retry it (test_spark_sink.py fails a task once on purpose).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def spark() -> Iterator[object]:
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
+        pyspark_sql.SparkSession.builder.master("local[2,3]")
         .appName("gazette-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -169,3 +169,43 @@ def reader(spark: Any, broker: str, **options: str) -> Any:
     for k, v in options.items():
         r = r.option(k, v)
     return r
+
+
+def committed_texts(broker: str, journal: str) -> list[str]:
+    """The "text" fields of the journal's committed messages, in journal order of delivery:
+    the whole journal read raw and put through a Sequencer by its general protocol, apart from
+    the data source's own read path."""
+    from gazette_consumer.message.uuid import get_clock, get_producer_id
+    from gazette_consumer.sequencer import RING_SIZE_MAX, SeqEnvelope, Sequencer
+
+    envelopes: list[SeqEnvelope] = []
+    offset = 0
+    for line in read_all(broker, journal).splitlines(keepends=True):
+        body = json.loads(line)
+        u = uuid.UUID(body["UUID"])
+        text = body.get("text")
+        envelopes.append(
+            SeqEnvelope(
+                journal,
+                offset,
+                offset + len(line),
+                bytes(get_producer_id(u)),
+                get_clock(u),
+                get_flags(u),
+                text,
+            )
+        )
+        offset += len(line)
+    seq: Sequencer[SeqEnvelope] = Sequencer(min(RING_SIZE_MAX, len(envelopes) + 1))
+    out: list[str] = []
+    for env in envelopes:
+        seq.queue_uncommitted(env)
+        required = seq.replay_required
+        if required is not None:
+            seq.replay(e for e in envelopes if required.begin <= e.begin < required.end)
+        while seq.step():
+            dequeued = seq.dequeued
+            assert dequeued is not None
+            if not dequeued.is_ack:
+                out.append(str(dequeued.message))
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -54,9 +55,49 @@ def test_read_options_are_validated(options: dict[str, str], message: str) -> No
 def test_write_options_are_validated() -> None:
     with pytest.raises(GazetteOptionError, match="option 'broker': is required"):
         parse_write_options({"journal": "aa/b"})
-    with pytest.raises(GazetteOptionError, match="option 'sinkId': must be"):
-        parse_write_options({"broker": "h:1", "sinkId": "has space"})
-    assert parse_write_options({"broker": "h:1", "checkpointLocation": "/x"}).sink_id
+    # What Spark passes on to a streaming sink is accepted there, and only there.
+    spark_given = {"broker": "h:1", "checkpointlocation": "/x", "queryname": "q"}
+    assert parse_write_options(spark_given, streaming=True).broker == "h:1"
+    with pytest.raises(GazetteOptionError, match="option 'checkpointlocation': unknown option"):
+        parse_write_options(spark_given)
+    with pytest.raises(GazetteOptionError, match="option 'sinkId': is no longer used"):
+        parse_write_options({"broker": "h:1", "sinkId": "s"}, streaming=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "given", "message"),
+    [
+        ("batch", "isolaton", "unknown option (did you mean 'isolation'?)"),
+        ("stream", "ISOLATON", "unknown option (did you mean 'isolation'?)"),  # Spark lowercases.
+        (
+            "stream",
+            "maxOffsetsPerTrigger",
+            "unknown option; the options of a streaming read are: broker, format,",
+        ),
+        (
+            "batch",
+            "startingOffsets",
+            "unknown option; the options of a batch read are: begin, broker, end,",
+        ),
+        ("stream", "begin", "unknown option; the options of a streaming read"),
+        ("any", "path", "unknown option; the options of a read are"),
+    ],
+)
+def test_unknown_read_options_are_refused(kind: str, given: str, message: str) -> None:
+    options = {"broker": "h:1", "journals": "aa/b", given: "1"}
+    with pytest.raises(GazetteOptionError, match=re.escape(f"option {given!r}: {message}")):
+        parse_read_options(options, kind)  # type: ignore[arg-type]
+
+
+def test_unknown_write_options_are_refused() -> None:
+    with pytest.raises(
+        GazetteOptionError, match=r"'journals': unknown option \(did you mean 'journal'"
+    ):
+        parse_write_options({"broker": "h:1", "journals": "aa/b"})
+    with pytest.raises(
+        GazetteOptionError, match="are: broker, checkpointLocation, journal, queryName"
+    ):
+        parse_write_options({"broker": "h:1", "path": "/tmp/x"}, streaming=True)
 
 
 def test_malformed_stream_offsets_are_refused() -> None:
@@ -111,6 +152,8 @@ def test_bad_input_against_the_broker(broker) -> None:  # type: ignore[no-untype
         GazetteDataSource({"broker": broker, "journal": missing}).writer(schema, False)
     with pytest.raises(GazetteOptionError, match="journals are append-only"):
         GazetteDataSource({"broker": broker, "journal": journal}).writer(schema, True)
-    with pytest.raises(GazetteOptionError, match="option 'sinkId': is required for a streaming"):
-        GazetteDataSource({"broker": broker, "journal": journal}).streamWriter(schema, False)
+    with pytest.raises(GazetteOptionError, match="option 'sinkId': is no longer used"):
+        GazetteDataSource({"broker": broker, "journal": journal, "sinkId": "s"}).streamWriter(
+            schema, False
+        )
     assert read_all(broker, journal) == b""

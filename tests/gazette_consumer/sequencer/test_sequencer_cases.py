@@ -3,6 +3,8 @@ eviction, mixed flags and zero clocks."""
 
 from __future__ import annotations
 
+import structlog
+
 from gazette_consumer.sequencer import (
     FLAG_ACK_TXN,
     FLAG_CONTINUE_TXN,
@@ -220,3 +222,29 @@ def test_clock_reuse_after_rollback() -> None:
         Q.ACK_COMMIT_RING,
     ]
     assert drain(seq) == [b9, b10_ack]
+
+
+def test_ack_older_than_a_presumed_bound_is_a_quiet_rollback() -> None:
+    """A reader that starts inside a producer's transaction presumes everything before the
+    first clock it sees was acknowledged. An ACK older than that presumption is the rollback
+    of the transaction it saw the tail of, not a regression of the producer: the span is
+    dropped, without the error a real regression is logged with."""
+    seq, gen = Sequencer(8), Gen()
+    a5, a6, a2_ack, a7 = gen(A, 5, CONT), gen(A, 6, CONT), gen(A, 2, ACK), gen(A, 7, OUT)
+
+    with structlog.testing.capture_logs() as logs:
+        assert queue(seq, a5, a6, a2_ack) == [
+            Q.CONTINUE_BEGIN_SPAN,
+            Q.CONTINUE_EXTEND_SPAN,
+            Q.ACK_ROLLBACK,
+        ]
+        assert drain(seq) == []
+        assert queue(seq, a7) == [Q.OUTSIDE_COMMIT]
+        assert drain(seq) == [a7]
+    assert logs == []
+
+    # Once an ACK was read, the bound is known: an older ACK is a regression again.
+    a1_ack = gen(A, 1, ACK)
+    with structlog.testing.capture_logs() as logs:
+        assert queue(seq, a1_ack) == [Q.ACK_ROLLBACK]
+    assert [entry["log_level"] for entry in logs] == ["error"]

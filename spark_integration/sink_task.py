@@ -1,0 +1,129 @@
+"""Who writes: the identity of a write task, the ProducerID it publishes under, and the register
+and register value that record a streaming sink's progress in a journal (sans-IO).
+
+A streaming write is identified by Spark's query id: Spark keeps it in the checkpoint, so a
+restart from the checkpoint is the same query, and a query started on a new (or deleted)
+checkpoint is another one. Within it, Spark's run id names one start of the query, and each
+micro-batch is run by tasks (one per partition, retried under new attempt numbers). Spark puts
+all of these in every task's local properties, where `TaskIdentity.current()` reads them.
+
+Producers. Gazette readers keep state per ProducerID (its last acknowledged clock), so a sink
+that minted a new producer per task and micro-batch would grow every reader's state without
+bound. Instead the first attempt of partition k publishes, in every micro-batch of a run,
+under one producer derived from (query, run, k); its transactions follow each other, each
+committed or rolled back by the driver before the next micro-batch starts. A retry (attempt
+> 0) publishes under a producer of its own, derived from the micro-batch too, used once: so
+attempts that overlap (speculation, an attempt Spark gave up on but that still runs) never
+share a producer. A new run starts with new producers, so nothing a crashed run left pending
+can ever be committed by the next one. A stream reading the sink's output thus remembers about
+one producer per partition per run, plus one per retried task.
+
+Clocks. Every task of micro-batch B numbers its messages from the same base clock T_B (taken
+by the driver when it plans B's write, from the wall clock): message i of a task has clock
+T_B + 1 + i, and its ACK the clock after its last message. "ACK at T_B" is then a clean
+rollback of whatever any attempt of B published under a producer: below every message of B
+(they are not committed) and not below the producer's last ACK (bounded by the previous
+micro-batch's clocks, which the driver checks: `SinkMark.high_clock`).
+
+Register. In each journal it writes to, a streaming query keeps one register,
+`gazette.spark/<query id>`, whose value (`SinkMark`) says which micro-batch the query last
+resolved there, by which run, the highest clock that run used there, and when (for pruning).
+sink_commit.py reads and updates it atomically with the ACKs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Final
+
+from gazette_consumer.message.uuid import ProducerID, new_producer_id
+
+# Spark's local properties of a streaming micro-batch's tasks.
+QUERY_ID_PROPERTY: Final = "sql.streaming.queryId"
+BATCH_ID_PROPERTY: Final = "streaming.sql.batchId"
+RUN_ID_PROPERTY: Final = "spark.jobGroup.id"  # Streaming sets the job group to the run id.
+
+REGISTER_PREFIX: Final = "gazette.spark/"
+# A register of a query that resolved nothing for this long is pruned by other queries'
+# commits to the same journal (registers would otherwise pile up, one per query ever run). A
+# query stopped for longer that replays its last micro-batch on restart would commit it again.
+stale_register_s: Final = 30 * 86_400
+
+
+class GazetteSinkError(RuntimeError):
+    """A streaming write cannot be committed safely; nothing of the micro-batch was committed."""
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """A write task: its query, run and micro-batch (streaming; "" and -1 for a batch write),
+    and its partition and attempt."""
+
+    query: str
+    run: str
+    batch: int
+    partition: int
+    attempt: int
+
+    @classmethod
+    def current(cls, streaming: bool) -> TaskIdentity:
+        """The identity of the Spark task this runs in: of a streaming write's task if
+        `streaming` (and Spark says which query and micro-batch), else a batch write's."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None:  # Not in a Spark task (a direct call).
+            return cls("", "", -1, 0, 0)
+        if not streaming:
+            return cls("", "", -1, context.partitionId(), context.attemptNumber())
+        query = context.getLocalProperty(QUERY_ID_PROPERTY) or ""
+        batch_text = context.getLocalProperty(BATCH_ID_PROPERTY) or ""
+        batch = int(batch_text) if query and batch_text.isdigit() else -1
+        run = (context.getLocalProperty(RUN_ID_PROPERTY) or "") if query else ""
+        return cls(query, run, batch, context.partitionId(), context.attemptNumber())
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.query) and self.batch >= 0
+
+    def producer(self) -> ProducerID:
+        """The ProducerID this task publishes under (see the module docstring)."""
+        if not self.streaming:
+            return new_producer_id()  # A batch write: one transaction per producer.
+        if self.attempt == 0 and self.run:
+            key = f"{self.query}\0{self.run}\0{self.partition}"
+        else:
+            # A retry, or no run id to keep producers from outliving a run: used once.
+            key = f"{self.query}\0{self.run}\0{self.partition}\0{self.attempt}\0{self.batch}"
+        digest = hashlib.sha256(key.encode()).digest()
+        return new_producer_id(lambda n: digest[:n])
+
+
+def register_name(query: str) -> str:
+    return REGISTER_PREFIX + query
+
+
+@dataclass(frozen=True)
+class SinkMark:
+    """A query's register value in one journal: micro-batch `batch` was resolved there by run
+    `run` (its rows committed, or, if an earlier run had committed that micro-batch, its
+    messages rolled back), `high_clock` is the highest clock that run used there, and `at_s`
+    (unix seconds) when."""
+
+    batch: int
+    run: str
+    high_clock: int
+    at_s: int
+
+    def encode(self) -> str:
+        return f"{self.batch}/{self.run}/{self.high_clock}/{self.at_s}"
+
+    @classmethod
+    def parse(cls, text: str) -> SinkMark:
+        parts = text.split("/")
+        if len(parts) != 4 or not all(p.isdigit() for p in (parts[0], parts[2], parts[3])):
+            raise GazetteSinkError(
+                f"register value {text!r}: not batch/run/clock/time, as this sink writes it"
+            )
+        return cls(int(parts[0]), parts[1], int(parts[2]), int(parts[3]))
