@@ -254,7 +254,8 @@ class ProcessCluster:
             )
         b.starts += 1
         b.paused = False
-        b.endpoint = b.http_endpoint = ""
+        if not self.keep_ports:
+            b.endpoint = b.http_endpoint = ""  # Unknown until it prints them.
         ready: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
         expect = (_SERVING, _HTTP_GATEWAY) if self.http_gateway else (_SERVING,)
         b._stdout_task = asyncio.create_task(

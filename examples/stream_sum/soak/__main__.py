@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sum_deadline_s=args.sum_deadline,
             faults_config=FaultConfig(store_outage_s=args.store_outage),
             timeouts=Timeouts(),
-            stack=StackConfig(keep_dir=args.keep_dir),
+            stack=StackConfig(keep_dir=args.keep_dir or None),
         )
     except ValueError as err:
         print(f"soak: {err}", file=sys.stderr)

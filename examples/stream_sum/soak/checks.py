@@ -324,8 +324,9 @@ async def probe_append(
     client_of: Callable[[], JournalClient], journal: str, started_at: float, deadline_s: float
 ) -> float:
     """Append nothing to `journal` until an append succeeds; the seconds from `started_at`
-    (monotonic) to that success. Raises ProbeTimeoutError (with the last error) past
-    `deadline_s` after `started_at`."""
+    (monotonic) to that success. Each attempt uses a new client from `client_of`, closed
+    after it. Raises ProbeTimeoutError (with the last error) past `deadline_s` after
+    `started_at`."""
     delay = backoff_initial_s
     last = "no attempt"
     while True:
@@ -334,11 +335,14 @@ async def probe_append(
             raise ProbeTimeoutError(
                 f"{journal}: no append succeeded within {deadline_s:.0f}s (last: {last})"
             )
+        client = client_of()
         try:
             async with asyncio.timeout(min(probe_attempt_timeout_s, remaining)):
-                await append(client_of(), pb.AppendRequest(journal=journal), b"", attempts_max=1)
+                await append(client, pb.AppendRequest(journal=journal), b"", attempts_max=1)
             return time.monotonic() - started_at
         except Exception as err:  # Any failure: the probe retries until its deadline.
             last = f"{type(err).__name__}: {err}"[:300]
+        finally:
+            await client.close()
         await asyncio.sleep(delay)
         delay = min(backoff_max_s, delay * 2)

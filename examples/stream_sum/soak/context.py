@@ -98,7 +98,6 @@ class SoakContext:
     ledger: ContentLedger = field(init=False)
     # Findings of the workload (chunker, verifier) already handed to a record.
     _taken: tuple[int, int] = (0, 0)
-    _channels: ChannelPool = field(default_factory=lambda: ChannelPool(channels_max=16))
 
     def __post_init__(self) -> None:
         json = {
@@ -111,8 +110,17 @@ class SoakContext:
     def client(self) -> JournalClient:
         return self.stack.client()
 
+    def _fresh_client(self) -> JournalClient:
+        """A new client (closed by the caller) of a random running broker. The soak's own
+        probes and reads use new channels, so that they measure the brokers, not a channel's
+        reconnect back-off (the workload's long-lived clients have theirs, and it shows in
+        the consumers' progress)."""
+        running = [b for b in self.stack.cluster.running() if not b.paused and b.endpoint]
+        known = [b for b in self.stack.cluster.brokers if b.endpoint]
+        return JournalClient(self.rng.choice(running or known).endpoint)
+
     async def close(self) -> None:
-        await self._channels.close()
+        pass
 
     # --- Measure ---
 
@@ -129,7 +137,7 @@ class SoakContext:
         async def append(journal: str) -> None:
             try:
                 record.append_s[journal] = await probe_append(
-                    self.client, journal, t0, self.timeouts.append_s
+                    self._fresh_client, journal, t0, self.timeouts.append_s
                 )
             except TimeoutError as err:
                 record.append_s[journal] = None
@@ -224,13 +232,13 @@ class SoakContext:
         brokers = [b for b in self.stack.cluster.brokers if b.running and not b.paused]
         journals = self.stack.layout.journals()
 
-        async def read(journal: str, session: aiohttp.ClientSession) -> None:
+        async def read(journal: str, session: aiohttp.ClientSession, channels: ChannelPool) -> None:
             reads: dict[str, bytes] = {}
             for b in brokers:
                 for api in ("gRPC", "HTTP"):
                     try:
                         if api == "gRPC":
-                            content = await read_grpc(self._channels, b.endpoint, journal)
+                            content = await read_grpc(channels, b.endpoint, journal)
                         else:
                             content = await read_http(session, b.http_endpoint, journal)
                         reads[f"{b.suffix}/{api}"] = content
@@ -240,11 +248,19 @@ class SoakContext:
             record.findings.extend(self.ledger.check(journal, reads))
             if reads:
                 longest = max(reads.values(), key=len)
-                record.findings.extend(await check_fragments(self.client(), journal, longest))
+                client = self._fresh_client()
+                try:
+                    record.findings.extend(await check_fragments(client, journal, longest))
+                finally:
+                    await client.close()
 
-        async with aiohttp.ClientSession() as session:
-            for journal in journals:
-                await read(journal, session)
+        channels = ChannelPool(channels_max=len(brokers) + 1)  # Fresh: see _fresh_client.
+        try:
+            async with aiohttp.ClientSession() as session:
+                for journal in journals:
+                    await read(journal, session, channels)
+        finally:
+            await channels.close()
         record.findings.extend(self.take_findings())
 
     def take_findings(self) -> list[Finding]:

@@ -187,6 +187,11 @@ async def broker_zombie(ctx: SoakContext, record: FaultRecord, config: FaultConf
         finally:
             cluster.resume(b)
         await _zombie_settles(ctx, b)
+        if not b.running:
+            # As a supervisor would, at once.
+            code = b.process.returncode if b.process is not None else None
+            record.notes.append(f"{b.suffix} exited {code} once resumed; restarted")
+            await cluster.start_broker(b)
 
     record.started_at = time.monotonic()
     cluster.pause(b)
@@ -194,8 +199,7 @@ async def broker_zombie(ctx: SoakContext, record: FaultRecord, config: FaultConf
         await _measure_while(ctx, record, _all_journals(ctx), _all_shards(ctx), zombie())
     finally:
         cluster.resume(b)
-    # Gazette's broker exits once it learns its lease is gone: a supervisor restarts it.
-    return [b.suffix]
+    return []
 
 
 async def _zombie_settles(ctx: SoakContext, b: BrokerProcess) -> None:

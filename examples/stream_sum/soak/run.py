@@ -121,7 +121,7 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
                     out(record.line())
                     records.append(record)
                     index += 1
-                    if record.restored_s is None:
+                    if record.restored_s is None and not await _late_restore(ctx, record, out):
                         # Later faults would only pile up on this one: stop here.
                         out(f"soak: stopping: the stack did not recover from fault {record.index}")
                         break
@@ -169,6 +169,20 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
         for where, finding in result.findings:
             out(f"  [fault {where}] {one_line(str(finding))}")
     return result
+
+
+async def _late_restore(ctx: SoakContext, record: FaultRecord, out: Callable[[str], None]) -> bool:
+    """One more restore window for a fault the stack did not recover from in time: if it
+    recovers now, say how late (the fault keeps its findings) and go on."""
+    late = FaultRecord(index=record.index, kind=record.kind, started_at=time.monotonic())
+    await ctx.restore(late)
+    if late.restored_s is None:
+        return False
+    out(
+        f"      note: fault {record.index}: everything was back"
+        f" {time.monotonic() - record.started_at:.0f}s after it (late); going on"
+    )
+    return True
 
 
 async def _drain(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import shutil
 import time
@@ -81,7 +80,8 @@ class StackConfig:
     consumer_lease_ttl_s: int = 3
     s3: bool = True
     postgres: bool = True
-    keep_dir: bool = False
+    # Keep logs and data after close (None: if $GAZETTE_TEST_KEEP_CLUSTER_DIR is set).
+    keep_dir: bool | None = None
 
 
 class SoakStack:
@@ -170,7 +170,7 @@ class SoakStack:
                 await self.pg.close()
             if self.moto is not None:
                 await asyncio.to_thread(self.moto.close)
-            if not self.config.keep_dir:
+            if not self.cluster.keep_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
     async def __aenter__(self) -> SoakStack:
@@ -189,7 +189,7 @@ class SoakStack:
     def client(self, via: BrokerProcess | None = None) -> JournalClient:
         """A JournalClient whose default endpoint is `via` (else a random running broker);
         one per broker, kept (brokers keep their ports across restarts)."""
-        running = [b for b in self.cluster.running() if not b.paused]
+        running = [b for b in self.cluster.running() if not b.paused and b.endpoint]
         target = via or (random.choice(running) if running else self.cluster.brokers[0])
         client = self._clients.get(target.suffix)
         if client is None:
@@ -314,7 +314,3 @@ class SoakStack:
 
     def logs_dir(self) -> Path:
         return self.dir
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false")
