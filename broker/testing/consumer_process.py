@@ -137,8 +137,12 @@ class ConsumerProcess:
         try:
             async with asyncio.timeout(self.ready_timeout_s):
                 while True:
-                    line = (await stdout.readline()).decode(errors="replace").strip()
-                    if not line:
+                    raw = await stdout.readline()
+                    if raw:
+                        with self.log_path.open("ab") as log:
+                            log.write(b"[stdout] " + raw)
+                    line = raw.decode(errors="replace").strip()
+                    if not raw:
                         code = await self.process.wait()
                         raise ProcessClusterError(f"exited with status {code} before serving")
                     if line.startswith(_SERVING):

@@ -88,7 +88,7 @@ async def test_a_consumer_process_restarts_under_its_identity_and_port(tmp_path:
             assert not consumer.running
             await consumer.start()
             assert consumer.endpoint == first and consumer.starts == 2
-            assert await consumer.terminate() == 0
+            assert consumer.running
         finally:
             await consumer.kill()
         assert "serving on" in consumer.log_tail()
@@ -117,14 +117,14 @@ async def test_a_crashed_postgres_comes_back_durable_with_its_data() -> None:
 
 def test_a_paused_s3_server_hangs_and_resumes_with_its_objects() -> None:
     with MotoServer() as moto:
-        moto.create_bucket("b")
+        moto.create_bucket("soak-harness")
         client = moto.client()
-        client.put_object(Bucket="b", Key="k", Body=b"v")
+        client.put_object(Bucket="soak-harness", Key="k", Body=b"v")
         moto.pause()
         try:
             with pytest.raises(OSError):
                 urllib.request.urlopen(moto.endpoint + "/moto-api/", timeout=0.5)
         finally:
             moto.resume()
-        assert client.get_object(Bucket="b", Key="k")["Body"].read() == b"v"
+        assert client.get_object(Bucket="soak-harness", Key="k")["Body"].read() == b"v"
         client.close()
