@@ -247,7 +247,15 @@ async def broker_rolling_restart(
             ctx.stack.held.discard(b.suffix)
         if code != 0:
             record.findings.append(Finding("unclean exit", f"{b.suffix} exited {code} on SIGTERM"))
-        record.notes.append(f"{b.suffix} handed off and exited {code} in {took_s:.1f}s")
+        record.notes.append(f"{b.suffix} exited {code} in {took_s:.1f}s after SIGTERM")
+        if took_s >= ctx.stack.config.handoff_timeout_s:
+            record.findings.append(
+                Finding(
+                    "slow hand-off",
+                    f"{b.suffix}: its journals had not moved {took_s:.0f}s after SIGTERM"
+                    f" (hand-off timeout {ctx.stack.config.handoff_timeout_s:.0f}s)",
+                )
+            )
         await _measure_while(ctx, step, journals, (), cluster.start_broker(b))
         for journal, value in step.append_s.items():
             prior = record.append_s.get(journal, 0.0)

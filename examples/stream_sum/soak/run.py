@@ -39,6 +39,12 @@ class SoakConfig:
     seed: int = 12
     chunks_per_s: float = 40.0
     sum_deadline_s: float = 120.0
+    # No fault starts after this many seconds from the start (None: no bound), so that a run
+    # whose faults do not recover still ends in time, with its report.
+    faults_budget_s: float | None = None
+    # A fault the stack did not recover from gets one more restore window before the soak
+    # stops (off: stop at once).
+    late_restore: bool = True
     faults_config: FaultConfig = field(default_factory=FaultConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
     stack: StackConfig = field(default_factory=StackConfig)
@@ -117,11 +123,17 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
                 next_kind = schedule(config, rng)
                 index = 1
                 while (kind := next_kind(index - 1, time.monotonic() - started)) is not None:
+                    elapsed = time.monotonic() - started
+                    if config.faults_budget_s is not None and elapsed > config.faults_budget_s:
+                        out(f"soak: out of time ({elapsed:.0f}s): no more faults")
+                        break
                     record = await run_fault(ctx, index, kind, config.faults_config)
                     out(record.line())
                     records.append(record)
                     index += 1
-                    if record.restored_s is None and not await _late_restore(ctx, record, out):
+                    if record.restored_s is None and not (
+                        config.late_restore and await _late_restore(ctx, record, out)
+                    ):
                         # Later faults would only pile up on this one: stop here.
                         out(f"soak: stopping: the stack did not recover from fault {record.index}")
                         break

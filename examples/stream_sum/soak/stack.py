@@ -77,6 +77,8 @@ class StackConfig:
         ("zone-b", "consumer-b1"),
     )
     lease_ttl_s: int = 3  # Brokers'.
+    # A SIGTERM'd broker waits this long at most for its journals to move, then exits anyway.
+    handoff_timeout_s: float = 20.0
     consumer_lease_ttl_s: int = 3
     s3: bool = True
     postgres: bool = True
@@ -94,6 +96,7 @@ class SoakStack:
         self.cluster = ProcessCluster(
             config.brokers,
             lease_ttl_s=config.lease_ttl_s,
+            extra_args=["--handoff-timeout", str(config.handoff_timeout_s)],
             keep_dir=config.keep_dir,
             http_gateway=True,
             keep_ports=True,
