@@ -24,7 +24,7 @@ MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspac
 	broker/keyspace/wal.py broker/keyspace/persisted.py broker/keyspace/changes.py broker/keyspace/change_codec.py broker/keyspace/request_checks.py broker/keyspace/embedded_watch.py \
 	broker/fragment/verify.py broker/fragment/lost.py gazette_consumer/shard_retry.py
 
-.PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean
+.PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean soak
 
 all: test
 
@@ -79,6 +79,13 @@ pytest: install system-deps
 
 ## test: set up, provision etcd/PostgreSQL/Java, lint, type-check and run the whole suite.
 test: lint typecheck pytest
+
+## soak: the stream-sum workload on etcd, 3 brokers, 3 consumers, PostgreSQL and S3 (moto), all
+## real processes, under injected faults for DURATION seconds (default 600); a line per fault, a
+## summary table, exit 1 on any violation or unrecovered fault (docs/reliability.md).
+DURATION ?= 600
+soak: install system-deps
+	$(PY) -m examples.stream_sum.soak --duration $(DURATION) $(SOAK_ARGS)
 
 clean:
 	rm -rf .tmp build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

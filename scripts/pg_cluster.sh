@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Start or stop a throwaway PostgreSQL cluster for the tests, on a loopback port.
 # initdb refuses to run as root, so the cluster belongs to an unprivileged user.
+# It runs with fsync=off (and initdb --no-sync) for unit-test speed ONLY: a crash of this
+# cluster may lose committed transactions. Anything that crashes PostgreSQL on purpose and then
+# checks exactly-once (the soak: broker/testing/pg_server.py) runs a durable cluster of its own,
+# with fsync=on and synchronous_commit=on.
 # Usage: pg_cluster.sh start|stop DATA_DIR PORT
 set -euo pipefail
 action=$1; dir=$2; port=$3

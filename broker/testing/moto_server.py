@@ -12,6 +12,12 @@ Usage (synchronous, so that a session-scoped fixture can share one server)::
 
 Clients need credentials; any will do. `credentials_env()` returns an environment to apply
 (e.g. with pytest's monkeypatch) that also hides the host's ~/.aws configuration.
+
+An outage of the store, for soak tests: `pause()` stops the server with SIGSTOP (connections
+are still accepted by the kernel, but no request is answered: clients time out, as against a
+hung endpoint) and `resume()` continues it with its objects. `stop()` then `start()` would
+lose every object (moto keeps them in memory) and move the server to another port, so it is no
+way to simulate an outage of a store that keeps its data.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class MotoServer:
         self._ready_timeout_s = ready_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._port = 0
+        self._paused = False
         self._log_dir = Path(tempfile.mkdtemp(prefix="gazette-moto-"))
 
     @property
@@ -148,11 +155,32 @@ class MotoServer:
             except (urllib.error.URLError, OSError):
                 time.sleep(ready_poll_interval_s)
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """SIGSTOP the server: requests hang until `resume()` (see the module docstring)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise MotoServerError("moto server: not running")
+        proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused server; it answers again, with every object it held."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        self._paused = False
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if moto has not exited in time."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
+        if self._paused:
+            self.resume()  # A stopped process would not act on SIGTERM.
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(stop_timeout_s)

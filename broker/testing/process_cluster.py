@@ -20,11 +20,20 @@ Usage::
         code, elapsed_s = await c.terminate(c.broker("broker-a2"))  # SIGTERM, bounded wait
 
 Readiness is an event, not a sleep: a broker is ready once it prints ``serving on <endpoint>``,
-which ``gazette serve`` does after its member key is in etcd and its mirror is loaded. Every
+which ``gazette serve`` does after its member key is in etcd and its mirror is loaded (and, with
+``http_gateway``, once it also printed ``http gateway on <url>``: ``b.http_endpoint``). Every
 broker's stderr (its structured log) goes to ``<dir>/<suffix>.log``. Leaving the context kills
 every broker still running (SIGKILL: tests do not need their state), stops etcd and removes the
 directory (kept if ``keep_dir``, or ``$GAZETTE_TEST_KEEP_CLUSTER_DIR`` is set); the synchronous
 ``kill_all_now`` does the first part even from a failing teardown.
+
+Faults beyond kill and SIGTERM, for soak tests: ``pause`` (SIGSTOP: the process keeps its
+sockets and state but answers nothing, so its lease expires while it still believes it serves:
+a zombie once ``resume``d with SIGCONT). With ``keep_ports``, a broker is given a port of its
+own (outside the kernel's ephemeral range, so that no client connection takes it meanwhile)
+and keeps it across restarts, as a broker behind a fixed address does: clients whose default
+endpoint is that broker reach it again once it is back. ``env`` adds to the brokers'
+environment (S3 credentials, say).
 """
 
 from __future__ import annotations
@@ -32,12 +41,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -76,8 +87,14 @@ diagnose_log_bytes: Final = 1500
 keep_dir_env: Final = "GAZETTE_TEST_KEEP_CLUSTER_DIR"
 
 _SERVING: Final = "serving on "
+_HTTP_GATEWAY: Final = "http gateway on "
+# Ports handed out by `reserve_port` are drawn below the kernel's ephemeral range (from which
+# outgoing connections take their local ports), at or above this.
+reserved_port_min: Final = 10000
+# Random ports tried by `reserve_port` before it gives up.
+reserve_port_attempts_max: Final = 200
 # Put on the brokers' PYTHONPATH: the directory holding the ``broker`` package.
-_PACKAGE_PARENT: Final = str(Path(broker.__file__).resolve().parent.parent)
+PACKAGE_PARENT: Final = str(Path(broker.__file__).resolve().parent.parent)
 
 
 class ProcessClusterError(RuntimeError):
@@ -92,10 +109,18 @@ class BrokerProcess:
     suffix: str
     data_dir: Path
     log_path: Path
-    # "http://127.0.0.1:<port>" once ready ("" before; a restart gets a new port).
+    # "http://127.0.0.1:<port>" once ready ("" before; a restart gets a new port unless the
+    # cluster keeps ports).
     endpoint: str = ""
+    # The HTTP gateway's "http://127.0.0.1:<port>" ("" unless the cluster runs gateways).
+    http_endpoint: str = ""
+    # Ports to listen on at the next start (0: any free port).
+    port: int = 0
+    http_port: int = 0
     process: asyncio.subprocess.Process | None = None
     starts: int = 0
+    # True between pause() (SIGSTOP) and resume() (SIGCONT).
+    paused: bool = False
     _stdout_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -132,6 +157,9 @@ class ProcessCluster:
         extra_args: Sequence[str] = (),
         ready_timeout_s: float = ready_timeout_s_default,
         keep_dir: bool | None = None,
+        http_gateway: bool = False,
+        keep_ports: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         suffixes = [suffix for _, suffix in brokers]
         if len(set(suffixes)) != len(suffixes):
@@ -146,6 +174,9 @@ class ProcessCluster:
         self.ready_timeout_s = ready_timeout_s
         # Keep the directory (broker logs, fragments) after close, to look into a failure.
         self.keep_dir = bool(os.environ.get(keep_dir_env)) if keep_dir is None else keep_dir
+        self.http_gateway = http_gateway
+        self.keep_ports = keep_ports
+        self.env = dict(env or {})
         self.brokers = [
             BrokerProcess(zone, suffix, self.dir / suffix, self.dir / f"{suffix}.log")
             for zone, suffix in brokers
@@ -193,16 +224,22 @@ class ProcessCluster:
         if b.running:
             raise ProcessClusterError(f"broker {b.suffix}: already running")
         b.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.keep_ports and not b.port:
+            b.port = reserve_port()
+            if self.http_gateway:
+                b.http_port = reserve_port()
         args = [
-            *("serve", "--zone", b.zone, "--id", b.suffix, "--host", "127.0.0.1", "--port", "0"),
+            *("serve", "--zone", b.zone, "--id", b.suffix, "--host", "127.0.0.1"),
+            *("--port", str(b.port)),
+            *(("--http-port", str(b.http_port)) if self.http_gateway else ()),
             *("--etcd", self.etcd.endpoint, "--root", self.root),
             *("--file-root", str(self.dir), "--data-dir", str(b.data_dir)),
             *("--lease-ttl", str(self.lease_ttl_s)),
             *self.extra_args,
         ]
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         # The child imports the same code as this process, installed or not.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, env.get("PYTHONPATH")]))
         with _open_log(b.log_path) as log:
             b.process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -216,11 +253,19 @@ class ProcessCluster:
                 env=env,
             )
         b.starts += 1
-        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        b._stdout_task = asyncio.create_task(_read_stdout(b, ready), name=f"{b.suffix} stdout")
+        b.paused = False
+        if not self.keep_ports:
+            b.endpoint = b.http_endpoint = ""  # Unknown until it prints them.
+        ready: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+        expect = (_SERVING, _HTTP_GATEWAY) if self.http_gateway else (_SERVING,)
+        b._stdout_task = asyncio.create_task(
+            _read_stdout(b, ready, expect), name=f"{b.suffix} stdout"
+        )
         try:
             async with asyncio.timeout(self.ready_timeout_s):
-                b.endpoint = await ready
+                printed = await ready
+            b.endpoint = printed[_SERVING]
+            b.http_endpoint = printed.get(_HTTP_GATEWAY, "")
         except (TimeoutError, ProcessClusterError) as err:
             await self.kill(b)
             if ready.done():
@@ -235,7 +280,24 @@ class ProcessCluster:
         if proc is not None and proc.returncode is None:
             proc.kill()
             await proc.wait()
+        b.paused = False
         await self._reap(b)
+
+    def pause(self, b: BrokerProcess) -> None:
+        """SIGSTOP ``b``: it answers nothing (its sockets stay open) and its lease is not
+        renewed, but it does not know; ``resume`` wakes it as a zombie."""
+        proc = b.process
+        if proc is None or proc.returncode is not None:
+            raise ProcessClusterError(f"broker {b.suffix}: not running")
+        proc.send_signal(signal.SIGSTOP)
+        b.paused = True
+
+    def resume(self, b: BrokerProcess) -> None:
+        """SIGCONT a broker paused with ``pause`` (a no-op if it has exited meanwhile)."""
+        proc = b.process
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGCONT)
+        b.paused = False
 
     async def terminate(
         self, b: BrokerProcess, timeout_s: float = exit_timeout_s_default
@@ -269,6 +331,7 @@ class ProcessCluster:
             if b.process is not None and b.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     b.process.kill()
+            b.paused = False
 
     async def close(self) -> None:
         """Kill every broker, close clients, stop etcd and remove the cluster's directory."""
@@ -378,21 +441,53 @@ class ProcessCluster:
         return member_gone(self.ks, self.root, b.zone, b.suffix)
 
 
-async def _read_stdout(b: BrokerProcess, ready: asyncio.Future[str]) -> None:
-    """Resolve ``ready`` with the endpoint the broker prints, then drain its stdout into its
-    log until it exits (a pipe nobody reads would stall it). Fails ``ready`` if it exits
-    first."""
+async def _read_stdout(
+    b: BrokerProcess, ready: asyncio.Future[dict[str, str]], expect: Sequence[str]
+) -> None:
+    """Resolve ``ready`` with what follows each of the ``expect`` prefixes the broker prints
+    (``serving on <endpoint>``, ...), then drain its stdout into its log until it exits (a pipe
+    nobody reads would stall it). Fails ``ready`` if it exits first."""
     proc = b.process
     assert proc is not None and proc.stdout is not None
+    printed: dict[str, str] = {}
     with _open_log(b.log_path) as log:
         while line := await proc.stdout.readline():
             text = line.decode(errors="replace").strip()
-            if text.startswith(_SERVING) and not ready.done():
-                ready.set_result(text[len(_SERVING) :])
+            for prefix in expect:
+                if text.startswith(prefix) and not ready.done():
+                    printed[prefix] = text[len(prefix) :]
+                    if printed.keys() >= set(expect):
+                        ready.set_result(printed)
             _write_line(log, line)
     code = await proc.wait()
     if not ready.done():
         ready.set_exception(ProcessClusterError(f"exited with status {code} before serving"))
+
+
+def reserve_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now, drawn at random below the kernel's ephemeral port range (so
+    that no outgoing connection takes it as its local port while its server is down)."""
+    low = _ephemeral_port_min()
+    for _ in range(reserve_port_attempts_max):
+        port = random.randrange(reserved_port_min, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ProcessClusterError(
+        f"no free port in [{reserved_port_min}, {low}) after {reserve_port_attempts_max} tries"
+    )
+
+
+def _ephemeral_port_min() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default.
 
 
 def _open_log(path: Path) -> IO[bytes]:

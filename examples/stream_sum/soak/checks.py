@@ -1,0 +1,348 @@
+"""What the soak checks after each fault: journals readable whole, the same through every broker
+and over both APIs, and never rewritten; appends possible again (and how soon).
+
+- `read_grpc` reads a journal from offset 0 to its write head *through one broker* (a Read RPC
+  sent to that broker, which serves it or proxies it to a replica; persisted fragments are read
+  from the store by the broker), and `read_http` the same through that broker's HTTP gateway.
+  Transient failures are retried from the offset reached, a bounded number of times. An offset
+  jump (content missing) is an error of its own, `ContentGapError`.
+- `ContentLedger` compares what each (broker, API) read: every read must be a prefix of the
+  longest, and extend what the previous check verified, byte for byte (a journal whose content
+  shrank or changed lost acknowledged bytes, or had an offset written twice). JSON-lines
+  journals must hold whole, decodable lines with a UUID each. Persisted fragments (the
+  Fragments RPC) must hold exactly the content at their offsets.
+- `probe_append` appends nothing (an empty append is a write barrier that still goes through
+  the journal's primary and its replication pipeline) until one succeeds: how long appends to a
+  journal were impossible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import aiohttp
+import grpc
+import grpc.aio
+import msgspec
+
+from broker.client.appender import append
+from broker.client.list_apply import list_all_fragments
+from broker.client.route_cache import ChannelPool, JournalClient
+from broker.fragment.naming import digest_of_sum
+from broker.protocol import protocol_pb2 as pb
+from examples.stream_sum.verifier import Finding
+
+__all__ = [
+    "ContentGapError",
+    "ContentLedger",
+    "ReadFailedError",
+    "check_fragments",
+    "probe_append",
+    "read_grpc",
+    "read_http",
+]
+
+# Attempts of one whole-journal read (through one broker, one API) before it is reported failed.
+read_attempts_max: Final = 6
+# Back-off between read attempts and between probe appends: doubling, capped.
+backoff_initial_s: Final = 0.05
+backoff_max_s: Final = 1.0
+# One read RPC or HTTP request, and one probe append, may take this long.
+read_rpc_timeout_s: Final = 30.0
+probe_attempt_timeout_s: Final = 5.0
+# Bytes of a journal quoted when its content is malformed.
+quote_bytes: Final = 120
+
+
+class ReadFailedError(RuntimeError):
+    """A journal could not be read through a broker (after retries)."""
+
+
+class ContentGapError(ReadFailedError):
+    """A read skipped content: the broker resolved an offset past the one asked for."""
+
+
+_TRANSIENT_GRPC: Final = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+# Statuses a read may get while the cluster converges (a route being re-assigned).
+_TRANSIENT_STATUS: Final = frozenset(
+    {pb.NOT_JOURNAL_BROKER, pb.INSUFFICIENT_JOURNAL_BROKERS, pb.NO_JOURNAL_PRIMARY_BROKER}
+)
+_TRANSIENT_HTTP: Final = frozenset({502, 503, 504})
+
+
+async def _retrying(
+    what: str, read_once: Callable[[], Awaitable[bool]], last_error: list[str]
+) -> None:
+    """Call `read_once` until it returns True (done); retry its transient failures (it
+    returns False, having put why in `last_error`) with back-off, at most
+    `read_attempts_max` times."""
+    delay = backoff_initial_s
+    for attempt in range(1, read_attempts_max + 1):
+        if await read_once():
+            return
+        if attempt == read_attempts_max:
+            break
+        await asyncio.sleep(delay)
+        delay = min(backoff_max_s, delay * 2)
+    last = last_error[0] if last_error else "?"
+    raise ReadFailedError(f"{what}: still failing after {read_attempts_max} attempts ({last})")
+
+
+async def read_grpc(channels: ChannelPool, endpoint: str, journal: str) -> bytes:
+    """`journal`'s content from 0 to its write head, read through the broker at `endpoint`."""
+    out = bytearray()
+    last_error: list[str] = []
+
+    async def once() -> bool:
+        request = pb.ReadRequest(journal=journal, offset=len(out), block=False)
+        try:
+            call = channels.stub(endpoint).Read(request, timeout=read_rpc_timeout_s)
+            async for resp in call:
+                if resp.status == pb.OFFSET_NOT_YET_AVAILABLE:
+                    return True
+                if resp.status in _TRANSIENT_STATUS:
+                    last_error[:] = [pb.Status.Name(resp.status)]
+                    return False
+                if resp.status != pb.OK:
+                    raise ReadFailedError(
+                        f"{journal} via {endpoint} (gRPC): {pb.Status.Name(resp.status)}"
+                        f" at offset {len(out)}"
+                    )
+                if resp.offset != len(out) and (resp.content or resp.HasField("fragment")):
+                    raise ContentGapError(
+                        f"{journal} via {endpoint} (gRPC): read at {len(out)} resolved to"
+                        f" {resp.offset}: bytes [{len(out)}, {resp.offset}) are missing"
+                    )
+                out.extend(resp.content)
+            # Ended before the write head (a replica went away under the read): go on.
+            last_error[:] = [f"the stream ended at offset {len(out)}, before the write head"]
+            return False
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in _TRANSIENT_GRPC:
+                raise ReadFailedError(
+                    f"{journal} via {endpoint} (gRPC) at offset {len(out)}: {err.code().name}"
+                    f" {err.details()}"
+                ) from None
+            last_error[:] = [f"{err.code().name} {err.details()}"]
+            return False
+
+    await _retrying(f"{journal} via {endpoint} (gRPC)", once, last_error)
+    return bytes(out)
+
+
+async def read_http(session: aiohttp.ClientSession, base: str, journal: str) -> bytes:
+    """`journal`'s content from 0 to its write head, read through the HTTP gateway at `base`
+    (GETs with ``block=false`` from the offset reached, until the gateway answers 416 at the
+    write head)."""
+    out = bytearray()
+    last_error: list[str] = []
+
+    async def once() -> bool:
+        while True:
+            url = f"{base}/{journal}"
+            params = {"offset": str(len(out)), "block": "false"}
+            timeout = aiohttp.ClientTimeout(total=read_rpc_timeout_s)
+            try:
+                async with session.get(url, params=params, timeout=timeout) as resp:
+                    if resp.status == 416:
+                        return True  # At the write head.
+                    if resp.status in _TRANSIENT_HTTP:
+                        last_error[:] = [f"HTTP {resp.status} {(await resp.text()).strip()}"]
+                        return False
+                    if resp.status != 206:
+                        text = (await resp.text()).strip()
+                        raise ReadFailedError(
+                            f"{journal} via {base} (HTTP) at offset {len(out)}:"
+                            f" {resp.status} {text}"
+                        )
+                    offset = _content_range_offset(resp.headers.get("Content-Range", ""))
+                    if offset != len(out):
+                        raise ContentGapError(
+                            f"{journal} via {base} (HTTP): read at {len(out)} resolved to"
+                            f" {offset}: bytes [{len(out)}, {offset}) are missing"
+                        )
+                    body = await resp.read()
+            except (aiohttp.ClientError, TimeoutError) as err:
+                # Includes a body cut short (the gateway closes the connection on an error).
+                last_error[:] = [f"{type(err).__name__}: {err}"]
+                return False
+            if not body:
+                last_error[:] = [f"an empty 206 at offset {len(out)}"]
+                return False
+            out.extend(body)
+
+    await _retrying(f"{journal} via {base} (HTTP)", once, last_error)
+    return bytes(out)
+
+
+def _content_range_offset(header: str) -> int:
+    # "bytes <offset>-<max>/<max>"
+    try:
+        return int(header.split()[1].split("-")[0])
+    except (IndexError, ValueError):
+        raise ReadFailedError(f"malformed Content-Range {header!r}") from None
+
+
+@dataclass
+class _Verified:
+    length: int
+    digest: bytes
+
+
+class ContentLedger:
+    """See the module docstring. One ledger lives through the whole soak."""
+
+    def __init__(self, json_journals: set[str]) -> None:
+        self._json = json_journals
+        self._verified: dict[str, _Verified] = {}
+
+    def verified_length(self, journal: str) -> int:
+        v = self._verified.get(journal)
+        return 0 if v is None else v.length
+
+    def check(self, journal: str, reads: Mapping[str, bytes]) -> list[Finding]:
+        """`reads`: what each source (e.g. ``broker-a1/gRPC``) read of `journal`."""
+        if not reads:
+            return [Finding("unreadable", f"{journal}: no broker could be read")]
+        findings: list[Finding] = []
+        longest_source, longest = max(reads.items(), key=lambda kv: len(kv[1]))
+        for source, content in sorted(reads.items()):
+            if longest[: len(content)] != content:
+                at = _first_difference(longest, content)
+                findings.append(
+                    Finding(
+                        "content differs",
+                        f"{journal}: {source} and {longest_source} differ at offset {at}"
+                        f" ({source} read {len(content)} bytes, {longest_source} {len(longest)})",
+                    )
+                )
+        before = self._verified.get(journal)
+        if before is not None:
+            for source, content in sorted(reads.items()):
+                if len(content) < before.length:
+                    findings.append(
+                        Finding(
+                            "content lost",
+                            f"{journal}: {source} reads {len(content)} bytes; {before.length}"
+                            " were verified before (acknowledged content is gone)",
+                        )
+                    )
+            if (
+                hashlib.sha1(longest[: before.length]).digest() != before.digest
+                and len(longest) >= before.length
+            ):
+                findings.append(
+                    Finding(
+                        "content rewritten",
+                        f"{journal}: the first {before.length} bytes changed since the last"
+                        " check (an offset written twice)",
+                    )
+                )
+        start = before.length if before is not None else 0
+        if journal in self._json and len(longest) > start:
+            findings.extend(_check_json_lines(journal, longest, start))
+        if not findings:
+            self._verified[journal] = _Verified(len(longest), hashlib.sha1(longest).digest())
+        return findings
+
+
+class _Line(msgspec.Struct):
+    UUID: str
+
+
+_DECODE_LINE: Final = msgspec.json.Decoder(_Line)
+
+
+def _check_json_lines(journal: str, content: bytes, start: int) -> list[Finding]:
+    if start and content[start - 1 : start] != b"\n":
+        return [Finding("torn content", f"{journal}: no line ends at offset {start}")]
+    offset = start
+    for line in content[start:].split(b"\n"):
+        if offset >= len(content):
+            break
+        try:
+            _DECODE_LINE.decode(line)
+        except msgspec.DecodeError as err:
+            quoted = line[:quote_bytes]
+            return [
+                Finding(
+                    "torn content", f"{journal}: a bad line at offset {offset} ({err}): {quoted!r}"
+                )
+            ]
+        offset += len(line) + 1
+    if not content.endswith(b"\n"):
+        return [Finding("torn content", f"{journal}: content ends inside a line")]
+    return []
+
+
+def _first_difference(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+async def check_fragments(client: JournalClient, journal: str, content: bytes) -> list[Finding]:
+    """Every persisted fragment of `journal` within `content` must hold exactly that content
+    (its SHA-1 sum); a fragment beyond `content` is fine (the journal grew since it was read).
+    A failed listing is a finding too."""
+    try:
+        response = await list_all_fragments(
+            client, pb.FragmentsRequest(journal=journal), timeout_s=read_rpc_timeout_s
+        )
+    except Exception as err:
+        return [Finding("fragments unlisted", f"{journal}: {type(err).__name__}: {err}")]
+    out = []
+    for f in response.fragments:
+        spec = f.spec
+        if not spec.backing_store or spec.end > len(content) or spec.begin == spec.end:
+            continue
+        if hashlib.sha1(content[spec.begin : spec.end]).digest() != digest_of_sum(spec.sum):
+            out.append(
+                Finding(
+                    "fragment differs",
+                    f"{journal}: persisted fragment [{spec.begin}, {spec.end}) in"
+                    f" {spec.backing_store} does not hold the journal's content there",
+                )
+            )
+    return out
+
+
+class ProbeTimeoutError(TimeoutError):
+    """No append to a journal succeeded within the probe's deadline."""
+
+
+async def probe_append(
+    client_of: Callable[[], JournalClient], journal: str, started_at: float, deadline_s: float
+) -> float:
+    """Append nothing to `journal` until an append succeeds; the seconds from `started_at`
+    (monotonic) to that success. Each attempt uses a new client from `client_of`, closed
+    after it. Raises ProbeTimeoutError (with the last error) past `deadline_s` after
+    `started_at`."""
+    delay = backoff_initial_s
+    last = "no attempt"
+    while True:
+        remaining = started_at + deadline_s - time.monotonic()
+        if remaining <= 0:
+            raise ProbeTimeoutError(
+                f"{journal}: no append succeeded within {deadline_s:.0f}s (last: {last})"
+            )
+        client = client_of()
+        try:
+            async with asyncio.timeout(min(probe_attempt_timeout_s, remaining)):
+                await append(client, pb.AppendRequest(journal=journal), b"", attempts_max=1)
+            return time.monotonic() - started_at
+        except Exception as err:  # Any failure: the probe retries until its deadline.
+            last = f"{type(err).__name__}: {err}"[:300]
+        finally:
+            await client.close()
+        await asyncio.sleep(delay)
+        delay = min(backoff_max_s, delay * 2)

@@ -1,0 +1,272 @@
+"""What every fault of a soak shares: the stack, the workload, measurement and recovery.
+
+`SoakContext` gives a fault what it needs around its own injection:
+
+- `measure`: from the fault's start, probe appends to journals and wait for shards' progress
+  (a verified sum of a stream that ended after the fault), concurrently, each bounded; times go
+  to the `FaultRecord`, a timeout becomes an ``unrecovered`` finding;
+- `restore`: as an operator and a supervisor would, start processes that exited (a finding
+  unless the fault expected it), wait until every journal and shard is served as specified,
+  and report shards that parked in FAILED (as ``sequence violation`` if the summer's
+  `SequenceViolation` failed them, else ``shard failed``), unassigning them so they restart;
+- `check`: read every journal through every running broker over gRPC and HTTP, compare with the
+  ledger, check persisted fragments, and collect the workload's own findings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from broker.client.route_cache import ChannelPool, JournalClient
+from broker.protocol import labels
+from examples.stream_sum.chunker import Chunker
+from examples.stream_sum.soak.checks import (
+    ContentGapError,
+    ContentLedger,
+    ReadFailedError,
+    check_fragments,
+    probe_append,
+    read_grpc,
+    read_http,
+)
+from examples.stream_sum.soak.report import FaultRecord
+from examples.stream_sum.soak.stack import SoakStack, StackError
+from examples.stream_sum.verifier import Finding
+
+__all__ = ["ProgressTracker", "SoakContext", "Timeouts"]
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Bounds of every wait after a fault (seconds)."""
+
+    append_s: float = 60.0  # Fault to first successful append, per journal.
+    progress_s: float = 90.0  # Fault to a shard's first verified sum after it.
+    restore_s: float = 120.0  # Processes, journals and shards back as specified.
+    exit_s: float = 60.0  # A SIGTERM'd broker's exit.
+
+
+class ProgressTracker:
+    """Resolves waits for "a sum of journal J verified, of a stream that ended after t0" from
+    the verifier's `on_verified` callback."""
+
+    def __init__(self) -> None:
+        self._waiters: list[tuple[str, float, asyncio.Future[float]]] = []
+        self._verified = asyncio.Event()
+
+    def on_verified(self, journal: str, completed_at: float, verified_at: float) -> None:
+        verified, self._verified = self._verified, asyncio.Event()
+        verified.set()
+        keep = []
+        for j, t0, future in self._waiters:
+            if future.done():
+                continue
+            if j == journal and completed_at >= t0:
+                future.set_result(verified_at - t0)
+            else:
+                keep.append((j, t0, future))
+        self._waiters = keep
+
+    async def any_verified(self, timeout_s: float) -> None:
+        """Wait for the next verified sum (of any journal)."""
+        async with asyncio.timeout(timeout_s):
+            await self._verified.wait()
+
+    async def wait(self, journal: str, t0: float, timeout_s: float) -> float:
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._waiters.append((journal, t0, future))
+        try:
+            async with asyncio.timeout(max(0.0, t0 + timeout_s - time.monotonic())):
+                return await future
+        finally:
+            future.cancel()
+
+
+@dataclass
+class SoakContext:
+    stack: SoakStack
+    chunker: Chunker
+    tracker: ProgressTracker
+    rng: random.Random
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    ledger: ContentLedger = field(init=False)
+    # Findings of the workload (chunker, verifier) already handed to a record.
+    _taken: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        json = {
+            s.name
+            for s in self.stack.layout.journal_specs()
+            if labels.CONTENT_TYPE_JSON_LINES in labels.values_of(s.labels, labels.CONTENT_TYPE)
+        }
+        self.ledger = ContentLedger(json)
+
+    def client(self) -> JournalClient:
+        return self.stack.client()
+
+    def _fresh_client(self) -> JournalClient:
+        """A new client (closed by the caller) of a random running broker. The soak's own
+        probes and reads use new channels, so that they measure the brokers, not a channel's
+        reconnect back-off (the workload's long-lived clients have theirs, and it shows in
+        the consumers' progress)."""
+        running = [b for b in self.stack.cluster.running() if not b.paused and b.endpoint]
+        known = [b for b in self.stack.cluster.brokers if b.endpoint]
+        return JournalClient(self.rng.choice(running or known).endpoint)
+
+    async def close(self) -> None:
+        pass
+
+    # --- Measure ---
+
+    async def measure(
+        self,
+        record: FaultRecord,
+        t0: float,
+        journals: Sequence[str] = (),
+        shards: Sequence[str] = (),
+    ) -> None:
+        """Probe appends to `journals` and wait for progress of `shards`, from `t0`."""
+        plans = {p.shard: p for p in self.stack.layout.shards}
+
+        async def append(journal: str) -> None:
+            try:
+                record.append_s[journal] = await probe_append(
+                    self._fresh_client, journal, t0, self.timeouts.append_s
+                )
+            except TimeoutError as err:
+                record.append_s[journal] = None
+                record.findings.append(Finding("unrecovered", f"appends: {err}"))
+
+        async def progress(shard: str) -> None:
+            plan = plans[shard]
+            record.standby[shard] = record.standby.get(shard, plan.hot_standbys > 0)
+            try:
+                record.progress_s[shard] = await self.tracker.wait(
+                    plan.journal, t0, self.timeouts.progress_s
+                )
+            except TimeoutError:
+                record.progress_s[shard] = None
+                record.findings.append(
+                    Finding(
+                        "unrecovered",
+                        f"shard {shard}: no sum of {plan.journal} verified within"
+                        f" {self.timeouts.progress_s:.0f}s of the fault"
+                        f" ({self._shard_state(shard)})",
+                    )
+                )
+
+        await asyncio.gather(*map(append, journals), *map(progress, shards))
+
+    def _shard_state(self, shard: str) -> str:
+        states = [f"{a.suffix}/{a.slot}: {a.status.code}" for a in self.stack.assignments(shard)]
+        return "assignments " + (", ".join(states) or "none")
+
+    # --- Restore ---
+
+    async def restore(self, record: FaultRecord, *, expected_exits: Sequence[str] = ()) -> None:
+        """Bring everything back as specified; record how long it took since the fault."""
+        deadline = record.started_at + self.timeouts.restore_s
+        for name in await self.stack.revive():
+            if name.split(" ")[0] in expected_exits:
+                record.notes.append(f"{name} exited, as expected; restarted")
+            else:
+                record.findings.append(
+                    Finding("unexpected exit", f"{name}: restarted; log in {self.stack.dir}")
+                )
+        try:
+            await self.stack.wait_journals(max(1.0, deadline - time.monotonic()))
+            await self._wait_shards(record, deadline)
+        except StackError as err:
+            record.findings.append(Finding("unrecovered", str(err)))
+            return
+        record.restored_s = time.monotonic() - record.started_at
+
+    async def _wait_shards(self, record: FaultRecord, deadline: float) -> None:
+        """Wait for the shards; a FAILED one is reported (once) and unassigned, so that it is
+        started again, as an operator would."""
+        reported: set[str] = set()
+        while True:
+            remaining = deadline - time.monotonic()
+            failed = self.stack.failed_shards()
+            for shard, errors in failed.items():
+                if shard in reported:
+                    continue
+                reported.add(shard)
+                text = "; ".join(errors)
+                kind = "sequence violation" if "SequenceViolation" in text else "shard failed"
+                record.findings.append(Finding(kind, f"shard {shard} FAILED: {text}"))
+            if failed:
+                try:
+                    async with self.stack.shard_client() as shards:
+                        await shards.unassign(sorted(failed), only_failed=True)
+                    record.notes.append(f"unassigned FAILED shards {sorted(failed)}")
+                except Exception as err:
+                    record.notes.append(f"could not unassign {sorted(failed)}: {err}")
+            try:
+                await self.stack.wait_consumers(
+                    lambda: (
+                        "a shard FAILED"
+                        if self.stack.failed_shards().keys() - reported
+                        else self.stack.shards_problem()
+                    ),
+                    max(0.5, remaining),
+                    "shards not back",
+                )
+            except StackError:
+                if self.stack.failed_shards().keys() - reported and remaining > 0:
+                    continue
+                raise
+            if not self.stack.failed_shards().keys() - reported:
+                return
+
+    # --- Check ---
+
+    async def check(self, record: FaultRecord) -> None:
+        """Readability and consistency of every journal; the workload's findings."""
+        brokers = [b for b in self.stack.cluster.brokers if b.running and not b.paused]
+        journals = self.stack.layout.journals()
+
+        async def read(journal: str, session: aiohttp.ClientSession, channels: ChannelPool) -> None:
+            reads: dict[str, bytes] = {}
+            for b in brokers:
+                for api in ("gRPC", "HTTP"):
+                    try:
+                        if api == "gRPC":
+                            content = await read_grpc(channels, b.endpoint, journal)
+                        else:
+                            content = await read_http(session, b.http_endpoint, journal)
+                        reads[f"{b.suffix}/{api}"] = content
+                    except ReadFailedError as err:
+                        kind = "content gap" if isinstance(err, ContentGapError) else "unreadable"
+                        record.findings.append(Finding(kind, str(err)))
+            record.findings.extend(self.ledger.check(journal, reads))
+            if reads:
+                longest = max(reads.values(), key=len)
+                client = self._fresh_client()
+                try:
+                    record.findings.extend(await check_fragments(client, journal, longest))
+                finally:
+                    await client.close()
+
+        channels = ChannelPool(channels_max=len(brokers) + 1)  # Fresh: see _fresh_client.
+        try:
+            async with aiohttp.ClientSession() as session:
+                for journal in journals:
+                    await read(journal, session, channels)
+        finally:
+            await channels.close()
+        record.findings.extend(self.take_findings())
+
+    def take_findings(self) -> list[Finding]:
+        """The workload's findings not handed out yet (its lists only grow)."""
+        self.chunker.verifier.check_deadlines()
+        chunker, verifier = self.chunker.findings, self.chunker.verifier.findings
+        a, b = self._taken
+        self._taken = (len(chunker), len(verifier))
+        return [*chunker[a:], *verifier[b:]]

@@ -1,0 +1,183 @@
+"""The soak's checks, without a cluster: each kind of broken promise is reported, naming what
+broke, and nothing is reported when nothing broke.
+
+- `fold` (the summer's sequence rule): gaps, repeats and chunks after a stream's end raise
+  `SequenceViolation` naming the stream, the expected and the observed chunk;
+- `SumVerifier`: mismatched, duplicate, late and unexpected sums;
+- `ContentLedger`: brokers disagreeing, content lost or rewritten between checks, torn lines;
+- the report's percentiles and summary table.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from examples.stream_sum.messages import Chunk, SequenceViolation, StreamState, Sum, fold
+from examples.stream_sum.soak.checks import ContentLedger
+from examples.stream_sum.soak.report import FaultRecord, percentile, summary
+from examples.stream_sum.verifier import SumVerifier
+
+
+def chunks(stream: str, data: list[str]) -> list[Chunk]:
+    """A whole stream: data chunks, then the final empty one."""
+    return [Chunk(stream=stream, seq=i + 1, data=d) for i, d in enumerate([*data, ""])]
+
+
+def folded(items: list[Chunk]) -> StreamState:
+    state = StreamState()
+    for c in items:
+        state = fold(state, c)
+    return state
+
+
+def test_fold_sums_a_stream_and_ends_it() -> None:
+    state = folded(chunks("s1", ["00ff", "abcd"]))
+    assert state.done and state.seq == 3
+    # The sum depends on order and content.
+    assert state.value != folded(chunks("s1", ["abcd", "00ff"])).value
+    assert StreamState.decode(state.encode()) == state
+
+
+@pytest.mark.parametrize(
+    ("sequence", "expected", "observed", "kind"),
+    [
+        ([1, 3], 2, 3, "gap"),
+        ([1, 2, 2], 3, 2, "repeat"),
+        ([1, 1], 2, 1, "repeat"),
+    ],
+)
+def test_fold_refuses_a_chunk_out_of_sequence(
+    sequence: list[int], expected: int, observed: int, kind: str
+) -> None:
+    state = StreamState()
+    with pytest.raises(SequenceViolation) as caught:
+        for seq in sequence:
+            state = fold(state, Chunk(stream="s-7", seq=seq, data="aa"))
+    err = caught.value
+    assert (err.stream, err.expected, err.observed) == ("s-7", expected, observed)
+    assert kind in err.kind
+    assert f"stream s-7: expected chunk {expected}, observed chunk {observed}" in str(err)
+
+
+def test_fold_refuses_a_chunk_after_the_end() -> None:
+    state = folded(chunks("s2", ["aa"]))
+    with pytest.raises(SequenceViolation, match=r"stream s2: expected nothing .* chunk 2"):
+        fold(state, Chunk(stream="s2", seq=2, data=""))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_verifier_matches_sums_in_either_order_and_reports_progress() -> None:
+    clock, seen = Clock(), []
+    v = SumVerifier(30.0, on_verified=lambda j, done, at: seen.append((j, done, at)), clock=clock)
+    v.expect("a", "j/0", 3, 42)
+    clock.now += 1
+    v.observe(Sum(stream="a", seq=3, value=42))
+    v.observe(Sum(stream="b", seq=2, value=7))  # Before the chunker heard its append succeed.
+    clock.now += 1
+    v.expect("b", "j/1", 2, 7)
+    v.check_deadlines()
+    assert v.findings == [] and v.verified == 2 and v.outstanding == 0
+    assert seen == [("j/0", 1000.0, 1001.0), ("j/1", 1002.0, 1002.0)]
+
+
+def test_verifier_reports_a_mismatch_and_a_duplicate() -> None:
+    v = SumVerifier(30.0, clock=Clock())
+    v.expect("a", "j/0", 3, 42)
+    v.observe(Sum(stream="a", seq=3, value=41))
+    v.observe(Sum(stream="a", seq=3, value=42))
+    assert [f.kind for f in v.findings] == ["mismatch", "duplicate sum"]
+    assert "stream a (journal j/0): expected seq 3 value 42, observed seq 3 value 41" in str(
+        v.findings[0]
+    )
+
+
+def test_verifier_reports_late_and_unexpected_sums_once() -> None:
+    clock = Clock()
+    v = SumVerifier(30.0, clock=clock)
+    v.expect("late", "j/0", 5, 1)
+    v.observe(Sum(stream="ghost", seq=4, value=9))
+    clock.now += 29
+    v.check_deadlines()
+    assert v.findings == []
+    clock.now += 2
+    v.check_deadlines()
+    v.check_deadlines()
+    assert sorted(f.kind for f in v.findings) == ["late sum", "unexpected sum"]
+    # A late sum still has its value checked, and is not a duplicate.
+    v.observe(Sum(stream="late", seq=5, value=1))
+    assert len(v.findings) == 2 and v.outstanding == 0
+
+
+def test_verifier_forgets_streams_it_cannot_vouch_for() -> None:
+    clock = Clock()
+    v = SumVerifier(30.0, clock=clock)
+    v.expect("a", "j/0", 3, 42)
+    v.forget("a")
+    v.observe(Sum(stream="a", seq=3, value=0))
+    clock.now += 100
+    v.check_deadlines()
+    assert v.findings == [] and v.outstanding == 0
+
+
+LINES = b'{"UUID":"u1","x":1}\n{"UUID":"u2","x":2}\n'
+
+
+def test_ledger_accepts_reads_that_grow_and_agree() -> None:
+    ledger = ContentLedger({"j"})
+    assert ledger.check("j", {"a/gRPC": LINES, "b/HTTP": LINES[:20]}) == []
+    more = LINES + b'{"UUID":"u3"}\n'
+    assert ledger.check("j", {"a/gRPC": more, "b/gRPC": LINES}) == []
+    assert ledger.verified_length("j") == len(more)
+
+
+def test_ledger_reports_brokers_that_disagree() -> None:
+    ledger = ContentLedger({"j"})
+    other = LINES.replace(b"u2", b"u9")
+    findings = ledger.check("j", {"a/gRPC": LINES, "b/gRPC": other})
+    assert [f.kind for f in findings] == ["content differs"]
+    assert "differ at offset 30" in findings[0].detail
+    assert ledger.verified_length("j") == 0  # Nothing verified while they disagree.
+
+
+def test_ledger_reports_content_lost_and_rewritten_since_the_last_check() -> None:
+    ledger = ContentLedger(set())
+    assert ledger.check("log", {"a/gRPC": b"0123456789"}) == []
+    lost = ledger.check("log", {"a/gRPC": b"01234", "b/gRPC": b"0123456789"})
+    assert [f.kind for f in lost] == ["content lost"]
+    assert "a/gRPC reads 5 bytes; 10 were verified before" in lost[0].detail
+    rewritten = ledger.check("log", {"a/gRPC": b"01234x6789abc"})
+    assert [f.kind for f in rewritten] == ["content rewritten"]
+
+
+@pytest.mark.parametrize(
+    "content", [LINES + b'{"UUID":"u3"', LINES + b"not json\n", LINES + b'{"x":1}\n']
+)
+def test_ledger_reports_torn_or_foreign_lines(content: bytes) -> None:
+    findings = ContentLedger({"j"}).check("j", {"a/gRPC": content})
+    assert [f.kind for f in findings] == ["torn content"]
+
+
+def test_percentiles_and_the_summary_table() -> None:
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile([1.0, math.inf], 1.0) == math.inf
+    records = [
+        FaultRecord(1, "shard-kill", append_s={}, progress_s={"s1": 2.0}, standby={"s1": True}),
+        FaultRecord(2, "shard-kill", progress_s={"s2": 6.0, "s3": None}, restored_s=9.0),
+        FaultRecord(3, "etcd-restart", append_s={"j": 0.5}, progress_s={"s1": 1.0}),
+    ]
+    table = summary(records)
+    lines = table.splitlines()
+    assert lines[2].startswith("shard-kill") and lines[2].endswith("(standby)")
+    assert "never" in lines[3] and lines[3].endswith("(no standby)")
+    assert lines[4].startswith("etcd-restart") and "0.5s" in lines[4]
+    line = records[1].line()
+    assert "progress  never" in line and "restored   9.0s" in line
