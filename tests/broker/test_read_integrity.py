@@ -209,3 +209,32 @@ async def test_gazctl_read_exits_3_with_one_line(
     line = err.decode()
     assert line.startswith("gazctl: data loss: ") and line.count("\n") == 1, line
     assert naming.content_name(fragment) in line and STORE in line
+
+
+async def test_a_store_outage_is_waited_out_not_read_as_an_empty_journal(env: Env) -> None:
+    # The store's directory goes away (an unmounted volume): reads wait for it (UNAVAILABLE,
+    # retried), and never answer an empty journal, a gap, or DATA_LOSS.
+    fragments = env.root / "fragments"
+    fragments.rename(env.root / "unmounted")
+    reader = RetryReader(env.client, pb.ReadRequest(journal=J, offset=0, block=False))
+
+    async def read_all() -> bytes:
+        got = b""
+        while len(got) < sum(map(len, PIECES)):
+            chunk = await reader.read_chunk()
+            assert chunk.content, f"the read ended at {chunk.offset}"
+            assert chunk.offset == len(got)
+            got += chunk.content
+        return got
+
+    task = asyncio.create_task(read_all())
+    try:
+        # The reader is retrying (its attempts fail while the store is gone).
+        await wait_until(lambda: reader.restarts >= 2, WAIT_S)
+        assert not task.done()
+        (env.root / "unmounted").rename(fragments)
+        async with asyncio.timeout(WAIT_S):
+            assert await task == b"".join(PIECES)
+    finally:
+        task.cancel()
+        await reader.close()

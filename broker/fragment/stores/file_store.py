@@ -12,7 +12,9 @@ duplicate put is harmless), and the directory is fsync'ed so that the new name s
 
 Like Gazette, `put` refuses to write unless `<root>/<url path>` already exists: a missing base
 directory usually means a volume that failed to mount, and writing into the bare mount point
-would silently lose the files from every other host's view.
+would silently lose the files from every other host's view. For the same reason a listing of a
+store whose base directory is missing fails (StoreError) rather than answering "no fragments",
+which readers would take for an empty journal or for lost content.
 
 Signed URLs are plain `file://` URLs of the file's absolute path; they carry no authority and
 do not expire. (Gazette's omit the root; they agree when the root is "/".)
@@ -106,6 +108,13 @@ class FileStore(FragmentStore):
         try:
             raw = await asyncio.to_thread(open, path, "rb")
         except FileNotFoundError:
+            if not await asyncio.to_thread(self._base.is_dir):
+                # The whole store is missing (an unmounted volume): unavailable, not a lost
+                # fragment (readers would give up on DATA_LOSS instead of waiting for it).
+                raise StoreError(
+                    f"fragment store {self.url}: invalid file store directory {self._base}"
+                    " (does not exist: is its volume mounted?)"
+                ) from None
             raise FragmentNotFoundError(self.url, key) from None
         except OSError as err:
             raise StoreError(f"fragment store {self.url}: opening {path}: {err}") from err
@@ -138,6 +147,14 @@ class FileStore(FragmentStore):
                 raise err
 
         if not directory.is_dir():
+            if not self._base.is_dir():
+                # Not "no fragments": the store itself is missing (an unmounted volume, a root
+                # moved away). Answering an empty listing would make the journal look empty
+                # (or its content lost) to every reader until it is back.
+                raise StoreError(
+                    f"fragment store {self.url}: invalid file store directory {self._base}"
+                    " (does not exist: is its volume mounted?)"
+                )
             return out  # No fragments of this journal yet.
         try:
             for dirpath, dirnames, filenames in os.walk(directory, onerror=on_error):

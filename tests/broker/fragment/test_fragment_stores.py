@@ -360,6 +360,27 @@ async def test_file_store_refuses_missing_base_directory(tmp_path: Path) -> None
     assert not (tmp_path / "not-mounted").exists()
 
 
+async def test_file_store_missing_base_is_an_outage_not_an_empty_store(tmp_path: Path) -> None:
+    # An unmounted volume must not read as "no fragments" (an empty journal, or lost content).
+    (tmp_path / "mounted").mkdir()
+    store = FileStore(StoreURL.parse("file:///mounted/"), root=tmp_path)
+    f = fragment("a/journal", 0, b"abc", CompressionCodec.NONE)
+    await store.put(f, b"abc")
+    assert await store.list("other/journal") == []  # A journal never written: no fragments.
+    (tmp_path / "mounted").rename(tmp_path / "away")
+    with pytest.raises(StoreError, match="invalid file store directory"):
+        await store.list("a/journal")
+    with pytest.raises(StoreError, match="invalid file store directory") as opened:
+        await store.open(f)
+    assert not isinstance(opened.value, FragmentNotFoundError)
+    (tmp_path / "away").rename(tmp_path / "mounted")
+    assert [(x.begin, x.end) for x in await store.list("a/journal")] == [(0, 3)]
+    # A fragment missing from a store that is there is lost, and says so.
+    (tmp_path / "mounted" / naming.content_path(f)).unlink()
+    with pytest.raises(FragmentNotFoundError):
+        await store.open(f)
+
+
 async def test_file_store_keys_cannot_escape_root(file_store: FileStore) -> None:
     f = fragment("../../../../etc/journal", 0, b"abc", CompressionCodec.NONE)
     with pytest.raises(StoreError, match="escapes root"):
