@@ -217,6 +217,13 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace, app: Application) -> int:
     from broker.keyspace.etcd import EtcdBackend
 
+    # Handled from here on: a SIGTERM (or SIGINT) that arrives while the process starts is not
+    # lost, nor fatal: whoever saw "serving on" may signal at once, and the member stops
+    # gracefully as soon as it has started.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
     backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
     embedded = (
@@ -244,7 +251,9 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
         runtime = ShardRuntime(app, root, broker_address, backend, shard_dir)
         async with shard_factory(runtime) as start_shard:
             embedded_broker = broker_address if embedded is not None else None
-            return await _run_member(args, backend, root, start_shard, embedded_broker, readiness)
+            return await _run_member(
+                args, backend, root, start_shard, embedded_broker, readiness, stop
+            )
     finally:
         if http is not None:
             await http.cleanup()
@@ -269,6 +278,7 @@ async def _run_member(
     start_shard: StartShard,
     embedded_broker: str | None,
     readiness: Readiness,
+    stop: asyncio.Event,
 ) -> int:
     member = ConsumerMember(
         backend,
@@ -290,10 +300,6 @@ async def _run_member(
     print(f"serving on {member.endpoint}", flush=True)
     if embedded_broker is not None:
         print(f"embedded broker on {embedded_broker}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     stopping = asyncio.ensure_future(stop.wait())
     waiting = asyncio.ensure_future(member.wait())
     await asyncio.wait((stopping, waiting), return_when=asyncio.FIRST_COMPLETED)

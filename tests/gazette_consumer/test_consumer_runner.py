@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import sys
 from collections import Counter as Counter_
 from pathlib import Path
@@ -34,6 +36,8 @@ from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_client import upsert as shard_upsert
 from tests.broker.broker_testkit import journal_spec
 from tests.gazette_consumer.consumer_testkit import ConsumerProcess, process_ready_s, stat_through
+
+REPO = str(Path(__file__).resolve().parents[2])
 
 
 class Outer:
@@ -214,3 +218,35 @@ async def test_embedded_process_counts_publishes_and_serves_metrics(tmp_path: Pa
         assert await consumer.terminate() == 0
     finally:
         await consumer.kill()
+
+
+async def test_a_sigterm_while_starting_stops_the_process_gracefully(tmp_path: Path) -> None:
+    # The soak sent SIGTERM right after start and the process died of it (-15): the handlers
+    # were installed only once it served. The metrics line is printed before the embedded
+    # broker and the member start.
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "gazette_consumer.runner", "serve"),
+        *("--app", "examples.counter:Counter", "--id", "consumer-1", "--port", "0"),
+        *("--data-dir", str(tmp_path / "data"), "--http-port", "0", "--drain-timeout", "5"),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(process_ready_s):
+            first = (await proc.stdout.readline()).decode()
+            assert first.startswith("metrics on"), first
+            proc.send_signal(signal.SIGTERM)
+            rest = (await proc.stdout.read()).decode()
+            assert await proc.wait() == 0
+        assert "serving on" in rest  # It finished starting, then stopped.
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
