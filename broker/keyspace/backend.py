@@ -222,7 +222,18 @@ class Backend(abc.ABC):
         The iterator raises CompactedError if start_revision is compacted, and
         UnavailableError if the connection breaks (callers resume from the last revision
         seen + 1). It ends only when the backend is closed. Breaking out of the ``async for``
-        (or ``aclose()``) cancels the watch."""
+        (or ``aclose()``) cancels the watch.
+
+        A response without events is a progress notification, sent only after
+        ``request_watch_progress()``: every event of the range up to its header's revision has
+        been delivered before it."""
+
+    async def request_watch_progress(self) -> None:
+        """Ask every open watch of this client for a progress notification (see ``watch``).
+        A mirror of a prefix learns this way that the store's revision moved on through
+        writes outside its prefix (etcd's RequestProgress). The default sends none: waiters
+        then wait for the prefix's next event."""
+        return None
 
     @abc.abstractmethod
     async def compact(self, revision: int) -> None:

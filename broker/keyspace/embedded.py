@@ -469,6 +469,11 @@ class EmbeddedBackend(Backend):
             start_revision = self.store.durable_revision + 1
         return WatchStream(self, key, range_end, start_revision)
 
+    async def request_watch_progress(self) -> None:
+        revision = self.store.durable_revision
+        for stream in list(self._streams):
+            stream.offer_progress(revision)
+
     async def close(self) -> None:
         if self._closed:
             return

@@ -121,6 +121,23 @@ class WatchStream(AsyncIterator[WatchResponse]):
         self._queue.append(WatchResponse(Header(commit.revision), events))
         self._wake.set()
 
+    def offer_progress(self, revision: int) -> None:
+        """Queue a progress notification at ``revision`` (the store's durable revision): every
+        commit up to it was offered already (commits are published in order, once durable), so
+        every event of this watch up to it is queued ahead of the notification. Not while the
+        watch still replays its history, nor if its queue is full (the waiter asks again)."""
+        if (
+            self._done
+            or self._error is not None
+            or self._replay_end is None
+            or self._next_revision <= self._replay_end
+            or revision < self._start
+            or len(self._queue) >= self._client.store.watch_queue_responses_max
+        ):
+            return
+        self._queue.append(WatchResponse(Header(revision), ()))
+        self._wake.set()
+
     def _fail(self, error: KeySpaceError) -> None:
         # Queued responses are dropped with the watch; the caller resumes from the last
         # revision it saw, so none of them is lost.

@@ -15,9 +15,9 @@ Watches. Each ``watch()`` opens its own Watch stream, so one slow consumer never
 another's events, and a broken stream fails just that watch. Responses are read from the stream
 only as the consumer asks for them: the sole buffer is gRPC's HTTP/2 flow-control window
 (bounded), and a consumer that stops reading back-pressures etcd rather than growing memory here.
-We never ask for progress notifications, so every response after ``created`` carries events;
-should an empty one arrive anyway it is skipped, because the Backend contract promises events
-only (the embedded backend never yields empty responses).
+Progress: ``request_watch_progress()`` sends etcd's RequestProgress on every open watch
+stream; etcd answers with an empty response whose header is its current revision, yielded as a
+progress notification (Backend.watch). No periodic notifications are asked for.
 """
 
 from __future__ import annotations
@@ -292,8 +292,8 @@ class EtcdBackend(b.Backend):
                 if resp is None:
                     return
                 self._check_watch_response(resp, start_revision)
-                if resp.events:
-                    yield b.WatchResponse(_header(resp.header), tuple(map(_event, resp.events)))
+                # Without events: a progress notification (asked for by request_watch_progress).
+                yield b.WatchResponse(_header(resp.header), tuple(map(_event, resp.events)))
         finally:
             self._watch_calls.discard(call)
             call.cancel()
@@ -319,6 +319,15 @@ class EtcdBackend(b.Backend):
                 return None
             raise b.UnavailableError("etcd Watch: stream ended by the server")
         return resp
+
+    async def request_watch_progress(self) -> None:
+        request = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
+        for call in list(self._watch_calls):
+            try:
+                await call.write(request)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                # A broken stream: its reader sees the failure and the watch resumes.
+                continue
 
     @staticmethod
     def _check_watch_response(resp: Any, start_revision: int) -> None:

@@ -11,6 +11,14 @@ logged and left out (and an update to an existing key that fails to decode leave
 good entry in place), but the mirror keeps following the keyspace: a later, valid value for the
 key is picked up. A human error writing one bad spec must not stop every broker's watch.
 
+Revisions. The mirror's revision is that of the last watch response applied (or of the load):
+a store's revision also moves with writes outside the prefix (a consumer group's keys in the
+brokers' etcd), which the prefix's watch never shows. A waiter for such a revision (a request
+carrying another process's header) would wait for the prefix's next event, which may never
+come; so a waiter still behind after ``progress_after_s`` asks the backend for a progress
+notification (etcd's RequestProgress), which moves the mirror's revision on without changing its
+entries (observers are not run: nothing they derive changed).
+
 Failures. A broken watch (UnavailableError) is resumed from the last revision applied + 1, after
 a bounded exponential back-off; a watch whose resume revision has been compacted re-loads the
 whole prefix. Any other error ends ``watch()`` and fails ``wait_for_revision()`` waiters rather
@@ -44,6 +52,10 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
+# A waiter behind the mirror this long asks for a progress notification, then again at doubling
+# intervals up to the maximum (see the module docstring).
+progress_after_s = 0.1
+progress_every_s_max = 2.0
 # Consecutive failed attempts to (re)start the watch before watch() gives up and raises.
 watch_attempts_max_default = 30
 # Back-off between attempts: the first retry is immediate (a single broken stream is usually
@@ -222,6 +234,8 @@ class KeySpace(Generic[T]):
         # Replaced on every update; waiters hold the one current when they started waiting.
         self._updated = asyncio.Event()
         self._watch_stopped: BaseException | None = None
+        # The backend being watched (for progress requests); None while not watching.
+        self._watching: Backend | None = None
 
     # -- Lookups ----------------------------------------------------------------------------
 
@@ -308,12 +322,16 @@ class KeySpace(Generic[T]):
                     await self.load(backend)
                     must_load = False
                 stream = backend.watch(self.root, prefix_end(self.root), self.header.revision + 1)
+                self._watching = backend
                 try:
                     async for resp in stream:
                         attempt = 0
                         if resp.events:
                             self.apply(resp)
+                        else:
+                            self._progress(resp.header)
                 finally:
+                    self._watching = None
                     await _aclose(stream)
                 return
             except (UnavailableError, CompactedError) as exc:
@@ -338,9 +356,22 @@ class KeySpace(Generic[T]):
             return 0.0
         return min(self._backoff_max_s, self._backoff_initial_s * 2.0 ** (attempt - 2))
 
+    def _progress(self, header: Header) -> None:
+        """A progress notification: every event of the prefix through ``header.revision`` was
+        applied, so the mirror reflects that revision (its entries are unchanged)."""
+        if header.revision > self.header.revision:
+            current = self.header
+            self.header = Header(
+                header.revision, current.cluster_id, current.member_id, current.raft_term
+            )
+            self._notify_waiters()
+
     async def wait_for_revision(self, revision: int, timeout_s: float) -> None:
         """Return once the mirror reflects ``revision``. Raises TimeoutError after
-        ``timeout_s``, and WatchStoppedError if the watch ended first."""
+        ``timeout_s``, and WatchStoppedError if the watch ended first. A waiter behind asks
+        for progress notifications (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        ask_at, every_s = loop.time() + progress_after_s, progress_after_s
         try:
             async with asyncio.timeout(timeout_s):
                 while self.header.revision < revision:
@@ -349,7 +380,18 @@ class KeySpace(Generic[T]):
                             f"keyspace {self.root!r}: watch ended at revision "
                             f"{self.header.revision}, before revision {revision}"
                         ) from self._watch_stopped
-                    await self._updated.wait()
+                    updated = self._updated
+                    if loop.time() >= ask_at and self._watching is not None:
+                        await self._watching.request_watch_progress()
+                        every_s = min(progress_every_s_max, every_s * 2)
+                        ask_at = loop.time() + every_s
+                        if self.header.revision >= revision:
+                            break
+                    try:
+                        async with asyncio.timeout(max(0.0, ask_at - loop.time())):
+                            await updated.wait()
+                    except TimeoutError:
+                        continue  # Time to ask for progress (the outer bound still holds).
         except TimeoutError:
             raise TimeoutError(
                 f"keyspace {self.root!r}: revision {revision} not reached within {timeout_s}s "

@@ -1,0 +1,60 @@
+"""A mirror of one prefix reaches a revision made by writes outside it (another prefix in the
+same store: a consumer group's keys in the brokers' etcd) through progress notifications, on a
+real etcd and on the embedded keyspace. Found by the soak: a broker asked to wait for a revision
+its prefix never saw timed every request out ("revision N not reached within 10.0s")."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.keyspace.backend import Backend
+from broker.keyspace.embedded import EmbeddedStore
+from broker.keyspace.etcd import EtcdBackend
+from broker.keyspace.keyspace import KeySpace
+from broker.testing.etcd_server import EtcdServer
+
+# Far below the wait that failed (10 s), far above a progress round trip.
+wait_s = 5.0
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "embedded":
+        be: Backend = EmbeddedStore().connect()
+        yield be
+        await be.close()
+        return
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd not installed: run `make system-deps`")
+    async with EtcdServer() as server:
+        be = EtcdBackend([server.endpoint], dial_timeout_s=5, request_timeout_s=5)
+        yield be
+        await be.close()
+
+
+async def test_a_revision_made_outside_the_prefix_is_reached(backend: Backend) -> None:
+    ks: KeySpace[bytes] = KeySpace("/cluster", lambda kv: kv.value)
+    await backend.put(b"/cluster/a", b"1")
+    watching = asyncio.create_task(ks.watch(backend))
+    try:
+        async with asyncio.timeout(wait_s):
+            while ks.get("/cluster/a") is None:  # Loaded (a load is one update).
+                await asyncio.sleep(0.01)
+        # Writes in another prefix move the store's revision on; the mirror sees no event.
+        for i in range(3):
+            header = await backend.put(b"/consumers/k%d" % i, b"x")
+        assert ks.header.revision < header.revision
+        await ks.wait_for_revision(header.revision, wait_s)
+        assert ks.header.revision >= header.revision
+        assert [e.decoded for e in ks.kvs] == [b"1"]  # Entries unchanged.
+        # And events of the prefix still apply after a progress notification.
+        later = await backend.put(b"/cluster/b", b"2")
+        await ks.wait_for_revision(later.revision, wait_s)
+        assert [e.decoded for e in ks.kvs] == [b"1", b"2"]
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
