@@ -38,12 +38,11 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 
 async def test_a_revision_made_outside_the_prefix_is_reached(backend: Backend) -> None:
     ks: KeySpace[bytes] = KeySpace("/cluster", lambda kv: kv.value)
-    await backend.put(b"/cluster/a", b"1")
+    first = await backend.put(b"/cluster/a", b"1")
     watching = asyncio.create_task(ks.watch(backend))
     try:
-        async with asyncio.timeout(wait_s):
-            while ks.get("/cluster/a") is None:  # Loaded (a load is one update).
-                await asyncio.sleep(0.01)
+        await ks.wait_for_revision(first.revision, wait_s)  # Loaded.
+        assert ks.get("/cluster/a") is not None
         # Writes in another prefix move the store's revision on; the mirror sees no event.
         for i in range(3):
             header = await backend.put(b"/consumers/k%d" % i, b"x")
