@@ -137,6 +137,8 @@ class EtcdBackend(b.Backend):
         self._preferred = 0
         self._closed = False
         self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
+        # Watch streams a progress request is being written to (see request_watch_progress).
+        self._progress_writing: set[grpc.aio.StreamStreamCall] = set()
 
     @property
     def endpoints(self) -> list[str]:
@@ -323,11 +325,18 @@ class EtcdBackend(b.Backend):
     async def request_watch_progress(self) -> None:
         request = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
         for call in list(self._watch_calls):
+            # One write at a time per stream (grpc.aio fails a stream written concurrently);
+            # a request already being written serves every waiter that asks meanwhile.
+            if call in self._progress_writing:
+                continue
+            self._progress_writing.add(call)
             try:
                 await call.write(request)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 # A broken stream: its reader sees the failure and the watch resumes.
                 continue
+            finally:
+                self._progress_writing.discard(call)
 
     @staticmethod
     def _check_watch_response(resp: Any, start_revision: int) -> None:

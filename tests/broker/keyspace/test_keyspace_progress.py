@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
@@ -54,6 +55,36 @@ async def test_a_revision_made_outside_the_prefix_is_reached(backend: Backend) -
         later = await backend.put(b"/cluster/b", b"2")
         await ks.wait_for_revision(later.revision, wait_s)
         assert [e.decoded for e in ks.kvs] == [b"1", b"2"]
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_concurrent_progress_requests_never_break_the_watch(backend: Backend) -> None:
+    # Waiters ask at the same moments: a stream written concurrently fails ("Internal error
+    # from Core" on etcd), and every such break restarts the watch.
+    ks: KeySpace[bytes] = KeySpace("/cluster", lambda kv: kv.value)
+    first = await backend.put(b"/cluster/a", b"1")
+    watching = asyncio.create_task(ks.watch(backend))
+
+    async def ask() -> None:
+        for _ in range(100):
+            await backend.request_watch_progress()
+            await asyncio.sleep(0)
+
+    async def write() -> None:
+        for i in range(100):
+            await backend.put(b"/cluster/k%d" % (i % 5), b"x")
+            await backend.put(b"/consumers/k%d" % (i % 5), b"x")
+
+    try:
+        await ks.wait_for_revision(first.revision, wait_s)
+        with capture_logs() as logs:
+            await asyncio.gather(ask(), ask(), ask(), write())
+            last = await backend.put(b"/consumers/last", b"x")
+            await asyncio.gather(*(ks.wait_for_revision(last.revision, wait_s) for _ in range(50)))
+        assert not [log for log in logs if "watch interrupted" in log["event"]]
+        assert not watching.done()
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
