@@ -63,6 +63,7 @@ from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import GazetteError, OffsetNotYetAvailableError
 from broker.protocol.validate import ValidationError
+from broker.tls import ClientTls
 
 log = get_logger(__name__)
 
@@ -271,11 +272,13 @@ class HttpGateway:
         self.port = int(runner.addresses[0][1])
         return self.port
 
-    def attach(self, endpoint: str) -> JournalClient:
+    def attach(self, endpoint: str, *, tls: ClientTls | None = None) -> JournalClient:
         """Serve journals through a new client of the broker at `endpoint`, which passes the
-        Authorization header of each HTTP request on with the RPCs it causes."""
+        Authorization header of each HTTP request on with the RPCs it causes; `tls` is what
+        it dials https:// brokers with."""
         forwarding = auth.client_interceptors(auth.ForwardingAuthorizer())
-        self.client = JournalClient(endpoint, channels=ChannelPool(interceptors=forwarding))
+        channels = ChannelPool(interceptors=forwarding, tls=tls)
+        self.client = JournalClient(endpoint, channels=channels)
         return self.client
 
     async def stop(self) -> None:
