@@ -119,6 +119,13 @@ def _check_ca(path: str, option: str) -> None:
         ) from None
 
 
+def _missing_pair(cert_file: str | None, cert_option: str, key_option: str) -> TlsConfigError:
+    """The error of a certificate without its key, or a key without its certificate."""
+    if cert_file:
+        return TlsConfigError(f"is required with {cert_option}", key_option)
+    return TlsConfigError(f"is required with {key_option}", cert_option)
+
+
 def load_server_tls(
     cert_file: str,
     key_file: str,
@@ -129,9 +136,7 @@ def load_server_tls(
     """A server's TLS from its PEM files (see ServerTls); `options` name them in errors."""
     cert_option, key_option, ca_option = options
     if not cert_file or not key_file:
-        missing = cert_option if not cert_file else key_option
-        raise TlsConfigError(f"is required with {key_option if cert_file else cert_option}",
-                             missing)  # fmt: skip
+        raise _missing_pair(cert_file, cert_option, key_option)
     chain, key = _read_pem(cert_file, cert_option), _read_pem(key_file, key_option)
     _check_pair(cert_file, key_file, cert_option, key_option)
     client_ca = None
@@ -157,10 +162,7 @@ def load_client_tls(
     chain = key = None
     if cert_file or key_file:
         if not cert_file or not key_file:
-            missing = cert_option if not cert_file else key_option
-            raise TlsConfigError(
-                f"is required with {key_option if cert_file else cert_option}", missing
-            )
+            raise _missing_pair(cert_file, cert_option, key_option)
         chain, key = _read_pem(cert_file, cert_option), _read_pem(key_file, key_option)
         _check_pair(cert_file, key_file, cert_option, key_option)
     return ClientTls(roots, chain, key)
