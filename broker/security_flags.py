@@ -30,7 +30,14 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any
 
-from broker.auth import Authorizer, KeyedAuth, KeyedAuthorizer, TokenAuthorizer
+from broker.auth import (
+    AuthKeysError,
+    Authorizer,
+    KeyedAuth,
+    KeyedAuthorizer,
+    TokenAuthorizer,
+    decode_keys,
+)
 from broker.auth import client_interceptors as _client_interceptors
 from broker.tls import (
     ENV_CA,
@@ -216,11 +223,20 @@ def etcd_options_of(args: argparse.Namespace) -> dict[str, Any]:
     return {"tls": tls, "user": args.etcd_user, "password": args.etcd_password}
 
 
-def authorizer_of(token: str, keys: str) -> Authorizer | None:
+def check_auth_keys(keys: str, option: str) -> None:
+    """Raise AuthKeysError naming `option` (and the key) if `keys` is not a usable key list."""
+    try:
+        decode_keys(keys)
+    except AuthKeysError as err:
+        raise AuthKeysError(err.rule, option, *err.context[1:]) from None
+
+
+def authorizer_of(token: str, keys: str, *, keys_option: str = "--auth-keys") -> Authorizer | None:
     """A TokenAuthorizer of `token`, else a KeyedAuthorizer of `keys`, else None."""
     if token.strip():
         return TokenAuthorizer(token)
     if keys.strip():
+        check_auth_keys(keys, keys_option)
         return KeyedAuthorizer(KeyedAuth.parse(keys))
     return None
 

@@ -51,7 +51,7 @@ def _auth_keys(text: str) -> str:
         try:
             decode_keys(text)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+            raise argparse.ArgumentTypeError(str(err).removeprefix("auth_keys")) from None
     return text
 
 

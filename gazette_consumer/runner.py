@@ -42,7 +42,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from broker.auth import Authorizer, client_interceptors, decode_keys
+from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
@@ -62,6 +62,7 @@ from broker.security_flags import (
     add_etcd_options,
     add_server_tls_options,
     authorizer_of,
+    check_auth_keys,
     etcd_options_of,
     peer_tls_of,
     server_tls_of,
@@ -435,8 +436,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag, keys in (("--auth-keys", args.auth_keys), ("--broker-auth-keys",
                                                           args.broker_auth_keys)):  # fmt: skip
         if keys.strip():
-            with at(flag):
-                decode_keys(keys)
+            check_auth_keys(keys, flag)
 
 
 def _load_security(args: argparse.Namespace) -> None:

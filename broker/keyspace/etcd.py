@@ -572,7 +572,8 @@ class EtcdBackend(b.Backend):
         coarse (OUT_OF_RANGE covers both compaction and future revisions), so the message text,
         which etcd keeps stable as API (rpctypes), tells them apart."""
         details = err.details() or ""
-        if "user name is empty" in details or "permission denied" in details:
+        if any(text in details for text in ("user name is empty", "permission denied",
+                                            *_stale_token_errors)):  # fmt: skip
             hint = "" if self._user else " (this etcd requires a user: --etcd-user)"
             return EtcdAuthError(f"etcd {rpc}: {err.code().name}: {details}{hint}")
         if "lease not found" in details:
