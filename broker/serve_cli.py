@@ -238,14 +238,15 @@ async def _serve(args: argparse.Namespace) -> None:
     # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
     gateway = HttpGateway(ready=broker.is_ready) if args.http_port is not None else None
     if gateway is not None:
-        await gateway.start(args.host, args.http_port)
+        await gateway.start(args.host, args.http_port, tls=args.server_tls)
     await broker.start()
     log.info("broker serving", endpoint=broker.endpoint)
     print(f"serving on {broker.endpoint}", flush=True)
     if gateway is not None:
         gateway.attach(broker.endpoint, tls=args.peer_tls)
         log.info("http gateway serving", port=gateway.port)
-        print(f"http gateway on http://{args.host}:{gateway.port}", flush=True)
+        scheme = "https" if args.server_tls is not None else "http"
+        print(f"http gateway on {scheme}://{args.host}:{gateway.port}", flush=True)
     # Every broker runs the allocator; it acts only while this broker is the leader (the
     # member with the oldest key), so one process on the embedded keyspace assigns itself.
     allocator: asyncio.Future[None] | None = None

@@ -49,10 +49,23 @@ class ServerTls:
     certificate_chain: bytes
     private_key: bytes = field(repr=False)
     client_ca: bytes | None = None
+    # The files they were read from (ssl.SSLContext, for the HTTP gateway, loads files).
+    files: tuple[str, str] | None = None
 
     @property
     def mutual(self) -> bool:
         return self.client_ca is not None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same for an HTTPS server (the HTTP gateway): certificate, and client CA."""
+        if self.files is None:
+            raise TlsConfigError("made without files: load it with load_server_tls")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*self.files)
+        if self.client_ca is not None:
+            context.load_verify_locations(cadata=self.client_ca.decode("ascii", "replace"))
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -143,7 +156,7 @@ def load_server_tls(
     if client_ca_file:
         client_ca = _read_pem(client_ca_file, ca_option)
         _check_ca(client_ca_file, ca_option)
-    return ServerTls(chain, key, client_ca)
+    return ServerTls(chain, key, client_ca, (cert_file, key_file))
 
 
 def load_client_tls(

@@ -4,15 +4,18 @@ requiring one, is refused with an error saying so, and nothing is served."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import grpc.aio
 import pytest
 
 from broker.client import JournalClient, list_journals
 from broker.client.route_cache import ChannelPool
+from broker.http_gateway import HttpGateway
 from broker.server import Broker
 from broker.tls import (
     TlsConfigError,
@@ -22,6 +25,7 @@ from broker.tls import (
     load_server_tls,
 )
 from tests.broker.broker_testkit import Cluster, journal_spec
+from tests.security.security_testkit import KEYS, scoped_token
 from tests.security.tls_testkit import CertAuthority, Issued
 
 
@@ -164,3 +168,56 @@ async def test_a_plaintext_client_of_a_tls_broker_is_refused(
     finally:
         await client.close()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_the_http_gateway_serves_https_in_front_of_a_tls_broker(
+    cluster: Cluster, ca: CertAuthority
+) -> None:
+    """The gateway serves HTTPS with the broker's certificate and dials the broker's https://
+    endpoint trusting the CA; a bearer token passes through, a plaintext request is refused."""
+    cert = ca.issue("broker")
+    server_tls = load_server_tls(cert.cert, cert.key)
+    broker = await cluster.start_broker(
+        "zone-a", "broker-a", auth_keys=KEYS, tls=server_tls, peer_tls=load_client_tls(ca.cert)
+    )
+    await cluster.create(journal_spec("tls/journal"), [broker])
+    gateway = HttpGateway(ready=broker.is_ready)
+    port = await gateway.start("127.0.0.1", 0, tls=server_tls)
+    gateway.attach(broker.endpoint, tls=load_client_tls(ca.cert))
+    url = f"https://127.0.0.1:{port}/tls/journal"
+    trusting = ssl.create_default_context(cafile=ca.cert)
+    headers = {"Authorization": f"Bearer {scoped_token('prefix=tls/')}"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.put(url, data=b"over https", headers=headers, ssl=trusting) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.get(f"{url}?block=false", headers=headers, ssl=trusting) as resp:
+                assert resp.status == 206 and await resp.read() == b"over https"
+            async with http.get(url, ssl=trusting) as resp:
+                assert resp.status == 401  # No token.
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(url.replace("https://", "http://"), headers=headers):
+                    pass
+    finally:
+        await gateway.stop()
+
+
+async def test_the_http_gateway_under_mutual_tls_refuses_clients_without_a_certificate(
+    ca: CertAuthority,
+) -> None:
+    cert, client = ca.issue("broker"), ca.issue("client")
+    gateway = HttpGateway()
+    port = await gateway.start("127.0.0.1", 0, tls=load_server_tls(cert.cert, cert.key, ca.cert))
+    url = f"https://127.0.0.1:{port}/debug/ready"
+    anonymous = ssl.create_default_context(cafile=ca.cert)
+    identified = ssl.create_default_context(cafile=ca.cert)
+    identified.load_cert_chain(client.cert, client.key)
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(url, ssl=anonymous) as resp:
+                    await resp.read()
+            async with http.get(url, ssl=identified) as resp:
+                assert resp.status == 200
+    finally:
+        await gateway.stop()
