@@ -14,11 +14,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
+from broker.client.append_service import AppendService
+from broker.client.async_append import AsyncAppend
+from broker.client.list_apply import apply_journals, upsert
+from broker.client.route_cache import JournalClient
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
 from broker.testing.etcd_server import EtcdServer, EtcdServerTls
 from broker.tls import load_client_tls
+from examples.counter import Count
+from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, Partition, Publisher
+from gazette_consumer.shard_client import ShardClient
+from gazette_consumer.shard_client import upsert as shard_upsert
+from tests.broker.broker_testkit import journal_spec
 from tests.broker.serve_testkit import free_port
-from tests.gazette_consumer.consumer_testkit import ConsumerProcess
+from tests.gazette_consumer.consumer_testkit import ConsumerProcess, stat_through
 from tests.security.security_testkit import KEYS
 from tests.security.tls_testkit import CertAuthority
 
@@ -124,7 +137,24 @@ async def test_gazette_serve_with_tls_auth_and_a_secured_etcd(tmp_path: Path) ->
                 await proc.wait()
 
 
-async def test_gazette_consumer_serve_with_tls_and_auth(tmp_path: Path) -> None:
+def _counter_shard(shard: str, source: str, output: str) -> cpb.ShardSpec:
+    return cpb.ShardSpec(
+        id=shard,
+        sources=[cpb.ShardSpec.Source(journal=source)],
+        max_txn_duration=Duration(nanos=100_000_000),
+        labels=pb.LabelSet(labels=[pb.Label(name="counter.example/output", value=output)]),
+    )
+
+
+def _json_journal(name: str) -> pb.JournalSpec:
+    spec = journal_spec(name)
+    spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
+    return spec
+
+
+async def test_gazette_consumer_serve_with_tls_and_auth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ca = CertAuthority.new(tmp_path / "ca", "cluster-ca")
     cert = ca.issue("consumer")
     consumer = ConsumerProcess(
@@ -157,5 +187,27 @@ async def test_gazette_consumer_serve_with_tls_and_auth(tmp_path: Path) -> None:
         assert _failed_with(anonymous, "UNAUTHENTICATED", "missing") is None
         assert listed_journals.returncode == 0, listed_journals.stderr.decode()
         assert _failed_with(anonymous_journals, "UNAUTHENTICATED") is None
+
+        # A shard runs: it reads its source from the embedded broker (TLS, tokens signed with
+        # the consumer's keys), and a Stat waits for it to read through what was appended.
+        # These clients take their keys and CA from the environment (as by default).
+        monkeypatch.setenv("GAZETTE_AUTH_KEYS", KEYS)
+        monkeypatch.setenv("GAZETTE_TLS_CA", ca.cert)
+        source, output = "counts/in", "counts/out"
+        client = JournalClient(broker)
+        try:
+            async with ShardClient(consumer.endpoint) as shards, AppendService(client) as appends:
+                await apply_journals(client, [upsert(_json_journal(j)) for j in (source, output)])
+                await shards.apply([shard_upsert(_counter_shard("counter-0", source, output))])
+                publisher: Publisher[AsyncAppend] = Publisher(appends)
+                partition = Partition(source, CONTENT_TYPE_JSON_LINES)
+                last = await publisher.publish_committed(
+                    lambda _m: partition, Count(key="apple", n=3)
+                )
+                head = (await last).commit.end
+                stat = await stat_through(consumer, "counter-0", {source: head})
+            assert stat.read_through[source] >= head
+        finally:
+            await client.close()
     finally:
         assert await consumer.terminate() == 0, consumer.log_tail()
