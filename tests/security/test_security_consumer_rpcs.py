@@ -183,3 +183,16 @@ async def test_a_stat_proxied_over_mutual_tls_carries_the_callers_scope(
         with pytest.raises(grpc.aio.AioRpcError) as refused_:
             await shards.stat(SHARD)
     assert refused_.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_stat_waiting_for_read_through_ends_when_its_token_expires(group: Group) -> None:
+    node = await group.join("zone-a", "consumer-a", auth_keys=KEYS)
+    await group.put_shard(shard_spec(SHARD, team="counts", sources=("in/a",)))
+    await group.until(primary_and_standbys(group, [SHARD], standbys=0))
+    short = SIGNER.sign(Claims(READ), 1)  # Expires within a second (whole seconds).
+    channels = ChannelPool(channels_max=1, interceptors=client_interceptors(TokenAuthorizer(short)))
+    async with ShardClient(node.member.endpoint, channels=channels) as shards:
+        with pytest.raises(grpc.aio.AioRpcError) as expired:
+            await shards.stat(SHARD, {"in/a": 100})  # Never read through: waits.
+    assert expired.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "expired" in (expired.value.details() or "")
