@@ -523,12 +523,13 @@ class EtcdBackend(b.Backend):
             await self._authenticate(conn, index)
         return conn
 
-    @staticmethod
-    async def _why_not_connected(conn: _Conn) -> str:
+    async def _why_not_connected(self, conn: _Conn) -> str:
         """The reason of the channel's last failure to connect (its TLS handshake failed, the
-        server closed the connection, ...), as ": <reason>"; "" if it is not known."""
+        server closed the connection, ...), as ": <reason>"; "" if it is not known. A channel
+        that failed answers at once; one still connecting is given a short while."""
+        probe_s = min(_failure_probe_s, self._dial_timeout_s)
         try:
-            await conn.maintenance.Status(rpc_pb2.StatusRequest(), timeout=_failure_probe_s)
+            await conn.maintenance.Status(rpc_pb2.StatusRequest(), timeout=probe_s)
         except grpc.aio.AioRpcError as err:
             details = err.details() or ""
             return ": " + describe_failure(
