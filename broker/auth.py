@@ -1,10 +1,13 @@
-"""Authorization: bearer tokens that carry capabilities and a journal selector.
+"""Authorization: bearer tokens that carry capabilities and a selector of journals or shards.
 
 Tokens are Gazette's, so that ours and Gazette's tools interoperate: an HS256 (or HS384) JWT
 whose claims are ``cap``, a bitmask of capabilities (`LIST`, `APPLY`, `READ`, `APPEND`,
 `REPLICATE`, with Gazette's bit values), ``sel``, a LabelSelector (JSON, as Gazette encodes it)
-limiting the journals the token may touch, and the registered ``iat`` / ``exp``. It travels in
-the ``authorization: Bearer <token>`` gRPC metadata of every RPC.
+limiting the journals (of brokers) or shards (of consumers) the token may touch, and the
+registered ``iat`` / ``exp``. It travels in the ``authorization: Bearer <token>`` gRPC metadata
+of every RPC. Brokers and consumers use the same keys and claims; each RPC needs one
+capability (`capability_of`): a consumer's Stat and GetHints READ, List LIST, Apply and
+Unassign APPLY, as in Gazette.
 
 Keys are pre-shared: ``--auth-keys`` is a list of base64 keys separated by commas or spaces.
 The first signs, and any verifies, so that keys can be rotated by adding the new one second,
@@ -21,7 +24,11 @@ Who signs what:
   caller's capabilities and selector, never more), taken from `verified_claims`.
 - The HTTP gateway passes the HTTP ``Authorization`` header through (`forwarded_authorization`).
 
-Brokers verify (`KeyedAuth.verify`) in their server interceptor: see `broker.auth_server`.
+- A consumer signs its Stat requests proxied to peers likewise (the caller's claims), and its
+  shards' calls to brokers with the capability each needs.
+
+Brokers verify (`KeyedAuth.verify`) in their server interceptor (`broker.auth_server`),
+consumers in theirs (`gazette_consumer.shard_auth`).
 """
 
 from __future__ import annotations
@@ -69,10 +76,26 @@ METHOD_CAPABILITIES: Final = {
     "ListFragments": READ,
     "FragmentStoreHealth": READ,
 }
+# The capability each Shard RPC (a consumer's) needs: Gazette's.
+_SHARD_SERVICE: Final = "/consumer.Shard/"
+SHARD_METHOD_CAPABILITIES: Final = {
+    "Stat": READ,
+    "List": LIST,
+    "Apply": APPLY,
+    "GetHints": READ,
+    "Unassign": APPLY,
+}
+_SERVICES: Final = (
+    (_JOURNAL_SERVICE, METHOD_CAPABILITIES),
+    (_SHARD_SERVICE, SHARD_METHOD_CAPABILITIES),
+)
 # Lifetimes of tokens we sign: long for streams that stay open, short for the rest (Gazette's).
 stream_token_ttl_s: Final = 3600.0
 unary_token_ttl_s: Final = 60.0
-_STREAMING: Final = frozenset({"List", "Read", "Append", "Replicate"})
+_STREAMING: Final = frozenset(
+    _JOURNAL_SERVICE + name for name in ("List", "Read", "Append", "Replicate")
+)
+_REPLICATE: Final = _JOURNAL_SERVICE + "Replicate"
 # Clock skew tolerated between signer and verifier (Gazette's).
 leeway_s_default: Final = 5.0
 # The key that lets requests without a token through (Gazette's rollout value).
@@ -129,10 +152,12 @@ class Claims:
 
 
 def capability_of(method: str) -> int:
-    """The capability a full gRPC method name needs (0 outside the Journal service)."""
-    if not method.startswith(_JOURNAL_SERVICE):
-        return 0
-    return METHOD_CAPABILITIES.get(method[len(_JOURNAL_SERVICE) :], 0)
+    """The capability a full gRPC method name needs (0 outside the Journal and Shard
+    services: any valid token will do)."""
+    for service, capabilities in _SERVICES:
+        if method.startswith(service):
+            return capabilities.get(method[len(service) :], 0)
+    return 0
 
 
 def check_capability(have: int, require: int) -> None:
@@ -371,10 +396,9 @@ class KeyedAuthorizer:
         self._auth = auth
 
     def authorization(self, method: str) -> str | None:
-        name = method.rsplit("/", 1)[-1]
-        ttl_s = stream_token_ttl_s if name in _STREAMING else unary_token_ttl_s
+        ttl_s = stream_token_ttl_s if method in _STREAMING else unary_token_ttl_s
         claims = verified_claims.get()
-        if name == "Replicate" or claims is None:
+        if method == _REPLICATE or claims is None:
             claims = Claims(capability_of(method))
         return _BEARER + self._auth.sign(claims, ttl_s)
 

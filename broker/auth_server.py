@@ -101,7 +101,8 @@ def covers(selector: pb.LabelSelector | None, name: str, labels: pb.LabelSet) ->
     return matches(selector, gl.union(gl.journal_meta_labels(name), labels))
 
 
-def _authorization(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+def authorization_of(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+    """The ``authorization`` value of an RPC's invocation metadata, if any."""
     for key, value in metadata or ():
         if key == AUTHORIZATION:
             return value.decode() if isinstance(value, bytes) else str(value)
@@ -150,7 +151,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = details.method
         try:
             claims = self._auth.verify(
-                _authorization(details.invocation_metadata), capability_of(method)
+                authorization_of(details.invocation_metadata), capability_of(method)
             )
         except AuthError as err:
             metrics.AUTH_REJECTIONS.labels(err.reason).inc()
@@ -158,10 +159,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             # A client-streaming RPC (Append) hears its answer only once it stops writing;
             # a bidirectional one (Replicate) reads answers as it writes.
             drains = handler.request_streaming and not handler.response_streaming
-            return rebuild_handler(handler, _refusal(err, drains))
+            return rebuild_handler(handler, refusal(err, drains))
         name = method[len(_JOURNAL_SERVICE) :] if method.startswith(_JOURNAL_SERVICE) else ""
-        wrapper = self._wrappers.get(name, self._plain)
-        return wrapper(handler, claims)
+        wrapper = self._wrappers.get(name)
+        return wrapper(handler, claims) if wrapper is not None else with_claims(handler, claims)
 
     # --- Scope checks ---
 
@@ -177,24 +178,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return False
 
     # --- Wrappers, one per method shape ---
-
-    def _plain(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
-        inner = _behavior(handler)
-        if inspect.isasyncgenfunction(inner):
-
-            async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                verified_claims.set(claims)
-                async for response in inner(request, context):
-                    yield response
-
-            return rebuild_handler(handler, stream)
-
-        async def call(request: Any, context: Any) -> Any:
-            verified_claims.set(claims)
-            result = inner(request, context)  # A generated default may be a plain function.
-            return await result if inspect.isawaitable(result) else result
-
-        return rebuild_handler(handler, call)
 
     def _read(self, handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
         inner, selector = handler.unary_stream, covering_selector(claims)
@@ -323,7 +306,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 except TimeoutError:
                     if not timeout.expired():
                         raise
-                    await _abort_expired(context)
+                    await abort_expired(context)
                 yield response
         finally:
             await responses.aclose()  # type: ignore[attr-defined]
@@ -341,10 +324,33 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except TimeoutError:
             if not timeout.expired():
                 raise
-            await _abort_expired(context)
+            await abort_expired(context)
 
 
-def _refusal(err: AuthError, drains: bool) -> Callable[[Any, Any], Any]:
+def with_claims(handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
+    """`handler`, run with `claims` as the verified claims of its context (for RPCs that need
+    no more than a valid token)."""
+    inner = _behavior(handler)
+    if inspect.isasyncgenfunction(inner):
+
+        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            verified_claims.set(claims)
+            async for response in inner(request, context):
+                yield response
+
+        return rebuild_handler(handler, stream)
+
+    async def call(request: Any, context: Any) -> Any:
+        verified_claims.set(claims)
+        result = inner(request, context)  # A generated default may be a plain function.
+        return await result if inspect.isawaitable(result) else result
+
+    return rebuild_handler(handler, call)
+
+
+def refusal(err: AuthError, drains: bool) -> Callable[[Any, Any], Any]:
+    """A handler behaviour answering `err` (after reading the requests, if `drains`)."""
+
     async def refuse(request: Any, context: Any) -> None:
         if drains:
             # So that the client hears why (request_stream.py); tightly bounded, as the
@@ -372,7 +378,7 @@ class ResolverScope:
         )
 
 
-async def _abort_expired(context: Any) -> None:
+async def abort_expired(context: Any) -> None:
     """End a stream whose authorization expired while it ran."""
     metrics.AUTH_REJECTIONS.labels("expired").inc()
     await context.abort(

@@ -28,6 +28,9 @@ other client:
   broker requiring tokens requires them of HTTP clients too.
 - ``/debug/metrics``: Prometheus text. ``/debug/ready``: 200 once the broker serves, 503 while
   it starts or stops (``ready``).
+- With ``start(..., tls=...)`` the gateway serves HTTPS (the broker's certificate, under
+  ``gazette serve --tls-cert``), requiring client certificates when the TLS has a client CA;
+  ``attach(..., tls=...)`` is what it dials an ``https://`` broker with.
 
 Usage: ``gw = HttpGateway(ready=broker.is_ready); port = await gw.start(host, 0)``, then
 ``gw.attach(broker.endpoint)`` (journal requests get 503 until then; a `client` may also be
@@ -63,6 +66,7 @@ from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import GazetteError, OffsetNotYetAvailableError
 from broker.protocol.validate import ValidationError
+from broker.tls import ClientTls, ServerTls
 
 log = get_logger(__name__)
 
@@ -249,8 +253,9 @@ class HttpGateway:
         self._runner: web.AppRunner | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on host:port (0: a free port); return the bound port."""
+    async def start(self, host: str, port: int, *, tls: ServerTls | None = None) -> int:
+        """Listen on host:port (0: a free port), HTTPS with `tls` (and, if it has a client CA,
+        requiring client certificates); return the bound port."""
         if self._runner is not None:
             raise RuntimeError("gateway already started")
         # handler_cancellation: a client that goes away cancels its request, which closes a
@@ -263,7 +268,8 @@ class HttpGateway:
         )
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port).start()
+            context = tls.ssl_context() if tls is not None else None
+            await web.TCPSite(runner, host, port, ssl_context=context).start()
         except BaseException:
             await runner.cleanup()
             raise
@@ -271,11 +277,13 @@ class HttpGateway:
         self.port = int(runner.addresses[0][1])
         return self.port
 
-    def attach(self, endpoint: str) -> JournalClient:
+    def attach(self, endpoint: str, *, tls: ClientTls | None = None) -> JournalClient:
         """Serve journals through a new client of the broker at `endpoint`, which passes the
-        Authorization header of each HTTP request on with the RPCs it causes."""
+        Authorization header of each HTTP request on with the RPCs it causes; `tls` is what
+        it dials https:// brokers with."""
         forwarding = auth.client_interceptors(auth.ForwardingAuthorizer())
-        self.client = JournalClient(endpoint, channels=ChannelPool(interceptors=forwarding))
+        channels = ChannelPool(interceptors=forwarding, tls=tls)
+        self.client = JournalClient(endpoint, channels=channels)
         return self.client
 
     async def stop(self) -> None:

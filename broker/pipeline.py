@@ -32,12 +32,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import grpc
 
 from broker import metrics
-from broker.client.route_cache import reconnect_backoff_initial_ms, reconnect_backoff_max_ms
+from broker.client.route_cache import (
+    open_channel,
+    reconnect_backoff_initial_ms,
+    reconnect_backoff_max_ms,
+)
 from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -48,6 +51,7 @@ from broker.protocol.content_wire import (
     passthrough_serializer,
 )
 from broker.replica import Slot
+from broker.tls import ClientTls
 from broker.topology import format_id, routes_equivalent
 
 log = get_logger(__name__)
@@ -106,29 +110,26 @@ class PeerError(Exception):
     """A peer's stream failed, or answered something it should not have."""
 
 
-def grpc_target(endpoint: str) -> str:
-    """The gRPC target of a broker endpoint URL ("http://host:port" -> "host:port")."""
-    parts = urlsplit(endpoint)
-    if parts.scheme == "unix":
-        return endpoint
-    if not parts.netloc:
-        raise ValueError(f"endpoint {endpoint!r}: expected a URL such as http://host:port")
-    return parts.netloc
-
-
 class Dialer:
     """gRPC channels to peer brokers, one per endpoint, shared by every pipeline and proxied
-    request of a broker."""
+    request of a broker. Peers advertising ``https://`` endpoints are dialed with TLS, trusting
+    and presenting what `tls` holds (broker.tls)."""
 
-    def __init__(self, interceptors: list[grpc.aio.ClientInterceptor] | None = None) -> None:
+    def __init__(
+        self,
+        interceptors: list[grpc.aio.ClientInterceptor] | None = None,
+        *,
+        tls: ClientTls | None = None,
+    ) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._interceptors = interceptors or None  # E.g. broker.auth's token signing.
+        self._tls = tls
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
-                grpc_target(endpoint), options=_CHANNEL_OPTIONS, interceptors=self._interceptors
+            channel = open_channel(
+                endpoint, options=_CHANNEL_OPTIONS, interceptors=self._interceptors, tls=self._tls
             )
             self._channels[endpoint] = channel
         return channel

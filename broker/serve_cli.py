@@ -22,6 +22,7 @@ from broker.fragment.stores.registry import new_registry
 from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
+from broker.keyspace.etcd import EtcdAuthError
 from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
@@ -32,6 +33,13 @@ from broker.protocol.validate import (
     ZONE_LEN_MIN,
     ValidationError,
     validate_token,
+)
+from broker.security_flags import (
+    add_etcd_options,
+    add_server_tls_options,
+    etcd_options_of,
+    peer_tls_of,
+    server_tls_of,
 )
 from broker.server import Broker, BrokerConfig, handoff_wait_s_default, lease_ttl_s_default
 from broker.topology import DEFAULT_ROOT
@@ -44,7 +52,7 @@ def _auth_keys(text: str) -> str:
         try:
             decode_keys(text)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
+            raise argparse.ArgumentTypeError(str(err).removeprefix("auth_keys")) from None
     return text
 
 
@@ -179,6 +187,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds an Append client may fall behind --min-append-rate before its append is"
         " rolled back",
     )
+    add_server_tls_options(serve)
+    add_etcd_options(serve)
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
     args = p.parse_args(argv)
@@ -195,6 +205,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not os.path.isdir(args.file_root):
             # Not created: a missing root is usually a volume that failed to mount.
             p.error(f"--file-root {args.file_root}: no such directory (is its volume mounted?)")
+        try:  # Certificates are read and checked now: a bad one changes nothing.
+            args.server_tls, args.peer_tls = server_tls_of(args), peer_tls_of(args)
+            args.etcd_options = etcd_options_of(args)
+        except ValueError as err:
+            p.error(str(err))
     return args
 
 
@@ -203,7 +218,9 @@ async def _serve(args: argparse.Namespace) -> None:
     from broker.keyspace.etcd import EtcdBackend
 
     store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
-    backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
+    backend: Backend = (
+        EtcdBackend(args.etcd, **args.etcd_options) if store is None else store.connect()
+    )
     broker = Broker(
         backend,
         BrokerConfig(
@@ -217,6 +234,8 @@ async def _serve(args: argparse.Namespace) -> None:
             fsync=args.fsync,
             memory_spools=args.spool_memory,
             auth_keys=args.auth_keys,
+            tls=args.server_tls,
+            peer_tls=args.peer_tls,
             lease_ttl_s=args.lease_ttl_s,
             min_append_rate_bytes_per_s=args.min_append_rate_bytes_per_s,
             flow_control_burst_s=args.flow_control_burst_s,
@@ -233,15 +252,16 @@ async def _serve(args: argparse.Namespace) -> None:
     # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
     gateway = HttpGateway(ready=broker.is_ready) if args.http_port is not None else None
     if gateway is not None:
-        await gateway.start(args.host, args.http_port)
+        await gateway.start(args.host, args.http_port, tls=args.server_tls)
     await broker.start()
     freeze_startup_heap()  # Long-lived start-up objects out of full collections (gc_tuning).
     log.info("broker serving", endpoint=broker.endpoint)
     print(f"serving on {broker.endpoint}", flush=True)
     if gateway is not None:
-        gateway.attach(broker.endpoint)
+        gateway.attach(broker.endpoint, tls=args.peer_tls)
         log.info("http gateway serving", port=gateway.port)
-        print(f"http gateway on http://{args.host}:{gateway.port}", flush=True)
+        scheme = "https" if args.server_tls is not None else "http"
+        print(f"http gateway on {scheme}://{args.host}:{gateway.port}", flush=True)
     # Every broker runs the allocator; it acts only while this broker is the leader (the
     # member with the oldest key), so one process on the embedded keyspace assigns itself.
     allocator: asyncio.Future[None] | None = None
@@ -345,3 +365,5 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(_serve(args))
     except (KeySpaceDirError, CorruptLogError) as err:  # Locked, unusable or corrupt.
         sys.exit(f"gazette serve: --data-dir: {err}")
+    except EtcdAuthError as err:  # Wrong or missing --etcd-user/--etcd-password.
+        sys.exit(f"gazette serve: {err}")

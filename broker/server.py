@@ -75,6 +75,7 @@ from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdo
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver, revision_wait_s_default
 from broker.service_handlers import add_journal_service
+from broker.tls import ClientTls, ServerTls, bind_port
 from broker.topology import (
     DEFAULT_ROOT,
     Decoded,
@@ -143,6 +144,10 @@ class BrokerConfig:
     peer_response_timeout_s: float = 30.0
     # Pre-shared keys (base64, comma/space separated; see broker.auth); "": no authorization.
     auth_keys: str = field(default="", repr=False)
+    # Serve TLS (advertising https://) with this certificate (broker.tls); None: in the clear.
+    tls: ServerTls | None = None
+    # What peers' https:// endpoints are trusted with (and, for mutual TLS, our certificate).
+    peer_tls: ClientTls | None = None
 
 
 class BrokerStateError(RuntimeError):
@@ -226,9 +231,9 @@ class Broker:
         # With keys, every RPC must be authorized, and this broker signs its own calls.
         self.auth = KeyedAuth.parse(config.auth_keys) if config.auth_keys else None
         signing = client_interceptors(KeyedAuthorizer(self.auth) if self.auth else None)
-        self.dialer = Dialer(signing)
+        self.dialer = Dialer(signing, tls=config.peer_tls)
         # Channels of the read path (proxied reads and fragment listings).
-        self.channels = ChannelPool(interceptors=signing)
+        self.channels = ChannelPool(interceptors=signing, tls=config.peer_tls)
         self.resolver = Resolver(
             self.ks,
             config.root,
@@ -369,10 +374,10 @@ class Broker:
         )
         # Append and Replicate read content chunks without copying them (service_handlers.py).
         add_journal_service(service, server)
-        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        port, scheme = bind_port(server, f"{cfg.host}:{cfg.port}", cfg.tls)
         await server.start()
         self._server = server
-        self.endpoint = f"http://{cfg.host}:{port}"
+        self.endpoint = f"{scheme}://{cfg.host}:{port}"
         self.bound.set()
         return server
 

@@ -3,9 +3,11 @@
 A ``ConsumerMember`` is one member of a consumer group (one ``gazette-consumer serve``, or one
 of several in an embedded process or a test). Starting it:
 
-1. binds the gRPC server (port 0 picks a free one) with the Shard service, so that the endpoint
-   is known, behind a readiness gate (``broker.readiness``): until step 3 is done, every RPC is
-   answered UNAVAILABLE ("starting"), never from an empty view of the cluster;
+1. binds the gRPC server (port 0 picks a free one; TLS with ``tls``, advertised as https://)
+   with the Shard service, so that the endpoint is known, behind a readiness gate
+   (``broker.readiness``): until step 3 is done, every RPC is answered UNAVAILABLE
+   ("starting"), never from an empty view of the cluster; then, with ``auth_keys``, behind the
+   authorization interceptor (``shard_auth``);
 2. grants a lease and announces the member, ``<root>/members/<zone>#<suffix>`` = ConsumerSpec,
    under it: if the process dies, the lease expires, the key and its assignments vanish, and the
    allocator promotes the standbys elsewhere. A process restarted with the same ID first waits
@@ -33,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
@@ -41,6 +43,7 @@ import grpc.aio
 from broker.allocator import MemberId, MemberNotFoundError
 from broker.allocator import serve as allocate
 from broker.allocator.announce import announce
+from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, message_bytes_max
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.lease import keep_lease_alive
@@ -50,10 +53,12 @@ from broker.protocol import consumer_pb2_grpc as cpbg
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import validate_consumer_spec
 from broker.readiness import ReadinessGate, check_own_member
+from broker.tls import ClientTls, ServerTls, bind_port
 from broker.topology import MEMBERS
 from gazette_consumer.local_shards import LocalShards
 from gazette_consumer.resolver import Resolver
 from gazette_consumer.service import ShardService
+from gazette_consumer.shard_auth import KeySpaceShardScope, ShardAuthInterceptor
 from gazette_consumer.shard_handle import StartShard
 from gazette_consumer.topology import (
     ConsumerMember as ConsumerMemberValue,
@@ -98,6 +103,14 @@ class ConsumerConfig:
     drain_timeout_s: float = drain_timeout_s_default
     stop_grace_s: float = stop_grace_s_default
     allocator_idle_wake_s: float = allocator_idle_wake_s_default
+    # Pre-shared keys (base64, comma/space separated; see broker.auth); "": no authorization.
+    # With keys, every RPC must be authorized (gazette_consumer.shard_auth), and the member
+    # signs the Stat requests it proxies to peers.
+    auth_keys: str = field(default="", repr=False)
+    # Serve TLS (advertising https://) with this certificate (broker.tls); None: in the clear.
+    tls: ServerTls | None = None
+    # What peers' https:// endpoints are trusted with (and, for mutual TLS, our certificate).
+    peer_tls: ClientTls | None = None
 
 
 class ConsumerStateError(RuntimeError):
@@ -132,7 +145,9 @@ class ConsumerMember:
             self.ks, backend, config.root, config.zone, config.suffix, start_shard
         )
         self.resolver = Resolver(self.ks, config.root, self.id, self.local)
-        self.channels = ChannelPool()
+        self.auth = KeyedAuth.parse(config.auth_keys) if config.auth_keys else None
+        signing = client_interceptors(KeyedAuthorizer(self.auth) if self.auth else None)
+        self.channels = ChannelPool(interceptors=signing, tls=config.peer_tls)
         self._add_services = add_services
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -166,18 +181,20 @@ class ConsumerMember:
             raise ConsumerStateError(f"{self!r}: already started")
         cfg = self.config
         # The gate first: a member that is not ready refuses every service's RPCs, the
-        # application's own included.
-        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate])
+        # application's own included; then authorization, if the member has keys.
+        scope = KeySpaceShardScope(self.ks, cfg.root)
+        auth = [ShardAuthInterceptor(self.auth, scope)] if self.auth else []
+        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate, *auth])
         cpbg.add_ShardServicer_to_server(
             ShardService(self.ks, self.backend, cfg.root, self.resolver, self.channels, self.id),
             server,
         )
         if self._add_services is not None:
             self._add_services(server)
-        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        port, scheme = bind_port(server, f"{cfg.host}:{cfg.port}", cfg.tls)
         await server.start()
         self._server = server
-        self.endpoint = f"http://{cfg.host}:{port}"
+        self.endpoint = f"{scheme}://{cfg.host}:{port}"
         self.bound.set()
         try:
             spec = self._spec(cfg.shard_limit)

@@ -17,6 +17,13 @@ from ``gazette_consumer.metrics``; the embedded broker's too), and ``/debug/read
 the member serves (a restarted process first waits out its predecessor's lease; its Shard
 service answers UNAVAILABLE meanwhile), 200 while it does.
 
+Security (docs/security.md): with ``--auth-keys`` every RPC of the Shard service needs a token
+signed by one of the keys (as brokers' do), and the process signs its own calls to peers and
+brokers with the first (``--broker-auth-token`` / ``--broker-auth-keys`` to authorize to brokers
+otherwise); ``--tls-cert`` / ``--tls-key`` serve TLS (``--tls-client-ca``: mutual TLS), and
+``--tls-ca`` is what https:// peers and brokers are trusted with; ``--etcd-ca`` and friends
+secure etcd. The embedded broker, if any, takes the same keys and certificate.
+
 SIGTERM or SIGINT stop it gracefully: the member hands its shards off to the other members
 (bounded by ``--drain-timeout``), then exits 0. Bad arguments (an ``--app`` that does not name
 an importable class, say) exit 2 with one line naming what was wrong; a member that fails (it
@@ -35,7 +42,8 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from broker.client.route_cache import JournalClient
+from broker.auth import Authorizer, client_interceptors
+from broker.client.route_cache import ChannelPool, JournalClient
 from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
@@ -51,6 +59,16 @@ from broker.protocol.validate import (
     at,
     validate_token,
 )
+from broker.security_flags import (
+    add_etcd_options,
+    add_server_tls_options,
+    authorizer_of,
+    check_auth_keys,
+    etcd_options_of,
+    peer_tls_of,
+    server_tls_of,
+)
+from broker.tls import ClientTls, ServerTls
 from gazette_consumer.application import Application
 from gazette_consumer.hints import HintStore
 from gazette_consumer.member import (
@@ -144,6 +162,10 @@ class ShardRuntime:
     backend: Backend | None = None
     # Where shards play their recovery logs (None: the system's temporary directory).
     shard_dir: str | None = None
+    # How shards' calls to brokers are authorized and secured (both None: as the environment
+    # says, see JournalClient).
+    broker_authorizer: Authorizer | None = None
+    broker_tls: ClientTls | None = None
 
 
 @contextlib.asynccontextmanager
@@ -152,7 +174,11 @@ async def shard_factory(runtime: ShardRuntime) -> AsyncIterator[StartShard]:
     that runs each shard assigned here with ``runtime.app``, valid for the ``async with`` (the
     member is stopped, and its shards with it, before it exits; leaving stops any shard still
     running, then closes the broker client)."""
-    client = JournalClient(runtime.broker)
+    channels = None
+    if runtime.broker_authorizer is not None or runtime.broker_tls is not None:
+        interceptors = client_interceptors(runtime.broker_authorizer)
+        channels = ChannelPool(interceptors=interceptors, tls=runtime.broker_tls)
+    client = JournalClient(runtime.broker, channels=channels)
     try:
         hints = HintStore(runtime.backend) if runtime.backend is not None else None
         async with ShardRunner(
@@ -209,6 +235,27 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="serve Prometheus metrics at /debug/metrics on this port (0: any free port)",
     )
+    serve.add_argument(
+        "--auth-keys",
+        default=os.environ.get("GAZETTE_AUTH_KEYS", ""),
+        help="base64 pre-shared keys, comma separated: every RPC then needs a token signed by"
+        " one of them, and the first signs this process's own calls; default"
+        " $GAZETTE_AUTH_KEYS",
+    )
+    serve.add_argument(
+        "--broker-auth-token",
+        default=os.environ.get("GAZETTE_BROKER_AUTH_TOKEN", ""),
+        help="bearer token for calls to brokers (default: signed with --auth-keys); default"
+        " $GAZETTE_BROKER_AUTH_TOKEN",
+    )
+    serve.add_argument(
+        "--broker-auth-keys",
+        default=os.environ.get("GAZETTE_BROKER_AUTH_KEYS", ""),
+        help="base64 keys to sign calls to brokers with, when theirs differ from --auth-keys;"
+        " default $GAZETTE_BROKER_AUTH_KEYS",
+    )
+    add_server_tls_options(serve)
+    add_etcd_options(serve)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--log-format", choices=("console", "json"), default="console")
     return p
@@ -225,7 +272,9 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
-    backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
+    backend: Backend = (
+        EtcdBackend(args.etcd, **args.etcd_options) if store is None else store.connect()
+    )
     embedded = (
         await start_embedded_broker(
             store,
@@ -234,6 +283,9 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
             data_dir=args.data_dir,
             fsync=args.fsync,
             file_root=args.data_dir or "/",
+            auth_keys=args.auth_keys,
+            tls=args.server_tls,
+            peer_tls=args.peer_tls,
         )
         if store is not None
         else None
@@ -248,7 +300,17 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
             http, http_port = await serve_metrics(args.host, args.http_port, ready=readiness)
             print(f"metrics on http://{args.host}:{http_port}/debug/metrics", flush=True)
         shard_dir = os.path.join(args.data_dir, "shards") if args.data_dir else None
-        runtime = ShardRuntime(app, root, broker_address, backend, shard_dir)
+        runtime = ShardRuntime(
+            app,
+            root,
+            broker_address,
+            backend,
+            shard_dir,
+            broker_authorizer=authorizer_of(
+                args.broker_auth_token, args.broker_auth_keys or args.auth_keys
+            ),
+            broker_tls=args.peer_tls,
+        )
         async with shard_factory(runtime) as start_shard:
             embedded_broker = broker_address if embedded is not None else None
             return await _run_member(
@@ -291,6 +353,9 @@ async def _run_member(
             shard_limit=args.shard_limit,
             drain_timeout_s=args.drain_timeout,
             lease_ttl_s=args.lease_ttl,
+            auth_keys=args.auth_keys,
+            tls=args.server_tls,
+            peer_tls=args.peer_tls,
         ),
         start_shard,
     )
@@ -322,6 +387,9 @@ async def start_embedded_broker(
     data_dir: str | None = None,
     fsync: bool = False,
     file_root: str = "/",
+    auth_keys: str = "",
+    tls: ServerTls | None = None,
+    peer_tls: ClientTls | None = None,
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """An in-process broker (and its allocator) over the embedded keyspace ``store``; returns
     its address and an async stopper (which persists the broker's fragments)."""
@@ -337,7 +405,16 @@ async def start_embedded_broker(
         backend,
         # With a data directory, its spools are durable (<data_dir>/spools): a process killed
         # and restarted on it loses no acknowledged append, and writes no offset twice.
-        BrokerConfig(zone=zone, suffix="broker", port=port, data_dir=data_dir, fsync=fsync),
+        BrokerConfig(
+            zone=zone,
+            suffix="broker",
+            port=port,
+            data_dir=data_dir,
+            fsync=fsync,
+            auth_keys=auth_keys,
+            tls=tls,
+            peer_tls=peer_tls,
+        ),
         stores=new_registry(file_root=file_root),
     )
     await broker.start()
@@ -351,6 +428,7 @@ async def start_embedded_broker(
         await broker.stop()
         await backend.close()
 
+    # A TLS broker keeps its https:// scheme: clients dial it with TLS.
     return broker.endpoint.removeprefix("http://"), stop
 
 
@@ -368,6 +446,17 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValidationError(f"must be >= 1 (got {args.lease_ttl})", "--lease-ttl")
     if args.http_port is not None and not 0 <= args.http_port <= 65535:
         raise ValidationError(f"must be in [0, 65535] (got {args.http_port})", "--http-port")
+    for flag, keys in (("--auth-keys", args.auth_keys), ("--broker-auth-keys",
+                                                          args.broker_auth_keys)):  # fmt: skip
+        if keys.strip():
+            check_auth_keys(keys, flag)
+
+
+def _load_security(args: argparse.Namespace) -> None:
+    """Read and check certificates now, before anything binds or dials (each error names its
+    option)."""
+    args.server_tls, args.peer_tls = server_tls_of(args), peer_tls_of(args)
+    args.etcd_options = etcd_options_of(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gazette_logging.configure(args.log_format, args.log_level)
     try:
         _check_args(args)
+        _load_security(args)
         app = new_app(load_app(args.app), args.app)
     except ValueError as exc:
         print(f"gazette-consumer: {exc}", file=sys.stderr)

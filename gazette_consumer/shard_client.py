@@ -19,6 +19,7 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
+from broker.auth import client_interceptors_from_env
 from broker.client.route_cache import ChannelPool
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import consumer_pb2_grpc as cpbg
@@ -26,6 +27,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import raise_for_shard_status
 from broker.protocol.validate import ValidationError
+from broker.tls import client_tls_from_env
 
 # Shard RPCs are short unary exchanges, except a Stat that waits for read-through offsets.
 rpc_timeout_s_default: Final = 60.0
@@ -47,10 +49,25 @@ def delete(shard: str, expect_mod_revision: int = -1) -> cpb.ApplyRequest.Change
 
 
 class ShardClient:
-    """A client of one consumer endpoint (``host:port`` or ``http://host:port``)."""
+    """A client of one consumer endpoint (``host:port``, ``http://host:port`` or, for a
+    consumer serving TLS, ``https://host:port``). ``channels`` authorize and secure its calls;
+    by default, as the environment says (``GAZETTE_AUTH_TOKEN`` or ``GAZETTE_AUTH_KEYS``;
+    ``GAZETTE_TLS_CA``, ``GAZETTE_TLS_CERT`` and ``GAZETTE_TLS_KEY``), as JournalClient's."""
 
-    def __init__(self, endpoint: str, *, timeout_s: float = rpc_timeout_s_default) -> None:
-        self._channels = ChannelPool(channels_max=1)
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float = rpc_timeout_s_default,
+        channels: ChannelPool | None = None,
+    ) -> None:
+        if channels is None:
+            channels = ChannelPool(
+                channels_max=1,
+                interceptors=client_interceptors_from_env(),
+                tls=client_tls_from_env(),
+            )
+        self._channels = channels
         self._endpoint = endpoint
         self._timeout_s = timeout_s
 

@@ -9,7 +9,11 @@
     gazctl journals reset-head -l SELECTOR
     gazctl shards list|apply|unassign ...   (see broker/cli/shards.py)
 
-The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``).
+The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``;
+``https://host:port`` for a broker serving TLS). Requests to brokers and consumers alike present
+``--auth-token`` (``$GAZETTE_AUTH_TOKEN``) or a token signed per request with ``--auth-keys``
+(``$GAZETTE_AUTH_KEYS``), and trust ``--tls-ca`` for https:// endpoints (presenting
+``--tls-cert``/``--tls-key`` to servers that require a client certificate).
 Errors are printed as one line naming what was wrong, with exit status 2 for bad input, 1 for
 a failed request, and 3 for data loss (content of a journal that is lost or corrupt).
 
@@ -46,6 +50,8 @@ from broker.fragment.stores.base import StoreError
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import StatusError
 from broker.protocol.validate import ValidationError
+from broker.security_flags import add_client_options, client_channels_of
+from broker.tls import describe_failure
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -63,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("GAZCTL_DEBUG", "") not in ("", "0"),
         help="print the traceback of an unexpected error (also $GAZCTL_DEBUG=1)",
     )
+    add_client_options(parser)  # --auth-token/--auth-keys, --tls-ca/--tls-cert/--tls-key.
     top = parser.add_subparsers(dest="noun", required=True)
 
     journals = top.add_parser("journals", help="journal specs, content and fragments")
@@ -144,7 +151,7 @@ async def _operate(args: argparse.Namespace) -> int:
     from broker.fragment.stores.registry import new_registry
 
     parse_selector(args.selector)  # Refuse a malformed selector before any RPC.
-    c = client.JournalClient(args.broker)
+    c = client.JournalClient(args.broker, channels=client_channels_of(args))
     try:
         if args.verb == "prune":
             registry = new_registry(file_root=args.file_root)
@@ -175,7 +182,7 @@ async def _run(args: argparse.Namespace) -> int:
         if not args.dry_run:
             from broker.cli import remote
 
-            await remote.apply_journals(args.broker, nodes)
+            await remote.apply_journals(args.broker, nodes, client_channels_of(args))
         if args.format == "table":
             emit(sys.stdout, "table", records, ["name", "action", "replication", "codec", "stores"])
         else:
@@ -216,7 +223,8 @@ async def run(args: argparse.Namespace) -> int:
         _print_error(str(exc))
         return EXIT_FAILED
     except grpc.aio.AioRpcError as exc:
-        _print_error(f"broker {args.broker}: {exc.code().name}: {exc.details()}")
+        details = describe_failure(exc.details() or "")
+        _print_error(f"broker {args.broker}: {exc.code().name}: {details}")
         return EXIT_FAILED
     except Exception as exc:
         # A bug, not the user's doing: still one line (the traceback on request).

@@ -12,10 +12,12 @@ from broker import client
 from broker.cli.journalspace import spec_to_yaml_dict
 from broker.cli.output import emit
 from broker.client.reader import DataLossError
+from broker.client.route_cache import ChannelPool
 from broker.fragment.naming import content_name
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
 from broker.protocol.validate import ValidationError
+from broker.security_flags import client_channels_of
 from broker.topology import format_id
 
 # An append from gazctl is read into memory first: it must be one atomic append, and a size
@@ -23,10 +25,14 @@ from broker.topology import format_id
 append_bytes_max = 64 << 20
 
 
-async def apply_journals(broker: str, nodes: Sequence[tuple[pb.JournalSpec | None, str]]) -> None:
+async def apply_journals(
+    broker: str,
+    nodes: Sequence[tuple[pb.JournalSpec | None, str]],
+    channels: ChannelPool | None = None,
+) -> None:
     """Upsert or delete every node in one transaction, expecting current mod revisions (so a
     concurrent change makes the whole apply fail with ETCD_TRANSACTION_FAILED)."""
-    c = client.JournalClient(broker)
+    c = client.JournalClient(broker, channels=channels)
     try:
         current = {j.spec.name: j.mod_revision for j in (await client.list_journals(c)).journals}
         changes = []
@@ -43,7 +49,7 @@ async def apply_journals(broker: str, nodes: Sequence[tuple[pb.JournalSpec | Non
 
 
 async def run(args: argparse.Namespace) -> int:
-    c = client.JournalClient(args.broker)
+    c = client.JournalClient(args.broker, channels=client_channels_of(args))
     try:
         if args.verb == "list":
             return await _list(c, args)

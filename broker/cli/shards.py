@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -29,6 +29,11 @@ from broker.cli.output import FORMATS, emit
 from broker.cli.strict_yaml import parse_file
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.selector import parse_selector
+from broker.security_flags import client_channels_of
+from broker.tls import describe_failure
+
+if TYPE_CHECKING:
+    from gazette_consumer.shard_client import ShardClient
 
 EXIT_FAILED = 1
 LIST_COLUMNS = ("id", "status", "primary", "replicas", "revision")
@@ -72,24 +77,28 @@ async def run(args: argparse.Namespace) -> int:
     try:
         return await _run(args)
     except grpc.aio.AioRpcError as exc:
-        print(
-            f"gazctl: consumer {args.consumer}: {exc.code().name}: {exc.details()}", file=sys.stderr
-        )
+        details = describe_failure(exc.details() or "")
+        print(f"gazctl: consumer {args.consumer}: {exc.code().name}: {details}", file=sys.stderr)
         return EXIT_FAILED
 
 
-async def _run(args: argparse.Namespace) -> int:
+def _client(args: argparse.Namespace) -> ShardClient:
+    """A client of ``--consumer``, authorized and secured as gazctl's options say."""
     from gazette_consumer.shard_client import ShardClient
 
+    return ShardClient(args.consumer, channels=client_channels_of(args, channels_max=1))
+
+
+async def _run(args: argparse.Namespace) -> int:
     if args.verb == "apply":
         changes = parse_file(args.file, shardspace.parse_shard_space)
         if not args.dry_run:
-            async with ShardClient(args.consumer) as client:
+            async with _client(args) as client:
                 await client.apply([c.to_change() for c in changes])
         _emit_apply(args, changes)
         return 0
     selector = parse_selector(args.selector)  # Refuse a malformed selector before any RPC.
-    async with ShardClient(args.consumer) as client:
+    async with _client(args) as client:
         listing = await client.list_shards(selector)
         if args.verb == "list":
             _emit_list(args, listing)

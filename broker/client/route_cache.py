@@ -41,6 +41,7 @@ from broker.auth import client_interceptors_from_env
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validate import ValidationError
+from broker.tls import ClientTls, client_tls_from_env
 
 # Journals whose routes are remembered.
 routes_max_default: Final = 1024
@@ -102,23 +103,43 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
     return parts.netloc, parts.scheme == "https"
 
 
+def open_channel(
+    endpoint: str,
+    *,
+    options: Sequence[tuple[str, object]] = CHANNEL_OPTIONS,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+    tls: ClientTls | None = None,
+) -> grpc.aio.Channel:
+    """A channel to `endpoint`: TLS for ``https://`` (trusting `tls`'s CAs, presenting its
+    certificate if it has one; without `tls`, the system's CAs), else in the clear."""
+    target, secure = grpc_target(endpoint)
+    chosen = list(interceptors) if interceptors else None
+    if secure:
+        credentials = (tls or ClientTls()).credentials()
+        return grpc.aio.secure_channel(target, credentials, options=options, interceptors=chosen)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=chosen)
+
+
 class ChannelPool:
     """One gRPC channel per endpoint, at most `channels_max` of them (least recently used
     channels are closed first). Close the pool to close every channel. `interceptors` are
-    installed on every channel (e.g. `broker.auth.client_interceptors`). Channels to endpoints
-    that stay unreachable are dropped (see the module docstring)."""
+    installed on every channel (e.g. `broker.auth.client_interceptors`); `tls` is what
+    channels to ``https://`` endpoints trust and present (see `broker.tls`). Channels to
+    endpoints that stay unreachable are dropped (see the module docstring)."""
 
     def __init__(
         self,
         *,
         channels_max: int = channels_max_default,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        tls: ClientTls | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if channels_max < 1:
             raise ValueError(f"channels_max: must be >= 1 (got {channels_max})")
         self._channels_max = channels_max
         self._interceptors = list(interceptors) or None
+        self.tls = tls
         self._clock = clock
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
         # Evicted channels are closed by the next `close`/`prune` await, since closing is
@@ -141,18 +162,7 @@ class ChannelPool:
         if channel is not None:
             self._channels.move_to_end(endpoint)
             return channel
-        target, secure = grpc_target(endpoint)
-        if secure:
-            channel = grpc.aio.secure_channel(
-                target,
-                grpc.ssl_channel_credentials(),
-                options=CHANNEL_OPTIONS,
-                interceptors=self._interceptors,
-            )
-        else:
-            channel = grpc.aio.insecure_channel(
-                target, options=CHANNEL_OPTIONS, interceptors=self._interceptors
-            )
+        channel = open_channel(endpoint, interceptors=self._interceptors, tls=self.tls)
         self._channels[endpoint] = channel
         if len(self._channels) > self._channels_max:
             _, evicted = self._channels.popitem(last=False)
@@ -319,8 +329,11 @@ class JournalClient:
         self.endpoint = endpoint
         self.zone = zone
         if channels is None:
-            # Authorization as the environment says (GAZETTE_AUTH_TOKEN or GAZETTE_AUTH_KEYS).
-            channels = ChannelPool(interceptors=client_interceptors_from_env())
+            # Authorization and TLS as the environment says (GAZETTE_AUTH_TOKEN or
+            # GAZETTE_AUTH_KEYS; GAZETTE_TLS_CA, GAZETTE_TLS_CERT and GAZETTE_TLS_KEY).
+            channels = ChannelPool(
+                interceptors=client_interceptors_from_env(), tls=client_tls_from_env()
+            )
         self.channels = channels
         self.routes = routes if routes is not None else RouteCache()
 

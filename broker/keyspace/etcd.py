@@ -11,6 +11,16 @@ idempotent requests (reads, lease refreshes, watch creation) are re-sent elsewhe
 raise UnavailableError and leave the retry decision to the caller, whose retry then starts at
 the next endpoint.
 
+Security. An ``https://`` endpoint is dialed with TLS (``tls``: the CAs to trust, and a client
+certificate for an etcd run with ``--client-cert-auth``); so is a bare ``host:port`` when ``tls``
+is given; an ``http://`` endpoint with ``tls`` is refused as contradictory. With ``user`` (and
+``password``), each connection first authenticates (etcd's Auth.Authenticate) and sends the
+token it gets with every request; a token etcd no longer accepts (expired, or from before an
+auth change) is replaced and the request re-sent once, which is safe because etcd refused it
+without applying it. Wrong credentials raise ``EtcdAuthError``, not an UnavailableError: no
+retry fixes them. A TLS handshake that fails is reported with its reason (a certificate not
+signed by a trusted CA, a missing client certificate).
+
 Watches. Each ``watch()`` opens its own Watch stream, so one slow consumer never holds up
 another's events, and a broken stream fails just that watch. Responses are read from the stream
 only as the consumer asks for them: the sole buffer is gRPC's HTTP/2 flow-control window
@@ -33,6 +43,7 @@ import grpc.aio
 from broker.keyspace import backend as b
 from broker.keyspace.etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from broker.logging import get_logger
+from broker.tls import ClientTls, describe_failure
 
 log = get_logger(__name__)
 
@@ -64,34 +75,90 @@ _channel_options: list[tuple[str, Any]] = [
 ]
 
 _unavailable_codes = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# etcd's answers to a token it no longer accepts (rpctypes): authenticate again, and re-send.
+_stale_token_errors = ("invalid auth token", "revision of auth store is old")
+# Re-authentications of one call, after its token was refused.
+auth_refreshes_max = 1
+# How long the probe that learns why a connection failed (a TLS handshake, say) may take.
+_failure_probe_s = 1.0
 
 T = TypeVar("T")
 
 
+class _Token:
+    """The auth token a connection sends (empty: none), replaced when etcd refuses it."""
+
+    def __init__(self) -> None:
+        self.value = ""
+
+    def metadata(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        if not self.value:
+            return details
+        metadata = grpc.aio.Metadata(*((k, v) for k, v in (details.metadata or ()) if k != "token"))
+        metadata.add("token", self.value)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+
+class _UnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: _Token) -> None:
+        self._token = token
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._token.metadata(details), request)
+
+
+class _StreamToken(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: _Token) -> None:
+        self._token = token
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._token.metadata(details), requests)
+
+
 @dataclass(frozen=True, slots=True)
 class _Conn:
-    """One endpoint's channel and its stubs (the generated stubs are untyped)."""
+    """One endpoint's channel, its stubs (the generated stubs are untyped) and auth token."""
 
     channel: grpc.aio.Channel
+    token: _Token
     kv: Any
     watch: Any
     lease: Any
     maintenance: Any
+    auth: Any
 
     @classmethod
-    def dial(cls, target: str) -> _Conn:
-        channel = grpc.aio.insecure_channel(target, options=_channel_options)
+    def dial(cls, target: str, tls: ClientTls | None, *, secure: bool) -> _Conn:
+        token = _Token()
+        interceptors = [_UnaryToken(token), _StreamToken(token)]
+        if secure:
+            credentials = (tls or ClientTls()).credentials()
+            channel = grpc.aio.secure_channel(
+                target, credentials, options=_channel_options, interceptors=interceptors
+            )
+        else:
+            channel = grpc.aio.insecure_channel(
+                target, options=_channel_options, interceptors=interceptors
+            )
         return cls(
             channel,
+            token,
             kv=rpc_pb2_grpc.KVStub(channel),
             watch=rpc_pb2_grpc.WatchStub(channel),
             lease=rpc_pb2_grpc.LeaseStub(channel),
             maintenance=rpc_pb2_grpc.MaintenanceStub(channel),
+            auth=rpc_pb2_grpc.AuthStub(channel),
         )
 
 
 class EndpointError(ValueError):
     """An etcd endpoint list or address that cannot be used."""
+
+
+class EtcdAuthError(b.KeySpaceError):
+    """etcd refused our user and password (or requires them and we have none)."""
 
 
 class EtcdError(b.KeySpaceError):
@@ -103,18 +170,46 @@ class EtcdError(b.KeySpaceError):
         self.details = details
 
 
-def parse_endpoint(endpoint: str) -> str:
-    """``host:port`` from ``host:port`` or ``http://host:port`` (TLS is not supported)."""
+def split_endpoint(endpoint: str) -> tuple[str, str]:
+    """(``host:port``, scheme) of ``host:port``, ``http://host:port`` or ``https://host:port``
+    (the scheme is "" for a bare ``host:port``)."""
     target = endpoint.strip()
-    if target.startswith("http://"):
-        target = target[len("http://") :]
-    elif "://" in target:
-        raise EndpointError(f"etcd endpoint {endpoint!r}: only plain http:// is supported")
+    scheme = ""
+    for prefix in ("http://", "https://"):
+        if target.startswith(prefix):
+            scheme, target = prefix[:-3], target[len(prefix) :]
+            break
+    else:
+        if "://" in target:
+            raise EndpointError(
+                f"etcd endpoint {endpoint!r}: expected host:port, http:// or https://"
+            )
     target = target.rstrip("/")
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit() or "/" in target:
         raise EndpointError(f"etcd endpoint {endpoint!r}: expected host:port")
-    return target
+    return target, scheme
+
+
+def parse_endpoint(endpoint: str) -> str:
+    """``host:port`` from ``host:port``, ``http://host:port`` or ``https://host:port``."""
+    return split_endpoint(endpoint)[0]
+
+
+def check_endpoints(endpoints: Sequence[str], tls: ClientTls | None) -> list[tuple[str, bool]]:
+    """(``host:port``, dial with TLS) of each endpoint: TLS for ``https://``, and for a bare
+    ``host:port`` when `tls` is given. Raises EndpointError for a malformed endpoint, or an
+    ``http://`` one with `tls` (contradictory)."""
+    out: list[tuple[str, bool]] = []
+    for endpoint in endpoints:
+        target, scheme = split_endpoint(endpoint)
+        if scheme == "http" and tls is not None:
+            raise EndpointError(
+                f"etcd endpoint {endpoint!r}: TLS options are given but the endpoint is plain"
+                " http:// (use https://)"
+            )
+        out.append((target, scheme == "https" or (scheme == "" and tls is not None)))
+    return out
 
 
 class EtcdBackend(b.Backend):
@@ -124,12 +219,22 @@ class EtcdBackend(b.Backend):
         *,
         dial_timeout_s: float = dial_timeout_s_default,
         request_timeout_s: float = request_timeout_s_default,
+        tls: ClientTls | None = None,
+        user: str = "",
+        password: str = "",
     ) -> None:
         if isinstance(endpoints, str) or not endpoints:
             raise EndpointError(f"etcd endpoints: need a non-empty list (got {endpoints!r})")
         if dial_timeout_s <= 0 or request_timeout_s <= 0:
             raise ValueError("etcd timeouts: dial_timeout_s and request_timeout_s must be > 0")
-        self._targets = [parse_endpoint(e) for e in endpoints]
+        if password and not user:
+            raise ValueError("etcd password: given without a user")
+        dialed = check_endpoints(endpoints, tls)
+        self._targets = [target for target, _ in dialed]
+        self._secure = [secure for _, secure in dialed]
+        self._tls = tls
+        self._user = user
+        self._password = password
         self._dial_timeout_s = dial_timeout_s
         self._timeout_s = request_timeout_s
         # Channels are created on first use: a grpc.aio channel binds to the running loop.
@@ -383,6 +488,7 @@ class EtcdBackend(b.Backend):
         if self._closed:
             raise b.UnavailableError(f"etcd {rpc}: the backend is closed")
         last: b.UnavailableError | None = None
+        refreshes = 0
         for _ in range(endpoint_rounds_max * len(self._targets)):
             index = self._preferred
             try:
@@ -392,6 +498,14 @@ class EtcdBackend(b.Backend):
                 self._fail_over(index, err)
                 continue
             try:
+                try:
+                    return await fn(conn)
+                except grpc.aio.AioRpcError as err:
+                    if not self._stale_token(err) or refreshes >= auth_refreshes_max:
+                        raise
+                # etcd refused the token without applying the request: a new one, once.
+                refreshes += 1
+                await self._authenticate(conn, index)
                 return await fn(conn)
             except grpc.aio.AioRpcError as err:
                 if err.code() not in _unavailable_codes:
@@ -411,16 +525,54 @@ class EtcdBackend(b.Backend):
     async def _connected(self, index: int) -> _Conn:
         conn = self._conns.get(index)
         if conn is None:
-            conn = self._conns[index] = _Conn.dial(self._targets[index])
+            conn = self._conns[index] = _Conn.dial(
+                self._targets[index], self._tls, secure=self._secure[index]
+            )
         if conn.channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
             try:
                 await asyncio.wait_for(conn.channel.channel_ready(), self._dial_timeout_s)
             except TimeoutError:
+                why = await self._why_not_connected(conn)
                 raise b.UnavailableError(
                     f"etcd endpoint {self._targets[index]}: "
-                    f"not connected within {self._dial_timeout_s}s"
+                    f"not connected within {self._dial_timeout_s}s{why}"
                 ) from None
+        if self._user and not conn.token.value:
+            await self._authenticate(conn, index)
         return conn
+
+    async def _why_not_connected(self, conn: _Conn) -> str:
+        """The reason of the channel's last failure to connect (its TLS handshake failed, the
+        server closed the connection, ...), as ": <reason>"; "" if it is not known. A channel
+        that failed answers at once; one still connecting is given a short while."""
+        probe_s = min(_failure_probe_s, self._dial_timeout_s)
+        try:
+            await conn.maintenance.Status(rpc_pb2.StatusRequest(), timeout=probe_s)
+        except grpc.aio.AioRpcError as err:
+            details = err.details() or ""
+            return ": " + describe_failure(
+                details, ca_option="--etcd-ca", cert_option="--etcd-cert/--etcd-key"
+            )
+        return ""
+
+    async def _authenticate(self, conn: _Conn, index: int) -> None:
+        """Get a token for our user (replacing any the connection had)."""
+        conn.token.value = ""
+        req = rpc_pb2.AuthenticateRequest(name=self._user, password=self._password)
+        try:
+            resp = await conn.auth.Authenticate(req, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as err:
+            where = f"etcd endpoint {self._targets[index]}"
+            if err.code() in _unavailable_codes:
+                raise b.UnavailableError(f"{where}: authenticating: {_describe(err)}") from err
+            raise EtcdAuthError(
+                f"{where}: authenticating as user {self._user!r}: {_describe(err)}"
+            ) from err
+        conn.token.value = resp.token
+
+    def _stale_token(self, err: grpc.aio.AioRpcError) -> bool:
+        details = err.details() or ""
+        return bool(self._user) and any(text in details for text in _stale_token_errors)
 
     def _fail_over(self, index: int, err: Exception) -> None:
         if len(self._targets) > 1 and self._preferred == index:
@@ -439,6 +591,10 @@ class EtcdBackend(b.Backend):
         coarse (OUT_OF_RANGE covers both compaction and future revisions), so the message text,
         which etcd keeps stable as API (rpctypes), tells them apart."""
         details = err.details() or ""
+        if any(text in details for text in ("user name is empty", "permission denied",
+                                            *_stale_token_errors)):  # fmt: skip
+            hint = "" if self._user else " (this etcd requires a user: --etcd-user)"
+            return EtcdAuthError(f"etcd {rpc}: {err.code().name}: {details}{hint}")
         if "lease not found" in details:
             return b.LeaseNotFoundError(lease)
         if "future revision" in details:

@@ -10,6 +10,10 @@ Usage::
 
     async with EtcdServer() as etcd:
         backend = EtcdBackend([etcd.endpoint])
+
+With ``tls`` (``EtcdServerTls``), etcd serves TLS (``url`` is ``https://...``), and with a client
+CA it requires client certificates (``--client-cert-auth``). ``enable_auth`` turns etcd's user
+and password authentication on, for its root user.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import signal
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -28,6 +33,7 @@ import grpc
 import grpc.aio
 
 from broker.keyspace.etcdpb import rpc_pb2, rpc_pb2_grpc
+from broker.tls import ClientTls
 
 # How long a fresh or restarted etcd may take to elect itself leader and serve reads.
 ready_timeout_s_default = 30.0
@@ -48,6 +54,17 @@ _probe_options = [
     ("grpc.min_reconnect_backoff_ms", 20),
     ("grpc.max_reconnect_backoff_ms", 200),
 ]
+
+
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """etcd's server certificate and key (PEM files); with ``client_ca_file``, client
+    certificates signed by it are required. ``probe`` is what this harness dials etcd with."""
+
+    cert_file: str
+    key_file: str
+    probe: ClientTls
+    client_ca_file: str | None = None
 
 
 class EtcdServerError(RuntimeError):
@@ -79,6 +96,7 @@ class EtcdServer:
         *,
         ready_timeout_s: float = ready_timeout_s_default,
         stop_timeout_s: float = stop_timeout_s_default,
+        tls: EtcdServerTls | None = None,
     ) -> None:
         binary = shutil.which("etcd")
         if binary is None:
@@ -93,6 +111,9 @@ class EtcdServer:
         self._proc: asyncio.subprocess.Process | None = None
         self._client_port = 0
         self._peer_port = 0
+        self._tls = tls
+        # The root user's password once enable_auth() ran (the readiness probe then signs in).
+        self._root_password = ""
 
     @property
     def data_dir(self) -> Path:
@@ -108,6 +129,11 @@ class EtcdServer:
         if self._client_port == 0:
             raise EtcdServerError("etcd server: endpoint is unknown until start()")
         return f"127.0.0.1:{self._client_port}"
+
+    @property
+    def url(self) -> str:
+        """The client endpoint with its scheme: ``https://host:port`` when serving TLS."""
+        return f"{'https' if self._tls else 'http'}://{self.endpoint}"
 
     @property
     def running(self) -> bool:
@@ -178,8 +204,33 @@ class EtcdServer:
     ) -> None:
         await self.close()
 
+    async def enable_auth(self, root_password: str) -> None:
+        """Turn on user and password authentication, with user root (etcd's admin)."""
+        async with self._channel() as channel:
+            auth = rpc_pb2_grpc.AuthStub(channel)
+            await auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password=root_password))
+            await auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="root"))
+            await auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"))
+            await auth.AuthEnable(rpc_pb2.AuthEnableRequest())
+        self._root_password = root_password
+
+    def _channel(self) -> grpc.aio.Channel:
+        if self._tls is None:
+            return grpc.aio.insecure_channel(self.endpoint, options=_probe_options)
+        credentials = self._tls.probe.credentials()
+        return grpc.aio.secure_channel(self.endpoint, credentials, options=_probe_options)
+
+    def _tls_args(self) -> list[str]:
+        tls = self._tls
+        if tls is None:
+            return []
+        args = [f"--cert-file={tls.cert_file}", f"--key-file={tls.key_file}"]
+        if tls.client_ca_file:
+            args += ["--client-cert-auth", f"--trusted-ca-file={tls.client_ca_file}"]
+        return args
+
     def _args(self) -> list[str]:
-        client = f"http://127.0.0.1:{self._client_port}"
+        client = self.url
         peer = f"http://127.0.0.1:{self._peer_port}"
         name = "gazette-test"
         return [
@@ -196,6 +247,7 @@ class EtcdServer:
             "--election-timeout=100",
             "--logger=zap",
             "--log-outputs=stderr",
+            *self._tls_args(),
         ]
 
     async def _start_once(self) -> None:
@@ -218,8 +270,9 @@ class EtcdServer:
         proc = self._proc
         assert proc is not None
         deadline = time.monotonic() + self._ready_timeout_s
-        async with grpc.aio.insecure_channel(self.endpoint, options=_probe_options) as channel:
+        async with self._channel() as channel:
             kv = rpc_pb2_grpc.KVStub(channel)
+            auth = rpc_pb2_grpc.AuthStub(channel)
             while True:
                 if proc.returncode is not None:
                     raise EtcdServerError(
@@ -233,12 +286,21 @@ class EtcdServer:
                         + self._log_tail()
                     )
                 try:
+                    metadata: list[tuple[str, str]] = []
+                    if self._root_password:
+                        signed_in = await auth.Authenticate(
+                            rpc_pb2.AuthenticateRequest(name="root", password=self._root_password),
+                            timeout=min(1.0, remaining_s),
+                            wait_for_ready=True,
+                        )
+                        metadata.append(("token", signed_in.token))
                     # A linearizable read succeeds only once there is a leader and the server
                     # applies requests: exactly "ready" for tests.
                     await kv.Range(
                         rpc_pb2.RangeRequest(key=b"\x00"),
                         timeout=min(1.0, remaining_s),
                         wait_for_ready=True,
+                        metadata=metadata,
                     )
                     return
                 except grpc.aio.AioRpcError:

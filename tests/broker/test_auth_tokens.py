@@ -185,7 +185,14 @@ def test_capabilities_of_methods() -> None:
     assert capability_of("/protocol.Journal/Replicate") == REPLICATE
     assert capability_of("/protocol.Journal/ListFragments") == READ
     assert capability_of("/protocol.Journal/Apply") == APPLY
-    assert capability_of("/consumer.Shard/Stat") == 0
+    # A consumer's Shard RPCs: Gazette's capabilities.
+    assert capability_of("/consumer.Shard/Stat") == READ
+    assert capability_of("/consumer.Shard/GetHints") == READ
+    assert capability_of("/consumer.Shard/List") == LIST
+    assert capability_of("/consumer.Shard/Apply") == APPLY
+    assert capability_of("/consumer.Shard/Unassign") == APPLY
+    # Other services (an application's own) need a valid token only.
+    assert capability_of("/app.Queries/Get") == 0
 
 
 def test_selector_json_round_trips() -> None:

@@ -70,8 +70,9 @@ async def _next(it: AsyncIterator[WatchResponse]) -> WatchResponse:
 def test_parse_endpoint() -> None:
     assert parse_endpoint("http://10.0.0.1:2379/") == "10.0.0.1:2379"
     assert parse_endpoint("localhost:2379") == "localhost:2379"
-    with pytest.raises(EndpointError, match="only plain http"):
-        parse_endpoint("https://10.0.0.1:2379")
+    assert parse_endpoint("https://10.0.0.1:2379") == "10.0.0.1:2379"
+    with pytest.raises(EndpointError, match="expected host:port, http:// or https://"):
+        parse_endpoint("unix:///run/etcd.sock")
     with pytest.raises(EndpointError, match="expected host:port"):
         parse_endpoint("10.0.0.1")
     with pytest.raises(EndpointError, match="non-empty list"):
