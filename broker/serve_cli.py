@@ -94,11 +94,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gazette", description="Run a Gazette broker.")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve journals")
-    serve.add_argument("--zone", type=_token(ZONE_LEN_MIN, ZONE_LEN_MAX), default="local")
+    serve.add_argument(
+        "--zone",
+        type=_token(ZONE_LEN_MIN, ZONE_LEN_MAX),
+        default="local",
+        help="this broker's failure zone: the allocator spreads each journal's replicas over"
+        " zones (default: local)",
+    )
     serve.add_argument(
         "--suffix",
         "--id",
@@ -106,15 +112,26 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="broker",
         help="this broker's ID within its zone",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on and to advertise to peers and clients (default: 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8080, help="gRPC port (0: any free port; default: 8080)"
+    )
     serve.add_argument(
         "--http-port",
         type=int,
         default=None,
         help="serve the HTTP gateway, /debug/metrics and /debug/ready here (0: any free port)",
     )
-    serve.add_argument("--root", default=DEFAULT_ROOT)
+    serve.add_argument(
+        "--root",
+        default=DEFAULT_ROOT,
+        help=f"etcd prefix of this broker cluster's specs, members and assignments (default:"
+        f" {DEFAULT_ROOT})",
+    )
     serve.add_argument(
         "--auth-keys",
         type=_auth_keys,
@@ -123,7 +140,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         " one of them (the first signs the broker's own); default $GAZETTE_AUTH_KEYS",
     )
     serve.add_argument("--etcd", action="append", default=[], help="etcd endpoint host:port")
-    serve.add_argument("--file-root", default="/", help="root directory of file:// stores")
+    serve.add_argument(
+        "--file-root",
+        default="/",
+        help="directory that file:// fragment store URLs are rooted at; it must exist (a"
+        " missing one is usually an unmounted volume; default: /)",
+    )
     serve.add_argument(
         "--data-dir",
         default=None,
@@ -191,6 +213,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_etcd_options(serve)
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
     demo.add_argument("--data-dir", default=None, help="default: ./demo-data")
+    return p
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _parser()
     args = p.parse_args(argv)
     if args.command == "serve":
         if args.spool_dir and args.data_dir and not args.spool_memory:

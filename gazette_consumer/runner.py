@@ -198,11 +198,27 @@ def _parser() -> argparse.ArgumentParser:
         "--etcd", action="append", default=[], help="etcd endpoint host:port (repeatable)"
     )
     serve.add_argument("--root", default=None, help="etcd root of the consumer group")
-    serve.add_argument("--zone", default="local")
+    serve.add_argument(
+        "--zone",
+        default="local",
+        help="this process's failure zone: the allocator spreads each shard's primary and"
+        " standbys over zones (default: local)",
+    )
     serve.add_argument("--id", default="consumer", help="this process's ID within its zone")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=9000)
-    serve.add_argument("--shard-limit", type=int, default=1024)
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on and to advertise to peers and clients (default: 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=9000, help="Shard service gRPC port (0: any free port)"
+    )
+    serve.add_argument(
+        "--shard-limit",
+        type=int,
+        default=1024,
+        help="most shards (primaries and standbys) assigned to this process (default: 1024)",
+    )
     serve.add_argument(
         "--broker",
         default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"),
@@ -222,7 +238,13 @@ def _parser() -> argparse.ArgumentParser:
         help="embedded: fdatasync the keyspace's log before acknowledging a write (survives an"
         " OS crash too, not only the process being killed)",
     )
-    serve.add_argument("--drain-timeout", type=float, default=drain_timeout_s_default)
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=drain_timeout_s_default,
+        help="seconds an exiting process waits for its shards to move to other members"
+        f" before it stops anyway (default: {drain_timeout_s_default:g})",
+    )
     serve.add_argument(
         "--lease-ttl",
         type=int,
@@ -256,8 +278,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_server_tls_options(serve)
     add_etcd_options(serve)
-    serve.add_argument("--log-level", default="info")
-    serve.add_argument("--log-format", choices=("console", "json"), default="console")
+    serve.add_argument(
+        "--log-level", default="info", help="debug, info, warning or error (default: info)"
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console",
+        help="console (for people) or json (one object per line, for collectors)",
+    )
     return p
 
 
