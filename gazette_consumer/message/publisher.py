@@ -41,6 +41,7 @@ from gazette_consumer.message.clock import (
     CLOCK_MAX,
     CLOCK_SEQUENCE_BITS,
     G1582_NS100,
+    TICK,
     Clock,
     ClockError,
 )
@@ -332,7 +333,7 @@ class Publisher(Generic[A]):
             wall = (self._time_ns() // 100 + G1582_NS100) << CLOCK_SEQUENCE_BITS
             if wall > value:
                 value = wall
-        value += 1
+        value += TICK
         if value > CLOCK_MAX:  # Nothing changed: the clock is not moved.
             raise ClockError(f"clock: {clock.value} cannot tick past the uint64 range")
         clock.value = value

@@ -21,7 +21,7 @@ from gazette_consumer.message import (
     UnknownContentTypeError,
     decode_envelope,
 )
-from gazette_consumer.message.clock import Clock
+from gazette_consumer.message.clock import TICK, Clock
 from gazette_consumer.message.mapping import Partition, Partitions, modulo_mapping
 from gazette_consumer.message.publisher import InvalidMessageError, Publisher
 from gazette_consumer.message.uuid import build_uuid
@@ -170,14 +170,15 @@ async def test_bad_messages_and_mappings_are_refused_before_appending(env: Env) 
 async def test_uuids_stay_exact_across_the_publishers_cached_clock_bits(env: Env) -> None:
     # The publisher rebuilds a UUID's upper clock bits only when they change (every 2**36
     # clock values); start just below such a boundary, and the ticks cross it.
-    start = (Clock.from_unix(1_700_000_000).value | 0xF_FFFF_FFFF) - 2
+    start = (Clock.from_unix(1_700_000_000).value | 0xF_FFFF_FFFF) - 2 * TICK
     publisher = Publisher(env.service, Clock(start))
     events = [Event(n=n) for n in range(5)]
     for event in events:
         await publisher.publish_committed(to(JOURNALS[0]), event)
     await env.service.flush()
     expected = [
-        build_uuid(publisher.producer_id, start + 1 + n, Flag.OUTSIDE_TXN) for n in range(5)
+        build_uuid(publisher.producer_id, start + (1 + n) * TICK, Flag.OUTSIDE_TXN)
+        for n in range(5)
     ]
     assert [event.get_uuid() for event in events] == expected
     assert [e.uuid for e in env.envelopes(JOURNALS[0])] == expected
