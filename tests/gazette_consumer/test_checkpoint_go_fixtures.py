@@ -64,9 +64,9 @@ def test_a_span_beginning_past_the_read_through_offset_needs_no_replay() -> None
 def test_an_empty_ack_intent_as_go_writes_it() -> None:
     # gogoproto omits an empty bytes value inside a map entry: ack_intents (field 2) entry
     # {key "ns/acks"} and no value. Go decodes it as an empty intent, and so do we.
-    go_bytes = bytes.fromhex("1209" "0a07" + b"ns/acks".hex())
+    go_bytes = bytes.fromhex("12090a07" + b"ns/acks".hex())
     cp = decode_checkpoint(go_bytes)
     assert dict(cp.ack_intents) == {"ns/acks": b""}
     # protobuf-python writes the empty value (12 00); Go decodes that as the same checkpoint.
-    assert encode_checkpoint(cp) == bytes.fromhex("120b" "0a07" + b"ns/acks".hex() + "1200")
+    assert encode_checkpoint(cp) == bytes.fromhex("120b0a07" + b"ns/acks".hex() + "1200")
     assert decode_checkpoint(encode_checkpoint(cp)) == Checkpoint(ack_intents={"ns/acks": b""})
