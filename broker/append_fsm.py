@@ -292,7 +292,9 @@ class AppendFSM:
         # True while requests are on the wire whose answers or rollback are still owed: giving
         # the pipeline back then would hand the next append someone else's responses.
         self._pln_dirty = False
-        self.read_through_rev = 0
+        # The etcd revision to resolve at: first the client's (Gazette's min_etcd_revision),
+        # then whatever a step learns (a peer's later route, our own etcd update).
+        self.read_through_rev = req.min_etcd_revision
         self.roll_to_offset = 0
         self.registers = pb.LabelSet()
         self.client_commit = False
