@@ -302,6 +302,8 @@ class AppendApi:
             resp = pb.AppendResponse(status=as_status(fsm.status), header=res.header)
             if fsm.status == pb.REGISTER_MISMATCH:
                 resp.registers.CopyFrom(fsm.registers)
+            if fsm.status == pb.FRAGMENT_STORE_UNHEALTHY:
+                resp.store_health_error = str(fsm.err)
             return resp
         code, detail = _grpc_error(fsm.err)
         log.warning("served Append RPC failed", journal=first.journal, error=detail)
