@@ -1,5 +1,5 @@
-"""gazctl journals suspend and gazctl journals store-health (Gazette's commands and flags),
-against in-process brokers running the allocator."""
+"""gazctl journals suspend and gazctl journals store-health (Gazette's commands and flags), and
+reset-head of suspended journals, against in-process brokers running the allocator."""
 
 from __future__ import annotations
 
@@ -88,6 +88,16 @@ async def test_suspend(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> 
         assert spec_of(ks, written).suspend == pb.JournalSpec.Suspend(
             level=pb.JournalSpec.Suspend.PARTIAL, offset=7
         )
+
+        # reset-head resumes neither (Gazette's SUSPEND_KEEP): the PARTIAL journal is reset
+        # through its one replica, the FULL one (no replica) is skipped.
+        reset = ("--broker", brokers[0].endpoint, "journals", "reset-head", "-l", "app=test")
+        assert await run(*reset, "--format", "json") == 0
+        out = capsys.readouterr().out
+        assert f'"journal": "{written}",\n    "head": 7,\n    "outcome": "reset"' in out
+        assert f'"journal": "{unwritten}",\n    "head": 0,\n    "outcome": "suspended"' in out
+        assert spec_of(ks, written).suspend.level == pb.JournalSpec.Suspend.PARTIAL
+        assert spec_of(ks, unwritten).suspend.level == pb.JournalSpec.Suspend.FULL
 
         assert (
             await run("--broker", brokers[0].endpoint, "journals", "suspend", "-l", "app=none") == 1
