@@ -248,15 +248,21 @@ class StoreHealthAPI:
         self, request: pb.FragmentStoreHealthRequest, context: Context
     ) -> pb.FragmentStoreHealthResponse:
         url = request.fragment_store
+        response = pb.FragmentStoreHealthResponse(status=pb.OK, header=self._header_of())
         try:
             validate_store_health_request(request)
+            if not self._monitor.has_room_for(url):
+                # Answered without building a store for yet another URL a client names.
+                _, error = self._monitor.status(url)
+                response.status = pb.FRAGMENT_STORE_UNHEALTHY
+                response.store_health_error = str(error)
+                return response
             with at("fragment_store"):
                 store = self._monitor.registry.get(url)
         except ValidationError as err:  # StoreURLError included: an unsupported scheme.
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"FragmentStoreHealthRequest.{err}"
             )
-        response = pb.FragmentStoreHealthResponse(status=pb.OK, header=self._header_of())
         next_check, error = self._monitor.status(url)
         if isinstance(error, FirstCheckPendingError):
             # The first check is bounded by its own timeout; wait a little longer than that.

@@ -86,6 +86,8 @@ class HealthSchedule:
     jitter: float = 0.2
     check_timeout_s: float = 60.0
     idle_stop_s: float = 3600.0
+    # Slack over a check's own bounds before whoever waits for it gives up.
+    check_wait_margin_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.retry_intervals_s or min(self.retry_intervals_s) < 0:
@@ -202,11 +204,16 @@ class StoreHealthMonitor:
         self._unstarted: list[StoreHealth] = []
         self._tg: asyncio.TaskGroup | None = None
 
+    def has_room_for(self, url: str) -> bool:
+        """Whether ``status(url)`` would check the store (it is checked already, or the broker
+        checks fewer than ``stores_max`` stores)."""
+        return url in self._health or len(self._health) < self._stores_max
+
     def status(self, url: str) -> tuple[asyncio.Event, StoreUnhealthyError | None]:
         """The store's health (see StoreHealth.status); starts its checks if needed."""
         health = self._health.get(url)
         if health is None:
-            if len(self._health) >= self._stores_max:
+            if not self.has_room_for(url):
                 done = asyncio.Event()
                 done.set()  # No check will come: whoever waits sees this answer again.
                 return done, StoreHealthLimitError(
@@ -222,7 +229,15 @@ class StoreHealthMonitor:
         self, url: str, invalidated: asyncio.Event, checks_max: int = append_checks_max
     ) -> StoreUnhealthyError | None:
         """Wait until ``url`` is healthy (None), at most ``checks_max`` further checks (then
-        its error), or until ``invalidated`` is set (then None: the caller looks again)."""
+        its error), or until ``invalidated`` is set (then None: the caller looks again). Each
+        wait for a check is bounded by the longest a check and the wait before it take, so that
+        a monitor that stopped checking (its broker is stopping) holds no append for ever."""
+        schedule = self.schedule
+        check_wait_s = (
+            schedule.check_timeout_s
+            + max(schedule.retry_intervals_s) * (1 + schedule.jitter)
+            + schedule.check_wait_margin_s
+        )
         for waited in range(checks_max + 1):
             next_check, error = self.status(url)
             if error is None or waited == checks_max:
@@ -230,12 +245,18 @@ class StoreHealthMonitor:
             waiter = asyncio.ensure_future(next_check.wait())
             stopper = asyncio.ensure_future(invalidated.wait())
             try:
-                await asyncio.wait((waiter, stopper), return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    (waiter, stopper), timeout=check_wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 waiter.cancel()
                 stopper.cancel()
             if invalidated.is_set():
                 return None
+            if not done:
+                return StoreUnhealthyError(
+                    f"fragment store {url}: no health check completed within {check_wait_s:g}s"
+                )
         raise AssertionError("not reached")
 
     async def run(self) -> None:

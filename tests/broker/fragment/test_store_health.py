@@ -34,6 +34,8 @@ from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
 from broker.fragment.stores.registry import StoreRegistry
 from broker.fragment.stores.s3_store import S3Store
+from broker.fragments_api import StoreHealthAPI
+from broker.protocol import protocol_pb2 as pb
 from broker.testing.moto_server import MotoServer, credentials_env
 
 STORE = "memory://bucket/root/"
@@ -290,3 +292,26 @@ async def test_checks_of_a_store_nobody_asks_about_stop(env: Env) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_wait_for_checks_that_never_come_is_bounded(env: Env) -> None:
+    # A monitor that is not running (its broker is stopping) checks nothing.
+    schedule = HealthSchedule(
+        check_timeout_s=0.01, retry_intervals_s=(0.0,), jitter=0.0, check_wait_margin_s=0.01
+    )
+    monitor = StoreHealthMonitor(env.registry, schedule)
+    async with asyncio.timeout(wait_s):
+        error = await monitor.wait_healthy(STORE, asyncio.Event())
+    assert isinstance(error, StoreUnhealthyError)
+    assert "no health check completed within 0.02s" in str(error)
+
+
+async def test_the_rpc_builds_no_store_past_the_limit(env: Env) -> None:
+    monitor = StoreHealthMonitor(env.registry, FAST, stores_max=1)
+    api = StoreHealthAPI(monitor, lambda: pb.Header())
+    monitor.status(STORE)
+    request = pb.FragmentStoreHealthRequest(fragment_store="memory://other/")
+    response = await api.fragment_store_health(request, context=None)  # type: ignore[arg-type]
+    assert response.status == pb.FRAGMENT_STORE_UNHEALTHY
+    assert "already checks 1 stores" in response.store_health_error
+    assert list(env.stores) == []  # No store was built for the URL (nor for STORE yet).
