@@ -59,6 +59,7 @@ from broker.protocol.validate import (
     validate_label_set,
 )
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
+from broker.read_api import validate_min_etcd_revision
 from broker.request_stream import read_to_end
 from broker.resolver import ResolveError
 from broker.topology import as_status, member_index, validate_header
@@ -98,12 +99,12 @@ def validate_append_request(req: pb.AppendRequest) -> None:
     if req.HasField("subtract_registers"):
         with at("subtract_registers"):
             validate_label_set(req.subtract_registers)
-    if req.suspend != pb.AppendRequest.SUSPEND_RESUME:
-        # Suspension is not implemented by this broker yet; refuse rather than ignore it.
+    if req.suspend not in pb.AppendRequest.Suspend.values():
         raise ValidationError(
-            f"only SUSPEND_RESUME is supported (got {pb.AppendRequest.Suspend.Name(req.suspend)})",
+            f"must be one of {', '.join(pb.AppendRequest.Suspend.keys())} (got {req.suspend})",
             "suspend",
         )
+    validate_min_etcd_revision(req)
 
 
 class ChunkReceiver:
@@ -301,6 +302,8 @@ class AppendApi:
             resp = pb.AppendResponse(status=as_status(fsm.status), header=res.header)
             if fsm.status == pb.REGISTER_MISMATCH:
                 resp.registers.CopyFrom(fsm.registers)
+            if fsm.status == pb.FRAGMENT_STORE_UNHEALTHY:
+                resp.store_health_error = str(fsm.err)
             return resp
         code, detail = _grpc_error(fsm.err)
         log.warning("served Append RPC failed", journal=first.journal, error=detail)

@@ -9,8 +9,9 @@ streams the client's content through it.
 States (one ``on_<state>`` handler each; tests drive them one at a time):
 
   RESOLVE                 resolve the journal, first waiting for any etcd revision we know of.
-                          Not the primary: AWAIT_DESIRED_REPLICAS (we will proxy). Already own
-                          the pipeline: START_PIPELINE. Else ACQUIRE_PIPELINE.
+                          Fully suspended, and the append resumes: UPDATE_SUSPEND. Not the
+                          primary: AWAIT_DESIRED_REPLICAS (we will proxy). Already own the
+                          pipeline: START_PIPELINE. Else ACQUIRE_PIPELINE.
   ACQUIRE_PIPELINE        take the replica's pipeline slot (exclusive), or RESOLVE if the
                           resolution is invalidated while waiting.
   START_PIPELINE          a pipeline of the resolved route: UPDATE_ASSIGNMENTS. Otherwise tear
@@ -25,7 +26,12 @@ States (one ``on_<state>`` handler each; tests drive them one at a time):
   AWAIT_DESIRED_REPLICAS  too many replicas (the allocator is moving the journal): RESOLVE at
                           the next revision. Too few: INSUFFICIENT_JOURNAL_BROKERS. Not primary:
                           PROXY. Else VALIDATE_PRECONDITIONS.
-  VALIDATE_PRECONDITIONS  registers and offsets (see ``on_validate_preconditions``).
+  VALIDATE_PRECONDITIONS  the primary store's health, registers, offsets and suspension (see
+                          ``on_validate_preconditions``); UPDATE_SUSPEND if the append changes
+                          the journal's suspension.
+  UPDATE_SUSPEND          write the new suspension into the JournalSpec (a compare-and-set on
+                          its and the assignments' mod revisions), then RESOLVE at that
+                          revision (append_suspend.py).
   STREAM_CONTENT          forward each client chunk to all replicas; on the commit marker (an
                           empty chunk, then end of stream) propose the commit, on anything else
                           propose the rollback. Then READ_ACKNOWLEDGEMENTS.
@@ -52,28 +58,41 @@ from typing import TypeVar
 
 from broker import metrics
 from broker.append_rate import burst_bytes_for
+from broker.append_rules import (
+    apply_register_updates,
+    assignment_creations,
+    complete_despite_cancellation,
+    desired_replication,
+    has_register_updates,
+    may_write,
+    update_assignments,
+    validate_content_chunk,
+)
+from broker.append_suspend import (
+    CONTENT_FORBIDDEN,
+    NO_RESUME,
+    RESUME,
+    SuspendStep,
+    decide,
+    index_is_dirty,
+    update_journal_spec,
+)
 from broker.fragment.naming import sum_from_digest
+from broker.fragment.store_health import StoreHealthMonitor
 from broker.keyspace.backend import (
     Backend,
-    Compare,
-    CompareResult,
-    CompareTarget,
     KeySpaceError,
-    OpPut,
 )
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
 from broker.pipeline import Dialer, Pipeline, local_offload_bytes_min
-from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
 from broker.protocol.selector import matches
 from broker.protocol.validate import ValidationError
 from broker.replica import Replica, SlotInvalidatedError, wait_first
-from broker.resolver import Resolution, ResolveError, Resolver, ResolverStoppedError
+from broker.resolver import Resolution, ResolveError, Resolver
 from broker.topology import (
-    advertised_value,
-    assignment_of,
     route_matches_assignments,
     routes_equivalent,
 )
@@ -97,6 +116,7 @@ class State(enum.Enum):
     UPDATE_ASSIGNMENTS = "update_assignments"
     AWAIT_DESIRED_REPLICAS = "await_desired_replicas"
     VALIDATE_PRECONDITIONS = "validate_preconditions"
+    UPDATE_SUSPEND = "update_suspend"
     STREAM_CONTENT = "stream_content"
     READ_ACKNOWLEDGEMENTS = "read_acknowledgements"
     ERROR = "error"
@@ -149,125 +169,10 @@ class AppendEnv:
     # Wall clock, Unix seconds: flush intervals are aligned to it.
     clock: Callable[[], float]
     index_refresh_wait_s: float = index_refresh_wait_s_default
+    # Health of fragment stores: appends wait for the primary store's (None: not checked).
+    store_health: StoreHealthMonitor | None = None
     peer_response_timeout_s: float = 30.0
     peer_send_timeout_s: float = 30.0
-
-
-# --- Pure helpers ------------------------------------------------------------------------------
-
-
-def may_write(spec: pb.JournalSpec) -> bool:
-    """Whether the journal's flags allow appending content (NOT_SPECIFIED means read-write)."""
-    flags = spec.flags
-    return flags == pb.JournalSpec.NOT_SPECIFIED or bool(
-        flags & (pb.JournalSpec.O_WRONLY | pb.JournalSpec.O_RDWR)
-    )
-
-
-def desired_replication(spec: pb.JournalSpec) -> int:
-    """Replicas the journal should have: fewer while it is suspended."""
-    level = spec.suspend.level
-    if level == pb.JournalSpec.Suspend.FULL:
-        return 0
-    if level == pb.JournalSpec.Suspend.PARTIAL:
-        return 1
-    return spec.replication
-
-
-def subtract_registers(registers: pb.LabelSet, subtract: pb.LabelSet) -> pb.LabelSet:
-    """Gazette's SubtractLabelSet: drop every label of a name whose values in ``subtract`` are
-    exactly its values in ``registers`` (so "owner=a" removes owner=a, but not owner=b)."""
-
-    def groups(label_set: pb.LabelSet) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for label in label_set.labels:
-            out.setdefault(label.name, []).append(label.value)
-        return out
-
-    theirs = groups(subtract)
-    out = pb.LabelSet()
-    for name, values in groups(registers).items():
-        if theirs.get(name) != values:
-            out.labels.extend(pb.Label(name=name, value=v) for v in values)
-    return out
-
-
-def apply_register_updates(registers: pb.LabelSet, req: pb.AppendRequest) -> pb.LabelSet:
-    """The registers after a committed, non-empty append: subtract, then union (request values
-    win on a shared name), as Gazette orders them."""
-    out = pb.LabelSet()
-    out.CopyFrom(registers)
-    if req.HasField("subtract_registers"):
-        out = subtract_registers(out, req.subtract_registers)
-    if req.HasField("union_registers"):
-        out = gl.union(req.union_registers, out)
-    return out
-
-
-def _assignment_creations(resolved: Resolution) -> frozenset[tuple[bytes, int]]:
-    return frozenset((e.kv.key, e.kv.create_revision) for e in resolved.assignments)
-
-
-def _has_register_updates(req: pb.AppendRequest) -> bool:
-    return bool(req.union_registers.labels) or bool(req.subtract_registers.labels)
-
-
-def validate_content_chunk(req: pb.AppendRequest) -> None:
-    """A message after the first carries content only (or nothing: the commit marker)."""
-    for name in ("header", "check_registers", "union_registers", "subtract_registers"):
-        if req.HasField(name):
-            raise ValidationError("unexpected after the first message", name)
-    if req.journal:
-        raise ValidationError("unexpected after the first message", "journal")
-    if req.do_not_proxy:
-        raise ValidationError("unexpected after the first message", "do_not_proxy")
-    if req.offset:
-        raise ValidationError("unexpected after the first message", "offset")
-
-
-async def update_assignments(backend: Backend, resolved: Resolution) -> int:
-    """Advertise ``resolved.route`` as the value of every assignment of the journal, in one
-    transaction that holds only if none of them changed since the resolution. Returns the
-    revision to read through (0 if nothing needed updating).
-
-    The transaction may lose a race (e.g. with the allocator removing an assignment): that is
-    normal, and re-resolving at the returned revision converges."""
-    route = resolved.route
-    value = advertised_value(route)
-    compares: list[Compare] = []
-    ops: list[OpPut] = []
-    for entry in resolved.assignments:
-        advertised = assignment_of(entry).route
-        if advertised is None or not routes_equivalent(route, advertised):
-            # Keep the key's lease: the assignment must still vanish with its member.
-            ops.append(OpPut(entry.kv.key, value, lease=entry.kv.lease))
-        compares.append(
-            Compare(entry.kv.key, CompareTarget.MOD, CompareResult.EQUAL, entry.kv.mod_revision)
-        )
-    if not ops:
-        return 0
-    resp = await backend.txn(compares, ops)
-    return resp.header.revision
-
-
-async def complete_despite_cancellation(aw: Awaitable[T]) -> T:
-    """Run ``aw`` to completion even if the caller is cancelled meanwhile, then re-raise the
-    cancellation. For the steps that keep the pipeline consistent (a rollback, reading
-    acknowledgements): abandoning them half-way would leave responses unread that the next
-    append would then take for its own. Every wait inside them is bounded."""
-    task = asyncio.ensure_future(aw)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError()
-    return result
 
 
 # --- The machine -------------------------------------------------------------------------------
@@ -292,9 +197,14 @@ class AppendFSM:
         # True while requests are on the wire whose answers or rollback are still owed: giving
         # the pipeline back then would hand the next append someone else's responses.
         self._pln_dirty = False
-        self.read_through_rev = 0
+        # The etcd revision to resolve at: first the client's (Gazette's min_etcd_revision),
+        # then whatever a step learns (a peer's later route, our own etcd update).
+        self.read_through_rev = req.min_etcd_revision
         self.roll_to_offset = 0
         self.registers = pb.LabelSet()
+        # The suspension UPDATE_SUSPEND writes; and whether to roll the spool once suspended.
+        self.next_suspend: pb.JournalSpec.Suspend | None = None
+        self._roll_for_suspension = False
         self.client_commit = False
         self.client_fragment: pb.Fragment | None = None
         self._client_summer = hashlib.sha1()
@@ -373,6 +283,7 @@ class AppendFSM:
             State.UPDATE_ASSIGNMENTS: self.on_update_assignments,
             State.AWAIT_DESIRED_REPLICAS: self.on_await_desired_replicas,
             State.VALIDATE_PRECONDITIONS: self.on_validate_preconditions,
+            State.UPDATE_SUSPEND: self.on_update_suspend,
         }
         while self.state is not target:
             handler = handlers.get(self.state)
@@ -444,7 +355,14 @@ class AppendFSM:
             self.state = State.ERROR
             return
         res = self.resolved
-        if res.status != pb.OK:
+        if res.status == pb.SUSPENDED and req.suspend == RESUME and res.spec is not None:
+            # Fully suspended: no broker serves it. Resume it where it was suspended; the
+            # allocator then assigns it (its route is empty until then).
+            self.next_suspend = pb.JournalSpec.Suspend(
+                level=pb.JournalSpec.Suspend.NONE, offset=res.spec.suspend.offset
+            )
+            self.state = State.UPDATE_SUSPEND
+        elif res.status != pb.OK:
             self.state = State.ERROR
         elif not res.is_local:
             # We hold a pipeline from an earlier resolution but are no longer the primary.
@@ -473,7 +391,7 @@ class AppendFSM:
         self._must_state(State.START_PIPELINE)
         res, replica = self._res(), self._replica()
         pln = self.pln
-        creations = _assignment_creations(res)
+        creations = assignment_creations(res)
         if (
             pln is not None
             and pln.matches(res.route)
@@ -597,7 +515,7 @@ class AppendFSM:
             self.state = State.VALIDATE_PRECONDITIONS
 
     async def on_validate_preconditions(self) -> None:
-        """Registers and offsets.
+        """The primary store's health, registers, offsets, suspension.
 
         Appends must land at the furthest known offset of the journal. That is normally the end
         of the pipeline's spool, but if consistency was lost (too many broker or etcd failures),
@@ -611,6 +529,10 @@ class AppendFSM:
         serve as a read-only view of a store written by another cluster.
 
         An explicit offset is also how a client makes an at-most-once append.
+
+        A journal suspended at a greater offset than the spool's (every broker that held it
+        was suspended away, having persisted everything) rolls forward to it first. Then the
+        append's suspension control may change the journal's suspension (append_suspend.py).
         """
         self._must_state(State.VALIDATE_PRECONDITIONS)
         res, replica, spec, pln = self._res(), self._replica(), self._spec(), self._pipeline()
@@ -624,6 +546,17 @@ class AppendFSM:
                 return
             if not index.first_refresh.is_set():
                 self.state = State.RESOLVE
+                return
+        # Content this broker could not persist would pile up in its spools: as Gazette, no
+        # append while the journal's primary store is unhealthy (fragment/store_health.py).
+        monitor, stores = self.env.store_health, spec.fragment.stores
+        if monitor is not None and stores:
+            unhealthy = await monitor.wait_healthy(stores[0], res.invalidated)
+            if res.invalidated.is_set():
+                self.state = State.RESOLVE
+                return
+            if unhealthy is not None:
+                self._fail(unhealthy, status=pb.FRAGMENT_STORE_UNHEALTHY)
                 return
 
         # A peer may hold a larger offset than the index if a commit was not acknowledged by
@@ -642,6 +575,10 @@ class AppendFSM:
         ):
             self._fail(status=pb.REGISTER_MISMATCH)
             return
+        if spool_end < spec.suspend.offset:
+            self.roll_to_offset = spec.suspend.offset
+            self.state = State.SEND_PIPELINE_SYNC
+            return
         if spool_end != max_offset and req.offset == 0 and may_write(spec):
             self._fail(status=pb.INDEX_HAS_GREATER_OFFSET)
             return
@@ -653,6 +590,31 @@ class AppendFSM:
             self.roll_to_offset = max_offset
             self.state = State.SEND_PIPELINE_SYNC
             return
+
+        # The pipeline is synchronised and the append validated: its suspension control.
+        decision = decide(
+            req.suspend,
+            spec.suspend.level,
+            index_empty=index_begin == index_end,
+            index_dirty=req.suspend not in (RESUME, NO_RESUME)
+            and index_is_dirty(index, spec, self.env.clock()),
+            spool_end=spool_end,
+        )
+        if decision.step is SuspendStep.UPDATE:
+            self.next_suspend = decision.suspend
+            self._roll_for_suspension = decision.roll
+            self.state = State.UPDATE_SUSPEND
+            return
+        if decision.step is SuspendStep.REFUSE:
+            self._fail(status=pb.SUSPENDED)
+            return
+        if decision.step is SuspendStep.SUSPENDED:
+            # Suspended (now, or already): the empty append runs to its end, and answers so.
+            self._res().status = pb.SUSPENDED
+        if self._roll_for_suspension and spool_end > spool_fragment.begin:
+            # Suspended PARTIAL with content in the spool: roll it, so that it is persisted
+            # now rather than whenever this last replica next rolls.
+            self.roll_to_offset = spool_end
         if spool_fragment.begin == index_begin and spool_fragment.end > spool_fragment.begin:
             # The spool holds the journal's very first content: roll it now, so that it is
             # persisted promptly. A store holding any fragment tells a recovering cluster that
@@ -660,6 +622,25 @@ class AppendFSM:
             # new journal, inviting double-writes of its offsets.
             self.roll_to_offset = spool_end
         self.state = State.STREAM_CONTENT
+
+    async def on_update_suspend(self) -> None:
+        self._must_state(State.UPDATE_SUSPEND)
+        res, suspend = self._res(), self.next_suspend
+        if suspend is None:
+            raise FSMStateError("update_suspend without a suspension to write")
+        try:
+            self.read_through_rev = await update_journal_spec(self.env.backend, res, suspend)
+        except KeySpaceError as exc:
+            self._fail(exc)
+            return
+        log.info(
+            "updated journal suspension",
+            journal=res.journal,
+            revision=self.read_through_rev,
+            level=pb.JournalSpec.Suspend.Level.Name(suspend.level),
+            offset=suspend.offset,
+        )
+        self.state = State.RESOLVE
 
     async def on_stream_content(self, req: AppendMessage | None, err: BaseException | None) -> None:
         """One client message (``req``), the end of the client's stream (both None), or its
@@ -705,6 +686,9 @@ class AppendFSM:
             return
         elif err is None and req is not None and not may_write(spec):
             self._res().status = pb.NOT_ALLOWED
+        elif err is None and req is not None and self.req.suspend in CONTENT_FORBIDDEN:
+            # Suspension requests and SUSPEND_KEEP barriers are empty appends.
+            self._res().status = pb.NOT_ALLOWED
         elif err is None and req is not None:
             self._pln_dirty = True
             await self._sum_content(content)
@@ -719,7 +703,7 @@ class AppendFSM:
 
         # The end of this append's content: commit it, or roll it back. (Its sum is taken once
         # the commit is acknowledged: see _finish_sum.)
-        if eof and fragment.end == fragment.begin and _has_register_updates(self.req):
+        if eof and fragment.end == fragment.begin and has_register_updates(self.req):
             err = RegisterUpdateWithEmptyAppendError()
 
         if err is None and eof and pln.send_err() is None and self.status == pb.OK:
@@ -804,36 +788,3 @@ class AppendFSM:
         fragment = self.client_fragment
         if fragment is not None and fragment.end > fragment.begin:
             fragment.sum.CopyFrom(sum_from_digest(self._client_summer.digest()))
-
-
-# --- Pulses --------------------------------------------------------------------------------------
-
-# Outcomes of a pulse that are not worth a warning: only the primary pulses, and a journal
-# may be deleted or reassigned while a pulse runs.
-_QUIET_PULSE_STATUSES = frozenset(
-    {pb.NOT_JOURNAL_PRIMARY_BROKER, pb.NO_JOURNAL_PRIMARY_BROKER, pb.JOURNAL_NOT_FOUND}
-)
-
-
-async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
-    """One zero-byte append to ``journal`` from this broker, if it is the primary: it
-    synchronises the pipeline, advertises the route, and rolls a fragment whose flush interval
-    passed. Returns the event signalling that the resolution it used was invalidated."""
-    fsm = AppendFSM(env, pb.AppendRequest(journal=journal, do_not_proxy=True))
-
-    async def empty_commit() -> tuple[pb.AppendRequest | None, BaseException | None]:
-        # The commit marker, then the end of the stream.
-        if not fsm.client_commit:
-            return pb.AppendRequest(), None
-        return None, None
-
-    await fsm.run(empty_commit)
-    if fsm.state is not State.FINISHED and fsm.status not in _QUIET_PULSE_STATUSES:
-        if not isinstance(fsm.err, ResolverStoppedError):
-            log.warning(
-                "journal pulse failed (will retry)",
-                journal=journal,
-                status=pb.Status.Name(fsm.status),
-                error=str(fsm.err) if fsm.err else None,
-            )
-    return fsm.resolved.invalidated if fsm.resolved is not None else None

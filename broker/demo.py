@@ -114,7 +114,10 @@ async def run(data_dir: Path) -> int:
         await broker.stop()  # Persists the completed fragments to the store.
         await backend.close()
 
-    persisted = sorted(p.relative_to(fragments) for p in fragments.rglob("*") if p.is_file())
+    # The journal's fragments (the store root also holds the brokers' health-check object).
+    persisted = sorted(
+        p.relative_to(fragments) for p in (fragments / JOURNAL).rglob("*") if p.is_file()
+    )
     print(f"fragments persisted under {fragments}:")
     for path in persisted:
         print(f"  {path}")

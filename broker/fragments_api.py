@@ -1,4 +1,5 @@
-"""The ListFragments RPC: a page of a journal's fragments, local and persisted.
+"""The ListFragments RPC: a page of a journal's fragments, local and persisted; and the
+FragmentStoreHealth RPC: the health of a fragment store (fragment/store_health.py).
 
 Answered from a replica's FragmentIndex (any broker of the route), once the index has listed the
 stores at least once: before that, it knows only the local spool and would answer a partial
@@ -11,12 +12,19 @@ A time range selects fragments by modification time: `begin_mod_time` drops frag
 before it, and a non-zero `end_mod_time` drops those persisted after it *and* those not yet
 persisted (they have no modification time). With `signatureTTL`, each persisted fragment comes
 with a signed URL of its file, valid that long.
+
+FragmentStoreHealth answers OK, or FRAGMENT_STORE_UNHEALTHY with the error of the store's last
+health check (waiting for its first check, within a bound); with `check_delete`, a healthy
+store is also put through the delete probe under `check_delete_prefix`. Any broker answers,
+about any store URL (not only the stores of its journals), with an unrouted header.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import grpc
@@ -24,9 +32,17 @@ import grpc.aio
 
 from broker.client.route_cache import ChannelPool
 from broker.fragment.index import IndexClosedError
-from broker.fragment.stores.base import StoreError, signed_url_ttl_max_s
+from broker.fragment.store_health import (
+    FirstCheckPendingError,
+    StoreHealthMonitor,
+    StoreUnhealthyError,
+    check_delete,
+)
+from broker.fragment.stores.base import StoreError, StoreURL, signed_url_ttl_max_s
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.tokens import validate_path_component
+from broker.protocol.urls import FRAGMENT_STORE_SCHEMES, validate_fragment_store
 from broker.protocol.validate import ValidationError, at, validate_journal_name
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.read_api import (
@@ -45,6 +61,8 @@ page_limit_default: Final = 1000
 page_limit_max: Final = 10_000
 # How long a listing waits for the replica's first store listing before failing UNAVAILABLE.
 first_refresh_wait_s_default: Final = 30.0
+# Longest a check_delete_prefix may be (Gazette's: a journal name's).
+check_delete_prefix_len_max: Final = 512
 
 
 def validate_fragments_request(request: pb.FragmentsRequest) -> None:
@@ -192,4 +210,72 @@ class FragmentsAPI:
             if (retry := attempts.failed_on(endpoint, err)) is not None:
                 raise retry from err
             await context.abort(err.code(), f"proxied listing via {endpoint}: {err.details()}")
+        return response
+
+
+# --- FragmentStoreHealth ------------------------------------------------------------------------
+
+
+def validate_store_health_request(request: pb.FragmentStoreHealthRequest) -> None:
+    """Gazette's FragmentStoreHealthRequest rules (our in-process schemes, e.g. memory://, are
+    left to the store registry)."""
+    with at("fragment_store"):
+        if StoreURL.parse(request.fragment_store).scheme in FRAGMENT_STORE_SCHEMES:
+            validate_fragment_store(request.fragment_store)
+    prefix = request.check_delete_prefix
+    if not prefix:
+        return
+    with at("check_delete_prefix"):
+        if not request.check_delete:
+            raise ValidationError("cannot be set when check_delete is false")
+        if not prefix.endswith("/"):
+            raise ValidationError(f"must end in '/' (got {prefix!r})")
+        trimmed = prefix[:-1]
+        if trimmed == ".." or trimmed.startswith("../"):
+            raise ValidationError(f"cannot traverse outside the store (got {prefix!r})")
+        validate_path_component(trimmed, 1, check_delete_prefix_len_max)
+
+
+class StoreHealthAPI:
+    """The FragmentStoreHealth RPC handler. ``header_of`` gives the unrouted header to answer
+    with (this broker, no route, the keyspace's revision)."""
+
+    def __init__(self, monitor: StoreHealthMonitor, header_of: Callable[[], pb.Header]) -> None:
+        self._monitor = monitor
+        self._header_of = header_of
+
+    async def fragment_store_health(
+        self, request: pb.FragmentStoreHealthRequest, context: Context
+    ) -> pb.FragmentStoreHealthResponse:
+        url = request.fragment_store
+        response = pb.FragmentStoreHealthResponse(status=pb.OK, header=self._header_of())
+        try:
+            validate_store_health_request(request)
+            if not self._monitor.has_room_for(url):
+                # Answered without building a store for yet another URL a client names.
+                _, error = self._monitor.status(url)
+                response.status = pb.FRAGMENT_STORE_UNHEALTHY
+                response.store_health_error = str(error)
+                return response
+            with at("fragment_store"):
+                store = self._monitor.registry.get(url)
+        except ValidationError as err:  # StoreURLError included: an unsupported scheme.
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"FragmentStoreHealthRequest.{err}"
+            )
+        next_check, error = self._monitor.status(url)
+        if isinstance(error, FirstCheckPendingError):
+            # The first check is bounded by its own timeout; wait a little longer than that.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._monitor.schedule.check_timeout_s + 5.0):
+                    await next_check.wait()
+            _, error = self._monitor.status(url)
+        if error is None and request.check_delete:
+            try:
+                await check_delete(store, request.check_delete_prefix)
+            except StoreUnhealthyError as err:
+                error = err
+        if error is not None:
+            response.status = pb.FRAGMENT_STORE_UNHEALTHY
+            response.store_health_error = str(error)
         return response

@@ -168,6 +168,13 @@ def validate_request_header(request: Any) -> None:
             validate_header(request.header)
 
 
+def validate_min_etcd_revision(request: pb.ReadRequest | pb.AppendRequest) -> None:
+    if request.min_etcd_revision < 0:
+        raise ValidationError(
+            f"must be >= 0 (got {request.min_etcd_revision})", "min_etcd_revision"
+        )
+
+
 # --- Serving from the local index -----------------------------------------------------------------
 
 
@@ -328,6 +335,7 @@ class ReadAPI:
         try:
             validate_read_request(request)
             validate_request_header(request)
+            validate_min_etcd_revision(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReadRequest.{err}")
         resolution, status = await resolve_for_reading(self._resolver, context, request)
@@ -460,6 +468,8 @@ async def resolve_for_reading(
         require_primary=False,
         may_proxy=not request.do_not_proxy,
         header=request.header if request.HasField("header") else None,
+        # A client's request to see at least this etcd revision (Read only).
+        min_revision=request.min_etcd_revision if isinstance(request, pb.ReadRequest) else 0,
     )
     status = cast(pb.Status, resolution.status)
     if status == pb.OK and not may_read(resolution.spec):
@@ -509,13 +519,16 @@ async def resolve_or_abort(
     require_primary: bool,
     may_proxy: bool,
     header: pb.Header | None,
+    min_revision: int = 0,
 ) -> Resolution:
-    """Resolve, turning failures to resolve at all into gRPC errors."""
+    """Resolve, turning failures to resolve at all into gRPC errors (a keyspace that does not
+    reach ``min_revision`` within the resolver's bound: UNAVAILABLE)."""
     try:
         return await resolver.resolve(
             journal,
             require_primary=require_primary,
             may_proxy=may_proxy,
+            min_revision=min_revision,
             proxy_header=header,
         )
     except TimeoutError as err:

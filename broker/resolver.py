@@ -77,6 +77,8 @@ class Resolution:
     replica: Replica | None
     # Set when this resolution no longer holds (assignments changed, replica stopping).
     invalidated: asyncio.Event = field(default_factory=asyncio.Event)
+    # The journal's spec entry (key and revisions), to update it (suspension) guarded by them.
+    item: Entry[Decoded] | None = None
 
     @property
     def route(self) -> pb.Route:
@@ -248,6 +250,7 @@ class Resolver:
             assignments=assignments,
             replica=replica,
             invalidated=invalidated,
+            item=item if spec is not None else None,
         )
 
     @staticmethod

@@ -49,7 +49,8 @@ from broker.append_api import (
     flow_control_burst_s_default,
     min_append_rate_bytes_per_s_default,
 )
-from broker.append_fsm import AppendEnv, pulse
+from broker.append_fsm import AppendEnv
+from broker.append_pulse import pulse
 from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.auth_server import AuthInterceptor, ResolverScope
 from broker.client.route_cache import ChannelPool
@@ -58,8 +59,9 @@ from broker.fragment.persister import Persister
 from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
 from broker.fragment.spool_dir import SpoolDir
 from broker.fragment.spool_file import SpoolFile, TempSpoolFile
+from broker.fragment.store_health import HealthSchedule, StoreHealthMonitor
 from broker.fragment.stores.registry import StoreRegistry, new_registry
-from broker.fragments_api import FragmentsAPI
+from broker.fragments_api import FragmentsAPI, StoreHealthAPI
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.keyspace import KeySpace
 from broker.keyspace.lease import keep_lease_alive
@@ -80,8 +82,10 @@ from broker.topology import (
     DEFAULT_ROOT,
     Decoded,
     Member,
+    etcd_header,
     local_journals,
     lookup_item,
+    make_header,
     member_key,
     members_prefix,
     new_keyspace,
@@ -148,6 +152,8 @@ class BrokerConfig:
     tls: ServerTls | None = None
     # What peers' https:// endpoints are trusted with (and, for mutual TLS, our certificate).
     peer_tls: ClientTls | None = None
+    # When fragment stores are health-checked (fragment/store_health.py).
+    store_health: HealthSchedule = field(default_factory=HealthSchedule)
 
 
 class BrokerStateError(RuntimeError):
@@ -164,12 +170,14 @@ class JournalService(pbg.JournalServicer):
         read: ReadAPI,
         fragments: FragmentsAPI,
         list_apply: ListApplyAPI,
+        store_health: StoreHealthAPI,
     ) -> None:
         self._append = append
         self._replicate = replicate
         self._read = read
         self._fragments = fragments
         self._list_apply = list_apply
+        self._store_health = store_health
 
     # grpc.aio serves a streaming response from an async generator method, or from a coroutine
     # that writes its responses with context.write (Read, below).
@@ -193,6 +201,11 @@ class JournalService(pbg.JournalServicer):
         self, request: pb.FragmentsRequest, context: Any
     ) -> pb.FragmentsResponse:
         return await self._fragments.list_fragments(request, context)
+
+    async def FragmentStoreHealth(
+        self, request: pb.FragmentStoreHealthRequest, context: Any
+    ) -> pb.FragmentStoreHealthResponse:
+        return await self._store_health.fragment_store_health(request, context)
 
     async def Append(
         self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
@@ -241,11 +254,17 @@ class Broker:
             self._new_replica,
             revision_wait_s=config.revision_wait_s,
         )
+        # Health checks of fragment stores: of journals' primary stores before appends (only
+        # with stores to persist to), and of any store for the FragmentStoreHealth RPC.
+        self.store_health = StoreHealthMonitor(
+            stores if stores is not None else new_registry(), config.store_health
+        )
         self.append_env = AppendEnv(
             resolver=self.resolver,
             backend=backend,
             dialer=self.dialer,
             clock=clock,
+            store_health=self.store_health if stores is not None else None,
             peer_response_timeout_s=config.peer_response_timeout_s,
         )
         self.persister: Persister | None = None
@@ -360,7 +379,7 @@ class Broker:
         auth = [AuthInterceptor(self.auth, ResolverScope(self.resolver))] if self.auth else []
         # The gate first: a broker that is not ready answers before checking anything else.
         server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate, *auth])
-        registry = self.stores if self.stores is not None else new_registry()
+        registry = self.store_health.registry
         service = JournalService(
             AppendApi(
                 self.append_env,
@@ -371,6 +390,7 @@ class Broker:
             ReadAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),
+            StoreHealthAPI(self.store_health, self._unrouted_header),
         )
         # Append and Replicate read content chunks without copying them (service_handlers.py).
         add_journal_service(service, server)
@@ -428,6 +448,12 @@ class Broker:
         await self.dialer.close()
         await self.channels.close()
 
+    def _unrouted_header(self) -> pb.Header:
+        """The header of answers about no journal (Gazette's unrouted header)."""
+        return make_header(
+            self.resolver.local_id(), pb.Route(primary=-1), etcd_header(self.ks.header)
+        )
+
     def _member_key(self) -> bytes:
         return member_key(self.config.root, self.config.zone, self.config.suffix).encode()
 
@@ -438,6 +464,7 @@ class Broker:
                 daemons = [
                     tg.create_task(self.ks.watch(self.backend)),
                     tg.create_task(keep_lease_alive(self.backend, self.lease_id, ttl_s)),
+                    tg.create_task(self.store_health.run()),
                 ]
                 if persister is not None:
                     daemons.append(tg.create_task(persister.run()))

@@ -22,6 +22,10 @@ Consume and finalize never overlap each other, nor with another call of the same
 for different shards run concurrently (on one event loop), so per-shard state belongs on the
 shard's store or in a dict keyed by `shard.fqn`, never in a plain attribute of the Application.
 
+An application may also serve its own gRPC services from the consumer process
+(`register_services`), e.g. queries of its shards' state, routed to each shard's primary: the
+pattern of Gazette's word-count example (examples/word_count/queries.py).
+
 Only unrecoverable errors should be raised: any exception from these methods fails the shard —
 nothing of the current transaction commits, the error is logged with the shard's ID, and its
 status becomes FAILED with the error. (A transient one — ConnectionError, TimeoutError, or a
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.protocol import consumer_pb2 as cpb
@@ -44,12 +49,15 @@ from gazette_consumer.shard_handle import ShardProgress
 from gazette_consumer.stores.base import OpFuture, ShardContext, Store
 
 if TYPE_CHECKING:
+    import grpc.aio
+
     from broker.client.append_service import AppendService, AsyncAppend
-    from broker.client.route_cache import JournalClient
+    from broker.client.route_cache import ChannelPool, JournalClient
     from gazette_consumer.message.publisher import Publisher
     from gazette_consumer.recoverylog.recorder import Recorder
+    from gazette_consumer.resolver import Resolver
 
-__all__ = ["Application", "MessageSource", "Shard"]
+__all__ = ["Application", "MessageSource", "ServiceContext", "Shard"]
 
 
 class Shard(ShardContext, Protocol):
@@ -132,6 +140,20 @@ class MessageSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ServiceContext:
+    """What the consumer process lends an application's own gRPC services (`register_services`).
+
+    `resolver` says which process serves a shard, and gives the local primary's handle when it
+    is this one (waiting, boundedly, until it is ready): `resolver.resolve(shard, may_proxy=...,
+    proxy_header=...)`; `resolver.shards_with_source(journal)` maps data to shards. `channels`
+    reaches the other consumer processes, to proxy a request to a shard's primary elsewhere
+    (with the resolution's header, which the peer checks, as Gazette's services do)."""
+
+    resolver: Resolver
+    channels: ChannelPool
+
+
 class Application(abc.ABC):
     """A consumer application. See the module docstring for call order and concurrency."""
 
@@ -181,6 +203,11 @@ class Application(abc.ABC):
         """The transaction begun with `begin_txn` has started to commit (`commit` resolves
         when it is durable) or has failed (`commit` holds the error). Always paired with a
         `begin_txn`. Must not block. Optional."""
+
+    def register_services(self, server: grpc.aio.Server, context: ServiceContext) -> None:  # noqa: B027
+        """Register the application's own gRPC services on the consumer process's server, before
+        it starts. They are served on the process's endpoint beside the Shard service, and like
+        it answer UNAVAILABLE until the process is ready. Optional (the default adds none)."""
 
     def new_message_source(
         self, shard: Shard, store: Store, checkpoint: Checkpoint

@@ -22,8 +22,9 @@ is stopped at once and ``wait()`` / ``stop()`` raise the cause. A member whose v
 cluster cannot be trusted must not go on running shards, since a new primary may already run
 elsewhere (its store fence would stop us anyway; stopping first is cleaner).
 
-Graceful stop (SIGTERM). ``stop()`` first *drains*: it re-announces the member with a shard
-limit of zero, so the allocator moves every assignment away, each primary only once a standby
+Graceful stop (SIGTERM). ``stop()`` first *drains*: it re-announces the member as *exiting*
+(``ConsumerSpec.exiting``, its shard limit kept, as Gazette's consumers do), so the allocator
+gives it no new shard and moves every assignment away, each primary only once a standby
 elsewhere is ready (STANDBY) to take over. The allocator returns once nothing is assigned here;
 then the local shards stop, the lease is revoked and the server stops. Draining is bounded by
 ``drain_timeout_s`` (a lone member has nowhere to hand off to): past it the member stops anyway,
@@ -133,8 +134,9 @@ class ConsumerMember:
         add_services: Callable[[grpc.aio.Server], None] | None = None,
     ) -> None:
         if config.shard_limit < 1:
-            # Zero is how a member announces that it is draining (the allocator then returns
-            # as soon as it holds nothing, and would stop allocating for everyone if it led).
+            # A zero limit drains a member (see consumer_item_limit): a member starting with
+            # one would return from allocating at once, and stop allocating for everyone if it
+            # led.
             raise ValueError(f"shard_limit: must be >= 1 (got {config.shard_limit})")
         self.backend = backend
         self.config = config
@@ -163,10 +165,11 @@ class ConsumerMember:
     def __repr__(self) -> str:
         return f"ConsumerMember<{self.config.zone}#{self.config.suffix} {self.endpoint}>"
 
-    def _spec(self, shard_limit: int) -> cpb.ConsumerSpec:
+    def _spec(self, *, exiting: bool = False) -> cpb.ConsumerSpec:
         spec = cpb.ConsumerSpec(
             process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
-            shard_limit=shard_limit,
+            shard_limit=self.config.shard_limit,
+            exiting=exiting,
         )
         validate_consumer_spec(spec)
         return spec
@@ -197,7 +200,7 @@ class ConsumerMember:
         self.endpoint = f"{scheme}://{cfg.host}:{port}"
         self.bound.set()
         try:
-            spec = self._spec(cfg.shard_limit)
+            spec = self._spec()
             self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
             # A predecessor with this ID (crashed, its lease not yet expired) still holds the
             # key and its assignments: wait for them to go rather than take them as ours.
@@ -270,9 +273,10 @@ class ConsumerMember:
             # Our key went while draining (the stop revoked it, or the lease ran out): done.
         self._drained.set()
         if not self._draining.is_set():
-            # Someone else set our shard limit to zero (an operator draining us): we hold
-            # nothing, and while our key remains we may be the leader that no longer allocates
-            # for anyone. Exit, as Gazette's consumers do; stop() then revokes the lease.
+            # Someone else set our shard limit to zero or marked us exiting (an operator
+            # draining us): we hold nothing, and while our key remains we may be the leader
+            # that no longer allocates for anyone. Exit, as Gazette's consumers do; stop()
+            # then revokes the lease.
             log.info("consumer drained by its member key's shard limit; exiting", member=repr(self))
             self.local.stop_serving()
 
@@ -315,7 +319,7 @@ class ConsumerMember:
         self._draining.set()
         if self.ks.get(self._key()) is not None:
             await self.backend.put(
-                self._key(), self._spec(0).SerializeToString(), lease=self.lease_id
+                self._key(), self._spec(exiting=True).SerializeToString(), lease=self.lease_id
             )
         drained = asyncio.ensure_future(self._drained.wait())
         try:
@@ -343,6 +347,7 @@ class ConsumerMember:
                 isinstance(member, ConsumerMemberValue)
                 and (member.zone, member.suffix) != (self.config.zone, self.config.suffix)
                 and member.spec.shard_limit > 0
+                and not member.spec.exiting
             ):
                 return True
         return False

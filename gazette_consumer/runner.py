@@ -12,7 +12,8 @@ consumer, all in one process (the embedded default of DESIGN.md §5).
 
 Each shard assigned here runs in this process (``shard_runner.ShardRunner``) against the
 broker at ``--broker`` (embedded: its own broker), with one instance of the ``--app`` class for
-all of them. ``--http-port`` serves Prometheus metrics at ``/debug/metrics`` (shard metrics
+all of them. The application's own gRPC services (``Application.register_services``) are served
+on the process's ``--port`` beside the Shard service. ``--http-port`` serves Prometheus metrics at ``/debug/metrics`` (shard metrics
 from ``gazette_consumer.metrics``; the embedded broker's too), and ``/debug/ready``: 503 until
 the member serves (a restarted process first waits out its predecessor's lease; its Shard
 service answers UNAVAILABLE meanwhile), 200 while it does.
@@ -42,6 +43,8 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import grpc.aio
+
 from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.gc_tuning import freeze_startup_heap
@@ -69,7 +72,7 @@ from broker.security_flags import (
     server_tls_of,
 )
 from broker.tls import ClientTls, ServerTls
-from gazette_consumer.application import Application
+from gazette_consumer.application import Application, ServiceContext
 from gazette_consumer.hints import HintStore
 from gazette_consumer.member import (
     ConsumerConfig,
@@ -343,7 +346,7 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
         async with shard_factory(runtime) as start_shard:
             embedded_broker = broker_address if embedded is not None else None
             return await _run_member(
-                args, backend, root, start_shard, embedded_broker, readiness, stop
+                args, app, backend, root, start_shard, embedded_broker, readiness, stop
             )
     finally:
         if http is not None:
@@ -362,8 +365,23 @@ def _embedded_store(data_dir: str | None, fsync: bool) -> EmbeddedStore:
     return EmbeddedStore.open(os.path.join(data_dir, "keyspace"), fsync=fsync)
 
 
+def application_services(
+    app: Application, member: Callable[[], ConsumerMember]
+) -> Callable[[grpc.aio.Server], None]:
+    """The ``add_services`` of a member that serves ``app``'s own gRPC services: it calls
+    ``app.register_services`` with the member's resolver and channels (``member()`` is the
+    member, which exists by the time its server is built)."""
+
+    def add(server: grpc.aio.Server) -> None:
+        m = member()
+        app.register_services(server, ServiceContext(resolver=m.resolver, channels=m.channels))
+
+    return add
+
+
 async def _run_member(
     args: argparse.Namespace,
+    app: Application,
     backend: Backend,
     root: str,
     start_shard: StartShard,
@@ -387,6 +405,7 @@ async def _run_member(
             peer_tls=args.peer_tls,
         ),
         start_shard,
+        add_services=application_services(app, lambda: member),
     )
     readiness.member = member
     await member.start()  # Returns once the member serves (see broker.readiness).

@@ -1,15 +1,19 @@
 """The Shard RPCs over specs and assignments: List, Apply, Unassign and GetHints.
 
 List. The shards whose labels (plus the meta-label ``id``) match the selector, each with its
-spec, the spec's etcd mod revision, its Route (with endpoints) and one ReplicaStatus per route
-member, read from the member's KeySpace mirror.
+spec, the spec's etcd mod and create revisions, its Route (with endpoints) and one ReplicaStatus
+per route member, read from the member's KeySpace mirror.
 
 Apply. Upserts and deletions of ShardSpecs in one etcd transaction, each guarded by its
 ``expect_mod_revision`` (0: the shard must not exist; -1: no check). Every change is validated
 first, and a bad one fails the whole request with INVALID_ARGUMENT naming the change and the
 field (``ApplyRequest.changes[1].upsert.max_txn_duration: must be > 0s``): nothing is written. A
 failed guard answers ETCD_TRANSACTION_FAILED, again with nothing written. A successful Apply
-answers once this process's mirror reflects it, so a List that follows sees it.
+answers once this process's mirror reflects it, so a List that follows sees it. An upsert may
+carry ``primary_hints`` (Gazette's field 4): recovery-log hints stored, in the same
+transaction, as the shard's primary hints (``<hint_prefix>/<id>.primary``), in the JSON form
+Gazette's consumers read. They must be hints of the shard's own recovery log that a player can
+use (``recoverylog.fsm.FSM.from_hints``); the shard must have a recovery log.
 
 Unassign. Removes assignments so that the allocator re-assigns (Gazette's rules): always a
 FAILED one, and the primary's unless ``only_failed``. All removals are one transaction guarded
@@ -24,6 +28,7 @@ shard without a recovery log has none, and the answer is then empty.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Final
 
@@ -58,6 +63,8 @@ from broker.protocol.validate import (
 )
 from broker.read_api import Context
 from broker.topology import etcd_header
+from gazette_consumer.recoverylog.fsm import FSM, FSMError
+from gazette_consumer.shard_spec import recovery_log
 from gazette_consumer.topology import (
     FAILED,
     Decoded,
@@ -135,7 +142,12 @@ def _validate_change(change: cpb.ApplyRequest.Change) -> str:
             raise ValidationError(
                 f"must be >= 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
             )
+        if change.HasField("primary_hints"):
+            with at("primary_hints"):
+                _validate_primary_hints(change.upsert, change.primary_hints)
         return change.upsert.id
+    if change.HasField("primary_hints"):
+        raise ValidationError("may be set only with an upsert, not a delete", "primary_hints")
     if change.delete:
         with at("delete"):
             validate_shard_id(change.delete)
@@ -145,6 +157,60 @@ def _validate_change(change: cpb.ApplyRequest.Change) -> str:
             )
         return change.delete
     raise ValidationError("neither upsert nor delete is set (expected exactly one)")
+
+
+def _validate_primary_hints(spec: cpb.ShardSpec, hints: rpb.FSMHints) -> None:
+    """Hints a new primary of ``spec`` can recover from (hints.py would refuse others when the
+    shard starts: better to refuse them here, with nothing written)."""
+    if not spec.recovery_log_prefix:
+        raise ValidationError("the shard has no recovery log (recovery_log_prefix), so no hints")
+    if hints.log != recovery_log(spec):
+        raise ValidationError(
+            f"must be hints of the shard's recovery log {recovery_log(spec)!r} (got {hints.log!r})",
+            "log",
+        )
+    for node in hints.live_nodes:
+        for segment in node.segments:
+            if segment.log == hints.log:
+                # Gazette's rule: a segment of the hints' own log leaves its log implied.
+                raise ValidationError("a segment repeats the hints' log (leave it empty)")
+    try:
+        FSM.from_hints(hints)
+    except (FSMError, ValueError) as err:
+        raise ValidationError(str(err)) from None
+
+
+def encode_hints_json(hints: rpb.FSMHints) -> bytes:
+    """FSMHints as Gazette's consumers store and read them (Go's encoding/json of the generated
+    struct: snake_case names, integers as numbers, zero scalars omitted, empty lists null)."""
+
+    def segment(s: rpb.Segment) -> dict[str, object]:
+        fields = (
+            ("author", s.author),
+            ("first_seq_no", s.first_seq_no),
+            ("first_offset", s.first_offset),
+            ("first_checksum", s.first_checksum),
+            ("last_seq_no", s.last_seq_no),
+            ("last_offset", s.last_offset),
+            ("log", s.log),
+        )
+        return {name: value for name, value in fields if value}
+
+    out: dict[str, object] = {}
+    if hints.log:
+        out["log"] = hints.log
+    out["live_nodes"] = [
+        {
+            **({"fnode": node.fnode} if node.fnode else {}),
+            "segments": [segment(s) for s in node.segments] or None,
+        }
+        for node in hints.live_nodes
+    ] or None
+    out["properties"] = [
+        {name: value for name, value in (("path", p.path), ("content", p.content)) if value}
+        for p in hints.properties
+    ] or None
+    return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def validate_unassign_request(request: cpb.UnassignRequest) -> None:
@@ -207,7 +273,11 @@ class ShardSpecsAPI:
             route, statuses = shard_route(self._ks, self._root, item.id)
             out.append(
                 cpb.ListResponse.Shard(
-                    spec=item.spec, mod_revision=entry.kv.mod_revision, route=route, status=statuses
+                    spec=item.spec,
+                    mod_revision=entry.kv.mod_revision,
+                    create_revision=entry.kv.create_revision,
+                    route=route,
+                    status=statuses,
                 )
             )
         return out
@@ -234,6 +304,9 @@ class ShardSpecsAPI:
             if change.HasField("upsert"):
                 key = shard_key(self._root, change.upsert.id).encode()
                 ops.append(OpPut(key, change.upsert.SerializeToString()))
+                if change.HasField("primary_hints"):
+                    hints_key = hint_keys(change.upsert)[0].encode()
+                    ops.append(OpPut(hints_key, encode_hints_json(change.primary_hints)))
             else:
                 key = shard_key(self._root, change.delete).encode()
                 ops.append(OpDelete(key))

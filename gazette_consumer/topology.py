@@ -378,11 +378,13 @@ def shard_replication(entry: Entry[Any]) -> int:
 
 
 def consumer_item_limit(entry: Entry[Any]) -> int:
-    """A consumer's shard limit (zero while it drains, before exiting)."""
+    """A consumer's shard limit: zero once it announced it is exiting (Gazette's
+    ConsumerSpec.exiting), so that it gets nothing new and drains; zero too if an operator set
+    its limit so."""
     member = entry.decoded
     if not isinstance(member, ConsumerMember):
         raise TypeError(f"expected a ConsumerMember, got {type(member).__name__}")
-    return member.spec.shard_limit
+    return 0 if member.spec.exiting else member.spec.shard_limit
 
 
 def _status_or_none(value: bytes) -> cpb.ReplicaStatus | None:

@@ -7,6 +7,8 @@
     gazctl journals fragments -j JOURNAL
     gazctl journals prune -l SELECTOR [--dry-run] [--file-root DIR]
     gazctl journals reset-head -l SELECTOR
+    gazctl journals suspend -l SELECTOR [--force]
+    gazctl journals store-health STORE_URL [--check-delete-prefix PREFIX]
     gazctl shards list|apply|unassign ...   (see broker/cli/shards.py)
 
 The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``;
@@ -43,7 +45,7 @@ from typing import Any
 import grpc
 
 from broker import logging as gazette_logging
-from broker.cli import journalspace, shards
+from broker.cli import journals_store_health, journals_suspend, journalspace, shards
 from broker.cli.output import FORMATS, emit
 from broker.cli.strict_yaml import parse_file
 from broker.fragment.stores.base import StoreError
@@ -113,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     reset.add_argument("-l", "--selector", required=True, help="label selector of journals")
     reset.add_argument("--format", choices=FORMATS, default="table")
+    journals_suspend.add_command(verbs)
+    journals_store_health.add_command(verbs)
     shards.add_commands(top)
     return parser
 
@@ -176,6 +180,10 @@ async def _run(args: argparse.Namespace) -> int:
         return await shards.run(args)
     if args.verb in ("prune", "reset-head"):
         return await _operate(args)
+    if args.verb == "suspend":
+        return await journals_suspend.run(args)
+    if args.verb in journals_store_health.VERBS:
+        return await journals_store_health.run(args)
     if args.verb == "apply":
         nodes = parse_file(args.file, journalspace.parse_journal_space)
         records = _apply_records(nodes)

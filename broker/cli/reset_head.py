@@ -14,6 +14,10 @@ for the index's first store listing), then sends a zero-byte append with that ex
 The primary accepts an explicit offset equal to the index's end, synchronises every replica's
 spool to it, and appends go on from there. Nothing in the store is written or overwritten.
 
+As Gazette's, the append is SUSPEND_KEEP: a partially suspended journal is reset through its one
+replica and stays suspended (a plain append would resume it); a fully suspended journal has no
+replica to reset and is skipped (outcome "suspended").
+
 Run it only once every earlier broker of the journal has exited (their last fragments
 persisted). It is harmless on a consistent journal that is being appended to: the append
 either lands at the head (a no-op) or races a concurrent append and is refused with
@@ -44,7 +48,8 @@ async def reset_head(c: client.JournalClient, journal: str) -> tuple[int, str]:
     if head == 0:
         # Offset 0 on the wire means "no explicit offset": there is nothing to confirm anyway.
         return head, "empty"
-    appender = client.Appender(c, pb.AppendRequest(journal=journal, offset=head))
+    request = pb.AppendRequest(journal=journal, offset=head, suspend=pb.AppendRequest.SUSPEND_KEEP)
+    appender = client.Appender(c, request)
     try:
         await appender.commit()
     except WrongAppendOffsetError:
@@ -63,7 +68,10 @@ async def reset_heads(
     records: list[dict[str, Any]] = []
     for journal in listing.journals:
         name = journal.spec.name
-        head, outcome = await reset_head(c, name)
+        if journal.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+            head, outcome = journal.spec.suspend.offset, "suspended"
+        else:
+            head, outcome = await reset_head(c, name)
         print(f"{name}: {outcome} at offset {head}", file=progress, flush=True)
         records.append({"journal": name, "head": head, "outcome": outcome})
     return records

@@ -208,7 +208,8 @@ class Appender:
         self.response = response
         if response.HasField("header"):
             self.client.update_route(self.request.journal, response.header)
-        raise_for_status(response.status, f"appending to {self.request.journal}")
+        detail = f" ({response.store_health_error})" if response.store_health_error else ""
+        raise_for_status(response.status, f"appending to {self.request.journal}{detail}")
         if not response.HasField("commit"):
             raise ValidationError("expected with status OK", "AppendResponse", "commit")
         return response

@@ -60,7 +60,13 @@ from broker.keyspace.mvcc import (
     lease_ttl_min_s_default,
     txn_ops_max_default,
 )
-from broker.keyspace.persisted import KeySpaceDir, KeySpaceDirError, wal_bytes_max_default
+from broker.keyspace.persisted import (
+    KeySpaceDir,
+    KeySpaceDirError,
+    StoreIdentity,
+    new_store_id,
+    wal_bytes_max_default,
+)
 
 # Live responses a watch may hold unread before it is ended with UnavailableError.
 watch_queue_responses_max_default = 1024
@@ -98,6 +104,9 @@ class EmbeddedStore:
             lease_ttl_min_s=lease_ttl_min_s,
             txn_ops_max=txn_ops_max,
         )
+        # A fresh identity for response headers (persisted.py: why it must not be zero); a
+        # store opened from a directory takes the directory's instead.
+        self._set_identity(StoreIdentity(new_store_id(), new_store_id(), 1))
         self.clock = clock
         self.watch_queue_responses_max = watch_queue_responses_max
         self.watch_batch_events_max = watch_batch_events_max
@@ -152,6 +161,7 @@ class EmbeddedStore:
             raise KeySpaceDirError(f"embedded keyspace directory {path}: {exc}") from exc
         try:
             kdir.load(store.core)
+            store._set_identity(kdir.open_identity())
             store.core.expire_all()
             changes = store.core.take_changes()
             if changes:
@@ -168,6 +178,12 @@ class EmbeddedStore:
         store._dir = kdir
         store._fsync = fsync
         return store
+
+    def _set_identity(self, identity: StoreIdentity) -> None:
+        self.identity = identity
+        self.core.cluster_id = identity.cluster_id
+        self.core.member_id = identity.member_id
+        self.core.raft_term = identity.raft_term
 
     @property
     def directory(self) -> KeySpaceDir | None:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from broker.keyspace.backend import (
     CompactedError,
-    Header,
     KeySpaceError,
     UnavailableError,
     WatchResponse,
@@ -101,7 +100,7 @@ class WatchStream(AsyncIterator[WatchResponse]):
             self._error = exc
             return None
         self._next_revision = last + 1
-        return WatchResponse(Header(last), events) if events else None
+        return WatchResponse(store.core.header_at(last), events) if events else None
 
     def _offer(self, commit: Commit) -> None:
         """Queue the part of a live commit this watch covers (called by the store)."""
@@ -118,7 +117,9 @@ class WatchStream(AsyncIterator[WatchResponse]):
                 )
             )
             return
-        self._queue.append(WatchResponse(Header(commit.revision), events))
+        self._queue.append(
+            WatchResponse(self._client.store.core.header_at(commit.revision), events)
+        )
         self._wake.set()
 
     def offer_progress(self, revision: int) -> None:
@@ -135,7 +136,7 @@ class WatchStream(AsyncIterator[WatchResponse]):
             or len(self._queue) >= self._client.store.watch_queue_responses_max
         ):
             return
-        self._queue.append(WatchResponse(Header(revision), ()))
+        self._queue.append(WatchResponse(self._client.store.core.header_at(revision), ()))
         self._wake.set()
 
     def _fail(self, error: KeySpaceError) -> None:

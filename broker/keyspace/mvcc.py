@@ -136,6 +136,11 @@ class MVCCStore:
         self._log: dict[int, Commit] = {}
         self._leases: dict[int, _Lease] = {}
         self._next_lease_id = 1
+        # The store's identity in response headers, as etcd's (zero until the embedded store
+        # sets it: see EmbeddedStore). Not part of the state: it belongs to whoever runs it.
+        self.cluster_id = 0
+        self.member_id = 0
+        self.raft_term = 0
         # Changes made since the last take_changes() (None: not recorded).
         self._changes: list[Change] | None = [] if record_changes else None
 
@@ -150,7 +155,11 @@ class MVCCStore:
         return self._compact_revision
 
     def header(self) -> Header:
-        return Header(revision=self._revision)
+        return self.header_at(self._revision)
+
+    def header_at(self, revision: int) -> Header:
+        """A response header at ``revision``, with the store's identity."""
+        return Header(revision, self.cluster_id, self.member_id, self.raft_term)
 
     def range(self, key: bytes, range_end: bytes | None = None, revision: int = 0) -> RangeResponse:
         check_key("range", key)

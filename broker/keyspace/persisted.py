@@ -1,6 +1,7 @@
 """The directory of a persisted embedded keyspace: a snapshot, a write-ahead log, a lock.
 
     <dir>/LOCK                 flock(2)ed by the process that has the keyspace open
+    <dir>/identity             cluster ID, member ID and raft term of response headers
     <dir>/snapshot             the state at some revision (absent until the first one)
     <dir>/wal-<generation>.log every change since that snapshot, in order
 
@@ -17,6 +18,13 @@ missing, i.e. empty) log; a log of an older generation is a leftover, deleted at
 
 Snapshots are always fsynced, whatever the store's ``fsync`` setting: the old log is deleted
 after one, and a snapshot lost to an OS crash would take every change before it along.
+
+The identity (``open_identity``) is what etcd puts in every response header: Gazette's Go
+clients refuse headers whose cluster ID, member ID or raft term is zero, and brokers refuse
+requests proxied from another cluster ID. Random non-zero IDs are drawn at the directory's
+first open (or the first open by a version that kept none) and kept; the raft term grows by
+one at each open, as a restarted one-member etcd's does. Rewritten whole (temporary file,
+fsync, rename) at each open; damage is a CorruptLogError, never new IDs in silence.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import contextlib
 import fcntl
 import os
 import re
+import secrets
 import struct
+from dataclasses import dataclass
 
 from broker.keyspace.backend import KeySpaceError
 from broker.keyspace.change_codec import (
@@ -47,6 +57,9 @@ log = get_logger(__name__)
 wal_bytes_max_default = 8 * 1024 * 1024
 
 _SNAPSHOT_MAGIC = b"GZKSNAP1"
+IDENTITY_FILE = "identity"
+_IDENTITY_MAGIC = b"GZKSID01"
+_IDENTITY = struct.Struct("<QQQ")
 _GENERATION = struct.Struct("<Q")
 _WAL_NAME = re.compile(r"wal-([0-9a-f]{16})\.log")
 
@@ -57,6 +70,20 @@ class KeySpaceDirError(KeySpaceError):
 
 class KeySpaceLockedError(KeySpaceDirError):
     """Another process (or another store in this one) has the keyspace directory open."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreIdentity:
+    """The IDs an embedded store puts in response headers (see the module docstring)."""
+
+    cluster_id: int
+    member_id: int
+    raft_term: int
+
+
+def new_store_id() -> int:
+    """A random ID: non-zero, and below 2**63 so that no reader takes it for a negative."""
+    return 1 + secrets.randbelow((1 << 63) - 1)
 
 
 class KeySpaceDir:
@@ -107,6 +134,21 @@ class KeySpaceDir:
             _replay(wal, core)
         self._writer = LogWriter(wal)
         _fsync_dir(self.path)
+
+    def open_identity(self) -> StoreIdentity:
+        """The directory's identity, its raft term advanced by this open (see the module
+        docstring); written and fsynced before it is returned."""
+        path = os.path.join(self.path, IDENTITY_FILE)
+        if os.path.exists(path):
+            previous = _read_identity(path)
+        else:
+            previous = StoreIdentity(new_store_id(), new_store_id(), 0)
+        identity = StoreIdentity(previous.cluster_id, previous.member_id, previous.raft_term + 1)
+        payload = _IDENTITY.pack(identity.cluster_id, identity.member_id, identity.raft_term)
+        _write_synced(path + ".tmp", _IDENTITY_MAGIC + frame(payload))
+        os.replace(path + ".tmp", path)
+        _fsync_dir(self.path)
+        return identity
 
     @property
     def wal_bytes(self) -> int:
@@ -194,6 +236,24 @@ def _read_snapshot(path: str) -> tuple[int, StoreState]:
         return generation, decode_state(payload[_GENERATION.size :])
     except (struct.error, ChangeDecodeError) as exc:
         raise CorruptLogError(path, len(_SNAPSHOT_MAGIC), f"snapshot: {exc}") from exc
+
+
+def _read_identity(path: str) -> StoreIdentity:
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(_IDENTITY_MAGIC):
+        raise CorruptLogError(path, 0, "not a keyspace identity (bad magic)")
+    scan = scan_records(data[len(_IDENTITY_MAGIC) :], path)
+    # Written whole and fsynced before use (then renamed): any damage is corruption.
+    if scan.torn is not None or len(scan.records) != 1:
+        raise CorruptLogError(path, len(_IDENTITY_MAGIC) + scan.end, "identity is incomplete")
+    payload = scan.records[0][1]
+    if len(payload) != _IDENTITY.size:
+        raise CorruptLogError(path, len(_IDENTITY_MAGIC), f"identity of {len(payload)} bytes")
+    identity = StoreIdentity(*_IDENTITY.unpack(payload))
+    if identity.cluster_id == 0 or identity.member_id == 0:
+        raise CorruptLogError(path, len(_IDENTITY_MAGIC), "identity with a zero ID")
+    return identity
 
 
 def _replay(path: str, core: MVCCStore) -> None:

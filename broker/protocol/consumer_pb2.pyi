@@ -65,12 +65,14 @@ class ShardSpec(_message.Message):
     def __init__(self, id: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[ShardSpec.Source, _Mapping]]] = ..., recovery_log_prefix: _Optional[str] = ..., hint_prefix: _Optional[str] = ..., hint_backups: _Optional[int] = ..., max_txn_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_txn_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., disable: _Optional[bool] = ..., hot_standbys: _Optional[int] = ..., labels: _Optional[_Union[_protocol_pb2.LabelSet, _Mapping]] = ..., disable_wait_for_ack: _Optional[bool] = ..., ring_buffer_size: _Optional[int] = ..., read_channel_size: _Optional[int] = ...) -> None: ...
 
 class ConsumerSpec(_message.Message):
-    __slots__ = ("process_spec", "shard_limit")
+    __slots__ = ("process_spec", "shard_limit", "exiting")
     PROCESS_SPEC_FIELD_NUMBER: _ClassVar[int]
     SHARD_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EXITING_FIELD_NUMBER: _ClassVar[int]
     process_spec: _protocol_pb2.ProcessSpec
     shard_limit: int
-    def __init__(self, process_spec: _Optional[_Union[_protocol_pb2.ProcessSpec, _Mapping]] = ..., shard_limit: _Optional[int] = ...) -> None: ...
+    exiting: bool
+    def __init__(self, process_spec: _Optional[_Union[_protocol_pb2.ProcessSpec, _Mapping]] = ..., shard_limit: _Optional[int] = ..., exiting: _Optional[bool] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("code", "errors")
@@ -146,16 +148,18 @@ class ListRequest(_message.Message):
 class ListResponse(_message.Message):
     __slots__ = ("status", "header", "shards", "extension")
     class Shard(_message.Message):
-        __slots__ = ("spec", "mod_revision", "route", "status")
+        __slots__ = ("spec", "mod_revision", "route", "status", "create_revision")
         SPEC_FIELD_NUMBER: _ClassVar[int]
         MOD_REVISION_FIELD_NUMBER: _ClassVar[int]
         ROUTE_FIELD_NUMBER: _ClassVar[int]
         STATUS_FIELD_NUMBER: _ClassVar[int]
+        CREATE_REVISION_FIELD_NUMBER: _ClassVar[int]
         spec: ShardSpec
         mod_revision: int
         route: _protocol_pb2.Route
         status: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
-        def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., mod_revision: _Optional[int] = ..., route: _Optional[_Union[_protocol_pb2.Route, _Mapping]] = ..., status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+        create_revision: int
+        def __init__(self, spec: _Optional[_Union[ShardSpec, _Mapping]] = ..., mod_revision: _Optional[int] = ..., route: _Optional[_Union[_protocol_pb2.Route, _Mapping]] = ..., status: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., create_revision: _Optional[int] = ...) -> None: ...
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
@@ -169,14 +173,16 @@ class ListResponse(_message.Message):
 class ApplyRequest(_message.Message):
     __slots__ = ("changes", "extension")
     class Change(_message.Message):
-        __slots__ = ("expect_mod_revision", "upsert", "delete")
+        __slots__ = ("expect_mod_revision", "upsert", "delete", "primary_hints")
         EXPECT_MOD_REVISION_FIELD_NUMBER: _ClassVar[int]
         UPSERT_FIELD_NUMBER: _ClassVar[int]
         DELETE_FIELD_NUMBER: _ClassVar[int]
+        PRIMARY_HINTS_FIELD_NUMBER: _ClassVar[int]
         expect_mod_revision: int
         upsert: ShardSpec
         delete: str
-        def __init__(self, expect_mod_revision: _Optional[int] = ..., upsert: _Optional[_Union[ShardSpec, _Mapping]] = ..., delete: _Optional[str] = ...) -> None: ...
+        primary_hints: _recorded_op_pb2.FSMHints
+        def __init__(self, expect_mod_revision: _Optional[int] = ..., upsert: _Optional[_Union[ShardSpec, _Mapping]] = ..., delete: _Optional[str] = ..., primary_hints: _Optional[_Union[_recorded_op_pb2.FSMHints, _Mapping]] = ...) -> None: ...
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     EXTENSION_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[ApplyRequest.Change]

@@ -200,7 +200,7 @@ class SHA1Sum(_message.Message):
     def __init__(self, part1: _Optional[int] = ..., part2: _Optional[int] = ..., part3: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("header", "journal", "offset", "block", "do_not_proxy", "metadata_only", "end_offset", "begin_mod_time")
+    __slots__ = ("header", "journal", "offset", "block", "do_not_proxy", "metadata_only", "end_offset", "begin_mod_time", "min_etcd_revision")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class ReadRequest(_message.Message):
     METADATA_ONLY_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BEGIN_MOD_TIME_FIELD_NUMBER: _ClassVar[int]
+    MIN_ETCD_REVISION_FIELD_NUMBER: _ClassVar[int]
     header: Header
     journal: str
     offset: int
@@ -217,7 +218,8 @@ class ReadRequest(_message.Message):
     metadata_only: bool
     end_offset: int
     begin_mod_time: int
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., offset: _Optional[int] = ..., block: _Optional[bool] = ..., do_not_proxy: _Optional[bool] = ..., metadata_only: _Optional[bool] = ..., end_offset: _Optional[int] = ..., begin_mod_time: _Optional[int] = ...) -> None: ...
+    min_etcd_revision: int
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., offset: _Optional[int] = ..., block: _Optional[bool] = ..., do_not_proxy: _Optional[bool] = ..., metadata_only: _Optional[bool] = ..., end_offset: _Optional[int] = ..., begin_mod_time: _Optional[int] = ..., min_etcd_revision: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
     __slots__ = ("status", "header", "offset", "write_head", "fragment", "fragment_url", "content")
@@ -238,17 +240,19 @@ class ReadResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ..., offset: _Optional[int] = ..., write_head: _Optional[int] = ..., fragment: _Optional[_Union[Fragment, _Mapping]] = ..., fragment_url: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("header", "journal", "do_not_proxy", "offset", "check_registers", "union_registers", "subtract_registers", "suspend", "content")
+    __slots__ = ("header", "journal", "do_not_proxy", "offset", "check_registers", "union_registers", "subtract_registers", "suspend", "min_etcd_revision", "content")
     class Suspend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         SUSPEND_RESUME: _ClassVar[AppendRequest.Suspend]
         SUSPEND_NO_RESUME: _ClassVar[AppendRequest.Suspend]
         SUSPEND_IF_FLUSHED: _ClassVar[AppendRequest.Suspend]
         SUSPEND_NOW: _ClassVar[AppendRequest.Suspend]
+        SUSPEND_KEEP: _ClassVar[AppendRequest.Suspend]
     SUSPEND_RESUME: AppendRequest.Suspend
     SUSPEND_NO_RESUME: AppendRequest.Suspend
     SUSPEND_IF_FLUSHED: AppendRequest.Suspend
     SUSPEND_NOW: AppendRequest.Suspend
+    SUSPEND_KEEP: AppendRequest.Suspend
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     DO_NOT_PROXY_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +261,7 @@ class AppendRequest(_message.Message):
     UNION_REGISTERS_FIELD_NUMBER: _ClassVar[int]
     SUBTRACT_REGISTERS_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_FIELD_NUMBER: _ClassVar[int]
+    MIN_ETCD_REVISION_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     header: Header
     journal: str
@@ -266,8 +271,9 @@ class AppendRequest(_message.Message):
     union_registers: LabelSet
     subtract_registers: LabelSet
     suspend: AppendRequest.Suspend
+    min_etcd_revision: int
     content: bytes
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., do_not_proxy: _Optional[bool] = ..., offset: _Optional[int] = ..., check_registers: _Optional[_Union[LabelSelector, _Mapping]] = ..., union_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., subtract_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., suspend: _Optional[_Union[AppendRequest.Suspend, str]] = ..., content: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., journal: _Optional[str] = ..., do_not_proxy: _Optional[bool] = ..., offset: _Optional[int] = ..., check_registers: _Optional[_Union[LabelSelector, _Mapping]] = ..., union_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., subtract_registers: _Optional[_Union[LabelSet, _Mapping]] = ..., suspend: _Optional[_Union[AppendRequest.Suspend, str]] = ..., min_etcd_revision: _Optional[int] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("status", "header", "commit", "registers", "total_chunks", "delayed_chunks", "store_health_error")
@@ -442,10 +448,14 @@ class Header(_message.Message):
     def __init__(self, process_id: _Optional[_Union[ProcessSpec.ID, _Mapping]] = ..., route: _Optional[_Union[Route, _Mapping]] = ..., etcd: _Optional[_Union[Header.Etcd, _Mapping]] = ...) -> None: ...
 
 class FragmentStoreHealthRequest(_message.Message):
-    __slots__ = ("fragment_store",)
+    __slots__ = ("fragment_store", "check_delete", "check_delete_prefix")
     FRAGMENT_STORE_FIELD_NUMBER: _ClassVar[int]
+    CHECK_DELETE_FIELD_NUMBER: _ClassVar[int]
+    CHECK_DELETE_PREFIX_FIELD_NUMBER: _ClassVar[int]
     fragment_store: str
-    def __init__(self, fragment_store: _Optional[str] = ...) -> None: ...
+    check_delete: bool
+    check_delete_prefix: str
+    def __init__(self, fragment_store: _Optional[str] = ..., check_delete: _Optional[bool] = ..., check_delete_prefix: _Optional[str] = ...) -> None: ...
 
 class FragmentStoreHealthResponse(_message.Message):
     __slots__ = ("status", "header", "store_health_error")

@@ -13,6 +13,9 @@ Counts of a transaction are staged in the document as messages are consumed; the
 the document with its checkpoint (the store records the new file into the recovery log), so a
 restarted or promoted replica continues from exactly the committed counts.
 
+Every consumer process also serves queries of the committed counts of any shard, routed to the
+shard's primary (``queries.py``: ``query_counts(endpoint, shard, words)``).
+
     gazette-consumer serve --app examples.word_count:WordCount ...
 """
 
@@ -20,9 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc.aio
+
 from broker.client.async_append import AsyncAppend
 from broker.protocol import protocol_pb2 as pb
-from gazette_consumer.application import Application, Shard
+from examples.word_count.queries import CountsService
+from gazette_consumer.application import Application, ServiceContext, Shard
 from gazette_consumer.message import JSONMessage
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.message.publisher import Publisher
@@ -46,13 +52,26 @@ class WordCountError(ValueError):
 class WordCount(Application):
     """The word-counting application (see the module docstring)."""
 
+    def __init__(self) -> None:
+        # The store of each shard whose primary (or standby) runs here, for queries: the
+        # shards of a process share this one instance.
+        self._stores: dict[str, JSONFileStore] = {}
+
     async def new_store(self, shard: Shard, recorder: Recorder | None) -> Store:
         if recorder is None:
             raise WordCountError(
                 f"shard {shard.id}: the word count keeps its state in a recovery log; "
                 "set the shard's recovery_log_prefix"
             )
-        return JSONFileStore.recorded(recorder)
+        store = self._stores[shard.id] = JSONFileStore.recorded(recorder)
+        return store
+
+    def store_of(self, shard: str) -> JSONFileStore:
+        """The store of ``shard``'s latest assignment to this process (KeyError if none)."""
+        return self._stores[shard]
+
+    def register_services(self, server: grpc.aio.Server, context: ServiceContext) -> None:
+        CountsService(self, context).register(server)
 
     def new_message(self, journal_spec: pb.JournalSpec) -> type[Any]:
         return Text

@@ -1,10 +1,17 @@
 """The Clock of Gazette message UUIDs.
 
 A clock value is a uint64: its 60 most-significant bits are an RFC 4122 timestamp (100 ns units
-since 1582-10-15), and its 4 least-significant bits are a sequence counter. The counter lets one
-producer mint 16 distinct, ordered clocks within a single 100 ns interval (160M UUIDs per second)
-before its clock runs ahead of wall time. Together, timestamp and counter totally order the UUIDs
-of one producer, which is what read-committed readers use to spot duplicates and roll-backs.
+since 1582-10-15), and its 4 least-significant bits are a sequence counter. Together, timestamp
+and counter totally order the UUIDs of one producer, which is what read-committed readers use to
+spot duplicates and roll-backs.
+
+Each tick advances the clock by one microsecond (``TICK``: 10 units of 100 ns, shifted past the
+4 counter bits), as Gazette's Clock.Tick has done since 2025, so that a publisher given the same
+start and the same sequence mints the same UUIDs as Go's, and UUID times stay meaningful to
+systems with microsecond precision. A producer is thereby bounded to a million messages per
+second before its clock runs ahead of wall time (harmless: only monotonicity matters). Clocks of
+older messages, whose producers ticked by one, need nothing special: every comparison is of
+whole clock values, and a tick of either size moves a producer's clock strictly forward.
 
 Clock values are plain ``int`` everywhere (UUID parsing, the sequencer, checkpoints) because they
 are compared constantly; ``Clock`` is the mutable generator a publisher owns. Wall time is passed
@@ -24,6 +31,9 @@ CLOCK_MAX = (1 << 64) - 1
 
 # Number of low bits of a clock that hold the sequence counter rather than the timestamp.
 CLOCK_SEQUENCE_BITS = 4
+
+# What one tick adds: one microsecond, i.e. 10 units of 100 ns above the sequence counter bits.
+TICK = 10 << CLOCK_SEQUENCE_BITS
 
 _NS_PER_UNIT = 100
 
@@ -83,15 +93,15 @@ class Clock:
         return cls(clock_from_unix_nanos(unix_nanos))
 
     def tick(self) -> int:
-        """Advance by one and return the new value.
+        """Advance by one microsecond (``TICK``) and return the new value.
 
-        Ticking increments the sequence counter; the 16th tick within one 100 ns interval carries
-        into the timestamp, so the clock may run slightly ahead of wall time under bursts. That is
-        harmless: only monotonicity matters to readers.
+        Under bursts of more than one message per microsecond the clock runs ahead of wall time;
+        ``update`` then leaves it alone until wall time catches up. That is harmless: only
+        monotonicity matters to readers.
         """
-        if self.value == CLOCK_MAX:
+        if self.value > CLOCK_MAX - TICK:
             raise ClockError(f"clock: {self.value} cannot tick past the uint64 range")
-        self.value += 1
+        self.value += TICK
         return self.value
 
     def update(self, unix_nanos: int) -> None:

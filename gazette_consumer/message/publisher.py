@@ -41,6 +41,7 @@ from gazette_consumer.message.clock import (
     CLOCK_MAX,
     CLOCK_SEQUENCE_BITS,
     G1582_NS100,
+    TICK,
     Clock,
     ClockError,
 )
@@ -332,7 +333,7 @@ class Publisher(Generic[A]):
             wall = (self._time_ns() // 100 + G1582_NS100) << CLOCK_SEQUENCE_BITS
             if wall > value:
                 value = wall
-        value += 1
+        value += TICK
         if value > CLOCK_MAX:  # Nothing changed: the clock is not moved.
             raise ClockError(f"clock: {clock.value} cannot tick past the uint64 range")
         clock.value = value
@@ -364,12 +365,12 @@ async def write_ack_intents(
     """Append each ACK intent (journal → framed ACK message) to its journal, each after
     `dependencies` (e.g. the commit of the checkpoint holding the intents). Returns the batches
     to await. Re-appending the same intents (recovery) is harmless: readers ignore an ACK
-    whose clock they have already passed."""
-    for journal, intent in intents.items():
-        if not intent:  # Checked before appending anything.
-            raise ValueError(f"ack intent of journal {journal}: must not be empty")
+    whose clock they have already passed. An empty intent is skipped: it holds no message (our
+    publishers never build one; a Go checkpoint may hold one, which Go appends as nothing)."""
     out: list[A] = []
     for journal, intent in intents.items():
+        if not intent:
+            continue
         appended = await appender.start_append(journal, dependencies)
         appended.write(intent)
         appended.release()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from broker_testkit import Cluster, journal_spec, local_content, replica_of, wait_until
 
-from broker.append_fsm import pulse
+from broker.append_pulse import pulse
 from broker.fragment.naming import sum_from_digest
 from broker.fragment.stores.registry import new_registry
 from broker.protocol import protocol_pb2 as pb

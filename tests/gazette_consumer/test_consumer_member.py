@@ -379,3 +379,35 @@ async def test_a_drain_with_nowhere_to_go_times_out_and_keeps_every_replica(grou
     check = primary_and_standbys(group, SHARDS[:2], standbys=1)
     assert check() is None, check()
     assert not any(f.stopped.is_set() for f in a.shards.started)
+
+
+async def test_a_draining_member_announces_itself_exiting(group: Group) -> None:
+    """As Gazette's (ConsumerSpec.exiting, SetExiting): a draining member marks its spec
+    exiting, keeping its shard limit, and is assigned no new shard."""
+    a = await group.join("zone-a", "consumer-a")
+    await group.put_shard(shard_spec("shard-solo"))
+    await group.until(primary_and_standbys(group, ["shard-solo"], standbys=0))
+    b = await group.join("zone-b", "consumer-b", hold=True)
+
+    drain = asyncio.create_task(a.member.drain())
+
+    def exiting() -> str | None:
+        member = lookup_member(group.ks, ROOT, "zone-a", "consumer-a")
+        return None if member is not None and member.spec.exiting else "not yet exiting"
+
+    await group.until(exiting)
+    member = lookup_member(group.ks, ROOT, "zone-a", "consumer-a")
+    assert member is not None and member.spec.shard_limit == a.member.config.shard_limit
+    # A shard created now goes to B alone.
+    await group.put_shard(shard_spec("shard-new"))
+    await group.until(
+        lambda: (
+            None
+            if [x.suffix for x in group.assignments().get("shard-new", [])] == ["consumer-b"]
+            else str(group.assignments().get("shard-new"))
+        )
+    )
+    b.shards.running("shard-solo").ready()
+    async with asyncio.timeout(30):
+        assert await drain
+    assert all(x.suffix == "consumer-b" for g in group.assignments().values() for x in g)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from broker import client
-from broker.append_fsm import pulse
+from broker.append_pulse import pulse
 from broker.fragment.naming import parse_content_name
 from broker.fragment.stores.registry import new_registry
 from broker.protocol import protocol_pb2 as pb

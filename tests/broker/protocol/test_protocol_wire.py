@@ -83,6 +83,7 @@ PROTOCOL_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "metadata_only": (6, "bool"),
         "end_offset": (7, "int64"),
         "begin_mod_time": (8, "int64"),
+        "min_etcd_revision": (9, "int64"),
     },
     "protocol.ReadResponse": {
         "status": (1, "protocol.Status"),
@@ -103,6 +104,7 @@ PROTOCOL_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "union_registers": (7, "protocol.LabelSet"),
         "subtract_registers": (8, "protocol.LabelSet"),
         "suspend": (9, "protocol.AppendRequest.Suspend"),
+        "min_etcd_revision": (10, "int64"),
     },
     "protocol.AppendResponse": {
         "status": (1, "protocol.Status"),
@@ -187,7 +189,11 @@ PROTOCOL_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "revision": (3, "int64"),
         "raft_term": (4, "uint64"),
     },
-    "protocol.FragmentStoreHealthRequest": {"fragment_store": (1, "string")},
+    "protocol.FragmentStoreHealthRequest": {
+        "fragment_store": (1, "string"),
+        "check_delete": (2, "bool"),
+        "check_delete_prefix": (3, "string"),
+    },
     "protocol.FragmentStoreHealthResponse": {
         "status": (1, "protocol.Status"),
         "header": (2, "protocol.Header"),
@@ -215,6 +221,7 @@ CONSUMER_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
     "consumer.ConsumerSpec": {
         "process_spec": (1, "protocol.ProcessSpec"),
         "shard_limit": (2, "uint32"),
+        "exiting": (3, "bool"),
     },
     "consumer.ReplicaStatus": {
         "code": (1, "consumer.ReplicaStatus.Code"),
@@ -248,6 +255,7 @@ CONSUMER_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "mod_revision": (2, "int64"),
         "route": (3, "protocol.Route"),
         "status": (4, "repeated consumer.ReplicaStatus"),
+        "create_revision": (5, "int64"),
     },
     "consumer.ApplyRequest": {
         "changes": (1, "repeated consumer.ApplyRequest.Change"),
@@ -257,6 +265,7 @@ CONSUMER_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "expect_mod_revision": (1, "int64"),
         "upsert": (2, "consumer.ShardSpec"),
         "delete": (3, "string"),
+        "primary_hints": (4, "recoverylog.FSMHints"),
     },
     "consumer.ApplyResponse": {
         "status": (1, "consumer.Status"),
@@ -372,6 +381,7 @@ ENUMS: dict[str, dict[str, int]] = {
         "SUSPEND_NO_RESUME": 1,
         "SUSPEND_IF_FLUSHED": 2,
         "SUSPEND_NOW": 3,
+        "SUSPEND_KEEP": 4,
     },
     "consumer.Status": {
         "OK": 0,
@@ -734,3 +744,63 @@ def test_unknown_fields_are_preserved() -> None:
     fragment = protocol_pb2.Fragment.FromString(data)
     assert fragment.journal == "j"
     assert fragment.SerializeToString() == data
+
+
+# --- Fields of Gazette's current protocol (issue 15): bytes a Go peer sends or expects ---------
+
+
+def test_append_request_suspend_keep_and_min_etcd_revision_bytes() -> None:
+    request = protocol_pb2.AppendRequest(
+        journal="j", suspend=protocol_pb2.AppendRequest.SUSPEND_KEEP, min_etcd_revision=300
+    )
+    _assert_wire(
+        request,
+        "12016a"  # 2 journal "j"
+        "4804"  # 9 suspend, varint SUSPEND_KEEP=4
+        "50ac02",  # 10 min_etcd_revision, varint 300
+    )
+
+
+def test_read_request_min_etcd_revision_bytes() -> None:
+    _assert_wire(
+        protocol_pb2.ReadRequest(journal="j", min_etcd_revision=9),
+        "12016a"  # 2 journal "j"
+        "4809",  # 9 min_etcd_revision, varint 9
+    )
+
+
+def test_fragment_store_health_request_bytes() -> None:
+    request = protocol_pb2.FragmentStoreHealthRequest(
+        fragment_store="s", check_delete=True, check_delete_prefix="p/"
+    )
+    _assert_wire(
+        request,
+        "0a0173"  # 1 fragment_store "s"
+        "1001"  # 2 check_delete, varint true
+        "1a02702f",  # 3 check_delete_prefix, LEN 2, "p/"
+    )
+
+
+def test_consumer_spec_exiting_and_shard_create_revision_bytes() -> None:
+    _assert_wire(
+        consumer_pb2.ConsumerSpec(shard_limit=2, exiting=True),
+        "1002"  # 2 shard_limit, varint 2
+        "1801",  # 3 exiting, varint true
+    )
+    _assert_wire(
+        consumer_pb2.ListResponse.Shard(mod_revision=7, create_revision=5),
+        "1007"  # 2 mod_revision, varint 7
+        "2805",  # 5 create_revision, varint 5
+    )
+
+
+def test_apply_change_primary_hints_bytes() -> None:
+    change = consumer_pb2.ApplyRequest.Change(
+        expect_mod_revision=-1, primary_hints=recorded_op_pb2.FSMHints(log="l")
+    )
+    _assert_wire(
+        change,
+        "08ffffffffffffffffff01"  # 1 expect_mod_revision, int64 -1 as 10-byte varint
+        "2203"  # 4 primary_hints, LEN 3:
+        "0a016c",  # . 1 log "l"
+    )

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from gazette_consumer.message.clock import (
     CLOCK_MAX,
     G1582_NS100,
+    TICK,
     Clock,
     ClockError,
     clock_from_unix_nanos,
@@ -21,11 +22,13 @@ def unix(seconds: int, nanos: int) -> int:
 
 
 def test_gazette_clock_sequence() -> None:
+    # Gazette's TestUUIDClock as of its "Clock.Tick() increments by 1 microsecond" (2025).
     clock = Clock()
 
-    # Each tick produces a new value.
-    assert clock.tick() == 1
-    assert clock.tick() == 2
+    # Each tick produces a new value, one microsecond (160 units) on.
+    assert clock.tick() == 160
+    assert clock.tick() == 320
+    assert TICK == 160
 
     clock.update(unix(12, 300))
 
@@ -35,31 +38,30 @@ def test_gazette_clock_sequence() -> None:
     assert clock < Clock.from_unix(12, 400)
     assert clock > Clock.from_unix(12, 299)
 
-    # Within one 100 ns interval, ticks use the 4 sequence bits to stay distinguishable.
+    # A tick moves the clock one microsecond on.
     assert clock == Clock.from_unix(12, 300)
     clock.tick()
-    assert clock > Clock.from_unix(12, 399)
+    assert clock.as_unix_nanos() == unix(12, 1300)
+    assert clock > Clock.from_unix(12, 1299)
+    assert clock < Clock.from_unix(12, 1400)
 
-    # Only 4 bits are available: the 16th tick carries into the timestamp.
-    for _ in range(14):
-        clock.tick()
-        assert clock < Clock.from_unix(12, 400)
-    clock.tick()
-    assert clock == Clock.from_unix(12, 400)
-
-    # Update never moves the clock backward...
+    # Update never moves the clock backward.
     clock.update(unix(11, 100))
-    assert clock == Clock.from_unix(12, 400)
-
-    # ...including its sequence bits.
-    clock.tick()
-    clock.update(unix(12, 400))
-    assert clock > Clock.from_unix(12, 400)
+    assert clock.as_unix_nanos() == unix(12, 1300)
 
     # Moving to a later timestamp resets the sequence bits.
-    clock.update(unix(12, 500))
-    assert clock == Clock.from_unix(12, 500)
-    assert clock.as_unix_nanos() == unix(12, 500)
+    clock.update(unix(12, 5000))
+    assert clock == Clock.from_unix(12, 5000)
+    assert clock.as_unix_nanos() == unix(12, 5000)
+
+
+def test_update_never_decreases_sequence_bits() -> None:
+    # Clocks of messages from producers that ticked by one carry sequence bits: a clock holding
+    # them is never moved back to the same timestamp with a zero counter.
+    clock = Clock(Clock.from_unix(12, 400).value | 0x3)
+    clock.update(unix(12, 400))
+    assert clock.value == Clock.from_unix(12, 400).value | 0x3
+    assert clock.tick() == (Clock.from_unix(12, 400).value | 0x3) + TICK
 
 
 def test_clock_value_encoding() -> None:
@@ -84,11 +86,15 @@ def test_clock_rejects_out_of_range_times_and_values() -> None:
 
 
 def test_clock_refuses_to_tick_past_uint64() -> None:
-    clock = Clock(CLOCK_MAX - 1)
+    clock = Clock(CLOCK_MAX - TICK)
     assert clock.tick() == CLOCK_MAX
     with pytest.raises(ClockError, match="cannot tick"):
         clock.tick()
     assert clock.value == CLOCK_MAX
+    clock = Clock(CLOCK_MAX - TICK + 1)
+    with pytest.raises(ClockError, match="cannot tick"):
+        clock.tick()
+    assert clock.value == CLOCK_MAX - TICK + 1
 
 
 @given(
@@ -110,7 +116,7 @@ def test_ticks_strictly_increase_and_updates_never_decrease(
         before = clock.value
         if op is None:
             value = clock.tick()
-            assert value == before + 1
+            assert value == before + TICK
             assert value > last_tick
             last_tick = value
         else:

@@ -27,8 +27,9 @@ from gazette_consumer.message.uuid import (
 
 PRODUCER = ProducerID(bytes([0x01, 0x02, 0x03, 0x04, 0x05, 0x06]))
 
-# Gazette's TestUUIDBuilding fixture: a clock at Unix (1567304621, 981273734), ticked twice, so
-# that it uses the timestamp's full bit range and a non-zero sequence counter; flags 0b1010101010.
+# Gazette's TestUUIDBuilding fixture: a clock at Unix (1567304621, 981273734), ticked twice (one
+# microsecond each, as Gazette's Clock.Tick since 2025), so that it uses the timestamp's full bit
+# range; flags 0b1010101010.
 EXPECT_SECS, EXPECT_NANOS = 1567304621, 981273734
 EXPECT_FLAGS = 682
 
@@ -47,22 +48,34 @@ def test_flag_values_are_gazettes() -> None:
 
 def test_build_uuid_byte_exact_vector() -> None:
     clock = fixture_clock()
-    # 100 ns units since 1582-10-15, with the sequence counter (2 ticks) in the low 4 bits.
-    assert clock == ((EXPECT_SECS * 10_000_000 + EXPECT_NANOS // 100 + G1582_NS100) << 4) | 2
+    # 100 ns units since 1582-10-15 (two ticks: 20 of them), the sequence counter left at 0.
+    assert clock == (EXPECT_SECS * 10_000_000 + EXPECT_NANOS // 100 + 20 + G1582_NS100) << 4
 
     u = build_uuid(PRODUCER, clock, EXPECT_FLAGS)
 
-    assert str(u) == "83fc2f81-cc5f-11e9-8aaa-010203040506"
-    assert u.bytes == bytes.fromhex("83fc2f81cc5f11e98aaa010203040506")
+    assert str(u) == "83fc2f95-cc5f-11e9-82aa-010203040506"
+    assert u.bytes == bytes.fromhex("83fc2f95cc5f11e982aa010203040506")
     # Cross-check the layout with the stdlib's independent RFC 4122 field accessors.
     assert u.version == 1
     assert u.variant == stdlib_uuid.RFC_4122
     assert u.node == int.from_bytes(PRODUCER, "big")
     assert u.time == clock >> 4
-    assert u.clock_seq == (2 << 10) | EXPECT_FLAGS
-    # The stdlib extracts our time point, rounded to 100 ns.
+    assert u.clock_seq == EXPECT_FLAGS
+    # The stdlib extracts our time point: Go's test expects 981275700 ns (981273734 rounded to
+    # 100 ns, plus the two microseconds of the ticks).
     unix_nanos = (u.time - G1582_NS100) * 100
-    assert divmod(unix_nanos, 1_000_000_000) == (EXPECT_SECS, (EXPECT_NANOS // 100) * 100)
+    assert divmod(unix_nanos, 1_000_000_000) == (EXPECT_SECS, 981275700)
+
+
+def test_build_uuid_places_the_sequence_counter() -> None:
+    # A clock with sequence bits (a producer of before 2025 ticked by one): they go to the
+    # clock sequence, above the flags.
+    clock = fixture_clock() | 2
+    u = build_uuid(PRODUCER, clock, EXPECT_FLAGS)
+    assert str(u) == "83fc2f95-cc5f-11e9-8aaa-010203040506"
+    assert u.time == clock >> 4
+    assert u.clock_seq == (2 << 10) | EXPECT_FLAGS
+    assert get_clock(u) == clock
 
 
 def test_build_uuid_parses_back() -> None:

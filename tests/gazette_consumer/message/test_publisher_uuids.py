@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
-from gazette_consumer.message.clock import CLOCK_MAX, Clock, ClockError, clock_from_unix_nanos
+from gazette_consumer.message.clock import (
+    CLOCK_MAX,
+    TICK,
+    Clock,
+    ClockError,
+    clock_from_unix_nanos,
+)
 from gazette_consumer.message.framing import FramingConfigError
 from gazette_consumer.message.publisher import Publisher, _make_uuid, _uuid_int
 from gazette_consumer.message.uuid import (
@@ -62,7 +68,8 @@ def test_sequence_uuids_are_strictly_increasing_with_the_given_flags() -> None:
     ]
     assert [p.flags for p in parts] == [0, 1, 2, 0]
     assert all(p.producer == producer == publisher.producer_id for p in parts)
-    assert [p.clock for p in parts] == [parts[0].clock + i for i in range(4)]
+    # One microsecond apart (Gazette's Clock.Tick).
+    assert [p.clock for p in parts] == [parts[0].clock + i * TICK for i in range(4)]
     for bad in (3, 0x400, -1):
         with pytest.raises(ValueError, match="flags"):
             publisher.sequence_uuid(bad)
@@ -72,11 +79,13 @@ def test_a_given_clock_moves_only_when_told_and_never_backward() -> None:
     clock = Clock.from_unix(1_700_000_000)
     publisher = Publisher(unused_appender(), clock)
     first = parse_uuid(publisher.sequence_uuid()).clock
-    assert first == clock.value == Clock.from_unix(1_700_000_000).value + 1
+    assert first == clock.value == Clock.from_unix(1_700_000_000).value + TICK
     publisher.update_clock(1_600_000_000 * 10**9)  # Behind: ignored.
-    assert parse_uuid(publisher.sequence_uuid()).clock == first + 1
+    assert parse_uuid(publisher.sequence_uuid()).clock == first + TICK
     publisher.update_clock(1_800_000_000 * 10**9)  # Ahead: the clock jumps to it.
-    assert parse_uuid(publisher.sequence_uuid()).clock == clock_from_unix_nanos(1_800 * 10**15) + 1
+    assert (
+        parse_uuid(publisher.sequence_uuid()).clock == clock_from_unix_nanos(1_800 * 10**15) + TICK
+    )
     assert publisher.clock is clock
 
 
@@ -84,13 +93,13 @@ def test_an_own_clock_follows_wall_time_forward_only() -> None:
     now = [1_700_000_000 * 10**9]
     publisher = Publisher(unused_appender(), time_ns=lambda: now[0])
     a = parse_uuid(publisher.sequence_uuid()).clock
-    assert a == clock_from_unix_nanos(now[0]) + 1
+    assert a == clock_from_unix_nanos(now[0]) + TICK
     b = parse_uuid(publisher.sequence_uuid()).clock  # Same wall time: the sequence ticks.
     now[0] -= 10**9  # Wall time steps back: clocks still increase.
     c = parse_uuid(publisher.sequence_uuid()).clock
     now[0] += 5 * 10**9
     d = parse_uuid(publisher.sequence_uuid()).clock
-    assert a < b < c < d and d == clock_from_unix_nanos(now[0]) + 1
+    assert a < b < c < d and d == clock_from_unix_nanos(now[0]) + TICK
 
 
 def test_bad_producers_and_clocks_are_refused() -> None:

@@ -486,8 +486,8 @@ async def test_invalid_checkpoint_is_refused_and_changes_nothing(sqlite_engine: 
     try:
         await store.restore_checkpoint(shard)
         await store.run(lambda c: _put(c, "k", b"staged"))
-        bad = Checkpoint(ack_intents={"ns/out": b""})
-        with pytest.raises(InvalidCheckpointError, match=r"^checkpoint\.ack_intents\[ns/out\]"):
+        bad = Checkpoint(ack_intents={"": b"ACK"})
+        with pytest.raises(InvalidCheckpointError, match=r"^checkpoint\.ack_intents\[\]"):
             await store.start_commit(shard, bad, [])
         # The staged transaction is still open, and commits with the next (valid) checkpoint.
         await (await store.start_commit(shard, sample_checkpoint(1), []))

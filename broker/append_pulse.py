@@ -1,0 +1,53 @@
+"""Pulses: zero-byte appends a journal's primary makes by itself (replica.py runs them).
+
+A pulse synchronises the pipeline, advertises the route in the assignments, and rolls a
+fragment whose flush interval passed, even when no client appends. It never resumes a suspended
+journal (SUSPEND_NO_RESUME, as Gazette's pulses)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker.append_fsm import AppendEnv, AppendFSM, State
+from broker.append_suspend import NO_RESUME
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.resolver import ResolverStoppedError
+
+log = get_logger(__name__)
+
+# Outcomes of a pulse that are not worth a warning: only the primary pulses, and a journal
+# may be deleted or reassigned while a pulse runs.
+_QUIET_PULSE_STATUSES = frozenset(
+    {
+        pb.NOT_JOURNAL_PRIMARY_BROKER,
+        pb.NO_JOURNAL_PRIMARY_BROKER,
+        pb.JOURNAL_NOT_FOUND,
+        pb.SUSPENDED,
+    }
+)
+
+
+async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
+    """One zero-byte append to ``journal`` from this broker, if it is the primary: it
+    synchronises the pipeline, advertises the route, and rolls a fragment whose flush interval
+    passed. Returns the event signalling that the resolution it used was invalidated."""
+    # A pulse never resumes a suspended journal (Gazette's pulses do not either).
+    fsm = AppendFSM(env, pb.AppendRequest(journal=journal, do_not_proxy=True, suspend=NO_RESUME))
+
+    async def empty_commit() -> tuple[pb.AppendRequest | None, BaseException | None]:
+        # The commit marker, then the end of the stream.
+        if not fsm.client_commit:
+            return pb.AppendRequest(), None
+        return None, None
+
+    await fsm.run(empty_commit)
+    if fsm.state is not State.FINISHED and fsm.status not in _QUIET_PULSE_STATUSES:
+        if not isinstance(fsm.err, ResolverStoppedError):
+            log.warning(
+                "journal pulse failed (will retry)",
+                journal=journal,
+                status=pb.Status.Name(fsm.status),
+                error=str(fsm.err) if fsm.err else None,
+            )
+    return fsm.resolved.invalidated if fsm.resolved is not None else None
