@@ -21,7 +21,9 @@ which only grows), so a write that races another primary's loses nothing but ski
 This is why, unlike Gazette, the writes are not guarded by the writer's assignment (our
 `ShardStart` does not carry it); a zombie's recorder is fenced, so it cannot build new hints.
 
-Values are written as binary FSMHints; `decode_hints` reads Gazette's JSON values too.
+Values are written as Gazette's consumers write and read them: Go's encoding/json of FSMHints
+(`encode_hints_json`), so that a Go consumer taking a shard over recovers from our hints;
+`decode_hints` also reads the binary FSMHints that earlier versions of ours wrote.
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.recorded_op_pb2 import FSMHints
 from gazette_consumer.recoverylog.fsm import FSM, FSMError
 from gazette_consumer.shard_spec import recovery_log
-from gazette_consumer.shard_specs_api import HintsDecodeError, decode_hints, hint_keys
+from gazette_consumer.shard_specs_api import (
+    HintsDecodeError,
+    decode_hints,
+    encode_hints_json,
+    hint_keys,
+)
 
 __all__ = ["HintStore", "HintsError"]
 
@@ -71,7 +78,7 @@ class HintStore:
     async def store_recorded(self, spec: cpb.ShardSpec, hints: FSMHints) -> None:
         """Store hints a primary recorded, as the shard's primary hints."""
         keys = _keys(spec, hints)
-        await self.backend.txn([], [OpPut(keys[0].encode(), hints.SerializeToString())])
+        await self.backend.txn([], [OpPut(keys[0].encode(), encode_hints_json(hints))])
 
     async def store_recovered(self, spec: cpb.ShardSpec, hints: FSMHints) -> None:
         """Store hints a primary recovered into `.backup.0`, rotating the older backups."""
@@ -80,7 +87,7 @@ class HintStore:
             _, stored = await self._read(spec)
             compares: list[Compare] = []
             ops: list[Op] = []
-            value: bytes | None = hints.SerializeToString()
+            value: bytes | None = encode_hints_json(hints)
             for key, kv in zip(backups, stored[1:], strict=True):
                 if value is None:
                     break  # Nothing to rotate into this slot (the one before was empty).

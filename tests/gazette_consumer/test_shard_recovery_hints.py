@@ -5,6 +5,7 @@ history of its log. HintStore's rotation and refusals, over the embedded keyspac
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from gazette_consumer.shard import PrimaryShard
 from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.shard_spec import recovery_log
+from gazette_consumer.shard_specs_api import decode_hints
 from gazette_consumer.stores.jsonfile import JSONFileStore
 from tests.gazette_consumer.consumer_testkit import Group
 from tests.gazette_consumer.recovery_testkit import Texts, create_log, logged_counts, words_spec
@@ -107,7 +109,7 @@ async def test_get_hints_returns_stored_hints_and_a_new_primary_skips_old_histor
                 (await hint_backend.range(f"/test/hints/{spec.id}.backup.{i}".encode())).kvs
                 for i in range(2)
             ]
-            assert [FSMHints.FromString(kvs[0].value) for kvs in backups] == [
+            assert [decode_hints(kvs[0].value) for kvs in backups] == [
                 recovered_b,
                 recovered,
             ]
@@ -135,10 +137,16 @@ async def test_hint_store_rotates_backups_and_refuses_other_logs() -> None:
             await hints.store_recovered(spec, nth(n))
         keys = [f"/test/hints/{spec.id}.backup.{i}".encode() for i in range(2)]
         values = [(await backend.range(key)).kvs[0].value for key in keys]
-        assert [FSMHints.FromString(v) for v in values] == [nth(3), nth(2)]  # nth(1) dropped.
+        # Stored as Gazette's consumers read them (Go's encoding/json), so that a Go consumer
+        # taking the shard over can recover from them.
+        assert [json.loads(v)["live_nodes"][0]["fnode"] for v in values] == [3, 2]
+        assert [decode_hints(v) for v in values] == [nth(3), nth(2)]  # nth(1) dropped.
         assert await hints.fetch(spec) == nth(3)  # No primary hints: the newest backup.
         await hints.store_recorded(spec, nth(4))
         assert await hints.fetch(spec) == nth(4)
+        # Binary values of earlier versions are still read.
+        await backend.put(f"/test/hints/{spec.id}.primary".encode(), nth(5).SerializeToString())
+        assert await hints.fetch(spec) == nth(5)
 
         with pytest.raises(HintsError, match="not of its log"):
             await hints.store_recorded(spec, FSMHints(log="another/log"))
