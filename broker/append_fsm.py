@@ -88,6 +88,7 @@ from broker.logging import get_logger
 from broker.pipeline import Dialer, Pipeline, local_offload_bytes_min
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
+from broker.protocol.limits import labels_per_set_max
 from broker.protocol.selector import matches
 from broker.protocol.validate import ValidationError
 from broker.replica import Replica, SlotInvalidatedError, wait_first
@@ -575,6 +576,20 @@ class AppendFSM:
         ):
             self._fail(status=pb.REGISTER_MISMATCH)
             return
+        if has_register_updates(req):
+            # Each request's sets are bounded (limits.py), but unions accumulate across appends:
+            # a journal's registers stay within the same bound, so that no journal's every
+            # later append (and replication) carries an unbounded set.
+            after = len(apply_register_updates(self.registers, req).labels)
+            if after > labels_per_set_max:
+                self._fail(
+                    ValidationError(
+                        f"the journal's registers would hold {after} labels, over"
+                        f" labels_per_set_max ({labels_per_set_max}): subtract some first",
+                        "union_registers",
+                    )
+                )
+                return
         if spool_end < spec.suspend.offset:
             self.roll_to_offset = spec.suspend.offset
             self.state = State.SEND_PIPELINE_SYNC

@@ -117,6 +117,32 @@ async def test_append_over_the_register_limit_is_refused_and_changes_nothing(
     assert local_content(broker, "limits/registers") == (0, b"ok")
 
 
+async def test_registers_accumulated_over_appends_stay_within_the_limit(
+    cluster: Cluster, broker: Broker
+) -> None:
+    # Each append's sets are within the limit, but unions accumulate: the journal's registers
+    # may not grow past it either.
+    await cluster.create(journal_spec("limits/accumulated"), [broker])
+    half = labels_per_set_max // 2 + 1
+    first = label_set((f"a-{i:06d}", "1") for i in range(half))
+    resp = await cluster.append(broker, "limits/accumulated", [b"one"], union_registers=first)
+    assert len(resp.registers.labels) == half
+    second = label_set((f"b-{i:06d}", "1") for i in range(half))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await cluster.append(broker, "limits/accumulated", [b"two"], union_registers=second)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        f"append: union_registers: the journal's registers would hold {2 * half} labels, over"
+        f" labels_per_set_max ({labels_per_set_max}): subtract some first"
+    )
+    # Nothing was written, the registers are as they were; subtracting first makes room.
+    resp = await cluster.append(
+        broker, "limits/accumulated", [b"two"], subtract_registers=first, union_registers=second
+    )
+    assert (resp.commit.begin, len(resp.registers.labels)) == (3, half)
+    assert local_content(broker, "limits/accumulated") == (0, b"onetwo")
+
+
 async def test_list_of_label_heavy_journals_does_not_stall_the_broker(
     cluster: Cluster, broker: Broker
 ) -> None:
