@@ -138,6 +138,11 @@ class LeaderRole:
                 f"{self.name}: {len(self._pending)} appends pending (pending_appends_max)"
             )
         if data:
+            if (
+                log.held_bytes + len(data) > config.log_bytes_max
+                or log.entry_count >= config.log_entries_max
+            ):
+                compact(log, self.stored_end, config)
             if log.held_bytes + len(data) > config.log_bytes_max:
                 raise LogFullError(
                     f"{self.name}: log holds {log.held_bytes} bytes not yet stored (log_bytes_max {config.log_bytes_max})"
@@ -243,6 +248,7 @@ class LeaderRole:
         if commit != self.commit_index:
             self.commit_index = commit
             self._answer_pending()
+            compact(self.log, self.stored_end, self.config)
 
     def _answer_pending(self) -> None:
         while self._pending and self._pending[0].entry.index <= self.commit_index:

@@ -319,3 +319,20 @@ def test_an_aligned_follower_refuses_entries_that_disagree_with_its_log() -> Non
 def test_leader_hints_reach_clients() -> None:
     log = ReplicaLog()
     assert Member("m9", log, CONFIG).leader_hint == ""
+
+
+def test_a_new_leader_compacts_content_its_predecessor_stored() -> None:
+    # Found by the simulation (seed 6698): the store already held everything, so the new
+    # leader never uploaded, never compacted, and refused appends for ever (log full).
+    entries = [(1, b"x" * 100)] * 9  # 900 bytes, over half of log_bytes_max
+    members = cluster({name: make_log(entries, term=1) for name in ("m0", "m1", "m2")})
+    for member in members.values():
+        member.on_stored(900)  # stored by term 1's leader; not yet known committed here
+    router = elect(members, "m1", 2)
+    m1 = members["m1"]
+    m1.sync(router.now)
+    assert m1.log.commit_index == 10  # the barrier committed the term-1 entries
+    assert m1.log.base.index == 9  # ... and what the store holds was compacted
+    m1.append(b"y" * 200, "t", router.now)
+    router.run()
+    assert m1.notices == [Committed("t", EntryId(2, 11), 900, 1100)]
