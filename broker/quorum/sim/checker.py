@@ -12,6 +12,10 @@ with it byte for byte, and extends it. Checked after every step:
                  acknowledged append's bytes are `ref`'s bytes at its offsets;
   reads          every read returned `ref`'s bytes: as `ref` never changes, no reader saw
                  content that was later truncated;
+  completeness   every member that a quorum could elect (the most up-to-date durable head of
+                 some quorum: the coordinator's rule) holds the newest committed entry. This is
+                 what makes a commit safe, checked when the commit happens rather than when a
+                 later election would lose it;
   one leader     at most one member leads a term, so at most one commits in it;
   monotonic      no member's commit offset ever goes back (restarts included).
 
@@ -20,12 +24,25 @@ At the end, after the faults stop, every acknowledged append must lie within `re
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.quorum.entry import EntryId
 from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
 from broker.quorum.states import ReplicaState
+
+
+class MemberHost(Protocol):
+    """What hosts a member: its name and its running core (None while crashed)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def member(self) -> Member | None: ...
 
 
 class Violation(Exception):
@@ -62,6 +79,8 @@ class Checker:
         # (max_acked, total drops of all logs) when a quorum last held max_acked: holding an
         # entry only stops through a drop, so the count is redone only after one.
         self._held_checked: tuple[EntryId | None, int] = (None, -1)
+        self._quorums = tuple(itertools.combinations(range(len(ensemble)), quorum))
+        self._electable_checked: tuple[object, ...] = ()
 
     # --- Observations (recorded during a step, checked after it) ---------------------------------
 
@@ -85,7 +104,7 @@ class Checker:
     def check(
         self,
         logs: dict[str, ReplicaLog],
-        members: list[tuple[str, Member | None]],
+        members: Sequence[MemberHost],
         store: bytes | bytearray,
     ) -> None:
         seen = self.commit_index_seen
@@ -97,8 +116,10 @@ class Checker:
                 self.store_checked, bytes(store[self.store_checked :]), "the store", extend=False
             )
             self.store_checked = len(store)
-        for name, member in members:
+        for node in members:
+            member = node.member
             if member is not None and member.state is ReplicaState.LEADER:
+                name = node.name
                 other = self.leader_of_term.setdefault(member.term, name)
                 if other != name:
                     raise Violation(
@@ -121,6 +142,7 @@ class Checker:
                 else:
                     keep.append(acked)
             self._unverified = keep
+        self._check_electable(list(logs.values()))
         newest = self.max_acked
         if newest is not None:
             drops = sum(log.drops for log in logs.values())
@@ -132,6 +154,30 @@ class Checker:
                 raise Violation(
                     "acknowledged append lost",
                     f"{newest} is held durably by {held} members, fewer than a quorum of {self.quorum}",
+                )
+
+    def _check_electable(self, logs: list[ReplicaLog]) -> None:
+        # Durable heads and commits change only with these counters: skip unchanged steps.
+        key = tuple(x for log in logs for x in (log.commit_index, log.synced_index, log.drops))
+        if key == self._electable_checked:
+            return
+        self._electable_checked = key
+        newest: EntryId | None = None
+        for log in logs:
+            index = log.commit_index
+            if index and (newest is None or index > newest.index):
+                newest = EntryId(log.term_at(index) or 0, index)
+        if newest is None:
+            return
+        heads = [EntryId(log.term_at(log.synced_index) or 0, log.synced_index) for log in logs]
+        for quorum in self._quorums:
+            chosen = max(quorum, key=heads.__getitem__)
+            if not logs[chosen].holds_durably(newest):
+                names = [self.ensemble[i] for i in quorum]
+                raise Violation(
+                    "leader completeness",
+                    f"quorum {names} would elect {self.ensemble[chosen]} (head {heads[chosen]}), "
+                    f"which lacks committed entry {newest}",
                 )
 
     def check_final(self) -> None:

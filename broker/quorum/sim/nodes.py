@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 TICK = "tick"
 SYNC = "sync"
 RESTART = "restart"
+CRASH = "crash"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,10 @@ class MemberNode:
         if isinstance(msg, AppendRequest):
             self._append(member, src, msg, now)
         else:
+            leading = member.leader is not None
             member.handle(msg, now)
+            if not leading and member.leader is not None:
+                self.world.on_new_leader(self)
         self._flush(member)
 
     def timer(self, payload: tuple[str, int]) -> None:
@@ -94,6 +98,10 @@ class MemberNode:
         if kind == RESTART:
             if self.member is None and incarnation == self.incarnation:
                 self.start()
+            return
+        if kind == CRASH:
+            if incarnation == self.incarnation:
+                self.world.crash(self.name)
             return
         member = self.member
         if member is None or incarnation != self.incarnation:
@@ -120,13 +128,15 @@ class MemberNode:
             self.world.net.send(self.name, src, AppendReply(req.request_id, False, reason=str(exc)))
 
     def _upload(self, member: Member) -> None:
-        """The leader writes committed content to the snapshot store (Gazette's persister)."""
+        """The leader writes committed content to the snapshot store (Gazette's persister),
+        and learns how far the store holds the journal, whoever wrote it (the broker's
+        fragment index listing): a deposed leader may have stored more."""
         store = self.world.store
         begin = len(store)
         end = min(member.read_limit, begin + self.world.config.upload_bytes_max)
         if end > begin:
             store.extend(self.log.read(begin, end))
-            member.on_stored(end)
+        member.on_stored(len(store))
 
     def _flush(self, member: Member) -> None:
         world, net = self.world, self.world.net

@@ -13,16 +13,24 @@ The checker runs after every step (one delivery or timer). A ProtocolError raise
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from broker.quorum.config import CoordinatorConfig, QuorumConfig
 from broker.quorum.errors import QuorumError, QuorumInvariantError
+from broker.quorum.messages import ReplicaResponse
 from broker.quorum.register import MemoryCasRegister, TermRecord
 from broker.quorum.rules import CORRECT_RULES, Rules
 from broker.quorum.sim.checker import Acked, Checker, Violation
 from broker.quorum.sim.network import DELIVER, Network
-from broker.quorum.sim.nodes import RESTART, ClientNode, CoordinatorNode, MemberNode, RegisterNode
+from broker.quorum.sim.nodes import (
+    CRASH,
+    RESTART,
+    ClientNode,
+    CoordinatorNode,
+    MemberNode,
+    RegisterNode,
+)
 
 CHAOS = "chaos"
 
@@ -80,6 +88,8 @@ class SimResult:
     terms: int
     crashes: int
     trace: list[str] | None
+    # Messages delivered, by type (ReplicaResponse also by status): which paths a run took.
+    delivered: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -108,11 +118,21 @@ class World:
             dup_p=rng.choice((0.0, 0.05, 0.2)),
         )
         self.chaos_scale = rng.choice((0.5, 1.0, 2.0))
+        # How often a new leader dies within a few ticks, its barrier and first appends on a
+        # minority at most: the terms that leave uncommitted entries behind (Raft's figure 8).
+        self.early_crash_p = rng.choice((0.0, 0.3, 0.6))
+        # Small messages and windows make followers acknowledge an earlier term's entries
+        # apart from the barrier after them (what Raft's figure 8 needs).
+        quorum = replace(
+            config.quorum,
+            replicate_entries_max=rng.choice((1, 2, config.quorum.replicate_entries_max)),
+            inflight_messages_max=rng.choice((1, config.quorum.inflight_messages_max)),
+        )
         self.store = bytearray()
         self.register_name = "register"
         self.register = MemoryCasRegister(TermRecord(0, "", self.ensemble))
         self.coordinator_names = tuple(f"c{i}" for i in range(config.coordinators))
-        self.members = [MemberNode(self, n, config.quorum, rules) for n in self.ensemble]
+        self.members = [MemberNode(self, n, quorum, rules) for n in self.ensemble]
         self.coordinators = [
             CoordinatorNode(self, n, self.ensemble, config.coordinator, rules)
             for n in self.coordinator_names
@@ -127,12 +147,15 @@ class World:
             node.name: node for node in self.startable
         }
         self.nodes[self.register_name] = RegisterNode(self, self.register_name, self.register)
-        self.checker = Checker(self.ensemble, rules.quorum(members))
+        # The checker's majority is its own, not the rules' under test (a mutation may change
+        # the quorum the protocol uses; never the one it is judged by).
+        self.checker = Checker(self.ensemble, members // 2 + 1)
         self.trace: list[str] | None = [] if trace else None
         self.steps = 0
         self.crashes = 0
         self.live_from = -1  # the tick the faults stopped, once they did
         self.live_probe_end = -1  # the end of the first append acknowledged after that
+        self.delivered: dict[str, int] = {}
 
     # --- Running -------------------------------------------------------------------------------
 
@@ -155,6 +178,10 @@ class World:
                     self._chaos()
             elif kind == DELIVER:
                 src, msg = cast(tuple[str, object], payload)
+                kind_name = type(msg).__name__
+                if isinstance(msg, ReplicaResponse):
+                    kind_name = f"{kind_name}.{msg.status.value}"
+                self.delivered[kind_name] = self.delivered.get(kind_name, 0) + 1
                 if self.trace is not None:
                     self.trace.append(f"{time:5d} {name} <- {src}: {msg!r}")
                 self.nodes[name].deliver(src, msg)
@@ -162,7 +189,7 @@ class World:
                 if self.trace is not None:
                     self.trace.append(f"{time:5d} {name} timer {payload}")
                 self.nodes[name].timer(payload)  # type: ignore[arg-type]
-            checker.check(logs, [(m.name, m.member) for m in self.members], self.store)
+            checker.check(logs, self.members, self.store)
             if self.live_from >= 0:
                 if self.live_probe_end >= 0 and all(
                     log.end_at(log.commit_index) >= self.live_probe_end for log in logs.values()
@@ -206,6 +233,15 @@ class World:
 
     # --- Faults --------------------------------------------------------------------------------
 
+    def on_new_leader(self, node: MemberNode) -> None:
+        rng = self.net.rng
+        if self.live_from < 0 and self.early_crash_p and rng.random() < self.early_crash_p:
+            self.net.timer(rng.randint(1, 6), node.name, (CRASH, node.incarnation))
+
+    def crash(self, name: str) -> None:
+        if self.live_from < 0:
+            self._crash(name)
+
     def _chaos(self) -> None:
         net, rng, config = self.net, self.net.rng, self.config
         r = rng.random() / self.chaos_scale
@@ -218,7 +254,13 @@ class World:
             self._crash(rng.choice(self.coordinator_names))
         elif r < 0.46:
             names = (*self.ensemble, *self.coordinator_names, self.register_name)
-            net.groups = {n: rng.randrange(2) for n in names}
+            leader = self.register.read().record.leader
+            if leader and rng.random() < 0.5:
+                # The leader alone: clients still reach it, so it gathers entries no one
+                # else holds while the others elect another leader.
+                net.groups = {n: int(n == leader) for n in names}
+            else:
+                net.groups = {n: rng.randrange(2) for n in names}
             self._note(f"partition {sorted(n for n, g in net.groups.items() if g)}")
         elif r < 0.58:
             net.groups = {}
@@ -281,4 +323,5 @@ def run_seed(
         terms=world.register.read().record.term,
         crashes=world.crashes,
         trace=world.trace,
+        delivered=world.delivered,
     )
