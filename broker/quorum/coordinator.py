@@ -239,10 +239,8 @@ class Coordinator:
         self._resend_new_terms(now)
 
     def _start_monitoring(self, record: TermRecord, now: int) -> None:
-        if record.term != self.term or self.state is not CoordState.MONITORING:
-            responses = self._responses if record.term == self.term else {}
+        if record.term != self.term:  # another coordinator's term (else: the one we fenced)
             self._new_term_state(record)
-            self._responses = responses
         self.leader = record.leader
         if record.owner == self.name and self._responses:
             followers = tuple(r for m, r in sorted(self._responses.items()) if m != self.leader)

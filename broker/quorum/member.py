@@ -20,8 +20,6 @@ content above it is not served.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from broker.quorum.config import QuorumConfig
 from broker.quorum.entry import EntryId, LogBase
 from broker.quorum.errors import (
@@ -67,15 +65,6 @@ class Member:
         self.stored_end = log.base.end
         self.outbox: Outbox = []
         self.notices: list[Notice] = []
-        self._handlers: dict[type, Callable[[object, int], None]] = {
-            NewTerm: self._on_new_term,  # type: ignore[dict-item]
-            BecomeLeader: self._on_become_leader,  # type: ignore[dict-item]
-            AddFollower: self._on_add_follower,  # type: ignore[dict-item]
-            Truncate: self._on_truncate,  # type: ignore[dict-item]
-            Replicate: self._on_replicate,  # type: ignore[dict-item]
-            Snapshot: self._on_snapshot,  # type: ignore[dict-item]
-            ReplicaResponse: self._on_replica_response,  # type: ignore[dict-item]
-        }
 
     def __repr__(self) -> str:
         log = self.log
@@ -98,10 +87,23 @@ class Member:
     # --- Inputs --------------------------------------------------------------------------------
 
     def handle(self, msg: object, now: int) -> None:
-        handler = self._handlers.get(type(msg))
-        if handler is None:
-            raise ProtocolError(f"{self.name}: unknown message {msg!r}")
-        handler(msg, now)
+        match msg:
+            case Replicate():
+                self._on_replicate(msg, now)
+            case ReplicaResponse():
+                self._on_replica_response(msg, now)
+            case NewTerm():
+                self._on_new_term(msg, now)
+            case BecomeLeader():
+                self._on_become_leader(msg, now)
+            case AddFollower():
+                self._on_add_follower(msg, now)
+            case Truncate():
+                self._on_truncate(msg, now)
+            case Snapshot():
+                self._on_snapshot(msg, now)
+            case _:
+                raise ProtocolError(f"{self.name}: unknown message {msg!r}")
 
     def tick(self, now: int) -> None:
         if self.leader is not None:
