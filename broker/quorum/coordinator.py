@@ -1,0 +1,334 @@
+"""The coordinator of a journal's terms (sans-IO): fences, elects, appoints, watches.
+
+Any number of coordinators may run (the broker may run one per member); the term register's
+compare-and-swap makes each term owned by exactly one, and its leader appointed once.
+
+  READING     read the register. A leader appointed: MONITORING. No leader and the record
+              unchanged since we last waited (or the initial record): CLAIMING. Else another
+              coordinator is electing: WAITING.
+  CLAIMING    CAS the record to (term + 1, owner = us, no leader). Won: FENCING.
+  FENCING     send NewTerm to every member of the ensemble (re-sent to the silent ones with
+              backoff) and collect the answers of Fenced members. A quorum answered: choose the
+              most up-to-date (Rules.choose_leader), APPOINTING. Too slow: CLAIMING again.
+  APPOINTING  CAS the record to name the leader. Won: MONITORING.
+  MONITORING  the leader must send heartbeats; silence for leader_timeout_ticks: CLAIMING.
+              We send BecomeLeader until the leader's first heartbeat, NewTerm to members that
+              have not answered (a late or restarted member), and AddFollower for each Fenced
+              answer until the leader's heartbeat lists that follower.
+  WAITING     another coordinator's election is under way: wait (election_timeout_ticks plus
+              jitter), then READING. If nothing changed meanwhile, that election stalled.
+
+A lost CAS answers with the register's value, interpreted as a read. A register request
+unanswered for request_timeout_ticks is re-sent (doubling to retry_backoff_max_ticks); an
+answer to an older request is ignored. A crashed coordinator restarts in READING with nothing
+but its name: it never re-uses a term, since every claim is a new one.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, replace
+from typing import Final
+
+from broker.quorum.config import CoordinatorConfig
+from broker.quorum.errors import IllegalTransitionError
+from broker.quorum.messages import (
+    AddFollower,
+    BecomeLeader,
+    Heartbeat,
+    NewTerm,
+    NewTermResponse,
+)
+from broker.quorum.register import RegisterCas, RegisterRead, RegisterReply, TermRecord, Versioned
+from broker.quorum.rules import CORRECT_RULES, Rules
+from broker.quorum.states import ReplicaState
+
+# Destination of register requests (the shell routes them to etcd or the simulated register).
+REGISTER = "*register*"
+
+
+class CoordState(enum.Enum):
+    READING = "reading"
+    CLAIMING = "claiming"
+    FENCING = "fencing"
+    APPOINTING = "appointing"
+    MONITORING = "monitoring"
+    WAITING = "waiting"
+
+
+class CoordEvent(enum.Enum):
+    LEADER_KNOWN = "leader_known"  # the register names a leader
+    ELECTION_STALLED = "election_stalled"  # no leader, and no election progressing
+    ELECTION_IN_PROGRESS = "election_in_progress"  # no leader; another owns the newest term
+    CLAIMED = "claimed"
+    MAJORITY_FENCED = "majority_fenced"
+    APPOINTED = "appointed"
+    LEADER_SILENT = "leader_silent"
+    REGISTER_MOVED = "register_moved"  # a newer term was seen: re-read
+    WAIT_OVER = "wait_over"
+
+
+C, V = CoordState, CoordEvent
+COORDINATOR_TRANSITIONS: Final[dict[tuple[CoordState, CoordEvent], CoordState]] = {
+    (C.READING, V.LEADER_KNOWN): C.MONITORING,
+    (C.READING, V.ELECTION_STALLED): C.CLAIMING,
+    (C.READING, V.ELECTION_IN_PROGRESS): C.WAITING,
+    (C.CLAIMING, V.CLAIMED): C.FENCING,
+    (C.CLAIMING, V.LEADER_KNOWN): C.MONITORING,
+    (C.CLAIMING, V.ELECTION_STALLED): C.CLAIMING,
+    (C.CLAIMING, V.ELECTION_IN_PROGRESS): C.WAITING,
+    (C.FENCING, V.MAJORITY_FENCED): C.APPOINTING,
+    (C.FENCING, V.ELECTION_STALLED): C.CLAIMING,
+    (C.FENCING, V.REGISTER_MOVED): C.READING,
+    (C.APPOINTING, V.APPOINTED): C.MONITORING,
+    (C.APPOINTING, V.LEADER_KNOWN): C.MONITORING,
+    (C.APPOINTING, V.ELECTION_STALLED): C.CLAIMING,
+    (C.APPOINTING, V.ELECTION_IN_PROGRESS): C.WAITING,
+    (C.MONITORING, V.LEADER_SILENT): C.CLAIMING,
+    (C.MONITORING, V.REGISTER_MOVED): C.READING,
+    (C.WAITING, V.WAIT_OVER): C.READING,
+    (C.WAITING, V.REGISTER_MOVED): C.READING,
+}
+
+
+@dataclass(slots=True)
+class _Retry:
+    deadline: int
+    backoff: int
+
+
+class Coordinator:
+    def __init__(
+        self,
+        name: str,
+        ensemble: tuple[str, ...],
+        rng: random.Random,
+        config: CoordinatorConfig | None = None,
+        rules: Rules = CORRECT_RULES,
+    ) -> None:
+        self.name = name
+        self.ensemble = ensemble
+        self.config = config or CoordinatorConfig()
+        self.rules = rules
+        self._rng = rng
+        self.outbox: list[tuple[str, object]] = []
+        self.state = CoordState.READING
+        self.term = 0  # the term being elected or monitored
+        self.leader = ""
+        self._known: Versioned | None = None  # the register as last read or written
+        self._claim: TermRecord | None = None
+        self._appoint: TermRecord | None = None
+        self._stalled_revision = -1
+        self._request_id = 0
+        self._request: RegisterRead | RegisterCas | None = None
+        self._request_retry = _Retry(0, self.config.request_timeout_ticks)
+        self._deadline = 0  # fencing, monitoring or waiting deadline, by state
+        self._responses: dict[str, NewTermResponse] = {}  # Fenced answers of this term
+        self._answered: set[str] = set()  # members that answered NewTerm in this term
+        self._member_retry: dict[str, _Retry] = {}
+        self._become_leader: BecomeLeader | None = None
+        self._leader_followers: frozenset[str] = frozenset()
+
+    def __repr__(self) -> str:
+        return (
+            f"Coordinator({self.name} {self.state.value} term={self.term} leader={self.leader!r})"
+        )
+
+    # --- Inputs ---------------------------------------------------------------------------------
+
+    def start(self, now: int) -> None:
+        self._read(now)
+
+    def handle(self, msg: object, now: int) -> None:
+        if isinstance(msg, RegisterReply):
+            self._on_register_reply(msg, now)
+        elif isinstance(msg, NewTermResponse):
+            self._on_new_term_response(msg, now)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg, now)
+
+    def tick(self, now: int) -> None:
+        state = self.state
+        if self._request is not None and now >= self._request_retry.deadline:
+            self._send_request(self._request, now, retry=True)
+        if state is CoordState.FENCING:
+            if now >= self._deadline:
+                self._go(CoordEvent.ELECTION_STALLED)
+                self._claim_next(now)
+                return
+            self._resend_new_terms(now)
+        elif state is CoordState.MONITORING:
+            if now >= self._deadline:
+                self._go(CoordEvent.LEADER_SILENT)
+                self._claim_next(now)
+                return
+            self._resend_new_terms(now)
+            self._resend_to_leader(now)
+        elif state is CoordState.WAITING and now >= self._deadline:
+            self._go(CoordEvent.WAIT_OVER)
+            self._read(now)
+
+    # --- Register -------------------------------------------------------------------------------
+
+    def _read(self, now: int) -> None:
+        self._request_id += 1
+        self._send_request(RegisterRead(self.name, self._request_id), now)
+
+    def _cas(self, expect_revision: int, record: TermRecord, now: int) -> None:
+        self._request_id += 1
+        self._send_request(RegisterCas(self.name, self._request_id, expect_revision, record), now)
+
+    def _send_request(self, req: RegisterRead | RegisterCas, now: int, retry: bool = False) -> None:
+        config = self.config
+        if retry:
+            backoff = min(self._request_retry.backoff * 2, config.retry_backoff_max_ticks)
+        else:
+            backoff = config.request_timeout_ticks
+        self._request = req
+        self._request_retry = _Retry(now + backoff, backoff)
+        self.outbox.append((REGISTER, req))
+
+    def _on_register_reply(self, reply: RegisterReply, now: int) -> None:
+        if self._request is None or reply.request_id != self._request.request_id:
+            return  # an answer to an older request
+        self._request = None
+        self._known = reply.current
+        record = reply.current.record
+        if self.state is CoordState.CLAIMING and record == self._claim:
+            self._go(CoordEvent.CLAIMED)
+            self._start_fencing(record, now)
+        elif self.state is CoordState.APPOINTING and record == self._appoint:
+            self._go(CoordEvent.APPOINTED)
+            self._start_monitoring(record, now)
+        elif record.leader:
+            self._go(CoordEvent.LEADER_KNOWN)
+            self._start_monitoring(record, now)
+        elif record.term == 0 or reply.current.revision == self._stalled_revision:
+            self._go(CoordEvent.ELECTION_STALLED)
+            self._claim_next(now)
+        else:
+            self._go(CoordEvent.ELECTION_IN_PROGRESS)
+            self._stalled_revision = reply.current.revision
+            self._deadline = now + self._jittered(self.config.election_timeout_ticks)
+
+    def _claim_next(self, now: int) -> None:
+        known = self._known
+        if known is None:
+            raise IllegalTransitionError("coordinator", self.state, "claim without a read")
+        self._claim = TermRecord(known.record.term + 1, self.name, known.record.ensemble)
+        self._cas(known.revision, self._claim, now)
+
+    # --- Terms ----------------------------------------------------------------------------------
+
+    def _new_term_state(self, record: TermRecord) -> None:
+        self.term = record.term
+        self.ensemble = record.ensemble
+        self.leader = record.leader
+        self._responses = {}
+        self._answered = set()
+        self._member_retry = {
+            m: _Retry(0, self.config.request_timeout_ticks) for m in self.ensemble
+        }
+        self._become_leader = None
+        self._leader_followers = frozenset()
+
+    def _start_fencing(self, record: TermRecord, now: int) -> None:
+        self._new_term_state(record)
+        self._deadline = now + self._jittered(self.config.election_timeout_ticks)
+        self._resend_new_terms(now)
+
+    def _start_monitoring(self, record: TermRecord, now: int) -> None:
+        if record.term != self.term:  # another coordinator's term (else: the one we fenced)
+            self._new_term_state(record)
+        self.leader = record.leader
+        if record.owner == self.name and self._responses:
+            followers = tuple(r for m, r in sorted(self._responses.items()) if m != self.leader)
+            self._become_leader = BecomeLeader(self.term, self.name, self.ensemble, followers)
+            self._answered.update(self._responses)
+        self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
+        self._resend_to_leader(now)
+        self._resend_new_terms(now)
+
+    def _on_new_term_response(self, resp: NewTermResponse, now: int) -> None:
+        if resp.term != self.term or resp.member not in self.ensemble:
+            return
+        self._answered.add(resp.member)
+        if resp.state != ReplicaState.FENCED.value:
+            return
+        if self.state is CoordState.FENCING:
+            self._responses[resp.member] = resp
+            if len(self._responses) >= self.rules.quorum(len(self.ensemble)):
+                chosen = self.rules.choose_leader(list(self._responses.values()))
+                self._go(CoordEvent.MAJORITY_FENCED)
+                known = self._known
+                if known is None or self._claim is None:
+                    raise IllegalTransitionError("coordinator", self.state, "appoint unclaimed")
+                self._appoint = replace(self._claim, leader=chosen.member)
+                self._cas(known.revision, self._appoint, now)
+        elif self.state is CoordState.MONITORING and resp.member != self.leader:
+            self._responses[resp.member] = resp
+            self._member_retry[resp.member] = _Retry(0, self.config.request_timeout_ticks)
+            self._resend_to_leader(now)
+
+    def _on_heartbeat(self, hb: Heartbeat, now: int) -> None:
+        if hb.term > self.term and self.state in (
+            CoordState.FENCING,
+            CoordState.MONITORING,
+            CoordState.WAITING,
+        ):
+            self._go(CoordEvent.REGISTER_MOVED)
+            self._read(now)
+            return
+        if (
+            self.state is CoordState.MONITORING
+            and hb.term == self.term
+            and hb.leader == self.leader
+        ):
+            self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
+            self._become_leader = None  # the leader is leading
+            self._leader_followers = frozenset(hb.followers)
+
+    # --- Re-sending -------------------------------------------------------------------------------
+
+    def _due(self, member: str, now: int) -> bool:
+        retry = self._member_retry.setdefault(member, _Retry(0, self.config.request_timeout_ticks))
+        if now < retry.deadline:
+            return False
+        retry.deadline = now + retry.backoff
+        retry.backoff = min(retry.backoff * 2, self.config.retry_backoff_max_ticks)
+        return True
+
+    def _resend_new_terms(self, now: int) -> None:
+        msg = NewTerm(self.term, self.name, self.ensemble)
+        for member in self.ensemble:
+            if member not in self._answered and self._due(member, now):
+                self.outbox.append((member, msg))
+
+    def _resend_to_leader(self, now: int) -> None:
+        """BecomeLeader until the leader's first heartbeat; AddFollower for each Fenced answer
+        the leader's heartbeats do not list yet. Paced per member with their NewTerm retries
+        (a member that answered gets no more NewTerms)."""
+        leader = self.leader
+        if self._become_leader is not None and self._due(leader, now):
+            self.outbox.append((leader, self._become_leader))
+        for member, resp in sorted(self._responses.items()):
+            if member == leader or member in self._leader_followers:
+                continue
+            if self._become_leader is not None and any(
+                r.member == member for r in self._become_leader.followers
+            ):
+                continue
+            if self._due(member, now):
+                self.outbox.append((leader, AddFollower(self.term, self.name, resp)))
+
+    # --- Helpers ----------------------------------------------------------------------------------
+
+    def _go(self, event: CoordEvent) -> None:
+        try:
+            self.state = COORDINATOR_TRANSITIONS[(self.state, event)]
+        except KeyError:
+            raise IllegalTransitionError("coordinator", self.state, event) from None
+
+    def _jittered(self, ticks: int) -> int:
+        return ticks + self._rng.randrange(ticks)

@@ -1,0 +1,323 @@
+"""A member's replica state machine for one journal (sans-IO).
+
+`Member.handle(message, now)` applies one protocol message; effects go to `outbox`
+((destination, message) pairs the shell sends) and `notices` (answers to local appends). Every
+handler first checks the message's term: an older term is answered STALE (leaders' messages) or
+dropped (coordinators'); a newer term is only legal on NewTerm (TermNotJoinedError otherwise).
+It then looks the (state, event) pair up in the transition table (states.py), which raises
+IllegalTransitionError for a pair no correct peer produces, and only then changes anything.
+Handlers check everything that can fail before they change the log, so that a raise leaves the
+member as it was.
+
+Durability: the ReplicaLog is the member's durable state. A follower syncs before it answers; a
+member syncs (log and term) before it answers NewTerm, so that the head it reports survives a
+crash. A restarted member is rebuilt from its log alone (`Member(name, log, ...)`): Fenced in its
+persisted term (NotMember if it never joined one), with no leader role and no pending appends.
+
+Reads: `read_limit` is the commit offset. Content below it is committed and never changes;
+content above it is not served.
+"""
+
+from __future__ import annotations
+
+from broker.quorum.config import QuorumConfig
+from broker.quorum.entry import EntryId, LogBase
+from broker.quorum.errors import (
+    LogDivergedError,
+    NotLeaderError,
+    ProtocolError,
+    TermNotJoinedError,
+    TruncateBelowCommitError,
+)
+from broker.quorum.leader import LeaderRole, Notice, Outbox, compact
+from broker.quorum.log import ReplicaLog
+from broker.quorum.messages import (
+    AddFollower,
+    BecomeLeader,
+    NewTerm,
+    NewTermResponse,
+    ReplicaResponse,
+    Replicate,
+    ReplyStatus,
+    Snapshot,
+    Truncate,
+)
+from broker.quorum.rules import CORRECT_RULES, Rules
+from broker.quorum.states import Event, ReplicaState, next_state
+
+
+class Member:
+    def __init__(
+        self,
+        name: str,
+        log: ReplicaLog,
+        config: QuorumConfig | None = None,
+        rules: Rules = CORRECT_RULES,
+    ) -> None:
+        self.name = name
+        self.log = log
+        self.config = config or QuorumConfig()
+        self.rules = rules
+        self.state = ReplicaState.FENCED if log.term > 0 else ReplicaState.NOT_MEMBER
+        self.leader: LeaderRole | None = None
+        self.leader_hint = ""
+        # How far the snapshot store holds the journal, as far as this member knows.
+        self.stored_end = log.base.end
+        self.outbox: Outbox = []
+        self.notices: list[Notice] = []
+
+    def __repr__(self) -> str:
+        log = self.log
+        return (
+            f"Member({self.name} {self.state} term={log.term} head={log.head} "
+            f"commit={log.commit_index} base={log.base.index})"
+        )
+
+    # --- Reading -------------------------------------------------------------------------------
+
+    @property
+    def term(self) -> int:
+        return self.log.term
+
+    @property
+    def read_limit(self) -> int:
+        """The commit offset: readers may see the journal's content before it, nothing after."""
+        return self.log.end_at(self.log.commit_index)
+
+    # --- Inputs --------------------------------------------------------------------------------
+
+    def handle(self, msg: object, now: int) -> None:
+        match msg:
+            case Replicate():
+                self._on_replicate(msg, now)
+            case ReplicaResponse():
+                self._on_replica_response(msg, now)
+            case NewTerm():
+                self._on_new_term(msg, now)
+            case BecomeLeader():
+                self._on_become_leader(msg, now)
+            case AddFollower():
+                self._on_add_follower(msg, now)
+            case Truncate():
+                self._on_truncate(msg, now)
+            case Snapshot():
+                self._on_snapshot(msg, now)
+            case _:
+                raise ProtocolError(f"{self.name}: unknown message {msg!r}")
+
+    def tick(self, now: int) -> None:
+        if self.leader is not None:
+            self.leader.tick(now)
+
+    def append(self, data: bytes, token: object, now: int) -> EntryId:
+        """Append `data` (the leader only); see LeaderRole.append."""
+        if self.leader is None:
+            raise NotLeaderError(self.name, self.leader_hint)
+        return self.leader.append(data, token, now)
+
+    def sync(self, now: int) -> None:
+        """The shell made this member's written entries durable (only a leader has unsynced
+        entries: followers sync as they append)."""
+        if self.leader is not None:
+            self.leader.on_synced(now)
+        else:
+            self.log.sync()
+
+    def on_stored(self, end: int) -> None:
+        """The snapshot store holds the journal through offset `end`."""
+        self.stored_end = max(self.stored_end, end)
+        if self.leader is not None:
+            self.leader.on_stored(end)
+        else:
+            compact(self.log, self.stored_end, self.config)
+
+    # --- Coordinator messages ---------------------------------------------------------------------
+
+    def _on_new_term(self, msg: NewTerm, now: int) -> None:
+        log = self.log
+        if msg.term < log.term:
+            return
+        if self.name not in msg.ensemble:
+            raise ProtocolError(f"{self.name}: NewTerm {msg.term} for an ensemble without it")
+        if msg.term == log.term and self.state is not ReplicaState.FENCED:
+            if self.state is ReplicaState.NOT_MEMBER:
+                raise ProtocolError(f"{self.name}: NewTerm of term {msg.term}")
+            self._answer_new_term(msg)  # a re-delivery: where this member stands now
+            return
+        state = next_state(self.state, Event.NEW_TERM)
+        if msg.term > log.term:
+            self._step_down(msg.term)
+        self.state = state
+        self._answer_new_term(msg)
+
+    def _answer_new_term(self, msg: NewTerm) -> None:
+        log = self.log
+        commit = EntryId(log.term_at(log.commit_index) or 0, log.commit_index)
+        summary = log.term_summary(log.commit_index)
+        resp = NewTermResponse(log.term, self.name, self.state.value, log.head, commit, summary)
+        self.outbox.append((msg.coordinator, resp))
+
+    def _on_become_leader(self, msg: BecomeLeader, now: int) -> None:
+        if not self._current(msg.term):
+            return
+        state = next_state(self.state, Event.BECOME_LEADER)
+        if self.state is ReplicaState.LEADER or self.log.led_term == msg.term:
+            # A re-delivery. After a restart (Fenced, led_term set) too: this member led the
+            # term before and lost its unsynced entries, which followers may hold; leading
+            # again would write other entries at those indices. The coordinator replaces it.
+            return
+        if self.name not in msg.ensemble:
+            raise ProtocolError(f"{self.name}: BecomeLeader for an ensemble without it")
+        self.log.led_term = msg.term  # durably, before anything is written in the term
+        self.state = state
+        self.leader_hint = self.name
+        self.leader = LeaderRole(
+            self.name,
+            msg.term,
+            msg.ensemble,
+            self.log,
+            self.config,
+            self.rules,
+            self.outbox,
+            self.notices,
+            self.stored_end,
+        )
+        self.leader.start(msg.followers, now)
+
+    def _on_add_follower(self, msg: AddFollower, now: int) -> None:
+        if not self._current(msg.term):
+            return
+        if self.state is ReplicaState.FENCED:
+            # Chosen but not (or no longer: restarted) leading: the BecomeLeader is late, or
+            # the coordinator will replace this silent leader. Not an error.
+            return
+        self.state = next_state(self.state, Event.ADD_FOLLOWER)
+        if self.leader is not None:
+            self.leader.add_follower(msg.follower, now)
+
+    # --- Leader messages -------------------------------------------------------------------------
+
+    def _on_truncate(self, msg: Truncate, now: int) -> None:
+        if not self._current(msg.term, msg.leader):
+            return
+        state = next_state(self.state, Event.TRUNCATE)
+        log = self.log
+        if log.aligned_term != msg.term:  # else a re-delivery: already aligned in this term
+            if not log.has(msg.to):
+                raise LogDivergedError(
+                    f"{self.name}: told to truncate after {msg.to}, which it does not hold"
+                )
+            if msg.to.index < log.commit_index:
+                raise TruncateBelowCommitError(
+                    f"{self.name}: truncation after {msg.to} is below commit {log.commit_index}"
+                )
+            self.rules.align(log, msg.to.index)
+            log.aligned_term = msg.term
+            log.sync()
+        self._follow(state, msg.leader)
+        self._answer(msg.leader, ReplyStatus.OK)
+
+    def _on_replicate(self, msg: Replicate, now: int) -> None:
+        if not self._current(msg.term, msg.leader):
+            return
+        state = next_state(self.state, Event.REPLICATE)
+        log = self.log
+        if log.aligned_term != msg.term:
+            raise ProtocolError(f"{self.name}: Replicate of term {msg.term} before alignment")
+        prev = msg.prev
+        if prev.index > log.head_index:
+            self._follow(state, msg.leader)
+            self._answer(msg.leader, ReplyStatus.GAP)
+            return
+        # Check everything first: an aligned log is a prefix of the leader's, so any overlap
+        # must agree, and the new entries must continue the log.
+        if prev.index >= log.base.index and log.term_at(prev.index) != prev.term:
+            raise LogDivergedError(f"{self.name}: holds no {prev} (Replicate from {msg.leader})")
+        fresh = []
+        next_index, next_begin = log.head_index + 1, log.head_end
+        for entry in msg.entries:
+            if entry.index < next_index:
+                if entry.index > log.base.index and log.term_at(entry.index) != entry.term:
+                    raise LogDivergedError(f"{self.name}: holds another entry than {entry!r}")
+                continue
+            if entry.index != next_index or entry.begin != next_begin:
+                raise LogDivergedError(f"{self.name}: {entry!r} does not continue its log")
+            fresh.append(entry)
+            next_index, next_begin = entry.index + 1, entry.end
+        for entry in fresh:
+            log.append(entry)
+        log.sync()
+        log.set_commit(msg.commit_index)
+        self.stored_end = max(self.stored_end, msg.stored_end)
+        compact(log, self.stored_end, self.config)
+        self._follow(state, msg.leader)
+        self._answer(msg.leader, ReplyStatus.OK)
+
+    def _on_snapshot(self, msg: Snapshot, now: int) -> None:
+        if not self._current(msg.term, msg.leader):
+            return
+        state = next_state(self.state, Event.SNAPSHOT)
+        log, base = self.log, msg.base
+        if log.aligned_term != msg.term or log.head_index < base.index:
+            if log.commit_index > base.index:
+                raise TruncateBelowCommitError(
+                    f"{self.name}: snapshot at {base.index} is below commit {log.commit_index}"
+                )
+            if base.index >= log.base.index and log.has(base.id):
+                # This log holds the snapshot's base: keep it, drop what follows, compact.
+                if log.aligned_term != msg.term:
+                    self.rules.align(log, base.index)
+                log.sync()
+                log.set_commit(base.index)
+                log.compact_through(base.index)
+            else:
+                log.reset_to(LogBase(base.term, base.index, base.end))
+                log.set_commit(base.index)
+            log.aligned_term = msg.term
+        log.set_commit(msg.commit_index)
+        self.stored_end = max(self.stored_end, base.end)
+        self._follow(state, msg.leader)
+        self._answer(msg.leader, ReplyStatus.OK)
+
+    def _on_replica_response(self, msg: ReplicaResponse, now: int) -> None:
+        if self.leader is None:
+            return  # an answer to a leader role that ended
+        newer = self.leader.on_response(msg, now)
+        if newer:
+            # A follower was fenced into a newer term: this leader is deposed.
+            self.state = next_state(self.state, Event.NEW_TERM)
+            self._step_down(newer)
+
+    # --- Helpers ---------------------------------------------------------------------------------
+
+    def _current(self, term: int, leader: str = "") -> bool:
+        """Whether a message of `term` is for this member's current term. An older one is
+        answered STALE (if a leader sent it) and dropped; a newer one raises."""
+        if term < self.log.term:
+            if leader:
+                self._answer(leader, ReplyStatus.STALE)
+            return False
+        if term > self.log.term:
+            raise TermNotJoinedError(
+                f"{self.name}: a message of term {term}, but fenced only into {self.log.term}"
+            )
+        return True
+
+    def _follow(self, state: ReplicaState, leader: str) -> None:
+        self.state = state
+        self.leader_hint = leader
+
+    def _answer(self, leader: str, status: ReplyStatus) -> None:
+        log = self.log
+        self.outbox.append((leader, ReplicaResponse(log.term, self.name, status, log.head)))
+
+    def _step_down(self, term: int) -> None:
+        """Enter `term` (durably, with everything written so far), ending any leader role."""
+        if self.leader is not None:
+            self.leader.fail_pending(f"{self.name} stopped leading term {self.log.term}")
+            self.leader = None
+        self.leader_hint = ""
+        self.log.sync()
+        self.log.term = term
+        if self.state is not ReplicaState.NOT_MEMBER:
+            self.state = ReplicaState.FENCED

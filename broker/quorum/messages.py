@@ -1,0 +1,125 @@
+"""The quorum protocol's messages. Every message carries the sender's term; senders are named
+so that a receiver can answer. All are immutable values: a network may deliver one twice.
+
+Coordinator -> member:  NewTerm, BecomeLeader, AddFollower (to the leader).
+Member -> coordinator:  NewTermResponse, Heartbeat (from the leader).
+Leader -> follower:     Truncate, Replicate, Snapshot.
+Follower -> leader:     ReplicaResponse (answers all three).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from broker.quorum.entry import Entry, EntryId, LogBase
+
+# Destination meaning "every coordinator" (the shell fans out).
+COORDINATORS = "*coordinators*"
+
+
+@dataclass(frozen=True, slots=True)
+class NewTerm:
+    """Fence into `term`: persist it, stop serving, answer with the log's head."""
+
+    term: int
+    coordinator: str
+    ensemble: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NewTermResponse:
+    """A member's answer to NewTerm: its (synced) head, its commit point, and the last entry
+    of each term it holds above the commit point, so that a leader can work out the longest
+    prefix it shares with this member (cursor.common_prefix)."""
+
+    term: int
+    member: str
+    state: str  # the ReplicaState's value when it answered
+    head: EntryId
+    commit: EntryId
+    term_summary: tuple[EntryId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BecomeLeader:
+    """Lead `term`; `followers` are the NewTerm answers the coordinator chose from."""
+
+    term: int
+    coordinator: str
+    ensemble: tuple[str, ...]
+    followers: tuple[NewTermResponse, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AddFollower:
+    """A member answered NewTerm after the leader was chosen: align and replicate to it."""
+
+    term: int
+    coordinator: str
+    follower: NewTermResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The leader of `term` is alive; coordinators reset their failure detector."""
+
+    term: int
+    leader: str
+    commit_index: int
+    head_index: int
+    followers: tuple[str, ...]  # the members it replicates to (aligned or being aligned)
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Drop every entry after `to` (which this follower holds) and follow the leader."""
+
+    term: int
+    leader: str
+    to: EntryId
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Append `entries`, which follow `prev` in the leader's log, and learn the leader's commit
+    index and how far the snapshot store holds the journal (`stored_end`, an offset). No
+    entries: a heartbeat carrying the commit index."""
+
+    term: int
+    leader: str
+    prev: EntryId
+    entries: tuple[Entry, ...]
+    commit_index: int
+    stored_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The entries this follower needs were compacted: drop its log and start after `base`,
+    whose content (and all before it) the snapshot store holds."""
+
+    term: int
+    leader: str
+    base: LogBase
+    commit_index: int
+
+
+class ReplyStatus(enum.Enum):
+    OK = "ok"
+    # The follower's head does not continue `prev` (a gap: messages were lost or reordered).
+    # `head` tells the leader where to resume.
+    GAP = "gap"
+    # The follower is in a newer term (`term` says which): the leader is deposed.
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaResponse:
+    """A follower's answer to Truncate, Replicate or Snapshot: its synced head after applying
+    it (OK), where it stands (GAP), or its newer term (STALE)."""
+
+    term: int
+    member: str
+    status: ReplyStatus
+    head: EntryId

@@ -1,0 +1,44 @@
+"""The protocol's safety rules, gathered in one strategy object.
+
+Each rule is a method so that tests can subclass `Rules` with one rule deliberately broken (a
+*mutation*) and show that the simulation's checker catches it (tests/sim). Production code uses
+`Rules()` and nothing else; no mutation lives in this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from broker.quorum.log import ReplicaLog
+from broker.quorum.messages import NewTermResponse
+
+
+class Rules:
+    def quorum(self, ensemble_size: int) -> int:
+        """Acknowledgements (the leader's own included) that commit an entry: a majority."""
+        return ensemble_size // 2 + 1
+
+    def committable(self, entry_term: int, current_term: int) -> bool:
+        """Whether a leader may commit an entry by counting acknowledgements: only an entry of
+        its own term. Earlier terms' entries commit with the first entry of this term after
+        them (the barrier), never on their own: a majority holding an entry of an earlier term
+        can still be outvoted by a member with a later, different entry (Raft's figure 8)."""
+        return entry_term == current_term
+
+    def align(self, log: ReplicaLog, to_index: int) -> None:
+        """A follower's truncation: drop everything after the common prefix."""
+        log.truncate_after(to_index)
+
+    def choose_leader(self, responses: Sequence[NewTermResponse]) -> NewTermResponse:
+        """The coordinator's election among a majority of fenced members: the most up-to-date
+        head (term, then index). Every committed entry is held by a majority, so by one of
+        these members, and the most up-to-date head holds it too. Ties go to the first name,
+        so that a re-run chooses the same."""
+        return max(responses, key=lambda r: (r.head, _neg(r.member)))
+
+
+def _neg(name: str) -> tuple[int, ...]:
+    return tuple(-ord(c) for c in name)
+
+
+CORRECT_RULES = Rules()

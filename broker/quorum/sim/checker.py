@@ -1,0 +1,242 @@
+"""The simulation's invariants, checked after every step.
+
+`ref` is the journal as committed so far: every member's committed prefix (read up to its
+durable commit offset, from its log or, below its base, from the snapshot store) must agree
+with it byte for byte, and extends it. Checked after every step:
+
+  agreement      every member's committed prefix agrees with `ref` (no offset written twice;
+                 any two committed logs are prefixes of one another); the store holds only
+                 `ref` content;
+  durable acks   the newest acknowledged append is held durably by a quorum of the ensemble
+                 (or compacted into the store), so no election can lose it; every
+                 acknowledged append's bytes are `ref`'s bytes at its offsets;
+  reads          every read returned `ref`'s bytes: as `ref` never changes, no reader saw
+                 content that was later truncated;
+  completeness   every member that a quorum could elect (the most up-to-date durable head of
+                 some quorum: the coordinator's rule) holds the newest committed entry. This is
+                 what makes a commit safe, checked when the commit happens rather than when a
+                 later election would lose it;
+  one leader     at most one member leads a term, so at most one commits in it;
+  monotonic      no member's commit offset ever goes back (restarts included).
+
+At the end, after the faults stop, every acknowledged append must lie within `ref`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from broker.quorum.entry import EntryId
+from broker.quorum.log import ReplicaLog
+from broker.quorum.member import Member
+from broker.quorum.states import ReplicaState
+
+
+class MemberHost(Protocol):
+    """What hosts a member: its name and its running core (None while crashed)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def member(self) -> Member | None: ...
+
+
+class Violation(Exception):
+    """An invariant failed; `invariant` names it."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        self.invariant = invariant
+        self.detail = detail
+        super().__init__(f"{invariant}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    data: bytes
+    entry: EntryId
+    begin: int
+    end: int
+
+
+class Checker:
+    def __init__(self, ensemble: tuple[str, ...], quorum: int) -> None:
+        self.ensemble = ensemble
+        self.quorum = quorum
+        self.ref = bytearray()
+        self.commit_seen = dict.fromkeys(ensemble, 0)  # offsets
+        self.commit_index_seen = dict.fromkeys(ensemble, 0)
+        self.leader_of_term: dict[int, str] = {}
+        self.store_checked = 0
+        self.acked_count = 0
+        self.read_count = 0
+        self.max_acked: EntryId | None = None
+        self._unverified: list[Acked] = []
+        self._reads: list[tuple[str, int, bytes]] = []
+        # (max_acked, total drops of all logs) when a quorum last held max_acked: holding an
+        # entry only stops through a drop, so the count is redone only after one.
+        self._held_checked: tuple[EntryId | None, int] = (None, -1)
+        self._quorums = tuple(itertools.combinations(range(len(ensemble)), quorum))
+        self._electable_checked: tuple[object, ...] = ()
+
+    # --- Observations (recorded during a step, checked after it) ---------------------------------
+
+    def on_ack(self, acked: Acked) -> None:
+        if acked.end - acked.begin != len(acked.data):
+            raise Violation(
+                "acked append",
+                f"{acked.entry} [{acked.begin},{acked.end}) for {len(acked.data)} bytes",
+            )
+        self.acked_count += 1
+        self._unverified.append(acked)
+        if self.max_acked is None or acked.entry > self.max_acked:
+            self.max_acked = acked.entry
+
+    def on_read(self, member: str, offset: int, data: bytes) -> None:
+        self.read_count += 1
+        self._reads.append((member, offset, data))
+
+    # --- The check ---------------------------------------------------------------------------------
+
+    def check(
+        self,
+        logs: dict[str, ReplicaLog],
+        members: Sequence[MemberHost],
+        store: bytes | bytearray,
+    ) -> None:
+        seen = self.commit_index_seen
+        for name, log in logs.items():
+            if log.commit_index != seen[name]:
+                self._check_member(name, log, store)
+        if len(store) > self.store_checked:
+            self._agree(
+                self.store_checked, bytes(store[self.store_checked :]), "the store", extend=False
+            )
+            self.store_checked = len(store)
+        for node in members:
+            member = node.member
+            if member is not None and member.state is ReplicaState.LEADER:
+                name = node.name
+                other = self.leader_of_term.setdefault(member.term, name)
+                if other != name:
+                    raise Violation(
+                        "one leader", f"{other} and {name} both lead term {member.term}"
+                    )
+        if self._reads:
+            for name, offset, data in self._reads:
+                self._agree(offset, data, f"a read at {name}", extend=False)
+            self._reads.clear()
+        if self._unverified:
+            ref_len = len(self.ref)
+            keep = []
+            for acked in self._unverified:
+                if acked.end <= ref_len:
+                    if self.ref[acked.begin : acked.end] != acked.data:
+                        raise Violation(
+                            "acknowledged append lost",
+                            f"{acked.entry} [{acked.begin},{acked.end}) holds {bytes(self.ref[acked.begin : acked.end])!r}, acknowledged {acked.data!r}",
+                        )
+                else:
+                    keep.append(acked)
+            self._unverified = keep
+        self._check_electable(list(logs.values()))
+        newest = self.max_acked
+        if newest is not None:
+            drops = sum(log.drops for log in logs.values())
+            if self._held_checked == (newest, drops):
+                return
+            self._held_checked = (newest, drops)
+            held = sum(1 for log in logs.values() if log.holds_durably(newest))
+            if held < self.quorum:
+                raise Violation(
+                    "acknowledged append lost",
+                    f"{newest} is held durably by {held} members, fewer than a quorum of {self.quorum}",
+                )
+
+    def _check_electable(self, logs: list[ReplicaLog]) -> None:
+        # Durable heads and commits change only with these counters: skip unchanged steps.
+        key = tuple(x for log in logs for x in (log.commit_index, log.synced_index, log.drops))
+        if key == self._electable_checked:
+            return
+        self._electable_checked = key
+        newest: EntryId | None = None
+        for log in logs:
+            index = log.commit_index
+            if index and (newest is None or index > newest.index):
+                newest = EntryId(log.term_at(index) or 0, index)
+        if newest is None:
+            return
+        heads = [EntryId(log.term_at(log.synced_index) or 0, log.synced_index) for log in logs]
+        for quorum in self._quorums:
+            chosen = max(quorum, key=heads.__getitem__)
+            if not logs[chosen].holds_durably(newest):
+                names = [self.ensemble[i] for i in quorum]
+                raise Violation(
+                    "leader completeness",
+                    f"quorum {names} would elect {self.ensemble[chosen]} (head {heads[chosen]}), "
+                    f"which lacks committed entry {newest}",
+                )
+
+    def check_final(self) -> None:
+        if self._unverified:
+            first = self._unverified[0]
+            raise Violation(
+                "acknowledged append lost",
+                f"{first.entry} [{first.begin},{first.end}) is not within the committed journal (length {len(self.ref)})",
+            )
+
+    # --- Helpers ---------------------------------------------------------------------------------
+
+    def _check_member(self, name: str, log: ReplicaLog, store: bytes | bytearray) -> None:
+        if log.commit_index < self.commit_index_seen[name]:
+            raise Violation(
+                "monotonic commit",
+                f"{name}'s commit index went from {self.commit_index_seen[name]} back to {log.commit_index}",
+            )
+        self.commit_index_seen[name] = log.commit_index
+        commit = log.end_at(log.commit_index)
+        seen = self.commit_seen[name]
+        if commit == seen:
+            return
+        if commit < seen:
+            raise Violation(
+                "monotonic commit", f"{name}'s commit offset went from {seen} back to {commit}"
+            )
+        base_end = log.base.end
+        if seen < base_end:
+            if len(store) < base_end:
+                raise Violation(
+                    "agreement",
+                    f"{name} compacted through {base_end}; the store holds {len(store)}",
+                )
+            self._agree(seen, bytes(store[seen:base_end]), f"{name} (snapshot)")
+            seen = base_end
+        if commit > seen:
+            self._agree(seen, log.read(seen, commit), name)
+        self.commit_seen[name] = commit
+
+    def _agree(self, begin: int, data: bytes, what: str, extend: bool = True) -> None:
+        ref = self.ref
+        end = begin + len(data)
+        if begin > len(ref):
+            raise Violation(
+                "agreement",
+                f"{what}: committed content at {begin}, beyond the committed journal ({len(ref)})",
+            )
+        overlap = min(end, len(ref))
+        if ref[begin:overlap] != data[: overlap - begin]:
+            at = next(i for i in range(begin, overlap) if ref[i] != data[i - begin])
+            raise Violation(
+                "agreement",
+                f"{what}: offset {at} holds {data[at - begin : at - begin + 16]!r}, committed as {bytes(ref[at : at + 16])!r}",
+            )
+        if end > len(ref):
+            if not extend:
+                raise Violation(
+                    "agreement",
+                    f"{what}: read through {end}, beyond the committed journal ({len(ref)})",
+                )
+            ref.extend(data[overlap - begin :])

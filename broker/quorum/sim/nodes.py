@@ -1,0 +1,299 @@
+"""The simulation's nodes: shells around the sans-IO cores, and the clients.
+
+Each node handles one event at a time (a delivery or a timer) and then sends what its core put
+in its outbox. A crashed node ignores every event until it restarts; events scheduled by an
+earlier incarnation are recognised by their incarnation number and dropped. A member's
+ReplicaLog is its disk: it survives a crash, minus what was never synced (`ReplicaLog.crash`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+
+from broker.quorum.config import CoordinatorConfig, QuorumConfig
+from broker.quorum.coordinator import REGISTER, Coordinator
+from broker.quorum.entry import EntryId
+from broker.quorum.errors import LogFullError, NotLeaderError, PendingAppendsFullError
+from broker.quorum.leader import Committed
+from broker.quorum.log import ReplicaLog
+from broker.quorum.member import Member
+from broker.quorum.messages import COORDINATORS
+from broker.quorum.register import MemoryCasRegister, RegisterCas, RegisterRead, RegisterReply
+from broker.quorum.rules import Rules
+from broker.quorum.sim.checker import Acked
+
+if TYPE_CHECKING:
+    from broker.quorum.sim.world import World
+
+TICK = "tick"
+SYNC = "sync"
+RESTART = "restart"
+CRASH = "crash"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    client: str
+    request_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AppendReply:
+    request_id: int
+    ok: bool
+    entry: EntryId | None = None
+    begin: int = 0
+    end: int = 0
+    reason: str = ""
+
+
+class MemberNode:
+    def __init__(self, world: World, name: str, config: QuorumConfig, rules: Rules) -> None:
+        self.world = world
+        self.name = name
+        self.config = config
+        self.rules = rules
+        self.log = ReplicaLog()  # the disk
+        self.member: Member | None = None
+        self.incarnation = 0
+        self._sync_scheduled = False
+        self._tick_scheduled = False
+        self._ticks = 0
+
+    @property
+    def up(self) -> bool:
+        return self.member is not None
+
+    def start(self) -> None:
+        self.incarnation += 1
+        self.member = Member(self.name, self.log, self.config, self.rules)
+        self.member.on_stored(len(self.world.store))
+        self._sync_scheduled = False
+        self._tick_scheduled = False
+
+    def crash(self) -> None:
+        self.member = None
+        self.incarnation += 1
+        self.log.crash()
+
+    def deliver(self, src: str, msg: object) -> None:
+        member = self.member
+        if member is None:
+            return
+        now = self.world.net.now
+        if isinstance(msg, AppendRequest):
+            self._append(member, src, msg, now)
+        else:
+            leading = member.leader is not None
+            member.handle(msg, now)
+            if not leading and member.leader is not None:
+                self.world.on_new_leader(self)
+        self._flush(member)
+
+    def timer(self, payload: tuple[str, int]) -> None:
+        kind, incarnation = payload
+        if kind == RESTART:
+            if self.member is None and incarnation == self.incarnation:
+                self.start()
+            return
+        if kind == CRASH:
+            if incarnation == self.incarnation:
+                self.world.crash(self.name)
+            return
+        member = self.member
+        if member is None or incarnation != self.incarnation:
+            return
+        now = self.world.net.now
+        if kind == SYNC:
+            self._sync_scheduled = False
+            member.sync(now)
+        else:
+            self._tick_scheduled = False
+            member.tick(now)
+            self._ticks += 1
+            if (
+                member.leader is not None
+                and self._ticks % self.world.config.upload_every_ticks == 0
+            ):
+                self._upload(member)
+        self._flush(member)
+
+    def _append(self, member: Member, src: str, req: AppendRequest, now: int) -> None:
+        try:
+            member.append(req.data, (src, req.request_id, req.data), now)
+        except (NotLeaderError, LogFullError, PendingAppendsFullError) as exc:
+            self.world.net.send(self.name, src, AppendReply(req.request_id, False, reason=str(exc)))
+
+    def _upload(self, member: Member) -> None:
+        """The leader writes committed content to the snapshot store (Gazette's persister),
+        and learns how far the store holds the journal, whoever wrote it (the broker's
+        fragment index listing): a deposed leader may have stored more."""
+        store = self.world.store
+        begin = len(store)
+        end = min(member.read_limit, begin + self.world.config.upload_bytes_max)
+        if end > begin:
+            store.extend(self.log.read(begin, end))
+        member.on_stored(len(store))
+
+    def _flush(self, member: Member) -> None:
+        world, net = self.world, self.world.net
+        for dst, msg in member.outbox:
+            if dst == COORDINATORS:
+                for coordinator in world.coordinator_names:
+                    net.send(self.name, coordinator, msg)
+            else:
+                net.send(self.name, dst, msg)
+        member.outbox.clear()
+        for notice in member.notices:
+            client, request_id, _ = cast(tuple[str, int, bytes], notice.token)
+            if isinstance(notice, Committed):
+                reply = AppendReply(request_id, True, notice.entry, notice.begin, notice.end)
+            else:
+                reply = AppendReply(request_id, False, reason=notice.reason)
+            net.send(self.name, client, reply)
+        member.notices.clear()
+        if not self._sync_scheduled and self.log.synced_index < self.log.head_index:
+            self._sync_scheduled = True
+            net.timer(
+                net.rng.randint(1, world.config.sync_delay_max), self.name, (SYNC, self.incarnation)
+            )
+        # Only a leader has anything to do on a tick.
+        if member.leader is not None and not self._tick_scheduled:
+            self._tick_scheduled = True
+            net.timer(world.config.member_tick_ticks, self.name, (TICK, self.incarnation))
+
+
+class CoordinatorNode:
+    def __init__(
+        self,
+        world: World,
+        name: str,
+        ensemble: tuple[str, ...],
+        config: CoordinatorConfig,
+        rules: Rules,
+    ) -> None:
+        self.world = world
+        self.name = name
+        self.ensemble = ensemble
+        self.config = config
+        self.rules = rules
+        self.core: Coordinator | None = None
+        self.incarnation = 0
+
+    @property
+    def up(self) -> bool:
+        return self.core is not None
+
+    def start(self) -> None:
+        self.incarnation += 1
+        rng = random.Random(self.world.net.rng.getrandbits(32))
+        self.core = Coordinator(self.name, self.ensemble, rng, self.config, self.rules)
+        self.core.start(self.world.net.now)
+        self._flush(self.core)
+        self.world.net.timer(
+            self.world.config.coordinator_tick_ticks, self.name, (TICK, self.incarnation)
+        )
+
+    def crash(self) -> None:
+        self.core = None
+        self.incarnation += 1
+
+    def deliver(self, src: str, msg: object) -> None:
+        core = self.core
+        if core is None:
+            return
+        core.handle(msg, self.world.net.now)
+        self._flush(core)
+
+    def timer(self, payload: tuple[str, int]) -> None:
+        kind, incarnation = payload
+        if kind == RESTART:
+            if self.core is None and incarnation == self.incarnation:
+                self.start()
+            return
+        core = self.core
+        if core is None or incarnation != self.incarnation:
+            return
+        core.tick(self.world.net.now)
+        self._flush(core)
+        self.world.net.timer(
+            self.world.config.coordinator_tick_ticks, self.name, (TICK, self.incarnation)
+        )
+
+    def _flush(self, core: Coordinator) -> None:
+        net = self.world.net
+        for dst, msg in core.outbox:
+            net.send(self.name, self.world.register_name if dst == REGISTER else dst, msg)
+        core.outbox.clear()
+
+
+class RegisterNode:
+    """The keyspace holding the term register: never crashes (etcd's own replication is not
+    under test), but messages to and from it are lost, delayed and partitioned like any."""
+
+    def __init__(self, world: World, name: str, register: MemoryCasRegister) -> None:
+        self.world = world
+        self.name = name
+        self.register = register
+        self.up = True
+
+    def deliver(self, src: str, msg: object) -> None:
+        if isinstance(msg, RegisterRead):
+            reply = RegisterReply(msg.request_id, True, self.register.read())
+        elif isinstance(msg, RegisterCas):
+            result = self.register.compare_and_swap(msg.expect_revision, msg.record)
+            reply = RegisterReply(msg.request_id, result.ok, result.current)
+        else:
+            return
+        self.world.net.send(self.name, src, reply)
+
+    def timer(self, payload: object) -> None:
+        return
+
+
+@dataclass(slots=True)
+class ClientNode:
+    """Appends unique payloads (to the register's leader, or now and then to any member) and
+    reads committed content from random members. An append unanswered within
+    `client_timeout_ticks` has an unknown outcome: it is forgotten, neither acked nor failed."""
+
+    world: World
+    name: str
+    up: bool = True
+    next_id: int = 0
+    inflight: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.world.net.timer(
+            self.world.net.rng.randint(1, self.world.config.client_tick_ticks), self.name, TICK
+        )
+
+    def deliver(self, src: str, msg: object) -> None:
+        if not isinstance(msg, AppendReply):
+            return
+        sent = self.inflight.pop(msg.request_id, None)
+        if sent is None or not msg.ok:
+            return
+        if msg.entry is None:
+            raise AssertionError("an acknowledgement without an entry")
+        self.world.on_ack(self.name, sent[1], Acked(sent[0], msg.entry, msg.begin, msg.end))
+
+    def timer(self, payload: object) -> None:
+        world, net = self.world, self.world.net
+        rng, now, config = net.rng, net.now, world.config
+        for request_id, (_, sent_at) in list(self.inflight.items()):
+            if now - sent_at > config.client_timeout_ticks:
+                del self.inflight[request_id]
+        if len(self.inflight) < config.client_inflight_max and rng.random() < config.append_p:
+            self.next_id += 1
+            data = f"<{self.name}{self.next_id}>".encode() * rng.choice((1, 1, 1, 2, 5))
+            leader = world.register.read().record.leader
+            target = leader if leader and rng.random() < 0.9 else rng.choice(world.ensemble)
+            self.inflight[self.next_id] = (data, now)
+            net.send(self.name, target, AppendRequest(self.name, self.next_id, data))
+        if rng.random() < config.read_p:
+            world.read_from(rng.choice(world.ensemble), rng)
+        net.timer(rng.randint(1, config.client_tick_ticks), self.name, TICK)

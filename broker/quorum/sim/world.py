@@ -1,0 +1,327 @@
+"""One simulated run: the world, its faults, its phases, and `run_seed`.
+
+Phases. FAULTS (`fault_ticks`): clients append and read while a chaos timer crashes members
+(the leader more often than others) and coordinators, partitions and heals the network, on a
+network whose loss, duplication and delay the seed chooses. LIVENESS: everything heals (no
+partition, loss or duplication; every crashed node restarts) and within `liveness_ticks_max` an
+append sent after the heal must be acknowledged and every member's commit offset must reach it.
+
+The checker runs after every step (one delivery or timer). A ProtocolError raised by a core
+(an illegal transition, a diverged log) fails the run like a broken invariant.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import cast
+
+from broker.quorum.config import CoordinatorConfig, QuorumConfig
+from broker.quorum.errors import QuorumError, QuorumInvariantError
+from broker.quorum.messages import ReplicaResponse
+from broker.quorum.register import MemoryCasRegister, TermRecord
+from broker.quorum.rules import CORRECT_RULES, Rules
+from broker.quorum.sim.checker import Acked, Checker, Violation
+from broker.quorum.sim.network import DELIVER, Network
+from broker.quorum.sim.nodes import (
+    CRASH,
+    RESTART,
+    ClientNode,
+    CoordinatorNode,
+    MemberNode,
+    RegisterNode,
+)
+
+CHAOS = "chaos"
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    fault_ticks: int = 500
+    liveness_ticks_max: int = 1500
+    member_tick_ticks: int = 2
+    coordinator_tick_ticks: int = 4
+    client_tick_ticks: int = 5
+    client_timeout_ticks: int = 60
+    client_inflight_max: int = 3
+    clients: int = 2
+    coordinators: int = 2
+    append_p: float = 0.8
+    read_p: float = 0.3
+    sync_delay_max: int = 3
+    upload_every_ticks: int = 4
+    upload_bytes_max: int = 48
+    chaos_every_ticks: int = 12
+    down_ticks_max: int = 100
+    quorum: QuorumConfig = field(
+        default_factory=lambda: QuorumConfig(
+            inflight_messages_max=3,
+            replicate_entries_max=4,
+            replicate_bytes_max=64,
+            log_bytes_max=160,
+            log_entries_max=24,
+            pending_appends_max=8,
+            ack_timeout_ticks=8,
+            retry_backoff_max_ticks=32,
+            heartbeat_interval_ticks=6,
+        )
+    )
+    coordinator: CoordinatorConfig = field(
+        default_factory=lambda: CoordinatorConfig(
+            leader_timeout_ticks=30,
+            election_timeout_ticks=20,
+            request_timeout_ticks=8,
+            retry_backoff_max_ticks=32,
+        )
+    )
+
+
+@dataclass(slots=True)
+class SimResult:
+    seed: int
+    violation: Violation | None
+    steps: int
+    time: int
+    members: int
+    acked: int
+    reads: int
+    terms: int
+    crashes: int
+    trace: list[str] | None
+    # Messages delivered, by type (ReplicaResponse also by status): which paths a run took.
+    delivered: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+    def summary(self) -> str:
+        outcome = "ok" if self.violation is None else f"VIOLATION {self.violation}"
+        return (
+            f"seed {self.seed}: {outcome} ({self.members} members, {self.steps} steps, "
+            f"t={self.time}, {self.acked} acked, {self.reads} reads, {self.terms} terms, "
+            f"{self.crashes} crashes)"
+        )
+
+
+class World:
+    def __init__(self, seed: int, config: SimConfig, rules: Rules, trace: bool) -> None:
+        rng = random.Random(seed)
+        self.config = config
+        self.rules = rules
+        members = 5 if rng.random() < 0.3 else 3
+        self.ensemble = tuple(f"m{i}" for i in range(members))
+        self.net = Network(
+            rng,
+            delay_max=rng.choice((1, 2, 4, 8)),
+            drop_p=rng.choice((0.0, 0.02, 0.1, 0.25)),
+            dup_p=rng.choice((0.0, 0.05, 0.2)),
+        )
+        self.chaos_scale = rng.choice((0.5, 1.0, 2.0))
+        # How often a new leader dies within a few ticks, its barrier and first appends on a
+        # minority at most: the terms that leave uncommitted entries behind (Raft's figure 8).
+        self.early_crash_p = rng.choice((0.0, 0.3, 0.6))
+        # Small messages and windows make followers acknowledge an earlier term's entries
+        # apart from the barrier after them (what Raft's figure 8 needs).
+        quorum = replace(
+            config.quorum,
+            replicate_entries_max=rng.choice((1, 2, config.quorum.replicate_entries_max)),
+            inflight_messages_max=rng.choice((1, config.quorum.inflight_messages_max)),
+        )
+        self.store = bytearray()
+        self.register_name = "register"
+        self.register = MemoryCasRegister(TermRecord(0, "", self.ensemble))
+        self.coordinator_names = tuple(f"c{i}" for i in range(config.coordinators))
+        self.members = [MemberNode(self, n, quorum, rules) for n in self.ensemble]
+        self.coordinators = [
+            CoordinatorNode(self, n, self.ensemble, config.coordinator, rules)
+            for n in self.coordinator_names
+        ]
+        self.clients = [ClientNode(self, f"k{i}") for i in range(config.clients)]
+        self.startable: list[MemberNode | CoordinatorNode | ClientNode] = [
+            *self.members,
+            *self.coordinators,
+            *self.clients,
+        ]
+        self.nodes: dict[str, MemberNode | CoordinatorNode | RegisterNode | ClientNode] = {
+            node.name: node for node in self.startable
+        }
+        self.nodes[self.register_name] = RegisterNode(self, self.register_name, self.register)
+        # The checker's majority is its own, not the rules' under test (a mutation may change
+        # the quorum the protocol uses; never the one it is judged by).
+        self.checker = Checker(self.ensemble, members // 2 + 1)
+        self.trace: list[str] | None = [] if trace else None
+        self.steps = 0
+        self.crashes = 0
+        self.live_from = -1  # the tick the faults stopped, once they did
+        self.live_probe_end = -1  # the end of the first append acknowledged after that
+        self.delivered: dict[str, int] = {}
+
+    # --- Running -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        net, config, checker = self.net, self.config, self.checker
+        for node in self.startable:
+            node.start()
+        net.timer(config.chaos_every_ticks, CHAOS, None)
+        logs = {m.name: m.log for m in self.members}
+        while True:
+            event = net.pop()
+            if event is None:
+                raise Violation("liveness", "nothing left to happen")
+            time, _, kind, name, payload = event
+            if self.live_from < 0 and time >= config.fault_ticks:
+                self._heal_all()
+            self.steps += 1
+            if name == CHAOS:
+                if self.live_from < 0:
+                    self._chaos()
+            elif kind == DELIVER:
+                src, msg = cast(tuple[str, object], payload)
+                kind_name = type(msg).__name__
+                if isinstance(msg, ReplicaResponse):
+                    kind_name = f"{kind_name}.{msg.status.value}"
+                self.delivered[kind_name] = self.delivered.get(kind_name, 0) + 1
+                if self.trace is not None:
+                    self.trace.append(f"{time:5d} {name} <- {src}: {msg!r}")
+                self.nodes[name].deliver(src, msg)
+            else:
+                if self.trace is not None:
+                    self.trace.append(f"{time:5d} {name} timer {payload}")
+                self.nodes[name].timer(payload)  # type: ignore[arg-type]
+            checker.check(logs, self.members, self.store)
+            if self.live_from >= 0:
+                if self.live_probe_end >= 0 and all(
+                    log.end_at(log.commit_index) >= self.live_probe_end for log in logs.values()
+                ):
+                    checker.check_final()
+                    return
+                if time > self.live_from + config.liveness_ticks_max:
+                    raise Violation(
+                        "liveness",
+                        f"no progress {config.liveness_ticks_max} ticks after the faults stopped: {self.describe()}",
+                    )
+
+    def describe(self) -> str:
+        parts = [repr(m.member) if m.member is not None else f"{m.name} down" for m in self.members]
+        parts += [
+            repr(c.core) if c.core is not None else f"{c.name} down" for c in self.coordinators
+        ]
+        parts.append(f"register {self.register.read()}")
+        return "; ".join(parts)
+
+    # --- Observations --------------------------------------------------------------------------
+
+    def on_ack(self, client: str, sent_at: int, acked: Acked) -> None:
+        if self.trace is not None:
+            self.trace.append(f"{self.net.now:5d} {client} acked {acked}")
+        self.checker.on_ack(acked)
+        if self.live_from >= 0 and sent_at >= self.live_from and self.live_probe_end < 0:
+            self.live_probe_end = acked.end
+
+    def read_from(self, name: str, rng: random.Random) -> None:
+        node = self.nodes[name]
+        if not isinstance(node, MemberNode) or node.member is None:
+            return
+        limit = node.member.read_limit
+        offset = rng.randint(0, limit)
+        end = min(limit, offset + 32)
+        base_end = node.log.base.end
+        data = bytes(self.store[offset : min(end, base_end)]) if offset < base_end else b""
+        data += node.log.read(max(offset, base_end), end) if end > base_end else b""
+        self.checker.on_read(name, offset, data)
+
+    # --- Faults --------------------------------------------------------------------------------
+
+    def on_new_leader(self, node: MemberNode) -> None:
+        rng = self.net.rng
+        if self.live_from < 0 and self.early_crash_p and rng.random() < self.early_crash_p:
+            self.net.timer(rng.randint(1, 6), node.name, (CRASH, node.incarnation))
+
+    def crash(self, name: str) -> None:
+        if self.live_from < 0:
+            self._crash(name)
+
+    def _chaos(self) -> None:
+        net, rng, config = self.net, self.net.rng, self.config
+        r = rng.random() / self.chaos_scale
+        if r < 0.12:
+            leader = self.register.read().record.leader
+            self._crash(leader or rng.choice(self.ensemble))
+        elif r < 0.27:
+            self._crash(rng.choice(self.ensemble))
+        elif r < 0.34:
+            self._crash(rng.choice(self.coordinator_names))
+        elif r < 0.46:
+            names = (*self.ensemble, *self.coordinator_names, self.register_name)
+            leader = self.register.read().record.leader
+            if leader and rng.random() < 0.5:
+                # The leader alone: clients still reach it, so it gathers entries no one
+                # else holds while the others elect another leader.
+                net.groups = {n: int(n == leader) for n in names}
+            else:
+                net.groups = {n: rng.randrange(2) for n in names}
+            self._note(f"partition {sorted(n for n, g in net.groups.items() if g)}")
+        elif r < 0.58:
+            net.groups = {}
+            self._note("heal partition")
+        net.timer(rng.randint(1, 2 * config.chaos_every_ticks), CHAOS, None)
+
+    def _crash(self, name: str) -> None:
+        node = self.nodes[name]
+        if not isinstance(node, (MemberNode, CoordinatorNode)) or not node.up:
+            return
+        node.crash()
+        self.crashes += 1
+        self._note(f"crash {name}")
+        self.net.timer(
+            self.net.rng.randint(1, self.config.down_ticks_max), name, (RESTART, node.incarnation)
+        )
+
+    def _heal_all(self) -> None:
+        net = self.net
+        self.live_from = net.now
+        net.groups = {}
+        net.drop_p = 0.0
+        net.dup_p = 0.0
+        for node in self.startable:
+            if not node.up:
+                node.start()
+        self._note("faults stop: healed, every node up")
+
+    def _note(self, what: str) -> None:
+        if self.trace is not None:
+            self.trace.append(f"{self.net.now:5d} CHAOS {what}")
+
+
+def run_seed(
+    seed: int,
+    config: SimConfig | None = None,
+    rules: Rules = CORRECT_RULES,
+    trace: bool = False,
+) -> SimResult:
+    """Run one seed; never raises for a protocol failure (it is the result's violation)."""
+    world = World(seed, config or SimConfig(), rules, trace)
+    violation: Violation | None = None
+    try:
+        world.run()
+    except Violation as exc:
+        violation = exc
+    except (QuorumError, QuorumInvariantError) as exc:
+        violation = Violation("protocol", f"{type(exc).__name__}: {exc}")
+    if violation is not None and world.trace is not None:
+        world.trace.append(f"{world.net.now:5d} VIOLATION {violation}")
+        world.trace.append(f"      state: {world.describe()}")
+    return SimResult(
+        seed=seed,
+        violation=violation,
+        steps=world.steps,
+        time=world.net.now,
+        members=len(world.ensemble),
+        acked=world.checker.acked_count,
+        reads=world.checker.read_count,
+        terms=world.register.read().record.term,
+        crashes=world.crashes,
+        trace=world.trace,
+        delivered=world.delivered,
+    )

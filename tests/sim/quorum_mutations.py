@@ -1,0 +1,44 @@
+"""Deliberately broken protocol rules (mutations): each must be caught by the simulation.
+
+Used by test_quorum_sim_mutations.py, and by hand:
+`PYTHONPATH=. python -m broker.quorum.sim --seeds 200 --rules tests.sim.quorum_mutations:CommitWithoutMajority`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from broker.quorum.log import ReplicaLog
+from broker.quorum.messages import NewTermResponse
+from broker.quorum.rules import Rules
+
+
+class CommitWithoutMajority(Rules):
+    """Commit once one member fewer than a majority holds an entry."""
+
+    def quorum(self, ensemble_size: int) -> int:
+        return max(ensemble_size // 2, 1)
+
+
+class CommitPreviousTerm(Rules):
+    """Commit an entry of an earlier term by counting acknowledgements (Raft's figure 8)."""
+
+    def committable(self, entry_term: int, current_term: int) -> bool:
+        return True
+
+
+class SkipTruncation(Rules):
+    """Followers acknowledge a Truncate but keep the entries after the common prefix."""
+
+    def align(self, log: ReplicaLog, to_index: int) -> None:
+        return
+
+
+class ElectLeastUpToDate(Rules):
+    """The coordinator appoints the least up-to-date of the fenced members."""
+
+    def choose_leader(self, responses: Sequence[NewTermResponse]) -> NewTermResponse:
+        return min(responses, key=lambda r: (r.head, r.member))
+
+
+MUTATIONS = (CommitWithoutMajority, CommitPreviousTerm, SkipTruncation, ElectLeastUpToDate)
