@@ -22,7 +22,7 @@ MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspac
 	gazette_consumer/recoverylog/fsm.py gazette_consumer/recoverylog/ops.py gazette_consumer/recoverylog/segments.py \
 	gazette_consumer/stores/rocksdb.py gazette_consumer/stores/recorded.py \
 	broker/keyspace/wal.py broker/keyspace/persisted.py broker/keyspace/changes.py broker/keyspace/change_codec.py broker/keyspace/request_checks.py broker/keyspace/embedded_watch.py \
-	broker/fragment/verify.py broker/fragment/lost.py gazette_consumer/shard_retry.py
+	broker/fragment/verify.py broker/fragment/lost.py gazette_consumer/shard_retry.py broker/quorum
 
 .PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean soak
 
