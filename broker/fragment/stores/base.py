@@ -262,6 +262,12 @@ class FragmentStore(abc.ABC):
         """The store URL, as written into Fragment.backing_store."""
         return self._url.url
 
+    @property
+    def key_prefix(self) -> str:
+        """The root of every key: the URL's path without its leading '/' for most stores
+        ("" or ending in '/'); for azure-ad://, the part after the account and container."""
+        return self._url.prefix
+
     def key(self, fragment: pb.Fragment) -> str:
         """The fragment's key within this store."""
         return naming.object_key(self._url.prefix, fragment, self._find, self._replace)

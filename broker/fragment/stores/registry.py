@@ -24,6 +24,7 @@ from broker.fragment.stores.base import (
     StoreURL,
     StoreURLError,
 )
+from broker.fragment.stores.extras import lazy_constructor
 from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.memory_store import (
     MemoryBuckets,
@@ -87,12 +88,20 @@ class StoreRegistry:
 def new_registry(
     *, file_root: Path | str = "/", memory_buckets: MemoryBuckets = default_buckets
 ) -> StoreRegistry:
-    """A registry of the built-in stores: file:// (rooted at `file_root`), s3://, memory://."""
+    """A registry of the built-in stores: file:// (rooted at `file_root`), s3://, memory://,
+    and, when their extras are installed, gs://, azure:// and azure-ad://."""
     return StoreRegistry(
         {
             "file": lambda url: FileStore(url, root=file_root),
             "s3": S3Store,
             "memory": lambda url: MemoryStore(url, buckets=memory_buckets),
+            "gs": lazy_constructor("broker.fragment.stores.gcs_store", "GCSStore", "gcs"),
+            "azure": lazy_constructor(
+                "broker.fragment.stores.azure_store", "AzureAccountStore", "azure"
+            ),
+            "azure-ad": lazy_constructor(
+                "broker.fragment.stores.azure_store", "AzureADStore", "azure"
+            ),
         }
     )
 
