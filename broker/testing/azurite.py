@@ -17,7 +17,6 @@ The account is Azurite's well-known development account; its endpoint is path-st
 
 from __future__ import annotations
 
-import os
 import shutil
 import ssl
 from collections.abc import Sequence
