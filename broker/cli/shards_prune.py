@@ -165,7 +165,7 @@ async def prune_shards(
                 " yet (no file to delete; is every shard using this log selected?)",
                 file=progress,
             )
-        failed = await _delete_all(registry, plan.prune, dry_run)
+        failed = await delete_fragments(registry, plan.prune, dry_run)
         failures += len(failed)
         for fragment in plan.prune:
             error = failed.get(id(fragment))
@@ -201,7 +201,7 @@ class PruneFailedError(CommandError):
         self.records = records
 
 
-async def _delete_all(
+async def delete_fragments(
     registry: StoreRegistry, fragments: Sequence[pb.Fragment], dry_run: bool
 ) -> dict[int, str]:
     """Delete `fragments` from their stores, boundedly concurrently; the failures, by id()."""

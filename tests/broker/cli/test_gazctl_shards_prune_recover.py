@@ -214,3 +214,39 @@ def test_unhinted_fragments_are_planned_from_segments_alone() -> None:
     assert [(f.begin, f.end) for f in plan.prune] == [(0, 100), (150, 300)]
     assert [(f.begin, f.end) for f in plan.kept] == [(90, 110), (400, 500)]
     assert [(f.begin, f.end) for f in plan.unpersisted] == [(200, 250)]
+
+
+async def test_failed_deletions_are_reported_and_the_others_done() -> None:
+    from broker.cli.shards_prune import delete_fragments
+    from broker.fragment.naming import content_sum
+    from broker.fragment.stores.base import StoreError
+    from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
+    from broker.fragment.stores.registry import StoreRegistry
+
+    class RefusingStore(MemoryStore):
+        """Refuses to delete the fragment at offset 1, as a store without permission would."""
+
+        async def _delete(self, key: str) -> None:
+            if key.rsplit("/", 1)[1].startswith("0000000000000001-"):
+                raise StoreError(f"permission denied for {key}")
+            await super()._delete(key)
+
+    buckets = MemoryBuckets()
+    registry = StoreRegistry({"memory": lambda url: RefusingStore(url, buckets=buckets)})
+    store = registry.get("memory://logs/")
+    made = []
+    for begin in range(3):
+        content = b"%d" % begin
+        f = pb.Fragment(
+            journal="a/log",
+            begin=begin,
+            end=begin + 1,
+            sum=content_sum(content),
+            compression_codec=pb.NONE,
+            backing_store="memory://logs/",
+        )
+        await store.put(f, content)
+        made.append(f)
+    failed = await delete_fragments(registry, made, dry_run=False)
+    assert list(failed) == [id(made[1])] and "permission denied" in failed[id(made[1])]
+    assert [await store.exists(f) for f in made] == [False, True, False]
