@@ -27,7 +27,9 @@ import asyncio
 import datetime
 import io
 import os
-from typing import Any, BinaryIO
+import shutil
+import tempfile
+from typing import Any, BinaryIO, cast
 
 import google.auth
 import google.auth.exceptions
@@ -68,6 +70,9 @@ retry_delay_multiplier = 2.0
 request_timeout_s = (10.0, 60.0)
 # Reads fetch ranges of at most this size; uploads above it are resumable, in chunks of it.
 transfer_chunk_bytes = 16 << 20
+# Content that cannot seek is buffered before upload: in memory up to this, then on disk.
+upload_buffer_memory_bytes_max = 16 << 20
+copy_chunk_bytes = 1 << 20
 # Objects per listing page (the API's maximum).
 list_page_objects_max = 1000
 
@@ -110,16 +115,17 @@ class GCSStore(FragmentStore):
             blob.content_encoding = content_encoding
 
         def upload() -> None:
-            stream = _Section(as_bytes_io(content))
-            # Names are content addresses: a retried upload writes equal content, so every
-            # upload may be retried (the SDK would not retry a non-conditional one otherwise).
-            blob.upload_from_file(
-                stream,
-                size=stream.size,
-                content_type="application/octet-stream",
-                timeout=request_timeout_s,
-                retry=_RETRY,
-            )
+            with _Section(as_bytes_io(content)) as stream:
+                # Names are content addresses: a retried upload writes equal content, so every
+                # upload may be retried (the SDK would not retry a non-conditional one
+                # otherwise).
+                blob.upload_from_file(
+                    stream,
+                    size=stream.size,
+                    content_type="application/octet-stream",
+                    timeout=request_timeout_s,
+                    retry=_RETRY,
+                )
 
         try:
             await run_blocking_put(upload)
@@ -218,15 +224,28 @@ class GCSStore(FragmentStore):
 
 
 class _Section(io.RawIOBase):
-    """The rest of a seekable stream from its current position, as a stream of its own
-    starting at 0: the SDK needs the size up front and rewinds to 0 to retry."""
+    """The rest of a stream from its current position, as a stream of its own starting at 0:
+    the SDK needs the size up front and rewinds to 0 to retry. A stream that cannot seek (the
+    persister's spool sections) is copied first into a buffer that spills to a temporary file
+    past `upload_buffer_memory_bytes_max`. Close it to release that buffer."""
 
     def __init__(self, raw: BinaryIO) -> None:
         super().__init__()
+        self._owned: BinaryIO | None = None
+        if not raw.seekable():
+            buffer = tempfile.SpooledTemporaryFile(max_size=upload_buffer_memory_bytes_max)
+            shutil.copyfileobj(raw, buffer, copy_chunk_bytes)
+            buffer.seek(0)
+            raw = self._owned = cast(BinaryIO, buffer)
         self._raw = raw
         self._base = raw.tell()
         self.size = raw.seek(0, io.SEEK_END) - self._base
         raw.seek(self._base)
+
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
+        super().close()
 
     def readable(self) -> bool:
         return True

@@ -308,3 +308,64 @@ async def test_large_put_from_a_stream_position_and_chunked_read(
             pieces.append(piece)
     assert b"".join(pieces) == content
     await store.close()
+
+
+# --- Through a broker -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["gcs", "azure"])
+async def test_a_broker_persists_to_and_reads_back_from_the_store(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    # Brokers build these stores from journal specs, through the registry: appends roll and
+    # persist fragments there; once those brokers are gone, a fresh one reads it all back
+    # from the store alone, and signed URLs (do_not_proxy) read it directly.
+    import contextlib
+
+    from broker import client
+    from broker.protocol.status import OffsetNotYetAvailableError
+    from tests.broker.broker_testkit import Cluster, journal_spec, replica_of
+
+    if backend == "gcs":
+        url = f"gs://{request.getfixturevalue('gcs_bucket')}/e2e/"
+    else:
+        url = f"azure://{request.getfixturevalue('azure_container')}/e2e/"
+    journal = f"e2e/{backend}"
+    registry = new_registry()
+    cluster = Cluster(stores=registry)
+    try:
+        first = await cluster.start_broker("zone-a", "broker-a")
+        await cluster.create(
+            journal_spec(journal, length=1024, codec=pb.GZIP, stores=[url]), [first]
+        )
+        appended = b""
+        for i in range(6):
+            chunk = b"".join(
+                b"%s append %d line %d\n" % (journal.encode(), i, j) for j in range(12)
+            )
+            assert (await cluster.append(first, journal, [chunk])).status == pb.OK
+            appended += chunk
+        await cluster.stop_broker(first)  # Persists what it holds, then leaves.
+
+        stored = await registry.get(url).list(journal)
+        assert len(stored) >= 2 and sorted((f.begin, f.end) for f in stored)[-1][1] == len(appended)
+
+        second = await cluster.start_broker("zone-b", "broker-b")
+        await cluster.assign(journal, [second])
+        await replica_of(second, journal).index.wait_first_refresh(30.0)
+        for do_not_proxy in (False, True):
+            c = client.JournalClient(second.endpoint)
+            req = pb.ReadRequest(journal=journal, offset=0, block=False, do_not_proxy=do_not_proxy)
+            reader = client.RetryReader(c, req)
+            out = b""
+            try:
+                with contextlib.suppress(OffsetNotYetAvailableError):
+                    while chunk := await reader.read():
+                        out += chunk
+            finally:
+                await reader.close()
+                await c.channels.close()
+            assert out == appended, f"do_not_proxy={do_not_proxy}"
+    finally:
+        await cluster.close()
+        await registry.close()
