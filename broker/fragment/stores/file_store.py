@@ -39,6 +39,7 @@ from broker.fragment.stores.base import (
     StoreURLError,
     as_bytes_io,
     run_blocking_put,
+    run_to_completion,
 )
 
 SCHEME = "file"
@@ -104,7 +105,8 @@ class FileStore(FragmentStore):
     async def _open(self, key: str) -> FragmentReader:
         path = self._path(key)
         try:
-            raw = await asyncio.to_thread(open, path, "rb")
+            # Cancelled meanwhile, the thread's file is closed, not left to the collector.
+            raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
         except FileNotFoundError:
             raise FragmentNotFoundError(self.url, key) from None
         except OSError as err:

@@ -8,7 +8,6 @@ constructors (e.g. a fault-injecting wrapper) under the same schemes.
 
 from __future__ import annotations
 
-import asyncio
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from broker.fragment.stores.base import (
     StoreError,
     StoreURL,
     StoreURLError,
+    run_to_completion,
 )
 from broker.fragment.stores.extras import lazy_constructor
 from broker.fragment.stores.file_store import FileStore
@@ -121,14 +121,18 @@ async def open_url(
     if scheme == "file":
         path = unquote(urlsplit(url).path)
         try:
-            return BlockingReader(await asyncio.to_thread(open, path, "rb"))
+            raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
+            return BlockingReader(raw)
         except FileNotFoundError:
             raise FragmentNotFoundError("file:///", path) from None
         except OSError as err:
             raise StoreError(f"opening {url}: {err}") from err
     if scheme in ("http", "https"):
         try:
-            resp = await asyncio.to_thread(urllib.request.urlopen, url, timeout=timeout_s)
+            resp = await run_to_completion(
+                lambda: urllib.request.urlopen(url, timeout=timeout_s),
+                discard=lambda r: r.close(),
+            )
         except urllib.error.HTTPError as err:
             err.close()
             if err.code == _HTTP_NOT_FOUND:

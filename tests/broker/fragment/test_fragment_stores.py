@@ -421,3 +421,31 @@ def test_s3_store_requires_a_region(aws_env: None, monkeypatch: pytest.MonkeyPat
 def test_s3_store_rejects_unknown_profile(aws_env: None) -> None:
     with pytest.raises(StoreURLError, match="profile"):
         S3Store(StoreURL.parse("s3://bucket/?profile=nope&region=us-east-1"))
+
+
+async def test_cancelled_open_closes_the_file_it_opened(
+    file_store: FileStore, tmp_path: Path
+) -> None:
+    # An open cancelled while its worker thread is inside open(2) (a slow disk, a network
+    # mount: here a FIFO, whose open blocks until a writer comes) must not leak the file the
+    # thread opens afterwards: a reader cancelled mid-read would otherwise leave descriptors
+    # behind until garbage collection.
+    import gc
+    import warnings
+
+    f = fragment("a/journal", 0, b"x", CompressionCodec.NONE)
+    path = tmp_path / "fragments" / naming.content_path(f)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    opening = asyncio.create_task(file_store.open(f))
+    await asyncio.sleep(0)  # The task runs up to its wait on the worker thread.
+    opening.cancel()
+    writer = threading.Thread(target=lambda: open(path, "wb").close())
+    writer.start()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        await asyncio.to_thread(writer.join)
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
