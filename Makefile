@@ -24,7 +24,7 @@ MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspac
 	broker/keyspace/wal.py broker/keyspace/persisted.py broker/keyspace/changes.py broker/keyspace/change_codec.py broker/keyspace/request_checks.py broker/keyspace/embedded_watch.py \
 	broker/fragment/verify.py broker/fragment/lost.py gazette_consumer/shard_retry.py broker/quorum
 
-.PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean soak
+.PHONY: all demo test lint typecheck pytest install system-deps azurite pg-start pg-stop protos clean soak sim
 
 all: test
 
@@ -53,6 +53,17 @@ system-deps:
 	  $(APT_GET) update -qq && $(APT_GET) install -y -qq $$need >/dev/null; \
 	fi
 
+## azurite: the Azure Blob Storage emulator the azure:// store tests run, from npm, under
+## .tools/azurite (Node.js from the system; Debian's nodejs if missing). 3.37 is the first
+## release that checks user delegation SAS of the current SDK's service version.
+AZURITE_VERSION := 3.37.0
+AZURITE_BIN := .tools/azurite/node_modules/.bin/azurite-blob
+azurite: $(AZURITE_BIN)
+$(AZURITE_BIN):
+	command -v npm >/dev/null || { $(APT_GET) update -qq && $(APT_GET) install -y -qq nodejs npm >/dev/null; }
+	mkdir -p .tools/azurite
+	npm install --prefix .tools/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION)
+
 ## pg-start / pg-stop: a throwaway PostgreSQL cluster on loopback, run as a non-root user.
 pg-start: system-deps
 	scripts/pg_cluster.sh start $(PG_DIR) $(PG_PORT)
@@ -71,7 +82,7 @@ typecheck: install
 	$(VENV)/bin/mypy --strict $(wildcard $(MYPY_STRICT))
 	$(VENV)/bin/mypy broker gazette_consumer spark_integration
 
-pytest: install system-deps
+pytest: install system-deps azurite
 	@set -e; scripts/pg_cluster.sh start $(PG_DIR) $(PG_PORT); \
 	trap 'scripts/pg_cluster.sh stop $(PG_DIR) $(PG_PORT)' EXIT; \
 	GAZETTE_TEST_PG_URL="postgresql+psycopg://gazette@127.0.0.1:$(PG_PORT)/gazette" \

@@ -9,7 +9,10 @@
     gazctl journals reset-head -l SELECTOR
     gazctl journals suspend -l SELECTOR [--force]
     gazctl journals store-health STORE_URL [--check-delete-prefix PREFIX]
-    gazctl shards list|apply|unassign ...   (see broker/cli/shards.py)
+    gazctl journals edit -l SELECTOR                  (see broker/cli/edit.py)
+    gazctl shards list|apply|unassign|edit|prune|recover ...   (see broker/cli/shards.py)
+    gazctl attach-uuids [FILE ...]                    (see broker/cli/attach_uuids.py)
+    gazctl print-config                               (see broker/cli/print_config.py)
 
 The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0.0.1:8080``;
 ``https://host:port`` for a broker serving TLS). Requests to brokers and consumers alike present
@@ -45,7 +48,15 @@ from typing import Any
 import grpc
 
 from broker import logging as gazette_logging
-from broker.cli import journals_store_health, journals_suspend, journalspace, shards
+from broker.cli import (
+    attach_uuids,
+    journals_store_health,
+    journals_suspend,
+    journalspace,
+    print_config,
+    shards,
+)
+from broker.cli.errors import CommandError
 from broker.cli.output import FORMATS, emit
 from broker.cli.strict_yaml import parse_file
 from broker.fragment.stores.base import StoreError
@@ -117,18 +128,35 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--format", choices=FORMATS, default="table")
     journals_suspend.add_command(verbs)
     journals_store_health.add_command(verbs)
+
+    edit = verbs.add_parser("edit", help="edit journal specs in $EDITOR, applied on save")
+    edit.add_argument("-l", "--selector", required=True, help="label selector of journals")
+    edit.add_argument("--format", choices=FORMATS, default="table")
     shards.add_commands(top)
+
+    uuids = top.add_parser("attach-uuids", help="prefix lines of text with message UUIDs")
+    uuids.add_argument("paths", nargs="*", metavar="FILE", help="input files (default: stdin)")
+    uuids.add_argument("--template", default=attach_uuids.DEFAULT_TEMPLATE)
+    uuids.add_argument(
+        "--max-length", type=int, default=attach_uuids.line_bytes_max_default, help="bytes"
+    )
+    uuids.add_argument("--skip-header", action="store_true", help="skip each file's first line")
+
+    top.add_parser("print-config", help="print the configuration and where it comes from")
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The parsed command line (argparse exits with status 2 on a malformed one)."""
-    return _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    args.argv = argv  # For print-config, which tells flags from defaults.
+    return args
 
 
-def _apply_records(nodes: Sequence[tuple[Any, str]]) -> list[dict[str, Any]]:
+def _apply_records(nodes: Sequence[journalspace.JournalChange]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
-    for spec, name in nodes:
+    for spec, name, _ in nodes:
         if spec is None:
             records.append({"name": name, "action": "delete"})
             continue
@@ -178,6 +206,15 @@ async def _operate(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     if args.noun == "shards":
         return await shards.run(args)
+    if args.noun == "attach-uuids":
+        return attach_uuids.run(args.paths, args.template, args.max_length, args.skip_header)
+    if args.noun == "print-config":
+        print_config.write(sys.stdout, args, args.argv)
+        return 0
+    if args.verb == "edit":
+        from broker.cli import edit
+
+        return await edit.journals_edit(args)
     if args.verb in ("prune", "reset-head"):
         return await _operate(args)
     if args.verb == "suspend":
@@ -185,7 +222,7 @@ async def _run(args: argparse.Namespace) -> int:
     if args.verb in journals_store_health.VERBS:
         return await journals_store_health.run(args)
     if args.verb == "apply":
-        nodes = parse_file(args.file, journalspace.parse_journal_space)
+        nodes = parse_file(args.file, journalspace.parse_journal_changes)
         records = _apply_records(nodes)
         if not args.dry_run:
             from broker.cli import remote
@@ -218,7 +255,7 @@ async def run(args: argparse.Namespace) -> int:
     except DataLossError as exc:
         _print_error(f"data loss: {exc}")
         return EXIT_DATA_LOSS
-    except (ReadGapError, ConnectionError) as exc:
+    except (ReadGapError, ConnectionError, CommandError) as exc:
         # A read short of the write head; retries of an unreachable broker exhausted.
         _print_error(str(exc))
         return EXIT_FAILED

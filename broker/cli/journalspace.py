@@ -17,8 +17,14 @@ stores, codec, labels) are written once at the top::
         labels: [{name: content-type, value: application/x-ndjson}]
       - name: examples/counts
 
-A child's name must extend its parent's (``examples/`` → ``examples/words``). Durations are Go
-durations (``30s``, ``1m30s``, ``24h``) because that is what Gazette's YAML uses.
+A child's name must extend its parent's (``examples/`` → ``examples/words``); the root may be
+a directory with an empty name (journals sharing no prefix). Durations are Go durations
+(``30s``, ``1m30s``, ``24h``) because that is what Gazette's YAML uses.
+
+A journal (a leaf, never a directory) may carry the ``revision`` it expects to change, as in
+Gazette: the journal's etcd mod revision (0: it must not exist yet; -1: no check). ``gazctl
+journals edit`` writes them, so that an apply fails rather than overwrite a concurrent change.
+Without one, ``apply`` expects the journal's revision current when it applies.
 
 Documents are read strictly, as Gazette's gazctl reads them (strict_yaml.py, yaml_shape.py): a
 repeated key, an unknown field or a value of the wrong type is an error naming its line and
@@ -28,8 +34,8 @@ field path, never silently dropped or the cause of a traceback.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from google.protobuf import json_format
 
@@ -47,7 +53,7 @@ depth_max = 32
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _DURATION_FIELDS = ("refresh_interval", "retention", "flush_interval")
-_NODE_KEYS = {"name", "children", "delete", "comment"}
+_NODE_KEYS = {"name", "children", "delete", "comment", "revision"}
 
 
 class JournalSpaceError(YamlInputError):
@@ -136,9 +142,18 @@ def _spec_from_fields(fields: Mapping[str, Any], path: str, line: int | None) ->
 _NODE_ONLY_KEYS = _NODE_KEYS - {"name"}
 
 
+class JournalChange(NamedTuple):
+    """One journal of a journal space: its spec (None: `delete: true`), and the revision the
+    change expects (None: whatever is current when applied)."""
+
+    spec: pb.JournalSpec | None
+    name: str
+    revision: int | None
+
+
 def _walk(
     node: Any, inherited: dict[str, Any], parent_name: str, path: str, depth: int
-) -> Iterator[tuple[pb.JournalSpec | None, str]]:
+) -> Iterator[JournalChange]:
     line = line_of(node)
     if depth > depth_max:
         raise JournalSpaceError(path, f"nesting deeper than {depth_max} levels", line=line)
@@ -149,7 +164,10 @@ def _walk(
     check_message(node, pb.JournalSpec.DESCRIPTOR, path, line, extra_keys=_NODE_ONLY_KEYS)
     name = node.get("name")
     name_line = line_of(node, "name") or line
-    if not name:
+    is_root_dir = depth == 0 and node.get("children") is not None
+    if name is None and is_root_dir:
+        name = ""  # Gazette's root of journals sharing no prefix.
+    if not isinstance(name, str) or (not name and not is_root_dir):
         raise JournalSpaceError(f"{path}.name", "is required", line=name_line)
     if parent_name and not name.startswith(parent_name):
         raise JournalSpaceError(
@@ -160,11 +178,26 @@ def _walk(
             raise JournalSpaceError(
                 f"{path}.{key}", f"must be {what} (got {shown(node[key])})", line=line_of(node, key)
             )
+    revision = node.get("revision")
+    revision_line = line_of(node, "revision") or line
+    if revision is not None and (
+        isinstance(revision, bool) or not isinstance(revision, int) or revision < -1
+    ):
+        raise JournalSpaceError(
+            f"{path}.revision",
+            f"must be an integer >= -1 (got {shown(revision)})",
+            line=revision_line,
+        )
     fields = _merge(inherited, node)
+    fields.pop("revision", None)
     children = node.get("children")
     if children is not None:
         children_line = line_of(node, "children")
-        if not name.endswith("/"):
+        if revision is not None:
+            raise JournalSpaceError(
+                f"{path}.revision", "only a journal has a revision, not a directory", line=line
+            )
+        if name and not name.endswith("/"):
             raise JournalSpaceError(
                 f"{path}.name", "a node with children must end in '/'", line=name_line
             )
@@ -181,20 +214,25 @@ def _walk(
             f"{path}.name", "a journal name must not end in '/'", line=name_line
         )
     if node.get("delete"):
-        yield None, name
+        yield JournalChange(None, name, revision)
         return
     spec = _spec_from_fields(fields, path, line)
     try:
         validate_journal_spec(spec)
     except ValidationError as exc:
         raise JournalSpaceError(f"{path} ({name})", str(exc), line=line) from None
-    yield spec, name
+    yield JournalChange(spec, name, revision)
 
 
 def parse_journal_space(data: str | bytes) -> list[tuple[pb.JournalSpec | None, str]]:
     """Every journal of a YAML journal space: ``(spec, name)``, or ``(None, name)`` for a leaf
     marked ``delete: true``. Raises JournalSpaceError naming the first bad node, field and
     line."""
+    return [(c.spec, c.name) for c in parse_journal_changes(data)]
+
+
+def parse_journal_changes(data: str | bytes) -> list[JournalChange]:
+    """Like `parse_journal_space`, with each journal's expected revision."""
     try:
         return _parse(data)
     except JournalSpaceError:
@@ -203,18 +241,35 @@ def parse_journal_space(data: str | bytes) -> list[tuple[pb.JournalSpec | None, 
         raise JournalSpaceError(err.path, err.rule, line=err.line) from None
 
 
-def _parse(data: str | bytes) -> list[tuple[pb.JournalSpec | None, str]]:
+def _parse(data: str | bytes) -> list[JournalChange]:
     doc = load_yaml(data)
-    out: list[tuple[pb.JournalSpec | None, str]] = []
+    out: list[JournalChange] = []
     seen: set[str] = set()
-    for spec, name in _walk(doc, {}, "", "root", 0):
-        if name in seen:
-            raise JournalSpaceError(name, "is declared more than once")
-        seen.add(name)
-        out.append((spec, name))
+    for change in _walk(doc, {}, "", "root", 0):
+        if change.name in seen:
+            raise JournalSpaceError(change.name, "is declared more than once")
+        seen.add(change.name)
+        out.append(change)
         if len(out) > nodes_max:
             raise JournalSpaceError("document", f"declares more than {nodes_max} journals")
     return out
+
+
+def journal_space_doc(listing: Sequence[tuple[pb.JournalSpec, int]]) -> dict[str, Any]:
+    """A journal space of ``(spec, mod revision)`` pairs that `parse_journal_changes` reads
+    back: a root directory named by the journals' longest common directory prefix, and each
+    journal's full spec with its revision (not hoisted: an edit stays where it is made)."""
+    names = [spec.name for spec, _ in listing]
+    common = names[0] if names else ""
+    for name in names[1:]:
+        while not name.startswith(common):
+            common = common[:-1]
+    root = common[: common.rfind("/") + 1]
+    children = []
+    for spec, revision in sorted(listing, key=lambda pair: pair[0].name):
+        doc = spec_to_yaml_dict(spec)
+        children.append({"name": doc.pop("name"), **doc, "revision": revision})
+    return {"name": root, "children": children}
 
 
 def spec_to_yaml_dict(spec: pb.JournalSpec) -> dict[str, Any]:

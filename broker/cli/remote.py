@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from broker import client
-from broker.cli.journalspace import spec_to_yaml_dict
+from broker.cli.journalspace import JournalChange, spec_to_yaml_dict
 from broker.cli.output import emit
 from broker.client.reader import DataLossError
 from broker.client.route_cache import ChannelPool
@@ -27,21 +27,25 @@ append_bytes_max = 64 << 20
 
 async def apply_journals(
     broker: str,
-    nodes: Sequence[tuple[pb.JournalSpec | None, str]],
+    nodes: Sequence[JournalChange],
     channels: ChannelPool | None = None,
 ) -> None:
-    """Upsert or delete every node in one transaction, expecting current mod revisions (so a
-    concurrent change makes the whole apply fail with ETCD_TRANSACTION_FAILED)."""
+    """Upsert or delete every node in one transaction, expecting each node's revision, or the
+    current mod revision for nodes without one (so a concurrent change makes the whole apply
+    fail with ETCD_TRANSACTION_FAILED)."""
     c = client.JournalClient(broker, channels=channels)
     try:
         current = {j.spec.name: j.mod_revision for j in (await client.list_journals(c)).journals}
         changes = []
-        for spec, name in nodes:
+        for spec, name, revision in nodes:
             if spec is None:
-                if name in current:
+                if revision is not None:
+                    changes.append(client.delete(name, revision))
+                elif name in current:
                     changes.append(client.delete(name, current[name]))
             else:
-                changes.append(client.upsert(spec, current.get(name, 0)))
+                expect = current.get(name, 0) if revision is None else revision
+                changes.append(client.upsert(spec, expect))
         if changes:
             await client.apply_journals(c, changes)
     finally:

@@ -3,6 +3,9 @@
     gazctl shards list [-l SELECTOR] [--format table|yaml|json]
     gazctl shards apply -f SHARDS.yaml [--dry-run] [--format table|yaml|json]
     gazctl shards unassign -l SELECTOR [--failed] [--dry-run] [--format ...]
+    gazctl shards edit -l SELECTOR [--format ...]                     (edit.py)
+    gazctl shards prune -l SELECTOR [--dry-run] [--file-root DIR]     (shards_prune.py)
+    gazctl shards recover --id SHARD -d DIR                           (shards_recover.py)
 
 Any consumer process of the group answers; it is found through ``--consumer`` or
 ``$CONSUMER_ADDRESS`` (default ``127.0.0.1:9000``). ``list --format yaml`` writes the
@@ -69,6 +72,25 @@ def add_commands(top: Any) -> None:
     unassign.add_argument("--dry-run", action="store_true", help="print, change nothing")
     unassign.add_argument("--format", choices=FORMATS, default="table")
 
+    edit = verbs.add_parser("edit", help="edit shard specs in $EDITOR, applied on save")
+    edit.add_argument("-l", "--selector", required=True, help="label selector of shards")
+    edit.add_argument("--format", choices=FORMATS, default="table")
+
+    prune = verbs.add_parser(
+        "prune", help="delete recovery-log fragments no shard's hints still need"
+    )
+    prune.add_argument("-l", "--selector", required=True, help="label selector of shards")
+    prune.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+    prune.add_argument(
+        "--file-root", default="/", help="root directory of file:// stores (as the brokers')"
+    )
+    prune.add_argument("--format", choices=FORMATS, default="table")
+
+    recover = verbs.add_parser("recover", help="play a shard's recovery log into a directory")
+    recover.add_argument("--id", required=True, help="shard ID")
+    recover.add_argument("-d", "--dir", required=True, help="directory to play the log into")
+    recover.add_argument("--format", choices=FORMATS, default="table")
+
 
 async def run(args: argparse.Namespace) -> int:
     """Run a parsed ``gazctl shards`` command. Bad input raises ValidationError and refusals
@@ -90,6 +112,19 @@ def _client(args: argparse.Namespace) -> ShardClient:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    if args.verb == "edit":
+        from broker.cli import edit
+
+        return await edit.shards_edit(args)
+    if args.verb == "prune":
+        return await _prune(args)
+    if args.verb == "recover":
+        from broker.cli import shards_recover
+
+        records = await shards_recover.recover(args)
+        emit(sys.stdout, args.format, records, shards_recover.COLUMNS)
+        return 0
+
     if args.verb == "apply":
         changes = parse_file(args.file, shardspace.parse_shard_space)
         if not args.dry_run:
@@ -112,6 +147,36 @@ async def _run(args: argparse.Namespace) -> int:
     emit(sys.stdout, args.format, [{"id": s, "action": action} for s in done], UNASSIGN_COLUMNS)
     if not done:
         print("gazctl: no assignment matched; nothing changed", file=sys.stderr)
+    return 0
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    from broker import client
+    from broker.cli import shards_prune
+    from broker.fragment.stores.registry import new_registry
+    from gazette_consumer.shard_client import ShardClient
+
+    parse_selector(args.selector)  # Refuse a malformed selector before any RPC.
+    journals = client.JournalClient(args.broker)
+    registry = new_registry(file_root=args.file_root)
+    try:
+        async with ShardClient(args.consumer) as shard_client:
+            try:
+                records = await shards_prune.prune_shards(
+                    shard_client,
+                    journals,
+                    registry,
+                    args.selector,
+                    dry_run=args.dry_run,
+                    progress=sys.stderr,
+                )
+            except shards_prune.PruneFailedError as err:
+                emit(sys.stdout, args.format, err.records, shards_prune.COLUMNS)
+                raise
+    finally:
+        await registry.close()
+        await journals.channels.close()
+    emit(sys.stdout, args.format, records, shards_prune.COLUMNS)
     return 0
 
 

@@ -1,8 +1,10 @@
 """The FragmentStore interface: where persisted fragment files live, and how they are named.
 
 A fragment store is named by a URL, Gazette's `protocol.FragmentStore`: a scheme choosing the
-backend (`file`, `s3`, or our in-process `memory` fake), a host (the bucket, for object stores),
-a path ending in '/' that roots every key, and query arguments configuring the backend. The
+backend (`file`, `s3`, `gs`, `azure`, `azure-ad`, or our in-process `memory` fake), a host (the
+bucket, for object stores), a path ending in '/' that roots every key (for azure-ad://, after
+its account and container segments: see `key_prefix`), and query arguments configuring the
+backend. The
 URL string itself is written into `Fragment.backing_store` of every fragment listed from it.
 
 The split between this base class and the backends mirrors Gazette's: backends only move bytes
@@ -261,6 +263,12 @@ class FragmentStore(abc.ABC):
     def url(self) -> str:
         """The store URL, as written into Fragment.backing_store."""
         return self._url.url
+
+    @property
+    def key_prefix(self) -> str:
+        """The root of every key: the URL's path without its leading '/' for most stores
+        ("" or ending in '/'); for azure-ad://, the part after the account and container."""
+        return self._url.prefix
 
     def key(self, fragment: pb.Fragment) -> str:
         """The fragment's key within this store."""

@@ -94,8 +94,14 @@ async def check_blob_store(
 
     for i, (fragment, stored) in enumerate(cases):
         _expect(not await store.exists(fragment), f"fragment {i} absent before put")
-        # Alternate bytes and file objects: both are accepted content.
-        await store.put(fragment, stored if i % 2 == 0 else io.BytesIO(stored))
+        # Bytes, seekable file objects, and streams that cannot seek (as the persister hands
+        # over a spool file's section) are all accepted content.
+        content: bytes | io.BufferedReader | io.BytesIO = stored
+        if i % 3 == 1:
+            content = io.BytesIO(stored)
+        elif i % 3 == 2:
+            content = io.BufferedReader(_Unseekable(stored))
+        await store.put(fragment, content)
         _expect(await store.exists(fragment), f"fragment {i} exists after put")
         await _check_content(store, fragment, stored, f"fragment {i}")
 
@@ -130,6 +136,20 @@ async def check_blob_store(
         _expect(not await store.exists(fragment), f"fragment {i} absent after delete")
     await store.delete(cases[0][0])  # Deleting again is a no-op.
     _expect(await store.list(journal) == [], "list() is empty once every fragment is deleted")
+
+
+class _Unseekable(io.RawIOBase):
+    """A readable stream that cannot seek or tell."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        return self._data.readinto(buffer)
 
 
 async def _check_content(

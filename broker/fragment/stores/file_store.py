@@ -41,6 +41,7 @@ from broker.fragment.stores.base import (
     StoreURLError,
     as_bytes_io,
     run_blocking_put,
+    run_to_completion,
 )
 
 SCHEME = "file"
@@ -106,7 +107,8 @@ class FileStore(FragmentStore):
     async def _open(self, key: str) -> FragmentReader:
         path = self._path(key)
         try:
-            raw = await asyncio.to_thread(open, path, "rb")
+            # Cancelled meanwhile, the thread's file is closed, not left to the collector.
+            raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
         except FileNotFoundError:
             if not await asyncio.to_thread(self._base.is_dir):
                 # The whole store is missing (an unmounted volume): unavailable, not a lost

@@ -8,7 +8,6 @@ constructors (e.g. a fault-injecting wrapper) under the same schemes.
 
 from __future__ import annotations
 
-import asyncio
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -23,7 +22,9 @@ from broker.fragment.stores.base import (
     StoreError,
     StoreURL,
     StoreURLError,
+    run_to_completion,
 )
+from broker.fragment.stores.extras import lazy_constructor
 from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.memory_store import (
     MemoryBuckets,
@@ -87,12 +88,20 @@ class StoreRegistry:
 def new_registry(
     *, file_root: Path | str = "/", memory_buckets: MemoryBuckets = default_buckets
 ) -> StoreRegistry:
-    """A registry of the built-in stores: file:// (rooted at `file_root`), s3://, memory://."""
+    """A registry of the built-in stores: file:// (rooted at `file_root`), s3://, memory://,
+    and, when their extras are installed, gs://, azure:// and azure-ad://."""
     return StoreRegistry(
         {
             "file": lambda url: FileStore(url, root=file_root),
             "s3": S3Store,
             "memory": lambda url: MemoryStore(url, buckets=memory_buckets),
+            "gs": lazy_constructor("broker.fragment.stores.gcs_store", "GCSStore", "gcs"),
+            "azure": lazy_constructor(
+                "broker.fragment.stores.azure_store", "AzureAccountStore", "azure"
+            ),
+            "azure-ad": lazy_constructor(
+                "broker.fragment.stores.azure_store", "AzureADStore", "azure"
+            ),
         }
     )
 
@@ -112,14 +121,18 @@ async def open_url(
     if scheme == "file":
         path = unquote(urlsplit(url).path)
         try:
-            return BlockingReader(await asyncio.to_thread(open, path, "rb"))
+            raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
+            return BlockingReader(raw)
         except FileNotFoundError:
             raise FragmentNotFoundError("file:///", path) from None
         except OSError as err:
             raise StoreError(f"opening {url}: {err}") from err
     if scheme in ("http", "https"):
         try:
-            resp = await asyncio.to_thread(urllib.request.urlopen, url, timeout=timeout_s)
+            resp = await run_to_completion(
+                lambda: urllib.request.urlopen(url, timeout=timeout_s),
+                discard=lambda r: r.close(),
+            )
         except urllib.error.HTTPError as err:
             err.close()
             if err.code == _HTTP_NOT_FOUND:

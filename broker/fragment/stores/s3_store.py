@@ -40,6 +40,7 @@ from broker.fragment.stores.base import (
     StoreURLError,
     as_bytes_io,
     run_blocking_put,
+    run_to_completion,
 )
 
 SCHEME = "s3"
@@ -122,7 +123,11 @@ class S3Store(FragmentStore):
 
     async def _open(self, key: str) -> FragmentReader:
         try:
-            resp = await asyncio.to_thread(self._client.get_object, Bucket=self._bucket, Key=key)
+            # Cancelled meanwhile, the response body (a connection) is closed, not leaked.
+            resp = await run_to_completion(
+                lambda: self._client.get_object(Bucket=self._bucket, Key=key),
+                discard=lambda r: r["Body"].close(),
+            )
         except botocore.exceptions.ClientError as err:
             if _is_not_found(err):
                 raise FragmentNotFoundError(self.url, key) from None

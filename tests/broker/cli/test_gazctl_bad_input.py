@@ -111,6 +111,14 @@ JOURNAL_CASES: list[tuple[str | bytes, str]] = [
     ("name: demo/\nchildren: 5\n", r":2: root\.children: must be a list"),
     ("name: demo/\nchildren: [5]\n", r"root\.children\[0\]: must be a mapping"),
     ("name: demo/a\ndelete: maybe\n", r":2: root\.delete: must be true or false \(got 'maybe'\)"),
+    # Revisions: an integer >= -1, on journals only.
+    (JOURNAL_BASE + "revision: x\n", r":4: root\.revision: must be an integer >= -1 \(got 'x'\)"),
+    (JOURNAL_BASE + "revision: -2\n", r":4: root\.revision: must be an integer >= -1"),
+    (
+        "name: demo/\nrevision: 3\nchildren: [{name: demo/a}]\n",
+        r"root\.revision: only a journal has a revision, not a directory",
+    ),
+    ("name: ''\n", r":1: root\.name: is required"),
     ('name: demo/a\nlabels: [{name: tag, value: "\\ud800"}]\n', r":2: .*invalid Unicode"),
     # Not a journal space at all.
     ("", r"root: must be a mapping with at least a 'name' \(got nothing\)"),

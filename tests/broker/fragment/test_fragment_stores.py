@@ -1,5 +1,7 @@
 """Fragment stores: the conformance suite on memory://, file:// and s3:// (a real moto server),
-plus each backend's own rules (URL arguments, atomic writes, listing hygiene)."""
+plus each backend's own rules (URL arguments, atomic writes, listing hygiene). The shared rules
+also run on gs:// and azure:// / azure-ad:// (emulators of conftest.py); their conformance and
+own rules are in test_fragment_stores_cloud.py."""
 
 from __future__ import annotations
 
@@ -143,7 +145,7 @@ async def test_conformance_catches_broken_stores(cls: type[MemoryStore]) -> None
 # --- Shared rules, on every backend -----------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "file", "s3"])
+@pytest.fixture(params=["memory", "file", "s3", "gcs", "azure", "azure_ad"])
 def any_store(request: pytest.FixtureRequest) -> FragmentStore:
     store: FragmentStore = request.getfixturevalue(f"{request.param}_store")
     return store
@@ -152,8 +154,7 @@ def any_store(request: pytest.FixtureRequest) -> FragmentStore:
 async def test_keys_follow_store_prefix_and_content_path(any_store: FragmentStore) -> None:
     f = fragment("a/journal", 0, b"x", CompressionCodec.NONE)
     f.path_postfix = "p=1"
-    prefix = StoreURL.parse(any_store.url).prefix
-    assert any_store.key(f) == prefix + "a/journal/p=1/" + naming.content_name(f)
+    assert any_store.key(f) == any_store.key_prefix + "a/journal/p=1/" + naming.content_name(f)
 
 
 async def test_open_reads_in_bounded_chunks(any_store: FragmentStore) -> None:
@@ -203,7 +204,7 @@ async def _put_raw(store: FragmentStore, key: str, data: bytes) -> None:
 
 
 async def test_listing_skips_junk_and_non_canonical_names(any_store: FragmentStore) -> None:
-    prefix = StoreURL.parse(any_store.url).prefix + "a/journal/"
+    prefix = any_store.key_prefix + "a/journal/"
     good = fragment("a/journal", 0, b"content", CompressionCodec.NONE)
     await any_store.put(good, b"content")
     sum_hex = naming.digest_of_sum(good.sum).hex()
@@ -244,7 +245,9 @@ async def test_mod_time_comes_from_the_store_clock() -> None:
         ("file:///no/trailing/slash", "must end in '/'"),
         ("file://host/path/", "must not have a host"),
         ("s3:///path/", "bucket"),
-        ("gs://bucket/path/", "unsupported fragment store scheme 'gs'"),
+        ("gs://bucket/path/?endpoint=http://h:1", "unknown query argument"),
+        ("azure://container/path/?region=x", "unknown query argument"),
+        ("azure-ad://tenant/account/", "storage container"),
         ("ftp://host/path/", "scheme"),
         ("file:///path/?find=a&find=b", "repeated"),
         ("file:///path/?bogus=1", "unknown query argument"),
@@ -439,3 +442,31 @@ def test_s3_store_requires_a_region(aws_env: None, monkeypatch: pytest.MonkeyPat
 def test_s3_store_rejects_unknown_profile(aws_env: None) -> None:
     with pytest.raises(StoreURLError, match="profile"):
         S3Store(StoreURL.parse("s3://bucket/?profile=nope&region=us-east-1"))
+
+
+async def test_cancelled_open_closes_the_file_it_opened(
+    file_store: FileStore, tmp_path: Path
+) -> None:
+    # An open cancelled while its worker thread is inside open(2) (a slow disk, a network
+    # mount: here a FIFO, whose open blocks until a writer comes) must not leak the file the
+    # thread opens afterwards: a reader cancelled mid-read would otherwise leave descriptors
+    # behind until garbage collection.
+    import gc
+    import warnings
+
+    f = fragment("a/journal", 0, b"x", CompressionCodec.NONE)
+    path = tmp_path / "fragments" / naming.content_path(f)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    opening = asyncio.create_task(file_store.open(f))
+    await asyncio.sleep(0)  # The task runs up to its wait on the worker thread.
+    opening.cancel()
+    writer = threading.Thread(target=lambda: open(path, "wb").close())
+    writer.start()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        await asyncio.to_thread(writer.join)
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
