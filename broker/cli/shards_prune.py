@@ -15,7 +15,8 @@ continues through the log's end. All shards that share a log (forks of it) must 
 
 Unlike Gazette's, a fragment not yet persisted (no backing store, so no file) is kept with a
 warning rather than failing the whole run, and the plan of every log is made before anything
-is deleted. Store health is not probed first (FragmentStoreHealth is not served yet).
+is deleted. Store health is not probed first (Gazette's does; a failing store fails the
+deletions, each named).
 
 The result is a table (or YAML / JSON) of the fragments deleted (or that would be, with
 --dry-run); progress goes to stderr. Deletions run at most `deletes_concurrent_max` at a time;

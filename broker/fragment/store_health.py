@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from broker.fragment.stores.base import FragmentStore, StoreURL
+from broker.fragment.stores.base import FragmentStore
 from broker.fragment.stores.registry import StoreRegistry, open_url
 from broker.logging import get_logger
 
@@ -130,7 +130,8 @@ class StoreHealth:
 
 def store_prefix(store: FragmentStore) -> str:
     """The key prefix of the store's root ("" or ending in '/')."""
-    return StoreURL.parse(store.url).prefix
+    # Not the URL's path: an azure-ad:// URL names account and container before its keys.
+    return store.key_prefix
 
 
 async def run_check(store: FragmentStore) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from broker.fragment import naming
 from broker.fragment.codecs import CompressionCodec, compress
+from broker.fragment.store_health import CHECK_KEY, check_delete, run_check
 from broker.fragment.stores.azure_store import AzureAccountStore, AzureADStore
 from broker.fragment.stores.base import StoreError, StoreURL, StoreURLError
 from broker.fragment.stores.conformance import check_blob_store
@@ -205,6 +206,16 @@ async def test_azure_ad_keys_are_rooted_after_the_container(
     assert _blob_properties(azure_env, azure_container, key).size == 3
     assert (azure_ad_store.account, azure_ad_store.container) == (ACCOUNT, azure_container)
     assert azure_ad_store.tenant == TENANT
+
+
+async def test_azure_ad_health_check_objects_are_rooted_after_the_container(
+    azure_ad_store: AzureADStore, azure_container: str, azure_env: Azurite
+) -> None:
+    # The health check and the delete probe write under the store's key root, as fragments
+    # do: not under "<account>/<container>/..." inside the container.
+    await run_check(azure_ad_store)
+    assert _blob_properties(azure_env, azure_container, "root/prefix/" + CHECK_KEY).size > 0
+    await check_delete(azure_ad_store, "recovery/")
 
 
 def _sas(url: str) -> dict[str, str]:
