@@ -23,6 +23,7 @@ progress notification (Backend.watch). No periodic notifications are asked for.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -137,8 +138,8 @@ class EtcdBackend(b.Backend):
         self._preferred = 0
         self._closed = False
         self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
-        # Watch streams a progress request is being written to (see request_watch_progress).
-        self._progress_writing: set[grpc.aio.StreamStreamCall] = set()
+        # Progress requests being written, by watch stream (see request_watch_progress).
+        self._progress_writing: dict[grpc.aio.StreamStreamCall, asyncio.Task[None]] = {}
 
     @property
     def endpoints(self) -> list[str]:
@@ -323,20 +324,28 @@ class EtcdBackend(b.Backend):
         return resp
 
     async def request_watch_progress(self) -> None:
-        request = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
         for call in list(self._watch_calls):
             # One write at a time per stream (grpc.aio fails a stream written concurrently);
             # a request already being written serves every waiter that asks meanwhile.
             if call in self._progress_writing:
                 continue
-            self._progress_writing.add(call)
-            try:
-                await call.write(request)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                # A broken stream: its reader sees the failure and the watch resumes.
-                continue
-            finally:
-                self._progress_writing.discard(call)
+            writing = asyncio.create_task(self._write_progress_request(call))
+            self._progress_writing[call] = writing
+            writing.add_done_callback(functools.partial(self._progress_written, call))
+            # Shielded: grpc.aio cancels the whole stream when a write to it is cancelled, so a
+            # caller that goes meanwhile (its own timeout) would end the watch of everyone.
+            await asyncio.shield(writing)
+
+    def _progress_written(self, call: grpc.aio.StreamStreamCall, _: asyncio.Task[None]) -> None:
+        self._progress_writing.pop(call, None)
+
+    @staticmethod
+    async def _write_progress_request(call: grpc.aio.StreamStreamCall) -> None:
+        request = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
+        try:
+            await call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # A broken stream: its reader sees the failure and the watch resumes.
 
     @staticmethod
     def _check_watch_response(resp: Any, start_revision: int) -> None:
