@@ -69,7 +69,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
 from broker.protocol.selector import matches
 from broker.protocol.validate import ValidationError
-from broker.replica import Replica, SlotInvalidatedError, wait_first
+from broker.replica import PulseResult, Replica, SlotInvalidatedError, wait_first
 from broker.resolver import Resolution, ResolveError, Resolver, ResolverStoppedError
 from broker.topology import (
     advertised_value,
@@ -813,12 +813,16 @@ class AppendFSM:
 _QUIET_PULSE_STATUSES = frozenset(
     {pb.NOT_JOURNAL_PRIMARY_BROKER, pb.NO_JOURNAL_PRIMARY_BROKER, pb.JOURNAL_NOT_FOUND}
 )
+# Outcomes that only a change of the journal's route or spec can alter: that change invalidates
+# the pulse's resolution, which pulses again; retrying before it would fail the same way.
+_ROUTE_BOUND_PULSE_STATUSES = _QUIET_PULSE_STATUSES | {pb.INSUFFICIENT_JOURNAL_BROKERS}
 
 
-async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
+async def pulse(env: AppendEnv, journal: str) -> PulseResult:
     """One zero-byte append to ``journal`` from this broker, if it is the primary: it
     synchronises the pipeline, advertises the route, and rolls a fragment whose flush interval
-    passed. Returns the event signalling that the resolution it used was invalidated."""
+    passed. Failed (``ok`` False, to be retried soon) unless it committed, or what it ran into
+    can change only with the journal's route (another primary, too few brokers, no journal)."""
     fsm = AppendFSM(env, pb.AppendRequest(journal=journal, do_not_proxy=True))
 
     async def empty_commit() -> tuple[pb.AppendRequest | None, BaseException | None]:
@@ -828,7 +832,8 @@ async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
         return None, None
 
     await fsm.run(empty_commit)
-    if fsm.state is not State.FINISHED and fsm.status not in _QUIET_PULSE_STATUSES:
+    finished = fsm.state is State.FINISHED
+    if not finished and fsm.status not in _QUIET_PULSE_STATUSES:
         if not isinstance(fsm.err, ResolverStoppedError):
             log.warning(
                 "journal pulse failed (will retry)",
@@ -836,4 +841,5 @@ async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
                 status=pb.Status.Name(fsm.status),
                 error=str(fsm.err) if fsm.err else None,
             )
-    return fsm.resolved.invalidated if fsm.resolved is not None else None
+    ok = finished or (fsm.err is None and fsm.status in _ROUTE_BOUND_PULSE_STATUSES)
+    return PulseResult(ok, fsm.resolved.invalidated if fsm.resolved is not None else None)
