@@ -35,6 +35,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from broker import task_dump
 from broker.client.route_cache import JournalClient
 from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend
@@ -224,6 +225,7 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    task_dump.install(loop)  # SIGUSR1: what every task waits on, to the log.
     store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
     backend: Backend = EtcdBackend(args.etcd) if store is None else store.connect()
     embedded = (
