@@ -133,6 +133,9 @@ class SoakContext:
     ) -> None:
         """Probe appends to `journals` and wait for progress of `shards`, from `t0`."""
         plans = {p.shard: p for p in self.stack.layout.shards}
+        replication = {s.name: s.replication for s in self.stack.layout.journal_specs()}
+        for journal in journals:
+            record.replication[journal] = replication[journal]
 
         async def append(journal: str) -> None:
             try:
