@@ -37,12 +37,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from broker import metrics
-from broker.client.route_cache import (
-    channel_unreachable,
-    close_soon,
-    reconnect_backoff_initial_ms,
-    reconnect_backoff_max_ms,
-)
+from broker.client.route_cache import reconnect_backoff_initial_ms, reconnect_backoff_max_ms
 from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -76,8 +71,6 @@ _CHANNEL_OPTIONS = [
     # A peer back on the same endpoint (restarted) is reachable again within seconds.
     ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
     ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
-    # Its own connection, not one shared with the channel it replaces (see Dialer).
-    ("grpc.use_local_subchannel_pool", 1),
 ]
 _REPLICATE_METHOD = "/protocol.Journal/Replicate"
 _REPLICATE_SERIALIZER = passthrough_serializer(pb.ReplicateRequest.SerializeToString)
@@ -125,21 +118,14 @@ def grpc_target(endpoint: str) -> str:
 
 class Dialer:
     """gRPC channels to peer brokers, one per endpoint, shared by every pipeline and proxied
-    request of a broker. A channel that failed to connect is replaced when it is dialed again
-    (see ``ChannelPool.get``): a peer restarted at the same endpoint is reached at the next
-    attempt, not after the channel's reconnect back-off."""
+    request of a broker."""
 
     def __init__(self, interceptors: list[grpc.aio.ClientInterceptor] | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._interceptors = interceptors or None  # E.g. broker.auth's token signing.
-        # Closings of replaced channels, in the background (`close` awaits them).
-        self._closing: set[asyncio.Task[None]] = set()
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
-        if channel is not None and channel_unreachable(channel):
-            if close_soon(channel, self._closing):
-                channel = None
         if channel is None:
             channel = grpc.aio.insecure_channel(
                 grpc_target(endpoint), options=_CHANNEL_OPTIONS, interceptors=self._interceptors
@@ -171,8 +157,6 @@ class Dialer:
         )()
 
     async def close(self) -> None:
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close()

@@ -18,12 +18,10 @@ it fails UNAVAILABLE (``update_route(journal, None)``), so that the next one goe
 broker, whose answer carries the current route. Besides, the pool knows which endpoints it
 failed to connect to (``ChannelPool.unreachable``: the channel is in TRANSIENT_FAILURE), and
 ``JournalClient`` never dispatches to one while the route has another suitable member (a read
-goes to a live replica), else drops the route and asks the default broker. A channel that
-failed to connect is replaced by a new one when it is asked for again: gRPC would otherwise
-refuse its RPCs until its reconnect back-off passed (bounded by ``reconnect_backoff_max_ms``,
-not gRPC's two minutes, for channels nobody replaces), although a broker back on the same
-endpoint is reachable at once; a channel whose endpoint stays unreachable, and that nobody asks
-for, is closed and dropped after ``unreachable_channel_ttl_s``.
+goes to a live replica), else drops the route and asks the default broker. Channels reconnect
+with a bounded back-off (``reconnect_backoff_max_ms``, not gRPC's two minutes), so a broker back
+on the same endpoint is reachable again within seconds; a channel whose endpoint stays
+unreachable is closed and dropped after ``unreachable_channel_ttl_s``.
 """
 
 from __future__ import annotations
@@ -73,9 +71,6 @@ CHANNEL_OPTIONS: Final = (
     ("grpc.max_send_message_length", message_bytes_max),
     ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
     ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
-    # A channel's connection is its own: otherwise a new channel to an endpoint shares the
-    # connection (and the reconnect back-off) of the one it replaces (see ChannelPool.get).
-    ("grpc.use_local_subchannel_pool", 1),
 )
 
 
@@ -83,18 +78,6 @@ def channel_unreachable(channel: grpc.aio.Channel) -> bool:
     """Whether ``channel``'s last attempt to connect failed (gRPC's TRANSIENT_FAILURE): RPCs on
     it fail at once until a reconnection succeeds."""
     return channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE
-
-
-def close_soon(channel: grpc.aio.Channel, closing: set[asyncio.Task[None]]) -> bool:
-    """Close an unreachable channel in the background (nothing runs on it: its RPCs fail at
-    once), tracking the closing in `closing`. False if there is no running loop to do it."""
-    try:
-        task = asyncio.get_running_loop().create_task(channel.close())
-    except RuntimeError:
-        return False
-    closing.add(task)
-    task.add_done_callback(closing.discard)
-    return True
 
 
 class EndpointError(ValidationError):
@@ -156,16 +139,8 @@ class ChannelPool:
         self._sweep()
         channel = self._channels.get(endpoint)
         if channel is not None:
-            if not channel_unreachable(channel):
-                self._channels.move_to_end(endpoint)
-                return channel
-            # Its last attempt to connect failed: gRPC refuses every RPC on it until its
-            # reconnect back-off has passed, even once the broker is back (restarted at the
-            # same address). A new channel connects at once; how often that happens is bounded
-            # by the callers' own retry back-offs.
-            del self._channels[endpoint]
-            self._unreachable_since.pop(endpoint, None)
-            self._close_soon(channel)
+            self._channels.move_to_end(endpoint)
+            return channel
         target, secure = grpc_target(endpoint)
         if secure:
             channel = grpc.aio.secure_channel(
@@ -204,8 +179,14 @@ class ChannelPool:
                 self._close_soon(channel)
 
     def _close_soon(self, channel: grpc.aio.Channel) -> None:
-        if not close_soon(channel, self._closing):  # Closed by the next prune() or close().
+        # Nothing runs on an unreachable channel (its RPCs failed at once): close it now.
+        try:
+            task = asyncio.get_running_loop().create_task(channel.close())
+        except RuntimeError:  # No running loop: closed by the next prune() or close().
             self._evicted.append(channel)
+            return
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def __len__(self) -> int:
         return len(self._channels)
