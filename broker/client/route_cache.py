@@ -20,7 +20,7 @@ failed to connect to (``ChannelPool.unreachable``: the channel is in TRANSIENT_F
 ``JournalClient`` never dispatches to one while the route has another suitable member (a read
 goes to a live replica), else drops the route and asks the default broker. Channels reconnect
 with a bounded back-off (``reconnect_backoff_max_ms``, not gRPC's two minutes), so a broker back
-on the same endpoint is reachable again within seconds; a channel whose endpoint stays
+on the same endpoint is reachable again within half a second; a channel whose endpoint stays
 unreachable is closed and dropped after ``unreachable_channel_ttl_s``.
 """
 
@@ -55,9 +55,11 @@ message_bytes_max: Final = 64 << 20
 
 # A failed connection is retried after a back-off growing from the initial value to the maximum
 # (gRPC's own maximum is 120 s: a broker back on the same endpoint would stay unreachable that
-# long after it restarted).
+# long after it restarted). Until the next attempt, RPCs on the channel fail at once, so the
+# maximum is how late a restarted broker is reached (by clients and by its peers' pipelines);
+# an attempt against a broker that is down costs one refused (or timed out) connect.
 reconnect_backoff_initial_ms: Final = 100
-reconnect_backoff_max_ms: Final = 2000
+reconnect_backoff_max_ms: Final = 500
 # A pooled channel whose endpoint has been unreachable this long is closed and dropped (the
 # broker is gone; a later request for it opens a new channel) ...
 unreachable_channel_ttl_s: Final = 60.0
