@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import linecache
 import signal
 import sys
 from typing import Final, TextIO
@@ -32,9 +33,25 @@ def dump_tasks(out: TextIO | None = None) -> int:
     buf.write(f"--- task dump: {len(tasks)} task(s) ---\n")
     for task in tasks:
         buf.write(f"- {task.get_name()}: {task!r:.300}\n")
-        task.print_stack(limit=frames_max, file=buf)
+        for line in _stack_lines(task):
+            buf.write(f"    {line}\n")
     buf.write("--- end of task dump ---\n")
     stream = out if out is not None else sys.stderr
     stream.write(buf.getvalue())
     stream.flush()
     return len(tasks)
+
+
+def _stack_lines(task: asyncio.Task[object]) -> list[str]:
+    """Where ``task`` is, outermost frame first. (Not Task.print_stack: it fails on frames
+    without a line number, which compiled coroutines, grpc's among them, have.)"""
+    lines = []
+    for frame in task.get_stack(limit=frames_max):
+        code, lineno = frame.f_code, frame.f_lineno
+        where = f"{code.co_filename}:{lineno if lineno is not None else '?'} in {code.co_name}"
+        if lineno is not None:
+            source = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
+            if source:
+                where += f": {source}"
+        lines.append(where)
+    return lines or ["(no frames: not started, or done)"]
