@@ -65,6 +65,10 @@ _channel_options: list[tuple[str, Any]] = [
 ]
 
 _unavailable_codes = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# What grpc.aio reports (as INTERNAL) when it could not send a message on a stream, e.g. the
+# first of a Watch or LeaseKeepAlive stream opened on a connection that just broke (etcd
+# restarting). A failure of the transport, not an answer of etcd's, which never says this.
+_CORE_SEND_FAILED = "Internal error from Core"
 
 T = TypeVar("T")
 
@@ -403,7 +407,7 @@ class EtcdBackend(b.Backend):
             try:
                 return await fn(conn)
             except grpc.aio.AioRpcError as err:
-                if err.code() not in _unavailable_codes:
+                if not _transport_failed(err):
                     raise await self._translate(rpc, err, lease, revision) from err
                 last = b.UnavailableError(f"etcd {rpc} at {self._targets[index]}: {_describe(err)}")
                 self._fail_over(index, last)
@@ -543,6 +547,15 @@ def _op_result(r: rpc_pb2.ResponseOp) -> tuple[b.KeyValue, ...] | int | None:
     if kind == "response_delete_range":
         return int(r.response_delete_range.deleted)
     return None
+
+
+def _transport_failed(err: grpc.aio.AioRpcError) -> bool:
+    """Whether ``err`` is the transport's failure (retried elsewhere or later), not etcd's
+    answer."""
+    code = err.code()
+    return code in _unavailable_codes or (
+        code == grpc.StatusCode.INTERNAL and err.details() == _CORE_SEND_FAILED
+    )
 
 
 def _describe(err: grpc.aio.AioRpcError) -> str:
