@@ -251,13 +251,17 @@ async def append(
     content: bytes | Sequence[bytes] = b"",
     *,
     attempts_max: int = attempts_max_default,
+    backoff_cap_s: float = backoff_max_s,
     chunk_bytes_max: int = chunk_bytes_max_default,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> pb.AppendResponse:
     """Append `content` (bytes, or pieces to write in order) as one transaction, retrying
-    unreachable brokers and stale routes up to `attempts_max` times. Returns the response."""
+    unreachable brokers and stale routes up to `attempts_max` times, after back-offs doubling
+    from `backoff_initial_s` up to `backoff_cap_s`. Returns the response."""
     if attempts_max < 1:
         raise ValueError(f"attempts_max: must be >= 1 (got {attempts_max})")
+    if backoff_cap_s < backoff_initial_s:
+        raise ValueError(f"backoff_cap_s: must be >= {backoff_initial_s} (got {backoff_cap_s})")
     pieces = [content] if isinstance(content, bytes | bytearray | memoryview) else list(content)
     attempt = 0
     while True:
@@ -276,7 +280,7 @@ async def append(
             if isinstance(err, grpc.aio.AioRpcError):
                 # The broker we sent to may be gone: ask the default broker next time.
                 client.update_route(request.journal, None)
-            delay = min(backoff_max_s, backoff_initial_s * 2.0 ** (attempt - 1))
+            delay = min(backoff_cap_s, backoff_initial_s * 2.0 ** (attempt - 1))
             log.warning(
                 "append failed (will retry)",
                 journal=request.journal,
