@@ -162,7 +162,7 @@ class Appender:
         journal = self.request.journal
         endpoint = self.client.endpoint_for(journal, require_primary=True)
         self._call = _open_append(self.client.channels.get(endpoint))
-        if endpoint == self.client.endpoint:
+        if endpoint == self.client.default_endpoint():
             await self._send(self.request)
             return
         try:
@@ -176,7 +176,7 @@ class Appender:
         # whose answer teaches the new route.
         log.info("append: cached primary unreachable; using the default broker", journal=journal)
         self.client.update_route(journal, None)
-        self._call = _open_append(self.client.channels.get(self.client.endpoint))
+        self._call = _open_append(self.client.channels.get(self.client.default_endpoint()))
         await self._send(self.request)
 
     async def _send(self, message: pb.AppendRequest | bytes) -> None:

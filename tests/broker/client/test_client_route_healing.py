@@ -221,3 +221,27 @@ async def test_a_channel_to_a_dead_broker_keeps_trying_every_half_second(side: s
     gaps = [b - a for a, b in itertools.pairwise(later)]
     assert len(later) >= 3, attempts
     assert max(gaps) <= reconnect_gap_max_s, gaps
+
+
+async def test_a_client_whose_default_broker_died_goes_to_another_it_knows() -> None:
+    # A consumer's default broker is killed: requests of journals with no usable route went
+    # to it, and failed until it came back, even for journals that had failed over to live
+    # brokers (found by the soak). Another broker learned from a route answers instead.
+    async with one_broker_with([J, "heal/other"]) as (_, client):
+        live = client.endpoint
+        dead = _dead_endpoint()
+        fresh = JournalClient(dead)
+        try:
+            # A route the client learned while its default broker served.
+            fresh.update_route(
+                "heal/other",
+                pb.Header(route=pb.Route(members=[A], primary=0, endpoints=[live])),
+            )
+            await _fail_to_connect(fresh.channels, dead)
+            response = await append(fresh, pb.AppendRequest(journal=J), b"via a live broker\n")
+            assert response.header.process_id == A
+            assert response.commit.end == len(b"via a live broker\n")
+            assert fresh.endpoint_for(J, require_primary=True) == live
+            assert fresh.default_endpoint() == live
+        finally:
+            await fresh.close()
