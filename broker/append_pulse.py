@@ -6,12 +6,11 @@ journal (SUSPEND_NO_RESUME, as Gazette's pulses)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from broker.append_fsm import AppendEnv, AppendFSM, State
 from broker.append_suspend import NO_RESUME
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.replica import PulseResult
 from broker.resolver import ResolverStoppedError
 
 log = get_logger(__name__)
@@ -26,12 +25,17 @@ _QUIET_PULSE_STATUSES = frozenset(
         pb.SUSPENDED,
     }
 )
+# Outcomes that only a change of the journal's route or spec can alter: that change invalidates
+# the pulse's resolution, which pulses again; retrying before it would fail the same way.
+_ROUTE_BOUND_PULSE_STATUSES = _QUIET_PULSE_STATUSES | {pb.INSUFFICIENT_JOURNAL_BROKERS}
 
 
-async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
+async def pulse(env: AppendEnv, journal: str) -> PulseResult:
     """One zero-byte append to ``journal`` from this broker, if it is the primary: it
     synchronises the pipeline, advertises the route, and rolls a fragment whose flush interval
-    passed. Returns the event signalling that the resolution it used was invalidated."""
+    passed. Failed (``ok`` False, to be retried soon) unless it committed, or what it ran into
+    can change only with the journal's route (another primary, too few brokers, no journal,
+    suspended)."""
     # A pulse never resumes a suspended journal (Gazette's pulses do not either).
     fsm = AppendFSM(env, pb.AppendRequest(journal=journal, do_not_proxy=True, suspend=NO_RESUME))
 
@@ -42,7 +46,8 @@ async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
         return None, None
 
     await fsm.run(empty_commit)
-    if fsm.state is not State.FINISHED and fsm.status not in _QUIET_PULSE_STATUSES:
+    finished = fsm.state is State.FINISHED
+    if not finished and fsm.status not in _QUIET_PULSE_STATUSES:
         if not isinstance(fsm.err, ResolverStoppedError):
             log.warning(
                 "journal pulse failed (will retry)",
@@ -50,4 +55,5 @@ async def pulse(env: AppendEnv, journal: str) -> asyncio.Event | None:
                 status=pb.Status.Name(fsm.status),
                 error=str(fsm.err) if fsm.err else None,
             )
-    return fsm.resolved.invalidated if fsm.resolved is not None else None
+    ok = finished or (fsm.err is None and fsm.status in _ROUTE_BOUND_PULSE_STATUSES)
+    return PulseResult(ok, fsm.resolved.invalidated if fsm.resolved is not None else None)

@@ -24,9 +24,10 @@ resolver the broker: loud, never silent):
 - *refresh*: lists the journal's fragment stores every ``refresh_interval`` and replaces the
   index's remote fragments; the first listing gates appends (see append_fsm).
 - *pulse*: on the primary, a zero-byte append every ``pulse_interval_s`` and whenever the route
-  changes. It (re)synchronises the pipeline, advertises the route in the assignments once every
-  replica agrees, and rolls fragments whose flush interval has passed, so that consistency is
-  re-established and content persisted without client traffic.
+  changes, and soon again (bounded back-off) after one that failed. It (re)synchronises the
+  pipeline, advertises the route in the assignments once every replica agrees, and rolls
+  fragments whose flush interval has passed, so that consistency is re-established and content
+  persisted without client traffic.
 
 Stopping rolls the spool forward, completing its current fragment so that the persister stores
 it, then releases everything.
@@ -48,7 +49,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from broker.append_rate import TokenBucket
 from broker.fragment.index import FragmentIndex, IndexRefresher
@@ -79,6 +80,29 @@ recovery_wait_s_default = 30.0
 # A pulse is a zero-byte append; it may wait this long before it is abandoned (and retried at
 # the next interval). Gazette uses its pulse interval for both.
 pulse_interval_s_default = 60.0
+# A pulse that failed (a peer restarting, a route the peers do not agree on yet) is retried
+# after a back-off doubling from the initial value up to the maximum (never past the interval),
+# rather than at the next interval as in Gazette: until it succeeds, the journal's route is not
+# advertised, and the allocator cannot finish moving it (nor a drained broker exit).
+pulse_retry_backoff_initial_s = 0.2
+pulse_retry_backoff_max_s = 5.0
+
+
+class PulseResult(NamedTuple):
+    """What one pulse did: whether it needs no retry (it committed, or this broker is not the
+    journal's primary), and the event signalling that the resolution it used was invalidated
+    (the route changed: pulse again at once), if it got that far."""
+
+    ok: bool
+    invalidated: asyncio.Event | None
+
+
+def pulse_retry_delay_s(failures: int, interval_s: float) -> float:
+    """The wait before the next pulse after ``failures`` consecutive failed ones."""
+    if failures <= 0:
+        return interval_s
+    backoff = pulse_retry_backoff_initial_s * 2.0 ** (failures - 1)
+    return min(backoff, pulse_retry_backoff_max_s, interval_s)
 
 
 class SlotInvalidatedError(Exception):
@@ -199,9 +223,8 @@ class ReplicaEnv:
     new_spool_file: Callable[[], SpoolFile]
     stores: StoreRegistry | None
     persister: CompletedSpoolSink | None
-    # One pulse of the journal: a zero-byte append. Returns the event that signals the pulse's
-    # resolution was invalidated (the route changed: pulse again at once), or None.
-    pulse: Callable[[str], Awaitable[asyncio.Event | None]] | None
+    # One pulse of the journal: a zero-byte append (see PulseResult).
+    pulse: Callable[[str], Awaitable[PulseResult]] | None
     clock: Callable[[], float]
     pulse_interval_s: float = pulse_interval_s_default
     shutdown_wait_s: float = shutdown_wait_s_default
@@ -422,17 +445,19 @@ class Replica:
         )
         await refresher.run()
 
-    async def _pulse_daemon(self, pulse: Callable[[str], Awaitable[asyncio.Event | None]]) -> None:
+    async def _pulse_daemon(self, pulse: Callable[[str], Awaitable[PulseResult]]) -> None:
         # Each turn awaits (a pulse resolves, at least), and the loop ends once stopping: a
         # stopping replica's resolutions are all invalidated, which must not spin it.
+        failures = 0
         while not self._stopping.is_set():
-            invalidated: asyncio.Event | None = None
+            result = PulseResult(ok=False, invalidated=None)
             try:
                 async with asyncio.timeout(self.env.pulse_interval_s):
-                    invalidated = await pulse(self.journal)
+                    result = await pulse(self.journal)
             except TimeoutError:
                 log.warning("journal pulse timed out (will retry)", journal=self.journal)
+            failures = 0 if result.ok else failures + 1
             events = [self._stopping]
-            if invalidated is not None:
-                events.append(invalidated)
-            await wait_first(events, self.env.pulse_interval_s)
+            if result.invalidated is not None:
+                events.append(result.invalidated)
+            await wait_first(events, pulse_retry_delay_s(failures, self.env.pulse_interval_s))

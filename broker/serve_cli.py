@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from broker import task_dump
 from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.auth import decode_keys
 from broker.fragment.stores.registry import new_registry
@@ -276,6 +277,7 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
+    task_dump.install(loop)  # SIGUSR1: what every task waits on, to the log.
     # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
     gateway = HttpGateway(ready=broker.is_ready) if args.http_port is not None else None
     if gateway is not None:

@@ -73,7 +73,13 @@ from broker.protocol import protocol_pb2_grpc as pbg
 from broker.protocol.validate import validate_broker_spec
 from broker.read_api import ReadAPI, write_responses
 from broker.readiness import ReadinessGate, check_own_member
-from broker.replica import Replica, ReplicaEnv, pulse_interval_s_default, shutdown_wait_s_default
+from broker.replica import (
+    PulseResult,
+    Replica,
+    ReplicaEnv,
+    pulse_interval_s_default,
+    shutdown_wait_s_default,
+)
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver, revision_wait_s_default
 from broker.service_handlers import add_journal_service
@@ -343,7 +349,7 @@ class Broker:
         replica = self.resolver.replicas.get(journal)
         return replica.index if replica is not None else None
 
-    async def _pulse(self, journal: str) -> asyncio.Event | None:
+    async def _pulse(self, journal: str) -> PulseResult:
         return await pulse(self.append_env, journal)
 
     # --- Lifecycle ---

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import grpc.aio
 
+from broker import task_dump
 from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.gc_tuning import freeze_startup_heap
@@ -303,6 +304,7 @@ async def _serve(args: argparse.Namespace, app: Application) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    task_dump.install(loop)  # SIGUSR1: what every task waits on, to the log.
     store = None if args.etcd else _embedded_store(args.data_dir, args.fsync)
     backend: Backend = (
         EtcdBackend(args.etcd, **args.etcd_options) if store is None else store.connect()

@@ -120,9 +120,12 @@ batch_bytes_max_default: Final = 4 << 20
 # AppendRetriesExhaustedError: long enough to ride out a broker restart or a fail-over many times
 # over, short enough that an outage nobody fixes reaches the writer as an error.
 retry_s_max_default: Final = 600.0
-# Back-off between attempts: doubling from the initial delay, capped.
+# Back-off between attempts: doubling from the initial delay, capped. The cap is how late a
+# writer may notice that its journal is back (a broker restarted, a route re-assigned): one
+# cheap RPC a second per waiting journal is worth not adding up to Gazette's 5 s to every
+# recovery (and to every consumer's progress behind it).
 backoff_initial_s_default: Final = 0.05
-backoff_max_s_default: Final = 5.0
+backoff_max_s_default: Final = 1.0
 # One attempt (sending a batch and awaiting its commit) is abandoned, and retried, after this.
 append_timeout_s_default: Final = 60.0
 # A writer that never awaits anything else would starve the tasks that send its batches; after

@@ -162,7 +162,7 @@ class Appender:
         journal = self.request.journal
         endpoint = self.client.endpoint_for(journal, require_primary=True)
         self._call = _open_append(self.client.channels.get(endpoint))
-        if endpoint == self.client.endpoint:
+        if endpoint == self.client.default_endpoint():
             await self._send(self.request)
             return
         try:
@@ -176,7 +176,7 @@ class Appender:
         # whose answer teaches the new route.
         log.info("append: cached primary unreachable; using the default broker", journal=journal)
         self.client.update_route(journal, None)
-        self._call = _open_append(self.client.channels.get(self.client.endpoint))
+        self._call = _open_append(self.client.channels.get(self.client.default_endpoint()))
         await self._send(self.request)
 
     async def _send(self, message: pb.AppendRequest | bytes) -> None:
@@ -252,13 +252,17 @@ async def append(
     content: bytes | Sequence[bytes] = b"",
     *,
     attempts_max: int = attempts_max_default,
+    backoff_cap_s: float = backoff_max_s,
     chunk_bytes_max: int = chunk_bytes_max_default,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> pb.AppendResponse:
     """Append `content` (bytes, or pieces to write in order) as one transaction, retrying
-    unreachable brokers and stale routes up to `attempts_max` times. Returns the response."""
+    unreachable brokers and stale routes up to `attempts_max` times, after back-offs doubling
+    from `backoff_initial_s` up to `backoff_cap_s`. Returns the response."""
     if attempts_max < 1:
         raise ValueError(f"attempts_max: must be >= 1 (got {attempts_max})")
+    if backoff_cap_s < backoff_initial_s:
+        raise ValueError(f"backoff_cap_s: must be >= {backoff_initial_s} (got {backoff_cap_s})")
     pieces = [content] if isinstance(content, bytes | bytearray | memoryview) else list(content)
     attempt = 0
     while True:
@@ -277,7 +281,7 @@ async def append(
             if isinstance(err, grpc.aio.AioRpcError):
                 # The broker we sent to may be gone: ask the default broker next time.
                 client.update_route(request.journal, None)
-            delay = min(backoff_max_s, backoff_initial_s * 2.0 ** (attempt - 1))
+            delay = min(backoff_cap_s, backoff_initial_s * 2.0 ** (attempt - 1))
             log.warning(
                 "append failed (will retry)",
                 journal=request.journal,

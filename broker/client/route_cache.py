@@ -18,9 +18,10 @@ it fails UNAVAILABLE (``update_route(journal, None)``), so that the next one goe
 broker, whose answer carries the current route. Besides, the pool knows which endpoints it
 failed to connect to (``ChannelPool.unreachable``: the channel is in TRANSIENT_FAILURE), and
 ``JournalClient`` never dispatches to one while the route has another suitable member (a read
-goes to a live replica), else drops the route and asks the default broker. Channels reconnect
+goes to a live replica), else drops the route and asks the default broker (or, if that one is
+unreachable too, another broker the client learned of from a route). Channels reconnect
 with a bounded back-off (``reconnect_backoff_max_ms``, not gRPC's two minutes), so a broker back
-on the same endpoint is reachable again within seconds; a channel whose endpoint stays
+on the same endpoint is reachable again within half a second; a channel whose endpoint stays
 unreachable is closed and dropped after ``unreachable_channel_ttl_s``.
 """
 
@@ -50,15 +51,20 @@ routes_max_default: Final = 1024
 route_ttl_s_default: Final = 3600.0
 # Broker endpoints with an open channel. Each channel holds a connection (and its buffers).
 channels_max_default: Final = 64
+# Broker endpoints a JournalClient remembers from the routes it learned, to fall back on when
+# its default broker is unreachable (most recently learned first).
+known_brokers_max: Final = 64
 # gRPC messages a client receives may be this large: a List response carries up to 1000
 # journal specs, a Read chunk is smaller, and gRPC's default of 4 MiB is too tight for the former.
 message_bytes_max: Final = 64 << 20
 
 # A failed connection is retried after a back-off growing from the initial value to the maximum
 # (gRPC's own maximum is 120 s: a broker back on the same endpoint would stay unreachable that
-# long after it restarted).
+# long after it restarted). Until the next attempt, RPCs on the channel fail at once, so the
+# maximum is how late a restarted broker is reached (by clients and by its peers' pipelines);
+# an attempt against a broker that is down costs one refused (or timed out) connect.
 reconnect_backoff_initial_ms: Final = 100
-reconnect_backoff_max_ms: Final = 2000
+reconnect_backoff_max_ms: Final = 500
 # A pooled channel whose endpoint has been unreachable this long is closed and dropped (the
 # broker is gone; a later request for it opens a new channel) ...
 unreachable_channel_ttl_s: Final = 60.0
@@ -336,10 +342,25 @@ class JournalClient:
             )
         self.channels = channels
         self.routes = routes if routes is not None else RouteCache()
+        # Brokers named by the routes learned, most recent last (see `default_endpoint`).
+        self._brokers: OrderedDict[str, None] = OrderedDict()
+
+    def default_endpoint(self) -> str:
+        """The broker that takes requests of journals with no usable route (any broker proxies
+        them, and its answer teaches the route): the default endpoint, unless it is known to be
+        unreachable and another broker learned from a route is not (most recently learned
+        first). Without it, a client whose default broker died could reach no journal, not
+        even one that failed over to live brokers, until that broker came back."""
+        if not self.channels.unreachable(self.endpoint):
+            return self.endpoint
+        for endpoint in reversed(self._brokers):
+            if endpoint != self.endpoint and not self.channels.unreachable(endpoint):
+                return endpoint
+        return self.endpoint
 
     def endpoint_for(self, journal: str, *, require_primary: bool) -> str:
         """Where a request of `journal` goes: a suitable member of its cached route that is
-        not known to be unreachable, else the default endpoint."""
+        not known to be unreachable, else the default endpoint (`default_endpoint`)."""
         route = self.routes.get(journal)
         if route is not None:
             unreachable = [e for e in route.endpoints if e and self.channels.unreachable(e)]
@@ -352,17 +373,24 @@ class JournalClient:
                 # The route's only suitable member is gone (or the route is stale): the
                 # default broker knows the current one and teaches it in its answer.
                 self.routes.update(journal, None)
-        return self.endpoint
+        return self.default_endpoint()
 
     def stub_for(self, journal: str, *, require_primary: bool) -> pb_grpc.JournalStub:
         return self.channels.stub(self.endpoint_for(journal, require_primary=require_primary))
 
     def default_stub(self) -> pb_grpc.JournalStub:
-        return self.channels.stub(self.endpoint)
+        return self.channels.stub(self.default_endpoint())
 
     def update_route(self, journal: str, header: pb.Header | None) -> None:
         """Learn the route of a response header (a header without one forgets the route)."""
-        self.routes.update(journal, header.route if header is not None else None)
+        route = header.route if header is not None else None
+        self.routes.update(journal, route)
+        for endpoint in route.endpoints if route is not None else ():
+            if endpoint:
+                self._brokers[endpoint] = None
+                self._brokers.move_to_end(endpoint)
+        while len(self._brokers) > known_brokers_max:
+            self._brokers.popitem(last=False)
 
     async def close(self) -> None:
         await self.channels.close()

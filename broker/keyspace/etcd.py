@@ -33,6 +33,7 @@ progress notification (Backend.watch). No periodic notifications are asked for.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -81,6 +82,10 @@ _stale_token_errors = ("invalid auth token", "revision of auth store is old")
 auth_refreshes_max = 1
 # How long the probe that learns why a connection failed (a TLS handshake, say) may take.
 _failure_probe_s = 1.0
+# What grpc.aio reports (as INTERNAL) when it could not send a message on a stream, e.g. the
+# first of a Watch or LeaseKeepAlive stream opened on a connection that just broke (etcd
+# restarting). A failure of the transport, not an answer of etcd's, which never says this.
+_CORE_SEND_FAILED = "Internal error from Core"
 
 T = TypeVar("T")
 
@@ -242,8 +247,8 @@ class EtcdBackend(b.Backend):
         self._preferred = 0
         self._closed = False
         self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
-        # Watch streams a progress request is being written to (see request_watch_progress).
-        self._progress_writing: set[grpc.aio.StreamStreamCall] = set()
+        # Progress requests being written, by watch stream (see request_watch_progress).
+        self._progress_writing: dict[grpc.aio.StreamStreamCall, asyncio.Task[None]] = {}
 
     @property
     def endpoints(self) -> list[str]:
@@ -428,20 +433,28 @@ class EtcdBackend(b.Backend):
         return resp
 
     async def request_watch_progress(self) -> None:
-        request = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
         for call in list(self._watch_calls):
             # One write at a time per stream (grpc.aio fails a stream written concurrently);
             # a request already being written serves every waiter that asks meanwhile.
             if call in self._progress_writing:
                 continue
-            self._progress_writing.add(call)
-            try:
-                await call.write(request)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                # A broken stream: its reader sees the failure and the watch resumes.
-                continue
-            finally:
-                self._progress_writing.discard(call)
+            writing = asyncio.create_task(self._write_progress_request(call))
+            self._progress_writing[call] = writing
+            writing.add_done_callback(functools.partial(self._progress_written, call))
+            # Shielded: grpc.aio cancels the whole stream when a write to it is cancelled, so a
+            # caller that goes meanwhile (its own timeout) would end the watch of everyone.
+            await asyncio.shield(writing)
+
+    def _progress_written(self, call: grpc.aio.StreamStreamCall, _: asyncio.Task[None]) -> None:
+        self._progress_writing.pop(call, None)
+
+    @staticmethod
+    async def _write_progress_request(call: grpc.aio.StreamStreamCall) -> None:
+        request = rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
+        try:
+            await call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # A broken stream: its reader sees the failure and the watch resumes.
 
     @staticmethod
     def _check_watch_response(resp: Any, start_revision: int) -> None:
@@ -508,7 +521,7 @@ class EtcdBackend(b.Backend):
                 await self._authenticate(conn, index)
                 return await fn(conn)
             except grpc.aio.AioRpcError as err:
-                if err.code() not in _unavailable_codes:
+                if not _transport_failed(err):
                     raise await self._translate(rpc, err, lease, revision) from err
                 last = b.UnavailableError(f"etcd {rpc} at {self._targets[index]}: {_describe(err)}")
                 self._fail_over(index, last)
@@ -690,6 +703,15 @@ def _op_result(r: rpc_pb2.ResponseOp) -> tuple[b.KeyValue, ...] | int | None:
     if kind == "response_delete_range":
         return int(r.response_delete_range.deleted)
     return None
+
+
+def _transport_failed(err: grpc.aio.AioRpcError) -> bool:
+    """Whether ``err`` is the transport's failure (retried elsewhere or later), not etcd's
+    answer."""
+    code = err.code()
+    return code in _unavailable_codes or (
+        code == grpc.StatusCode.INTERNAL and err.details() == _CORE_SEND_FAILED
+    )
 
 
 def _describe(err: grpc.aio.AioRpcError) -> str:

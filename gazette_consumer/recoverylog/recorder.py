@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
 from typing import Final
 
@@ -67,6 +68,15 @@ def author_fence(author: int) -> pb.LabelSet:
     return pb.LabelSet(labels=[pb.Label(name=AUTHOR_REGISTER, value=digits)])
 
 
+# A batch's append is retried (a broker restarting, a journal short of brokers) up to this
+# many attempts, after back-offs doubling up to the cap: about half a minute in all, long enough
+# to ride out a broker's restart, and a retry at least every second, so that the shard's
+# transactions go on within a second of the log taking appends again (the append helper's
+# 5 s cap could add up to 5 s to every recovery behind it).
+append_attempts_max: Final = 32
+append_backoff_cap_s: Final = 1.0
+
+
 class RecorderError(Exception):
     """Base of the Recorder's errors."""
 
@@ -98,6 +108,7 @@ class Recorder:
         write_head: int,
         batch_bytes_max: int = BATCH_BYTES_MAX,
         write_chunk_bytes_max: int = WRITE_CHUNK_BYTES_MAX,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if batch_bytes_max < 1 or write_chunk_bytes_max < 1:
             raise ValueError("batch_bytes_max and write_chunk_bytes_max: must be >= 1")
@@ -112,6 +123,7 @@ class Recorder:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._lock = asyncio.Lock()  # One append at a time, in recording order.
+        self._sleep = sleep  # Between attempts of an append.
         self._failed: RecorderError | None = None
 
     @property
@@ -191,7 +203,14 @@ class Recorder:
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             request = pb.AppendRequest(journal=self.log, check_registers=self._check)
             try:
-                response = await append(self.client, request, batch)
+                response = await append(
+                    self.client,
+                    request,
+                    batch,
+                    attempts_max=append_attempts_max,
+                    backoff_cap_s=append_backoff_cap_s,
+                    sleep=self._sleep,
+                )
             except RegisterMismatchError as err:
                 self._failed = RecorderFencedError(
                     f"recorder {self.author:#x} of {self.log}: fenced (another author took over "

@@ -172,12 +172,29 @@ def test_percentiles_and_the_summary_table() -> None:
     records = [
         FaultRecord(1, "shard-kill", append_s={}, progress_s={"s1": 2.0}, standby={"s1": True}),
         FaultRecord(2, "shard-kill", progress_s={"s2": 6.0, "s3": None}, restored_s=9.0),
-        FaultRecord(3, "etcd-restart", append_s={"j": 0.5}, progress_s={"s1": 1.0}),
+        FaultRecord(
+            3,
+            "broker-kill",
+            append_s={"r2": 0.5, "r3": 7.0, "r3b": 8.0},
+            replication={"r2": 2, "r3": 3, "r3b": 3},
+            progress_s={"s1": 1.0},
+            standby={"s1": True},
+            restored_s=9.5,
+        ),
     ]
     table = summary(records)
     lines = table.splitlines()
-    assert lines[2].startswith("shard-kill") and lines[2].endswith("(standby)")
-    assert "never" in lines[3] and lines[3].endswith("(no standby)")
-    assert lines[4].startswith("etcd-restart") and "0.5s" in lines[4]
+    assert lines[0].split()[:3] == ["fault", "n", "failed"] and "append R=3" in lines[0]
+    shard_kill, broker_kill = lines[3], lines[4]
+    # Progress with a standby: 2.0 (one fault); without: the second fault's worst, never.
+    assert shard_kill.split() == [
+        *("shard-kill", "2", "0", "-", "-", "2.0s", "/", "2.0s"),
+        *("never", "/", "never", "9.0s", "/", "never"),
+    ]
+    # Appends by replication: R=2 0.5, R=3 the worst of the fault's R=3 journals.
+    assert broker_kill.split() == [
+        *("broker-kill", "1", "0", "0.5s", "/", "0.5s", "8.0s", "/", "8.0s"),
+        *("1.0s", "/", "1.0s", "-", "9.5s", "/", "9.5s"),
+    ]
     line = records[1].line()
     assert "progress  never" in line and "restored   9.0s" in line

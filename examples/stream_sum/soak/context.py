@@ -133,6 +133,9 @@ class SoakContext:
     ) -> None:
         """Probe appends to `journals` and wait for progress of `shards`, from `t0`."""
         plans = {p.shard: p for p in self.stack.layout.shards}
+        replication = {s.name: s.replication for s in self.stack.layout.journal_specs()}
+        for journal in journals:
+            record.replication[journal] = replication[journal]
 
         async def append(journal: str) -> None:
             try:
@@ -162,6 +165,10 @@ class SoakContext:
                 )
 
         await asyncio.gather(*map(append, journals), *map(progress, shards))
+        if any(v is None for v in (*record.append_s.values(), *record.progress_s.values())):
+            # Something is stuck: every process says what its tasks wait on, in its log.
+            asked = self.stack.dump_tasks()
+            record.notes.append(f"asked {', '.join(asked)} for task dumps (in their logs)")
 
     def _shard_state(self, shard: str) -> str:
         states = [f"{a.suffix}/{a.slot}: {a.status.code}" for a in self.stack.assignments(shard)]

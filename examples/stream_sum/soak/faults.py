@@ -261,6 +261,7 @@ async def broker_rolling_restart(
             prior = record.append_s.get(journal, 0.0)
             worst = None if value is None or prior is None else max(prior, value)
             record.append_s[journal] = worst
+        record.replication.update(step.replication)
         record.findings.extend(step.findings)
         await ctx.stack.wait_journals(ctx.timeouts.restore_s)
     await ctx.measure(record, record.started_at, (), _all_shards(ctx))

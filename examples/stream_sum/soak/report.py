@@ -11,8 +11,10 @@ records per fault kind: counts, p50 and max of the recovery times.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from examples.stream_sum.verifier import Finding
 
@@ -31,6 +33,9 @@ class FaultRecord:
     progress_s: dict[str, float | None] = field(default_factory=dict)
     # Shards whose progress was measured with a hot standby ready to take over.
     standby: dict[str, bool] = field(default_factory=dict)
+    # The replication of each journal whose appends were measured: journals of replication 2
+    # fail over when a broker dies, those of replication 3 (on three brokers) wait for it.
+    replication: dict[str, int] = field(default_factory=dict)
     # Seconds from the fault until every process, journal and shard was back as specified.
     restored_s: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -47,10 +52,13 @@ class FaultRecord:
         return _worst(self.progress_s.values())
 
     def line(self) -> str:
-        """The progress line printed once the fault is dealt with."""
+        """The progress line printed once the fault is dealt with (with the wall-clock time
+        of the fault, UTC, to find it in the processes' logs)."""
         status = "ok" if self.ok else f"FAILED ({len(self.findings)} finding(s))"
+        wall = time.time() - (time.monotonic() - self.started_at)
+        at = time.strftime("%H:%M:%S", time.gmtime(wall))
         parts = [
-            f"fault {self.index:3d} {self.kind:<22} {self.target:<34}",
+            f"fault {self.index:3d} {at} {self.kind:<22} {self.target:<34}",
             f"append {_fmt(self.worst_append_s())}",
             f"progress {_fmt(self.worst_progress_s())}",
             f"restored {_fmt(self.restored_s)}",
@@ -101,41 +109,75 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank]
 
 
-def _stats(values: list[float]) -> str:
+def _stats(values: Sequence[float]) -> str:
+    """``p50 / max`` of `values`, or ``-``."""
     if not values:
-        return f"{'-':>7} {'-':>7}"
-    return f"{_fmt(percentile(values, 0.5)):>7} {_fmt(max(values)):>7}"
+        return "-"
+    return f"{_fmt(percentile(values, 0.5)).strip()} / {_fmt(max(values)).strip()}"
+
+
+# Columns of the summary: (heading, width).
+_COLUMNS: Final = (
+    ("append R=2", 15),
+    ("append R=3", 15),
+    ("progress (standby)", 19),
+    ("progress (none)", 16),
+    ("restored", 15),
+)
 
 
 def summary(records: Sequence[FaultRecord]) -> str:
-    """The table printed at the end: per fault kind, how many, how many failed, and p50/max
-    of kill-to-append and kill-to-progress (the latter split by hot standby where both
-    occur)."""
-    header = (
-        f"{'fault':<22} {'n':>3} {'failed':>6}   {'append p50':>7} {'max':>7}"
-        f"   {'progress p50':>7} {'max':>7}   {'restored p50':>7} {'max':>7}"
+    """The table printed at the end: per fault kind, how many, how many failed, and p50 / max
+    of kill-to-append (the worst journal of each fault, by replication), kill-to-progress (the
+    worst shard of each fault, with and without a hot standby) and everything restored."""
+    header = f"{'fault':<22} {'n':>3} {'failed':>6}" + "".join(
+        f"  {name:>{width}}" for name, width in _COLUMNS
     )
-    lines = [header, "-" * len(header)]
+    lines = [
+        header,
+        "-" * len(header),
+        f"{'':<33}" + "".join(f"  {'p50 / max':>{width}}" for _, width in _COLUMNS),
+    ]
     kinds: dict[str, list[FaultRecord]] = {}
     for r in records:
         kinds.setdefault(r.kind, []).append(r)
     for kind, rs in kinds.items():
-        appends = [v for r in rs if (v := r.worst_append_s()) is not None]
-        restored = [r.restored_s if r.restored_s is not None else math.inf for r in rs]
+        cells = [
+            _stats(_worst_each(rs, lambda r: _by_replication(r, 2))),
+            _stats(_worst_each(rs, lambda r: _by_replication(r, 3))),
+            _stats(_worst_each(rs, lambda r: _progress(r, standby=True))),
+            _stats(_worst_each(rs, lambda r: _progress(r, standby=False))),
+            _stats([r.restored_s if r.restored_s is not None else math.inf for r in rs]),
+        ]
         failed = sum(1 for r in rs if not r.ok)
-        groups: dict[str, list[float]] = {}
-        for r in rs:
-            for shard, value in r.progress_s.items():
-                label = "standby" if r.standby.get(shard) else "no standby"
-                groups.setdefault(label, []).append(math.inf if value is None else value)
-        everything = [v for values in groups.values() for v in values]
-        rows = list(groups.items()) if len(groups) > 1 else [("", everything)]
-        for i, (label, progress) in enumerate(rows):
-            name = kind if i == 0 else ""
-            tag = f" ({label})" if label else ""
-            n = f"{len(rs):>3}" if i == 0 else "   "
-            f = f"{failed:>6}" if i == 0 else "      "
-            a = _stats(appends) if i == 0 else f"{'':>7} {'':>7}"
-            d = _stats(restored) if i == 0 else f"{'':>7} {'':>7}"
-            lines.append(f"{name:<22} {n} {f}   {a}   {_stats(progress)}   {d}{tag}".rstrip())
+        row = f"{kind:<22} {len(rs):>3} {failed:>6}" + "".join(
+            f"  {cell:>{width}}" for cell, (_, width) in zip(cells, _COLUMNS, strict=True)
+        )
+        lines.append(row)
     return "\n".join(lines)
+
+
+def _by_replication(record: FaultRecord, replication: int) -> list[float | None]:
+    return [
+        v
+        for journal, v in record.append_s.items()
+        if record.replication.get(journal, 0) == replication
+    ]
+
+
+def _progress(record: FaultRecord, *, standby: bool) -> list[float | None]:
+    return [
+        v for shard, v in record.progress_s.items() if record.standby.get(shard, False) == standby
+    ]
+
+
+def _worst_each(
+    records: Sequence[FaultRecord], values: Callable[[FaultRecord], list[float | None]]
+) -> list[float]:
+    """Per record, its worst value (inf if one never came), for records that measured any."""
+    out = []
+    for r in records:
+        worst = _worst(values(r))
+        if worst is not None:
+            out.append(worst)
+    return out

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from broker import task_dump
 from broker.client.route_cache import JournalClient
 from broker.keyspace.etcd import EtcdBackend
 from broker.keyspace.keyspace import KeySpace
@@ -317,3 +318,18 @@ class SoakStack:
 
     def logs_dir(self) -> Path:
         return self.dir
+
+    def dump_tasks(self) -> list[str]:
+        """Ask every running broker and consumer process to write its asyncio tasks and
+        their stacks to its log (broker/task_dump.py): what a stuck process waits on. Returns
+        who was asked."""
+        asked = []
+        for name, proc, paused in [
+            *((b.suffix, b.process, b.paused) for b in self.cluster.brokers),
+            *((c.suffix, c.process, c.paused) for c in self.consumers),
+        ]:
+            if proc is not None and proc.returncode is None and not paused:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(task_dump.DUMP_SIGNAL)
+                    asked.append(name)
+        return asked

@@ -5,6 +5,8 @@ port nobody listens on; the live one a real in-process broker."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import socket
 
 import grpc
@@ -24,9 +26,11 @@ from broker.client.route_cache import (
     JournalClient,
     RouteCache,
     pick_endpoint,
+    reconnect_backoff_max_ms,
     unreachable_channel_ttl_s,
     unreachable_sweep_interval_s,
 )
+from broker.pipeline import Dialer
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 
@@ -174,3 +178,70 @@ async def test_a_rerouting_reader_raises_what_no_route_can_fix() -> None:
         await lost.close()
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert pauses == [rerouting_backoff_s(1), rerouting_backoff_s(2)]
+
+
+# Long enough for the reconnect back-off to reach its bound several times over.
+watch_reconnects_s = 3.0
+# The longest gap between two attempts once the back-off is at its bound: the bound plus
+# gRPC's jitter (20%) plus scheduling slack on a loaded machine.
+reconnect_gap_max_s = reconnect_backoff_max_ms / 1000 * 1.2 + 0.25
+
+
+@pytest.mark.parametrize("side", ["pool", "dialer"])
+async def test_a_channel_to_a_dead_broker_keeps_trying_every_half_second(side: str) -> None:
+    # Until a channel's next attempt to connect, its RPCs fail at once ("failed to connect"),
+    # even once the broker is back at its endpoint (restarted): with a 2 s bound, a restarted
+    # broker's peers reached it 1-2 s after it served, in the short soak. The endpoint here
+    # accepts connections and closes them at once, so that each attempt is seen.
+    attempts: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        attempts.append(loop.time())
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool, dialer = ChannelPool(), Dialer()
+    stub = pool.stub(endpoint) if side == "pool" else dialer.stub(endpoint)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ListFragments(pb.FragmentsRequest(journal=J), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        started = loop.time()
+        # The channel reconnects on its own: watch it (each attempt is an event of the
+        # server; this only bounds how long we look).
+        await asyncio.sleep(watch_reconnects_s)
+    finally:
+        server.close()
+        await server.wait_closed()
+        await pool.close()
+        await dialer.close()
+    later = [t for t in attempts if t >= started + 1.0]  # Once the back-off is at its bound.
+    gaps = [b - a for a, b in itertools.pairwise(later)]
+    assert len(later) >= 3, attempts
+    assert max(gaps) <= reconnect_gap_max_s, gaps
+
+
+async def test_a_client_whose_default_broker_died_goes_to_another_it_knows() -> None:
+    # A consumer's default broker is killed: requests of journals with no usable route went
+    # to it, and failed until it came back, even for journals that had failed over to live
+    # brokers (found by the soak). Another broker learned from a route answers instead.
+    async with one_broker_with([J, "heal/other"]) as (_, client):
+        live = client.endpoint
+        dead = _dead_endpoint()
+        fresh = JournalClient(dead)
+        try:
+            # A route the client learned while its default broker served.
+            fresh.update_route(
+                "heal/other",
+                pb.Header(route=pb.Route(members=[A], primary=0, endpoints=[live])),
+            )
+            await _fail_to_connect(fresh.channels, dead)
+            response = await append(fresh, pb.AppendRequest(journal=J), b"via a live broker\n")
+            assert response.header.process_id == A
+            assert response.commit.end == len(b"via a live broker\n")
+            assert fresh.endpoint_for(J, require_primary=True) == live
+            assert fresh.default_endpoint() == live
+        finally:
+            await fresh.close()

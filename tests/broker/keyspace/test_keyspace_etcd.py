@@ -431,3 +431,43 @@ async def test_keyspace_conformance(etcd: EtcdServer) -> None:
         await check_keyspace(harness)
     finally:
         await harness.close()
+
+
+# -- A stream that cannot be written -----------------------------------------------------------
+
+
+async def test_a_message_grpc_could_not_send_is_retried_not_fatal(backend: EtcdBackend) -> None:
+    # Found by the soak: etcd restarted while a consumer re-opened its Watch stream; writing
+    # the create request failed on the broken connection, which grpc.aio reports as INTERNAL
+    # "Internal error from Core", and the watch, then the consumer process, failed for good.
+    # (That failure is a race of etcd's restart with a stream's first write: it is raised here
+    # by the call itself, through the backend's one path for every RPC.)
+    calls = 0
+
+    async def write_fails_once(_conn: object) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.INTERNAL,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details="Internal error from Core",
+            )
+        return "opened"
+
+    assert await backend._call("Watch", write_fails_once, idempotent=True) == "opened"
+    assert calls == 2
+    # Not idempotent: not re-sent, but retriable for the caller (unavailable, not an answer).
+    calls = 0
+    with pytest.raises(UnavailableError):
+        await backend._call("Txn", write_fails_once)
+    # An INTERNAL status etcd sends is its answer, as before.
+
+    async def etcd_says_internal(_conn: object) -> str:
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), details="boom"
+        )
+
+    with pytest.raises(EtcdError):
+        await backend._call("Range", etcd_says_internal, idempotent=True)

@@ -88,3 +88,33 @@ async def test_concurrent_progress_requests_never_break_the_watch(backend: Backe
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_a_waiter_cancelled_while_asking_for_progress_never_breaks_the_watch(
+    backend: Backend,
+) -> None:
+    # grpc.aio cancels a whole stream when a write to it is cancelled: a waiter whose own
+    # timeout (or cancellation) landed while its progress request was being written ended the
+    # watch of every waiter of the process (found by the soak: the mirror stopped, "watch ended
+    # at revision N, before revision N+1").
+    ks: KeySpace[bytes] = KeySpace("/cluster", lambda kv: kv.value)
+    first = await backend.put(b"/cluster/a", b"1")
+    watching = asyncio.create_task(ks.watch(backend))
+    try:
+        await ks.wait_for_revision(first.revision, wait_s)
+        # An event through the watch: its stream is open.
+        opened = await backend.put(b"/cluster/open", b"0")
+        await ks.wait_for_revision(opened.revision, wait_s)
+        for turns in range(4):
+            asking = asyncio.create_task(backend.request_watch_progress())
+            for _ in range(turns):
+                await asyncio.sleep(0)  # The request is being written ...
+            asking.cancel()  # ... when its caller goes.
+            await asyncio.gather(asking, return_exceptions=True)
+        later = await backend.put(b"/cluster/b", b"2")
+        await ks.wait_for_revision(later.revision, wait_s)
+        assert [e.decoded for e in ks.kvs] == [b"1", b"2", b"0"]
+        assert not watching.done()
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)

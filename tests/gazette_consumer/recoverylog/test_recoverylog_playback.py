@@ -21,7 +21,7 @@ from gazette_consumer.recoverylog.recorder import (
     RecorderFencedError,
     RecorderUsageError,
 )
-from tests.broker.broker_testkit import wait_until
+from tests.broker.broker_testkit import journal_spec, wait_until
 
 WAIT_S = 20.0
 
@@ -230,3 +230,35 @@ async def test_garbage_in_the_log_is_a_typed_error_at_its_offset(env, tmp_path: 
         await primary(env.client, log, tmp_path / "b")
     assert (caught.value.log, caught.value.offset) == (log, garbage_at)
     assert not (tmp_path / "b").exists()  # A failed playback leaves no partial directory.
+
+
+async def test_a_recorder_rides_out_its_log_short_of_brokers_and_resumes_within_a_second(
+    env, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # The log's journal refuses appends (INSUFFICIENT_JOURNAL_BROKERS) for 20 s of simulated
+    # time, as a recovery log of replication 3 does while a broker restarts and beyond: the
+    # recorder keeps retrying (it gave up after ~16 s), and once the log is back its next
+    # attempt comes within a second (the append helper's 5 s cap made the shard wait up to 5 s
+    # more, found by the soak).
+    log = await env.new_log()
+    recovered = await play_and_handoff(env.client, FSMHints(log=log), tmp_path, 1234)
+    now = [0.0]
+    back_at = 20.0
+    back = asyncio.Event()
+
+    async def sleep(delay: float) -> None:
+        now[0] += delay
+        if now[0] >= back_at and not back.is_set():
+            second = await env.cluster.start_broker("zone-b", "broker-b")
+            await env.cluster.assign(log, [env.broker, second])
+            back.set()
+
+    recorder = Recorder(
+        env.client, recovered.fsm, 1234, tmp_path, write_head=recovered.write_head, sleep=sleep
+    )
+    await recorder.create("one")
+    spec = journal_spec(log, replication=2)
+    await env.cluster.put_spec(spec)  # One broker of the two it now needs.
+    await env.cluster.sync(env.cluster.admin.store.core.revision)
+    await asyncio.wait_for(recorder.flush(), WAIT_S)
+    assert back.is_set() and now[0] - back_at <= 1.0

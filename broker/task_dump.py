@@ -1,0 +1,57 @@
+"""On SIGUSR1, write every asyncio task of the process, with its stack, to stderr (the log).
+
+A process that stops making progress without failing (an RPC waiting on a peer, a lock held by
+a stuck task) says nothing in its log; the dump shows what each task is waiting on, without
+stopping the process. ``gazette serve`` and ``gazette-consumer serve`` install it; the soak
+signals every process when a fault does not recover, so that its logs say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import linecache
+import signal
+import sys
+from typing import Final, TextIO
+
+# Frames printed per task (its innermost ones): enough to see what it waits on.
+frames_max: Final = 12
+
+DUMP_SIGNAL: Final = signal.SIGUSR1
+
+
+def install(loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Dump the loop's tasks whenever the process gets SIGUSR1."""
+    (loop or asyncio.get_running_loop()).add_signal_handler(DUMP_SIGNAL, dump_tasks)
+
+
+def dump_tasks(out: TextIO | None = None) -> int:
+    """Write every task of the running loop and its stack to ``out`` (stderr); how many."""
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    buf = io.StringIO()
+    buf.write(f"--- task dump: {len(tasks)} task(s) ---\n")
+    for task in tasks:
+        buf.write(f"- {task.get_name()}: {task!r:.300}\n")
+        for line in _stack_lines(task):
+            buf.write(f"    {line}\n")
+    buf.write("--- end of task dump ---\n")
+    stream = out if out is not None else sys.stderr
+    stream.write(buf.getvalue())
+    stream.flush()
+    return len(tasks)
+
+
+def _stack_lines(task: asyncio.Task[object]) -> list[str]:
+    """Where ``task`` is, outermost frame first. (Not Task.print_stack: it fails on frames
+    without a line number, which compiled coroutines, grpc's among them, have.)"""
+    lines = []
+    for frame in task.get_stack(limit=frames_max):
+        code, lineno = frame.f_code, frame.f_lineno
+        where = f"{code.co_filename}:{lineno if lineno is not None else '?'} in {code.co_name}"
+        if lineno is not None:
+            source = linecache.getline(code.co_filename, lineno, frame.f_globals).strip()
+            if source:
+                where += f": {source}"
+        lines.append(where)
+    return lines or ["(no frames: not started, or done)"]
