@@ -66,7 +66,10 @@ def durability(engine: Engine) -> dict[str, str]:
             level = connection.exec_driver_sql("PRAGMA synchronous").scalar()
             # PRAGMA synchronous answers a number: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA.
             names = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
-            return {"journal_mode": str(mode), "synchronous": names.get(int(level), str(level))}
+            return {
+                "journal_mode": str(mode),
+                "synchronous": names.get(int(str(level)), str(level)),
+            }
         return {
             name: str(connection.exec_driver_sql(f"SHOW {name}").scalar())
             for name in PG_DURABILITY_SETTINGS
