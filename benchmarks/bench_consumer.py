@@ -48,8 +48,8 @@ round's pair is printed too, to pool rounds across runs). With `--steady-txns K`
 transaction lasts exactly `--max-txn-s` in both modes and the rates are those of K whole
 transactions after a first one, none of which may reach the journal's head.
 Progress goes to stderr (a line per run; a live counter on a terminal or with BENCH_PROGRESS=1).
-`--profile eo-sqlite` (or any mode) runs that mode of the first configuration once more under
-cProfile and prints it (`--profile-clock cpu` times the loop thread's CPU rather than wall time;
+`--profile eo-sqlite` (or any mode; `chain/per-txn:eo-sqlite` names a configuration, else the
+first one) runs that mode once more under cProfile and prints it (`--profile-clock cpu` times the loop thread's CPU rather than wall time;
 BENCH_PROFILE_DUMP=FILE also writes the whole profile, e.g. to diff two modes' with pstats).
 `--json FILE` writes every round's figures for benchmarks/bench_all.py.
 """
@@ -304,7 +304,10 @@ def parse_args() -> argparse.Namespace:
         help="refuse databases weaker than a user's default (see the module docstring)",
     )
     parser.add_argument("--json", help="also write every round's figures to this file")
-    parser.add_argument("--profile", help="run this mode (e.g. eo-sqlite) once more, profiled")
+    parser.add_argument(
+        "--profile",
+        help="run this [CONFIG:]MODE (e.g. eo-sqlite, chain/per-txn:eo-sqlite) once more, profiled",
+    )
     parser.add_argument("--profile-sort", default="tottime")
     parser.add_argument(
         "--profile-clock",
@@ -417,16 +420,18 @@ async def main() -> None:
 
         profile = None
         if args.profile:
-            eo, db = args.profile.split("-", 1)
+            config_name, _, mode = args.profile.rpartition(":")
+            config = next((c for c in configs if c[0] == config_name), configs[0])
+            eo, db = mode.split("-", 1)
             # A CPU clock attributes the loop thread's own work, not its waits (epoll).
             cpu = args.profile_clock == "cpu"
             profile = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
-            _, source, source_head, publish = configs[0]
+            _, source, source_head, publish = config
             app = CountApp(eo == "eo", engines[db], publish, source=source)
             await run_shard(
                 c,
                 app,
-                f"{args.profile}-profiled",
+                f"{mode}-{config[0].replace('/', '-')}-profiled",
                 count,
                 source_head,
                 args.max_txn_s,
