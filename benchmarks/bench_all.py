@@ -189,6 +189,9 @@ def run_step(
 
 def summary_line(e: dict[str, Any]) -> str:
     verdict = {True: "holds", False: "MISSED", None: "(no target)"}[e["holds"]]
+    if e["resolved"] is False:
+        low, high = e["interval_90"]
+        verdict += f" (unresolved: the rounds' 90% interval is {low:.3f}-{high:.3f})"
     target = f">= {e['target']['ratio_min']:g}" if e["target"] else ""
     ratio = "-" if e["ratio"] is None else f"{e['ratio']:.3f}"
     return f"  {e['name']:<42} {ratio:>7} {target:<8} {verdict}"

@@ -8,18 +8,25 @@ One entry per figure:
      "ratio": value / baseline (wall clock: the headline),
      "cpu": {"value": ..., "baseline": ..., "unit": ..., "ratio": ...} (CPU-normalised),
      "target": {"ratio_min": 0.4, "text": ...} or null, "holds": bool or null,
+     "interval_90": [low, high] or null (a distribution-free 90% interval of the median of
+         each round's ratio, where the figure has rounds; its "ratio" stays value / baseline),
+     "resolved": whether that interval lies wholly on one side of the target (null: no interval),
      "conditions": {"summary": "...", ... what the figure was measured under ...},
      "details": {...}}
 
 Every ratio is of figures measured in the same run (the baseline beside the figure); `holds`
-compares the wall-clock ratio with the target of issue #17. Pure functions: bench_all.py adds
-the machine's and the run's conditions to every entry's.
+compares the wall-clock ratio with the target of issue #17; where the rounds' interval still
+straddles the target, `resolved` is false: the run cannot tell (a loaded machine's rounds differ
+by far more than 3%). Pure functions: bench_all.py adds the machine's and the run's conditions
+to every entry's.
 """
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
+
+from bench_stats import median_interval
 
 Entry = dict[str, Any]
 MIB = 1 << 20
@@ -41,7 +48,9 @@ def entry(
     conditions: dict[str, Any],
     cpu: tuple[float, float | None, str] | None = None,
     details: dict[str, Any] | None = None,
+    rounds: list[float] | None = None,
 ) -> Entry:
+    """An entry (see the module docstring); `rounds`: each round's ratio, paired in time."""
     ratio = value / baseline if baseline else None
     out: Entry = {
         "name": name,
@@ -54,6 +63,8 @@ def entry(
         "cpu": None,
         "target": None,
         "holds": None,
+        "interval_90": None,
+        "resolved": None,
         "conditions": dict(conditions, clock="wall (the headline ratio); CPU beside it"),
         "details": details or {},
     }
@@ -68,6 +79,13 @@ def entry(
     if target is not None:
         out["target"] = {"ratio_min": target[0], "text": target[1]}
         out["holds"] = ratio is not None and ratio >= target[0]
+    if rounds:
+        out["details"]["rounds_ratio"] = rounds
+    interval = median_interval(rounds) if rounds else None
+    if interval is not None:
+        out["interval_90"] = list(interval)
+        if target is not None:
+            out["resolved"] = interval[0] >= target[0] or interval[1] < target[0]
     return out
 
 
@@ -91,13 +109,17 @@ def messages_entries(runs: list[dict[str, Any]]) -> list[Entry]:
         return statistics.median(run[figure][field] for run in runs)
 
     first = runs[0]
-    where = "a separate `gazette serve`" if "broker_args" in first["conditions"] else "in process"
+    where = (
+        "a separate `gazette serve`"
+        if "broker_args" in first["conditions"]
+        else "broker in process"
+    )
     conditions = dict(
         first["conditions"],
         messages=f"{first['messages']:,} JSON messages of ~{first['message_bytes']:.0f} bytes",
         runs=f"{len(runs)} (medians)",
         cpu="CPU seconds of the client process and the broker's",
-        summary=f"broker {where}, durable spools; client process; {first['messages']:,} "
+        summary=f"{where}, durable spools; client process; {first['messages']:,} "
         f"messages; {plural(len(runs), 'run')}",
     )
     msgspec = (
@@ -334,6 +356,7 @@ def consumer_entries(figures: dict[str, Any]) -> list[Entry]:
                         "msg/cpu-s",
                     ),
                     details=details,
+                    rounds=[1 - overhead for overhead in o["rounds_wall"]],
                 )
             )
         if "committed/per-message" in configs and "committed/none" in configs:
@@ -355,12 +378,10 @@ def consumer_entries(figures: dict[str, Any]) -> list[Entry]:
                         med("committed/none", f"eo-{db}", "per_cpu_s"),
                         "msg/cpu-s",
                     ),
-                    details={
-                        "rounds_ratio_wall": [
-                            d["per_wall_s"] / n["per_wall_s"]
-                            for d, n in zip(derived, none, strict=True)
-                        ]
-                    },
+                    rounds=[
+                        d["per_wall_s"] / n["per_wall_s"]
+                        for d, n in zip(derived, none, strict=True)
+                    ],
                 )
             )
     return out

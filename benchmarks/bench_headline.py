@@ -42,6 +42,18 @@ def short_conditions(e: dict[str, Any]) -> str:
     return "; ".join(p for p in parts if p).replace("|", "/")
 
 
+def verdict(e: dict[str, Any]) -> str:
+    """Whether the target holds, and how sure this run is of it (the rounds' interval)."""
+    if e["holds"] is None:
+        return "-"
+    text = "yes" if e["holds"] else "**no**"
+    interval = e.get("interval_90")
+    if interval is not None:
+        sure = "" if e.get("resolved") else "unresolved, "
+        text += f" ({sure}90%: {interval[0]:.2f}-{interval[1]:.2f})"
+    return text
+
+
 def section(results: dict[str, Any], chart_name: str) -> str:
     run = results["run"]
     machine = run["machine"]
@@ -71,17 +83,24 @@ def section(results: dict[str, Any], chart_name: str) -> str:
     for e in results["entries"]:
         cpu = e.get("cpu") or {}
         target = e["target"]["text"] if e["target"] else "-"
-        holds = {True: "yes", False: "**no**", None: "-"}[e["holds"]]
+        holds = verdict(e)
         lines.append(
             f"| {e['title']} | {fmt(e['value'])} {e['unit']} | {fmt(e['baseline']['value'])}"
             f" {e['baseline']['unit']}: {e['baseline']['title']} | {fmt(e['ratio'])} |"
             f" {fmt(cpu.get('ratio'))} | {target} | {holds} | {short_conditions(e)} |"
         )
     held = [e for e in results["entries"] if e["holds"] is not None]
+    unresolved = sum(e.get("resolved") is False for e in held)
     lines += [
         "",
-        f"{sum(e['holds'] for e in held)} of {len(held)} targets hold in this run. Rows without"
-        " a target are context for those with one.",
+        f"{sum(e['holds'] for e in held)} of {len(held)} targets hold in this run"
+        + (
+            f"; for {unresolved} of them the 90% interval of the rounds' median ratio straddles"
+            " the target: this run cannot tell whether it holds"
+            if unresolved
+            else ""
+        )
+        + ". Rows without a target are context for those with one.",
         END,
     ]
     return "\n".join(lines)
@@ -116,19 +135,27 @@ def chart(results: dict[str, Any], path: Path) -> None:
     colours = ["#3a7d44" if e["holds"] else "#c0392b" for e in entries]
     ys = list(range(len(entries)))[::-1]
     ax.barh(ys, ratios, color=colours, height=0.6)
+    right = 0.0
     for y, e, ratio in zip(ys, entries, ratios, strict=True):
         target = e["target"]["ratio_min"]
         ax.plot([target, target], [y - 0.4, y + 0.4], color="black", linewidth=2)
-        ax.text(
-            max(ratio, target) + 0.02,
-            y,
-            f"{ratio:.2f} (target {target:g})",
-            va="center",
-            fontsize=8,
-        )
+        label, end = f"{ratio:.2f} (target {target:g})", max(ratio, target)
+        if e.get("interval_90") is not None:
+            low, high = e["interval_90"]
+            # The rounds' interval, over the bar.
+            ax.plot([low, high], [y, y], color="#222222", linewidth=1.5, zorder=3)
+            end = max(end, high)
+            if not e.get("resolved"):
+                label += ", unresolved"
+        ax.text(end + 0.02, y, label, va="center", fontsize=8)
+        right = max(right, end)
     ax.set_yticks(ys, names, fontsize=8)
-    ax.set_xlim(0, max(1.3, max(ratios) + 0.3))
-    ax.set_xlabel("ratio to the baseline measured beside it (wall clock); black: the target")
+    ax.set_xlim(0, max(1.3, right + 0.8))
+    ax.set_xlabel(
+        "ratio to the baseline measured beside it (wall clock)\n"
+        "black: the target; thin line: 90% interval of the rounds' median ratio",
+        fontsize=9,
+    )
     run = results["run"]
     ax.set_title(
         f"gazette-py headline ratios, {run['date'][:10]}, {run['git_commit'][:10]}"
