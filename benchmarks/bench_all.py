@@ -67,7 +67,7 @@ STEP_ARGS: dict[str, tuple[list[str], list[str]]] = {
         ["--state-mib", "1024", "--rounds", "2"],
     ),
     "consumer": (
-        ["--messages", "1500000", "--steady-txns", "1", "--rounds", "1"],
+        ["--messages", "1200000", "--steady-txns", "1", "--rounds", "1"],
         ["--messages", "3000000", "--steady-txns", "2", "--rounds", "5"],
     ),
 }

@@ -105,6 +105,9 @@ from gazette_consumer.stores.sql import create_sqlite_engine
 
 RUN_TIMEOUT_S = 600.0
 LIMIT_MESSAGES = 300_000
+# With --steady-txns, the input must outlast K + 2 transactions of the fastest shard: at most the
+# read-uncommitted limit's rate (a shard reads slower), with this margin on top.
+STEADY_INPUT_MARGIN = 1.25
 PUBLISH_MODES = ("per-txn", "per-message", "none")
 
 # --- Runs ---------------------------------------------------------------------------------------
@@ -355,6 +358,18 @@ async def main() -> None:
         c = await stack.enter_async_context(in_process_broker(tmp / "broker", consumer_journals()))
 
         published, head = await publish_input(c, count, args.input == "txn")
+        if args.steady_txns:
+            # Top the input up if this machine reads so fast that a run would reach the head
+            # before its last steady transaction (the run would refuse).
+            probe = await raw_read_uncommitted(c, limit_count)
+            steady_s = (args.steady_txns + 2) * args.max_txn_s
+            needed = int(probe.per_wall_s * steady_s * STEADY_INPUT_MARGIN)
+            if needed > count:
+                print(
+                    f"topping the input up to {needed:,} messages (read at {probe.per_wall_s:,.0f}/s)"
+                )
+                _, head = await publish_input(c, needed - count, args.input == "txn")
+                count = needed
         print(
             f"{count:,} messages of ~{head / count:.0f} bytes in {SOURCE} "
             f"(input: {args.input}; published at {published.per_wall_s:,.0f} msg/s)"
@@ -421,17 +436,17 @@ async def main() -> None:
         profile = None
         if args.profile:
             config_name, _, mode = args.profile.rpartition(":")
-            config = next((c for c in configs if c[0] == config_name), configs[0])
+            chosen = next((cfg for cfg in configs if cfg[0] == config_name), configs[0])
             eo, db = mode.split("-", 1)
             # A CPU clock attributes the loop thread's own work, not its waits (epoll).
             cpu = args.profile_clock == "cpu"
             profile = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
-            _, source, source_head, publish = config
+            _, source, source_head, publish = chosen
             app = CountApp(eo == "eo", engines[db], publish, source=source)
             await run_shard(
                 c,
                 app,
-                f"{mode}-{config[0].replace('/', '-')}-profiled",
+                f"{mode}-{chosen[0].replace('/', '-')}-profiled",
                 count,
                 source_head,
                 args.max_txn_s,
