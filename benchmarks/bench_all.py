@@ -21,8 +21,9 @@ output passes through):
 
 Then it writes results.json (`bench_entries.py`: one entry per figure, with its baseline, the
 ratio, the target and whether it holds, and its conditions: this run's machine, load average
-at the step's start and end, date and commit included) and regenerates the headline section of
-docs/benchmarks.md and its chart (`bench_headline.py`). A step that fails stops nothing else;
+at the step's start and end, date and commit included; and, under "figures", every script's own
+output, every round of it) and regenerates the headline section of docs/benchmarks.md and its
+chart (`bench_headline.py`). A step that fails stops nothing else;
 the run then exits non-zero, names the failed steps, and leaves the documentation alone.
 """
 
@@ -162,8 +163,8 @@ def run_script(script: str, args: list[str]) -> dict[str, Any]:
 
 def run_step(
     name: str, quick: bool, pg_url: str | None
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run one step: its entries, and the conditions it ran under."""
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """Run one step: its entries, the conditions it ran under, and its scripts' figures."""
     args = list(STEP_ARGS[name][0 if quick else 1])
     if name == "consumer":
         assert pg_url is not None
@@ -184,7 +185,7 @@ def run_step(
         "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
         "step_wall_s": time.perf_counter() - t0,
     }
-    return entries, conditions
+    return entries, conditions, figures
 
 
 def summary_line(e: dict[str, Any]) -> str:
@@ -223,6 +224,7 @@ def main() -> None:
     }
     t0 = time.perf_counter()
     entries: list[dict[str, Any]] = []
+    figures: dict[str, list[dict[str, Any]]] = {}
     failed: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         pg_url = args.pg_url
@@ -231,7 +233,7 @@ def main() -> None:
         for step in steps:
             print(f"\n=== {step} ===", flush=True)
             try:
-                step_entries, step_conditions = run_step(step, args.quick, pg_url)
+                step_entries, step_conditions, figures[step] = run_step(step, args.quick, pg_url)
             except (StepError, KeyError, ValueError, OSError) as err:
                 failed[step] = f"{type(err).__name__}: {err}"
                 print(f"step {step} failed: {failed[step]}", flush=True)
@@ -246,7 +248,8 @@ def main() -> None:
                 )
             entries += step_entries
     run.update(load_end=list(os.getloadavg()), wall_s=time.perf_counter() - t0, failed=failed)
-    results = {"run": run, "entries": entries}
+    # The scripts' own figures too: every round, from which the entries were built.
+    results = {"run": run, "entries": entries, "figures": figures}
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
     print(f"\n{len(entries)} figures in {run['wall_s']:.0f} s, written to {args.out}")
