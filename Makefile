@@ -24,7 +24,7 @@ MYPY_STRICT := broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspac
 	broker/keyspace/wal.py broker/keyspace/persisted.py broker/keyspace/changes.py broker/keyspace/change_codec.py broker/keyspace/request_checks.py broker/keyspace/embedded_watch.py \
 	broker/fragment/verify.py broker/fragment/lost.py gazette_consumer/shard_retry.py
 
-.PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean bench
+.PHONY: all demo test lint typecheck pytest install system-deps pg-start pg-stop protos clean
 
 all: test
 
@@ -63,6 +63,15 @@ pg-stop:
 protos: install
 	$(PY) scripts/gen_protos.py
 
+## bench: every headline benchmark (benchmarks/bench_all.py, which starts its own durable
+## PostgreSQL, etcd and `gazette serve` processes): writes benchmarks/results.json and
+## regenerates the headline section of docs/benchmarks.md and its chart. QUICK=1: the same
+## figures from fewer rounds and shorter windows, in under 3 minutes.
+.PHONY: bench
+bench: install system-deps
+	$(PY) -c 'import matplotlib' 2>/dev/null || $(PIP) install --quiet -e '.[bench]'
+	$(PY) benchmarks/bench_all.py $(if $(QUICK),--quick)
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -79,14 +88,6 @@ pytest: install system-deps
 
 ## test: set up, provision etcd/PostgreSQL/Java, lint, type-check and run the whole suite.
 test: lint typecheck pytest
-
-## bench: every headline benchmark (benchmarks/bench_all.py, which starts its own durable
-## PostgreSQL, etcd and `gazette serve` processes): writes benchmarks/results.json and
-## regenerates the headline section of docs/benchmarks.md and its chart. QUICK=1: the same
-## figures from fewer rounds and shorter windows, in under 3 minutes.
-bench: install system-deps
-	$(PY) -c 'import matplotlib' 2>/dev/null || $(PIP) install --quiet -e '.[bench]'
-	$(PY) benchmarks/bench_all.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf .tmp build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Start or stop a throwaway PostgreSQL cluster on a loopback port.
+# Start or stop a throwaway PostgreSQL cluster for the tests, on a loopback port.
 # initdb refuses to run as root, so the cluster belongs to an unprivileged user.
-# Usage: pg_cluster.sh start|stop DATA_DIR PORT [test|durable]
-#
-# Modes (start only):
-#   test (default): the unit tests' cluster. It runs with fsync=off, for test speed only: a
-#     commit there is not on disk when it returns, so no figure measured against it says what a
-#     user's PostgreSQL does. Never use it for benchmarks.
-#   durable: PostgreSQL's defaults a user runs with, stated explicitly: fsync=on,
-#     synchronous_commit=on, full_page_writes=on (benchmarks/bench_all.py uses this mode).
+# Usage: pg_cluster.sh start|stop DATA_DIR PORT
 set -euo pipefail
+# start takes a 4th argument, MODE:
+#   test (default): the unit tests' cluster, with fsync=off (and initdb --no-sync) for test speed
+#     only: a commit there is not on disk when it returns, so no figure measured against it
+#     says what a user's PostgreSQL does. Never benchmark against it.
+#   durable: what a user runs, stated explicitly: fsync=on, synchronous_commit=on,
+#     full_page_writes=on (benchmarks/bench_all.py starts one).
 action=$1; dir=$2; port=$3; mode=${4:-test}
 bin=/usr/lib/postgresql/15/bin
 pg_user=postgres
