@@ -116,11 +116,15 @@ def git(*args: str) -> str:
     ).stdout.strip()
 
 
-def git_state() -> tuple[str, bool]:
-    """The commit, and whether tracked files other than this run's outputs differ from it."""
-    commit = git("rev-parse", "HEAD")
-    excluded = [f":(exclude){p}" for p in OUTPUTS]
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded))
+def git_state() -> tuple[str, bool | None]:
+    """The commit, and whether tracked files other than this run's outputs differ from it
+    (outside a git checkout: "unknown", None)."""
+    try:
+        commit = git("rev-parse", "HEAD")
+        excluded = [f":(exclude){p}" for p in OUTPUTS]
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded))
+    except (subprocess.CalledProcessError, OSError):
+        return "unknown (not a git checkout)", None
     return commit, dirty
 
 
