@@ -7,19 +7,20 @@ raw grpc.aio client stream to a sink in another process (MB/s at 1 MiB messages,
         [--spools durable,memory] [--appenders 1,4] [--no-small] [--no-malloc-tuning]
         [--json FILE]
 
-Workloads: 1 MiB appends from one appender (and from `--appenders` more), and 1 KiB appends
-from 64 concurrent appenders, sent by this process straight to each journal's primary. Spools:
+Workloads: 1 MiB appends from one appender (and from `--appenders` more), and 1 KiB appends from
+64 concurrent appenders, sent by this process straight to each journal's primary. Spools:
 `durable` (the default: files under each broker's `--data-dir`, which ProcessCluster always
 gives, no `--fsync`), or `memory` (`--spool-memory`, never durable). Spools on tmpfs
 (`--spool-dir`) cannot be measured here any more: `gazette serve` refuses `--spool-dir` with
-`--data-dir`. Each figure is also printed as a ratio of the raw limit beside it, against the
-targets of issue #17 where it names one. Beside each figure: the CPU time the
-brokers spent per MiB appended (primary, then each replica), read from /proc, which says where
-the time goes and is less noisy than MB/s on a shared machine. This process (the client) tunes
-glibc's allocator as ``gazette serve`` does (broker/malloc_tuning.py), unless told not to: an
-untuned client page-faults every chunk-sized buffer anew, which doubles its CPU per MiB and
-makes it, not the brokers, the bottleneck of one appender. Etcd comes from
-broker/testing/etcd_server.py and the processes from broker/testing/process_cluster.py.
+`--data-dir`. The raw limits are measured before the workloads and again after them, and each
+figure is printed as a ratio of their mean, against the targets of issue #17 where it names one.
+Beside each figure: the CPU time the brokers spent per MiB appended (primary, then each
+replica), read from /proc, which says where the time goes and is less noisy than MB/s on a
+shared machine. This process (the client) tunes glibc's allocator as ``gazette serve`` does
+(broker/malloc_tuning.py), unless told not to: an untuned client page-faults every chunk-sized
+buffer anew, which doubles its CPU per MiB and makes it, not the brokers, the bottleneck of one
+appender. Etcd comes from broker/testing/etcd_server.py and the processes from
+broker/testing/process_cluster.py.
 """
 
 from __future__ import annotations
@@ -106,13 +107,34 @@ def verdict(kind: str, replication: int, ratio: float) -> str:
 
 
 async def run(args: argparse.Namespace, append: bytes, spools: list[str]) -> dict[str, Any]:
-    limits = await cross_process_limits(args.seconds)
-    print_limits("limits (client here, raw sink in another process):", limits)
-    out: dict[str, Any] = {"limits": limits, "spools": {}}
+    """The raw limits are measured before and after the workloads (a shared machine's speed
+    moves within seconds): their mean is what each figure is compared with."""
+    before = await cross_process_limits(args.seconds)
+    print_limits("limits before (client here, raw sink in another process):", before)
+    out: dict[str, Any] = {"spools": {}}
     for where in spools:
         persisted = "fragments persisted to a file:// store" if args.store else "no fragment store"
         print(f"{len(BROKERS)} gazette serve processes, etcd, spools {where}, {persisted}:")
-        out["spools"][where] = await workloads(args, append, SPOOL_ARGS[where], limits)
+        out["spools"][where] = await workloads(args, append, SPOOL_ARGS[where], before)
+    after = await cross_process_limits(args.seconds)
+    print_limits("limits after:", after)
+    limits = {key: (before[key] + after[key]) / 2 for key in before}
+    print_limits("limits (the mean of both), against which the targets are judged:", limits)
+    for where, figures in out["spools"].items():
+        for large in figures["large"]:
+            ratio = large["mib_s"] / limits["mb_s"]
+            kind = "large" if large["appenders"] == 1 else ""
+            print(
+                f"  {where}: R={large['replication']}, 1 MiB x {large['appenders']}: "
+                + verdict(kind, large["replication"], ratio)
+            )
+        for small in figures["small"]:
+            ratio = small["appends_s"] / limits["rpcs_s"]
+            print(
+                f"  {where}: R={small['replication']}, 1 KiB x {CONCURRENCY}: "
+                + verdict("small", small["replication"], ratio)
+            )
+    out.update(limits=limits, limits_before=before, limits_after=after)
     return out
 
 
@@ -147,8 +169,7 @@ async def workloads(
                     f"  R={replication}, {len(append) / (1 << 20):g} MiB x {appenders} appenders"
                     f"       {mb_s:9.1f} MB/s  ({count} appends; cpu ms/MiB: brokers "
                     f"{'/'.join(f'{v:.1f}' for v in brokers_cpu)} (primary first); client "
-                    f"{client_cpu:.1f}); "
-                    + verdict("large" if appenders == 1 else "", replication, ratio)
+                    f"{client_cpu:.1f}); " + f"{ratio:.2f} x the raw limit before"
                 )
                 figures["large"].append(
                     {
@@ -166,7 +187,7 @@ async def workloads(
             print(
                 f"  R={replication}, 1 KiB x {CONCURRENCY} appenders"
                 f"         {rate:9.0f} appends/s  ({small_mb_s:.2f} MB/s); "
-                + verdict("small", replication, rate / limits["rpcs_s"])
+                + f"{rate / limits['rpcs_s']:.2f} x the raw limit before"
             )
             figures["small"].append(
                 {"replication": replication, "appenders": CONCURRENCY, "appends_s": rate}

@@ -195,8 +195,9 @@ def broker_entries(figures: dict[str, Any]) -> list[Entry]:
         summary="3 `gazette serve` on etcd, durable spools, fragment store; client process; "
         f"{figures['conditions']['seconds']:g} s each",
     )
-    raw_stream = "raw grpc.aio stream of 1 MiB messages to a sink in another process"
-    raw_rpcs = "raw Append-shaped RPCs from 64 callers to a sink in another process"
+    when = " (the mean of measurements before and after the workloads)"
+    raw_stream = "raw grpc.aio stream of 1 MiB messages to a sink in another process" + when
+    raw_rpcs = "raw Append-shaped RPCs from 64 callers to a sink in another process" + when
     out = []
     for large in durable["large"]:
         if large["appenders"] != 1:
