@@ -70,7 +70,7 @@ protos: install
 .PHONY: bench
 bench: install system-deps
 	$(PY) -c 'import matplotlib' 2>/dev/null || $(PIP) install --quiet -e '.[bench]'
-	$(PY) benchmarks/bench_all.py $(if $(QUICK),--quick)
+	$(PY) benchmarks/bench_all.py $(if $(filter 1 yes true,$(QUICK)),--quick)
 
 lint: install
 	$(VENV)/bin/ruff check .
