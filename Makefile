@@ -74,6 +74,15 @@ pg-stop:
 protos: install
 	$(PY) scripts/gen_protos.py
 
+## bench: every headline benchmark (benchmarks/bench_all.py, which starts its own durable
+## PostgreSQL, etcd and `gazette serve` processes): writes benchmarks/results.json and
+## regenerates the headline section of docs/benchmarks.md and its chart. QUICK=1: the same
+## figures from fewer rounds and shorter windows, in under 3 minutes.
+.PHONY: bench
+bench: install system-deps
+	$(PY) -c 'import matplotlib' 2>/dev/null || $(PIP) install --quiet -e '.[bench]'
+	$(PY) benchmarks/bench_all.py $(if $(filter 1 yes true,$(QUICK)),--quick)
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

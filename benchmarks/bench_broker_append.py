@@ -3,12 +3,15 @@ the same run: SHA1 MB/s, a raw grpc.aio client stream's MB/s (1 MiB messages) an
 messages), and raw Append-shaped RPCs/s from 64 concurrent callers.
 
     .venv/bin/python benchmarks/bench_broker_append.py [--seconds 5] [--append-mib 1]
+        [--spools durable|temp|fsync]
 
 Two workloads: 1 MiB appends from one appender, and 1 KiB appends from 64 concurrent appenders.
 The broker, its client and the raw-gRPC baselines all share one process (and, through the GIL,
 mostly one core), so the ratio to the raw figures of the same run is the figure to compare.
 "cpu ms/MiB" is the process's CPU time (all threads) per MiB appended: less noisy than MB/s on
-a shared machine. benchmarks/bench_broker_cluster.py measures R=3 with broker processes.
+a shared machine. Spools are durable files under a data directory by default, as a broker run
+with `--data-dir` (the README's) keeps them; `--spools temp` measures the temporary files of a
+broker without one, `fsync` adds `--fsync`. benchmarks/bench_broker_cluster.py measures R=3 with broker processes.
 
 This module's limit functions are imported by bench_broker_cluster.py. `--sink-server` runs a
 raw gRPC sink in this process and prints its port: the cluster benchmark's cross-process limit.
@@ -254,10 +257,10 @@ async def main() -> None:
     )
     parser.add_argument(
         "--spools",
-        choices=["temp", "durable", "fsync"],
-        default="temp",
-        help="temporary spool files (no --data-dir), durable ones (--data-dir), or durable"
-        " and fdatasync'd before each acknowledgement (--data-dir --fsync)",
+        choices=["durable", "temp", "fsync"],
+        default="durable",
+        help="durable spool files (--data-dir, the default), temporary ones (no --data-dir), or"
+        " durable and fdatasync'd before each acknowledgement (--data-dir --fsync)",
     )
     parser.add_argument("--sink-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -2,9 +2,10 @@
 
 `CountApp` counts messages per key in memory (`consume_message`: one dict update) and writes
 the counts in `finalize_txn` (one upsert per key touched), publishing a `Summary` per
-transaction (or a `Derived` message per message, or nothing). Exactly-once, it reads the
-default source (read-committed) and commits through a `CountingSQLStore` with the checkpoint;
-at-least-once, it reads an `UncommittedSource` and writes through a `NoCheckpointStore`.
+transaction (or a `Derived` message per message, the message itself per message — `relay`, the
+first shard of a chain — or nothing). Exactly-once, it reads the default source
+(read-committed) and commits through a `CountingSQLStore` with the checkpoint; at-least-once,
+it reads an `UncommittedSource` and writes through a `NoCheckpointStore`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from gazette_consumer.stores.sql import SQLStore, create_checkpoints_table
 
 SOURCE = "bench/consumer-source"
 OUTPUT = "bench/consumer-output"
+# The output of a chain's first shard (relaying SOURCE), which its second shard reads.
+CHAIN = "bench/consumer-chain"
 READ_AHEAD_CHUNKS = 16  # As ReadCommittedIter's default read channel.
 
 _metadata = sa.MetaData()
@@ -67,10 +70,6 @@ class Derived(JSONMessage, kw_only=True):
 
     sensor: str = ""
     sequence: int = 0
-
-
-def _to_output(_message: Any) -> Partition:
-    return Partition(OUTPUT, CONTENT_TYPE_JSON_LINES)
 
 
 def _write_counts(connection: Connection, shard: str, counts: Mapping[str, int]) -> None:
@@ -252,7 +251,9 @@ class CountApp(Application):
 
     exactly_once: bool
     engine: Engine
-    publish: str  # per-txn | per-message | none
+    publish: str  # per-txn | per-message | relay | none
+    source: str = SOURCE  # The journal the shard reads.
+    output: str = OUTPUT  # The journal it publishes to.
     # perf_counter, process_time, thread_time (the event loop's thread) at the first txn.
     began_at: tuple[float, float, float] | None = None
     consumed: int = 0  # Counted at finalize, so that consume_message stays trivial.
@@ -276,7 +277,7 @@ class CountApp(Application):
     ) -> MessageSource | None:
         if self.exactly_once:
             return None
-        source = UncommittedSource(shard.journal_client, SOURCE, 0)
+        source = UncommittedSource(shard.journal_client, self.source, 0)
         self.sources.append(source)
         return source
 
@@ -297,6 +298,8 @@ class CountApp(Application):
         if self.publish == "per-message":
             derived = Derived(sensor=key, sequence=envelope.message.sequence)
             await self._publish(publisher, derived)
+        elif self.publish == "relay":
+            await self._publish(publisher, envelope.message)
 
     async def finalize_txn(
         self, shard: Shard, store: Any, publisher: Publisher[AsyncAppend]
@@ -311,11 +314,15 @@ class CountApp(Application):
                 publisher, Summary(shard=shard.id, messages=consumed, keys=len(counts))
             )
 
+    def __post_init__(self) -> None:
+        partition = Partition(self.output, CONTENT_TYPE_JSON_LINES)
+        self._to_output: Callable[[Any], Partition] = lambda _message: partition
+
     async def _publish(self, publisher: Publisher[AsyncAppend], message: Any) -> None:
         if self.exactly_once:
-            await publisher.publish_uncommitted(_to_output, message)
+            await publisher.publish_uncommitted(self._to_output, message)
         else:
-            await publisher.publish_committed(_to_output, message)
+            await publisher.publish_committed(self._to_output, message)
 
 
 async def prepare(engine: Engine) -> Engine:
