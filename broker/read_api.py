@@ -294,9 +294,13 @@ async def _store_content(
     except FragmentNotFoundError as err:
         raise missing_fragment_error(fragment, err) from err
     # Verified against the fragment's name as it is read (FragmentIntegrityError).
-    reader = FragmentContentReader(
-        raw, fragment, offset, chunk_bytes_max=chunk_bytes_max, store=fragment.backing_store
-    )
+    try:
+        reader = FragmentContentReader(
+            raw, fragment, offset, chunk_bytes_max=chunk_bytes_max, store=fragment.backing_store
+        )
+    except BaseException:
+        await raw.aclose()
+        raise
     try:
         while data := await reader.read():
             yield data

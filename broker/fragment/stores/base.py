@@ -192,7 +192,10 @@ class BlockingReader(FragmentReader):
         return await asyncio.to_thread(self._raw.read, size)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self._raw.close)
+        # Closing runs to completion even if the caller is cancelled meanwhile (a reader that
+        # stopped reading, a cancelled RPC): a plain to_thread cancelled before a worker picked
+        # it up would never close, leaving the file to the collector.
+        await run_to_completion(self._raw.close)
 
 
 class BytesReader(FragmentReader):
