@@ -27,7 +27,9 @@ other client:
 - The ``Authorization`` header of a request travels with its RPCs (see `broker.auth`), so a
   broker requiring tokens requires them of HTTP clients too.
 - ``/debug/metrics``: Prometheus text. ``/debug/ready``: 200 once the broker serves, 503 while
-  it starts or stops (``ready``).
+  it starts or stops (``ready``); its body then lists each fragment store the broker checks and
+  its health (``store_health``: a store's error does not make the broker unready, since every
+  broker shares the store).
 - With ``start(..., tls=...)`` the gateway serves HTTPS (the broker's certificate, under
   ``gazette serve --tls-cert``), requiring client certificates when the TLS has a client CA;
   ``attach(..., tls=...)`` is what it dials an ``https://`` broker with.
@@ -229,6 +231,7 @@ class HttpGateway:
         client: JournalClient | None = None,
         *,
         ready: Callable[[], bool] = lambda: True,
+        store_health: Callable[[], list[tuple[str, str | None]]] = list,
         registry: CollectorRegistry = REGISTRY,
         append_bytes_max: int = append_bytes_max_default,
         body_chunk_bytes: int = body_chunk_bytes_default,
@@ -242,6 +245,7 @@ class HttpGateway:
         self._read_attempts_max = read_attempts_max
         self.client = client
         self._ready = ready
+        self._store_health = store_health
         self._registry = registry
         self._append_bytes_max = append_bytes_max
         self._body_chunk_bytes = body_chunk_bytes
@@ -302,9 +306,13 @@ class HttpGateway:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _readiness(self, request: web.Request) -> web.Response:
+        stores = "".join(
+            f"\nfragment store {url}: " + ("healthy" if error is None else f"unhealthy: {error}")
+            for url, error in self._store_health()
+        )
         if self._ready():
-            return _text(200, "ready")
-        return _text(503, "not ready: the broker is starting or stopping")
+            return _text(200, "ready" + stores)
+        return _text(503, "not ready: the broker is starting or stopping" + stores)
 
     # --- Journals ---
 

@@ -279,7 +279,11 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
     task_dump.install(loop)  # SIGUSR1: what every task waits on, to the log.
     # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
-    gateway = HttpGateway(ready=broker.is_ready) if args.http_port is not None else None
+    gateway = (
+        HttpGateway(ready=broker.is_ready, store_health=broker.store_health.report)
+        if args.http_port is not None
+        else None
+    )
     if gateway is not None:
         await gateway.start(args.host, args.http_port, tls=args.server_tls)
     await broker.start()

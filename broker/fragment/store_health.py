@@ -26,6 +26,10 @@ A store is checked from the first time it is asked about. Checks of a store nobo
 for ``idle_stop_s`` stop (its next question starts them again, as a first check), and at most
 ``monitored_stores_max`` stores are checked at once: a question about another store is
 answered with StoreHealthLimitError rather than start checks of every URL a client names.
+
+``report()`` lists the checked stores and their health; the HTTP gateway shows it under
+``/debug/ready``. A broker stays ready while a store is unhealthy: the store is every broker's,
+and taking brokers out of rotation would not bring it back.
 """
 
 from __future__ import annotations
@@ -204,6 +208,14 @@ class StoreHealthMonitor:
         self._health: dict[str, StoreHealth] = {}
         self._unstarted: list[StoreHealth] = []
         self._tg: asyncio.TaskGroup | None = None
+
+    def report(self) -> list[tuple[str, str | None]]:
+        """(url, error or None if healthy) of every store checked now, by URL: what
+        ``/debug/ready`` shows. A store whose first check is pending is reported with that."""
+        return [
+            (url, None if health.error is None else str(health.error))
+            for url, health in sorted(self._health.items())
+        ]
 
     def has_room_for(self, url: str) -> bool:
         """Whether ``status(url)`` would check the store (it is checked already, or the broker

@@ -228,6 +228,27 @@ async def test_a_client_that_disconnects_mid_body_appends_nothing() -> None:
         await stop_env(env, client)
 
 
+async def test_readiness_lists_the_fragment_stores_and_their_health() -> None:
+    report: list[tuple[str, str | None]] = [("file:///a/", None), ("s3://b/", "PUT failed")]
+    ready = False
+    env, client = await start_env(ready=lambda: ready, store_health=lambda: report)
+    try:
+        status, _, body = await env.get("debug/ready")
+        assert status == 503
+        assert body.decode().endswith(
+            "\nfragment store file:///a/: healthy\nfragment store s3://b/: unhealthy: PUT failed\n"
+        )
+        ready = True  # An unhealthy store does not make the broker unready: it is every broker's.
+        status, _, body = await env.get("debug/ready")
+        assert (status, body.decode()) == (
+            200,
+            "ready\nfragment store file:///a/: healthy\n"
+            "fragment store s3://b/: unhealthy: PUT failed\n",
+        )
+    finally:
+        await stop_env(env, client)
+
+
 async def test_readiness_and_metrics() -> None:
     ready = False
     env, client = await start_env(ready=lambda: ready)

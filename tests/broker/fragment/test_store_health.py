@@ -315,3 +315,15 @@ async def test_the_rpc_builds_no_store_past_the_limit(env: Env) -> None:
     assert response.status == pb.FRAGMENT_STORE_UNHEALTHY
     assert "already checks 1 stores" in response.store_health_error
     assert list(env.stores) == []  # No store was built for the URL (nor for STORE yet).
+
+
+async def test_the_report_lists_each_checked_store_and_its_health(
+    env: Env, monitor: StoreHealthMonitor
+) -> None:
+    other = "memory://other/root/"
+    assert monitor.report() == []  # Nothing asked about, nothing checked.
+    env.store(other).fail_put = True
+    assert await next_status(monitor, STORE) is None
+    error = await next_status(monitor, other)
+    assert error is not None
+    assert monitor.report() == [(STORE, None), (other, str(error))]  # By URL.
