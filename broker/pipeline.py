@@ -37,7 +37,7 @@ import grpc
 
 from broker import metrics
 from broker.client.route_cache import (
-    open_channel,
+    ChannelPool,
     reconnect_backoff_initial_ms,
     reconnect_backoff_max_ms,
 )
@@ -68,6 +68,9 @@ peer_send_timeout_s_default = 30.0
 # they are sent to peers (see ``Pipeline.scatter_content``). Below it, the hand-off costs more
 # than the overlap saves.
 local_offload_bytes_min = 64 << 10
+# Channels a broker keeps to its peers (one per endpoint; the least recently used is closed
+# past it). Far above any cluster's broker count, so that it never closes a live pipeline's.
+peer_channels_max_default = 1024
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", message_bytes_max),
@@ -120,19 +123,23 @@ class Dialer:
         interceptors: list[grpc.aio.ClientInterceptor] | None = None,
         *,
         tls: ClientTls | None = None,
+        channels_max: int = peer_channels_max_default,
     ) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._interceptors = interceptors or None  # E.g. broker.auth's token signing.
-        self._tls = tls
+        # Bounded (least recently used closed first), and channels to peers unreachable for a
+        # while are dropped: brokers that come back on new endpoints (new pods, new ports) do
+        # not leave a channel each behind for the broker's lifetime.
+        self._channels = ChannelPool(
+            channels_max=channels_max,
+            interceptors=interceptors or (),  # E.g. broker.auth's token signing.
+            tls=tls,
+            options=_CHANNEL_OPTIONS,
+        )
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
-        channel = self._channels.get(endpoint)
-        if channel is None:
-            channel = open_channel(
-                endpoint, options=_CHANNEL_OPTIONS, interceptors=self._interceptors, tls=self._tls
-            )
-            self._channels[endpoint] = channel
-        return channel
+        return self._channels.get(endpoint)
+
+    def __len__(self) -> int:
+        return len(self._channels)
 
     def stub(self, endpoint: str) -> pbg.JournalStub:
         return pbg.JournalStub(self._channel(endpoint))
@@ -158,9 +165,7 @@ class Dialer:
         )()
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close()
+        await self._channels.close()
 
 
 @dataclass

@@ -140,16 +140,18 @@ class ChannelPool:
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
         tls: ClientTls | None = None,
         clock: Callable[[], float] = time.monotonic,
+        options: Sequence[tuple[str, object]] = CHANNEL_OPTIONS,
     ) -> None:
         if channels_max < 1:
             raise ValueError(f"channels_max: must be >= 1 (got {channels_max})")
         self._channels_max = channels_max
+        self._options = options
         self._interceptors = list(interceptors) or None
         self.tls = tls
         self._clock = clock
         self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
-        # Evicted channels are closed by the next `close`/`prune` await, since closing is
-        # async and `get` is not; at most `channels_max` wait there.
+        # Channels evicted or dropped while no event loop ran, closed by the next `prune` or
+        # `close` (with a loop, they are closed at once in the background: `_closing`).
         self._evicted: list[grpc.aio.Channel] = []
         # Endpoints found unreachable by a sweep, and when they first were.
         self._unreachable_since: dict[str, float] = {}
@@ -168,11 +170,14 @@ class ChannelPool:
         if channel is not None:
             self._channels.move_to_end(endpoint)
             return channel
-        channel = open_channel(endpoint, interceptors=self._interceptors, tls=self.tls)
+        channel = open_channel(
+            endpoint, options=self._options, interceptors=self._interceptors, tls=self.tls
+        )
         self._channels[endpoint] = channel
         if len(self._channels) > self._channels_max:
-            _, evicted = self._channels.popitem(last=False)
-            self._evicted.append(evicted)
+            evicted_endpoint, evicted = self._channels.popitem(last=False)
+            self._unreachable_since.pop(evicted_endpoint, None)
+            self._close_soon(evicted)
         return channel
 
     def stub(self, endpoint: str) -> pb_grpc.JournalStub:
@@ -195,7 +200,8 @@ class ChannelPool:
                 self._close_soon(channel)
 
     def _close_soon(self, channel: grpc.aio.Channel) -> None:
-        # Nothing runs on an unreachable channel (its RPCs failed at once): close it now.
+        # An unreachable channel runs nothing (its RPCs failed at once), and an evicted one is
+        # the least recently used of many: close it now, in the background (`get` is not async).
         try:
             task = asyncio.get_running_loop().create_task(channel.close())
         except RuntimeError:  # No running loop: closed by the next prune() or close().

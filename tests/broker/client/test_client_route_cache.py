@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
+import grpc.aio
 import pytest
 
 from broker.client.route_cache import (
@@ -13,6 +17,7 @@ from broker.client.route_cache import (
     grpc_target,
     pick_endpoint,
 )
+from broker.pipeline import Dialer
 from broker.protocol import protocol_pb2 as pb
 
 A = pb.ProcessSpec.ID(zone="zone-a", suffix="broker-a")
@@ -101,6 +106,12 @@ async def test_journal_client_dispatch() -> None:
     await client.close()
 
 
+async def _closed(channel: grpc.aio.Channel) -> None:
+    async with asyncio.timeout(10):
+        while (state := channel.get_state()) is not grpc.ChannelConnectivity.SHUTDOWN:
+            await channel.wait_for_state_change(state)
+
+
 async def test_channel_pool_is_bounded() -> None:
     pool = ChannelPool(channels_max=2)
     first = pool.get("http://127.0.0.1:1")
@@ -108,8 +119,18 @@ async def test_channel_pool_is_bounded() -> None:
     pool.get("http://127.0.0.1:2")
     pool.get("http://127.0.0.1:3")  # Evicts the least recently used (the first).
     assert len(pool) == 2
+    await _closed(first)  # Closed in the background, not left open until the pool closes.
     assert pool.get("http://127.0.0.1:1") is not first
     await pool.close()
     assert len(pool) == 0
     with pytest.raises(ValueError):
         ChannelPool(channels_max=0)
+
+
+async def test_a_brokers_peer_channels_are_bounded() -> None:
+    dialer = Dialer(channels_max=2)
+    for port in (1, 2, 3):
+        dialer.stub(f"http://127.0.0.1:{port}")
+    assert len(dialer) == 2  # One per endpoint, the least recently used closed past the bound.
+    await dialer.close()
+    assert len(dialer) == 0
