@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -286,7 +287,16 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     if gateway is not None:
         await gateway.start(args.host, args.http_port, tls=args.server_tls)
-    await broker.start()
+    if not await _start_unless_stopped(broker, stop):
+        # Asked to exit while starting (waiting out a predecessor's lease, say): the start was
+        # abandoned (port and lease released); exit now rather than serve first.
+        log.info("broker stopped while starting", broker=repr(broker))
+        if gateway is not None:
+            await gateway.stop()
+        await backend.close()
+        if store is not None:
+            await store.close()
+        return
     freeze_startup_heap()  # Long-lived start-up objects out of full collections (gc_tuning).
     log.info("broker serving", endpoint=broker.endpoint)
     print(f"serving on {broker.endpoint}", flush=True)
@@ -322,6 +332,25 @@ async def _serve(args: argparse.Namespace) -> None:
         await backend.close()
         if store is not None:
             await store.close()
+
+
+async def _start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
+    """Start ``broker``; False if ``stop`` was set first (the start is then cancelled, which
+    releases what it took). Raises what made the start fail."""
+    starting = asyncio.ensure_future(broker.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+    if starting.cancelled():
+        return False
+    starting.result()  # Raises what made the start fail.
+    return True
 
 
 def _embedded_store(data_dir: str | None, fsync: bool) -> EmbeddedStore:

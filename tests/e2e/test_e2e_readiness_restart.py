@@ -30,7 +30,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
 from broker.protocol.status import GazetteError, JournalNotFoundError
-from broker.testing.process_cluster import BrokerProcess, ProcessCluster
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster, ProcessClusterError
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -217,3 +217,38 @@ async def test_restarted_broker_answers_unavailable_until_it_knows_the_cluster(
         await asyncio.gather(appending, restart, return_exceptions=True)
         await channel.close()
         await restarted.close()
+
+
+# The lease the restarted broker waits out in the next test: far longer than it may take to exit.
+LONG_LEASE_TTL_S = 60
+exit_bound_s = 15.0
+
+
+async def test_a_broker_asked_to_exit_while_it_starts_exits_at_once() -> None:
+    async with ProcessCluster([("z1", "broker-1")], lease_ttl_s=LONG_LEASE_TTL_S) as cluster:
+        victim = cluster.broker("broker-1")
+        port = int(victim.endpoint.rsplit(":", 1)[1])
+        cluster.extra_args = ["--port", str(port)]  # The same port: we know when it binds.
+        await cluster.kill(victim)
+        restart = asyncio.create_task(cluster.start_broker(victim))
+        channel = grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}",
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 50),
+                ("grpc.max_reconnect_backoff_ms", 200),
+            ],
+        )
+        try:
+            # Bound, and waiting out its predecessor's lease (a minute) before it can announce.
+            await asyncio.wait_for(channel.channel_ready(), bind_wait_s)
+            assert not restart.done()
+            code, took_s = await cluster.terminate(victim, timeout_s=exit_bound_s)
+            assert code == 0, victim.log_tail()
+            assert took_s < exit_bound_s
+            with pytest.raises(ProcessClusterError):
+                await restart  # It never served.
+            assert "stopped while starting" in victim.log_tail()
+        finally:
+            restart.cancel()
+            await asyncio.gather(restart, return_exceptions=True)
+            await channel.close()
