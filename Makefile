@@ -8,7 +8,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-PG_PORT ?= 55432
+# Below the kernel's ephemeral port range (32768-60999 on Linux): no outgoing connection can
+# hold it when the cluster starts.
+PG_PORT ?= 25432
 PG_DIR := /tmp/gazette-test-pg-$(PG_PORT)
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
