@@ -34,6 +34,7 @@ import grpc.aio
 import sqlalchemy.exc
 
 from broker.client.append_errors import AppendRetriesExhaustedError
+from broker.grpc_transport import send_failed
 from broker.keyspace.backend import UnavailableError
 from broker.protocol.status import GazetteError, JournalNotFoundError
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
@@ -104,7 +105,7 @@ def _transience_of(err: BaseException) -> Transience | None:
     if isinstance(err, GazetteError):
         return Transience.TRANSIENT if err.retriable else Transience.PERMANENT
     if isinstance(err, grpc.aio.AioRpcError):
-        transient = err.code() in TRANSIENT_GRPC_CODES
+        transient = err.code() in TRANSIENT_GRPC_CODES or send_failed(err)
         return Transience.TRANSIENT if transient else Transience.PERMANENT
     return None
 

@@ -36,6 +36,7 @@ import grpc
 import grpc.aio
 
 from broker.client.route_cache import JournalClient
+from broker.grpc_transport import send_failed
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import encode_append_content, passthrough_serializer
@@ -238,11 +239,14 @@ class Appender:
             await self.commit()
 
 
-def _retriable(err: BaseException) -> bool:
+def retriable(err: BaseException) -> bool:
+    """Whether `append` tries a failed attempt again: the broker says so, or it was
+    unreachable (or the connection to it broke)."""
     if isinstance(err, GazetteError):
         return err.retriable
     if isinstance(err, grpc.aio.AioRpcError):
-        return err.code() == grpc.StatusCode.UNAVAILABLE
+        # A broken connection (broker killed or restarting) shows as either.
+        return err.code() == grpc.StatusCode.UNAVAILABLE or send_failed(err)
     return False
 
 
@@ -276,7 +280,7 @@ async def append(
                 raise AppenderStateError("append finished without a response")
             return appender.response
         except Exception as err:
-            if not _retriable(err) or attempt >= attempts_max:
+            if not retriable(err) or attempt >= attempts_max:
                 raise
             if isinstance(err, grpc.aio.AioRpcError):
                 # The broker we sent to may be gone: ask the default broker next time.

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from broker.grpc_transport import send_failed
 from broker.keyspace import backend as b
 from broker.keyspace.etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from broker.logging import get_logger
@@ -82,10 +83,6 @@ _stale_token_errors = ("invalid auth token", "revision of auth store is old")
 auth_refreshes_max = 1
 # How long the probe that learns why a connection failed (a TLS handshake, say) may take.
 _failure_probe_s = 1.0
-# What grpc.aio reports (as INTERNAL) when it could not send a message on a stream, e.g. the
-# first of a Watch or LeaseKeepAlive stream opened on a connection that just broke (etcd
-# restarting). A failure of the transport, not an answer of etcd's, which never says this.
-_CORE_SEND_FAILED = "Internal error from Core"
 
 T = TypeVar("T")
 
@@ -708,10 +705,9 @@ def _op_result(r: rpc_pb2.ResponseOp) -> tuple[b.KeyValue, ...] | int | None:
 def _transport_failed(err: grpc.aio.AioRpcError) -> bool:
     """Whether ``err`` is the transport's failure (retried elsewhere or later), not etcd's
     answer."""
-    code = err.code()
-    return code in _unavailable_codes or (
-        code == grpc.StatusCode.INTERNAL and err.details() == _CORE_SEND_FAILED
-    )
+    # send_failed: e.g. the first message of a Watch or LeaseKeepAlive stream opened on a
+    # connection that just broke (etcd restarting); etcd itself never answers that.
+    return err.code() in _unavailable_codes or send_failed(err)
 
 
 def _describe(err: grpc.aio.AioRpcError) -> str:

@@ -160,8 +160,8 @@ class RegisterMismatch(Exception):
     """Stands in for the cause of a fenced recorder (any cause: fencing decides first)."""
 
 
-def _rpc(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata())
+def _rpc(code: grpc.StatusCode, details: str | None = None) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
 
 @pytest.mark.parametrize(
@@ -202,6 +202,16 @@ def _rpc(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
             ),
             Transience.TRANSIENT,
         ),
+        (
+            # Found by the soak: a recorder's append on a connection a broker kill just broke.
+            _failed(
+                "store commit",
+                RecorderFailedError("append"),
+                _rpc(grpc.StatusCode.INTERNAL, "Internal error from Core"),
+            ),
+            Transience.TRANSIENT,
+        ),
+        (_rpc(grpc.StatusCode.INTERNAL, "a broker's own INTERNAL answer"), Transience.PERMANENT),
         (
             _failed(
                 "store commit",
