@@ -524,6 +524,16 @@ class EtcdBackend(b.Backend):
                 self._fail_over(index, last)
                 if not idempotent:
                     raise last from err
+            except asyncio.InvalidStateError as err:
+                # grpc.aio's answer to a write on a stream whose RPC already ended: the
+                # connection broke before the request went out (etcd restarting), as above.
+                last = b.UnavailableError(
+                    f"etcd {rpc} at {self._targets[index]}: the stream ended before its request"
+                    f" was written ({err})"
+                )
+                self._fail_over(index, last)
+                if not idempotent:
+                    raise last from err
             except b.UnavailableError as err:
                 last = err
                 self._fail_over(index, err)

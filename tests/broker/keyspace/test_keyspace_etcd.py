@@ -471,3 +471,26 @@ async def test_a_message_grpc_could_not_send_is_retried_not_fatal(backend: EtcdB
 
     with pytest.raises(EtcdError):
         await backend._call("Range", etcd_says_internal, idempotent=True)
+
+
+async def test_a_write_on_a_stream_that_already_ended_is_retried_not_fatal(
+    backend: EtcdBackend,
+) -> None:
+    # Found by the 30-minute soak: etcd restarted as a consumer re-opened its Watch; grpc.aio
+    # refused to write the create request on the stream that had already ended
+    # (InvalidStateError "RPC already finished"), the keyspace watch died of it, and so did
+    # the consumer process.
+    calls = 0
+
+    async def stream_already_ended_once(_conn: object) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise asyncio.InvalidStateError("RPC already finished.")
+        return "opened"
+
+    assert await backend._call("Watch", stream_already_ended_once, idempotent=True) == "opened"
+    assert calls == 2
+    calls = 0
+    with pytest.raises(UnavailableError, match="stream ended before its request was written"):
+        await backend._call("Txn", stream_already_ended_once)  # Not re-sent; retriable.
