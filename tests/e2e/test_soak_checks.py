@@ -4,7 +4,8 @@ broke, and nothing is reported when nothing broke.
 - `fold` (the summer's sequence rule): gaps, repeats and chunks after a stream's end raise
   `SequenceViolation` naming the stream, the expected and the observed chunk;
 - `SumVerifier`: mismatched, duplicate, late and unexpected sums;
-- `ContentLedger`: brokers disagreeing, content lost or rewritten between checks, torn lines;
+- `ContentLedger`: brokers disagreeing, content lost or rewritten between checks, torn lines,
+  for whole reads and for reads from near the end of what was verified;
 - the report's percentiles and summary table.
 """
 
@@ -15,7 +16,8 @@ import math
 import pytest
 
 from examples.stream_sum.messages import Chunk, SequenceViolation, StreamState, Sum, fold
-from examples.stream_sum.soak.checks import ContentLedger
+from examples.stream_sum.soak import checks
+from examples.stream_sum.soak.checks import ContentLedger, Read
 from examples.stream_sum.soak.report import FaultRecord, percentile, summary
 from examples.stream_sum.verifier import SumVerifier
 
@@ -153,9 +155,45 @@ def test_ledger_reports_content_lost_and_rewritten_since_the_last_check() -> Non
     assert ledger.check("log", {"a/gRPC": b"0123456789"}) == []
     lost = ledger.check("log", {"a/gRPC": b"01234", "b/gRPC": b"0123456789"})
     assert [f.kind for f in lost] == ["content lost"]
-    assert "a/gRPC reads 5 bytes; 10 were verified before" in lost[0].detail
+    assert "a/gRPC reads to offset 5; 10 bytes were verified before" in lost[0].detail
     rewritten = ledger.check("log", {"a/gRPC": b"01234x6789abc"})
     assert [f.kind for f in rewritten] == ["content rewritten"]
+
+
+def test_ledger_checks_reads_from_near_the_end_against_what_was_verified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(checks, "overlap_bytes", 4)  # A small tail, to see it at work.
+    ledger = ContentLedger(set())
+    assert ledger.check("log", {"a/gRPC": b"0123456789"}) == []
+    start = ledger.read_start("log")
+    assert start == 6
+    # Every source but one reads from near the end; the whole read vouches for the prefix.
+    grown = {"a/gRPC": Read(start, b"6789abc"), "b/HTTP": Read(0, b"0123456789ab")}
+    assert ledger.check("log", grown) == []
+    assert ledger.verified_length("log") == 13
+    # The tail a late read repeats must be what was verified: a rewrite inside it is caught.
+    rewritten = ledger.check("log", {"a/gRPC": Read(9, b"9aXcdef")})
+    assert [f.kind for f in rewritten] == ["content rewritten"]
+    # A rewrite below the tail is caught by the next whole read, against the prefix's SHA-1.
+    below = ledger.check("log", {"a/gRPC": Read(9, b"9abcd"), "b/gRPC": Read(0, b"0X23456789abcd")})
+    assert [f.kind for f in below] == ["content rewritten"]  # The late read agrees with it.
+    # A late read that ends before what was verified: content lost.
+    lost = ledger.check("log", {"a/gRPC": Read(9, b"9a")})
+    assert [f.kind for f in lost] == ["content lost"]
+    # Nothing of these was verified; a good late read goes on from 13.
+    assert ledger.check("log", {"a/gRPC": Read(9, b"9abcdef")}) == []
+    assert ledger.verified_length("log") == 16
+
+
+def test_ledger_checks_json_lines_from_a_late_read() -> None:
+    ledger = ContentLedger({"j"})
+    assert ledger.check("j", {"a/gRPC": LINES}) == []
+    more = b'{"UUID":"u3"}\n'
+    late = ledger.read_start("j")  # 0: the journal is shorter than the tail.
+    assert ledger.check("j", {"a/gRPC": Read(late, (LINES + more)[late:])}) == []
+    torn = ledger.check("j", {"a/gRPC": Read(0, LINES + more + b'{"UUID"')})
+    assert [f.kind for f in torn] == ["torn content"]
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,20 @@
 """What the soak checks after each fault: journals readable whole, the same through every broker
 and over both APIs, and never rewritten; appends possible again (and how soon).
 
-- `read_grpc` reads a journal from offset 0 to its write head *through one broker* (a Read RPC
-  sent to that broker, which serves it or proxies it to a replica; persisted fragments are read
-  from the store by the broker), and `read_http` the same through that broker's HTTP gateway.
-  Transient failures are retried from the offset reached, a bounded number of times. An offset
-  jump (content missing) is an error of its own, `ContentGapError`.
-- `ContentLedger` compares what each (broker, API) read: every read must be a prefix of the
-  longest, and extend what the previous check verified, byte for byte (a journal whose content
-  shrank or changed lost acknowledged bytes, or had an offset written twice). JSON-lines
-  journals must hold whole, decodable lines with a UUID each. Persisted fragments (the
-  Fragments RPC) must hold exactly the content at their offsets.
+- `read_grpc` reads a journal from an offset (0: whole) to its write head *through one broker*
+  (a Read RPC sent to that broker, which serves it or proxies it to a replica; persisted
+  fragments are read from the store by the broker), and `read_http` the same through that
+  broker's HTTP gateway. Transient failures are retried from the offset reached, a bounded
+  number of times. An offset jump (content missing) is an error of its own, `ContentGapError`.
+- `ContentLedger` compares what each (broker, API) read (a `Read`: its start and content):
+  every read must agree with the one reaching furthest where they overlap, and extend what the
+  previous check verified, byte for byte (a journal whose content shrank or changed lost
+  acknowledged bytes, or had an offset written twice). A read from 0 is checked against the
+  SHA-1 of everything verified before; a read from near the end (the soak's checks between
+  whole reads, which would otherwise grow with the journals) against the last
+  `overlap_bytes` verified. JSON-lines journals must hold whole, decodable lines with a UUID
+  each. Persisted fragments (the Fragments RPC) must hold exactly the content at their offsets
+  (`check_fragments`: each fragment once, when a read covers it).
 - `probe_append` appends nothing (an empty append is a write barrier that still goes through
   the journal's primary and its replication pipeline) until one succeeds: how long appends to a
   journal were impossible.
@@ -23,7 +27,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import aiohttp
 import grpc
@@ -40,6 +44,7 @@ from examples.stream_sum.verifier import Finding
 __all__ = [
     "ContentGapError",
     "ContentLedger",
+    "Read",
     "ReadFailedError",
     "check_fragments",
     "probe_append",
@@ -57,6 +62,20 @@ read_rpc_timeout_s: Final = 30.0
 probe_attempt_timeout_s: Final = 5.0
 # Bytes of a journal quoted when its content is malformed.
 quote_bytes: Final = 120
+# A read that does not start at 0 starts this far before the end of what was verified, which it
+# must repeat byte for byte (and the ledger keeps that much of each journal).
+overlap_bytes: Final = 64 << 10
+
+
+class Read(NamedTuple):
+    """What one (broker, API) read of a journal: `content` from offset `start`."""
+
+    start: int
+    content: bytes
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.content)
 
 
 class ReadFailedError(RuntimeError):
@@ -95,13 +114,15 @@ async def _retrying(
     raise ReadFailedError(f"{what}: still failing after {read_attempts_max} attempts ({last})")
 
 
-async def read_grpc(channels: ChannelPool, endpoint: str, journal: str) -> bytes:
-    """`journal`'s content from 0 to its write head, read through the broker at `endpoint`."""
+async def read_grpc(channels: ChannelPool, endpoint: str, journal: str, start: int = 0) -> bytes:
+    """`journal`'s content from `start` to its write head, read through the broker at
+    `endpoint`."""
     out = bytearray()
     last_error: list[str] = []
 
     async def once() -> bool:
-        request = pb.ReadRequest(journal=journal, offset=len(out), block=False)
+        at = start + len(out)
+        request = pb.ReadRequest(journal=journal, offset=at, block=False)
         try:
             call = channels.stub(endpoint).Read(request, timeout=read_rpc_timeout_s)
             async for resp in call:
@@ -113,22 +134,25 @@ async def read_grpc(channels: ChannelPool, endpoint: str, journal: str) -> bytes
                 if resp.status != pb.OK:
                     raise ReadFailedError(
                         f"{journal} via {endpoint} (gRPC): {pb.Status.Name(resp.status)}"
-                        f" at offset {len(out)}"
+                        f" at offset {start + len(out)}"
                     )
-                if resp.offset != len(out) and (resp.content or resp.HasField("fragment")):
+                at = start + len(out)
+                if resp.offset != at and (resp.content or resp.HasField("fragment")):
                     raise ContentGapError(
-                        f"{journal} via {endpoint} (gRPC): read at {len(out)} resolved to"
-                        f" {resp.offset}: bytes [{len(out)}, {resp.offset}) are missing"
+                        f"{journal} via {endpoint} (gRPC): read at {at} resolved to"
+                        f" {resp.offset}: bytes [{at}, {resp.offset}) are missing"
                     )
                 out.extend(resp.content)
             # Ended before the write head (a replica went away under the read): go on.
-            last_error[:] = [f"the stream ended at offset {len(out)}, before the write head"]
+            last_error[:] = [
+                f"the stream ended at offset {start + len(out)}, before the write head"
+            ]
             return False
         except grpc.aio.AioRpcError as err:
             if err.code() not in _TRANSIENT_GRPC:
                 raise ReadFailedError(
-                    f"{journal} via {endpoint} (gRPC) at offset {len(out)}: {err.code().name}"
-                    f" {err.details()}"
+                    f"{journal} via {endpoint} (gRPC) at offset {start + len(out)}:"
+                    f" {err.code().name} {err.details()}"
                 ) from None
             last_error[:] = [f"{err.code().name} {err.details()}"]
             return False
@@ -137,17 +161,20 @@ async def read_grpc(channels: ChannelPool, endpoint: str, journal: str) -> bytes
     return bytes(out)
 
 
-async def read_http(session: aiohttp.ClientSession, base: str, journal: str) -> bytes:
-    """`journal`'s content from 0 to its write head, read through the HTTP gateway at `base`
-    (GETs with ``block=false`` from the offset reached, until the gateway answers 416 at the
-    write head)."""
+async def read_http(
+    session: aiohttp.ClientSession, base: str, journal: str, start: int = 0
+) -> bytes:
+    """`journal`'s content from `start` to its write head, read through the HTTP gateway at
+    `base` (GETs with ``block=false`` from the offset reached, until the gateway answers 416 at
+    the write head)."""
     out = bytearray()
     last_error: list[str] = []
 
     async def once() -> bool:
         while True:
             url = f"{base}/{journal}"
-            params = {"offset": str(len(out)), "block": "false"}
+            at = start + len(out)
+            params = {"offset": str(at), "block": "false"}
             timeout = aiohttp.ClientTimeout(total=read_rpc_timeout_s)
             try:
                 async with session.get(url, params=params, timeout=timeout) as resp:
@@ -159,14 +186,13 @@ async def read_http(session: aiohttp.ClientSession, base: str, journal: str) -> 
                     if resp.status != 206:
                         text = (await resp.text()).strip()
                         raise ReadFailedError(
-                            f"{journal} via {base} (HTTP) at offset {len(out)}:"
-                            f" {resp.status} {text}"
+                            f"{journal} via {base} (HTTP) at offset {at}: {resp.status} {text}"
                         )
                     offset = _content_range_offset(resp.headers.get("Content-Range", ""))
-                    if offset != len(out):
+                    if offset != at:
                         raise ContentGapError(
-                            f"{journal} via {base} (HTTP): read at {len(out)} resolved to"
-                            f" {offset}: bytes [{len(out)}, {offset}) are missing"
+                            f"{journal} via {base} (HTTP): read at {at} resolved to"
+                            f" {offset}: bytes [{at}, {offset}) are missing"
                         )
                     body = await resp.read()
             except (aiohttp.ClientError, TimeoutError) as err:
@@ -174,7 +200,7 @@ async def read_http(session: aiohttp.ClientSession, base: str, journal: str) -> 
                 last_error[:] = [f"{type(err).__name__}: {err}"]
                 return False
             if not body:
-                last_error[:] = [f"an empty 206 at offset {len(out)}"]
+                last_error[:] = [f"an empty 206 at offset {at}"]
                 return False
             out.extend(body)
 
@@ -193,7 +219,8 @@ def _content_range_offset(header: str) -> int:
 @dataclass
 class _Verified:
     length: int
-    digest: bytes
+    prefix: hashlib._Hash  # SHA-1 of the content [0, length).
+    tail: bytes  # The content [length - len(tail), length).
 
 
 class ContentLedger:
@@ -207,49 +234,76 @@ class ContentLedger:
         v = self._verified.get(journal)
         return 0 if v is None else v.length
 
-    def check(self, journal: str, reads: Mapping[str, bytes]) -> list[Finding]:
-        """`reads`: what each source (e.g. ``broker-a1/gRPC``) read of `journal`."""
+    def read_start(self, journal: str) -> int:
+        """Where a read of `journal` that need not be whole starts: `overlap_bytes` before the
+        end of what was verified."""
+        return max(0, self.verified_length(journal) - overlap_bytes)
+
+    def check(self, journal: str, reads: Mapping[str, Read | bytes]) -> list[Finding]:
+        """`reads`: what each source (e.g. ``broker-a1/gRPC``) read of `journal` (bytes: read
+        from offset 0). Every read starts at most at `verified_length`."""
         if not reads:
             return [Finding("unreadable", f"{journal}: no broker could be read")]
+        got = {s: r if isinstance(r, Read) else Read(0, r) for s, r in reads.items()}
+        before = self._verified.get(journal)
+        length = before.length if before is not None else 0
+        for source, r in got.items():
+            if r.start > length:
+                raise ValueError(f"{journal}: {source} starts at {r.start}, past {length}")
         findings: list[Finding] = []
-        longest_source, longest = max(reads.items(), key=lambda kv: len(kv[1]))
-        for source, content in sorted(reads.items()):
-            if longest[: len(content)] != content:
-                at = _first_difference(longest, content)
+        # The furthest read (the earliest start among those): the others must agree with it.
+        ref_source, ref = max(got.items(), key=lambda kv: (kv[1].end, -kv[1].start))
+        for source, r in sorted(got.items()):
+            lo = max(r.start, ref.start)
+            mine = r.content[lo - r.start :]
+            theirs = ref.content[lo - ref.start : lo - ref.start + len(mine)]
+            if mine != theirs:
+                at = lo + _first_difference(theirs, mine)
                 findings.append(
                     Finding(
                         "content differs",
-                        f"{journal}: {source} and {longest_source} differ at offset {at}"
-                        f" ({source} read {len(content)} bytes, {longest_source} {len(longest)})",
+                        f"{journal}: {source} and {ref_source} differ at offset {at}"
+                        f" ({source} read [{r.start}, {r.end}), {ref_source}"
+                        f" [{ref.start}, {ref.end}))",
                     )
                 )
-        before = self._verified.get(journal)
         if before is not None:
-            for source, content in sorted(reads.items()):
-                if len(content) < before.length:
+            tail_start = length - len(before.tail)
+            for source, r in sorted(got.items()):
+                if r.end < length:
                     findings.append(
                         Finding(
                             "content lost",
-                            f"{journal}: {source} reads {len(content)} bytes; {before.length}"
+                            f"{journal}: {source} reads to offset {r.end}; {length} bytes"
                             " were verified before (acknowledged content is gone)",
                         )
                     )
-            if (
-                hashlib.sha1(longest[: before.length]).digest() != before.digest
-                and len(longest) >= before.length
-            ):
-                findings.append(
-                    Finding(
-                        "content rewritten",
-                        f"{journal}: the first {before.length} bytes changed since the last"
-                        " check (an offset written twice)",
+                    continue
+                if r.start == 0:
+                    rewritten = hashlib.sha1(r.content[:length]).digest() != before.prefix.digest()
+                else:
+                    lo = max(r.start, tail_start)
+                    rewritten = (
+                        r.content[lo - r.start : length - r.start] != before.tail[lo - tail_start :]
                     )
-                )
-        start = before.length if before is not None else 0
-        if journal in self._json and len(longest) > start:
-            findings.extend(_check_json_lines(journal, longest, start))
+                if rewritten:
+                    findings.append(
+                        Finding(
+                            "content rewritten",
+                            f"{journal}: {source}: content below offset {length} changed since"
+                            " the last check (an offset written twice)",
+                        )
+                    )
+        if journal in self._json and ref.end > length:
+            findings.extend(_check_json_lines(journal, ref, length))
         if not findings:
-            self._verified[journal] = _Verified(len(longest), hashlib.sha1(longest).digest())
+            prefix = before.prefix.copy() if before is not None else hashlib.sha1()
+            prefix.update(ref.content[length - ref.start :])
+            known = ref.content
+            if before is not None and ref.start > length - len(before.tail):
+                # The reads started late (a short read): the rest of the tail is the old one's.
+                known = before.tail[: ref.start - (length - len(before.tail))] + known
+            self._verified[journal] = _Verified(ref.end, prefix, known[-overlap_bytes:])
         return findings
 
 
@@ -260,12 +314,17 @@ class _Line(msgspec.Struct):
 _DECODE_LINE: Final = msgspec.json.Decoder(_Line)
 
 
-def _check_json_lines(journal: str, content: bytes, start: int) -> list[Finding]:
-    if start and content[start - 1 : start] != b"\n":
+def _check_json_lines(journal: str, read: Read, start: int) -> list[Finding]:
+    """The lines of `read` from journal offset `start` (>= read.start)."""
+    content, base = read.content, read.start
+    rel = start - base
+    # At rel 0 (start > 0) the byte before is not in this read: the previous check verified
+    # that a line ended there.
+    if rel > 0 and content[rel - 1 : rel] != b"\n":
         return [Finding("torn content", f"{journal}: no line ends at offset {start}")]
     offset = start
-    for line in content[start:].split(b"\n"):
-        if offset >= len(content):
+    for line in content[rel:].split(b"\n"):
+        if offset >= read.end:
             break
         try:
             _DECODE_LINE.decode(line)
@@ -290,10 +349,13 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return n
 
 
-async def check_fragments(client: JournalClient, journal: str, content: bytes) -> list[Finding]:
-    """Every persisted fragment of `journal` within `content` must hold exactly that content
-    (its SHA-1 sum); a fragment beyond `content` is fine (the journal grew since it was read).
-    A failed listing is a finding too."""
+async def check_fragments(
+    client: JournalClient, journal: str, read: Read, verified: set[tuple[int, int, bytes]]
+) -> list[Finding]:
+    """Every persisted fragment of `journal` within `read` must hold exactly that content (its
+    SHA-1 sum); a fragment beyond it is fine (the journal grew since it was read), and one
+    before its start is checked by a later read that covers it. `verified` holds the fragments
+    checked already (begin, end, SHA-1), each checked once. A failed listing is a finding too."""
     try:
         response = await list_all_fragments(
             client, pb.FragmentsRequest(journal=journal), timeout_s=read_rpc_timeout_s
@@ -303,9 +365,13 @@ async def check_fragments(client: JournalClient, journal: str, content: bytes) -
     out = []
     for f in response.fragments:
         spec = f.spec
-        if not spec.backing_store or spec.end > len(content) or spec.begin == spec.end:
+        if not spec.backing_store or spec.begin == spec.end:
             continue
-        if hashlib.sha1(content[spec.begin : spec.end]).digest() != digest_of_sum(spec.sum):
+        key = (spec.begin, spec.end, digest_of_sum(spec.sum))
+        if key in verified or spec.begin < read.start or spec.end > read.end:
+            continue
+        content = read.content[spec.begin - read.start : spec.end - read.start]
+        if hashlib.sha1(content).digest() != key[2]:
             out.append(
                 Finding(
                     "fragment differs",
@@ -313,6 +379,8 @@ async def check_fragments(client: JournalClient, journal: str, content: bytes) -
                     f" {spec.backing_store} does not hold the journal's content there",
                 )
             )
+        else:
+            verified.add(key)
     return out
 
 

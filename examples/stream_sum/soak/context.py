@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import aiohttp
 
@@ -29,6 +30,7 @@ from examples.stream_sum.chunker import Chunker
 from examples.stream_sum.soak.checks import (
     ContentGapError,
     ContentLedger,
+    Read,
     ReadFailedError,
     check_fragments,
     probe_append,
@@ -40,6 +42,10 @@ from examples.stream_sum.soak.stack import SoakStack, StackError
 from examples.stream_sum.verifier import Finding
 
 __all__ = ["ProgressTracker", "SoakContext", "Timeouts"]
+
+# Between the baseline and the final check, a journal is read whole (through one broker and API
+# in turn) at every this-many-th check; otherwise from near the end of what was verified.
+whole_read_every: Final = 4
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,10 @@ class SoakContext:
     ledger: ContentLedger = field(init=False)
     # Findings of the workload (chunker, verifier) already handed to a record.
     _taken: tuple[int, int] = (0, 0)
+    # Checks run so far (which journals are read whole by which source: see `check`).
+    _checks: int = 0
+    # Persisted fragments verified already, per journal (check_fragments).
+    _fragments: dict[str, set[tuple[int, int, bytes]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         json = {
@@ -234,38 +244,59 @@ class SoakContext:
 
     # --- Check ---
 
-    async def check(self, record: FaultRecord) -> None:
-        """Readability and consistency of every journal; the workload's findings."""
+    async def check(self, record: FaultRecord, *, whole: bool = False) -> None:
+        """Readability and consistency of every journal; the workload's findings.
+
+        With `whole` (the baseline and the final check), every journal is read from offset 0
+        through every broker and API. Otherwise, so that a check does not grow with the
+        journals (whole reads of all of them through 3 brokers x 2 APIs took minutes after
+        half an hour), every `whole_read_every`-th check of a journal reads it whole through
+        one (broker, API) in turn, and every other read starts `overlap_bytes` before the end
+        of what was verified: every source still reads every new byte and repeats the
+        verified tail, and the whole content is re-read through every source over the
+        rounds."""
         brokers = [b for b in self.stack.cluster.brokers if b.running and not b.paused]
         journals = self.stack.layout.journals()
+        sources = [(b, api) for b in brokers for api in ("gRPC", "HTTP")]
+        turn = self._checks
+        self._checks += 1
 
-        async def read(journal: str, session: aiohttp.ClientSession, channels: ChannelPool) -> None:
-            reads: dict[str, bytes] = {}
-            for b in brokers:
-                for api in ("gRPC", "HTTP"):
-                    try:
-                        if api == "gRPC":
-                            content = await read_grpc(channels, b.endpoint, journal)
-                        else:
-                            content = await read_http(session, b.http_endpoint, journal)
-                        reads[f"{b.suffix}/{api}"] = content
-                    except ReadFailedError as err:
-                        kind = "content gap" if isinstance(err, ContentGapError) else "unreadable"
-                        record.findings.append(Finding(kind, str(err)))
+        async def read(
+            index: int, journal: str, session: aiohttp.ClientSession, channels: ChannelPool
+        ) -> None:
+            reads: dict[str, Read] = {}
+            whole_source = -1
+            if whole:
+                whole_source = len(sources)  # Every one: see below.
+            elif (turn + index) % whole_read_every == 0 and sources:
+                whole_source = ((turn + index) // whole_read_every) % len(sources)
+            for i, (b, api) in enumerate(sources):
+                start = 0 if whole or i == whole_source else self.ledger.read_start(journal)
+                try:
+                    if api == "gRPC":
+                        content = await read_grpc(channels, b.endpoint, journal, start)
+                    else:
+                        content = await read_http(session, b.http_endpoint, journal, start)
+                    reads[f"{b.suffix}/{api}"] = Read(start, content)
+                except ReadFailedError as err:
+                    kind = "content gap" if isinstance(err, ContentGapError) else "unreadable"
+                    record.findings.append(Finding(kind, str(err)))
             record.findings.extend(self.ledger.check(journal, reads))
             if reads:
-                longest = max(reads.values(), key=len)
+                # The furthest of the reads from the earliest offset.
+                widest = min(reads.values(), key=lambda r: (r.start, -r.end))
                 client = self._fresh_client()
                 try:
-                    record.findings.extend(await check_fragments(client, journal, longest))
+                    verified = self._fragments.setdefault(journal, set())
+                    record.findings.extend(await check_fragments(client, journal, widest, verified))
                 finally:
                     await client.close()
 
         channels = ChannelPool(channels_max=len(brokers) + 1)  # Fresh: see _fresh_client.
         try:
             async with aiohttp.ClientSession() as session:
-                for journal in journals:
-                    await read(journal, session, channels)
+                for index, journal in enumerate(journals):
+                    await read(index, journal, session, channels)
         finally:
             await channels.close()
         record.findings.extend(self.take_findings())

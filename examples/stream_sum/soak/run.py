@@ -117,7 +117,7 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
                     layout.journals(),
                     [p.shard for p in layout.shards],
                 )
-                await ctx.check(baseline)
+                await ctx.check(baseline, whole=True)
                 out(baseline.line())
                 records.append(baseline)
                 next_kind = schedule(config, rng)
@@ -141,7 +141,7 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
                 await publishing
                 final = FaultRecord(index=index, kind="final", started_at=time.monotonic())
                 await _drain(verifier, tracker, config.sum_deadline_s, final)
-                await ctx.check(final)
+                await ctx.check(final, whole=True)
                 if publishing.done() and (err := publishing.exception()) is not None:
                     final.findings.append(Finding("chunker failed", repr(err)))
                 if reader.done() and (err := reader.exception()) is not None:
