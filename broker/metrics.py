@@ -73,7 +73,9 @@ SPOOL_RECOVERY: Final = Counter(
     "gazette_spool_recovery_fragments_total",
     "Fragments a restarted broker found in its durable spools (--data-dir), by outcome:"
     " adopted (its content is the journal's: indexed, and persisted once complete), redundant"
-    " (the store already held it), stale (the journal went on without this broker) and corrupt"
+    " (the store already held it), kept (completed fragments kept while the open one was set"
+    " aside: the journal went on after them), stale (the journal went on without this broker)"
+    " and corrupt"
     " (no commit record verified against the content). Stale and corrupt ones are set aside"
     " under <data-dir>/spool-quarantine, never persisted.",
     ["outcome"],

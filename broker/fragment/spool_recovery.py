@@ -29,11 +29,18 @@ the decisions once the journal is assigned to this broker again.
 
    a. *The store check* (`store_verdict`), against the replica's first fresh store listing: a
       persisted fragment identical to a recovered one (same offsets and SHA1: same name) makes
-      that one redundant, and it is dropped. Any other persisted fragment ending past the begin
-      of the remaining recovered fragments (the open one included, even empty) means the
-      journal was written on without this broker: all of it is set aside, and the replica
-      starts with a fresh spool (offset zero, no registers), as a broker without a data
-      directory does.
+      that one redundant, and it is dropped. Any other persisted fragment overlapping the
+      remaining completed fragments means the journal holds other bytes at their offsets: all
+      of it is set aside, and the replica starts with a fresh spool (offset zero, no
+      registers), as a broker without a data directory does. A persisted fragment ending past
+      the open fragment's begin (even empty), and overlapping no completed one, means the
+      journal was written on without this broker from there: the open fragment is set aside,
+      but the completed fragments are kept, indexed and persisted. A completed fragment holds
+      only content that every replica of its pipeline acknowledged (a primary proposes the
+      roll that completes a fragment only after every replica acknowledged the commits before
+      it), so it is the journal's content; setting it aside would lose it when no other broker
+      persisted it (seen in the soak: a store outage, then every replica restarted before the
+      upload, and the journal kept a hole where the content had been acknowledged).
    b. *The synchronisation check* (`settle_verdict`), at the first synchronisation of a
       pipeline that includes this broker. As the primary, it proposes its recovered fragment
       and the pipeline's own rules apply (the greatest offset among the replicas wins; spools
@@ -47,7 +54,8 @@ the decisions once the journal is assigned to this broker again.
       replica's would. Anything else, a proposal beyond its end or within it that it cannot
       verify (the journal went on), and it *disowns* the recovered spool: its content is set
       aside, its offset and registers forgotten, and the proposal is applied to a fresh
-      spool.
+      spool. Completed fragments ending at or before the proposal's begin are kept even then
+      (`keeps_completed`): the primary went on after them, as in the store check.
    Only content kept by both checks is adopted: indexed for reads, and completed fragments
    handed to the persister.
 
@@ -157,31 +165,42 @@ def verified(record: CommitRecord, digest_sum: pb.SHA1Sum) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class StoreVerdict:
-    # Indexes (into the recovered fragments) of those the store already holds identically.
+    # Indexes (into the completed fragments) of those the store already holds identically.
     redundant: frozenset[int]
-    # A persisted fragment ends past the remaining recovered content's begin: set all aside.
+    # A persisted fragment overlapping the remaining completed content without being it: the
+    # journal holds other bytes at those offsets. Set everything aside.
     conflict: pb.Fragment | None
+    # A persisted fragment ending past the open fragment's begin (none of the completed
+    # content): the journal went on without this broker from there. The open fragment's
+    # offset, registers and content are stale; the completed fragments are still the journal's.
+    stale_open: pb.Fragment | None = None
 
 
 def store_verdict(
-    recovered: Sequence[pb.Fragment], persisted: Sequence[pb.Fragment]
+    completed: Sequence[pb.Fragment],
+    persisted: Sequence[pb.Fragment],
+    open_fragment: pb.Fragment | None = None,
 ) -> StoreVerdict:
-    """The store check (module docstring, 2a) of `recovered` fragments (the completed ones,
-    and the open one even if empty: its offset must not be behind the store either) against
-    the `persisted` fragments of a fresh listing."""
-    identical = {
+    """The store check (module docstring, 2a) of the `completed` recovered fragments and the
+    open one (even if empty: its offset must not be behind the store either) against the
+    `persisted` fragments of a fresh listing."""
+    recovered = [*completed, *([open_fragment] if open_fragment is not None else [])]
+    redundant = frozenset(
         index
-        for index, fragment in enumerate(recovered)
+        for index, fragment in enumerate(completed)
         if any(_same_content(fragment, p) for p in persisted)
-    }
-    remaining = [f for index, f in enumerate(recovered) if index not in identical]
-    if not remaining:
-        return StoreVerdict(frozenset(identical), None)
-    begin = min(f.begin for f in remaining)
+    )
+    remaining = [f for index, f in enumerate(completed) if index not in redundant]
     for p in persisted:
-        if p.end > begin and not any(_same_content(f, p) for f in recovered):
-            return StoreVerdict(frozenset(identical), p)
-    return StoreVerdict(frozenset(identical), None)
+        if any(_same_content(f, p) for f in recovered):
+            continue
+        if any(p.begin < f.end and p.end > f.begin for f in remaining):
+            return StoreVerdict(redundant, p)
+    if open_fragment is not None:
+        for p in persisted:
+            if p.end > open_fragment.begin and not any(_same_content(f, p) for f in recovered):
+                return StoreVerdict(redundant, None, p)
+    return StoreVerdict(redundant, None)
 
 
 def _same_content(a: pb.Fragment, b: pb.Fragment) -> bool:
@@ -226,3 +245,12 @@ def settle_verdict(
     if proposal.begin == proposal.end and proposal.end <= begin:
         return Verdict.ADOPT
     return Verdict.DISOWN
+
+
+def keeps_completed(completed: Sequence[pb.Fragment], proposal: pb.Fragment | None) -> bool:
+    """Whether recovered `completed` fragments stay the journal's when the open fragment is
+    disowned at synchronisation: the primary's proposal begins at or after all of them (it
+    holds nothing else at their offsets)."""
+    if proposal is None:
+        return True
+    return all(f.end <= proposal.begin for f in completed)

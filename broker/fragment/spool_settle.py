@@ -27,6 +27,7 @@ from broker.fragment.spool_dir import RecoveredJournal, SpoolDir
 from broker.fragment.spool_file import SpoolFile, unlink_durable
 from broker.fragment.spool_recovery import (
     Verdict,
+    keeps_completed,
     prefix_to_verify,
     settle_verdict,
     store_verdict,
@@ -108,21 +109,28 @@ class RecoverySettler:
         completed = self.recovered.completed
         # The open fragment counts even when empty: its offset and registers are stale too if
         # the journal was persisted past it without this broker.
-        recovered = [c.fragment for c in completed] + [spool.fragment]
         persisted = [e.fragment for e in self._index.snapshot() if e.file is None]
-        store = store_verdict(recovered, persisted)
+        store = store_verdict([c.fragment for c in completed], persisted, spool.fragment)
         for index in sorted(store.redundant, reverse=True):
-            if index < len(completed):
-                redundant = completed.pop(index)
-                unlink_durable(redundant.file)
-                redundant.file.close()
-                metrics.SPOOL_RECOVERY.labels("redundant").inc()
+            redundant = completed.pop(index)
+            unlink_durable(redundant.file)
+            redundant.file.close()
+            metrics.SPOOL_RECOVERY.labels("redundant").inc()
         if store.conflict is not None:
             conflict = store.conflict
             self._disown(
                 spool,
                 f"the store holds [{conflict.begin}, {conflict.end}), written without this"
-                " broker past its recovered content",
+                " broker over its recovered content",
+            )
+            return True
+        if store.stale_open is not None:
+            stale = store.stale_open
+            self._keep_completed(primary=True)  # The store lacks them: persisted at once.
+            self._disown(
+                spool,
+                f"the store holds [{stale.begin}, {stale.end}), written without this broker"
+                " past its recovered content",
             )
             return True
 
@@ -138,6 +146,10 @@ class RecoverySettler:
             self._adopt(spool, primary=proposal is None)
         else:
             theirs = f"[{proposal.begin}, {proposal.end})" if proposal is not None else "none"
+            if keeps_completed([c.fragment for c in completed], proposal):
+                # The primary went on after them; as a replica's, uploaded after the primary's
+                # expected upload (the persister's replica delay), if it does not come.
+                self._keep_completed(primary=False)
             self._disown(
                 spool,
                 f"the primary's first proposal {theirs} is not this broker's recovered"
@@ -149,7 +161,20 @@ class RecoverySettler:
         self.verdict = Verdict.ADOPT
         spool.adopt_recovery()
         adopted = len(self.recovered.completed) + (1 if spool.content_length else 0)
-        for fragment in self.recovered.completed:
+        self._keep_completed(primary=primary)
+        if adopted:
+            metrics.SPOOL_RECOVERY.labels("adopted").inc(adopted)
+            log.info(
+                "recovered spool adopted",
+                journal=self.journal,
+                fragment_end=spool.fragment.end,
+                fragments=adopted,
+            )
+
+    def _keep_completed(self, *, primary: bool) -> None:
+        """Index the recovered completed fragments and hand them to the persister."""
+        kept = self.recovered.completed
+        for fragment in kept:
             self._index.spool_commit(LocalFragment(fragment.fragment, fragment.file))
             if self._persister is not None:
                 # As the primary, persisted at once; as a replica, once the primary's copy
@@ -166,13 +191,14 @@ class RecoverySettler:
                     )
                 )
         self.recovered.completed = []
-        if adopted:
-            metrics.SPOOL_RECOVERY.labels("adopted").inc(adopted)
-            log.info(
-                "recovered spool adopted",
+        if kept and self.verdict is not Verdict.ADOPT:
+            metrics.SPOOL_RECOVERY.labels("kept").inc(len(kept))
+            log.warning(
+                "recovered completed fragments kept, the open one set aside",
                 journal=self.journal,
-                fragment_end=spool.fragment.end,
-                fragments=adopted,
+                fragments=len(kept),
+                begin=kept[0].fragment.begin,
+                end=kept[-1].fragment.end,
             )
 
     def _disown(self, spool: Spool, reason: str) -> None:

@@ -8,7 +8,9 @@ from broker.fragment.spool_record import CommitRecord, SlotRecord
 from broker.fragment.spool_recovery import (
     Disposition,
     ScannedFragment,
+    StoreVerdict,
     Verdict,
+    keeps_completed,
     plan_journal,
     prefix_to_verify,
     settle_verdict,
@@ -99,11 +101,11 @@ def test_store_check_drops_identical_fragments_and_sees_the_journal_going_on() -
     recovered = [frag(0, 100), frag(100, 150)]
     # Nothing persisted past the recovered begin (only before it): nothing to say.
     verdict = store_verdict(recovered, [frag(0, 0), pb.Fragment(journal=JOURNAL, begin=0, end=0)])
-    assert verdict.redundant == frozenset() and verdict.conflict is None
+    assert verdict == StoreVerdict(frozenset(), None, None)
     # The first is in the store under its own name: redundant, and not a conflict.
     verdict = store_verdict(recovered, [frag(0, 100)])
     assert verdict.redundant == {0} and verdict.conflict is None
-    # Written past the remaining content's begin by someone else: a conflict.
+    # Other bytes at the remaining content's offsets: a conflict.
     other = pb.Fragment(journal=JOURNAL, begin=100, end=120, sum=content_sum(b"x" * 20))
     verdict = store_verdict(recovered, [frag(0, 100), other])
     assert verdict.redundant == {0} and verdict.conflict == other
@@ -115,12 +117,30 @@ def test_store_check_drops_identical_fragments_and_sees_the_journal_going_on() -
     assert verdict.redundant == {0, 1} and verdict.conflict is None
     # With the (empty) open fragment after them: persisted up to it is normal, past it not:
     # the journal went on without this broker, and its offset and registers are stale.
-    with_open = [*recovered, frag(150, 150)]
-    verdict = store_verdict(with_open, [frag(0, 100), frag(100, 150)])
-    assert verdict.redundant == {0, 1} and verdict.conflict is None
-    verdict = store_verdict(with_open, [frag(0, 100), frag(100, 150), frag(150, 900)])
-    assert verdict.conflict == frag(150, 900)
-    assert store_verdict([frag(150, 150)], [frag(0, 150)]).conflict is None
+    verdict = store_verdict(recovered, [frag(0, 100), frag(100, 150)], frag(150, 150))
+    assert verdict == StoreVerdict(frozenset({0, 1}), None, None)
+    verdict = store_verdict(
+        recovered, [frag(0, 100), frag(100, 150), frag(150, 900)], frag(150, 150)
+    )
+    assert verdict == StoreVerdict(frozenset({0, 1}), None, frag(150, 900))
+    assert store_verdict([], [frag(0, 150)], frag(150, 150)).stale_open is None
+
+
+def test_completed_fragments_the_journal_went_on_after_are_not_a_conflict() -> None:
+    # Found by the 30-minute soak: completed fragments not yet persisted (a store outage),
+    # and the journal persisted on from their end by other brokers: the completed ones are
+    # the journal's acknowledged content; only the open fragment is stale.
+    completed = [frag(100, 150), frag(150, 200)]
+    verdict = store_verdict(completed, [frag(0, 100), frag(200, 260)], frag(200, 200))
+    assert verdict == StoreVerdict(frozenset(), None, frag(200, 260))
+    # A persisted fragment over them is still a conflict, whatever follows.
+    verdict = store_verdict(completed, [frag(180, 260)], frag(200, 200))
+    assert verdict.conflict == frag(180, 260)
+    # At synchronisation: kept when the primary's proposal begins at or after their end.
+    assert keeps_completed(completed, frag(200, 200))
+    assert keeps_completed(completed, frag(230, 260))
+    assert not keeps_completed(completed, frag(190, 190))
+    assert keeps_completed([], frag(0, 0)) and keeps_completed(completed, None)
 
 
 def test_a_primary_adopts_and_a_replica_only_what_its_primary_holds() -> None:

@@ -143,16 +143,16 @@ async def test_a_replica_adopts_when_its_primary_holds_nothing_else(
 
 
 @pytest.mark.parametrize(
-    "proposal",
+    ("proposal", "keeps_completed"),
     [
-        frag(5, 20, b"second" + b"x" * 9),  # The journal went on past our end.
-        frag(5, 11, b"other!"),  # Someone else's bytes at our offsets.
-        frag(30, 30, b""),  # An empty roll beyond us: cannot be verified.
-        frag(3, 3, b""),  # Empty, but within our completed content.
+        (frag(5, 20, b"second" + b"x" * 9), True),  # The journal went on past our end.
+        (frag(5, 11, b"other!"), True),  # Someone else's bytes at our open fragment's offsets.
+        (frag(30, 30, b""), True),  # An empty roll beyond us: cannot be verified.
+        (frag(3, 3, b""), False),  # Empty, but within our completed content.
     ],
 )
 async def test_a_replica_disowns_what_its_primary_does_not_hold(
-    tmp_path: Path, proposal: pb.Fragment
+    tmp_path: Path, proposal: pb.Fragment, keeps_completed: bool
 ) -> None:
     r = recovered(tmp_path)
     r.index.replace_remote([])
@@ -162,9 +162,17 @@ async def test_a_replica_disowns_what_its_primary_does_not_hold(
     spool = r.spool
     assert not spool.recovery_pending
     assert (spool.fragment.begin, spool.fragment.end) == (0, 0) and spool.registers != REGS
-    assert r.sink.completed == [] and r.index.local_fragments() == []
-    assert quarantined(tmp_path) == [b"first", b"secondfour"]
-    assert outcome("stale") == before + 2
+    if keeps_completed:
+        # [0, 5) was completed: every replica acknowledged it, and the primary went on after
+        # it. Kept, served and (after the primary's expected upload) persisted.
+        assert [(c.begin, c.end, c.primary) for c in r.sink.completed] == [(0, 5, False)]
+        assert [(f.begin, f.end) for f in r.index.local_fragments()] == [(0, 5)]
+        assert quarantined(tmp_path) == [b"secondfour"]
+        assert outcome("stale") == before + 1
+    else:
+        assert r.sink.completed == [] and r.index.local_fragments() == []
+        assert quarantined(tmp_path) == [b"first", b"secondfour"]
+        assert outcome("stale") == before + 2
     # The fresh spool is durable again from its first roll on.
     spool.apply(pb.ReplicateRequest(proposal=proposal, registers=REGS), primary=False)
     assert spool.fragment.end == proposal.end
@@ -183,6 +191,24 @@ async def test_the_store_drops_identical_fragments_and_sets_aside_a_journal_gone
     assert quarantined(tmp_path) == [b"secondfour"]
     journal_dir = tmp_path / "spools" / journal_dir_name(JOURNAL)
     assert sorted(p.name for p in journal_dir.iterdir()) == []
+
+
+async def test_completed_fragments_the_store_went_on_after_are_kept_and_persisted(
+    tmp_path: Path,
+) -> None:
+    # Found by the 30-minute soak: fragments completed during a store outage, every replica
+    # restarted before uploading them, and the journal persisted on past them: setting them
+    # aside left a hole in the journal where acknowledged content had been.
+    r = recovered(tmp_path)
+    r.index.replace_remote([frag(15, 20, b"later", STORE)])  # Written on past our open [5, 15).
+    before = outcome("kept")
+    assert await settle(r, None)
+    assert r.settler.verdict is Verdict.DISOWN and r.spool.fragment.end == 0
+    # [0, 5) is served and persisted at once (the store lacks it); [5, 15), open, set aside.
+    assert [(c.begin, c.end, c.primary) for c in r.sink.completed] == [(0, 5, True)]
+    assert [(f.begin, f.end) for f in r.index.local_fragments()] == [(0, 5)]
+    assert quarantined(tmp_path) == [b"secondfour"]
+    assert outcome("kept") == before + 1
 
 
 async def test_no_store_listing_in_time_leaves_it_pending_and_gives_it_back(
