@@ -127,6 +127,11 @@ async def read_grpc(channels: ChannelPool, endpoint: str, journal: str, start: i
             call = channels.stub(endpoint).Read(request, timeout=read_rpc_timeout_s)
             async for resp in call:
                 if resp.status == pb.OFFSET_NOT_YET_AVAILABLE:
+                    if resp.write_head > start + len(out):
+                        # Below the write head: content this broker cannot serve yet (not
+                        # persisted, and not in its spool), not the journal's end.
+                        last_error[:] = [_below_head(start + len(out), resp.write_head)]
+                        return False
                     return True
                 if resp.status in _TRANSIENT_STATUS:
                     last_error[:] = [pb.Status.Name(resp.status)]
@@ -179,6 +184,10 @@ async def read_http(
             try:
                 async with session.get(url, params=params, timeout=timeout) as resp:
                     if resp.status == 416:
+                        head = int(resp.headers.get("X-Write-Head", "0") or 0)
+                        if head > at:  # Not the end: see read_grpc.
+                            last_error[:] = [_below_head(at, head)]
+                            return False
                         return True  # At the write head.
                     if resp.status in _TRANSIENT_HTTP:
                         last_error[:] = [f"HTTP {resp.status} {(await resp.text()).strip()}"]
@@ -206,6 +215,13 @@ async def read_http(
 
     await _retrying(f"{journal} via {base} (HTTP)", once, last_error)
     return bytes(out)
+
+
+def _below_head(offset: int, write_head: int) -> str:
+    return (
+        f"no content available at offset {offset}, below the write head {write_head}"
+        " (not persisted yet, and not held by this broker)"
+    )
 
 
 def _content_range_offset(header: str) -> int:
