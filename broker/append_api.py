@@ -59,6 +59,7 @@ from broker.protocol.validate import (
     validate_label_set,
 )
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
+from broker.quorum_shell.dispatch import quorum_mode_refusal
 from broker.read_api import validate_min_etcd_revision
 from broker.request_stream import read_to_end
 from broker.resolver import ResolveError
@@ -262,6 +263,11 @@ class AppendApi:
         except ValidationError as err:
             await read_to_end(stream)  # So that the client hears why (request_stream.py).
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"append: {err}")
+
+        refusal = quorum_mode_refusal(first.journal, self.env.resolver.lookup_spec(first.journal))
+        if refusal is not None:
+            await read_to_end(stream)  # So that the client hears why (request_stream.py).
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"append: {refusal}")
 
         attempts = ProxyAttempts()
         while True:
