@@ -1,17 +1,23 @@
 """Appends by replication mode, through real in-process brokers: a journal without the label
-or labelled all-replicas takes Gazette's path unchanged; a quorum journal is never served by
-the all-replicas pipeline (refused, naming the label, nothing written) until the quorum shell
-serves it."""
+or labelled all-replicas takes Gazette's path unchanged; a quorum journal is served by its
+quorum nodes: appends commit at the term's leader, other members redirect to it."""
 
 from __future__ import annotations
+
+import asyncio
+import hashlib
 
 import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec, local_content
 
+from broker.fragment.naming import sum_from_digest
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.server import Broker
+
+wait_s = 15.0
 
 
 @pytest.mark.parametrize("mode", [None, gl.REPLICATION_MODE_ALL_REPLICAS])
@@ -31,15 +37,58 @@ async def test_all_replicas_journals_append_and_replicate(
         assert local_content(broker, spec.name) == (0, b"hello, world!")
 
 
-async def test_quorum_journal_appends_are_refused_naming_the_label(cluster: Cluster) -> None:
+async def _leader_of(brokers: list[Broker], journal: str) -> Broker:
+    """The broker whose quorum node leads `journal`, once one does (waits on the nodes'
+    progress events, bounded)."""
+    async with asyncio.timeout(wait_s):
+        while True:
+            nodes = [b.quorum.nodes.get(journal) for b in brokers]
+            for broker, node in zip(brokers, nodes, strict=True):
+                if node is not None and node.is_leader and node.coordinator.leader:
+                    return broker
+            # The nodes start as the brokers see the assignments, which create() waited for.
+            live = [n.progress for n in nodes if n is not None]
+            assert len(live) == len(brokers)
+            for event in live:
+                event.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in live]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+async def test_quorum_journal_appends_commit_at_the_leader(cluster: Cluster) -> None:
     brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
     spec = journal_spec("mode/quorum", replication=3)
     spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
     await cluster.create(spec, brokers)
-    for broker in brokers:  # The primary, and brokers that would proxy to it.
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await cluster.append(broker, spec.name, [b"must not be written"])
-        assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        assert "gazette.dev/replication-mode=quorum" in (info.value.details() or "")
+    leader = await _leader_of(brokers, spec.name)
+
+    first = await cluster.append(leader, spec.name, [b"hello, ", b"quorum"])
+    second = await cluster.append(leader, spec.name, [b"!"])
+    assert first.status == second.status == pb.OK
+    assert (first.commit.begin, first.commit.end, second.commit.end) == (0, 13, 14)
+    assert first.commit.sum == sum_from_digest(hashlib.sha1(b"hello, quorum").digest())
+    members = [f"{m.zone}#{m.suffix}" for m in first.header.route.members]
+    leader_id = f"{leader.config.zone}#{leader.config.suffix}"
+    assert members[first.header.route.primary] == leader_id
+
+    # Another member redirects a Gazette client to the leader, appending nothing.
+    other = next(b for b in brokers if b is not leader)
+    redirected = await cluster.append(other, spec.name, [b"not here"])
+    assert redirected.status == pb.NOT_JOURNAL_PRIMARY_BROKER
+    assert members[redirected.header.route.primary] == leader_id
+
+    # A stream without the commit marker appends nothing.
+    with pytest.raises(grpc.aio.AioRpcError, match="without the empty commit chunk"):
+        await cluster.append(leader, spec.name, [b"torn"], commit=False)
+    third = await cluster.append(leader, spec.name, [b"?"])
+    assert (third.commit.begin, third.commit.end) == (14, 15)
+    node = leader.quorum.nodes[spec.name]
+    assert node.read_committed() == b"hello, quorum!?"
+    # The all-replicas machinery wrote nothing of it (committed content does not reach the
+    # spool yet: docs/design/quorum.md, "part two: built / remaining").
     for broker in brokers:
         assert local_content(broker, spec.name) == (0, b"")
