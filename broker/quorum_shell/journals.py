@@ -5,7 +5,8 @@ the replication RPC and of quorum appends.
 Reconciliation is a KeySpace observer (it runs synchronously after every keyspace update):
 a quorum journal assigned to this broker whose route has all `replication` members, each with
 an endpoint, gets a node; its ensemble is the route's members (`zone#suffix`, sorted) as first
-seen. A journal no longer assigned here has its node stopped. Ensemble changes of a live node
+seen, and the node keeps it while the journal stays assigned here (a member whose lease
+expired is still in the ensemble). A journal no longer assigned here has its node stopped. Ensemble changes of a live node
 (the allocator moving a replica) are not followed yet: the node keeps its first ensemble
 (docs/design/quorum.md, "part two: built / remaining").
 """
@@ -79,6 +80,12 @@ class QuorumJournals:
             ):
                 continue
             spec = decoded.spec
+            if journal in self.nodes:
+                # A running node stays while the journal is assigned here, whatever happens to
+                # the route: a member whose lease expired (stopped, partitioned) is still in
+                # the ensemble, and the majority keeps committing without it.
+                wanted[journal] = self._routes[journal]
+                continue
             route = route_from_assignments(assignment_of(e) for e in entries)
             attach_endpoints(route, ks, root)
             if len(route.members) < spec.replication or not all(route.endpoints):
