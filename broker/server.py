@@ -70,8 +70,10 @@ from broker.logging import get_logger
 from broker.pipeline import Dialer, message_bytes_max
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
+from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import validate_broker_spec
 from broker.quorum_shell.journals import QuorumJournals
+from broker.quorum_shell.pulse import quorum_pulse
 from broker.quorum_shell.transport import deliver_handler
 from broker.read_api import ReadAPI, write_responses
 from broker.readiness import ReadinessGate, check_own_member
@@ -296,7 +298,15 @@ class Broker:
             spool_dir=self.spool_dir,
         )
         # Journals labelled replication-mode=quorum: their nodes follow the keyspace.
-        self.quorum = QuorumJournals(self.ks, config.root, self.id, backend)
+        self.quorum = QuorumJournals(
+            self.ks,
+            config.root,
+            self.id,
+            backend,
+            replica_of=lambda journal: self.resolver.replicas.get(journal),
+            spec_of=self.resolver.lookup_spec,
+            clock=clock,
+        )
         self.ks.observers.append(self.quorum.observe)
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -355,6 +365,11 @@ class Broker:
         return replica.index if replica is not None else None
 
     async def _pulse(self, journal: str) -> PulseResult:
+        spec = self.resolver.lookup_spec(journal)
+        if spec is not None and is_quorum_journal(spec.labels):
+            # No all-replicas pipeline (it would hold the members' spools, which the quorum
+            # applier writes): only the route is advertised.
+            return await quorum_pulse(self.resolver, self.backend, journal)
         return await pulse(self.append_env, journal)
 
     # --- Lifecycle ---

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from broker.fragment.naming import sum_from_digest
@@ -24,9 +25,11 @@ from broker.keyspace.keyspace import KeySpace
 from broker.logging import get_logger
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
+from broker.replica import Replica
 from broker.topology import (
     Decoded,
     JournalItem,
@@ -43,8 +46,21 @@ log = get_logger(__name__)
 
 class QuorumJournals:
     def __init__(
-        self, ks: KeySpace[Decoded], root: str, local_id: pb.ProcessSpec.ID, backend: Backend
+        self,
+        ks: KeySpace[Decoded],
+        root: str,
+        local_id: pb.ProcessSpec.ID,
+        backend: Backend,
+        *,
+        replica_of: Callable[[str], Replica | None] = lambda _: None,
+        spec_of: Callable[[str], pb.JournalSpec | None] = lambda _: None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self._replica_of = replica_of
+        self._spec_of = spec_of
+        self._clock = clock
+        self.appliers: dict[str, CommitApplier] = {}
+        self._applier_tasks: dict[str, asyncio.Task[None]] = {}
         self._ks = ks
         self._root = root
         self._backend = backend
@@ -109,9 +125,17 @@ class QuorumJournals:
             self._transports[journal] = transport
             log.info("quorum node starting", journal=journal, ensemble=ensemble)
             self._spawn(node.start())
+            applier = CommitApplier(node, self._replica_of, self._spec_of, self._clock)
+            self.appliers[journal] = applier
+            self._applier_tasks[journal] = asyncio.get_running_loop().create_task(applier.run())
 
     async def _stop_node(self, journal: str) -> None:
         node = self.nodes.pop(journal, None)
+        self.appliers.pop(journal, None)
+        task = self._applier_tasks.pop(journal, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         transport = self._transports.pop(journal, None)
         self._routes.pop(journal, None)
         if node is not None:

@@ -114,6 +114,9 @@ class QuorumNode:
         # Set whenever the cores may have changed (a message, a tick, an answer): observers
         # (tests, metrics) wait on it rather than polling.
         self.progress = asyncio.Event()
+        # Set whenever the commit offset moved (the spool applier's only trigger).
+        self.commit_changed = asyncio.Event()
+        self._commit_seen = 0
 
     # --- Lifecycle -------------------------------------------------------------------------
 
@@ -192,6 +195,9 @@ class QuorumNode:
 
     def _flush(self) -> None:
         self.progress.set()
+        if self.member.read_limit != self._commit_seen:
+            self._commit_seen = self.member.read_limit
+            self.commit_changed.set()
         member, coordinator = self.member, self.coordinator
         while member.outbox or coordinator.outbox or member.notices:
             # Emptied in place: the leader role holds these very lists.

@@ -14,10 +14,11 @@ import pytest
 from e2e_workload import journal_spec, requires_etcd
 
 from broker.client.appender import append
+from broker.client.route_cache import ChannelPool
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
-from broker.testing.process_cluster import ProcessCluster
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -31,6 +32,22 @@ appends_per_phase = 40
 async def cluster() -> AsyncIterator[ProcessCluster]:
     async with ProcessCluster(THREE_BROKERS, lease_ttl_s=LEASE_TTL_S) as c:
         yield c
+
+
+async def _read_until(channels: ChannelPool, b: BrokerProcess, end: int) -> bytes:
+    """The journal as broker `b` serves it, from 0 until `end` (a blocking read: a follower
+    applies a commit a heartbeat after the leader)."""
+    out = bytearray()
+    stub = channels.stub(b.endpoint)
+    call = stub.Read(pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
+    async with asyncio.timeout(10):
+        async for resp in call:
+            assert resp.status == pb.OK, pb.Status.Name(resp.status)
+            out += resp.content
+            if len(out) >= end:
+                break
+    call.cancel()
+    return bytes(out)
 
 
 def _p99(seconds: list[float]) -> float:
@@ -53,12 +70,14 @@ async def test_appends_continue_with_a_follower_stopped(cluster: ProcessCluster)
     leader = cluster.broker(route.members[route.primary].suffix)
     client = cluster.client(leader)
     offset = first.commit.end
+    expected = bytearray(b"first\n")
 
     async def timed_appends(tag: str) -> list[float]:
         nonlocal offset
         out = []
         for i in range(appends_per_phase):
             data = f"{tag}-{i:03d}\n".encode()
+            expected.extend(data)
             start = loop.time()
             resp = await append(client, request, data, attempts_max=1)
             out.append(loop.time() - start)
@@ -76,6 +95,15 @@ async def test_appends_continue_with_a_follower_stopped(cluster: ProcessCluster)
         # ensemble keeps it, and the two others still commit.
         await cluster.wait_until(cluster.member_gone(follower), timeout_s=4 * LEASE_TTL_S)
         expired = await timed_appends("expired")
+        # Readers of the live members see exactly the acknowledged appends, in order.
+        channels = ChannelPool()
+        try:
+            for b in (leader, *(cluster.broker(m.suffix) for m in route.members)):
+                if b is follower:
+                    continue
+                assert await _read_until(channels, b, len(expected)) == bytes(expected)
+        finally:
+            await channels.close()
     finally:
         cluster.resume(follower)
     print(

@@ -88,7 +88,26 @@ async def test_quorum_journal_appends_commit_at_the_leader(cluster: Cluster) -> 
     assert (third.commit.begin, third.commit.end) == (14, 15)
     node = leader.quorum.nodes[spec.name]
     assert node.read_committed() == b"hello, quorum!?"
-    # The all-replicas machinery wrote nothing of it (committed content does not reach the
-    # spool yet: docs/design/quorum.md, "part two: built / remaining").
+    # Every member applies what it knows committed to its spool: its local fragments, and
+    # the Read RPC it serves, hold exactly the committed content.
     for broker in brokers:
-        assert local_content(broker, spec.name) == (0, b"")
+        applier = broker.quorum.appliers[spec.name]
+        async with asyncio.timeout(wait_s):
+            while applier.applied < third.commit.end:
+                applier.changed.clear()
+                await applier.changed.wait()
+        assert applier.error is None
+        assert local_content(broker, spec.name) == (0, b"hello, quorum!?")
+        assert await _read(cluster, broker, spec.name) == b"hello, quorum!?"
+
+
+async def _read(cluster: Cluster, broker: Broker, journal: str) -> bytes:
+    """The journal's content as `broker` serves it from offset 0, without blocking."""
+    out = bytearray()
+    call = cluster.stub(broker).Read(pb.ReadRequest(journal=journal, offset=0, block=False))
+    async for resp in call:
+        if resp.status == pb.OFFSET_NOT_YET_AVAILABLE:
+            break
+        assert resp.status == pb.OK, pb.Status.Name(resp.status)
+        out += resp.content
+    return bytes(out)
