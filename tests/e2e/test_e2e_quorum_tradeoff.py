@@ -1,7 +1,9 @@
 """The trade-off quorum mode exists for (issue #16), documented on real processes over real
 etcd: an all-replicas journal of replication 3 with one replica SIGSTOPped cannot append until
-the stopped broker's lease expires and the allocator moves the journal, because every member
-of the route must acknowledge every append. (The quorum side, appends continuing at a
+the stopped broker's lease has expired and the allocator moved the journal, because every
+member of the route must acknowledge every append. (Measured: the append in flight waits for
+the primary's peer_response_timeout_s, 30 s, which `gazette serve` has no flag for, before the
+pipeline is rebuilt on the new route; the lease is 3 s. So this test takes about 35 s.) (The quorum side, appends continuing at a
 majority, is tests/broker/quorum/test_quorum_nodes_grpc.py for now: quorum journals are not
 served by broker processes yet, see docs/design/quorum.md.)"""
 
