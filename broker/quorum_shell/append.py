@@ -10,8 +10,8 @@ known), so that a Gazette client retries at the leader. A stream that ends witho
 marker appends nothing.
 
 Not yet: `check_registers` / `union_registers` / `subtract_registers` (refused
-FAILED_PRECONDITION, nothing appended), and committed content reaching the journal's spool and
-fragments (docs/design/quorum.md, "part two: built / remaining").
+FAILED_PRECONDITION, nothing appended; docs/design/quorum.md, "part two: built / remaining").
+Committed content reaches the spool through each member's applier (apply.py).
 """
 
 from __future__ import annotations

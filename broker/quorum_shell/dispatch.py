@@ -1,14 +1,11 @@
-"""Where a quorum-mode journal leaves the all-replicas path.
+"""Where a quorum-mode journal leaves the all-replicas path, when no quorum shell is there.
 
-The broker's RPC handlers ask `quorum_mode_refusal` about a journal before running Gazette's
-all-replicas machinery on it. A journal labelled `gazette.dev/replication-mode=quorum` must
-never be served by the all-replicas pipeline: its spec promises majority commits with terms and
-fencing, and silently replicating it the other way would acknowledge appends under the wrong
-guarantees. Until the quorum shell serves appends (docs/design/quorum.md, "part two: built /
-remaining"), such appends are refused with a typed error naming the label, and nothing is
-written; reads of the (empty) journal are unaffected. This function is the hook the shell's
-append path replaces.
-"""
+A journal labelled `gazette.dev/replication-mode=quorum` must never be served by the
+all-replicas pipeline: its spec promises majority commits with terms and fencing, and silently
+replicating it the other way would acknowledge appends under the wrong guarantees. A broker
+(`server.Broker`) serves such appends through its `QuorumJournals` (append.py); an `AppendApi`
+built without one (an embedder's, a test's) refuses them with this typed error naming the
+label, writing nothing."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ leader it knows; a leader that steps down first fails the append with
 
 Not yet (docs/design/quorum.md, "part two: built / remaining"): the log is the core's
 in-memory `ReplicaLog`, synced as soon as it is written, so a node's process crash loses its
-log (its peers keep the majority's copy); committed entries are not yet applied to the
-journal's spool and fragments; Journal.Append does not route here yet.
+log and what it acknowledged.
 """
 
 from __future__ import annotations

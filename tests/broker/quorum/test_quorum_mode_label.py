@@ -9,6 +9,7 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.protocol.validate import ValidationError, validate_journal_spec
+from broker.quorum_shell.dispatch import QuorumModeNotServedError, quorum_mode_refusal
 
 
 def _spec(*labels: tuple[str, str]) -> pb.JournalSpec:
@@ -51,3 +52,13 @@ def test_mode_is_single_valued() -> None:
         'labels.labels[1]: label "gazette.dev/replication-mode" may have only one value'
         ' (got "quorum" after "all-replicas")'
     )
+
+
+def test_without_a_quorum_shell_quorum_appends_are_refused_naming_the_label() -> None:
+    quorum = _spec((gl.REPLICATION_MODE, "quorum"))
+    error = quorum_mode_refusal("a/journal", quorum)
+    assert isinstance(error, QuorumModeNotServedError)
+    assert "gazette.dev/replication-mode=quorum" in str(error)
+    assert quorum_mode_refusal("a/journal", _spec((gl.REPLICATION_MODE, "all-replicas"))) is None
+    assert quorum_mode_refusal("a/journal", _spec()) is None
+    assert quorum_mode_refusal("a/journal", None) is None
