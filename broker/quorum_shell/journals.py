@@ -109,7 +109,7 @@ class QuorumJournals:
             wanted[journal] = route
         for journal in list(self.nodes):
             if journal not in wanted:
-                self._spawn(self._stop_node(journal))
+                self._spawn(self._close(*self._detach(journal)))
         for journal, route in wanted.items():
             if journal in self.nodes:
                 continue
@@ -130,14 +130,30 @@ class QuorumJournals:
             self._applier_tasks[journal] = asyncio.get_running_loop().create_task(applier.run())
 
     async def _stop_node(self, journal: str) -> None:
-        node = self.nodes.pop(journal, None)
+        await self._close(*self._detach(journal))
+
+    def _detach(
+        self, journal: str
+    ) -> tuple[QuorumNode | None, asyncio.Task[None] | None, GrpcTransport | None]:
+        """Forget `journal`'s node at once (so that a re-assignment before it has stopped
+        starts a new one), returning what remains to be stopped."""
         self.appliers.pop(journal, None)
-        task = self._applier_tasks.pop(journal, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        transport = self._transports.pop(journal, None)
         self._routes.pop(journal, None)
+        return (
+            self.nodes.pop(journal, None),
+            self._applier_tasks.pop(journal, None),
+            self._transports.pop(journal, None),
+        )
+
+    async def _close(
+        self,
+        node: QuorumNode | None,
+        applier: asyncio.Task[None] | None,
+        transport: GrpcTransport | None,
+    ) -> None:
+        if applier is not None:
+            applier.cancel()
+            await asyncio.gather(applier, return_exceptions=True)
         if node is not None:
             await node.stop()
         if transport is not None:

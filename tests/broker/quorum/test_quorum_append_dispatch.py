@@ -9,13 +9,14 @@ import hashlib
 
 import grpc
 import pytest
-from broker_testkit import Cluster, journal_spec, local_content
+from broker_testkit import ROOT, Cluster, journal_spec, local_content
 
 from broker.fragment.naming import sum_from_digest
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.server import Broker
+from broker.topology import assignment_key
 
 wait_s = 15.0
 
@@ -111,3 +112,30 @@ async def _read(cluster: Cluster, broker: Broker, journal: str) -> bytes:
         assert resp.status == pb.OK, pb.Status.Name(resp.status)
         out += resp.content
     return bytes(out)
+
+
+async def test_a_node_stops_when_its_journal_leaves_the_broker(cluster: Cluster) -> None:
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    spec = journal_spec("mode/moving", replication=3)
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    leader = await _leader_of(brokers, spec.name)
+    assert (await cluster.append(leader, spec.name, [b"kept"])).status == pb.OK
+    leaving = next(b for b in brokers if b is not leader)
+    node = leaving.quorum.nodes[spec.name]
+    # The route shrinks (the allocator would then add another broker): the leaving broker's
+    # node is forgotten at once and stopped; the others keep theirs and their ensemble.
+    slot = brokers.index(leaving)
+    key = assignment_key(ROOT, spec.name, leaving.config.zone, leaving.config.suffix, slot)
+    header, deleted = await cluster.admin.delete(key.encode())
+    assert deleted == 1
+    await cluster.sync(header.revision)
+    assert spec.name not in leaving.quorum.nodes
+    async with asyncio.timeout(wait_s):
+        assert node._loop_task is not None
+        await asyncio.gather(node._loop_task, return_exceptions=True)  # Stopped: cancelled.
+    for b in brokers:
+        if b is not leaving:
+            assert b.quorum.nodes[spec.name].ensemble == node.ensemble
+    resp = await cluster.append(leader, spec.name, [b"+more"])
+    assert resp.status == pb.OK and resp.commit.begin == 4
