@@ -51,6 +51,7 @@ from broker.logging import get_logger
 from broker.pipeline import PeerError
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
+from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import (
     ValidationError,
     at,
@@ -59,10 +60,13 @@ from broker.protocol.validate import (
     validate_label_set,
 )
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
+from broker.quorum_shell.append import quorum_append
+from broker.quorum_shell.dispatch import quorum_mode_refusal
+from broker.quorum_shell.journals import QuorumJournals
 from broker.read_api import validate_min_etcd_revision
 from broker.request_stream import read_to_end
 from broker.resolver import ResolveError
-from broker.topology import as_status, member_index, validate_header
+from broker.topology import as_status, etcd_header, member_index, validate_header
 
 log = get_logger(__name__)
 
@@ -242,8 +246,11 @@ class AppendApi:
         *,
         min_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default,
         burst_s: float = flow_control_burst_s_default,
+        quorum: QuorumJournals | None = None,
     ) -> None:
         self.env = env
+        # The broker's quorum journals; None: quorum journals are refused (dispatch.py).
+        self.quorum = quorum
         self._min_rate = min_rate_bytes_per_s
         self._burst_s = burst_s
 
@@ -262,6 +269,17 @@ class AppendApi:
         except ValidationError as err:
             await read_to_end(stream)  # So that the client hears why (request_stream.py).
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"append: {err}")
+
+        spec = self.env.resolver.lookup_spec(first.journal)
+        if self.quorum is not None and spec is not None and is_quorum_journal(spec.labels):
+            resolver = self.env.resolver
+            etcd = etcd_header(resolver.ks.header)
+            local = resolver.local_id()
+            return await quorum_append(self.quorum, local, etcd, first, spec, stream, context)
+        refusal = quorum_mode_refusal(first.journal, spec)
+        if refusal is not None:
+            await read_to_end(stream)  # So that the client hears why (request_stream.py).
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"append: {refusal}")
 
         attempts = ProxyAttempts()
         while True:

@@ -26,6 +26,7 @@ from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
+from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import ValidationError, at
 from broker.replica import Replica, SlotInvalidatedError
 from broker.resolver import Resolution, ResolveError, Resolver
@@ -77,6 +78,14 @@ class ReplicateApi:
             validate_first_request(first)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicate: {err}")
+        spec = self._resolver.lookup_spec(first.proposal.journal)
+        if spec is not None and is_quorum_journal(spec.labels):
+            # Quorum journals replicate over gazette.quorum.Replica; their spools are written
+            # by the quorum applier only (broker/quorum_shell/apply.py).
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"replicate: journal {first.proposal.journal!r} is replicated in quorum mode",
+            )
 
         acquired = await self._acquire(first, context)
         if acquired is None:

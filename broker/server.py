@@ -70,7 +70,11 @@ from broker.logging import get_logger
 from broker.pipeline import Dialer, message_bytes_max
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
+from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import validate_broker_spec
+from broker.quorum_shell.journals import QuorumJournals
+from broker.quorum_shell.pulse import quorum_pulse
+from broker.quorum_shell.transport import deliver_handler
 from broker.read_api import ReadAPI, write_responses
 from broker.readiness import ReadinessGate, check_own_member
 from broker.replica import (
@@ -293,6 +297,17 @@ class Broker:
             shutdown_wait_s=config.shutdown_wait_s,
             spool_dir=self.spool_dir,
         )
+        # Journals labelled replication-mode=quorum: their nodes follow the keyspace.
+        self.quorum = QuorumJournals(
+            self.ks,
+            config.root,
+            self.id,
+            backend,
+            replica_of=lambda journal: self.resolver.replicas.get(journal),
+            spec_of=self.resolver.lookup_spec,
+            clock=clock,
+        )
+        self.ks.observers.append(self.quorum.observe)
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         # Answers every RPC UNAVAILABLE until start() has the broker ready (broker.readiness).
@@ -350,6 +365,11 @@ class Broker:
         return replica.index if replica is not None else None
 
     async def _pulse(self, journal: str) -> PulseResult:
+        spec = self.resolver.lookup_spec(journal)
+        if spec is not None and is_quorum_journal(spec.labels):
+            # No all-replicas pipeline (it would hold the members' spools, which the quorum
+            # applier writes): only the route is advertised.
+            return await quorum_pulse(self.resolver, self.backend, journal)
         return await pulse(self.append_env, journal)
 
     # --- Lifecycle ---
@@ -391,6 +411,7 @@ class Broker:
                 self.append_env,
                 min_rate_bytes_per_s=cfg.min_append_rate_bytes_per_s,
                 burst_s=cfg.flow_control_burst_s,
+                quorum=self.quorum,
             ),
             ReplicateApi(self.resolver),
             ReadAPI(self.resolver, registry, self.channels, zone=cfg.zone),
@@ -400,6 +421,8 @@ class Broker:
         )
         # Append and Replicate read content chunks without copying them (service_handlers.py).
         add_journal_service(service, server)
+        # Quorum journals' replication RPC (gazette.quorum.Replica), beside protocol.Journal.
+        server.add_generic_rpc_handlers([deliver_handler(self.quorum.route)])
         port, scheme = bind_port(server, f"{cfg.host}:{cfg.port}", cfg.tls)
         await server.start()
         self._server = server
@@ -593,6 +616,7 @@ class Broker:
                     await self._task
             with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
                 await self.backend.lease_revoke(self.lease_id)
+            await self.quorum.stop()
             await self.dialer.close()
             await self.channels.close()
 

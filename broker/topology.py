@@ -10,6 +10,9 @@ whose values this module decodes:
                                                Route advertised by the primary once its pipeline
                                                is synchronised; empty until then. Slot 0 is the
                                                primary. Under the member's lease.
+    <root>/quorum/<journal>                    Term register of a quorum-mode journal (JSON,
+                                               broker/quorum_shell/term_record.py); absent for
+                                               all-replicas journals, which Gazette's are.
 
 The layout and the binary-protobuf values are Gazette's allocator layout, so that a Go broker and
 ours read each other's keys. ``#`` separates the fields of member and assignment keys; tokens
@@ -51,12 +54,14 @@ from broker.protocol.validate import (
     validate_journal_spec,
     validate_token,
 )
+from broker.quorum_shell.term_record import QuorumTerm, TermRecordDecodeError, decode_term_record
 
 DEFAULT_ROOT = "/gazette/cluster"
 
 ITEMS = "/items/"
 MEMBERS = "/members/"
 ASSIGN = "/assign/"
+QUORUM = "/quorum/"
 # Separates the fields of member and assignment keys (see the module docstring).
 SEP = "#"
 
@@ -108,7 +113,7 @@ class Assignment:
         return pb.ProcessSpec.ID(zone=self.zone, suffix=self.suffix)
 
 
-Decoded = JournalItem | Member | Assignment
+Decoded = JournalItem | Member | Assignment | QuorumTerm
 
 
 # --- Keys -------------------------------------------------------------------------------------
@@ -142,6 +147,10 @@ def journal_assignments_prefix(root: str, journal: str) -> str:
 
 def assignment_key(root: str, journal: str, zone: str, suffix: str, slot: int) -> str:
     return root + ASSIGN + journal + SEP + zone + SEP + suffix + SEP + str(slot)
+
+
+def quorum_term_key(root: str, journal: str) -> str:
+    return root + QUORUM + journal
 
 
 # --- Decoding ---------------------------------------------------------------------------------
@@ -199,6 +208,7 @@ def _decode_assignment(rest: str, value: bytes) -> Assignment:
 def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:
     """The KeySpace decoder of the broker layout under ``root``."""
     items, members, assign = items_prefix(root), members_prefix(root), assign_prefix(root)
+    quorum = root + QUORUM
 
     def decode(kv: KeyValue) -> Decoded:
         try:
@@ -212,9 +222,13 @@ def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:
                 return _decode_member(key[len(members) :], kv.value)
             if key.startswith(assign):
                 return _decode_assignment(key[len(assign) :], kv.value)
-        except (ValidationError, DecodeError) as err:
+            if key.startswith(quorum):
+                journal = key[len(quorum) :]
+                validate_journal_name(journal)
+                return QuorumTerm(journal, decode_term_record(kv.value))
+        except (ValidationError, DecodeError, TermRecordDecodeError) as err:
             raise TopologyDecodeError(f"key {key!r}: {err}") from err
-        raise TopologyDecodeError(f"key {key!r} is not an item, member or assignment key")
+        raise TopologyDecodeError(f"key {key!r} is not an item, member, assignment or quorum key")
 
     return decode
 

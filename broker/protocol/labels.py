@@ -38,8 +38,17 @@ INSTANCE = "app.gazette.dev/instance"
 # Geographic region. Only one value is allowed.
 REGION = "app.gazette.dev/region"
 
+# How a journal's appends are replicated (docs/design/quorum.md). Absent or "all-replicas":
+# Gazette's mode, every route member acknowledges each append. "quorum": a majority commits,
+# with terms and fencing. Only one value is allowed; any other value is refused. A label and
+# not a JournalSpec field, so that Go clients and gazctl read and write such specs unchanged.
+REPLICATION_MODE = "gazette.dev/replication-mode"
+REPLICATION_MODE_ALL_REPLICAS = "all-replicas"
+REPLICATION_MODE_QUORUM = "quorum"
+REPLICATION_MODES = (REPLICATION_MODE_ALL_REPLICAS, REPLICATION_MODE_QUORUM)
+
 SINGLE_VALUE_LABELS = frozenset(
-    {CONTENT_TYPE, INSTANCE, MANAGED_BY, MESSAGE_SUB_TYPE, MESSAGE_TYPE, REGION}
+    {CONTENT_TYPE, INSTANCE, MANAGED_BY, MESSAGE_SUB_TYPE, MESSAGE_TYPE, REGION, REPLICATION_MODE}
 )
 
 # Meta-labels: derived from a spec's identity at selection time, never stored in the spec.
@@ -129,6 +138,11 @@ def label_set(pairs: Iterable[tuple[str, str]] = ()) -> pb.LabelSet:
             for (name, value), prefix in sorted(first.items())
         ]
     )
+
+
+def is_quorum_journal(label_set: pb.LabelSet) -> bool:
+    """Whether a (validated) journal's labels select quorum replication."""
+    return value_of(label_set, REPLICATION_MODE) == REPLICATION_MODE_QUORUM
 
 
 def journal_meta_labels(journal: str) -> pb.LabelSet:

@@ -220,10 +220,19 @@ def _first_index(label_set: pb.LabelSet, name: str) -> int | None:
 
 
 def _validate_journal_label_constraints(label_set: pb.LabelSet) -> None:
-    """content-type parses as a media type; message-type requires content-type; message-subtype
+    """replication-mode is a known mode; content-type parses as a media type; message-type requires content-type; message-subtype
     requires message-type (readers pick a framing from content-type, then a decoder from the
     message type, so a type without its framing is unusable)."""
     validate_single_value_labels(label_set)
+    mode = _first_index(label_set, gl.REPLICATION_MODE)
+    if mode is not None and label_set.labels[mode].value not in gl.REPLICATION_MODES:
+        raise ValidationError(
+            f"label {_quote(gl.REPLICATION_MODE)} must be one of "
+            f"{', '.join(_quote(value) for value in gl.REPLICATION_MODES)}"
+            f" (got {_quote(label_set.labels[mode].value)})",
+            f"labels[{mode}]",
+            "value",
+        )
     content_type = _first_index(label_set, gl.CONTENT_TYPE)
     message_type = _first_index(label_set, gl.MESSAGE_TYPE)
     sub_type = _first_index(label_set, gl.MESSAGE_SUB_TYPE)

@@ -138,6 +138,7 @@ def test_well_known_names() -> None:
         "app.gazette.dev/managed-by",
         "app.gazette.dev/message-subtype",
         "app.gazette.dev/message-type",
+        "gazette.dev/replication-mode",
         "app.gazette.dev/region",
     }
     assert gl.TAG not in gl.SINGLE_VALUE_LABELS

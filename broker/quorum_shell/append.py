@@ -1,0 +1,116 @@
+"""Journal.Append for quorum journals: the Gazette client's RPC, unchanged, served by the
+journal's quorum node (journals.py).
+
+The leader collects the append's content (every message up to the empty commit marker, then
+the end of the stream) into one entry, appends it, and answers once a majority holds it in the
+leader's term: status OK, the committed fragment [begin, end) with the SHA1 of its content, and
+a header whose route names the leader as primary. Another member answers
+NOT_JOURNAL_PRIMARY_BROKER with that route (NO_JOURNAL_PRIMARY_BROKER while no leader is
+known), so that a Gazette client retries at the leader. A stream that ends without the commit
+marker appends nothing.
+
+Not yet: `check_registers` / `union_registers` / `subtract_registers` (refused
+FAILED_PRECONDITION, nothing appended; docs/design/quorum.md, "part two: built / remaining").
+Committed content reaches the spool through each member's applier (apply.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from broker.protocol import protocol_pb2 as pb
+from broker.quorum.errors import LogFullError, NotLeaderError, PendingAppendsFullError
+from broker.quorum_shell.journals import QuorumJournals
+from broker.quorum_shell.node import AppendOutcomeUnknownError
+from broker.request_stream import read_to_end
+from broker.topology import make_header
+
+# One quorum append is one entry, carried whole in one Replicate message (wire.py's envelope
+# bound holds it in base64): larger appends are refused RESOURCE_EXHAUSTED.
+quorum_append_bytes_max = 2 << 20
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str) -> None:
+    await context.abort(code, f"append (quorum): {detail}")
+    raise AssertionError("not reached")  # context.abort raises.
+
+
+async def quorum_append(
+    journals: QuorumJournals,
+    local_id: pb.ProcessSpec.ID,
+    etcd: pb.Header.Etcd,
+    first: pb.AppendRequest,
+    spec: pb.JournalSpec,
+    stream: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext,
+) -> pb.AppendResponse:
+    journal = first.journal
+    if (
+        first.HasField("check_registers")
+        or first.HasField("union_registers")
+        or first.HasField("subtract_registers")
+    ):
+        await read_to_end(stream)
+        await _abort(
+            context,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"journal {journal!r}: registers are not supported on quorum journals yet",
+        )
+    node = journals.nodes.get(journal)
+    route = journals.leader_route(journal)
+    if node is None or route is None:
+        await read_to_end(stream)
+        await _abort(
+            context,
+            grpc.StatusCode.UNAVAILABLE,
+            f"journal {journal!r}: no quorum node on this broker (not a member, or its route is"
+            " not complete yet)",
+        )
+        raise AssertionError("not reached")
+    header = make_header(local_id, route, etcd)
+    if not node.is_leader:
+        await read_to_end(stream)
+        status = (
+            pb.NOT_JOURNAL_PRIMARY_BROKER if route.primary >= 0 else pb.NO_JOURNAL_PRIMARY_BROKER
+        )
+        return pb.AppendResponse(status=status, header=header)
+
+    content = bytearray()
+    committed = False
+    async for msg in stream:
+        chunk = msg.content  # An AppendRequest, or a ContentChunk (a view of the wire).
+        if committed:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "content after the commit marker"
+            )
+        if not chunk:
+            committed = True
+            continue
+        if len(content) + len(chunk) > quorum_append_bytes_max:
+            await _abort(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"journal {journal!r}: an append of more than {quorum_append_bytes_max} bytes"
+                " (quorum_append_bytes_max)",
+            )
+        content += chunk
+    if not committed:
+        await _abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "the stream ended without the empty commit chunk: nothing appended",
+        )
+    try:
+        fragment = await journals.append(journal, bytes(content), spec.fragment.compression_codec)
+    except NotLeaderError:
+        return pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER, header=header)
+    except (LogFullError, PendingAppendsFullError) as err:
+        await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        raise AssertionError("not reached") from err
+    except AppendOutcomeUnknownError as err:
+        await _abort(context, grpc.StatusCode.UNAVAILABLE, f"outcome unknown: {err}")
+        raise AssertionError("not reached") from err
+    return pb.AppendResponse(status=pb.OK, header=header, commit=fragment)

@@ -1,0 +1,102 @@
+"""Committed quorum entries into the journal's spool: what makes them readable.
+
+Each member applies its own commit offset (never beyond: the core's `read_limit`) to its local
+replica's Spool as an ordinary commit (the content, then the proposal `Spool.next()`), so the
+fragment index, `Read`, the persister and the consumer framework see committed content only,
+exactly as they see an all-replicas commit. Uncommitted entries, and truncation, stay inside
+the quorum log. The spool is taken from the replica's slot for each batch and put back, so the
+replica's own shutdown (which completes the current fragment for the persister) still works.
+
+Fragments roll by the spool's roll policy for the journal's spec after each batch (by length,
+or flush interval): members may roll at different entry boundaries, so their fragments differ
+in extent but never in content, which the fragment index already handles (overlapping
+fragments of one journal).
+
+A spool ahead of the quorum log (content this member cannot vouch for: a restarted broker
+whose in-memory quorum log is gone, see node.py) is not touched: `SpoolAheadError` is kept on
+the applier and reported, and nothing more is applied until a later commit reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from broker.fragment.spool import Spool
+from broker.logging import get_logger
+from broker.protocol import protocol_pb2 as pb
+from broker.quorum_shell.node import QuorumNode
+from broker.replica import Replica
+
+log = get_logger(__name__)
+
+# Bytes applied to the spool in one commit (a batch of committed entries).
+apply_batch_bytes_max = 4 << 20
+
+
+class SpoolAheadError(Exception):
+    """The local spool holds content beyond this member's quorum commit offset."""
+
+
+class CommitApplier:
+    def __init__(
+        self,
+        node: QuorumNode,
+        replica_of: Callable[[str], Replica | None],
+        spec_of: Callable[[str], pb.JournalSpec | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._node = node
+        self._replica_of = replica_of
+        self._spec_of = spec_of
+        self._clock = clock
+        self.applied = 0
+        self.error: Exception | None = None
+        self.changed = asyncio.Event()  # set after each applied batch (observers, tests)
+
+    async def run(self) -> None:
+        node = self._node
+        while True:
+            await node.commit_changed.wait()
+            node.commit_changed.clear()
+            replica = self._replica_of(node.journal)
+            if replica is None or node.commit_offset <= self.applied:
+                continue
+            spool = await replica.spool_slot.take(asyncio.Event())
+            try:
+                self._apply(spool)
+            except (SpoolAheadError, OSError, ValueError) as err:
+                self.error = err
+                log.error(
+                    "quorum: committed content not applied", journal=node.journal, error=str(err)
+                )
+            finally:
+                replica.spool_slot.put(spool)
+            self.changed.set()
+
+    def _apply(self, spool: Spool) -> None:
+        node = self._node
+        if spool.recovery_pending:
+            raise SpoolAheadError(f"{node.journal}: the spool's recovery is not settled")
+        start, commit = spool.fragment.end, node.commit_offset
+        if start > commit:
+            raise SpoolAheadError(
+                f"{node.journal}: spool ends at {start}, beyond the quorum commit {commit}"
+            )
+        while start < commit:
+            end = min(commit, start + apply_batch_bytes_max)
+            spool.apply_content(node.member.log.read(start, end), spool.delta)
+            spool.must_apply(
+                pb.ReplicateRequest(proposal=spool.next(), registers=spool.registers),
+                primary=node.is_leader,
+            )
+            start = end
+        self.applied = start
+        spec = self._spec_of(node.journal)
+        if spec is not None:
+            proposal = spool.roll_proposal(spec.fragment, self._clock())
+            if proposal != spool.fragment:
+                spool.must_apply(
+                    pb.ReplicateRequest(proposal=proposal, registers=spool.registers),
+                    primary=node.is_leader,
+                )

@@ -1,0 +1,259 @@
+"""One broker's asyncio shell around the quorum core for one journal: a `Member` (the replica
+state machine and, when it leads, the leader role) and a `Coordinator`, driven by a clock in
+milliseconds, with their messages carried by a transport (transport.py) and the term register
+in the keyspace (term_register.py).
+
+Names. A node is the member named after its broker; its coordinator is `<member>!coordinator`.
+Messages to a coordinator (NewTermResponse, Heartbeat) go to that name; COORDINATORS fans out
+to every member's coordinator. Messages to this node itself are handled on the next loop turn,
+never re-entrantly.
+
+Appends. `append(data)` is answered once the entry commits (a majority holds it, in the
+leader's term): the committed [begin, end). A follower raises `NotLeaderError` naming the
+leader it knows; a leader that steps down first fails the append with
+`AppendOutcomeUnknownError` (it may still commit under a later leader).
+
+Not yet (docs/design/quorum.md, "part two: built / remaining"): the log is the core's
+in-memory `ReplicaLog`, synced as soon as it is written, so a node's process crash loses its
+log and what it acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from broker.keyspace.backend import KeySpaceError
+from broker.logging import get_logger
+from broker.quorum.config import CoordinatorConfig, QuorumConfig
+from broker.quorum.coordinator import REGISTER, Coordinator
+from broker.quorum.errors import ProtocolError, QuorumError
+from broker.quorum.leader import AppendFailed, Committed
+from broker.quorum.log import ReplicaLog
+from broker.quorum.member import Member
+from broker.quorum.messages import COORDINATORS, Heartbeat, NewTermResponse
+from broker.quorum.register import RegisterCas, RegisterRead, RegisterReply
+from broker.quorum_shell.term_record import TermRecordDecodeError
+from broker.quorum_shell.wire import Envelope
+
+log = get_logger(__name__)
+
+COORDINATOR_SUFFIX = "!coordinator"
+# The core's clock tick is one millisecond; the loop advances it every `tick_interval_s`.
+tick_interval_s = 0.01
+
+
+def broker_quorum_config() -> QuorumConfig:
+    """The core's bounds with ticks in milliseconds: a silent follower is re-sent after
+    200 ms (doubling to 2 s); an idle leader tells followers and coordinators every 50 ms."""
+    return QuorumConfig(
+        ack_timeout_ticks=200, retry_backoff_max_ticks=2000, heartbeat_interval_ticks=50
+    )
+
+
+def broker_coordinator_config() -> CoordinatorConfig:
+    """A leader silent for 1.5 s is replaced; register requests are re-sent after 200 ms,
+    doubling to 2 s."""
+    return CoordinatorConfig(
+        leader_timeout_ticks=1500,
+        election_timeout_ticks=1000,
+        request_timeout_ticks=200,
+        retry_backoff_max_ticks=2000,
+    )
+
+
+class AppendOutcomeUnknownError(QuorumError):
+    """The leader stepped down before the append committed: it may or may not commit later."""
+
+
+class Transport(Protocol):
+    def send(self, node: str, envelope: Envelope) -> None: ...
+
+
+class Register(Protocol):
+    async def answer(self, request: RegisterRead | RegisterCas) -> RegisterReply: ...
+
+
+class QuorumNode:
+    def __init__(
+        self,
+        journal: str,
+        name: str,
+        ensemble: tuple[str, ...],
+        register: Register,
+        transport: Transport,
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.journal = journal
+        self.name = name
+        self.ensemble = ensemble
+        self._register = register
+        self._transport = transport
+        self._clock = clock
+        self._epoch = clock()
+        self.member = Member(name, ReplicaLog(), broker_quorum_config())
+        self.coordinator = Coordinator(
+            name + COORDINATOR_SUFFIX,
+            ensemble,
+            random.Random(f"{journal}/{name}/{seed}"),
+            broker_coordinator_config(),
+        )
+        self._pending: dict[object, asyncio.Future[tuple[int, int]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        # A ProtocolError means a core detected an impossible message: the node stops taking
+        # part (it neither acknowledges nor leads) and the error is kept for its owner.
+        self.failure: ProtocolError | None = None
+        self.register_error: Exception | None = None  # the last failed register request
+        # Set whenever the cores may have changed (a message, a tick, an answer): observers
+        # (tests, metrics) wait on it rather than polling.
+        self.progress = asyncio.Event()
+        # Set whenever the commit offset moved (the spool applier's only trigger).
+        self.commit_changed = asyncio.Event()
+        self._commit_seen = 0
+
+    # --- Lifecycle -------------------------------------------------------------------------
+
+    def now(self) -> int:
+        return int((self._clock() - self._epoch) * 1000)
+
+    async def start(self) -> None:
+        self.coordinator.start(self.now())
+        self._flush()
+        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fail_pending("the node stopped")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(tick_interval_s)
+            if self.failure is not None:
+                continue
+            now = self.now()
+            self.member.tick(now)
+            self.coordinator.tick(now)
+            self._flush()
+
+    # --- Appends and reads -----------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.member.leader is not None
+
+    @property
+    def commit_offset(self) -> int:
+        return self.member.read_limit
+
+    def read_committed(self, begin: int = 0) -> bytes:
+        """Committed content from `begin` (held in the log: not yet compacted)."""
+        return self.member.log.read(begin, self.member.read_limit)
+
+    async def append(self, data: bytes) -> tuple[int, int]:
+        """Append `data`; answer its committed [begin, end) (see the module docstring)."""
+        if self.failure is not None:
+            raise self.failure
+        token = object()
+        now = self.now()
+        self.member.append(data, token, now)  # NotLeaderError, LogFullError: to the caller.
+        future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._pending[token] = future
+        # The in-memory log is durable once written (see the module docstring).
+        self.member.sync(now)
+        self._flush()
+        return await future
+
+    # --- Messages --------------------------------------------------------------------------
+
+    def receive(self, envelope: Envelope) -> None:
+        if self.failure is not None:
+            return
+        now = self.now()
+        msg = envelope.message
+        try:
+            if envelope.to.endswith(COORDINATOR_SUFFIX):
+                self.coordinator.handle(msg, now)
+            else:
+                self.member.handle(msg, now)
+                self.member.sync(now)
+        except ProtocolError as err:
+            self.failure = err
+            log.error("quorum node failed", journal=self.journal, node=self.name, error=str(err))
+            self._fail_pending(f"protocol error: {err}")
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        self.progress.set()
+        if self.member.read_limit != self._commit_seen:
+            self._commit_seen = self.member.read_limit
+            self.commit_changed.set()
+        member, coordinator = self.member, self.coordinator
+        while member.outbox or coordinator.outbox or member.notices:
+            # Emptied in place: the leader role holds these very lists.
+            out = list(member.outbox)
+            member.outbox.clear()
+            for dest, msg in out:
+                if dest == COORDINATORS:
+                    for m in self.ensemble:
+                        self._deliver(Envelope(self.journal, m + COORDINATOR_SUFFIX, msg))
+                else:
+                    self._deliver(Envelope(self.journal, dest, msg))
+            out = list(coordinator.outbox)
+            coordinator.outbox.clear()
+            for dest, msg in out:
+                if dest == REGISTER:
+                    assert isinstance(msg, RegisterRead | RegisterCas)
+                    self._spawn(self._ask_register(msg))
+                else:
+                    self._deliver(Envelope(self.journal, dest, msg))
+            notices = list(member.notices)
+            member.notices.clear()
+            for notice in notices:
+                future = self._pending.pop(notice.token, None)
+                if future is None or future.done():
+                    continue
+                if isinstance(notice, Committed):
+                    future.set_result((notice.begin, notice.end))
+                elif isinstance(notice, AppendFailed):
+                    future.set_exception(AppendOutcomeUnknownError(notice.reason))
+
+    def _deliver(self, envelope: Envelope) -> None:
+        node = envelope.to.removesuffix(COORDINATOR_SUFFIX)
+        if node == self.name:
+            asyncio.get_running_loop().call_soon(self.receive, envelope)
+        elif isinstance(envelope.message, NewTermResponse | Heartbeat) or node in self.ensemble:
+            self._transport.send(node, envelope)
+
+    async def _ask_register(self, request: RegisterRead | RegisterCas) -> None:
+        # A failed request is not retried here: the coordinator re-sends it on its bounded
+        # backoff. The error is kept (and logged) for the node's owner to report.
+        try:
+            reply = await self._register.answer(request)
+        except (KeySpaceError, TermRecordDecodeError) as err:
+            self.register_error = err
+            log.warning("quorum term register", journal=self.journal, error=str(err))
+            return
+        if self.failure is None:
+            self.coordinator.handle(reply, self.now())
+            self._flush()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _fail_pending(self, reason: str) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(AppendOutcomeUnknownError(reason))

@@ -1,0 +1,120 @@
+"""The term register's value in the keyspace: the wire form of a `TermRecord`, and the
+compare-and-swap transaction that writes it. Sans-IO: `term_register.py` runs it on a backend.
+
+The record lives at `<root>/quorum/<journal>` (`topology.quorum_term_key`), beside the
+journal's spec and assignments. Its revision, as the core sees it (`Versioned.revision`), is
+the key's etcd mod revision; an absent key is revision 0 holding the initial record (term 0,
+the journal's route as the ensemble), so the first claim is a CAS on "mod revision 0", which
+etcd (and the embedded keyspace) evaluate as "the key does not exist".
+
+The value is JSON, versioned, so that `etcdctl get` shows it; it is small and written once
+per term.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from broker.keyspace.backend import (
+    Compare,
+    CompareResult,
+    CompareTarget,
+    KeyValue,
+    Op,
+    OpGet,
+    OpPut,
+    TxnResponse,
+)
+from broker.quorum.register import CasResult, TermRecord, Versioned
+
+TERM_RECORD_FORMAT = 1
+# A record naming more members than this is malformed: the protocol caps replication at 5.
+ENSEMBLE_MEMBERS_MAX = 5
+
+
+class TermRecordDecodeError(ValueError):
+    """A term register value that is not a valid, known-format TermRecord."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumTerm:
+    """`<root>/quorum/<journal>`: the journal's term register, as the KeySpace decodes it."""
+
+    journal: str
+    record: TermRecord
+
+
+def encode_term_record(record: TermRecord) -> bytes:
+    return json.dumps(
+        {
+            "format": TERM_RECORD_FORMAT,
+            "term": record.term,
+            "owner": record.owner,
+            "ensemble": list(record.ensemble),
+            "leader": record.leader,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()
+
+
+def decode_term_record(value: bytes) -> TermRecord:
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TermRecordDecodeError(f"term record is not JSON: {err}") from err
+    if not isinstance(doc, dict) or doc.get("format") != TERM_RECORD_FORMAT:
+        raise TermRecordDecodeError(
+            f"term record format must be {TERM_RECORD_FORMAT} (got {value[:64]!r})"
+        )
+    term, owner, ensemble, leader = (doc.get(k) for k in ("term", "owner", "ensemble", "leader"))
+    if not isinstance(term, int) or isinstance(term, bool) or term < 0:
+        raise TermRecordDecodeError(f"term record: term must be an integer >= 0 (got {term!r})")
+    if not isinstance(owner, str) or not isinstance(leader, str):
+        raise TermRecordDecodeError("term record: owner and leader must be strings")
+    if (
+        not isinstance(ensemble, list)
+        or not 1 <= len(ensemble) <= ENSEMBLE_MEMBERS_MAX
+        or not all(isinstance(m, str) and m for m in ensemble)
+        or len(set(ensemble)) != len(ensemble)
+    ):
+        raise TermRecordDecodeError(
+            f"term record: ensemble must be 1..{ENSEMBLE_MEMBERS_MAX} distinct member names"
+            f" (got {ensemble!r})"
+        )
+    if leader and leader not in ensemble:
+        raise TermRecordDecodeError(f"term record: leader {leader!r} is not in the ensemble")
+    return TermRecord(term, owner, tuple(ensemble), leader)
+
+
+def initial_record(ensemble: Sequence[str]) -> Versioned:
+    """The register of a journal no coordinator has written: term 0, revision 0."""
+    return Versioned(TermRecord(0, "", tuple(ensemble)), 0)
+
+
+def versioned_of(kvs: Sequence[KeyValue], ensemble: Sequence[str]) -> Versioned:
+    """The register as read: the key's record at its mod revision, or the initial record."""
+    if not kvs:
+        return initial_record(ensemble)
+    kv = kvs[0]
+    return Versioned(decode_term_record(kv.value), kv.mod_revision)
+
+
+def cas_txn(
+    key: bytes, expect_revision: int, record: TermRecord
+) -> tuple[list[Compare], list[Op], list[Op]]:
+    """Compares, success and failure ops of one CAS: put `record` if the key's mod revision is
+    still `expect_revision` (0: the key is absent); read the key back either way, so that the
+    answer carries the register after the attempt."""
+    compares = [Compare(key, CompareTarget.MOD, CompareResult.EQUAL, expect_revision)]
+    return compares, [OpPut(key, encode_term_record(record)), OpGet(key)], [OpGet(key)]
+
+
+def cas_result(resp: TxnResponse, ensemble: Sequence[str]) -> CasResult:
+    """Interpret the response of `cas_txn`'s transaction."""
+    read = resp.results[-1]
+    if not isinstance(read, tuple):
+        raise TermRecordDecodeError(f"term register transaction answered {read!r}, not a read")
+    return CasResult(resp.succeeded, versioned_of(read, ensemble))

@@ -1,0 +1,160 @@
+"""The quorum replication RPC's wire form (sans-IO): one envelope per protocol message.
+
+Quorum journals are replicated over a service of their own, `gazette.quorum.Replica`, so that
+`protocol.Journal` and every Gazette message keep their fields (Go clients and brokers never
+see it). Its one method, `Deliver`, carries an envelope: the journal, the destination node and
+one message of broker/quorum/messages.py. The core is built for a network that drops,
+duplicates and reorders, so delivery is one unary call per message, fire and forget; answers
+are messages of their own.
+
+Encoding: JSON with a type tag per value and base64 for entry content. Decoding accepts only
+the protocol's own value types (a fixed table: nothing is instantiated by name beyond it) and
+raises `WireDecodeError` naming what was wrong. A protobuf service would be leaner; JSON keeps
+this slice small, and the envelope carries a format number so that a later encoding can
+replace it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from broker.quorum.entry import Entry, EntryId, LogBase
+from broker.quorum.messages import (
+    AddFollower,
+    BecomeLeader,
+    Heartbeat,
+    NewTerm,
+    NewTermResponse,
+    ReplicaResponse,
+    Replicate,
+    ReplyStatus,
+    Snapshot,
+    Truncate,
+)
+
+WIRE_FORMAT = 1
+SERVICE = "gazette.quorum.Replica"
+DELIVER_METHOD = f"/{SERVICE}/Deliver"
+# An envelope larger than this is refused on decode (a Replicate message is at most
+# QuorumConfig.replicate_bytes_max of content, a third more in base64).
+ENVELOPE_BYTES_MAX = 4 << 20
+
+_TYPES: dict[str, type] = {
+    t.__name__: t
+    for t in (
+        AddFollower,
+        BecomeLeader,
+        Entry,
+        EntryId,
+        Heartbeat,
+        LogBase,
+        NewTerm,
+        NewTermResponse,
+        ReplicaResponse,
+        Replicate,
+        Snapshot,
+        Truncate,
+    )
+}
+MESSAGE_TYPES = (
+    AddFollower,
+    BecomeLeader,
+    Heartbeat,
+    NewTerm,
+    NewTermResponse,
+    ReplicaResponse,
+    Replicate,
+    Snapshot,
+    Truncate,
+)
+
+
+class WireDecodeError(ValueError):
+    """An envelope that is not a valid quorum message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    journal: str
+    to: str  # the destination node's name (a member, or a member's coordinator)
+    message: object
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"@b": base64.b64encode(value).decode()}
+    if isinstance(value, ReplyStatus):
+        return {"@s": value.value}
+    if isinstance(value, tuple):
+        return [_encode_value(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = type(value).__name__
+        if _TYPES.get(name) is not type(value):
+            raise TypeError(f"not a quorum wire type: {name}")
+        out = {"@": name}
+        for f in dataclasses.fields(value):
+            out[f.name] = _encode_value(getattr(value, f.name))
+        return out
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"not a quorum wire value: {value!r}")
+
+
+def _decode_value(doc: Any) -> Any:
+    if isinstance(doc, list):
+        return tuple(_decode_value(v) for v in doc)
+    if isinstance(doc, dict):
+        if "@b" in doc:
+            return base64.b64decode(doc["@b"], validate=True)
+        if "@s" in doc:
+            return ReplyStatus(doc["@s"])
+        cls = _TYPES.get(doc.get("@", ""))
+        if cls is None:
+            raise WireDecodeError(f"unknown type {doc.get('@')!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = set(doc) - {"@"}
+        if given != names:
+            raise WireDecodeError(f"{cls.__name__}: fields {sorted(given)} (want {sorted(names)})")
+        return cls(**{k: _decode_value(v) for k, v in doc.items() if k != "@"})
+    if isinstance(doc, str | int) and not isinstance(doc, bool):
+        return doc
+    raise WireDecodeError(f"unexpected value {doc!r}")
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    if not isinstance(envelope.message, MESSAGE_TYPES):
+        raise TypeError(f"not a quorum message: {envelope.message!r}")
+    doc = {
+        "format": WIRE_FORMAT,
+        "journal": envelope.journal,
+        "to": envelope.to,
+        "message": _encode_value(envelope.message),
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_envelope(raw: bytes) -> Envelope:
+    if len(raw) > ENVELOPE_BYTES_MAX:
+        raise WireDecodeError(f"envelope of {len(raw)} bytes (max {ENVELOPE_BYTES_MAX})")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise WireDecodeError(f"envelope is not JSON: {err}") from err
+    if not isinstance(doc, dict) or doc.get("format") != WIRE_FORMAT:
+        raise WireDecodeError(f"envelope format must be {WIRE_FORMAT}")
+    journal, to = doc.get("journal"), doc.get("to")
+    if not isinstance(journal, str) or not isinstance(to, str):
+        raise WireDecodeError("envelope: journal and to must be strings")
+    try:
+        message = _decode_value(doc.get("message"))
+    except (TypeError, ValueError) as err:
+        if isinstance(err, WireDecodeError):
+            raise
+        raise WireDecodeError(f"envelope message: {err}") from err
+    if not isinstance(message, MESSAGE_TYPES):
+        raise WireDecodeError(f"envelope message is not a quorum message: {message!r}")
+    return Envelope(journal, to, message)

@@ -1,0 +1,141 @@
+"""Appends by replication mode, through real in-process brokers: a journal without the label
+or labelled all-replicas takes Gazette's path unchanged; a quorum journal is served by its
+quorum nodes: appends commit at the term's leader, other members redirect to it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import grpc
+import pytest
+from broker_testkit import ROOT, Cluster, journal_spec, local_content
+
+from broker.fragment.naming import sum_from_digest
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
+from broker.server import Broker
+from broker.topology import assignment_key
+
+wait_s = 15.0
+
+
+@pytest.mark.parametrize("mode", [None, gl.REPLICATION_MODE_ALL_REPLICAS])
+async def test_all_replicas_journals_append_and_replicate(
+    cluster: Cluster, mode: str | None
+) -> None:
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    spec = journal_spec("mode/journal", replication=3)
+    if mode is not None:
+        spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, mode)]))
+    await cluster.create(spec, brokers)
+    first = await cluster.append(brokers[1], spec.name, [b"hello, ", b"world"])
+    second = await cluster.append(brokers[0], spec.name, [b"!"])
+    assert first.status == second.status == pb.OK
+    assert (first.commit.begin, first.commit.end, second.commit.end) == (0, 12, 13)
+    for broker in brokers:
+        assert local_content(broker, spec.name) == (0, b"hello, world!")
+
+
+async def _leader_of(brokers: list[Broker], journal: str) -> Broker:
+    """The broker whose quorum node leads `journal`, once one does (waits on the nodes'
+    progress events, bounded)."""
+    async with asyncio.timeout(wait_s):
+        while True:
+            nodes = [b.quorum.nodes.get(journal) for b in brokers]
+            for broker, node in zip(brokers, nodes, strict=True):
+                if node is not None and node.is_leader and node.coordinator.leader:
+                    return broker
+            # The nodes start as the brokers see the assignments, which create() waited for.
+            live = [n.progress for n in nodes if n is not None]
+            assert len(live) == len(brokers)
+            for event in live:
+                event.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in live]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+async def test_quorum_journal_appends_commit_at_the_leader(cluster: Cluster) -> None:
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    spec = journal_spec("mode/quorum", replication=3)
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    leader = await _leader_of(brokers, spec.name)
+
+    first = await cluster.append(leader, spec.name, [b"hello, ", b"quorum"])
+    second = await cluster.append(leader, spec.name, [b"!"])
+    assert first.status == second.status == pb.OK
+    assert (first.commit.begin, first.commit.end, second.commit.end) == (0, 13, 14)
+    assert first.commit.sum == sum_from_digest(hashlib.sha1(b"hello, quorum").digest())
+    members = [f"{m.zone}#{m.suffix}" for m in first.header.route.members]
+    leader_id = f"{leader.config.zone}#{leader.config.suffix}"
+    assert members[first.header.route.primary] == leader_id
+
+    # Another member redirects a Gazette client to the leader, appending nothing.
+    other = next(b for b in brokers if b is not leader)
+    redirected = await cluster.append(other, spec.name, [b"not here"])
+    assert redirected.status == pb.NOT_JOURNAL_PRIMARY_BROKER
+    assert members[redirected.header.route.primary] == leader_id
+
+    # A stream without the commit marker appends nothing.
+    with pytest.raises(grpc.aio.AioRpcError, match="without the empty commit chunk"):
+        await cluster.append(leader, spec.name, [b"torn"], commit=False)
+    third = await cluster.append(leader, spec.name, [b"?"])
+    assert (third.commit.begin, third.commit.end) == (14, 15)
+    node = leader.quorum.nodes[spec.name]
+    assert node.read_committed() == b"hello, quorum!?"
+    # Every member applies what it knows committed to its spool: its local fragments, and
+    # the Read RPC it serves, hold exactly the committed content.
+    for broker in brokers:
+        applier = broker.quorum.appliers[spec.name]
+        async with asyncio.timeout(wait_s):
+            while applier.applied < third.commit.end:
+                applier.changed.clear()
+                await applier.changed.wait()
+        assert applier.error is None
+        assert local_content(broker, spec.name) == (0, b"hello, quorum!?")
+        assert await _read(cluster, broker, spec.name) == b"hello, quorum!?"
+
+
+async def _read(cluster: Cluster, broker: Broker, journal: str) -> bytes:
+    """The journal's content as `broker` serves it from offset 0, without blocking."""
+    out = bytearray()
+    call = cluster.stub(broker).Read(pb.ReadRequest(journal=journal, offset=0, block=False))
+    async for resp in call:
+        if resp.status == pb.OFFSET_NOT_YET_AVAILABLE:
+            break
+        assert resp.status == pb.OK, pb.Status.Name(resp.status)
+        out += resp.content
+    return bytes(out)
+
+
+async def test_a_node_stops_when_its_journal_leaves_the_broker(cluster: Cluster) -> None:
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    spec = journal_spec("mode/moving", replication=3)
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    leader = await _leader_of(brokers, spec.name)
+    assert (await cluster.append(leader, spec.name, [b"kept"])).status == pb.OK
+    leaving = next(b for b in brokers if b is not leader)
+    node = leaving.quorum.nodes[spec.name]
+    # The route shrinks (the allocator would then add another broker): the leaving broker's
+    # node is forgotten at once and stopped; the others keep theirs and their ensemble.
+    slot = brokers.index(leaving)
+    key = assignment_key(ROOT, spec.name, leaving.config.zone, leaving.config.suffix, slot)
+    header, deleted = await cluster.admin.delete(key.encode())
+    assert deleted == 1
+    await cluster.sync(header.revision)
+    assert spec.name not in leaving.quorum.nodes
+    async with asyncio.timeout(wait_s):
+        assert node._loop_task is not None
+        await asyncio.gather(node._loop_task, return_exceptions=True)  # Stopped: cancelled.
+    for b in brokers:
+        if b is not leaving:
+            assert b.quorum.nodes[spec.name].ensemble == node.ensemble
+    resp = await cluster.append(leader, spec.name, [b"+more"])
+    assert resp.status == pb.OK and resp.commit.begin == 4

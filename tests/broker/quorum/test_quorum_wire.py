@@ -1,0 +1,73 @@
+"""The quorum replication RPC's envelopes: every protocol message round-trips; anything else
+is refused with a typed error naming what was wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.quorum.entry import Entry, EntryId, LogBase
+from broker.quorum.messages import (
+    AddFollower,
+    BecomeLeader,
+    Heartbeat,
+    NewTerm,
+    NewTermResponse,
+    ReplicaResponse,
+    Replicate,
+    ReplyStatus,
+    Snapshot,
+    Truncate,
+)
+from broker.quorum_shell.wire import (
+    ENVELOPE_BYTES_MAX,
+    Envelope,
+    WireDecodeError,
+    decode_envelope,
+    encode_envelope,
+)
+
+ANSWER = NewTermResponse(3, "m1", "fenced", EntryId(2, 7), EntryId(2, 5), (EntryId(2, 7),))
+MESSAGES = [
+    NewTerm(3, "m0!coordinator", ("m0", "m1", "m2")),
+    ANSWER,
+    BecomeLeader(3, "m0!coordinator", ("m0", "m1", "m2"), (ANSWER,)),
+    AddFollower(3, "m0!coordinator", ANSWER),
+    Heartbeat(3, "m0", 9, 11, ("m1", "m2")),
+    Truncate(3, "m0", EntryId(2, 6)),
+    Replicate(3, "m0", EntryId(3, 8), (Entry(3, 9, 100, 103, b"\x00\xffa"),), 8, 64),
+    Replicate(3, "m0", EntryId(3, 9), (), 9, 64),
+    Snapshot(3, "m0", LogBase(2, 4, 64), 8),
+    ReplicaResponse(3, "m1", ReplyStatus.GAP, EntryId(3, 2)),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message: object) -> None:
+    envelope = Envelope("a/journal", "m1", message)
+    assert decode_envelope(encode_envelope(envelope)) == envelope
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"\xff", "not JSON"),
+        (b'{"format":2}', "format must be 1"),
+        (b'{"format":1,"journal":1,"to":"m"}', "must be strings"),
+        (b'{"format":1,"journal":"j","to":"m","message":{"@":"os.system"}}', "unknown type"),
+        (b'{"format":1,"journal":"j","to":"m","message":{"@":"Truncate","term":1}}', "fields"),
+        (
+            b'{"format":1,"journal":"j","to":"m","message":{"@":"EntryId","term":1,"index":2}}',
+            "not a quorum message",
+        ),
+        (b'{"format":1,"journal":"j","to":"m","message":{"@b":"!!"}}', "message"),
+        (b" " * (ENVELOPE_BYTES_MAX + 1), "max"),
+    ],
+)
+def test_malformed_envelopes_are_refused(raw: bytes, why: str) -> None:
+    with pytest.raises(WireDecodeError, match=why):
+        decode_envelope(raw)
+
+
+def test_only_messages_are_encoded() -> None:
+    with pytest.raises(TypeError, match="not a quorum message"):
+        encode_envelope(Envelope("j", "m", EntryId(1, 1)))
