@@ -56,4 +56,5 @@ async def pulse(env: AppendEnv, journal: str) -> PulseResult:
                 error=str(fsm.err) if fsm.err else None,
             )
     ok = finished or (fsm.err is None and fsm.status in _ROUTE_BOUND_PULSE_STATUSES)
-    return PulseResult(ok, fsm.resolved.invalidated if fsm.resolved is not None else None)
+    invalidated = fsm.resolved.invalidated if fsm.resolved is not None else None
+    return PulseResult(ok, invalidated, committed=finished)

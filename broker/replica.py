@@ -95,6 +95,8 @@ class PulseResult(NamedTuple):
 
     ok: bool
     invalidated: asyncio.Event | None
+    # It committed: this broker is the journal's primary, its pipeline in sync.
+    committed: bool = False
 
 
 def pulse_retry_delay_s(failures: int, interval_s: float) -> float:

@@ -370,7 +370,12 @@ class Broker:
             # No all-replicas pipeline (it would hold the members' spools, which the quorum
             # applier writes): only the route is advertised.
             return await quorum_pulse(self.resolver, self.backend, journal)
-        return await pulse(self.append_env, journal)
+        result = await pulse(self.append_env, journal)
+        if result.committed and self.persister is not None:
+            # This broker is the primary now: what it holds for a former primary's upload is
+            # uploaded at once (persister.expedite).
+            self.persister.expedite(journal)
+        return result
 
     # --- Lifecycle ---
 

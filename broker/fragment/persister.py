@@ -17,7 +17,9 @@ checks whether the fragment is already in the store, `replica_check_s` after it 
 then at doubling intervals: usually the primary's upload is done within seconds, and the
 replica's copy (up to a fragment's target length of spool, per journal) is released then
 rather than held for the whole delay. A replica fragment waiting for its next check does not
-hold up the fragments behind it: the worker persists whatever is due first.
+hold up the fragments behind it: the worker persists whatever is due first. A broker that
+becomes a journal's primary `expedite`s its replica fragments of the journal: the primary they
+waited for is no longer it, and may have died with its copy.
 
 Bounds. Completed fragments wait in a queue of at most `queue_len_max` (primaries' and
 replicas' in queues of their own, so that a primary's never waits behind replicas'); a full
@@ -224,6 +226,9 @@ class Persister:
         # queue_len_max long (see "Bounds").
         self._waiting: list[tuple[float, int, _Job]] = []
         self._arrivals = 0
+        # Journals this broker became the primary of, and when (see `expedite`); entries older
+        # than replica_delay_s concern no job any more and are dropped.
+        self._expedited: dict[str, float] = {}
         self._clock = clock
         self._sleep = sleep
         self._closed = False
@@ -287,6 +292,38 @@ class Persister:
             check_interval_s=self._replica_check_s,
         )
 
+    def expedite(self, journal: str) -> int:
+        """This broker is now `journal`'s primary (its pulse committed): replica fragments of
+        the journal held for the former primary's upload are due at once, since the former
+        primary may be gone with its copy (a crash, a restart that set its spool aside), and
+        until they are uploaded, brokers without a copy cannot serve their offsets. Returns
+        how many waiting fragments it made due (queued ones are made due as they are taken)."""
+        now = self._clock()
+        cutoff = now - self._replica_delay_s
+        for name, at in list(self._expedited.items()):
+            if at < cutoff:
+                del self._expedited[name]
+        self._expedited[journal] = now
+        made_due = 0
+        for i, (_, arrival, job) in enumerate(self._waiting):
+            if self._expedite_job(job):
+                self._waiting[i] = (job.due_at(self._draining), arrival, job)
+                made_due += 1
+        if made_due:
+            heapq.heapify(self._waiting)
+            self._arrived.set()
+        return made_due
+
+    def _expedite_job(self, job: _Job) -> bool:
+        """Make a replica's job due now if its journal was expedited after it completed."""
+        at = self._expedited.get(job.completed.fragment.journal)
+        if at is None or job.completed.primary or job.not_before <= at:
+            return False
+        if job.not_before - self._replica_delay_s > at:
+            return False  # Completed after this broker became primary: not the former's.
+        job.not_before = job.check_at = at
+        return True
+
     def close(self) -> None:
         """Accept no more fragments. `run` returns once those queued are done."""
         self._closed = True
@@ -326,6 +363,7 @@ class Persister:
             # that many wait, later ones stay queued, and their intake applies back-pressure).
             while not self._replicas.empty() and len(self._waiting) < self._queue_len_max:
                 job = self._replicas.get_nowait()
+                self._expedite_job(job)
                 if job.due_at(self._draining) <= self._clock():
                     return job
                 self._park(job)

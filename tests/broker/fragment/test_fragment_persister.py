@@ -340,6 +340,28 @@ async def test_replicas_check_at_doubling_intervals_then_upload_at_the_delay() -
     assert env.index.query(0).file is None  # Reads now go through the store.
 
 
+async def test_a_new_primary_uploads_what_it_held_for_the_former_one_at_once() -> None:
+    # Found by the soak: a primary died before uploading (a store outage, then a kill); the
+    # replicas held the fragment for the whole replica delay (two minutes), and brokers
+    # without a copy could not serve its offsets meanwhile.
+    env = Env(replica_delay_s=120.0, replica_check_s=2.0)
+    held = completed(0, b"held for the primary", primary=False, index=env.index)
+    env.persister.submit_nowait(held, env.index)
+    assert await env.persister.step() is Outcome.DEFERRED  # Its first check: not there.
+    assert env.persister.expedite("other/journal") == 0  # Another journal's: nothing.
+    assert env.persister.expedite(JOURNAL) == 1  # This broker became the primary.
+    puts = env.store.puts
+    assert await env.persister.step() is Outcome.PERSISTED
+    assert env.sleeps == [2.0]  # No wait after the expedite.
+    assert env.store.puts == puts + 1
+    # A replica fragment completed after this broker became primary is not expedited.
+    env.now += 1.0
+    later = completed(20, b"a later replica fragment", primary=False)
+    env.persister.submit_nowait(later)
+    assert await env.persister.step() is Outcome.DEFERRED
+    assert env.persister.expedite(JOURNAL) == 1  # ...until the next pulse as primary.
+
+
 async def test_a_replica_fragment_between_checks_does_not_hold_up_the_primarys() -> None:
     env = Env(replica_delay_s=120.0, replica_check_s=2.0)
     env.persister.submit_nowait(completed(0, b"replica", primary=False))
