@@ -1,7 +1,8 @@
 """The append state machine: every Append RPC (and every pulse) is one run of it.
 
 An append must be all-or-nothing, serializable, durable on every replica of the journal's route
-before it reports success, and must never re-assign a journal offset (DESIGN.md §3.1-3.3). The
+before it reports success, and must never re-assign a journal offset (docs/architecture.md,
+Invariants). The
 machine converges on the distributed state those guarantees need, a *synchronised* replication
 pipeline owned by this append, possibly backing up and re-resolving several times, and then
 streams the client's content through it.

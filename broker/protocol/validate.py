@@ -1,7 +1,8 @@
 """Boundary validation of names, labels and specs, with Gazette's exact rules.
 
 Input from the wire, etcd or a user is validated once, here, and inner code trusts it
-(DESIGN.md §3.10). Every failure is a `ValidationError` (validation_error.py) whose message
+(docs/architecture.md, Invariants). Every failure is a `ValidationError` (validation_error.py)
+whose message
 starts with the path of the offending field, then names the rule and the value that broke it:
 
     fragment.length: must be in [1024, 17179869184] (got 12)
