@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.replica",
             "broker.pipeline",
             "broker.append_fsm",
+            "broker.append_state",
             "broker.append_pulse",
             "broker.append_rate",
             "broker.append_rules",
