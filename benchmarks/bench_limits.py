@@ -264,7 +264,7 @@ def main() -> None:
         root = Path(tmp)
         port = free_port()
         serve = [
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
+            *(sys.executable, "-c", "from broker.serve_cli import main; main()", "serve"),
             *("--port", str(port), "--data-dir", str(root), "--file-root", str(root)),
         ]
         with process(serve, root / "broker.log", wait_for_line="serving on"):

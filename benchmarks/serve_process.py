@@ -78,7 +78,7 @@ async def gazette_serve(
     log_path = data_dir / "broker.log"
     with _open_log(log_path) as log:
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", "from broker.server import main; main()", *args),
+            *(sys.executable, "-c", "from broker.serve_cli import main; main()", *args),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.

@@ -1,10 +1,11 @@
 """The append state machine: every Append RPC (and every pulse) is one run of it.
 
 An append must be all-or-nothing, serializable, durable on every replica of the journal's route
-before it reports success, and must never re-assign a journal offset (DESIGN.md §3.1-3.3). The
-machine converges on the distributed state those guarantees need, a *synchronised* replication
-pipeline owned by this append, possibly backing up and re-resolving several times, and then
-streams the client's content through it.
+before it reports success, and must never re-assign a journal offset (docs/architecture.md,
+Invariants). The machine converges on the distributed state those guarantees need, a
+*synchronised* replication pipeline owned by this append, possibly backing up and re-resolving
+several times, and then streams the client's content through it. Its states and errors are
+declared in append_state.py.
 
 States (one ``on_<state>`` handler each; tests drive them one at a time):
 
@@ -50,7 +51,6 @@ client gets in its AppendResponse; an *error* (``err``) is a failure of the RPC 
 from __future__ import annotations
 
 import asyncio
-import enum
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -68,6 +68,17 @@ from broker.append_rules import (
     update_assignments,
     validate_content_chunk,
 )
+from broker.append_state import TERMINAL as TERMINAL
+from broker.append_state import AppendStreamError as AppendStreamError
+from broker.append_state import ClientAbortedError as ClientAbortedError
+from broker.append_state import ExpectedEOFError as ExpectedEOFError
+from broker.append_state import FSMStateError as FSMStateError
+from broker.append_state import IndexNotReadyError as IndexNotReadyError
+from broker.append_state import (
+    RegisterUpdateWithEmptyAppendError as RegisterUpdateWithEmptyAppendError,
+)
+from broker.append_state import State as State
+from broker.append_state import UnexpectedEOFError as UnexpectedEOFError
 from broker.append_suspend import (
     CONTENT_FORBIDDEN,
     NO_RESUME,
@@ -106,58 +117,6 @@ T = TypeVar("T")
 # Until that listing, the broker cannot know the journal's largest offset (another broker may
 # have persisted content beyond what this one holds), so it must not append.
 index_refresh_wait_s_default = 30.0
-
-
-class State(enum.Enum):
-    RESOLVE = "resolve"
-    ACQUIRE_PIPELINE = "acquire_pipeline"
-    START_PIPELINE = "start_pipeline"
-    SEND_PIPELINE_SYNC = "send_pipeline_sync"
-    RECV_PIPELINE_SYNC = "recv_pipeline_sync"
-    UPDATE_ASSIGNMENTS = "update_assignments"
-    AWAIT_DESIRED_REPLICAS = "await_desired_replicas"
-    VALIDATE_PRECONDITIONS = "validate_preconditions"
-    UPDATE_SUSPEND = "update_suspend"
-    STREAM_CONTENT = "stream_content"
-    READ_ACKNOWLEDGEMENTS = "read_acknowledgements"
-    ERROR = "error"
-    PROXY = "proxy"
-    FINISHED = "finished"
-
-
-TERMINAL = frozenset({State.ERROR, State.PROXY, State.FINISHED})
-
-
-class FSMStateError(AssertionError):
-    """A handler was called in another state than its own: a bug."""
-
-
-class AppendStreamError(Exception):
-    """The client's stream broke the Append protocol, or ended without committing."""
-
-
-class UnexpectedEOFError(AppendStreamError):
-    def __init__(self) -> None:
-        super().__init__("append stream ended without the empty commit chunk (rolled back)")
-
-
-class ExpectedEOFError(AppendStreamError):
-    def __init__(self) -> None:
-        super().__init__("expected the end of the stream after the empty commit chunk")
-
-
-class RegisterUpdateWithEmptyAppendError(AppendStreamError):
-    def __init__(self) -> None:
-        super().__init__("register updates require a non-empty append (rolled back)")
-
-
-class ClientAbortedError(AppendStreamError):
-    def __init__(self) -> None:
-        super().__init__("append was cancelled by its client (rolled back)")
-
-
-class IndexNotReadyError(Exception):
-    """The journal's fragment index had no first store listing within the bound."""
 
 
 @dataclass(frozen=True)

@@ -624,11 +624,3 @@ class Broker:
             await self.quorum.stop()
             await self.dialer.close()
             await self.channels.close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`gazette serve` / `gazette demo` (broker/serve_cli.py): here too, where the console
-    script and `python -c "from broker.server import main; main()"` find it."""
-    from broker.serve_cli import main as cli_main
-
-    cli_main(argv)

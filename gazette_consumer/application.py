@@ -2,7 +2,8 @@
 
 A consumer application subclasses `Application` and is run, shard by shard, by the shard
 runner (`gazette_consumer.shard`). Each primary shard processes the read-committed messages of
-its source journals in *pipelined transactions* (DESIGN.md §3.7, `transaction.py`):
+its source journals in *pipelined transactions* (docs/architecture.md, Invariants,
+`transaction.py`):
 
 1. Once, when the shard becomes primary: `new_store(shard, recorder)` (`recorder` records into
    the shard's recovery log, if its spec has one); the runner then restores

@@ -1,7 +1,8 @@
 """Consumer checkpoints: building, validating, comparing, merging and (de)coding them (sans-IO).
 
 A checkpoint is what a shard commits atomically with its store at the end of each transaction
-(DESIGN.md §3.7): for every source journal, the offset read through and the states of the
+(docs/architecture.md, Invariants): for every source journal, the offset read through and the
+states of the
 producers its Sequencer tracks there; and the ACK intents — the acknowledgement messages to
 append, per journal, once (and only once) the commit is durable. On recovery the shard resumes
 reading from the offsets, seeds its Sequencer with the producer states, and re-writes the

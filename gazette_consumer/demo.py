@@ -1,6 +1,7 @@
 """``python -m gazette_consumer.demo`` (``make demo``): an exactly-once pipeline in one process.
 
-The embedded default of DESIGN.md §5, end to end: an in-process keyspace (etcd's semantics, no
+The embedded mode of docs/architecture.md ("Two ways to run"), end to end: an in-process keyspace
+(etcd's semantics, no
 etcd), a broker serving gRPC on loopback with a ``file://`` fragment store under the data
 directory, and a consumer member running the counting example (`examples.counter.Counter`) with
 one SQLite store per shard under the data directory.

@@ -1,4 +1,5 @@
-"""A shard replica's recovery log: playback, hand-off, recorder, hints (DESIGN.md §3.8).
+"""A shard replica's recovery log: playback, hand-off, recorder, hints (docs/architecture.md,
+Invariants).
 
 A shard whose ShardSpec has a `recovery_log_prefix` keeps its store's files in a local
 directory recorded into the journal `<recovery_log_prefix>/<id>` (`shard_spec.recovery_log`).

@@ -8,7 +8,7 @@ With ``--etcd``, the process joins the consumer group under ``--root`` (default
 ``/gazette/consumers/<Class>``) of that etcd cluster, and its shards read and write journals
 through the broker at ``--broker``. Without it, the process runs *embedded*: an in-process
 keyspace, a broker of its own (on ``--broker-port``, fragments under ``--data-dir``) and the
-consumer, all in one process (the embedded default of DESIGN.md §5).
+consumer, all in one process (the embedded mode of docs/architecture.md, "Two ways to run").
 
 Each shard assigned here runs in this process (``shard_runner.ShardRunner``) against the
 broker at ``--broker`` (embedded: its own broker), with one instance of the ``--app`` class for

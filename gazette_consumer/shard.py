@@ -5,7 +5,8 @@
 1. Opens the shard's `AppendService`; if the spec has a recovery log, completes its playback
    with a hand-off (`recovery.py`: fencing the recorder of any older primary) and builds a
    Recorder; opens the Application's store (`new_store(shard, recorder)`), and restores the
-   store's checkpoint, which fences every older instance of the store (DESIGN.md §3.8). With
+   store's checkpoint, which fences every older instance of the store (docs/architecture.md,
+   Invariants). With
    a recovery log, it then stores the recovered hints, and while it serves, stores the
    recorder's hints after commits (at most every `hints_interval_s`).
 2. Re-writes the checkpoint's ACK intents and waits for them, before consuming anything: if

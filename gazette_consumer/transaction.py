@@ -5,7 +5,7 @@ module decides, from events the shard's asyncio shell feeds it, when a transacti
 the shell should wait for next, and when the transaction closes; it does no I/O and keeps no
 clock of its own (every timed event carries `now`, in seconds of any monotonic clock).
 
-The rules (those of Gazette's consumer, see DESIGN.md §3.7):
+The rules (those of Gazette's consumer, docs/architecture.md, Invariants):
 
 - A transaction holds at least one message: it begins with the first message consumed, and the
   shell calls the application's `begin_txn` just before consuming it (`Consume.begins_txn`).

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from broker import serve_cli
+from broker.cli import gazctl
 from gazette_consumer import runner
 
 
@@ -22,7 +23,11 @@ def _undocumented(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
 
 @pytest.mark.parametrize(
     ("command", "parser"),
-    [("gazette", serve_cli._parser), ("gazette-consumer", runner._parser)],
+    [
+        ("gazette", serve_cli._parser),
+        ("gazette-consumer", runner._parser),
+        ("gazctl", gazctl._parser),
+    ],
 )
 def test_every_flag_has_help(command: str, parser: Callable[[], argparse.ArgumentParser]) -> None:
     assert list(_undocumented(parser(), command)) == []

@@ -57,7 +57,7 @@ from broker.cli import (
     shards,
 )
 from broker.cli.errors import CommandError
-from broker.cli.output import FORMATS, emit
+from broker.cli.output import FORMAT_HELP, FORMATS, emit
 from broker.cli.strict_yaml import parse_file
 from broker.fragment.stores.base import StoreError
 from broker.protocol.selector import parse_selector
@@ -73,9 +73,20 @@ EXIT_DATA_LOSS = 3
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gazctl", description="Operate a gazette cluster.")
-    parser.add_argument("--broker", default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"))
-    parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--log-format", choices=("console", "json"), default="console")
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"),
+        help="host:port of any broker of the cluster (default: $BROKER_ADDRESS or 127.0.0.1:8080)",
+    )
+    parser.add_argument(
+        "--log-level", default="warning", help="debug, info, warning or error (default: warning)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console",
+        help="log lines for people (console) or machines (json)",
+    )
     parser.add_argument(
         "--debug",
         action="store_true",
@@ -91,24 +102,24 @@ def _parser() -> argparse.ArgumentParser:
     apply = verbs.add_parser("apply", help="create, update or delete journals from YAML")
     apply.add_argument("-f", "--file", required=True, help="journal-space YAML ('-' for stdin)")
     apply.add_argument("--dry-run", action="store_true", help="validate and print, change nothing")
-    apply.add_argument("--format", choices=FORMATS, default="table")
+    apply.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     lst = verbs.add_parser("list", help="list journals matching a label selector")
-    lst.add_argument("-l", "--selector", default="")
-    lst.add_argument("--format", choices=FORMATS, default="table")
+    lst.add_argument("-l", "--selector", default="", help="label selector (default: every journal)")
+    lst.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     append = verbs.add_parser("append", help="append a file (or stdin) as one atomic append")
-    append.add_argument("-j", "--journal", required=True)
-    append.add_argument("-f", "--file", default="-")
+    append.add_argument("-j", "--journal", required=True, help="journal to append to")
+    append.add_argument("-f", "--file", default="-", help="file to append (default: '-', stdin)")
 
     read = verbs.add_parser("read", help="read journal content to stdout")
-    read.add_argument("-j", "--journal", required=True)
-    read.add_argument("--offset", type=int, default=0)
+    read.add_argument("-j", "--journal", required=True, help="journal to read")
+    read.add_argument("--offset", type=int, default=0, help="byte offset to start at (default: 0)")
     read.add_argument("--block", action="store_true", help="wait for new content at the head")
 
     frags = verbs.add_parser("fragments", help="list a journal's fragments")
-    frags.add_argument("-j", "--journal", required=True)
-    frags.add_argument("--format", choices=FORMATS, default="table")
+    frags.add_argument("-j", "--journal", required=True, help="journal whose fragments to list")
+    frags.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     prune = verbs.add_parser(
         "prune", help="delete persisted fragments older than each journal's retention"
@@ -118,25 +129,29 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument(
         "--file-root", default="/", help="root directory of file:// stores (as the brokers')"
     )
-    prune.add_argument("--format", choices=FORMATS, default="table")
+    prune.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     reset = verbs.add_parser(
         "reset-head",
         help="let appends continue at the fragment index's end (after INDEX_HAS_GREATER_OFFSET)",
     )
     reset.add_argument("-l", "--selector", required=True, help="label selector of journals")
-    reset.add_argument("--format", choices=FORMATS, default="table")
+    reset.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
     journals_suspend.add_command(verbs)
     journals_store_health.add_command(verbs)
 
     edit = verbs.add_parser("edit", help="edit journal specs in $EDITOR, applied on save")
     edit.add_argument("-l", "--selector", required=True, help="label selector of journals")
-    edit.add_argument("--format", choices=FORMATS, default="table")
+    edit.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
     shards.add_commands(top)
 
     uuids = top.add_parser("attach-uuids", help="prefix lines of text with message UUIDs")
     uuids.add_argument("paths", nargs="*", metavar="FILE", help="input files (default: stdin)")
-    uuids.add_argument("--template", default=attach_uuids.DEFAULT_TEMPLATE)
+    uuids.add_argument(
+        "--template",
+        default=attach_uuids.DEFAULT_TEMPLATE,
+        help="output per line: {{.UUID}} and {{.Line}} replaced (default: {{.UUID}},{{.Line}})",
+    )
     uuids.add_argument(
         "--max-length", type=int, default=attach_uuids.line_bytes_max_default, help="bytes"
     )

@@ -19,7 +19,7 @@ import asyncio
 import sys
 from typing import Any, Final
 
-from broker.cli.output import FORMATS, emit
+from broker.cli.output import FORMAT_HELP, FORMATS, emit
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import JournalNotFoundError, SuspendedError
@@ -40,7 +40,7 @@ def add_command(verbs: Any) -> None:
         action="store_true",
         help="suspend journals even if they hold content not yet persisted",
     )
-    cmd.add_argument("--format", choices=FORMATS, default="table")
+    cmd.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
 
 async def suspend_journal(c: Any, journal: str, *, force: bool) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import yaml
 
 OutputFormat = Literal["table", "yaml", "json"]
 FORMATS: tuple[OutputFormat, ...] = ("table", "yaml", "json")
+FORMAT_HELP = "output format (default: table)"
 
 # Cells longer than this are cut in tables (YAML and JSON always carry the full value).
 table_cell_chars_max = 64

@@ -28,7 +28,7 @@ import grpc.aio
 import yaml
 
 from broker.cli import shardspace
-from broker.cli.output import FORMATS, emit
+from broker.cli.output import FORMAT_HELP, FORMATS, emit
 from broker.cli.strict_yaml import parse_file
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.selector import parse_selector
@@ -59,22 +59,22 @@ def add_commands(top: Any) -> None:
 
     lst = verbs.add_parser("list", help="list shards, their routes and replica statuses")
     lst.add_argument("-l", "--selector", default="", help="label selector (meta-label: id)")
-    lst.add_argument("--format", choices=FORMATS, default="table")
+    lst.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     apply = verbs.add_parser("apply", help="create, update or delete shards from YAML")
     apply.add_argument("-f", "--file", required=True, help="shard-space YAML ('-' for stdin)")
     apply.add_argument("--dry-run", action="store_true", help="validate and print, change nothing")
-    apply.add_argument("--format", choices=FORMATS, default="table")
+    apply.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     unassign = verbs.add_parser("unassign", help="remove shard assignments to re-assign them")
     unassign.add_argument("-l", "--selector", required=True, help="label selector of shards")
     unassign.add_argument("--failed", action="store_true", help="only failed assignments")
     unassign.add_argument("--dry-run", action="store_true", help="print, change nothing")
-    unassign.add_argument("--format", choices=FORMATS, default="table")
+    unassign.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     edit = verbs.add_parser("edit", help="edit shard specs in $EDITOR, applied on save")
     edit.add_argument("-l", "--selector", required=True, help="label selector of shards")
-    edit.add_argument("--format", choices=FORMATS, default="table")
+    edit.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     prune = verbs.add_parser(
         "prune", help="delete recovery-log fragments no shard's hints still need"
@@ -84,12 +84,12 @@ def add_commands(top: Any) -> None:
     prune.add_argument(
         "--file-root", default="/", help="root directory of file:// stores (as the brokers')"
     )
-    prune.add_argument("--format", choices=FORMATS, default="table")
+    prune.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
     recover = verbs.add_parser("recover", help="play a shard's recovery log into a directory")
     recover.add_argument("--id", required=True, help="shard ID")
     recover.add_argument("-d", "--dir", required=True, help="directory to play the log into")
-    recover.add_argument("--format", choices=FORMATS, default="table")
+    recover.add_argument("--format", choices=FORMATS, default="table", help=FORMAT_HELP)
 
 
 async def run(args: argparse.Namespace) -> int:

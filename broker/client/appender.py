@@ -46,7 +46,8 @@ from broker.protocol.validate import ValidationError, at, validate_journal_name,
 log = get_logger(__name__)
 
 # Content is sent in messages of at most this size: large enough that per-message overhead is
-# negligible (DESIGN.md §8: ~680 MB/s at 1 MiB), well under gRPC's message limits.
+# negligible (docs/architecture.md, "Physical limits": ~680 MB/s at 1 MiB), well under gRPC's
+# message limits.
 chunk_bytes_max_default: Final = 1 << 20
 # Attempts of `append()` (the first included) before the last error is raised.
 attempts_max_default: Final = 10

@@ -44,9 +44,10 @@ kept otherwise, so that a broker restarted after a failed or interrupted upload 
 fragment and persists it then.
 
 Path postfixes. The spec's `path_postfix_template` is evaluated for each fragment (see
-`postfix.py`) and places its file under "directories" between the journal name and the content
-name, e.g. by the UTC date and hour of the fragment's first append. A template that renders no
-valid postfix fails the attempt like a store error would (the spec may be fixed meanwhile).
+`broker/protocol/path_postfix.py`) and places its file under "directories" between the journal
+name and the content name, e.g. by the UTC date and hour of the fragment's first append. A
+template that renders no valid postfix fails the attempt like a store error would (the spec may
+be fixed meanwhile).
 """
 
 from __future__ import annotations
@@ -64,13 +65,13 @@ from typing import Final
 from broker import metrics
 from broker.fragment import codecs
 from broker.fragment.index import FragmentIndex, IndexClosedError
-from broker.fragment.postfix import postfix_of
 from broker.fragment.spool import CompletedSpool, compress_file
 from broker.fragment.spool_file import SpoolFile, unlink_durable
 from broker.fragment.stores.base import FragmentStore, StoreError, run_to_completion
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.path_postfix import postfix_of
 from broker.protocol.validate import ValidationError
 
 log = get_logger(__name__)

@@ -4,13 +4,14 @@ Every broker of a journal's route (the primary and each replica) owns one Spool 
 primary streams each append to all of them as ReplicateRequests: content chunks, then a
 *proposal* of the fragment the spool should hold next. Because every spool applies the same
 requests by the same rules, they stay identical, and an append the primary reports as committed
-is on every replica (DESIGN.md §3.1). `Spool.apply` is that one rule book; it is sans-IO apart
+is on every replica (docs/architecture.md, Invariants). `Spool.apply` is that one rule book; it is
+sans-IO apart
 from the SpoolFile it writes through, and the caller owns all networking.
 
 State
   - `fragment`: the committed fragment [begin, end) with the SHA1 `sum` of exactly that content
     (all-zero when empty), its compression codec and backing store.
-  - `registers`: the journal's registers as of the last commit (DESIGN.md §3.5).
+  - `registers`: the journal's registers as of the last commit (docs/architecture.md, Invariants).
   - `delta`: bytes received since the last commit and not yet committed. They sit in the content
     file at [length, length + delta); a SHA1 running over committed + pending content sits next
     to a snapshot of it as of the last commit, so a rollback restores the sum in O(1).
@@ -36,7 +37,7 @@ A proposal is classified into exactly one Outcome, then applied:
                fragment, which tells the primary to re-propose a roll to that offset. This is
                Gazette's catch-up; a Go primary relies on it to add a peer.
   MISMATCH     anything else. Answered PROPOSAL_MISMATCH with the current fragment and registers;
-               nothing changes (DESIGN.md §3.10).
+               nothing changes (docs/architecture.md, Invariants).
 
 This is Gazette's fragment.Spool with one deliberate narrowing: Gazette also rolls when a
 zero-length proposal at the committed end mismatches afterwards (e.g. on its registers), and

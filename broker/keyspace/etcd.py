@@ -43,7 +43,12 @@ import grpc.aio
 
 from broker.grpc_transport import send_failed
 from broker.keyspace import backend as b
-from broker.keyspace.etcdpb import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from broker.keyspace import etcd_wire as wire
+from broker.keyspace.etcd_endpoints import EndpointError as EndpointError
+from broker.keyspace.etcd_endpoints import check_endpoints as check_endpoints
+from broker.keyspace.etcd_endpoints import parse_endpoint as parse_endpoint
+from broker.keyspace.etcd_endpoints import split_endpoint as split_endpoint
+from broker.keyspace.etcdpb import rpc_pb2, rpc_pb2_grpc
 from broker.logging import get_logger
 from broker.tls import ClientTls, describe_failure
 
@@ -155,10 +160,6 @@ class _Conn:
         )
 
 
-class EndpointError(ValueError):
-    """An etcd endpoint list or address that cannot be used."""
-
-
 class EtcdAuthError(b.KeySpaceError):
     """etcd refused our user and password (or requires them and we have none)."""
 
@@ -170,48 +171,6 @@ class EtcdError(b.KeySpaceError):
         super().__init__(f"etcd {rpc}: {code.name}: {details}")
         self.code = code
         self.details = details
-
-
-def split_endpoint(endpoint: str) -> tuple[str, str]:
-    """(``host:port``, scheme) of ``host:port``, ``http://host:port`` or ``https://host:port``
-    (the scheme is "" for a bare ``host:port``)."""
-    target = endpoint.strip()
-    scheme = ""
-    for prefix in ("http://", "https://"):
-        if target.startswith(prefix):
-            scheme, target = prefix[:-3], target[len(prefix) :]
-            break
-    else:
-        if "://" in target:
-            raise EndpointError(
-                f"etcd endpoint {endpoint!r}: expected host:port, http:// or https://"
-            )
-    target = target.rstrip("/")
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit() or "/" in target:
-        raise EndpointError(f"etcd endpoint {endpoint!r}: expected host:port")
-    return target, scheme
-
-
-def parse_endpoint(endpoint: str) -> str:
-    """``host:port`` from ``host:port``, ``http://host:port`` or ``https://host:port``."""
-    return split_endpoint(endpoint)[0]
-
-
-def check_endpoints(endpoints: Sequence[str], tls: ClientTls | None) -> list[tuple[str, bool]]:
-    """(``host:port``, dial with TLS) of each endpoint: TLS for ``https://``, and for a bare
-    ``host:port`` when `tls` is given. Raises EndpointError for a malformed endpoint, or an
-    ``http://`` one with `tls` (contradictory)."""
-    out: list[tuple[str, bool]] = []
-    for endpoint in endpoints:
-        target, scheme = split_endpoint(endpoint)
-        if scheme == "http" and tls is not None:
-            raise EndpointError(
-                f"etcd endpoint {endpoint!r}: TLS options are given but the endpoint is plain"
-                " http:// (use https://)"
-            )
-        out.append((target, scheme == "https" or (scheme == "" and tls is not None)))
-    return out
 
 
 class EtcdBackend(b.Backend):
@@ -268,21 +227,21 @@ class EtcdBackend(b.Backend):
             idempotent=True,
             revision=revision,
         )
-        return b.RangeResponse(_header(resp.header), tuple(_kv(kv) for kv in resp.kvs))
+        return b.RangeResponse(wire.header(resp.header), tuple(wire.kv(kv) for kv in resp.kvs))
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> b.Header:
         req = rpc_pb2.PutRequest(key=key, value=value, lease=lease)
         resp = await self._call(
             "Put", lambda c: c.kv.Put(req, timeout=self._timeout_s), lease=lease
         )
-        return _header(resp.header)
+        return wire.header(resp.header)
 
     async def delete(self, key: bytes, range_end: bytes | None = None) -> tuple[b.Header, int]:
         req = rpc_pb2.DeleteRangeRequest(key=key, range_end=range_end or b"")
         resp = await self._call(
             "DeleteRange", lambda c: c.kv.DeleteRange(req, timeout=self._timeout_s)
         )
-        return _header(resp.header), int(resp.deleted)
+        return wire.header(resp.header), int(resp.deleted)
 
     async def txn(
         self,
@@ -291,9 +250,9 @@ class EtcdBackend(b.Backend):
         failure: Sequence[b.Op] = (),
     ) -> b.TxnResponse:
         req = rpc_pb2.TxnRequest(
-            compare=[_compare(i, c) for i, c in enumerate(compares)],
-            success=[_request_op(op) for op in success],
-            failure=[_request_op(op) for op in failure],
+            compare=[wire.compare(i, c) for i, c in enumerate(compares)],
+            success=[wire.request_op(op) for op in success],
+            failure=[wire.request_op(op) for op in failure],
         )
         # A lease error can only come from a put; name the (first) lease the txn puts with.
         lease = next((op.lease for op in (*success, *failure) if isinstance(op, b.OpPut)), 0)
@@ -302,8 +261,8 @@ class EtcdBackend(b.Backend):
         )
         return b.TxnResponse(
             succeeded=bool(resp.succeeded),
-            header=_header(resp.header),
-            results=tuple(_op_result(r) for r in resp.responses),
+            header=wire.header(resp.header),
+            results=tuple(wire.op_result(r) for r in resp.responses),
         )
 
     async def compact(self, revision: int) -> None:
@@ -402,7 +361,7 @@ class EtcdBackend(b.Backend):
                     return
                 self._check_watch_response(resp, start_revision)
                 # Without events: a progress notification (asked for by request_watch_progress).
-                yield b.WatchResponse(_header(resp.header), tuple(map(_event, resp.events)))
+                yield b.WatchResponse(wire.header(resp.header), tuple(map(wire.event, resp.events)))
         finally:
             self._watch_calls.discard(call)
             call.cancel()
@@ -637,79 +596,6 @@ class EtcdBackend(b.Backend):
         except b.KeySpaceError:
             return 0
         return int(resp.compact_revision)
-
-
-# -- Conversions between our dataclasses and etcd's messages ----------------------------------
-
-_compare_fields = {
-    b.CompareTarget.VERSION: "version",
-    b.CompareTarget.CREATE: "create_revision",
-    b.CompareTarget.MOD: "mod_revision",
-    b.CompareTarget.VALUE: "value",
-    b.CompareTarget.LEASE: "lease",
-}
-
-
-def _header(h: rpc_pb2.ResponseHeader) -> b.Header:
-    return b.Header(
-        revision=h.revision, cluster_id=h.cluster_id, member_id=h.member_id, raft_term=h.raft_term
-    )
-
-
-def _kv(kv: kv_pb2.KeyValue) -> b.KeyValue:
-    return b.KeyValue(
-        key=kv.key,
-        value=kv.value,
-        create_revision=kv.create_revision,
-        mod_revision=kv.mod_revision,
-        version=kv.version,
-        lease=kv.lease,
-    )
-
-
-def _event(ev: kv_pb2.Event) -> b.Event:
-    return b.Event(b.EventType(ev.type), _kv(ev.kv))
-
-
-def _compare(index: int, c: b.Compare) -> rpc_pb2.Compare:
-    is_value = c.target is b.CompareTarget.VALUE
-    # bool is an int subclass but never a meaningful revision, version or lease.
-    if is_value != isinstance(c.value, bytes) or isinstance(c.value, bool):
-        want = "bytes" if is_value else "int"
-        raise TypeError(
-            f"compares[{index}].value: {c.target.name} compares take {want} "
-            f"(got {type(c.value).__name__})"
-        )
-    msg = rpc_pb2.Compare(
-        key=c.key,
-        # Our enums mirror etcd's by name and number.
-        target=c.target.name,
-        result=c.result.name,
-    )
-    setattr(msg, _compare_fields[c.target], c.value)
-    return msg
-
-
-def _request_op(op: b.Op) -> rpc_pb2.RequestOp:
-    if isinstance(op, b.OpPut):
-        put = rpc_pb2.PutRequest(key=op.key, value=op.value, lease=op.lease)
-        return rpc_pb2.RequestOp(request_put=put)
-    if isinstance(op, b.OpDelete):
-        delete = rpc_pb2.DeleteRangeRequest(key=op.key, range_end=op.range_end or b"")
-        return rpc_pb2.RequestOp(request_delete_range=delete)
-    if isinstance(op, b.OpGet):
-        get = rpc_pb2.RangeRequest(key=op.key, range_end=op.range_end or b"")
-        return rpc_pb2.RequestOp(request_range=get)
-    raise TypeError(f"txn op: expected OpPut, OpDelete or OpGet (got {type(op).__name__})")
-
-
-def _op_result(r: rpc_pb2.ResponseOp) -> tuple[b.KeyValue, ...] | int | None:
-    kind = r.WhichOneof("response")
-    if kind == "response_range":
-        return tuple(_kv(kv) for kv in r.response_range.kvs)
-    if kind == "response_delete_range":
-        return int(r.response_delete_range.deleted)
-    return None
 
 
 def _transport_failed(err: grpc.aio.AioRpcError) -> bool:

@@ -17,6 +17,9 @@ import unicodedata
 from broker.protocol.validation_error import ValidationError
 from broker.protocol.validation_error import quote as _quote
 
+# Journal names (and the path postfixes appended to them) are path tokens of this length.
+JOURNAL_NAME_LEN_MIN, JOURNAL_NAME_LEN_MAX = 4, 512
+
 # Symbols allowed in tokens (zones, suffixes, shard IDs, label names) besides Unicode letters and
 # numbers. Every rune <= '#' (35) is excluded on purpose: '#' separates the fields of allocator
 # keys in etcd, so a token must never contain it, nor anything that sorts before it.

@@ -1,7 +1,8 @@
 """Boundary validation of names, labels and specs, with Gazette's exact rules.
 
 Input from the wire, etcd or a user is validated once, here, and inner code trusts it
-(DESIGN.md §3.10). Every failure is a `ValidationError` (validation_error.py) whose message
+(docs/architecture.md, Invariants). Every failure is a `ValidationError` (validation_error.py)
+whose message
 starts with the path of the offending field, then names the rule and the value that broke it:
 
     fragment.length: must be in [1024, 17179869184] (got 12)
@@ -29,6 +30,9 @@ from broker.protocol import labels as gl
 from broker.protocol import limits
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.media_type import validate_media_type as validate_media_type
+from broker.protocol.path_postfix import check_template
+from broker.protocol.tokens import JOURNAL_NAME_LEN_MAX as JOURNAL_NAME_LEN_MAX
+from broker.protocol.tokens import JOURNAL_NAME_LEN_MIN as JOURNAL_NAME_LEN_MIN
 from broker.protocol.tokens import PATH_SYMBOLS as PATH_SYMBOLS
 from broker.protocol.tokens import TOKEN_SYMBOLS as TOKEN_SYMBOLS
 from broker.protocol.tokens import ascii_alphabet, is_token
@@ -48,7 +52,6 @@ from broker.protocol.validation_error import quote as _quote
 
 LABEL_NAME_LEN_MIN, LABEL_NAME_LEN_MAX = 2, 64
 LABEL_VALUE_LEN_MAX = 1024
-JOURNAL_NAME_LEN_MIN, JOURNAL_NAME_LEN_MAX = 4, 512
 ZONE_LEN_MIN, ZONE_LEN_MAX = 1, 32
 PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX = 4, 128
 SHARD_ID_LEN_MIN, SHARD_ID_LEN_MAX = 4, 512
@@ -391,13 +394,10 @@ def validate_offsets(offsets: Mapping[str, int]) -> None:
 
 
 def validate_path_postfix_template(template: str) -> None:
-    """A Go text/template of the subset brokers evaluate (`broker/fragment/postfix.py`), that
+    """A Go text/template of the subset brokers evaluate (`broker/protocol/path_postfix.py`), that
     evaluates over Go's zero values, as Gazette checks, to text allowed in a path. Templates
     outside the subset (functions, pipelines, range / with, ...) are refused here, when a spec
     is applied, rather than failing every persist of the journal's fragments later."""
-    # Imported here: broker.fragment modules import this one.
-    from broker.fragment.postfix import check_template
-
     check_template(template)
 
 

@@ -244,7 +244,7 @@ class ProcessCluster:
             b.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",
-                "from broker.server import main; main()",
+                "from broker.serve_cli import main; main()",
                 *args,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,

@@ -70,7 +70,7 @@ def _demo_broker() -> Iterator[str]:
     with open(os.path.join(root, "broker.log"), "wb") as log:
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
+                *(sys.executable, "-c", "from broker.serve_cli import main; main()", "serve"),
                 *("--port", str(port), "--data-dir", root, "--file-root", root),
             ],
             stdout=subprocess.PIPE,

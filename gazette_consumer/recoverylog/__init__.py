@@ -12,7 +12,8 @@ Wire-compatible with Gazette's consumer/recoverylog (broker/protocol/recorded_op
   the write head, hands the log off to a new author (an append that sets the `author`
   register, fencing the previous recorder), or tails it as a hot standby until asked to.
 
-How a shard uses it (DESIGN.md §3.8; gazette_consumer/recovery.py does this for every shard
+How a shard uses it (docs/architecture.md, Invariants; gazette_consumer/recovery.py does this for
+every shard
 whose spec has a recovery log; see stores/jsonfile.py for a store built on it):
 
 - Primary: `play_and_handoff(client, hints, dir, author)` with the hints the previous primary

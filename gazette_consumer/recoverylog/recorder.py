@@ -7,7 +7,8 @@ raises RecorderUsageError and records nothing — framed, and buffered. Buffered
 content) are appended in batches of about `batch_bytes_max`: when the buffer fills, and on
 `flush()`, which returns once everything recorded before it is durable in the log.
 
-Fencing (DESIGN.md §3.8). Every append checks the journal register `author=<this recorder's
+Fencing (docs/architecture.md, Invariants). Every append checks the journal register `author=<this
+recorder's
 author>`. The player of a new primary sets that register to its own author with its hand-off
 (see player.py), after which this recorder's appends fail with REGISTER_MISMATCH, and it raises
 RecorderFencedError from then on: a zombie can no longer extend the log. Its ops that did land

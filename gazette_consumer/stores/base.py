@@ -1,11 +1,11 @@
 """The Store interface every shard store implements, its errors, and a commit pipeline.
 
 A Store holds a shard's state and its consumer checkpoint, and commits both in one atomic step
-(DESIGN.md §3.7). The shard's transaction loop drives it:
+(docs/architecture.md, Invariants). The shard's transaction loop drives it:
 
 1. `restore_checkpoint(shard)` once, when the shard becomes primary: returns the last committed
    checkpoint and *fences* every earlier instance of the same shard's store, so that a zombie
-   primary can no longer commit (DESIGN.md §3.8).
+   primary can no longer commit (docs/architecture.md, Invariants).
 2. While a transaction runs, the application stages changes through the store's own
    transaction handle (each implementation has one: a SQL connection, a write batch, ...).
 3. `start_commit(shard, checkpoint, wait_for)` closes the transaction: it returns an `OpFuture`

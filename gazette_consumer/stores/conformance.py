@@ -274,7 +274,8 @@ async def check_pipelined_commits_apply_in_order(factory: StoreFactory, prefix: 
 
 async def check_zombie_is_fenced(factory: StoreFactory, prefix: str) -> None:
     """Once a newer instance restored the shard, an older one can no longer commit — neither
-    its checkpoint nor its user state — while the newer one can (DESIGN.md §3.8)."""
+    its checkpoint nor its user state — while the newer one can (docs/architecture.md,
+    Invariants)."""
     name = "zombie_is_fenced"
     shard = _shard(prefix, name)
     key = f"{shard.fqn}/key"

@@ -18,7 +18,7 @@ Two ways to open one:
   into the (emptied) directory and hands it off to this instance's author itself.
 
 Either way, once restored, the previous primary's recorder is fenced, so its commits fail with
-FencedError (DESIGN.md §3.8).
+FencedError (docs/architecture.md, Invariants).
 
 The document is serialized when `start_commit` is called, so a pipelined next transaction may
 change `state` while the commit waits on its `wait_for`. A failed commit leaves `state` holding

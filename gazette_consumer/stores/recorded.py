@@ -12,7 +12,7 @@ in how a commit records them; this base holds the rest:
 - one restore per instance, and commits only after it, for the restored shard, and none after
   a failed one (the shard then restores a new instance, as it does after any failed commit);
 - fencing: once a newer instance restored, this one's recorder is fenced, and its commits fail
-  with FencedError (DESIGN.md §3.8);
+  with FencedError (docs/architecture.md, Invariants);
 - the CommitPipeline that applies commits in order once their `wait_for` resolved.
 """
 

@@ -1,5 +1,5 @@
 """RocksDBStore: a shard's state in a RocksDB database whose directory is recorded into the
-shard's recovery log (DESIGN.md §3.8, §6).
+shard's recovery log (docs/architecture.md: Invariants; Dependencies).
 
 Gazette records a RocksDB store through an Env hook that sees every file operation as RocksDB
 makes it. Python has no such hook, so this store records the database directory by *diffing*

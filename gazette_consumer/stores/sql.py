@@ -6,7 +6,8 @@ compatible with Gazette's own SQLStore so that both can share a database:
     gazette_checkpoints(shard_fqn TEXT PRIMARY KEY, fence INTEGER NOT NULL,
                         checkpoint BLOB NOT NULL)        -- BYTEA on PostgreSQL
 
-Fencing (DESIGN.md §3.8; docs/stores.md has the argument in full). `restore_checkpoint`
+Fencing (docs/architecture.md, Invariants; docs/stores.md has the argument in full).
+`restore_checkpoint`
 increments the shard's `fence` in a transaction of its own and remembers the value. Every
 commit then runs, in the same SQL transaction as the application's staged changes,
 

@@ -32,7 +32,7 @@ def gazette_serve(root: Path, *args: str) -> Iterator[tuple[int, subprocess.Pope
     log = (root / "broker.log").open("wb")
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
+            *(sys.executable, "-c", "from broker.serve_cli import main; main()", "serve"),
             *("--port", str(port), "--data-dir", str(root), "--file-root", str(root)),
             *args,
         ],

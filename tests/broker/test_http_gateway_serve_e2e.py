@@ -67,7 +67,7 @@ def _served(tmp_path: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
         [
             sys.executable,
             "-c",
-            "from broker.server import main; main()",
+            "from broker.serve_cli import main; main()",
             "serve",
             "--port",
             str(_free_port()),

@@ -41,7 +41,7 @@ from broker.client.route_cache import ChannelPool, JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.protocol.status import JournalNotFoundError, WrongAppendOffsetError
-from broker.server import main as gazette_main
+from broker.serve_cli import main as gazette_main
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 from broker.topology import lookup_item
 

@@ -72,7 +72,7 @@ async def _serve_broker(
 ) -> tuple[asyncio.subprocess.Process, str]:
     with log.open("wb") as log_file:  # A file: a pipe nobody reads would stall the broker.
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve", *args),
+            *(sys.executable, "-c", "from broker.serve_cli import main; main()", "serve", *args),
             stdout=asyncio.subprocess.PIPE,
             stderr=log_file,
             env=env,

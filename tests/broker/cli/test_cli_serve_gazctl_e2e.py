@@ -39,7 +39,7 @@ def served(tmp_path: Path):  # type: ignore[no-untyped-def]
         [
             sys.executable,
             "-c",
-            "from broker.server import main; main()",
+            "from broker.serve_cli import main; main()",
             "serve",
             "--port",
             str(port),

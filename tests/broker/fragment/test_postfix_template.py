@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.fragment.go_time import GO_ZERO_TIME, format_time, parse_layout
-from broker.fragment.postfix import (
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.go_time import GO_ZERO_TIME, format_time, parse_layout
+from broker.protocol.path_postfix import (
     PostfixTemplateError,
     PostfixValues,
     check_template,
@@ -17,7 +18,6 @@ from broker.fragment.postfix import (
     parse_template,
     postfix_of,
 )
-from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, validate_journal_spec
 
 # Tuesday 2019-11-19 22:07:05.123456 UTC: day 323 of the year, 10 PM.

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from broker.keyspace import conformance
+from broker.keyspace import conformance, conformance_kit, conformance_leases
 from broker.keyspace.backend import (
     CompactedError,
     Compare,
@@ -108,7 +108,7 @@ async def test_checks_catch_broken_backends(
     backend_type: type[EmbeddedBackend], check: Check, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A lost event shows as a wait that times out; don't wait the full bound for it.
-    monkeypatch.setattr(conformance, "event_timeout_s", 0.5)
+    monkeypatch.setattr(conformance_kit, "event_timeout_s", 0.5)
     backend = backend_type()
     try:
         with pytest.raises(conformance.ConformanceError):
@@ -120,7 +120,7 @@ async def test_checks_catch_broken_backends(
 async def test_lease_expiry_check_catches_leases_that_never_expire(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(conformance, "lease_expiry_timeout_s", 0.5)
+    monkeypatch.setattr(conformance_leases, "lease_expiry_timeout_s", 0.5)
     backend = EmbeddedBackend(EmbeddedStore(lease_ttl_min_s=3600))
     try:
         with pytest.raises(conformance.ConformanceError, match="was not deleted within"):

@@ -150,7 +150,7 @@ async def test_a_second_process_on_a_data_dir_in_use_is_refused(
 ) -> None:
     with gazette_serve(tmp_path) as (port, proc):
         second = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", "from broker.server import main; main()", "serve"),
+            *(sys.executable, "-c", "from broker.serve_cli import main; main()", "serve"),
             *("--port", str(free_port()), "--data-dir", str(tmp_path)),
             *("--file-root", str(tmp_path)),
             stderr=asyncio.subprocess.PIPE,

@@ -509,7 +509,7 @@ def test_path_postfix_template_accepted(template: str) -> None:
         ("a/{{ }}", 'has an empty action (got "a/{{ }}")'),
         ("{{ .Spool.Nope }}", 'refers to unknown field ".Spool.Nope" (got "{{ .Spool.Nope }}")'),
         ("{{ .Nope.Format }}", 'refers to unknown field ".Nope.Format" (got "{{ .Nope.Format }}")'),
-        # Outside the subset brokers evaluate (broker/fragment/postfix.py): refused at apply.
+        # Outside the subset brokers evaluate (broker/protocol/path_postfix.py): refused at apply.
         (
             '{{ printf "%s" .Name }}',
             'uses unsupported construct "printf" (supported: text, "strings", fields such as .Spool.Begin, .Spool.FirstAppendTime.Format "2006") (got "{{ printf \\"%s\\" .Name }}")',
