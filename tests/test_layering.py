@@ -27,10 +27,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.loop_slices",
             "broker.malloc_tuning",
             "broker.task_dump",
+            "broker.grpc_transport",
         ),
     ),
     ("protocol", ("broker.protocol", "broker.auth", "broker.metrics", "broker.tls")),
-    ("keyspace and fragments", ("broker.keyspace", "broker.fragment")),
+    (
+        "keyspace and fragments",
+        (
+            "broker.keyspace",
+            "broker.fragment",
+            # The quorum protocol's sans-IO core, and its term record in the keyspace.
+            "broker.quorum",
+            "broker.quorum_shell.term_record",
+        ),
+    ),
     ("client", ("broker.client",)),
     (
         "replica and pipeline",
@@ -59,7 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.list_apply_api",
             "broker.service_handlers",
             "broker.http_gateway",
-            "broker.quorum",
+            "broker.quorum_shell",
         ),
     ),
     (
