@@ -137,12 +137,15 @@ def test_queue_span_links_a_span_wrapping_the_ring_in_bounded_work_per_message()
         while pending:
             assert seq.queue_span(pending) is None
     assert CountedEnvelope.reads <= 4 * messages
-    # And what it linked is the span's last ring_size messages: the ACK replays the rest.
+    # The span lost its start as its message past the ring's length evicted its first: the
+    # ring keeps none of it (nor any message alive), and its ACK replays it whole.
+    assert seq._ring.occupied == 0
+    assert all(e is None for e in seq._ring.entries)
     pending = deque([ack])
     assert seq.queue_span(pending) is ack
     required = seq.replay_required
     assert required is not None
-    assert (required.begin, required.end) == (0, envs[messages - ring_size + 1].begin)
+    assert (required.begin, required.end) == (0, ack.begin)
     seq.replay(e for e in envs if required.begin <= e.begin and e.end <= required.end)
     delivered = []
     while (env := seq.dequeue()) is not None:
@@ -179,3 +182,65 @@ def test_replayed_and_ring_deliveries_of_a_long_span_are_each_message_once() -> 
     assert out == expected
     assert replays == 3  # The transactions longer than the ring.
     assert seq._ring.occupied == 0
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    txns=st.lists(LONG_TXNS, min_size=1, max_size=4),
+    ring_size=st.integers(1, 16),
+    limits=st.lists(st.integers(1, 80), min_size=1, max_size=8),
+)
+def test_dequeue_replayed_leaves_the_sequencer_as_dequeue_one_by_one(
+    txns: list[LongTxn], ring_size: int, limits: list[int]
+) -> None:
+    """Mid-emission too: after each run `dequeue_replayed` takes from a replay, the Sequencer
+    checkpoints (and has pending) exactly as after as many `dequeue()` calls, and both deliver
+    the same rest."""
+    with structlog.testing.capture_logs():
+        journals = long_journal(txns)
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        turn = 0
+        for env in journals[J]:
+            for seq in (reference, tested):
+                seq.queue_uncommitted(env)
+                replayed(journals, seq)
+            while True:
+                limit = limits[turn % len(limits)]
+                turn += 1
+                run = tested.dequeue_replayed(limit)
+                if not run:
+                    break
+                event("a replay taken in runs")
+                assert [reference.dequeue() for _ in run] == run
+                assert tested.dequeued is reference.dequeued is run[-1]
+                assert tested.checkpoint() == reference.checkpoint()
+                assert tested.has_pending({}) == reference.has_pending({})
+            rest = []
+            while (out := tested.dequeue()) is not None:
+                rest.append(out)
+            assert [reference.dequeue() for _ in range(len(rest) + 1)] == [*rest, None]
+            assert ring_state(tested) == ring_state(reference)
+            assert tested.checkpoint() == reference.checkpoint()
+
+
+def test_dequeue_replayed_takes_nothing_without_a_replay() -> None:
+    gen = Gen(J)
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    a1, a2_ack = gen(PRODUCERS[0], 1, FLAG_CONTINUE_TXN), gen(PRODUCERS[0], 2, FLAG_ACK_TXN)
+    assert seq.dequeue_replayed(5) == []  # No emission.
+    seq.queue_uncommitted(a1)
+    seq.queue_uncommitted(a2_ack)
+    assert seq.dequeue_replayed(5) == []  # Served by the ring.
+    assert seq.dequeue_all() == [a1, a2_ack]
+    seq = Sequencer(1)
+    for env in (a1, a2_ack):
+        seq.queue_uncommitted(env)
+    assert seq.replay_required is not None
+    assert seq.dequeue_replayed(5) == []  # replay() is due first: nothing changes.
+    assert seq.replay_required is not None
+    seq.replay([a1])
+    assert seq.dequeue_replayed(0) == []
+    assert seq.dequeue_replayed(5) == [a1]  # The replay ended: the ACK is the ring's.
+    assert seq.dequeue() is a2_ack
+    assert seq.dequeue() is None
