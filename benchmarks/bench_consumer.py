@@ -41,10 +41,10 @@ synchronous=FULL; PostgreSQL with fsync and synchronous_commit on: scripts/pg_cl
 Rates are messages per wall second from the shard's first `begin_txn` until its progress (a
 completed transaction: committed, ACKs written) reaches the journal's head; also per CPU second
 of the process (all threads; "loop thread" is the event loop's share). Beside them, limits of
-the same run: read-committed iteration of the journal without a shard, the read-uncommitted
-source without a shard, msgspec encode+decode. The overhead of exactly-once is 1 - eo/alo, of
-the median rates and, steadier on a shared machine, the median of each round's pair (each
-round's pair is printed too, to pool rounds across runs). With `--steady-txns K` every
+the same run: read-committed iteration of the journal without a shard (with `--chain`, of the
+chain's input too), the read-uncommitted source without a shard, msgspec encode+decode. The
+overhead of exactly-once is 1 - eo/alo, of the median rates and, steadier on a shared machine,
+the median of each round's pair (each round's pair is printed too, to pool rounds across runs). With `--steady-txns K` every
 transaction lasts exactly `--max-txn-s` in both modes and the rates are those of K whole
 transactions after a first one, none of which may reach the journal's head.
 Progress goes to stderr (a line per run; a live counter on a terminal or with BENCH_PROGRESS=1).
@@ -234,8 +234,8 @@ async def drain(source: Any, count: int) -> Rate:
     return Rate(count, time.perf_counter() - t0, time.process_time() - c0)
 
 
-async def raw_read_committed(c: client.JournalClient, count: int) -> Rate:
-    it = ReadCommittedIter(c, {SOURCE: 0}, message_type=Reading)
+async def raw_read_committed(c: client.JournalClient, count: int, journal: str = SOURCE) -> Rate:
+    it = ReadCommittedIter(c, {journal: 0}, message_type=Reading)
     try:
         return await drain(it, count)
     finally:
@@ -405,12 +405,19 @@ async def main() -> None:
             "read-committed": [],
             "read-uncommitted": [],
         }
+        if chain is not None:
+            # The chain's input read committed: its transactions outgrow the ring (replays).
+            limits["read-committed of the chain's input"] = []
         for round_ in range(args.rounds):
             limits["msgspec encode+decode"].append(
                 msgspec_round_trips(make_messages(MESSAGE_POOL), 100_000)
             )
             limits["read-committed"].append(await raw_read_committed(c, limit_count))
             limits["read-uncommitted"].append(await raw_read_uncommitted(c, limit_count))
+            if chain is not None:
+                limits["read-committed of the chain's input"].append(
+                    await raw_read_committed(c, limit_count, CHAIN)
+                )
             for config, source, source_head, publish in configs:
                 # Alternate the order of eo and alo from round to round.
                 for eo, db in modes if round_ % 2 == 0 else modes[::-1]:

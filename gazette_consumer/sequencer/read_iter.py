@@ -149,6 +149,10 @@ before linking it into the ring: a longer one most often continues in the next p
 look would be wasted; through the ring it costs a little more per transaction. The iterator
 stops looking after a longer transaction, until a shorter one comes through the ring."""
 
+REPLAY_RUN_MIN: Final = 2
+"""Replayed messages held beyond which they are taken as a run (`Sequencer.dequeue_replayed`)
+rather than stepped one by one."""
+
 _NO_RUN: Final[list[Any]] = []  # Never appended to: `_run_all` when no run is held.
 
 
@@ -367,12 +371,20 @@ class ReadCommittedIter:
         # (held in `_ahead`, making `in_sequence` True), or to the sequence's end (consuming its
         # ACK). Never needs a read: the replay, if any, was checked to hold one more envelope.
         self._ahead = None
-        dequeue = self._seq.dequeue
+        seq, replay = self._seq, self._replay
+        if replay is not None and replay.held > REPLAY_RUN_MIN:
+            # A replay's messages after `env`, taken at once as a run returned after it (all
+            # the replay holds but one, which the look past the run's last takes below).
+            if envs := seq.dequeue_replayed(replay.held - 1):
+                self._run_all, self._run = [env, *envs], envs[::-1]
+                self._span_through = seq.read_through(replay.required.journal)
+        dequeue = seq.dequeue
         while (after := dequeue()) is not None:  # At most past the ACK, which ends it.
             if after.flags != FLAG_ACK_TXN:
                 # Stepping a message within a sequence moves its producer's state past it; a
-                # checkpoint taken while it is held must stand where `env` left it.
-                self._ahead, self._ahead_after = after, env
+                # checkpoint taken while it is held must stand where `env` left it (or, behind
+                # a run of a replay's messages, where the run's last will).
+                self._ahead, self._ahead_after = after, self._run_all[-1] if self._run else env
                 return env
         self._replay = None
         return env
@@ -564,7 +576,7 @@ class ReadCommittedIter:
                 read_through[journal] = max(self._floors.get(journal, 0), held.end)
                 producers[jp] = ProducerState(last_ack=held.clock, begin=-1)
         ahead, after = self._ahead, self._ahead_after
-        if ahead is not None and after is not None:
+        if ahead is not None and after is not None and not left:
             # Where stepping `after` (non-final, of the same producer) left the state.
             producers = dict(producers)
             producers[JournalProducer(ahead.journal, ahead.producer)] = ProducerState(

@@ -5,7 +5,8 @@ The ring has a fixed number of slots, written in turn at `head`. Each envelope o
 written at the head and linked after the span's previous entry, so that a commit walks exactly
 its own span's entries, however many other producers' entries lie between them. Writing the head
 evicts the oldest entry: a span that loses its first entry so can no longer be served from the
-ring, and the Sequencer replays it from the journal instead.
+ring, and the Sequencer replays it from the journal instead, whole: its other entries are freed
+at once and it links no more (a transaction longer than the ring then keeps none of it alive).
 
 A slot is freed as soon as its entry is walked past (delivered, or skipped by the commit), not
 only when the head comes round: a delivered message is then not kept alive by the ring, which
@@ -86,15 +87,21 @@ class SpanRing(Generic[E]):
         # (Its owner is the only partial that can link it: one pruned or replaced since links
         # nothing, as a partial without a pending span links nothing.)
         if partial.ring_start == head:
-            following = self.links[head]
-            invariant(
-                (partial.ring_start == partial.ring_stop) == (following == -1),
-                "a span's last linked entry must end its chain",
-            )
-            if following == -1:
-                partial.ring_start = partial.ring_stop = -1
-            else:
-                partial.ring_start = following
+            # The span loses its start: its ACK will replay it whole from the journal, so its
+            # other entries are freed now and no more are linked (the Sequencer checks
+            # `ring_start`). Keeping them would only hold a ring's worth of messages alive a
+            # ring's length each, which the garbage collector scans, to save replaying them.
+            entries, owners, links = self.entries, self.owners, self.links
+            index, last = links[head], head
+            while index != -1:
+                invariant(owners[index] is partial, "a span links only its own entries")
+                entries[index] = owners[index] = None
+                last, following = index, links[index]
+                links[index] = -1
+                index = following
+                self.occupied -= 1
+            invariant(last == partial.ring_stop, "a span's last linked entry must end its chain")
+            partial.ring_start = partial.ring_stop = -1
         self.entries[head] = None
         self.owners[head] = None
         self.links[head] = -1

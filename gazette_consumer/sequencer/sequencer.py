@@ -349,9 +349,11 @@ class Sequencer(Generic[E]):
             return 0  # No ACK yet.
         ack = envs[n]
         # Each envelope would have taken the head slot (evicting its entry), and every one of
-        # them been delivered from it, leaving it free.
+        # them been delivered from it, leaving it free; but for a span longer than the ring,
+        # whose message after the ring's length evicts its first and ends its linking (then
+        # only the ACK takes a slot more).
         taken = n + 1
-        self._ring.pass_slots(taken)
+        self._ring.pass_slots(min(n, len(self._ring)) + 1)
         if partial is None:
             partial = self._partials[key] = Partial(ack.clock, -1)
         else:
@@ -395,12 +397,20 @@ class Sequencer(Generic[E]):
                     and env.begin >= read_through.get(journal, 0)
                 ):
                     self._dequeued = None
-                    if partial.begin == -1:
-                        partial.begin = env.begin
                     # SpanRing.add_at_head, inlined (it runs for every transactional message).
                     head = ring.head
                     if owners[head] is not None:
-                        ring.evict_at_head()
+                        ring.evict_at_head()  # Perhaps of this span's first entry: see below.
+                    if partial.begin == -1:
+                        partial.begin = env.begin
+                    elif partial.ring_start == -1:
+                        # The span lost its start: replayed whole at its ACK, never linked.
+                        partial.max_clock = clock
+                        read_through[journal] = env.end
+                        last_journal, last_producer, last_partial = journal, producer, partial
+                        if pending:
+                            self._skip_run(pending, partial, env)
+                        continue
                     entries[head] = env
                     owners[head] = partial
                     ring.occupied += 1
@@ -461,13 +471,21 @@ class Sequencer(Generic[E]):
         """Link the CONTINUE_TXN messages at the front of `pending` that continue `partial`'s
         span (just extended by the message before them in slot ``head - 1``: the same producer,
         clocks rising) into the free slots from `head` on, at once: what queue_span's loop
-        would do for each, as slice assignments. Stops at the ring's end, at an owned slot, and
-        at the first message that is not such a continuation (the loop takes it)."""
+        would do for each, as slice assignments. Stops at the ring's end and at the first
+        message that is not such a continuation (the loop takes it). Entries in the slots it
+        takes are evicted first, oldest first, as linking one by one would evict them: a span
+        longer than the ring keeps being linked a run at once once the ring is full, where
+        declining would leave each message to the loop, and this to look at the whole run
+        again for each (a transaction longer than the ring cost ~40x more per message)."""
         ring = self._ring
         entries, owners, size = ring.entries, ring.owners, len(ring.entries)
         first = entries[head - 1]
         assert first is not None  # The message just linked there.
         producer, clock, room = first.producer, first.clock, size - head
+        if partial.ring_start >= head:
+            # Up to the span's own first entry only: the message that would evict it is the
+            # loop's (the span then loses its start, see SpanRing.evict_at_head).
+            room = partial.ring_start - head
         run: list[E] = []
         for env in pending:
             if (
@@ -483,8 +501,9 @@ class Sequencer(Generic[E]):
         if not n:
             return
         stop = head + n
-        if any(owners[head:stop]):
-            return  # Entries to evict first: the loop takes them one by one.
+        # Evicting them all before linking any is the same: only this span's chain is linked
+        # to, after its last entry (slot head - 1, outside the slots evicted).
+        ring.pass_slots(n)
         entries[head:stop] = run
         owners[head:stop] = [partial] * n
         ring.links[head - 1 : stop - 1] = range(head, stop)  # Free slots' links are -1.
@@ -496,6 +515,33 @@ class Sequencer(Generic[E]):
         self._read_through[last.journal] = last.end
         for _ in range(n):
             pending.popleft()
+
+    def _skip_run(self, pending: deque[E], partial: Partial, last: E) -> None:
+        """Take at once the CONTINUE_TXN messages at the front of `pending` that continue the
+        span of `partial` after `last` (just taken: the same producer, clocks rising), a span
+        that lost its start: nothing of it is in the ring and nothing more is linked (its ACK
+        replays it whole). What queue_span's loop would do for each (the head slot each would
+        evict is free already), for a transaction longer than the ring. Stops at the first
+        message that is not such a continuation (the loop takes it)."""
+        journal, producer, clock, end = last.journal, last.producer, last.clock, last.end
+        n = 0
+        for env in pending:
+            if (
+                env.flags != FLAG_CONTINUE_TXN
+                or env.producer is not producer  # Interned by the decoder; else one by one.
+                or env.clock <= clock
+                or env.begin < end
+                or (env.journal is not journal and env.journal != journal)
+            ):
+                break
+            clock, end = env.clock, env.end
+            n += 1
+        if not n:
+            return
+        for _ in range(n):
+            pending.popleft()
+        partial.max_clock = clock
+        self._read_through[journal] = end
 
     def _classify(self, env: E, partial: Partial) -> QueueOutcome:
         """Decide the outcome of `env`, without changing any state."""
@@ -580,7 +626,11 @@ class Sequencer(Generic[E]):
         if outcome is _CONTINUE_EXTEND_SPAN or outcome is _CONTINUE_BEGIN_SPAN:
             if outcome is _CONTINUE_BEGIN_SPAN:
                 partial.begin = env.begin
-            self._ring.add_at_head(env, partial)
+                self._ring.add_at_head(env, partial)
+            elif partial.ring_start != -1:
+                self._ring.add_at_head(env, partial)
+            # Else the span lost its start (SpanRing.evict_at_head; or it was restored from a
+            # checkpoint): its ACK replays it whole from `begin`, so it links nothing more.
             partial.max_clock = env.clock
             self._read_through[env.journal] = env.end
         elif (
@@ -745,6 +795,40 @@ class Sequencer(Generic[E]):
         self._read_through[env.journal] = env.end
         # And the call after them, which returns None: the emission is over.
         self._emit = self._dequeued = None
+        return out
+
+    def dequeue_replayed(self, limit: int) -> list[E]:
+        """The envelopes `dequeue()` would return, in order, while the emission in progress
+        is served by its replay, taking `limit` envelopes at most from the replay iterator,
+        in one call: never the committing one (it is the ring's), so the emission goes on
+        (`dequeue()` returns what follows). Leaves the Sequencer as those `dequeue()` calls
+        would (`dequeued` the last returned); with an iterator that ends within `limit`, as
+        the first `dequeue()` to find it ended would, up to the ring's part. Empty, changing
+        nothing, if no replay serves the emission (or `replay()` is due first). What a reader
+        saves per replayed message: a transaction longer than the ring is replayed whole."""
+        emit = self._emit
+        if emit is None or emit.done or emit.replay is None or limit < 1:
+            return []
+        partial, producer, replay = emit.partial, emit.producer, emit.replay
+        min_clock, max_clock = partial.min_clock, partial.max_clock
+        out: list[E] = []
+        taken = 0
+        for env in islice(replay, limit):
+            taken += 1
+            self._check_replayed(emit, env)
+            # As _next_committed: other producers' messages, duplicates and clocks the commit
+            # rolls back are skipped, and zero clocks (min_clock is never negative).
+            if min_clock < env.clock <= max_clock and (
+                env.producer is producer or env.producer == producer
+            ):
+                out.append(env)
+                min_clock = env.clock
+        if taken < limit:
+            emit.replay = None  # Ended: the ring's part follows.
+        if out:
+            last = out[-1]
+            partial.min_clock, partial.begin = last.clock, last.end
+            self._dequeued = last
         return out
 
     def read_through(self, journal: str) -> int:

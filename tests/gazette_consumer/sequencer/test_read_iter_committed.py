@@ -173,6 +173,44 @@ async def test_a_span_longer_than_the_ring_is_replayed_across_many_chunks() -> N
             await resumed.close()
 
 
+async def test_checkpoints_anywhere_in_a_replayed_span_resume_exactly() -> None:
+    """A span longer than the ring is replayed whole and returned in runs of what a replay
+    read holds: a checkpoint taken after any message (inside a run, at its last, at the
+    message looked past it) resumes with exactly the messages not returned yet."""
+    async with broker_env() as env:
+        journal = await env.journal("t/replay-runs")
+        span = transaction(P1, 1000, 900, "p")
+        await env.append_messages(journal, [*span[:450], msg(P2, 10, OUTSIDE, "o0"), *span[:5]])
+        await env.append_messages(journal, [*span[450:], msg(P1, 5000, ACK)])
+        await env.append_messages(journal, [msg(MARKER, 1, OUTSIDE, "m")])
+        expected = ["o0", *(m.text for m in span), "m"]
+
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, ring_size=8)
+        got: list[str] = []
+        checkpoints: dict[int, SequencerCheckpoint] = {}
+        async with asyncio.timeout(TIMEOUT_S):
+            while "m" not in got:
+                env_ = it.try_next() or await it.next()
+                got.append(env_.message.text)
+                assert it.in_sequence == (2 <= len(got) < len(expected) - 1)  # p0..p898
+                checkpoints[len(got)] = it.checkpoint()
+        assert got == expected
+        assert it.replays == 1
+        await it.close()
+
+        for returned in [1, 2, 3, 40, 41, 42, 43, 100, 449, 450, 451, 600, 899, 900]:
+            resumed = ReadCommittedIter(
+                env.client,
+                {journal: 0},
+                message_type=Msg,
+                ring_size=8,
+                checkpoint=checkpoints[returned],
+            )
+            rest = texts(await read_until(resumed, until_texts("m")))
+            assert rest == expected[returned:], f"checkpoint after {returned} messages"
+            await resumed.close()
+
+
 async def test_a_restored_pending_span_is_replayed_when_its_ack_arrives() -> None:
     async with broker_env() as env:
         journal = await env.journal("t/restore")

@@ -158,9 +158,11 @@ def test_replay_skips_other_producers_duplicates_and_larger_clocks() -> None:
         Q.CONTINUE_EXTEND_SPAN,
         Q.ACK_COMMIT_REPLAY,
     ]
-    # The ring holds a11, a12 and the ACK; everything from a4 up to a11 is replayed.
-    assert gen.replay(seq) == ReplayRequired(J, a4.begin, a11.begin)
-    # Clocks 9 and up are larger than the ACK's, whether replayed or in the ring.
+    # a11 evicted a4, A's first entry: the span lost its start, its entries were freed and
+    # no more were linked. The ring holds only the ACK: everything from a4 up to it is replayed.
+    assert [e for e in seq._ring.entries if e is not None] == [a8_ack]
+    assert gen.replay(seq) == ReplayRequired(J, a4.begin, a8_ack.begin)
+    # Clocks 9 and up are larger than the ACK's.
     assert drain(seq) == [a4, a5, a6, a8_ack]
 
 

@@ -185,9 +185,10 @@ def test_ack_commit_replay() -> None:
         QueueOutcome.CONTINUE_EXTEND_SPAN,
         QueueOutcome.ACK_COMMIT_REPLAY,
     ]
-    # a1 was evicted from the two-entry ring; a2 and the ACK remain in it.
-    assert seq.replay_required == ReplayRequired(J, a1.begin, a2.begin)
-    seq.replay([a1, b1])
+    # a2 evicted a1 from the two-entry ring: A's span lost its start, and a2 was not linked;
+    # only the ACK is in the ring, and everything before it is replayed.
+    assert seq.replay_required == ReplayRequired(J, a1.begin, a3_ack.begin)
+    seq.replay([a1, b1, a2])
     assert seq.replay_required is None
     assert drain(seq) == [a1, a2, a3_ack]
     assert seq.checkpoint().read_through == {J: a3_ack.end}

@@ -1,0 +1,246 @@
+"""Transactions longer than the Sequencer's ring, through the reader's entry points
+(`queue_span`, `commit_span_run`, `dequeue_all`, `dequeue` over a replay) against the general
+one: the same deliveries and the same ring, however many times a span wraps the ring; and the
+work `queue_span` does per message stays bounded once the ring is full (it once looked at the
+rest of the decoded piece again for every message linked into an owned slot)."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import structlog
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from gazette_consumer.sequencer import (
+    FLAG_ACK_TXN,
+    FLAG_CONTINUE_TXN,
+    FLAG_OUTSIDE_TXN,
+    SeqEnvelope,
+    Sequencer,
+)
+from tests.gazette_consumer.sequencer.test_sequencer_fast_path import (
+    PRODUCERS,
+    Gen,
+    assert_same,
+    fast,
+    general,
+    replayed,
+    ring_state,
+)
+
+J = "test/journal"
+EXAMPLES = int(os.environ.get("GAZETTE_TEST_EXAMPLES", "200"))
+
+
+@dataclass(frozen=True)
+class LongTxn:
+    producer: int
+    messages: int  # CONTINUE_TXN messages, then (unless left pending) the ACK.
+    ack_back: int  # The ACK's clock this far below the last message's: rolls back the rest.
+    other_every: int  # Another producer's message after every this many (0: none).
+    other_flags: int  # ...CONTINUE_TXN (a span pending across this one) or OUTSIDE_TXN.
+    dup_at: int  # A re-sent message at this index (none if past the end).
+    acked: bool
+
+
+LONG_TXNS = st.builds(
+    LongTxn,
+    st.integers(0, len(PRODUCERS) - 1),
+    st.integers(1, 300),
+    st.sampled_from([0, 0, 0, 1, 50]),
+    st.sampled_from([0, 0, 0, 7, 100]),
+    st.sampled_from([FLAG_CONTINUE_TXN, FLAG_OUTSIDE_TXN]),
+    st.integers(0, 400),
+    st.sampled_from([True] * 5 + [False]),
+)
+
+
+def long_journal(txns: list[LongTxn]) -> dict[str, list[SeqEnvelope]]:
+    gen, clocks, envs = Gen(J), [10, 10, 10], []
+    for t in txns:
+        p, q = t.producer, (t.producer + 1) % len(PRODUCERS)
+        for i in range(t.messages):
+            if t.other_every and i % t.other_every == t.other_every - 1:
+                clocks[q] += 1
+                envs.append(gen(PRODUCERS[q], clocks[q], t.other_flags, gap=0))
+            if i == t.dup_at and i:
+                envs.append(gen(PRODUCERS[p], clocks[p], FLAG_CONTINUE_TXN, gap=0))
+            clocks[p] += 1
+            envs.append(gen(PRODUCERS[p], clocks[p], FLAG_CONTINUE_TXN, gap=0))
+        if t.acked:
+            clock = max(1, clocks[p] + 1 - t.ack_back)
+            envs.append(gen(PRODUCERS[p], clock, FLAG_ACK_TXN, gap=0))
+            clocks[p] = max(clocks[p], clock)
+    return {J: envs}
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    txns=st.lists(LONG_TXNS, min_size=1, max_size=6),
+    ring_size=st.one_of(st.integers(1, 8), st.integers(1, 128)),
+    batch=st.one_of(st.integers(1, 40), st.integers(40, 1000)),
+)
+def test_transactions_longer_than_the_ring_match_the_general_path(
+    txns: list[LongTxn], ring_size: int, batch: int
+) -> None:
+    """Spans wrapping the ring many times, decoded in pieces of any size, with another
+    producer's span pending across them (its start evicted too) or its own messages in
+    between, re-sent messages and ACKs rolling part back: the reader's entry points deliver
+    exactly what the general path does, each commit's messages in order, and leave the
+    Sequencer as it does after every piece."""
+    with structlog.testing.capture_logs():
+        journals = long_journal(txns)
+        envs = journals[J]
+        if any(t.messages > ring_size for t in txns):
+            event("a span longer than the ring")
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        for i in range(0, len(envs), batch):
+            piece = envs[i : i + batch]
+            assert fast(tested, journals, piece) == general(reference, journals, piece)
+            assert ring_state(tested) == ring_state(reference)
+            assert_same(reference, tested)
+
+
+class CountedEnvelope:
+    """An envelope counting the reads of its flags: a measure of the work spent on it."""
+
+    reads = 0
+
+    def __init__(self, journal: str, begin: int, producer: bytes, clock: int, flags: int):
+        self.journal, self.begin, self.end = journal, begin, begin + 10
+        self.producer, self.clock, self._flags = producer, clock, flags
+
+    @property
+    def flags(self) -> int:
+        CountedEnvelope.reads += 1
+        return self._flags
+
+
+def test_queue_span_links_a_span_wrapping_the_ring_in_bounded_work_per_message() -> None:
+    """A piece of one long transaction, queued into a ring its span has filled: each message is
+    looked at a bounded number of times, not once more per message linked before it in the
+    piece (which made a transaction longer than the ring cost ~40x more per message)."""
+    ring_size, messages, piece = 64, 4096, 512
+    producer = PRODUCERS[0]
+    envs = [
+        CountedEnvelope(J, 10 * i, producer, 100 + i, FLAG_CONTINUE_TXN) for i in range(messages)
+    ]
+    ack = CountedEnvelope(J, 10 * messages, producer, 100 + messages, FLAG_ACK_TXN)
+    seq: Sequencer[CountedEnvelope] = Sequencer(ring_size)
+    CountedEnvelope.reads = 0
+    for i in range(0, messages, piece):
+        pending = deque(envs[i : i + piece])
+        while pending:
+            assert seq.queue_span(pending) is None
+    assert CountedEnvelope.reads <= 4 * messages
+    # The span lost its start as its message past the ring's length evicted its first: the
+    # ring keeps none of it (nor any message alive), and its ACK replays it whole.
+    assert seq._ring.occupied == 0
+    assert all(e is None for e in seq._ring.entries)
+    pending = deque([ack])
+    assert seq.queue_span(pending) is ack
+    required = seq.replay_required
+    assert required is not None
+    assert (required.begin, required.end) == (0, ack.begin)
+    seq.replay(e for e in envs if required.begin <= e.begin and e.end <= required.end)
+    delivered = []
+    while (env := seq.dequeue()) is not None:
+        delivered.append(env)
+    assert delivered == [*envs, ack]
+
+
+def test_replayed_and_ring_deliveries_of_a_long_span_are_each_message_once() -> None:
+    """The plainest case of the chain of two shards: one producer's transactions of several
+    rings' length, each ACK delivering its messages once, in order, from a replay then the
+    ring; the ring is left empty."""
+    gen, clock, envs, expected = Gen(J), 10, [], []
+    for messages in (100, 1, 257, 64):
+        txn = []
+        for _ in range(messages):
+            clock += 1
+            txn.append(gen(PRODUCERS[0], clock, FLAG_CONTINUE_TXN, gap=0))
+        clock += 1
+        envs += [*txn, gen(PRODUCERS[0], clock, FLAG_ACK_TXN, gap=0)]
+        expected += [*txn, envs[-1]]
+    journals = {J: envs}
+    seq: Sequencer[SeqEnvelope] = Sequencer(16)
+    out, replays = [], 0
+    for i in range(0, len(envs), 50):
+        pending = deque(envs[i : i + 50])
+        while pending:
+            if seq.queue_span(pending) is None:
+                continue
+            replays += seq.replay_required is not None
+            replayed(journals, seq)
+            out += seq.dequeue_all()  # From the ring: all at once.
+            while (env := seq.dequeue()) is not None:  # From a replay: one by one.
+                out.append(env)
+    assert out == expected
+    assert replays == 3  # The transactions longer than the ring.
+    assert seq._ring.occupied == 0
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    txns=st.lists(LONG_TXNS, min_size=1, max_size=4),
+    ring_size=st.integers(1, 16),
+    limits=st.lists(st.integers(1, 80), min_size=1, max_size=8),
+)
+def test_dequeue_replayed_leaves_the_sequencer_as_dequeue_one_by_one(
+    txns: list[LongTxn], ring_size: int, limits: list[int]
+) -> None:
+    """Mid-emission too: after each run `dequeue_replayed` takes from a replay, the Sequencer
+    checkpoints (and has pending) exactly as after as many `dequeue()` calls, and both deliver
+    the same rest."""
+    with structlog.testing.capture_logs():
+        journals = long_journal(txns)
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        turn = 0
+        for env in journals[J]:
+            for seq in (reference, tested):
+                seq.queue_uncommitted(env)
+                replayed(journals, seq)
+            while True:
+                limit = limits[turn % len(limits)]
+                turn += 1
+                run = tested.dequeue_replayed(limit)
+                if not run:
+                    break
+                event("a replay taken in runs")
+                assert [reference.dequeue() for _ in run] == run
+                assert tested.dequeued is reference.dequeued is run[-1]
+                assert tested.checkpoint() == reference.checkpoint()
+                assert tested.has_pending({}) == reference.has_pending({})
+            rest = []
+            while (out := tested.dequeue()) is not None:
+                rest.append(out)
+            assert [reference.dequeue() for _ in range(len(rest) + 1)] == [*rest, None]
+            assert ring_state(tested) == ring_state(reference)
+            assert tested.checkpoint() == reference.checkpoint()
+
+
+def test_dequeue_replayed_takes_nothing_without_a_replay() -> None:
+    gen = Gen(J)
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    a1, a2_ack = gen(PRODUCERS[0], 1, FLAG_CONTINUE_TXN), gen(PRODUCERS[0], 2, FLAG_ACK_TXN)
+    assert seq.dequeue_replayed(5) == []  # No emission.
+    seq.queue_uncommitted(a1)
+    seq.queue_uncommitted(a2_ack)
+    assert seq.dequeue_replayed(5) == []  # Served by the ring.
+    assert seq.dequeue_all() == [a1, a2_ack]
+    seq = Sequencer(1)
+    for env in (a1, a2_ack):
+        seq.queue_uncommitted(env)
+    assert seq.replay_required is not None
+    assert seq.dequeue_replayed(5) == []  # replay() is due first: nothing changes.
+    assert seq.replay_required is not None
+    seq.replay([a1])
+    assert seq.dequeue_replayed(0) == []
+    assert seq.dequeue_replayed(5) == [a1]  # The replay ended: the ACK is the ring's.
+    assert seq.dequeue() is a2_ack
+    assert seq.dequeue() is None
