@@ -160,14 +160,17 @@ class JSONLinesDecoder:
         return self._buffer_offset + len(self._buffer)
 
     def feed(self, content: bytes, offset: int) -> list[MessageBatch]:
+        out: list[MessageBatch] = []
         if offset != self.offset:
-            # A jump over removed content: a line it cut lost its end with it.
+            # A jump over removed content: the whole lines before it are still messages; only
+            # a line it cut lost its end with it.
+            out = self._decode(final=False)
             self._buffer.clear()
             self._buffer_offset = offset
         self._buffer += content
         if len(self._buffer) < self._piece_bytes:
-            return []
-        return self._decode(final=False)
+            return out
+        return out + self._decode(final=False)
 
     def flush(self) -> list[MessageBatch]:
         """End of the read: what remains must be whole lines."""
