@@ -1,151 +1,252 @@
-"""Batch reads: one Spark partition per journal, the offset range [begin, write head).
+"""Batch reads: partitions cut from the fragment index, read as Arrow record batches.
 
-The journals (named, or matched by the selector) and their write heads are resolved once, when
-Spark plans the read; every partition then reads a fixed range, so a re-run task reads the same
-messages. Read-committed (the default) runs each range through a fresh Sequencer: a batch read
-sees the transactions committed within its range; a transaction whose ACK lies beyond the range
-(not yet written when the read was planned) is not seen, nor are the messages of a transaction
-that began before `begin`.
+The journals (named, or matched by the selector, less those pushed filters exclude), their
+fragments and where each read starts and ends are resolved once, when Spark plans the read
+(read_plan.py); every partition then reads a fixed range, so a re-run task reads the same
+messages. A journal's range is cut into partitions at fragment boundaries
+(`maxPartitionBytes`, `minPartitions`: fragment_plan.py); each partition reads its persisted
+fragments straight from their store and the rest from a broker (sources.py), and yields
+`pyarrow.RecordBatch`es (arrow_rows.py).
+
+Read-committed (the default) runs each partition through a fresh Sequencer (range_read.py). A
+batch read sees the transactions committed within its range: one whose ACK lies beyond the
+range (not yet written when the read was planned) is not seen, nor is one that began before
+the read's start. A partition that starts inside the range (not at the read's start) learns
+what was open there from the `lookbackBytes` before it, and delivers a transaction that began
+before it but after the read's start (replaying its start): partitions split a read without
+changing what it returns, within the look-back's bound (range_start.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
-from broker.client.route_cache import JournalClient
-from spark_integration.journal_io import (
-    GazetteJournalError,
-    iterate_with_client,
-    resolve_journals,
-    run_with_client,
-    write_heads,
-)
+from broker.protocol import labels as gl
+from spark_integration import pushdown
+from spark_integration.arrow_rows import RecordBatchBuilder
+from spark_integration.fragment_plan import split_ranges, target_bytes
+from spark_integration.framings import decoder_factory, protobuf_fields
+from spark_integration.journal_io import GazetteJournalError
+from spark_integration.offset_by_time import offset_at_time
 from spark_integration.offsets import from_json
-from spark_integration.options import GazetteOptionError, ReadOptions
+from spark_integration.options import GazetteOptionError
 from spark_integration.range_read import CommittedRange, read_uncommitted
 from spark_integration.range_start import check_boundary, start_checkpoint
-from spark_integration.rows import infer_samples_max, infer_schema, row_builder
+from spark_integration.read_options import Position, ReadOptions
+from spark_integration.read_plan import (
+    JournalInfo,
+    ReadContext,
+    iterate_in_context,
+    journal_infos,
+    position_offset,
+    run_in_context,
+)
+from spark_integration.rows import infer_samples_max, infer_schema
+from spark_integration.sources import FragmentRef
 
 
 @dataclass(frozen=True)
 class JournalRange(InputPartition):  # type: ignore[misc]
     """A partition: [begin, end) of one journal. `checkpoint` (streaming, read-committed) is the
     journal's offset JSON at `begin` (see offsets.py); None starts a Sequencer that learns what
-    was open at `begin` (range_start.py). Transactions begun before `origin` are skipped."""
+    was open at `begin` (range_start.py). Transactions begun before `origin` are skipped.
+    `fragments` are those it reads (with its look-back's); `floor` is where the journal's
+    content begins (what was before was removed)."""
 
     journal: str
     begin: int
     end: int
     checkpoint: dict[str, Any] | None = None
     origin: int = 0
+    fragments: tuple[FragmentRef, ...] = ()
+    labels: tuple[tuple[str, str], ...] | None = None
+    content_type: str = gl.CONTENT_TYPE_JSON_LINES
+    floor: int = 0
+    split_checkpoints: Mapping[int, Any] = field(default_factory=dict)
 
 
-async def plan_ranges(client: JournalClient, opts: ReadOptions) -> list[JournalRange]:
-    specs = await resolve_journals(client, opts.journals, opts.selector)
-    names = [s.name for s in specs]
-    unknown = sorted((set(opts.begin) | set(opts.end)) - set(names))
-    if unknown:
-        raise GazetteOptionError("begin", f"names journals not read: {', '.join(unknown)}")
-    heads = await write_heads(client, names)
-    ranges = []
-    for name in names:
-        begin = opts.begin.get(name, 0)
-        end = opts.end.get(name, heads[name])
-        if end > heads[name]:
-            raise GazetteOptionError(
-                "end", f"offset {end} of {name} is beyond its write head {heads[name]}"
+async def _position(
+    ctx: ReadContext, info: JournalInfo, position: Position, option: str, default: int
+) -> int:
+    offset = position_offset(position, info, default=default)
+    if offset is None:
+        assert isinstance(position, int)
+        new_decoder = decoder_factory(info.content_type, ctx.opts.protobuf_class)
+        return await offset_at_time(ctx, info, position, new_decoder)
+    if offset > info.head:
+        raise GazetteOptionError(
+            option, f"offset {offset} of {info.name} is beyond its write head {info.head}"
+        )
+    if isinstance(position, Mapping) and info.name in position and position[info.name] >= 0:
+        source = ctx.source(info.name, info.fragments.overlapping(max(0, offset - 1), offset))
+        await check_boundary(source, offset, option)
+    return offset
+
+
+def journal_ranges(
+    info: JournalInfo, begin: int, end: int, target: int, lookback: int
+) -> list[JournalRange]:
+    """The partitions of [begin, end) of a journal: cut at fragment boundaries, each with the
+    fragments it reads and those of its look-back."""
+    floor = info.fragments.begin
+    out = []
+    for lo, hi in split_ranges(info.fragments.fragments, begin, end, target):
+        fragments = info.fragments.overlapping(max(floor, lo - lookback - 1), hi)
+        out.append(
+            JournalRange(
+                info.name,
+                lo,
+                hi,
+                origin=begin,
+                fragments=fragments,
+                labels=info.labels,
+                content_type=info.content_type,
+                floor=floor,
             )
+        )
+    return out
+
+
+async def plan_ranges(ctx: ReadContext, filters: Sequence[Filter] = ()) -> list[JournalRange]:
+    opts = ctx.opts
+    infos = await journal_infos(ctx)
+    if not infos:
+        raise GazetteJournalError(f"selector {opts.selector!r} matches no journal")
+    infos = [i for i in infos if pushdown.keeps(filters, i.name, i.labels)]
+    spans = []
+    for info in infos:
+        begin = await _position(
+            ctx, info, opts.starting, opts.starting_option, info.fragments.begin
+        )
+        end = await _position(ctx, info, opts.ending, opts.ending_option, info.head)
         if begin > end:
             raise GazetteOptionError(
-                "begin", f"offset {begin} of {name} is beyond its end {end} (the write head)"
+                opts.starting_option, f"offset {begin} of {info.name} is beyond its end {end}"
             )
-        for option, offsets in (("begin", opts.begin), ("end", opts.end)):
-            if name in offsets:
-                await check_boundary(client, name, offsets[name], option)
-        ranges.append(JournalRange(name, begin, end, origin=begin))
+        spans.append((info, begin, end))
+    total = sum(end - begin for _, begin, end in spans)
+    target = target_bytes(total, opts.max_partition_bytes, opts.min_partitions)
+    ranges = []
+    for info, begin, end in spans:
+        ranges.extend(journal_ranges(info, begin, end, target, opts.lookback_bytes))
     return ranges
 
 
+def batch_builder(opts: ReadOptions, schema: StructType, part: JournalRange) -> RecordBatchBuilder:
+    payload = {gl.CONTENT_TYPE_CSV: "csv", gl.CONTENT_TYPE_PROTO_FIXED: "protobuf"}.get(
+        part.content_type, "json"
+    )
+    class_path = opts.protobuf_class
+    return RecordBatchBuilder(
+        schema,
+        part.labels,
+        payload=payload,
+        protobuf_fields=(lambda payload: protobuf_fields(payload, class_path))
+        if class_path
+        else None,
+    )
+
+
 async def read_range(
-    client: JournalClient, opts: ReadOptions, schema: StructType, part: JournalRange
-) -> AsyncIterator[list[tuple[Any, ...]]]:
-    """Rows of one partition, a chunk's worth at a time."""
-    build = row_builder(schema)
+    ctx: ReadContext, schema: StructType, part: JournalRange
+) -> AsyncIterator[pa.RecordBatch]:
+    """Record batches of one partition."""
+    opts = ctx.opts
+    build = batch_builder(opts, schema, part).build
+    source = ctx.source(part.journal, part.fragments)
+    new_decoder = decoder_factory(part.content_type, opts.protobuf_class)
     if not opts.committed:
-        async for envelopes in read_uncommitted(client, part.journal, part.begin, part.end):
-            yield [build(env) for env in envelopes]
+        async for batch in read_uncommitted(source, part.begin, part.end, new_decoder):
+            yield build(batch)
         return
-    walk = await committed_range(client, opts, part)
-    async for envelopes in walk.read():
-        yield [build(env) for env in envelopes]
+    walk = await committed_range(ctx, part)
+    async for batch in walk.batches():
+        yield build(batch)
 
 
-async def committed_range(
-    client: JournalClient, opts: ReadOptions, part: JournalRange
-) -> CommittedRange:
+async def committed_range(ctx: ReadContext, part: JournalRange) -> CommittedRange:
     """The read-committed walk of a partition, from its checkpoint: the streaming offset, or
     what the look-back before `begin` learns (range_start.py)."""
+    opts = ctx.opts
+    source = ctx.source(part.journal, part.fragments)
+    new_decoder = decoder_factory(part.content_type, opts.protobuf_class)
     if part.checkpoint is not None:
         checkpoint = from_json({part.journal: part.checkpoint})[part.journal].checkpoint
     else:
         checkpoint = await start_checkpoint(
-            client, part.journal, part.begin, lookback=opts.lookback_bytes, ring_size=opts.ring_size
+            source,
+            part.begin,
+            lookback=opts.lookback_bytes,
+            ring_size=opts.ring_size,
+            floor=part.floor,
+            new_decoder=new_decoder,
         )
     return CommittedRange(
-        client,
-        part.journal,
+        source,
         part.begin,
         part.end,
         ring_size=opts.ring_size,
         checkpoint=checkpoint,
         origin=part.origin,
+        new_decoder=new_decoder,
     )
 
 
 def read_partition(
     opts: ReadOptions, schema: StructType, part: InputPartition
-) -> Iterator[tuple[Any, ...]]:
+) -> Iterator[pa.RecordBatch]:
     if not isinstance(part, JournalRange):
+        if getattr(part, "value", 0) is None:
+            return iter(())  # Spark's stand-in when a read has no partition: nothing to read.
         raise TypeError(f"gazette data source: unexpected partition {part!r}")
 
-    def work(client: JournalClient) -> AsyncIterator[list[tuple[Any, ...]]]:
-        return read_range(client, opts, schema, part)
+    async def work(ctx: ReadContext) -> AsyncIterator[pa.RecordBatch]:
+        async for batch in read_range(ctx, schema, part):
+            if batch.num_rows:
+                yield batch
 
-    for rows in iterate_with_client(opts.broker, work):
-        yield from rows
+    return iterate_in_context(opts, work)
 
 
 def sample_schema(opts: ReadOptions) -> StructType:
     """Infer option("format", "json")'s fields from the first committed messages."""
 
-    async def sample(client: JournalClient) -> list[bytes]:
-        lines: list[bytes] = []
-        for part in await plan_ranges(client, opts):
-            walk = await committed_range(client, opts, part)
-            async for envelopes in walk.read():
-                lines.extend(env.message.line for env in envelopes)
+    async def sample(ctx: ReadContext) -> list[str]:
+        lines: list[str] = []
+        for part in await plan_ranges(ctx):
+            walk = await committed_range(ctx, part)
+            async for batch in walk.batches():
+                lines.extend(batch.content.to_pylist())
                 if len(lines) >= infer_samples_max:
                     return lines[:infer_samples_max]
         return lines
 
-    return infer_schema(run_with_client(opts.broker, sample))
+    return infer_schema(line.encode() for line in run_in_context(opts, sample))
 
 
 class GazetteBatchReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
+        self.filters: list[Filter] = []
 
     def partitions(self) -> Sequence[InputPartition]:
-        ranges = run_with_client(self.opts.broker, lambda c: plan_ranges(c, self.opts))
-        if not ranges:
-            raise GazetteJournalError(f"selector {self.opts.selector!r} matches no journal")
-        return ranges
+        return run_in_context(self.opts, lambda ctx: plan_ranges(ctx, self.filters))
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)
+
+
+class GazetteFilteringReader(GazetteBatchReader):
+    """A batch reader that takes pushed filters (option filterPushdown: pushdown.py)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        taken, left = pushdown.push(filters)
+        self.filters.extend(taken)
+        return left

@@ -35,7 +35,6 @@ from gazette_consumer.sequencer.types import (
     ProducerState,
     SequencerCheckpoint,
 )
-from spark_integration.options import GazetteOptionError
 
 # Producers remembered per journal in one offset (about 1.3 MB of offset at the bound).
 producers_max: Final = 100_000
@@ -53,6 +52,9 @@ class JournalOffset:
 
     checkpoint: SequencerCheckpoint
     origin: int = 0
+    # The checkpoints at offsets inside the micro-batch that ends here, where its partitions
+    # are cut (stream_read.py); ignored as a start.
+    splits: tuple[tuple[int, SequencerCheckpoint], ...] = ()
 
     @classmethod
     def at(cls, journal: str, offset: int, origin: int = 0) -> JournalOffset:
@@ -65,23 +67,29 @@ class JournalOffset:
 JournalOffsets = dict[str, dict[str, Any]]
 
 
+def _packed(journal: str, checkpoint: SequencerCheckpoint) -> str:
+    states = [
+        (jp.producer, state) for jp, state in checkpoint.producers.items() if jp.journal == journal
+    ]
+    if len(states) > producers_max:
+        raise GazetteOffsetError(
+            f"journal {journal}: {len(states)} producers to remember, more than"
+            f" {producers_max}; lower option producerHorizonSeconds"
+        )
+    return pack_producers(states)
+
+
 def to_json(offsets: Mapping[str, JournalOffset]) -> JournalOffsets:
     out: JournalOffsets = {}
     for journal, entry in offsets.items():
-        states = [
-            (jp.producer, state)
-            for jp, state in entry.checkpoint.producers.items()
-            if jp.journal == journal
-        ]
-        if len(states) > producers_max:
-            raise GazetteOffsetError(
-                f"journal {journal}: {len(states)} producers to remember, more than"
-                f" {producers_max}; lower option producerHorizonSeconds"
-            )
         encoded: dict[str, Any] = {"offset": entry.offset(journal)}
         if entry.origin:
             encoded["origin"] = entry.origin
-        encoded["producers"] = pack_producers(states)
+        encoded["producers"] = _packed(journal, entry.checkpoint)
+        if entry.splits:
+            encoded["splits"] = [
+                {"offset": at, "producers": _packed(journal, cp)} for at, cp in entry.splits
+            ]
         out[journal] = encoded
     return out
 
@@ -103,7 +111,17 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
     for name, value in (("offset", offset), ("origin", origin)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0 (got {value!r})")
-    producers = entry.get("producers", "")
+    checkpoint = _checkpoint(journal, offset, entry.get("producers", ""))
+    splits = []
+    for split in entry.get("splits", ()):
+        at = split["offset"]
+        if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= offset:
+            raise ValueError(f"splits: offset must be an integer in [0, {offset}] (got {at!r})")
+        splits.append((at, _checkpoint(journal, at, split["producers"])))
+    return JournalOffset(checkpoint, origin, tuple(splits))
+
+
+def _checkpoint(journal: str, offset: int, producers: Any) -> SequencerCheckpoint:
     if isinstance(producers, Mapping):  # The form before packing.
         states = [
             (bytes.fromhex(hex_id), ProducerState(last_ack=int(s["ack"]), begin=int(s["begin"])))
@@ -111,11 +129,10 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
         ]
     else:
         states = unpack_producers(producers)
-    checkpoint = SequencerCheckpoint(
+    return SequencerCheckpoint(
         read_through={journal: offset},
         producers={JournalProducer(journal, producer): state for producer, state in states},
     )
-    return JournalOffset(checkpoint, origin)
 
 
 def pack_producers(states: list[tuple[bytes, ProducerState]]) -> str:
@@ -175,13 +192,3 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
 
 def read_through(offsets: Mapping[str, Any]) -> dict[str, int]:
     return {journal: entry.offset(journal) for journal, entry in from_json(offsets).items()}
-
-
-def starting_offsets(option: Mapping[str, int], journals: list[str]) -> dict[str, int]:
-    """Offsets of option startingOffsets (JSON), which must name only journals read."""
-    unknown = sorted(set(option) - set(journals))
-    if unknown:
-        raise GazetteOptionError(
-            "startingOffsets", f"names journals not read: {', '.join(unknown)}"
-        )
-    return {journal: option.get(journal, 0) for journal in journals}

@@ -1,7 +1,8 @@
-"""The options of the "gazette" data source, parsed and validated once, on the driver.
+"""The options of the "gazette" data source: validation common to reads and writes, and the
+options of writes (read_options.py has the reads').
 
 Spark hands a data source its options as a case-insensitive map of strings. Every option is
-checked here, when the DataFrame is defined (or the query starts), and a bad one raises
+checked when the DataFrame is defined (or the query starts), on the driver, and a bad one raises
 `GazetteOptionError` naming the option and what was wrong with it: nothing has been read or
 written then. What the executors receive is the parsed form (plain, picklable values).
 
@@ -10,27 +11,15 @@ Every option given must be one the reader or writer uses: an unknown one (a typo
 that lists the valid options and suggests the closest. Spark passes option names lowercased;
 they are matched case-insensitively.
 
-Reads (batch and streaming):
-    broker      host:port (or http://host:port) of any broker of the cluster        (required)
-    journals    comma-separated journal names                       (this or selector)
-    selector    a label selector, e.g. "app=orders,region in (eu, us)"   (this or journals)
-    isolation   read_committed (default) or read_uncommitted
-    format      raw (default: the content column holds the JSON line) or json (fields parsed)
-    ringSize    the Sequencer's ring entries (default 8192)
-    lookbackBytes  how far before a start offset other than 0 a read-committed read looks to
-                learn which transactions were open there (default 16 MiB; see range_start.py)
-Batch reads only:
-    begin, end  JSON {journal: offset}: where a batch read starts (default 0) and ends
-                (default: the write head when the read is planned); message boundaries
-Streaming reads only:
-    startingOffsets   earliest (default), latest, or JSON {journal: offset}
-    producerHorizonSeconds   producers idle for longer are forgotten (default 1 day)
-    idleWaitMs  how long planning waits for an append when no journal has new data
-                (default 500; 0: do not wait)
-
 Writes:
-    broker      as above                                                          (required)
-    journal     the journal every row goes to (else each row's "journal" column)
+    broker      host:port (or http://host:port) of any broker of the cluster        (required)
+    journal     the journal every row goes to; else each row's "journal" column, or:
+    selector    the journals rows are routed to by `keyColumn` (with `mapping`)
+    keyColumn   the column whose value routes a row (string, or anything as its text)
+    mapping     modulo (default: Gazette's ModuloMapping, FNV-1a of the key modulo the
+                journals sorted by name) or rendezvous
+    contentType application/x-ndjson (default) or text/csv: how rows are written; else the
+                journals' content-type label decides
 Streaming writes also accept the options Spark itself passes on (checkpointLocation,
 queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
@@ -41,38 +30,25 @@ import difflib
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from broker.client.route_cache import EndpointError, grpc_target
+from broker.protocol import labels
 from broker.protocol.selector import parse_selector
 from broker.protocol.validate import ValidationError, validate_journal_name
 
-READ_COMMITTED: Final = "read_committed"
-READ_UNCOMMITTED: Final = "read_uncommitted"
 OFFSET_MAX: Final = (1 << 63) - 1
-# The Sequencer's ring: transactions committed within this many messages of their start are
-# delivered from memory; longer ones are re-read from the journal.
-ring_size_default: Final = 8192
-ring_size_max: Final = 1 << 20
-# Journals one source reads (one Spark partition each).
+# Journals one source reads or writes.
 journals_max: Final = 10_000
-producer_horizon_s_default: Final = 86_400
-# Streaming planning with nothing new waits this long for an append before it answers "nothing"
-# (stream_read.py). The bound is how long a query's stop can take while it waits.
-idle_wait_ms_default: Final = 500
-idle_wait_ms_max: Final = 60_000
-# A read starting at an offset other than 0 reads up to this much before it to learn which
-# transactions were open there (range_start.py).
-lookback_bytes_default: Final = 16 << 20
-lookback_bytes_max: Final = 1 << 30
-
-_READ_OPTIONS: Final = ("broker", "journals", "selector", "isolation", "format", "ringSize")
-_READ_OPTIONS_ALL: Final = (*_READ_OPTIONS, "lookbackBytes")
-BATCH_READ_OPTIONS: Final = frozenset((*_READ_OPTIONS_ALL, "begin", "end"))
-STREAM_READ_OPTIONS: Final = frozenset(
-    (*_READ_OPTIONS_ALL, "startingOffsets", "producerHorizonSeconds", "idleWaitMs")
+MAPPINGS: Final = ("modulo", "rendezvous")
+CONTENT_TYPES: Final = (
+    labels.CONTENT_TYPE_JSON_LINES,
+    labels.CONTENT_TYPE_CSV,
+    labels.CONTENT_TYPE_PROTO_FIXED,
 )
-BATCH_WRITE_OPTIONS: Final = frozenset(("broker", "journal"))
+BATCH_WRITE_OPTIONS: Final = frozenset(
+    ("broker", "journal", "selector", "keyColumn", "mapping", "contentType")
+)
 # Spark passes the query's checkpointLocation and queryName on to a streaming sink.
 STREAM_WRITE_OPTIONS: Final = frozenset((*BATCH_WRITE_OPTIONS, "checkpointLocation", "queryName"))
 # Options this data source once had, and what to do instead.
@@ -81,7 +57,6 @@ _RETIRED: Final = {
     " Spark keeps in the checkpoint (a restart keeps it, a new checkpoint is a new query): remove"
     " the option",
 }
-ReadKind = Literal["batch", "stream", "any"]
 
 
 class GazetteOptionError(ValueError):
@@ -93,29 +68,13 @@ class GazetteOptionError(ValueError):
 
 
 @dataclass(frozen=True)
-class ReadOptions:
-    broker: str
-    journals: tuple[str, ...]  # Named journals; empty when a selector is given.
-    selector: str  # The selector's text ("" when journals are named).
-    begin: Mapping[str, int]
-    end: Mapping[str, int]
-    isolation: str
-    json_fields: bool
-    starting: str | Mapping[str, int]  # "earliest", "latest", or offsets.
-    ring_size: int
-    producer_horizon_s: int
-    idle_wait_ms: int  # Streaming: bound of the wait for an append when idle; 0: no wait.
-    lookback_bytes: int  # Read before a start offset > 0 to learn the open transactions.
-
-    @property
-    def committed(self) -> bool:
-        return self.isolation == READ_COMMITTED
-
-
-@dataclass(frozen=True)
 class WriteOptions:
     broker: str
-    journal: str  # "" when each row names its journal.
+    journal: str  # "" when rows name their journal, or are routed by key.
+    selector: str  # Routing by `key_column` over the journals it matches.
+    key_column: str
+    mapping: str
+    content_type: str  # "" : each journal's label decides.
 
 
 def check_known(options: Mapping[str, str], known: Collection[str], what: str) -> None:
@@ -136,7 +95,7 @@ def check_known(options: Mapping[str, str], known: Collection[str], what: str) -
         )
 
 
-def _get(options: Mapping[str, str], name: str) -> str:
+def get(options: Mapping[str, str], name: str) -> str:
     # Spark passes a case-insensitive dict; a plain dict (tests, direct use) may differ in case.
     value = options.get(name)
     if value is None:
@@ -146,7 +105,7 @@ def _get(options: Mapping[str, str], name: str) -> str:
 
 
 def parse_broker(options: Mapping[str, str]) -> str:
-    broker = _get(options, "broker")
+    broker = get(options, "broker")
     if not broker:
         raise GazetteOptionError("broker", "is required (host:port of a Gazette broker)")
     try:
@@ -156,7 +115,7 @@ def parse_broker(options: Mapping[str, str]) -> str:
     return broker
 
 
-def _journal_name(option: str, name: str) -> str:
+def journal_name(option: str, name: str) -> str:
     try:
         validate_journal_name(name)
     except ValidationError as err:
@@ -164,8 +123,13 @@ def _journal_name(option: str, name: str) -> str:
     return name
 
 
-def parse_offsets(option: str, text: str) -> dict[str, int]:
-    """A JSON object of journal → offset (non-negative integers)."""
+EARLIEST: Final = -2  # In a JSON of offsets, Kafka's way: the journal's first offset.
+LATEST: Final = -1  # Its write head.
+
+
+def parse_offsets(option: str, text: str, *, special: bool = False) -> dict[str, int]:
+    """A JSON object of journal -> offset (an integer >= 0; or, if `special`, -2 for the
+    journal's earliest offset and -1 for its latest, as Kafka's source takes them)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -176,19 +140,25 @@ def parse_offsets(option: str, text: str) -> dict[str, int]:
         raise GazetteOptionError(
             option, f"must be a JSON object of journal offsets (got {type(value).__name__})"
         )
+    low = EARLIEST if special else 0
     out: dict[str, int] = {}
     for journal, offset in value.items():
-        _journal_name(option, journal)
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= OFFSET_MAX:
+        journal_name(option, journal)
+        if (
+            isinstance(offset, bool)
+            or not isinstance(offset, int)
+            or not low <= offset <= OFFSET_MAX
+        ):
+            rule = "an integer >= 0" + (", or -2 (earliest) or -1 (latest)" if special else "")
             raise GazetteOptionError(
-                option, f"offset of {journal}: must be an integer >= 0 (got {offset!r})"
+                option, f"offset of {journal}: must be {rule} (got {offset!r})"
             )
         out[journal] = offset
     return out
 
 
-def _int_option(options: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    text = _get(options, name)
+def int_option(options: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    text = get(options, name)
     if not text:
         return default
     try:
@@ -200,82 +170,41 @@ def _int_option(options: Mapping[str, str], name: str, default: int, lo: int, hi
     return value
 
 
-def _journal_list(options: Mapping[str, str]) -> tuple[str, ...]:
-    names = [n.strip() for n in _get(options, "journals").split(",") if n.strip()]
+def journal_list(options: Mapping[str, str]) -> tuple[str, ...]:
+    names = [n.strip() for n in get(options, "journals").split(",") if n.strip()]
     if len(names) > journals_max:
         raise GazetteOptionError("journals", f"at most {journals_max} journals (got {len(names)})")
     if len(set(names)) != len(names):
         raise GazetteOptionError("journals", "names a journal more than once")
-    return tuple(_journal_name("journals", n) for n in names)
+    return tuple(journal_name("journals", n) for n in names)
 
 
-def parse_read_options(options: Mapping[str, str], kind: ReadKind = "any") -> ReadOptions:
-    """The options of a batch read, a streaming read, or either (`kind` "any": the schema, which
-    Spark asks for before it knows which)."""
-    if kind == "batch":
-        check_known(options, BATCH_READ_OPTIONS, "a batch read")
-    elif kind == "stream":
-        check_known(options, STREAM_READ_OPTIONS, "a streaming read")
-    else:
-        check_known(options, BATCH_READ_OPTIONS | STREAM_READ_OPTIONS, "a read")
-    broker = parse_broker(options)
-    journals = _journal_list(options)
-    selector = _get(options, "selector")
-    if journals and selector:
-        raise GazetteOptionError("journals", "give either journals or selector, not both")
-    if not journals and not selector:
-        raise GazetteOptionError(
-            "journals", "is required (comma-separated journal names), or option 'selector'"
-        )
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = get(options, name).lower()
+    if not text:
+        return default
+    if text not in ("true", "false"):
+        raise GazetteOptionError(name, f"must be true or false (got {text!r})")
+    return text == "true"
+
+
+def parse_selector_option(options: Mapping[str, str]) -> str:
+    selector = get(options, "selector")
     if selector:
         try:
             parse_selector(selector)
         except ValidationError as err:
             raise GazetteOptionError("selector", str(err)) from None
-    isolation = _get(options, "isolation").lower() or READ_COMMITTED
-    if isolation not in (READ_COMMITTED, READ_UNCOMMITTED):
+    return selector
+
+
+def content_type_option(options: Mapping[str, str]) -> str:
+    content_type = get(options, "contentType")
+    if content_type and content_type not in CONTENT_TYPES:
         raise GazetteOptionError(
-            "isolation", f"must be {READ_COMMITTED} or {READ_UNCOMMITTED} (got {isolation!r})"
+            "contentType", f"must be one of {', '.join(CONTENT_TYPES)} (got {content_type!r})"
         )
-    fmt = _get(options, "format").lower() or "raw"
-    if fmt not in ("raw", "json"):
-        raise GazetteOptionError("format", f"must be raw or json (got {fmt!r})")
-    begin = parse_offsets("begin", _get(options, "begin") or "{}")
-    end = parse_offsets("end", _get(options, "end") or "{}")
-    for journal, offset in end.items():
-        if offset < begin.get(journal, 0):
-            raise GazetteOptionError(
-                "end", f"offset of {journal}: must be >= its begin {begin.get(journal, 0)}"
-            )
-    if journals:
-        for option, offsets in (("begin", begin), ("end", end)):
-            unknown = sorted(set(offsets) - set(journals))
-            if unknown:
-                raise GazetteOptionError(option, f"names journals not read: {', '.join(unknown)}")
-    starting_text = _get(options, "startingOffsets") or "earliest"
-    starting: str | dict[str, int]
-    if starting_text.lower() in ("earliest", "latest"):
-        starting = starting_text.lower()
-    else:
-        starting = parse_offsets("startingOffsets", starting_text)
-    return ReadOptions(
-        broker=broker,
-        journals=journals,
-        selector=selector,
-        begin=begin,
-        end=end,
-        isolation=isolation,
-        json_fields=fmt == "json",
-        starting=starting,
-        ring_size=_int_option(options, "ringSize", ring_size_default, 1, ring_size_max),
-        producer_horizon_s=_int_option(
-            options, "producerHorizonSeconds", producer_horizon_s_default, 0, 10 * 365 * 86_400
-        ),
-        idle_wait_ms=_int_option(options, "idleWaitMs", idle_wait_ms_default, 0, idle_wait_ms_max),
-        lookback_bytes=_int_option(
-            options, "lookbackBytes", lookback_bytes_default, 0, lookback_bytes_max
-        ),
-    )
+    return content_type
 
 
 def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
@@ -284,7 +213,35 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
     else:
         check_known(options, BATCH_WRITE_OPTIONS, "a batch write")
     broker = parse_broker(options)
-    journal = _get(options, "journal")
+    journal = get(options, "journal")
     if journal:
-        _journal_name("journal", journal)
-    return WriteOptions(broker=broker, journal=journal)
+        journal_name("journal", journal)
+    selector = parse_selector_option(options)
+    key_column = get(options, "keyColumn")
+    if journal and (selector or key_column):
+        raise GazetteOptionError(
+            "journal", "give either journal, or selector and keyColumn, not both"
+        )
+    if bool(selector) != bool(key_column):
+        missing = "keyColumn" if selector else "selector"
+        raise GazetteOptionError(
+            missing, "rows routed by key need both selector (the journals) and keyColumn"
+        )
+    mapping = get(options, "mapping").lower() or MAPPINGS[0]
+    if mapping not in MAPPINGS:
+        raise GazetteOptionError(
+            "mapping", f"must be one of {', '.join(MAPPINGS)} (got {mapping!r})"
+        )
+    content_type = content_type_option(options)
+    if content_type == labels.CONTENT_TYPE_PROTO_FIXED:
+        raise GazetteOptionError(
+            "contentType", "writes are JSON lines or CSV; protobuf journals are read-only here"
+        )
+    return WriteOptions(
+        broker=broker,
+        journal=journal,
+        selector=selector,
+        key_column=key_column,
+        mapping=mapping,
+        content_type=content_type,
+    )

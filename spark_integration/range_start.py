@@ -27,80 +27,69 @@ from __future__ import annotations
 
 from typing import Final
 
-from broker.client.retry_reader import RetryReader
-from broker.client.route_cache import JournalClient
-from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration.options import GazetteOptionError
-from spark_integration.range_read import scan_committed
+from spark_integration.range_read import DecoderFactory, json_decoder, scan_committed
+from spark_integration.sources import JournalSource
 
 _NEWLINE: Final = b"\n"
 
 
-async def read_bytes(client: JournalClient, journal: str, begin: int, end: int) -> bytes:
-    """The content of [begin, end) of `journal` (what remains of it: a jump over removed
-    content leaves it out)."""
-    if end <= begin:
-        return b""
-    reader = RetryReader(
-        client, pb.ReadRequest(journal=journal, offset=begin, end_offset=end, block=True)
-    )
+async def read_bytes(source: JournalSource, begin: int, end: int) -> bytes:
+    """The content of [begin, end) of the source's journal (what remains of it)."""
     out = bytearray()
-    try:
-        async for chunk in reader:
-            out += chunk.content
-    finally:
-        await reader.close()
+    async for chunk in source.chunks(begin, end):
+        out += chunk.content
     return bytes(out)
 
 
-async def check_boundary(client: JournalClient, journal: str, offset: int, option: str) -> None:
-    """Refuse `offset` of `journal` unless it is 0 or follows a newline (see the module
-    docstring); `option` names the option it came from. The caller checked it is not beyond
-    the write head."""
+async def check_boundary(source: JournalSource, offset: int, option: str) -> None:
+    """Refuse `offset` unless it is 0 or follows a newline (see the module docstring);
+    `option` names the option it came from. The caller checked it is not beyond the head."""
     if offset == 0:
         return
-    if await read_bytes(client, journal, offset - 1, offset) != _NEWLINE:
+    if await read_bytes(source, offset - 1, offset) != _NEWLINE:
         raise GazetteOptionError(
             option,
-            f"offset {offset} of {journal} is inside a message, not at a message boundary: give"
-            " the offset of a message (its offset column) or a write head",
+            f"offset {offset} of {source.journal} is inside a message, not at a message"
+            " boundary: give the offset of a message (its offset column) or a write head",
         )
 
 
-async def _next_boundary(client: JournalClient, journal: str, offset: int, limit: int) -> int:
+async def _next_boundary(source: JournalSource, offset: int, limit: int) -> int:
     """The first message boundary at or after `offset`, or `limit` if there is none before."""
-    head = await read_bytes(client, journal, offset - 1, offset) if offset else _NEWLINE
+    head = await read_bytes(source, offset - 1, offset) if offset else _NEWLINE
     if head == _NEWLINE:
         return offset
-    reader = RetryReader(
-        client, pb.ReadRequest(journal=journal, offset=offset, end_offset=limit, block=True)
-    )
-    try:
-        async for chunk in reader:
-            found = chunk.content.find(_NEWLINE)
-            if found != -1:
-                return chunk.offset + found + 1
-    finally:
-        await reader.close()
+    async for chunk in source.chunks(offset, limit):
+        found = chunk.content.find(_NEWLINE)
+        if found != -1:
+            return chunk.offset + found + 1
     return limit
 
 
 async def start_checkpoint(
-    client: JournalClient, journal: str, start: int, *, lookback: int, ring_size: int
+    source: JournalSource,
+    start: int,
+    *,
+    lookback: int,
+    ring_size: int,
+    floor: int = 0,
+    new_decoder: DecoderFactory = json_decoder,
 ) -> SequencerCheckpoint:
-    """The Sequencer's checkpoint of `journal` at `start`, knowing the producers of the
-    `lookback` bytes before it (see the module docstring)."""
-    if start == 0 or lookback == 0:
+    """The Sequencer's checkpoint of the journal at `start`, knowing the producers of the
+    `lookback` bytes before it (not before `floor`; see the module docstring)."""
+    journal = source.journal
+    if start == 0 or lookback == 0 or start <= floor:
         return SequencerCheckpoint(read_through={journal: start})
-    window = await _next_boundary(client, journal, max(0, start - lookback), start)
+    source = source.lenient()
+    window = await _next_boundary(source, max(floor, start - lookback), start)
     return await scan_committed(
-        client,
-        journal,
+        source,
         window,
         start,
         ring_size=ring_size,
         checkpoint=SequencerCheckpoint(read_through={journal: window}),
         horizon_clock=0,
-        strict=False,
+        new_decoder=new_decoder,
     )

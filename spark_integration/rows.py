@@ -40,8 +40,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from gazette_consumer.message.message import Envelope
-from spark_integration.raw_json import UUID_FIELD, JSONRow, RawLine
+from spark_integration.raw_json import UUID_FIELD, JSONRow
 
 META_SCHEMA: Final = StructType(
     [
@@ -50,10 +49,15 @@ META_SCHEMA: Final = StructType(
         StructField("uuid", StringType(), True),
         StructField("producer", StringType(), True),
         StructField("clock", LongType(), True),
+        StructField("timestamp", TimestampType(), True),
         StructField("content", StringType(), False),
     ]
 )
-META_NAMES: Final = frozenset(META_SCHEMA.fieldNames())
+# The journal's labels (arrow_rows.py): a column of this name is a MAP<STRING, STRING> of them
+# all, or a STRUCT of STRING fields, one per label wanted.
+LABELS_COLUMN: Final = "labels"
+LABELS_FIELD: Final = StructField(LABELS_COLUMN, MapType(StringType(), StringType()), False)
+META_NAMES: Final = frozenset((*META_SCHEMA.fieldNames(), LABELS_COLUMN))
 # Messages sampled to infer the fields of option("format", "json") without a schema.
 infer_samples_max: Final = 1000
 
@@ -63,45 +67,6 @@ _json_encode = msgspec.json.encode
 
 class GazetteRowError(ValueError):
     """A row that cannot be published (no JSON object, no journal)."""
-
-
-def _meta(env: Envelope[Any]) -> dict[str, Any]:
-    message: RawLine = env.message
-    uuid = env.uuid
-    return {
-        "journal": env.journal,
-        "offset": env.begin,
-        "uuid": None if uuid is None else str(uuid),
-        "producer": None if uuid is None else env.producer.hex(),
-        "clock": None if uuid is None else env.clock,
-        "content": message.line.decode("utf-8", errors="replace"),
-    }
-
-
-def row_builder(schema: StructType) -> Callable[[Envelope[Any]], tuple[Any, ...]]:
-    """A function from a read envelope to the tuple of `schema`'s fields."""
-    names = schema.fieldNames()
-    if names == META_SCHEMA.fieldNames():
-        return lambda env: tuple(_meta(env).values())
-    converters = [(f.name, f.name in META_NAMES, converter(f.dataType)) for f in schema.fields]
-    parse = any(not is_meta for _, is_meta, _ in converters)
-
-    def build(env: Envelope[Any]) -> tuple[Any, ...]:
-        meta = _meta(env)
-        fields: Any = {}
-        if parse:
-            try:
-                fields = _json_decode(env.message.line)
-            except msgspec.DecodeError:
-                fields = {}
-            if not isinstance(fields, dict):
-                fields = {}
-        return tuple(
-            meta[name] if is_meta else convert(fields.get(name))
-            for name, is_meta, convert in converters
-        )
-
-    return build
 
 
 def converter(data_type: DataType) -> Callable[[Any], Any]:

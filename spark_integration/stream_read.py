@@ -18,9 +18,21 @@ what Gazette's own consumers do with the checkpoints they commit; it never stall
 producer that died mid-transaction (whose pending span simply stays pending).
 
 Planning computes each journal's end checkpoint in `latestOffset`, on the driver: it walks
-[start, write head) through a Sequencer restored from `start` (`scan_committed`), keeping only
-the producer states. So the driver reads each byte once more than the executors do; offsets
-must be known before a micro-batch runs, and producer states cannot be learned otherwise.
+[start, write head) through a Sequencer restored from `start` (`CommittedRange.scan`), keeping
+only the producer states. So the driver reads each byte once more than the executors do;
+offsets must be known before a micro-batch runs, and producer states cannot be learned
+otherwise. The walk reads persisted fragments straight from their store (sources.py), and
+takes the checkpoints at the fragment boundaries where the micro-batch is cut into partitions
+(`maxPartitionBytes`, `minPartitions`: a large catch-up is read by many tasks): they are kept
+in the end offset (`splits`), so each partition starts from the exact state at its start, and
+the partitions of a re-run micro-batch are the same.
+
+Rate limits: option maxBytesPerTrigger / maxMessagesPerTrigger (Spark's ReadMaxBytes /
+ReadMaxRows, its default read limit) bound a micro-batch: the budget is shared among the
+journals with new data in proportion to what each has, and each journal's walk stops at the
+last message its share lets in (one at least, so nothing stalls). Messages are counted as
+framed (ACKs and duplicates too), as Kafka counts offsets. Spark passes ReadAllAvailable when
+the trigger asks for everything; then the limits do not apply.
 Producers idle for longer than option producerHorizonSeconds are forgotten then (a duplicate of
 theirs arriving later would be delivered again), which bounds the offset's size.
 
@@ -45,30 +57,54 @@ micro-batches later (range_read.py).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
-from broker.client.route_cache import JournalClient
-from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.clock import clock_from_unix_nanos
+from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
 from spark_integration.batch_read import JournalRange, read_partition
+from spark_integration.fragment_plan import split_ranges, target_bytes
+from spark_integration.framings import decoder_factory
 from spark_integration.journal_io import (
     GazetteJournalError,
     resolve_journals,
-    run_with_client,
     wait_for_append,
     write_heads,
 )
+from spark_integration.offset_by_time import offset_at_time
 from spark_integration.offsets import JournalOffset
-from spark_integration.options import GazetteOptionError, ReadOptions
-from spark_integration.range_read import scan_committed
+from spark_integration.options import GazetteOptionError
+from spark_integration.range_read import CommittedRange
 from spark_integration.range_start import check_boundary, start_checkpoint
+from spark_integration.read_options import ReadOptions
+from spark_integration.read_plan import (
+    JournalInfo,
+    ReadContext,
+    journal_infos,
+    position_offset,
+    run_in_context,
+)
+
+
+def _share(budget: int | None, available: int, total: int) -> int | None:
+    """A journal's part of a micro-batch's budget: in proportion to what it has new."""
+    if budget is None or total <= 0:
+        return None
+    return max(1, budget * available // total)
 
 
 class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
@@ -77,122 +113,246 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         self.schema = schema
         # Trigger.AvailableNow: the write heads to stop at.
         self._available_now: dict[str, int] | None = None
+        # The journals planned by the last latestOffset (partitions of that micro-batch).
+        self._infos: dict[str, JournalInfo] = {}
 
     # -- planning (driver) -------------------------------------------------------------------
 
-    async def _journals(self, client: JournalClient) -> list[pb.JournalSpec]:
-        return await resolve_journals(client, self.opts.journals, self.opts.selector)
+    async def _heads(self, ctx: ReadContext) -> dict[str, int]:
+        """The journals read and their write heads (or, with no broker, where their persisted
+        content ends)."""
+        opts = self.opts
+        if ctx.client is not None:
+            specs = await resolve_journals(ctx.client, opts.journals, opts.selector, check=False)
+            return await write_heads(ctx.client, [s.name for s in specs])
+        return {info.name: info.head for info in await journal_infos(ctx)}
 
     def initialOffset(self) -> dict[str, Any]:
-        """Where the query starts reading each journal: its origin. Starting at an offset other
-        than 0, read-committed, the offset also holds the producers open there (range_start.py),
-        whose transactions are skipped."""
+        """Where the query starts reading each journal: its origin. Starting elsewhere than the
+        journal's first offset, read-committed, the offset also holds the producers open there
+        (range_start.py), whose transactions are skipped."""
 
-        async def start_at(client: JournalClient, journal: str, offset: int) -> JournalOffset:
-            if not offset or not self.opts.committed:
-                return JournalOffset.at(journal, offset, offset)
-            checkpoint = await start_checkpoint(
-                client,
-                journal,
-                offset,
-                lookback=self.opts.lookback_bytes,
-                ring_size=self.opts.ring_size,
-            )
-            return JournalOffset(checkpoint, offset)
-
-        async def plan(client: JournalClient) -> dict[str, JournalOffset]:
-            names = [s.name for s in await self._journals(client)]
-            if not names:
+        async def plan(ctx: ReadContext) -> dict[str, JournalOffset]:
+            infos = await journal_infos(ctx)
+            if not infos:
                 raise GazetteJournalError(f"selector {self.opts.selector!r} matches no journal")
-            starting = self.opts.starting
-            if starting == "latest":
-                start = await write_heads(client, names)
-            elif isinstance(starting, Mapping):
-                start = offsets.starting_offsets(starting, names)
-                heads = await write_heads(client, [j for j, o in start.items() if o])
-                for journal, head in heads.items():
-                    if start[journal] > head:
-                        raise GazetteOptionError(
-                            "startingOffsets",
-                            f"offset {start[journal]} of {journal} is beyond its write head {head}",
-                        )
-                    await check_boundary(client, journal, start[journal], "startingOffsets")
-            else:
-                start = dict.fromkeys(names, 0)
-            return {j: await start_at(client, j, offset) for j, offset in start.items()}
+            return {info.name: await self._start(ctx, info) for info in infos}
 
-        return offsets.to_json(run_with_client(self.opts.broker, plan))
+        return offsets.to_json(run_in_context(self.opts, plan))
+
+    async def _start(self, ctx: ReadContext, info: JournalInfo) -> JournalOffset:
+        opts = self.opts
+        starting = opts.starting
+        new_decoder = decoder_factory(info.content_type, opts.protobuf_class)
+        offset = position_offset(starting, info, default=info.fragments.begin)
+        if offset is None:
+            assert isinstance(starting, int)
+            offset = await offset_at_time(ctx, info, starting, new_decoder)
+        elif offset > info.head:
+            raise GazetteOptionError(
+                "startingOffsets",
+                f"offset {offset} of {info.name} is beyond its write head {info.head}",
+            )
+        source = ctx.source(info.name, info.fragments.overlapping(0, info.head))
+        if isinstance(starting, Mapping) and starting.get(info.name, -1) >= 0:
+            await check_boundary(source, offset, "startingOffsets")
+        floor = info.fragments.begin
+        if offset <= floor or not opts.committed:
+            return JournalOffset.at(info.name, offset, offset)
+        checkpoint = await start_checkpoint(
+            source,
+            offset,
+            lookback=opts.lookback_bytes,
+            ring_size=opts.ring_size,
+            floor=floor,
+            new_decoder=new_decoder,
+        )
+        return JournalOffset(checkpoint, offset)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        async def heads(client: JournalClient) -> dict[str, int]:
-            return await write_heads(client, [s.name for s in await self._journals(client)])
+        self._available_now = run_in_context(self.opts, self._heads)
 
-        self._available_now = run_with_client(self.opts.broker, heads)
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_messages_per_trigger:
+            return ReadMaxRows(self.opts.max_messages_per_trigger)
+        if self.opts.max_bytes_per_trigger:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
-        """The end checkpoint of every journal read (see the module docstring). `limit` is
-        always ReadAllAvailable: the source declares no other default limit.
+    def _budgets(self, limit: ReadLimit | None) -> tuple[int | None, int | None]:
+        """(bytes, messages) a micro-batch may take: Spark's limit, and the option of the
+        other kind (none at all when Spark asks for everything)."""
+        if limit is None or isinstance(limit, ReadAllAvailable):
+            return None, None
+        opts = self.opts
+        max_bytes = opts.max_bytes_per_trigger or None
+        max_messages = opts.max_messages_per_trigger or None
+        if isinstance(limit, ReadMaxRows):
+            max_messages = limit.max_rows
+        elif isinstance(limit, ReadMaxBytes):
+            max_bytes = limit.max_bytes
+        return max_bytes, max_messages
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit | None = None) -> dict[str, Any]:
+        """The end checkpoint of every journal read (see the module docstring).
 
         With nothing new in any journal, it first waits (see the module docstring) for an
         append, at most option idleWaitMs, then looks once more."""
+        opts = self.opts
         starts = offsets.from_json(start)
         horizon = 0
-        if self.opts.producer_horizon_s:
+        if opts.producer_horizon_s:
             horizon = clock_from_unix_nanos(
-                time.time_ns() - self.opts.producer_horizon_s * 1_000_000_000
+                time.time_ns() - opts.producer_horizon_s * 1_000_000_000
             )
         # Trigger.AvailableNow stops at the heads it captured: nothing to wait for.
-        wait_s = 0.0 if self._available_now is not None else self.opts.idle_wait_ms / 1000
+        wait_s = 0.0 if self._available_now is not None else opts.idle_wait_ms / 1000
+        max_bytes, max_messages = self._budgets(limit)
+
+        async def look(ctx: ReadContext) -> dict[str, int]:
+            heads = await self._heads(ctx)
+            if self._available_now is not None:
+                heads = {j: min(h, self._available_now.get(j, 0)) for j, h in heads.items()}
+            return heads
 
         def begin_of(journal: str) -> int:
             entry = starts.get(journal)
             return entry.offset(journal) if entry is not None else 0
 
-        async def look(client: JournalClient) -> dict[str, int]:
-            names = [s.name for s in await self._journals(client)]
-            heads = await write_heads(client, names)
-            if self._available_now is not None:
-                heads = {j: min(h, self._available_now.get(j, 0)) for j, h in heads.items()}
-            return heads
-
-        async def plan(client: JournalClient) -> dict[str, JournalOffset]:
-            heads = await look(client)
+        async def plan(ctx: ReadContext) -> dict[str, JournalOffset]:
+            heads = await look(ctx)
             # A selector matching no journal gives nothing to wait on: answer at once.
             if wait_s and heads and all(h <= begin_of(j) for j, h in heads.items()):
-                await wait_for_append(client, heads, wait_s)
-                heads = await look(client)
-            out: dict[str, JournalOffset] = {}
-            for journal, head in heads.items():
-                entry = starts.get(journal) or JournalOffset.at(journal, 0)  # Newly matched.
-                begin = entry.offset(journal)
-                if head <= begin:
-                    out[journal] = entry
-                elif self.opts.committed:
-                    checkpoint = await scan_committed(
-                        client,
-                        journal,
-                        begin,
-                        head,
-                        ring_size=self.opts.ring_size,
-                        checkpoint=entry.checkpoint,
-                        horizon_clock=horizon,
-                    )
-                    out[journal] = JournalOffset(checkpoint, entry.origin)
+                if ctx.client is not None:
+                    await wait_for_append(ctx.client, heads, wait_s)
                 else:
-                    out[journal] = JournalOffset.at(journal, head, entry.origin)
+                    await asyncio.sleep(wait_s)  # A store has no append to wait on: poll.
+                heads = await look(ctx)
+            active = [j for j, h in heads.items() if j not in starts or h > begin_of(j)]
+            infos = {i.name: i for i in await journal_infos(ctx, active)} if active else {}
+            self._infos.update(infos)
+            out: dict[str, JournalOffset] = {}
+            news: dict[str, JournalOffset] = {}
+            for journal in heads:
+                if journal in starts:
+                    news[journal] = starts[journal]
+                else:  # Newly matched by the selector: read from its first offset.
+                    floor = infos[journal].fragments.begin
+                    news[journal] = JournalOffset.at(journal, floor, floor)
+            available = {j: max(0, heads[j] - news[j].offset(j)) for j in heads if j in infos}
+            total = sum(available.values())
+            target = target_bytes(total, opts.max_partition_bytes, opts.min_partitions)
+            for journal, entry in news.items():
+                info = infos.get(journal)
+                begin, head = entry.offset(journal), heads[journal]
+                if info is None or head <= begin:
+                    out[journal] = JournalOffset(entry.checkpoint, entry.origin)
+                    continue
+                out[journal] = await self._walk(
+                    ctx,
+                    info,
+                    entry,
+                    head,
+                    target=target,
+                    horizon=horizon,
+                    max_bytes=_share(max_bytes, available[journal], total),
+                    max_messages=_share(max_messages, available[journal], total),
+                )
             return out
 
-        return offsets.to_json(run_with_client(self.opts.broker, plan))
+        return offsets.to_json(run_in_context(opts, plan))
+
+    async def _walk(
+        self,
+        ctx: ReadContext,
+        info: JournalInfo,
+        entry: JournalOffset,
+        head: int,
+        *,
+        target: int,
+        horizon: int,
+        max_bytes: int | None,
+        max_messages: int | None,
+    ) -> JournalOffset:
+        """The end offset of a journal's part of the micro-batch, with its split checkpoints."""
+        journal, begin = info.name, entry.offset(info.name)
+        cuts = [lo for lo, _ in split_ranges(info.fragments.fragments, begin, head, target)][1:]
+        limited = max_bytes is not None or max_messages is not None
+        if not self.opts.committed and not limited:
+            return JournalOffset.at(journal, head, entry.origin)
+        walk = CommittedRange(
+            ctx.source(journal, self._fragments_of(info, entry.checkpoint, begin, head)),
+            begin,
+            head,
+            ring_size=self.opts.ring_size,
+            checkpoint=entry.checkpoint,
+            replay=False,
+            new_decoder=decoder_factory(info.content_type, self.opts.protobuf_class),
+        )
+        stops, end = await walk.scan(
+            cuts if self.opts.committed else (),
+            horizon,
+            bytes_max=max_bytes,
+            messages_max=max_messages,
+        )
+        if not self.opts.committed:
+            return JournalOffset.at(journal, end, entry.origin)
+        splits = tuple((at, cp) for at, cp in sorted(stops.items()) if at < end)
+        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits)
+
+    @staticmethod
+    def _fragments_of(
+        info: JournalInfo, checkpoint: SequencerCheckpoint, begin: int, end: int
+    ) -> tuple[Any, ...]:
+        """The fragments a walk from `checkpoint` may read: from the first pending
+        transaction's start (a replay), else `begin`."""
+        pending = [s.begin for s in checkpoint.producers.values() if s.begin >= 0]
+        return info.fragments.overlapping(min([begin, *pending]), end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         starts = offsets.from_json(start)
+        ends = offsets.from_json(end)
+        needed = [
+            j
+            for j, e in ends.items()
+            if j not in self._infos
+            and e.offset(j) > (starts[j].offset(j) if j in starts else e.origin)
+        ]
+        if needed:
+            self._infos.update(
+                {i.name: i for i in run_in_context(self.opts, lambda c: journal_infos(c, needed))}
+            )
         parts: list[InputPartition] = []
-        for journal, stop in offsets.read_through(end).items():
-            entry = starts.get(journal) or JournalOffset.at(journal, 0)
-            begin = entry.offset(journal)
-            if stop > begin:
-                checkpoint = start.get(journal) if self.opts.committed else None
-                parts.append(JournalRange(journal, begin, stop, checkpoint, entry.origin))
+        for journal, end_entry in ends.items():
+            entry = starts.get(journal) or JournalOffset.at(
+                journal, end_entry.origin, end_entry.origin
+            )
+            begin, stop = entry.offset(journal), end_entry.offset(journal)
+            if stop <= begin:
+                continue
+            info = self._infos[journal]
+            bounds = [(begin, entry.checkpoint)]
+            bounds += [(at, cp) for at, cp in end_entry.splits if begin < at < stop]
+            for i, (lo, checkpoint) in enumerate(bounds):
+                hi = bounds[i + 1][0] if i + 1 < len(bounds) else stop
+                encoded = None
+                if self.opts.committed:
+                    encoded = offsets.to_json({journal: JournalOffset(checkpoint, entry.origin)})[
+                        journal
+                    ]
+                parts.append(
+                    JournalRange(
+                        journal,
+                        lo,
+                        hi,
+                        encoded,
+                        entry.origin,
+                        fragments=self._fragments_of(info, checkpoint, lo, hi),
+                        labels=info.labels,
+                        content_type=info.content_type,
+                        floor=info.fragments.begin,
+                    )
+                )
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -201,5 +361,5 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
 
     # -- reading (executors) ---------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)

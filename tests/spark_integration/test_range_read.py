@@ -14,6 +14,7 @@ import pytest
 
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from spark_integration.range_read import CommittedRange, scan_committed
+from spark_integration.sources import JournalSource
 from tests.gazette_consumer.sequencer.read_iter_testkit import (
     ACK,
     CONTINUE,
@@ -71,8 +72,17 @@ def history(seed: int) -> list[list[Msg]]:
     return appends
 
 
-def texts(lines: list[Any]) -> list[str]:
-    return [json.loads(env.message.line)["text"] for env in lines]
+def source(client: Any, journal: str) -> JournalSource:
+    """The journal's content through the broker alone."""
+    return JournalSource(journal, (), client=client, registry=None, fail_on_data_loss=True)
+
+
+async def texts(walk: CommittedRange) -> list[str]:
+    return [
+        json.loads(line)["text"]
+        async for batch in walk.batches()
+        for line in batch.content.to_pylist()
+    ]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -102,28 +112,26 @@ async def test_committed_ranges_read_what_consumers_read(seed: int, ring_size: i
         assert len(set(expected)) == len(expected) > 50
         assert len(expected) < len(written)  # Some were rolled back or left pending.
 
-        whole = CommittedRange(env.client, journal, 0, head, ring_size=ring_size)
-        assert texts([e async for lines in whole.read() for e in lines]) == expected
+        whole = CommittedRange(source(env.client, journal), 0, head, ring_size=ring_size)
+        assert await texts(whole) == expected
         if ring_size == 4:
             assert whole.replays > 0  # Spans longer than the ring were replayed.
 
         # Split at every append boundary: the second part starts from the first's checkpoint.
         for mid in bounds[1:-1]:
             cp = await scan_committed(
-                env.client,
-                journal,
+                source(env.client, journal),
                 0,
                 mid,
                 ring_size=ring_size,
                 checkpoint=whole_checkpoint(journal),
                 horizon_clock=0,
             )
-            first = CommittedRange(env.client, journal, 0, mid, ring_size=ring_size)
+            first = CommittedRange(source(env.client, journal), 0, mid, ring_size=ring_size)
             second = CommittedRange(
-                env.client, journal, mid, head, ring_size=ring_size, checkpoint=cp
+                source(env.client, journal), mid, head, ring_size=ring_size, checkpoint=cp
             )
-            got = texts([e async for lines in first.read() for e in lines])
-            got += texts([e async for lines in second.read() for e in lines])
+            got = await texts(first) + await texts(second)
             assert got == expected, f"split at {mid}"
 
 

@@ -31,8 +31,12 @@ pytestmark = pytest.mark.spark
 def batch_texts(broker: str, journal: str, **options: str) -> list[str]:
     source = GazetteDataSource({"broker": broker, "journals": journal, **options})
     reader = source.reader(META_SCHEMA)
-    rows = [row for part in reader.partitions() for row in reader.read(part)]
-    return [json.loads(row[5])["text"] for row in rows]
+    return [
+        json.loads(content)["text"]
+        for part in reader.partitions()
+        for batch in reader.read(part)
+        for content in batch.column("content").to_pylist()
+    ]
 
 
 def txn(p: bytes, clock: int, texts: list[str]) -> list[Msg]:
@@ -93,9 +97,13 @@ def test_a_stream_started_inside_a_transaction_skips_it(broker: str) -> None:
         broker, journal, [*open_txn[2:], *txn(b, base, ["b1"]), *txn(a, base + 9, ["a1"])]
     )
     end = stream.latestOffset(start, None)
-    rows = [row for part in stream.partitions(start, end) for row in stream.read(part)]
-
-    assert [json.loads(row[5])["text"] for row in rows] == ["b1", "a1"]
+    texts = [
+        json.loads(content)["text"]
+        for part in stream.partitions(start, end)
+        for batch in stream.read(part)
+        for content in batch.column("content").to_pylist()
+    ]
+    assert texts == ["b1", "a1"]
 
 
 def test_offsets_inside_a_message_are_refused(broker: str) -> None:

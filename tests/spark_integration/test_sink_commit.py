@@ -36,6 +36,7 @@ from spark_integration.sink_task import (
     register_name,
     stale_register_s,
 )
+from spark_integration.sources import JournalSource
 from tests.gazette_consumer.sequencer.read_iter_testkit import Env, broker_env
 
 Q1, Q2 = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"
@@ -73,21 +74,32 @@ class Query:
         return await commit_batch(self.env.client, grouped)
 
 
+def source(env: Env, journal: str) -> JournalSource:
+    return JournalSource(journal, (), client=env.client, registry=None, fail_on_data_loss=True)
+
+
+async def walk_texts(walk: CommittedRange) -> list[str]:
+    return [
+        json.loads(line)["text"]
+        async for batch in walk.batches()
+        for line in batch.content.to_pylist()
+    ]
+
+
 async def committed(env: Env, journal: str) -> list[str]:
     head = await write_head(env.client, journal)
-    walk = CommittedRange(env.client, journal, 0, head, ring_size=64)
-    return [json.loads(e.message.line)["text"] async for lines in walk.read() for e in lines]
+    return await walk_texts(CommittedRange(source(env, journal), 0, head, ring_size=64))
 
 
 async def written(env: Env, journal: str) -> int:
     """Messages in the journal that are not ACKs (committed or not)."""
     head = await write_head(env.client, journal)
-    return sum(
-        1
-        for lines in [x async for x in read_uncommitted(env.client, journal, 0, head)]
-        for e in lines
-        if "text" in json.loads(e.message.line)
-    )
+    lines = [
+        line
+        async for batch in read_uncommitted(source(env, journal), 0, head)
+        for line in batch.content.to_pylist()
+    ]
+    return sum(1 for line in lines if "text" in json.loads(line))
 
 
 async def test_micro_batches_commit_once_across_failed_attempts(env: Env) -> None:
@@ -276,8 +288,8 @@ async def test_a_restart_closes_what_the_dead_run_left_open(env: Env) -> None:
     await second.commit(6, [await second.task(6, b6, p, [f"b6-{p}"]) for p in (0, 1)])
 
     head = await write_head(env.client, journal)
-    walk = CommittedRange(env.client, journal, 0, head, ring_size=64)
-    got = [json.loads(e.message.line)["text"] async for lines in walk.read() for e in lines]
+    walk = CommittedRange(source(env, journal), 0, head, ring_size=64)
+    got = await walk_texts(walk)
     assert sorted(got) == ["b5-0", "b5-1", "b6-0", "b6-1"]
     assert all(state.begin == -1 for state in walk.checkpoint().producers.values())
 
@@ -291,8 +303,8 @@ async def test_a_stream_of_micro_batches_uses_one_producer_per_partition(env: En
         base = q.plan()
         await q.commit(batch, [await q.task(batch, base, p, [f"{batch}-{p}"]) for p in range(3)])
     head = await write_head(env.client, journal)
-    walk = CommittedRange(env.client, journal, 0, head, ring_size=64)
-    assert len([e async for lines in walk.read() for e in lines]) == 15
+    walk = CommittedRange(source(env, journal), 0, head, ring_size=64)
+    assert len(await walk_texts(walk)) == 15
     assert len(walk.checkpoint().producers) == 3
 
 

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from spark_integration.offsets import GazetteOffsetError, from_json
-from spark_integration.options import GazetteOptionError, parse_read_options, parse_write_options
+from spark_integration.options import GazetteOptionError, parse_write_options
+from spark_integration.read_options import parse_read_options
 from tests.spark_integration.spark_testkit import create_journals, read_all, reader, unique
 
 pytestmark = pytest.mark.spark
@@ -71,13 +72,14 @@ def test_write_options_are_validated() -> None:
         ("stream", "ISOLATON", "unknown option (did you mean 'isolation'?)"),  # Spark lowercases.
         (
             "stream",
-            "maxOffsetsPerTrigger",
-            "unknown option; the options of a streaming read are: broker, format,",
+            "maxOffsetsPerTrigger",  # Kafka's.
+            "unknown option (did you mean 'maxBytesPerTrigger'?); the options of a streaming"
+            " read are: broker, contentType,",
         ),
         (
             "batch",
-            "startingOffsets",
-            "unknown option; the options of a batch read are: begin, broker, end,",
+            "maxBytesPerTrigger",
+            "unknown option; the options of a batch read are: begin, broker, contentType, end,",
         ),
         ("stream", "begin", "unknown option; the options of a streaming read"),
         ("any", "path", "unknown option; the options of a read are"),
@@ -95,7 +97,9 @@ def test_unknown_write_options_are_refused() -> None:
     ):
         parse_write_options({"broker": "h:1", "journals": "aa/b"})
     with pytest.raises(
-        GazetteOptionError, match="are: broker, checkpointLocation, journal, queryName"
+        GazetteOptionError,
+        match="are: broker, checkpointLocation, contentType, journal, keyColumn, mapping,"
+        " queryName, selector",
     ):
         parse_write_options({"broker": "h:1", "path": "/tmp/x"}, streaming=True)
 
@@ -146,8 +150,8 @@ def test_bad_input_against_the_broker(broker) -> None:  # type: ignore[no-untype
         partitions(journals=journal, end=json.dumps({journal: 100}))
     with pytest.raises(GazetteJournalError, match="matches no journal"):
         partitions(selector="test=no-such-journal")
-    with pytest.raises(GazetteJournalError, match="content-type is 'text/csv'"):
-        partitions(journals=csv)
+    with pytest.raises(GazetteJournalError, match="content-type is 'text/csv', not"):
+        partitions(journals=csv, contentType="application/x-ndjson")
     with pytest.raises(GazetteJournalError, match=f"journal '{missing}' does not exist"):
         GazetteDataSource({"broker": broker, "journal": missing}).writer(schema, False)
     with pytest.raises(GazetteOptionError, match="journals are append-only"):

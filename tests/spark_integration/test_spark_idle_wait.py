@@ -20,7 +20,8 @@ import pytest
 
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration import offsets
-from spark_integration.options import GazetteOptionError, parse_read_options
+from spark_integration.options import GazetteOptionError
+from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
 from spark_integration.stream_read import GazetteStreamReader
 from tests.broker.serve_testkit import free_port

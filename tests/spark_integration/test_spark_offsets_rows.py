@@ -97,6 +97,7 @@ def test_infer_schema_types_top_level_fields() -> None:
         "uuid": "string",
         "producer": "string",
         "clock": "bigint",
+        "timestamp": "timestamp",
         "content": "string",
         "a": "bigint",
         "b": "boolean",

@@ -1,0 +1,106 @@
+"""Spark data source throughput, each figure beside its baseline measured in the same run.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_spark.py [rows]
+
+Conditions: one `gazette serve` process on loopback (embedded keyspace, data in a temporary
+directory), Spark local[2], rows of ~200 bytes of JSON, wall clock of one run each, every read
+into Spark's `noop` sink. Baselines: `spark.read.json` of the same rows from a local file
+(reads), parquet (writes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from tests.broker.serve_testkit import gazette_serve  # noqa: E402
+from tests.spark_integration.spark_testkit import create_journals  # noqa: E402
+
+rows_default = 1_000_000
+
+
+def timed(what: str, run) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else rows_default
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    from spark_integration import GazetteDataSource
+
+    spark.dataSource.register(GazetteDataSource)
+    with tempfile.TemporaryDirectory() as tmp, gazette_serve(Path(tmp)) as (port, _proc):
+        broker = f"127.0.0.1:{port}"
+        journal = "bench/spark"
+        create_journals(broker, [journal])
+        df = (
+            spark.range(n)
+            .selectExpr("id", "concat('user-', id % 1000) AS user", "repeat('x', 150) AS text")
+            .repartition(2)
+            .cache()
+        )
+        df.count()
+
+        t_parquet = timed("parquet", lambda: df.write.mode("overwrite").parquet(f"{tmp}/p"))
+        t_write = timed(
+            "gazette write",
+            lambda: (
+                df.write.format("gazette")
+                .mode("append")
+                .option("broker", broker)
+                .option("journal", journal)
+                .save()
+            ),
+        )
+        df.write.mode("overwrite").json(f"{tmp}/json")
+        schema = "id BIGINT, user STRING, text STRING"
+
+        def noop(frame) -> None:  # type: ignore[no-untyped-def]
+            frame.write.format("noop").mode("overwrite").save()
+
+        t_json = timed("read.json", lambda: noop(spark.read.schema(schema).json(f"{tmp}/json")))
+        reader = spark.read.format("gazette").option("broker", broker).option("journals", journal)
+        t_read = timed("gazette raw read", lambda: noop(reader.load()))
+        t_read_fields = timed("gazette read, fields", lambda: noop(reader.schema(schema).load()))
+
+        def rate(t: float) -> str:
+            return f"{n / t / 1e3:8.0f}k rows/s ({t:6.2f} s)"
+
+        print(f"rows={n}, ~200-byte JSON, local[2], one run, wall clock")
+        print(
+            f"batch write   gazette  {rate(t_write)}   parquet {rate(t_parquet)}"
+            f"   ratio {t_parquet / t_write:.2f}x (target >= 0.3x)"
+        )
+        print(
+            f"batch read    gazette  {rate(t_read)}   read.json {rate(t_json)}"
+            f"   ratio {t_json / t_read:.2f}x (target >= 1.0x; raw columns)"
+        )
+        print(
+            f"batch read    gazette  {rate(t_read_fields)}   read.json {rate(t_json)}"
+            f"   ratio {t_json / t_read_fields:.2f}x (fields parsed, user schema)"
+        )
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

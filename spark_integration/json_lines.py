@@ -1,0 +1,203 @@
+"""JSON-lines content in, `MessageBatch`es out, a piece of whole lines at a time (sans-IO).
+
+The bulk path, per piece (`decode_piece_bytes` of content, cut after its last newline):
+
+- the lines are found with one numpy pass over the bytes;
+- every line is decoded at once, as the elements of one JSON array (the newlines between them
+  turned into commas), by a msgspec decoder that keeps only the top-level "UUID" field: each
+  line is checked to be a whole JSON object, as the general path's decoder checks it;
+- the UUID texts are parsed at once (uuid_columns.py), and the content column is the piece's
+  bytes without the newlines, checked to be UTF-8 by Arrow.
+
+Anything the bulk path does not take (a line that is not a JSON object, a UUID that is not in
+canonical form, bytes that are not UTF-8) sends the piece down the general path: the framing
+and decoder Gazette's readers use (`ChunkDecoder`, raw_json.py), which decodes what they accept
+exactly as they do, and fails the read with `GazetteJournalError` naming the offsets of what
+they do not (a line that is not a JSON object with a valid UUID, a line longer than the limit),
+never skipping it.
+
+Content arrives in chunks of any size, cut anywhere; a line cut by a chunk is carried to the
+next one. An offset jump (content removed from the journal: the reader's source decided it may
+be skipped, see sources.py) drops the line that was cut by it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT
+from spark_integration.journal_io import GazetteJournalError
+from spark_integration.message_batch import MessageBatch, batch_of_envelopes
+from spark_integration.raw_json import UUID_FIELD, RawLine, new_decoder
+from spark_integration.uuid_columns import UUID_TEXT_BYTES, parse_texts
+
+# Content decoded at once: big enough that per-piece costs vanish, small enough to keep a
+# partition's memory flat.
+decode_piece_bytes: Final = 4 << 20
+_NEWLINE: Final = 10
+_COMMA: Final = 44
+
+
+class _UUIDText(msgspec.Struct):
+    uuid: str = msgspec.field(default="", name=UUID_FIELD)
+
+
+_LINES_DECODER: Final = msgspec.json.Decoder(list[_UUIDText])
+
+
+def bulk_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
+    """The messages of `piece` (whole lines, beginning at `offset`), or None if the bulk path
+    does not take it (see the module docstring)."""
+    data = np.frombuffer(piece, np.uint8)
+    newlines = np.flatnonzero(data == _NEWLINE)
+    n = len(newlines)
+    if n == 0 or newlines[-1] != len(piece) - 1:
+        return None
+    starts = np.empty(n, np.int64)
+    starts[0] = 0
+    starts[1:] = newlines[:-1] + 1
+    # "[" + the lines, each newline but the last a comma + "]": one copy of the piece.
+    blob = bytearray(len(piece) + 1)
+    blob[0] = ord("[")
+    blob[1:] = piece
+    np.frombuffer(blob, np.uint8)[newlines + 1] = _COMMA
+    blob[-1] = ord("]")
+    try:
+        decoded = _LINES_DECODER.decode(blob)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    if len(decoded) != n:
+        return None  # A line held more than one JSON value.
+    texts = pa.array([d.uuid for d in decoded], pa.string())
+    lengths = np.frombuffer(texts.buffers()[1], np.int32, n + 1, texts.offset * 4)
+    lengths = np.diff(lengths)
+    with_uuid = lengths == UUID_TEXT_BYTES
+    if not np.all(with_uuid | (lengths == 0)):
+        return None  # A UUID not in canonical form: the general path parses it.
+    matrix = np.zeros((n, UUID_TEXT_BYTES), np.uint8)
+    if np.any(with_uuid):
+        values = np.frombuffer(texts.buffers()[2], np.uint8)
+        first = int(np.frombuffer(texts.buffers()[1], np.int32, 1, texts.offset * 4)[0])
+        matrix[with_uuid] = values[first : first + UUID_TEXT_BYTES * int(with_uuid.sum())].reshape(
+            -1, UUID_TEXT_BYTES
+        )
+    parts = parse_texts(matrix)
+    if not np.all(parts.parsed | parts.nil | ~with_uuid):
+        return None  # Not a Gazette UUID: the general path names it.
+    has_uuid = parts.parsed
+    uuids = texts
+    if not bool(np.all(has_uuid)):
+        uuids = pc.if_else(pa.array(has_uuid), texts, pa.scalar(None, pa.string()))
+    # The content: each line with its newline, checked to be UTF-8, then without it (the
+    # newline is one byte: a slice of code units drops it).
+    value_offsets = np.empty(n + 1, np.int32)
+    value_offsets[:n] = starts
+    value_offsets[n] = len(piece)
+    lines = pa.StringArray.from_buffers(n, pa.py_buffer(value_offsets), pa.py_buffer(piece))
+    try:
+        lines.validate(full=True)
+    except pa.ArrowInvalid:
+        return None  # Not UTF-8: the general path replaces what is not.
+    content = pc.utf8_slice_codeunits(lines, 0, -1)
+    return MessageBatch(
+        journal,
+        starts + offset,
+        newlines.astype(np.int64) + (offset + 1),
+        parts.producers,
+        parts.clocks,
+        parts.flags,
+        uuids,
+        content,
+    )
+
+
+def general_batch(journal: str, offset: int, piece: bytes, *, final: bool) -> MessageBatch:
+    """The messages of `piece` decoded one by one as Gazette's readers decode them; raises
+    GazetteJournalError for content they would not deliver. `final`: the piece ends the read
+    (a line left without its newline is an error, not carried)."""
+    decoder = new_decoder(journal, offset)
+    envelopes = decoder.feed(piece, offset)
+    if decoder.error is None and final:
+        envelopes += decoder.flush()
+    if decoder.error is not None:
+        raise GazetteJournalError(f"journal {journal!r}: {decoder.error}")
+    if decoder.skipped_bytes:
+        raise GazetteJournalError(
+            f"journal {journal!r}: content in [{offset}, {offset + len(piece)}) that is not"
+            " whole JSON lines (a message cut short, or longer than the limit)"
+        )
+    lines: list[RawLine] = [env.message for env in envelopes]
+    content = pa.array([m.line.decode("utf-8", errors="replace") for m in lines], pa.string())
+    return batch_of_envelopes(journal, envelopes, content)
+
+
+class JSONLinesDecoder:
+    """Chunks of one journal's content in (in order; offsets may jump forward), MessageBatches
+    out. Call `feed` per chunk, then `flush` at the end of a bounded read."""
+
+    def __init__(
+        self,
+        journal: str,
+        offset: int,
+        *,
+        piece_bytes: int = decode_piece_bytes,
+        line_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+    ) -> None:
+        self.journal = journal
+        self._piece_bytes = piece_bytes
+        self._line_bytes_max = line_bytes_max
+        self._buffer = bytearray()
+        self._buffer_offset = offset  # Where `_buffer` begins.
+
+    @property
+    def offset(self) -> int:
+        """The offset of the next byte expected."""
+        return self._buffer_offset + len(self._buffer)
+
+    def feed(self, content: bytes, offset: int) -> list[MessageBatch]:
+        out: list[MessageBatch] = []
+        if offset != self.offset:
+            # A jump over removed content: the whole lines before it are still messages; only
+            # a line it cut lost its end with it.
+            out = self._decode(final=False)
+            self._buffer.clear()
+            self._buffer_offset = offset
+        self._buffer += content
+        if len(self._buffer) < self._piece_bytes:
+            return out
+        return out + self._decode(final=False)
+
+    def flush(self) -> list[MessageBatch]:
+        """End of the read: what remains must be whole lines."""
+        return self._decode(final=True)
+
+    def _decode(self, *, final: bool) -> list[MessageBatch]:
+        buffer = self._buffer
+        cut = buffer.rfind(b"\n") + 1
+        if final and cut != len(buffer):
+            raise GazetteJournalError(
+                f"journal {self.journal!r}: content in [{self._buffer_offset + cut},"
+                f" {self.offset}) that is not whole JSON lines: it ends without a newline (a"
+                " message cut short)"
+            )
+        if cut == 0:
+            if len(buffer) > self._line_bytes_max:
+                raise GazetteJournalError(
+                    f"journal {self.journal!r}: content from offset {self._buffer_offset} that is"
+                    f" not whole JSON lines: a line longer than the limit of"
+                    f" {self._line_bytes_max} bytes"
+                )
+            return []
+        piece = bytes(buffer[:cut])
+        offset = self._buffer_offset
+        del buffer[:cut]
+        self._buffer_offset += cut
+        batch = bulk_batch(self.journal, offset, piece)
+        if batch is None:
+            batch = general_batch(self.journal, offset, piece, final=True)
+        return [batch] if len(batch) else []

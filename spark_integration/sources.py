@@ -1,0 +1,278 @@
+"""Where a partition's bytes come from: persisted fragments read straight from their store, the
+rest from a broker; and what happens to content that is lost.
+
+A partition reads a range [begin, end) of a journal through a `JournalSource`, chunk by chunk.
+The source knows the journal's fragments (fragment_plan.py): those overlapping the range are
+read straight from their store, `file://` or `s3://` (a signed URL from the broker's
+ListFragments, or the store itself, from option `store`), decompressed and verified against
+their names (SHA1 and length: broker/fragment/verify.py) before any byte is handed out (a
+fragment of up to `fragment_verify_bytes_max`; a larger one is verified as it streams, its SHA1
+at its end). Content no store holds yet (the open fragment, fragments not yet persisted) is read
+from a broker, `end`-bounded and blocking, as a Read of that range.
+
+Lost content. A gap between fragments (removed by retention, or never persisted), a fragment
+whose file is missing or does not hold its content, or a broker that answers DATA_LOSS or jumps
+over removed content: each is a range of the journal that cannot be read. With
+`failOnDataLoss` true (the default, as Kafka's source) the read fails with
+`GazetteDataLossError` naming the journal, the range and why; with false, the range is skipped
+with a warning (logged, and counted in `lost_bytes`), as Kafka's source skips offsets it can no
+longer read. Bytes of a fragment that fails verification are never handed out, unless the
+fragment was larger than `fragment_verify_bytes_max` and the mismatch showed at its end: then
+the read fails whatever `failOnDataLoss` says (its bytes were delivered).
+
+In broker mode a fragment whose file cannot be opened here (a store this host cannot reach, an
+expired signed URL) is read through the broker instead, which reads the same file and verifies
+it the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from broker.client.reader import (
+    Chunk,
+    FragmentContentReader,
+    missing_fragment_error,
+    open_url,
+)
+from broker.client.retry_reader import RetryReader
+from broker.client.route_cache import JournalClient
+from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader, StoreError
+from broker.fragment.stores.registry import StoreRegistry
+from broker.fragment.verify import DataLossError, FragmentIntegrityError
+from broker.protocol import protocol_pb2 as pb
+
+# A fragment up to this size is decoded and verified whole before its first byte is handed out.
+fragment_verify_bytes_max: Final = 256 << 20
+# Pieces a fragment's content is handed out in.
+fragment_chunk_bytes_max: Final = 4 << 20
+
+_log = logging.getLogger(__name__)
+
+
+class GazetteDataLossError(DataLossError):
+    """Content of a journal in [begin, end) cannot be read: it was removed, or its fragment's
+    file is missing or corrupt. Raised when option failOnDataLoss is true (the default)."""
+
+    def __init__(self, journal: str, begin: int, end: int, reason: str) -> None:
+        super().__init__(
+            journal,
+            f"journal {journal}: content [{begin}, {end}) cannot be read: {reason}. Set option"
+            " failOnDataLoss to false to skip lost content (with a warning) instead",
+        )
+        self.begin = begin
+        self.end = end
+
+
+@dataclass(frozen=True)
+class FragmentRef:
+    """A fragment of a partition's journal: its protocol value (serialized: partitions are
+    pickled) and the signed URL of its file ("" for one read through its store, or through a
+    broker when it has no backing store)."""
+
+    begin: int
+    end: int
+    spec: bytes
+    url: str = ""
+
+    @classmethod
+    def of(cls, fragment: pb.Fragment, url: str = "") -> FragmentRef:
+        return cls(fragment.begin, fragment.end, fragment.SerializeToString(), url)
+
+    def fragment(self) -> pb.Fragment:
+        return pb.Fragment.FromString(self.spec)
+
+    @property
+    def persisted(self) -> bool:
+        return bool(self.url) or bool(self.fragment().backing_store)
+
+
+class JournalSource:
+    """The content of one journal (see the module docstring). `client` is None in store mode
+    (no broker: only persisted content can be read), `registry` None in broker mode (fragments
+    are read from their signed URLs)."""
+
+    def __init__(
+        self,
+        journal: str,
+        fragments: Sequence[FragmentRef],
+        *,
+        client: JournalClient | None,
+        registry: StoreRegistry | None,
+        fail_on_data_loss: bool,
+        quiet: bool = False,
+    ) -> None:
+        self.journal = journal
+        self._quiet = quiet
+        self._fragments = sorted(fragments, key=lambda f: f.begin)
+        self._client = client
+        self._registry = registry
+        self._fail = fail_on_data_loss
+        self.lost_bytes = 0
+
+    def lenient(self) -> JournalSource:
+        """The same source, skipping lost content without a word: for reads of content the
+        reader did not ask for (the look-back before a start offset, range_start.py), whose
+        loss only means less is known there."""
+        return JournalSource(
+            self.journal,
+            self._fragments,
+            client=self._client,
+            registry=self._registry,
+            fail_on_data_loss=False,
+            quiet=True,
+        )
+
+    def lost(self, begin: int, end: int, reason: str) -> None:
+        """Content [begin, end) cannot be read: fail, or skip it with a warning."""
+        if self._fail:
+            raise GazetteDataLossError(self.journal, begin, end, reason)
+        self.lost_bytes += end - begin
+        (_log.debug if self._quiet else _log.warning)(
+            "gazette: journal %s: skipping lost content [%d, %d): %s (failOnDataLoss is false)",
+            self.journal,
+            begin,
+            end,
+            reason,
+        )
+
+    async def chunks(self, begin: int, end: int) -> AsyncIterator[Chunk]:
+        """The content of [begin, end), in order; offsets jump over skipped lost content."""
+        at = begin
+        for ref in self._fragments:
+            if ref.end <= at or ref.begin >= end:
+                continue
+            if ref.begin > at:
+                # Not among the fragments given: a broker knows what became of it (and skips
+                # it as lost if it was removed); without one, it is lost.
+                if self._client is not None:
+                    async for chunk in self._broker_chunks(at, ref.begin):
+                        yield chunk
+                else:
+                    self.lost(at, ref.begin, "no fragment holds it (removed by retention?)")
+                at = ref.begin
+            stop = min(end, ref.end)
+            if ref.persisted:
+                async for chunk in self._fragment_chunks(ref, at, stop):
+                    yield chunk
+            else:
+                async for chunk in self._broker_chunks(at, stop):
+                    yield chunk
+            at = stop
+        if at < end:
+            if self._client is None:
+                self.lost(at, end, "no persisted fragment holds it, and no broker was given")
+                return
+            async for chunk in self._broker_chunks(at, end):
+                yield chunk
+
+    async def _fragment_chunks(
+        self, ref: FragmentRef, begin: int, end: int
+    ) -> AsyncIterator[Chunk]:
+        fragment = ref.fragment()
+        try:
+            reader = await self._open(ref, fragment, begin)
+        except FragmentIntegrityError as err:  # The file is missing.
+            if self._client is not None:
+                async for chunk in self._broker_chunks(begin, end):
+                    yield chunk
+                return
+            self.lost(begin, end, str(err))
+            return
+        except StoreError as err:
+            if self._client is None:
+                raise
+            _log.info("gazette: reading %s through a broker: %s", fragment.journal, err)
+            async for chunk in self._broker_chunks(begin, end):
+                yield chunk
+            return
+        at = begin
+        try:
+            while at < end:
+                try:
+                    content = await reader.read()
+                except FragmentIntegrityError as err:
+                    if err.delivered:
+                        raise  # Bytes of it were handed out: never skipped silently.
+                    self.lost(begin, end, str(err))
+                    return
+                if not content:
+                    break
+                content = content[: end - at]
+                yield Chunk(at, content)
+                at += len(content)
+        finally:
+            await reader.aclose()
+
+    async def _open(
+        self, ref: FragmentRef, fragment: pb.Fragment, offset: int
+    ) -> FragmentContentReader:
+        raw: FragmentReader
+        try:
+            if ref.url:
+                raw = await open_url(ref.url)
+            elif self._registry is not None:
+                raw = await self._registry.get(fragment.backing_store).open(fragment)
+            else:
+                raise StoreError(f"no way to open fragment of {fragment.backing_store}")
+        except FragmentNotFoundError as err:
+            raise missing_fragment_error(fragment, err) from err
+        try:
+            return FragmentContentReader(
+                raw,
+                fragment,
+                offset,
+                chunk_bytes_max=fragment_chunk_bytes_max,
+                verify_whole_bytes_max=fragment_verify_bytes_max,
+                store=fragment.backing_store,
+            )
+        except BaseException:
+            await raw.aclose()
+            raise
+
+    async def _broker_chunks(self, begin: int, end: int) -> AsyncIterator[Chunk]:
+        client = self._client
+        assert client is not None  # Callers check.
+        at = begin
+        while at < end:
+            reader = RetryReader(
+                client, pb.ReadRequest(journal=self.journal, offset=at, end_offset=end, block=True)
+            )
+            try:
+                while True:
+                    try:
+                        chunk = await reader.read_chunk()
+                    except DataLossError as err:
+                        reason = f"the broker reports lost content: {err}"
+                        if self._fail:
+                            raise GazetteDataLossError(self.journal, at, end, reason) from err
+                        skip_to = await self._fragment_end(at)
+                        self.lost(at, skip_to, reason)
+                        at = skip_to
+                        break
+                    if chunk.offset > at:
+                        self.lost(at, chunk.offset, "removed from the journal")
+                        at = chunk.offset
+                    if not chunk.content:
+                        at = max(at, end)
+                        break
+                    yield chunk
+                    at = chunk.offset + len(chunk.content)
+            finally:
+                await reader.close()
+
+    async def _fragment_end(self, offset: int) -> int:
+        """The end of the fragment covering `offset` (a lost one is skipped whole)."""
+        from broker.client.list_apply import list_all_fragments
+
+        assert self._client is not None
+        listing = await list_all_fragments(self._client, pb.FragmentsRequest(journal=self.journal))
+        for item in listing.fragments:
+            if item.spec.begin <= offset < item.spec.end:
+                return item.spec.end
+        raise GazetteDataLossError(
+            self.journal, offset, offset, "lost content, and no fragment covers it to skip"
+        )
