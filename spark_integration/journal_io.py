@@ -9,7 +9,7 @@ channel outlives the call, and nothing that crosses a process boundary holds one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, TypeVar
 
 from broker.client.list_apply import get_journal, list_journals
@@ -43,35 +43,6 @@ def run_with_client(broker: str, work: Callable[[JournalClient], Awaitable[T]]) 
             await client.close()
 
     return asyncio.run(main())
-
-
-def iterate_with_client(
-    broker: str, work: Callable[[JournalClient], AsyncIterator[T]]
-) -> Iterator[T]:
-    """The items of the async iterator `work(client)`, as a plain iterator: each is awaited in
-    this generator's own event loop, so a partition streams its rows instead of collecting them.
-    Closing the generator (Spark stops reading) closes the iterator, the client and the loop."""
-    loop = asyncio.new_event_loop()
-    client: JournalClient | None = None
-    items: AsyncIterator[T] | None = None
-    try:
-        client = JournalClient(broker)
-        items = work(client)
-        while True:
-            try:
-                item = loop.run_until_complete(anext(items))
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        try:
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                loop.run_until_complete(aclose())
-            if client is not None:
-                loop.run_until_complete(client.close())
-        finally:
-            loop.close()
 
 
 def check_json_lines(spec: pb.JournalSpec) -> None:

@@ -74,7 +74,9 @@ def run_in_context(opts: ReadOptions, work: Callable[[ReadContext], Awaitable[T]
 def iterate_in_context(
     opts: ReadOptions, work: Callable[[ReadContext], AsyncIterator[T]]
 ) -> Iterator[T]:
-    """The items of `work(ctx)`, as a plain iterator (see journal_io.iterate_with_client)."""
+    """The items of the async iterator `work(ctx)`, as a plain iterator: each is awaited in this
+    generator's own event loop, so a partition streams its rows instead of collecting them.
+    Closing the generator (Spark stops reading) closes the iterator, the context and the loop."""
     loop = asyncio.new_event_loop()
     ctx: ReadContext | None = None
     items: AsyncIterator[T] | None = None
