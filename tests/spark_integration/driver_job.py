@@ -1,0 +1,53 @@
+"""A Spark driver of its own, for test_spark_driver_kill.py: a streaming query that copies one
+journal into another with the gazette source and sink, micro-batch by micro-batch, until it has
+read everything available when it started (Trigger.AvailableNow). The test kills this process
+with SIGKILL in the middle of its micro-batches, then runs it again on the same checkpoint.
+
+    python -m tests.spark_integration.driver_job BROKER SOURCE SINK CHECKPOINT MESSAGES_PER_BATCH
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    broker, source, sink, checkpoint, per_batch = argv
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("gazette-driver-kill")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    from spark_integration import GazetteDataSource
+
+    spark.dataSource.register(GazetteDataSource)
+    query = (
+        spark.readStream.format("gazette")
+        .option("broker", broker)
+        .option("journals", source)
+        .option("maxMessagesPerTrigger", per_batch)
+        .load()
+        .selectExpr("content")
+        .writeStream.format("gazette")
+        .option("broker", broker)
+        .option("journal", sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    print("started", flush=True)
+    query.awaitTermination()
+    print("finished", flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
