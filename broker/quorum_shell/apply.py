@@ -12,9 +12,18 @@ or flush interval): members may roll at different entry boundaries, so their fra
 in extent but never in content, which the fragment index already handles (overlapping
 fragments of one journal).
 
-A spool ahead of the quorum log (content this member cannot vouch for: a restarted broker
-whose in-memory quorum log is gone, see node.py) is not touched: `SpoolAheadError` is kept on
-the applier and reported, and nothing more is applied until a later commit reaches it.
+Restarts. A restarted broker's spool resumes from its data directory pending recovery; the
+applier settles it as the journal's primary would (the store check of spool_settle.py: adopted,
+or set aside and started over), since everything a member ever applied was committed and its
+log file kept the commit index that covered it. Then it applies from the spool's end.
+
+A spool behind the log's base (a follower given a Snapshot, or a member whose log compacted
+entries it had not applied: the store holds them) rolls forward to the base, as Gazette's
+catch-up roll does: the content before it is read from the store.
+
+A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
+quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
+on the applier and reported, and nothing more is applied until a later commit reaches it.
 """
 
 from __future__ import annotations
@@ -36,6 +45,11 @@ apply_batch_bytes_max = 4 << 20
 
 class SpoolAheadError(Exception):
     """The local spool holds content beyond this member's quorum commit offset."""
+
+
+class RecoveryNotSettledError(Exception):
+    """The spool's recovered state could not be settled yet (no store listing in time): the
+    applier tries again (each try waits up to the replica's recovery_wait_s)."""
 
 
 class CommitApplier:
@@ -64,8 +78,13 @@ class CommitApplier:
                 continue
             spool = await replica.spool_slot.take(asyncio.Event())
             try:
+                if spool.recovery_pending and not await replica.settle_recovery(
+                    spool, None, asyncio.Event()
+                ):
+                    node.commit_changed.set()  # Try again.
+                    raise RecoveryNotSettledError(f"{node.journal}: no store listing in time")
                 self._apply(spool)
-            except (SpoolAheadError, OSError, ValueError) as err:
+            except (SpoolAheadError, RecoveryNotSettledError, OSError, ValueError) as err:
                 self.error = err
                 log.error(
                     "quorum: committed content not applied", journal=node.journal, error=str(err)
@@ -76,8 +95,22 @@ class CommitApplier:
 
     def _apply(self, spool: Spool) -> None:
         node = self._node
-        if spool.recovery_pending:
-            raise SpoolAheadError(f"{node.journal}: the spool's recovery is not settled")
+        base = node.member.log.base.end
+        if spool.fragment.end < base:
+            # The log no longer holds what the spool lacks; the store does: roll forward.
+            spool.must_apply(
+                pb.ReplicateRequest(
+                    proposal=pb.Fragment(
+                        journal=node.journal,
+                        begin=base,
+                        end=base,
+                        compression_codec=spool.fragment.compression_codec,
+                        backing_store=spool.fragment.backing_store,
+                    ),
+                    registers=spool.registers,
+                ),
+                primary=node.is_leader,
+            )
         start, commit = spool.fragment.end, node.commit_offset
         if start > commit:
             raise SpoolAheadError(
