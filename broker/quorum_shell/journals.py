@@ -220,9 +220,7 @@ class QuorumJournals:
         node, route = self.nodes.get(journal), self._routes.get(journal)
         if node is None or route is None:
             return None
-        leader = (
-            self.name if node.is_leader else (node.coordinator.leader or node.member.leader_hint)
-        )
+        leader = node.leader_name
         out = pb.Route()
         out.CopyFrom(route)
         out.primary = next((i for i, m in enumerate(route.members) if format_id(m) == leader), -1)

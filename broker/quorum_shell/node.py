@@ -129,6 +129,9 @@ class QuorumNode:
         # Set whenever the cores may have changed (a message, a tick, an answer): observers
         # (tests, metrics) wait on it rather than polling.
         self.progress = asyncio.Event()
+        # Set while this node knows the term's leader (itself or another): appends that
+        # arrive during an election wait on it rather than fail.
+        self.leader_known = asyncio.Event()
         # Set whenever the commit offset moved (the spool applier's only trigger).
         self.commit_changed = asyncio.Event()
         self._commit_seen = 0
@@ -167,6 +170,13 @@ class QuorumNode:
     @property
     def is_leader(self) -> bool:
         return self.member.leader is not None
+
+    @property
+    def leader_name(self) -> str:
+        """The member this node believes leads the current term ("": none known)."""
+        if self.is_leader:
+            return self.name
+        return self.coordinator.leader or self.member.leader_hint
 
     @property
     def commit_offset(self) -> int:
@@ -235,6 +245,10 @@ class QuorumNode:
             self.member.notices.clear()
             return
         self.progress.set()
+        if self.leader_name:
+            self.leader_known.set()
+        else:
+            self.leader_known.clear()
         if self.member.read_limit != self._commit_seen:
             self._commit_seen = self.member.read_limit
             self.commit_changed.set()
