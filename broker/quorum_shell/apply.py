@@ -21,6 +21,11 @@ A spool behind the log's base (a follower given a Snapshot, or a member whose lo
 entries it had not applied: the store holds them) rolls forward to the base, as Gazette's
 catch-up roll does: the content before it is read from the store.
 
+The store's progress (`report_stored`): every `stored_poll_interval_s` the contiguous end of the
+persisted fragments in the replica's index, from the log's base on (`persisted_end`), is told
+to the core (`QuorumNode.on_stored`), which compacts the log once it holds more than its
+compaction fraction: without it a leader's log fills (`log_bytes_max`) and appends are refused.
+
 A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
 quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
 on the applier and reported, and nothing more is applied until a later commit reaches it.
@@ -29,8 +34,9 @@ on the applier and reported, and nothing more is applied until a later commit re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from broker.fragment.index import IndexedFragment
 from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -41,6 +47,20 @@ log = get_logger(__name__)
 
 # Bytes applied to the spool in one commit (a batch of committed entries).
 apply_batch_bytes_max = 4 << 20
+# How often the fragment index's persisted end is told to the core (the index itself learns
+# of uploads by its own refresh interval and this broker's persister).
+stored_poll_interval_s = 1.0
+
+
+def persisted_end(fragments: Iterable[IndexedFragment], floor: int) -> int:
+    """How far the store holds the journal without a gap from `floor` (the log's base, below
+    which it holds everything): the end of the persisted fragments chained from there."""
+    end = floor
+    for fragment in sorted((f for f in fragments if f.file is None), key=lambda f: f.begin):
+        if fragment.begin > end:
+            break
+        end = max(end, fragment.end)
+    return end
 
 
 class SpoolAheadError(Exception):
@@ -67,6 +87,19 @@ class CommitApplier:
         self.applied = 0
         self.error: Exception | None = None
         self.changed = asyncio.Event()  # set after each applied batch (observers, tests)
+
+    async def report_stored(self) -> None:
+        """Tell the core how far the store holds the journal (see the module docstring)."""
+        node, told = self._node, -1
+        while True:
+            await asyncio.sleep(stored_poll_interval_s)
+            replica = self._replica_of(node.journal)
+            if replica is None or node.failure is not None:
+                continue
+            end = persisted_end(replica.index.snapshot(), node.member.log.base.end)
+            if end > told:
+                told = end
+                node.on_stored(end)
 
     async def run(self) -> None:
         node = self._node

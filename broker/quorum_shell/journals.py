@@ -31,6 +31,7 @@ from broker.keyspace.keyspace import KeySpace
 from broker.logging import get_logger
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.quorum.config import QuorumConfig
 from broker.quorum.errors import LogFileCorruptError
 from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
@@ -52,6 +53,10 @@ from broker.topology import (
 log = get_logger(__name__)
 
 
+async def _gather(*coros: Coroutine[Any, Any, None]) -> None:
+    await asyncio.gather(*coros)
+
+
 class QuorumJournals:
     def __init__(
         self,
@@ -66,6 +71,8 @@ class QuorumJournals:
         data_dir: str | None = None,
         fsync: bool = False,
     ) -> None:
+        # The core's bounds for nodes started from now on (None: broker_quorum_config()).
+        self.quorum_config: QuorumConfig | None = None
         self._data_dir = data_dir
         self._fsync = fsync
         # Journals whose log file could not be opened (see the module docstring).
@@ -138,7 +145,15 @@ class QuorumJournals:
             }
             transport = GrpcTransport(endpoints)
             register = KeyspaceTermRegister(self._backend, root, journal, ensemble)
-            node = QuorumNode(journal, self.name, ensemble, register, transport, log_file=log_file)
+            node = QuorumNode(
+                journal,
+                self.name,
+                ensemble,
+                register,
+                transport,
+                log_file=log_file,
+                config=self.quorum_config,
+            )
             self.nodes[journal] = node
             self._routes[journal] = route
             self._transports[journal] = transport
@@ -146,7 +161,9 @@ class QuorumJournals:
             self._spawn(node.start())
             applier = CommitApplier(node, self._replica_of, self._spec_of, self._clock)
             self.appliers[journal] = applier
-            self._applier_tasks[journal] = asyncio.get_running_loop().create_task(applier.run())
+            self._applier_tasks[journal] = asyncio.get_running_loop().create_task(
+                _gather(applier.run(), applier.report_stored())
+            )
 
     def _open_log(self, journal: str) -> QuorumLogFile | None:
         if self._data_dir is None:

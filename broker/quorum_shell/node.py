@@ -98,6 +98,7 @@ class QuorumNode:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         log_file: QuorumLogFile | None = None,
+        config: QuorumConfig | None = None,
     ) -> None:
         self.journal = journal
         self.name = name
@@ -110,7 +111,7 @@ class QuorumNode:
         self.member = Member(
             name,
             log_file.log if log_file is not None else ReplicaLog(),
-            broker_quorum_config(),
+            config or broker_quorum_config(),
         )
         self.coordinator = Coordinator(
             name + COORDINATOR_SUFFIX,
@@ -200,6 +201,13 @@ class QuorumNode:
             self.member.sync(now)
         self._flush()
         return await future
+
+    def on_stored(self, end: int) -> None:
+        """The fragment store holds the journal through offset `end`: the core may compact."""
+        if self.failure is not None:
+            return
+        self.member.on_stored(end)
+        self._flush()
 
     # --- Messages --------------------------------------------------------------------------
 

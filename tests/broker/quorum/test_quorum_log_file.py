@@ -27,9 +27,9 @@ from broker.quorum.log_change import (
     replay,
 )
 from broker.quorum.log_codec import HEADER, decode_log, encode_change, encode_log
+from broker.quorum.rules import CORRECT_RULES
 from broker.quorum.sim.nodes import MemberNode
 from broker.quorum.sim.world import SimConfig, World
-from broker.quorum.rules import CORRECT_RULES
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
 
 
