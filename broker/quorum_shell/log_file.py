@@ -11,7 +11,7 @@ the log survives power loss and not only the process, like the spools.
 
 Bounded: once the file exceeds twice the records its log needs (plus `rewrite_slack_bytes`),
 which happens as the core compacts or truncates, it is rewritten from the log's snapshot
-(log_change.snapshot) into a temporary file renamed over it.
+(log_replay.snapshot) into a temporary file renamed over it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from broker.fragment.spool_named import fsync_dir
 from broker.logging import get_logger
 from broker.quorum.errors import LogFileCorruptError, ProtocolError
 from broker.quorum.log import ReplicaLog
-from broker.quorum.log_change import replay, snapshot
 from broker.quorum.log_codec import HEADER, decode_log, encode_change, encode_log
+from broker.quorum.log_replay import replay, snapshot
 
 log = get_logger(__name__)
 

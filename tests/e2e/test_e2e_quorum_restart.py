@@ -30,7 +30,7 @@ from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
 JOURNAL = "quorum/restart"
-LEASE_TTL_S = 2
+LEASE_TTL_S = 3
 THREE_BROKERS = [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1")]
 appends_per_round = 8
 # Attempts of the first append after a restart (the client backs off up to 1 s between).

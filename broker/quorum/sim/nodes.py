@@ -26,8 +26,8 @@ from broker.quorum.errors import (
 )
 from broker.quorum.leader import Committed
 from broker.quorum.log import ReplicaLog
-from broker.quorum.log_change import durable_state, replay, snapshot
 from broker.quorum.log_codec import decode_log, encode_log
+from broker.quorum.log_replay import durable_state, replay, snapshot
 from broker.quorum.member import Member
 from broker.quorum.messages import COORDINATORS
 from broker.quorum.register import MemoryCasRegister, RegisterCas, RegisterRead, RegisterReply

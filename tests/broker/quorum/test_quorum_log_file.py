@@ -23,10 +23,9 @@ from broker.quorum.log_change import (
     ResetTo,
     TermSet,
     TruncatedAfter,
-    durable_state,
-    replay,
 )
 from broker.quorum.log_codec import HEADER, decode_log, encode_change, encode_log
+from broker.quorum.log_replay import durable_state, replay
 from broker.quorum.rules import CORRECT_RULES
 from broker.quorum.sim.nodes import MemberNode
 from broker.quorum.sim.world import SimConfig, World
