@@ -8,13 +8,13 @@ Nodes start only with a whole route (quorum_shell/journals.py), so "in any order
 the processes come back; the protocol then re-elects from the replayed logs.
 
 The case an in-memory log loses (test_follower_restart_then_leader_loss): a follower is down
-while appends commit on the two others; one of those two restarts, then the leader is lost
-(its disk too). Only a log that survived the restart still holds those appends."""
+while appends commit on the two others; one of those two restarts, then the leader is killed.
+Only logs that survived the kills still hold those appends (with the in-memory log of part two
+the next append lands at offset 0)."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -158,11 +158,12 @@ async def test_follower_restart_then_leader_loss(cluster: ProcessCluster) -> Non
     # Committed by the leader and `restarted` alone.
     await journal.append_round("two-up")
     await cluster.restart(restarted)  # kill -9 and start: it must come back with its log.
-    await cluster.kill(leader)  # The leader is lost.
-    # The leader's disk is lost too (quorum mode tolerates one lost disk of three): it comes
-    # back empty. Only `restarted` holds the two-up appends now (`down` never had them), and
-    # must not lose them across its restart.
-    shutil.rmtree(leader.data_dir)
+    await cluster.kill(leader)  # The leader is lost (kill -9).
+    # Only `restarted` and the (stopped) leader hold the two-up appends (`down` never had
+    # them); `down` and the leader come back, and any majority that elects includes one of
+    # the two holders: their logs must have survived the kill. (A lost disk is not tested:
+    # a member back with an empty log still counts in an election, see the design's
+    # Remaining.)
     await cluster.start_broker(down)
     await cluster.start_broker(leader)
     first_took = await journal.append_round("after")
