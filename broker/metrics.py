@@ -80,6 +80,13 @@ SPOOL_RECOVERY: Final = Counter(
     " under <data-dir>/spool-quarantine, never persisted.",
     ["outcome"],
 )
+QUORUM_LOG_OPENED: Final = Counter(
+    "gazette_quorum_log_opened_total",
+    "Quorum journals' member log files (<data-dir>/quorum/<journal>/log) a broker opened, by"
+    " outcome: new, replayed, torn_tail (a write cut short by a crash, cut off) and corrupt (a"
+    " damaged record before intact ones: the member does not take part).",
+    ["outcome"],
+)
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",
     "Fragment files this broker uploaded to fragment stores.",

@@ -306,6 +306,10 @@ class Broker:
             replica_of=lambda journal: self.resolver.replicas.get(journal),
             spec_of=self.resolver.lookup_spec,
             clock=clock,
+            # Member logs under <data_dir>/quorum (quorum_shell/log_file.py), synced like
+            # the spools.
+            data_dir=config.data_dir,
+            fsync=config.fsync,
         )
         self.ks.observers.append(self.quorum.observe)
         self._server: grpc.aio.Server | None = None

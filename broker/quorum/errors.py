@@ -69,3 +69,9 @@ class InvalidConfigError(ValueError):
 class QuorumInvariantError(AssertionError):
     """An internal invariant of the core broke: a bug, not bad input. Raised explicitly (not by
     `assert`), so that `python -O` keeps the check."""
+
+
+class LogFileCorruptError(QuorumError):
+    """A member's log file holds a damaged record followed by intact ones (not a torn tail,
+    which is cut off), or records that do not rebuild a log: it cannot be replayed without
+    losing what it acknowledged. Nothing was changed; the member must not take part."""

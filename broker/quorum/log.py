@@ -1,7 +1,8 @@
 """ReplicaLog: what one member keeps of a journal across restarts.
 
-The model of a member's durable state (the broker keeps it in its spool files and a small state
-file; the simulation keeps the object across a simulated crash):
+The model of a member's durable state. The broker records every change of it (log_change.py)
+in an append-only log file under its data directory and replays that file on restart
+(quorum_shell/log_file.py); the simulation keeps the object across a simulated crash:
 
   term          the highest term this member was fenced into; it never accepts a message of an
                 older term again. Written (synced) before the member answers NewTerm.
@@ -29,6 +30,17 @@ from bisect import bisect_left, bisect_right
 
 from broker.quorum.entry import EMPTY_BASE, Entry, EntryId, LogBase
 from broker.quorum.errors import LogContiguityError, TruncateBelowCommitError
+from broker.quorum.log_change import (
+    AlignedTermSet,
+    CommitSet,
+    CompactedThrough,
+    EntryAppended,
+    LedTermSet,
+    LogChange,
+    ResetTo,
+    TermSet,
+    TruncatedAfter,
+)
 
 
 class ReplicaLog:
@@ -36,20 +48,25 @@ class ReplicaLog:
     error having changed nothing."""
 
     __slots__ = (
+        "_aligned_term",
         "_entries",
-        "aligned_term",
+        "_led_term",
+        "_term",
         "base",
+        "changes",
         "commit_index",
         "drops",
-        "led_term",
         "synced_index",
-        "term",
     )
 
     def __init__(self) -> None:
-        self.term = 0
-        self.aligned_term = 0
-        self.led_term = 0
+        # Every durable change, in order, while a shell records them (log_change.py): the
+        # broker appends them to its log file before anything the change allows is sent.
+        # None: not recorded (the simulation keeps the object itself across a crash).
+        self.changes: list[LogChange] | None = None
+        self._term = 0
+        self._aligned_term = 0
+        self._led_term = 0
         self.commit_index = 0
         self.base: LogBase = EMPTY_BASE
         self._entries: list[Entry] = []
@@ -57,6 +74,42 @@ class ReplicaLog:
         # How many times entries were dropped other than by compaction (truncation, snapshot,
         # crash): observers that track what a log holds re-check when it changes.
         self.drops = 0
+
+    def _record(self, change: LogChange) -> None:
+        if self.changes is not None:
+            self.changes.append(change)
+
+    # --- The terms (each change durable, hence recorded) ---------------------------------------
+
+    @property
+    def term(self) -> int:
+        return self._term
+
+    @term.setter
+    def term(self, term: int) -> None:
+        if term != self._term:
+            self._term = term
+            self._record(TermSet(term))
+
+    @property
+    def aligned_term(self) -> int:
+        return self._aligned_term
+
+    @aligned_term.setter
+    def aligned_term(self, term: int) -> None:
+        if term != self._aligned_term:
+            self._aligned_term = term
+            self._record(AlignedTermSet(term))
+
+    @property
+    def led_term(self) -> int:
+        return self._led_term
+
+    @led_term.setter
+    def led_term(self, term: int) -> None:
+        if term != self._led_term:
+            self._led_term = term
+            self._record(LedTermSet(term))
 
     # --- Reading -----------------------------------------------------------------------------
 
@@ -78,6 +131,11 @@ class ReplicaLog:
     @property
     def entry_count(self) -> int:
         return len(self._entries)
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """The entries after the base, in order."""
+        return tuple(self._entries)
 
     @property
     def held_bytes(self) -> int:
@@ -192,6 +250,7 @@ class ReplicaLog:
         if entry.term < head.term or entry.end - entry.begin != len(entry.data):
             raise LogContiguityError(f"entry {entry!r}: term below {head.term} or bad length")
         self._entries.append(entry)
+        self._record(EntryAppended(entry))
 
     def sync(self) -> None:
         """Everything written is durable."""
@@ -208,6 +267,7 @@ class ReplicaLog:
         del self._entries[index - self.base.index :]
         self.synced_index = min(self.synced_index, index)
         self.drops += 1
+        self._record(TruncatedAfter(index))
 
     def compact_through(self, index: int) -> None:
         """Drop the entries through `index`, which must be committed (their content is in the
@@ -223,6 +283,7 @@ class ReplicaLog:
             raise IndexError(f"no entry {index} to compact through")
         del self._entries[: index - self.base.index]
         self.base = LogBase(last.term, last.index, last.end)
+        self._record(CompactedThrough(index))
 
     def reset_to(self, base: LogBase) -> None:
         """Replace the whole log by `base` (a snapshot): nothing after it is held."""
@@ -234,6 +295,7 @@ class ReplicaLog:
         self.base = base
         self.synced_index = base.index
         self.drops += 1
+        self._record(ResetTo(base))
 
     def set_commit(self, index: int) -> bool:
         """Raise the commit index (durably) to `index`, but not past what is synced here: a
@@ -243,13 +305,16 @@ class ReplicaLog:
         if index <= self.commit_index:
             return False
         self.commit_index = index
+        self._record(CommitSet(index))
         return True
 
     def crash(self) -> None:
-        """A process crash: entries never synced are gone."""
+        """A process crash (the simulation's): entries never synced are gone."""
         pos = max(self.synced_index - self.base.index, 0)
         del self._entries[pos:]
         self.drops += 1
+        # A recording log models a file whose unsynced tail the crash lost.
+        self._record(TruncatedAfter(self.base.index + pos))
 
     def first_index_at_or_after(self, offset: int) -> int:
         """The index of the first entry ending after `offset` (head_index + 1 if none)."""

@@ -6,7 +6,8 @@ the end of the stream) into one entry, appends it, and answers once a majority h
 leader's term: status OK, the committed fragment [begin, end) with the SHA1 of its content, and
 a header whose route names the leader as primary. Another member answers
 NOT_JOURNAL_PRIMARY_BROKER with that route (NO_JOURNAL_PRIMARY_BROKER while no leader is
-known), so that a Gazette client retries at the leader. A stream that ends without the commit
+known), so that a Gazette client retries at the leader. While no leader is known (an
+election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends without the commit
 marker appends nothing.
 
 Not yet: `check_registers` / `union_registers` / `subtract_registers` (refused
@@ -16,6 +17,8 @@ Committed content reaches the spool through each member's applier (apply.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +30,10 @@ from broker.quorum_shell.journals import QuorumJournals
 from broker.quorum_shell.node import AppendOutcomeUnknownError
 from broker.request_stream import read_to_end
 from broker.topology import make_header
+
+# How long an append waits for an election to name a leader before it is answered
+# NO_JOURNAL_PRIMARY_BROKER: a coordinator replaces a silent leader within about 2.5 s.
+quorum_leader_wait_s = 5.0
 
 # One quorum append is one entry, carried whole in one Replicate message (wire.py's envelope
 # bound holds it in base64): larger appends are refused RESOURCE_EXHAUSTED.
@@ -70,6 +77,13 @@ async def quorum_append(
             " not complete yet)",
         )
         raise AssertionError("not reached")
+    if route.primary < 0:
+        # An election is running (a new journal, or its leader was lost): wait for it rather
+        # than answer NO_JOURNAL_PRIMARY_BROKER, which clients do not retry.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(quorum_leader_wait_s):
+                await node.leader_known.wait()
+        route = journals.leader_route(journal) or route
     header = make_header(local_id, route, etcd)
     if not node.is_leader:
         await read_to_end(stream)

@@ -12,16 +12,31 @@ or flush interval): members may roll at different entry boundaries, so their fra
 in extent but never in content, which the fragment index already handles (overlapping
 fragments of one journal).
 
-A spool ahead of the quorum log (content this member cannot vouch for: a restarted broker
-whose in-memory quorum log is gone, see node.py) is not touched: `SpoolAheadError` is kept on
-the applier and reported, and nothing more is applied until a later commit reaches it.
+Restarts. A restarted broker's spool resumes from its data directory pending recovery; the
+applier settles it as the journal's primary would (the store check of spool_settle.py: adopted,
+or set aside and started over), since everything a member ever applied was committed and its
+log file kept the commit index that covered it. Then it applies from the spool's end.
+
+A spool behind the log's base (a follower given a Snapshot, or a member whose log compacted
+entries it had not applied: the store holds them) rolls forward to the base, as Gazette's
+catch-up roll does: the content before it is read from the store.
+
+The store's progress (`report_stored`): every `stored_poll_interval_s` the contiguous end of the
+persisted fragments in the replica's index, from the log's base on (`persisted_end`), is told
+to the core (`QuorumNode.on_stored`), which compacts the log once it holds more than its
+compaction fraction: without it a leader's log fills (`log_bytes_max`) and appends are refused.
+
+A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
+quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
+on the applier and reported, and nothing more is applied until a later commit reaches it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from broker.fragment.index import IndexedFragment
 from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -32,10 +47,29 @@ log = get_logger(__name__)
 
 # Bytes applied to the spool in one commit (a batch of committed entries).
 apply_batch_bytes_max = 4 << 20
+# How often the fragment index's persisted end is told to the core (the index itself learns
+# of uploads by its own refresh interval and this broker's persister).
+stored_poll_interval_s = 1.0
+
+
+def persisted_end(fragments: Iterable[IndexedFragment], floor: int) -> int:
+    """How far the store holds the journal without a gap from `floor` (the log's base, below
+    which it holds everything): the end of the persisted fragments chained from there."""
+    end = floor
+    for fragment in sorted((f for f in fragments if f.file is None), key=lambda f: f.begin):
+        if fragment.begin > end:
+            break
+        end = max(end, fragment.end)
+    return end
 
 
 class SpoolAheadError(Exception):
     """The local spool holds content beyond this member's quorum commit offset."""
+
+
+class RecoveryNotSettledError(Exception):
+    """The spool's recovered state could not be settled yet (no store listing in time): the
+    applier tries again (each try waits up to the replica's recovery_wait_s)."""
 
 
 class CommitApplier:
@@ -54,6 +88,19 @@ class CommitApplier:
         self.error: Exception | None = None
         self.changed = asyncio.Event()  # set after each applied batch (observers, tests)
 
+    async def report_stored(self) -> None:
+        """Tell the core how far the store holds the journal (see the module docstring)."""
+        node, told = self._node, -1
+        while True:
+            await asyncio.sleep(stored_poll_interval_s)
+            replica = self._replica_of(node.journal)
+            if replica is None or node.failure is not None:
+                continue
+            end = persisted_end(replica.index.snapshot(), node.member.log.base.end)
+            if end > told:
+                told = end
+                node.on_stored(end)
+
     async def run(self) -> None:
         node = self._node
         while True:
@@ -64,8 +111,13 @@ class CommitApplier:
                 continue
             spool = await replica.spool_slot.take(asyncio.Event())
             try:
+                if spool.recovery_pending and not await replica.settle_recovery(
+                    spool, None, asyncio.Event()
+                ):
+                    node.commit_changed.set()  # Try again.
+                    raise RecoveryNotSettledError(f"{node.journal}: no store listing in time")
                 self._apply(spool)
-            except (SpoolAheadError, OSError, ValueError) as err:
+            except (SpoolAheadError, RecoveryNotSettledError, OSError, ValueError) as err:
                 self.error = err
                 log.error(
                     "quorum: committed content not applied", journal=node.journal, error=str(err)
@@ -76,8 +128,22 @@ class CommitApplier:
 
     def _apply(self, spool: Spool) -> None:
         node = self._node
-        if spool.recovery_pending:
-            raise SpoolAheadError(f"{node.journal}: the spool's recovery is not settled")
+        base = node.member.log.base.end
+        if spool.fragment.end < base:
+            # The log no longer holds what the spool lacks; the store does: roll forward.
+            spool.must_apply(
+                pb.ReplicateRequest(
+                    proposal=pb.Fragment(
+                        journal=node.journal,
+                        begin=base,
+                        end=base,
+                        compression_codec=spool.fragment.compression_codec,
+                        backing_store=spool.fragment.backing_store,
+                    ),
+                    registers=spool.registers,
+                ),
+                primary=node.is_leader,
+            )
         start, commit = spool.fragment.end, node.commit_offset
         if start > commit:
             raise SpoolAheadError(

@@ -9,6 +9,12 @@ seen, and the node keeps it while the journal stays assigned here (a member whos
 expired is still in the ensemble). A journal no longer assigned here has its node stopped. Ensemble changes of a live node
 (the allocator moving a replica) are not followed yet: the node keeps its first ensemble
 (docs/design/quorum.md, "part two: built / remaining").
+
+Durability: with a data directory each node's member log is a file (log_file.py,
+`<data-dir>/quorum/<journal>/log`), replayed when the node starts. A journal's node is not
+started again until its previous node (and file) is closed; a log file that cannot be
+replayed (LogFileCorruptError, OSError) is kept in `errors` and the journal gets no node on
+this broker until it restarts.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ from broker.keyspace.keyspace import KeySpace
 from broker.logging import get_logger
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.quorum.config import QuorumConfig
+from broker.quorum.errors import LogFileCorruptError
 from broker.quorum_shell.apply import CommitApplier
+from broker.quorum_shell.log_file import QuorumLogFile, log_path
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
@@ -44,6 +53,10 @@ from broker.topology import (
 log = get_logger(__name__)
 
 
+async def _gather(*coros: Coroutine[Any, Any, None]) -> None:
+    await asyncio.gather(*coros)
+
+
 class QuorumJournals:
     def __init__(
         self,
@@ -55,7 +68,17 @@ class QuorumJournals:
         replica_of: Callable[[str], Replica | None] = lambda _: None,
         spec_of: Callable[[str], pb.JournalSpec | None] = lambda _: None,
         clock: Callable[[], float] = time.time,
+        data_dir: str | None = None,
+        fsync: bool = False,
     ) -> None:
+        # The core's bounds for nodes started from now on (None: broker_quorum_config()).
+        self.quorum_config: QuorumConfig | None = None
+        self._data_dir = data_dir
+        self._fsync = fsync
+        # Journals whose log file could not be opened (see the module docstring).
+        self.errors: dict[str, Exception] = {}
+        # Journals whose node is being stopped: no new node until its file is closed.
+        self._closing: dict[str, asyncio.Task[None]] = {}
         self._replica_of = replica_of
         self._spec_of = spec_of
         self._clock = clock
@@ -109,9 +132,12 @@ class QuorumJournals:
             wanted[journal] = route
         for journal in list(self.nodes):
             if journal not in wanted:
-                self._spawn(self._close(*self._detach(journal)))
+                self._close_later(journal)
         for journal, route in wanted.items():
-            if journal in self.nodes:
+            if journal in self.nodes or journal in self._closing or journal in self.errors:
+                continue
+            log_file = self._open_log(journal)
+            if log_file is None and self._data_dir is not None:
                 continue
             ensemble = tuple(sorted(format_id(m) for m in route.members))
             endpoints = {
@@ -119,7 +145,15 @@ class QuorumJournals:
             }
             transport = GrpcTransport(endpoints)
             register = KeyspaceTermRegister(self._backend, root, journal, ensemble)
-            node = QuorumNode(journal, self.name, ensemble, register, transport)
+            node = QuorumNode(
+                journal,
+                self.name,
+                ensemble,
+                register,
+                transport,
+                log_file=log_file,
+                config=self.quorum_config,
+            )
             self.nodes[journal] = node
             self._routes[journal] = route
             self._transports[journal] = transport
@@ -127,7 +161,33 @@ class QuorumJournals:
             self._spawn(node.start())
             applier = CommitApplier(node, self._replica_of, self._spec_of, self._clock)
             self.appliers[journal] = applier
-            self._applier_tasks[journal] = asyncio.get_running_loop().create_task(applier.run())
+            self._applier_tasks[journal] = asyncio.get_running_loop().create_task(
+                _gather(applier.run(), applier.report_stored())
+            )
+
+    def _open_log(self, journal: str) -> QuorumLogFile | None:
+        if self._data_dir is None:
+            return None
+        path = log_path(self._data_dir, journal)
+        try:
+            return QuorumLogFile(path, fsync=self._fsync)
+        except (LogFileCorruptError, OSError) as err:
+            self.errors[journal] = err
+            log.error("quorum log not opened: no node", journal=journal, error=str(err))
+            return None
+
+    def _close_later(self, journal: str) -> None:
+        parts = self._detach(journal)
+
+        async def close() -> None:
+            try:
+                await self._close(*parts)
+            finally:
+                self._closing.pop(journal, None)
+                self.observe()  # Re-assigned meanwhile: start its node now.
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing[journal] = task
 
     async def _stop_node(self, journal: str) -> None:
         await self._close(*self._detach(journal))
@@ -168,6 +228,7 @@ class QuorumJournals:
         self._stopped = True
         for journal in list(self.nodes):
             await self._stop_node(journal)
+        await asyncio.gather(*self._closing.values(), return_exceptions=True)
 
     # --- Appends -------------------------------------------------------------------------
 
@@ -176,9 +237,7 @@ class QuorumJournals:
         node, route = self.nodes.get(journal), self._routes.get(journal)
         if node is None or route is None:
             return None
-        leader = (
-            self.name if node.is_leader else (node.coordinator.leader or node.member.leader_hint)
-        )
+        leader = node.leader_name
         out = pb.Route()
         out.CopyFrom(route)
         out.primary = next((i for i, m in enumerate(route.members) if format_id(m) == leader), -1)

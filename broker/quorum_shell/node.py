@@ -13,9 +13,12 @@ leader's term): the committed [begin, end). A follower raises `NotLeaderError` n
 leader it knows; a leader that steps down first fails the append with
 `AppendOutcomeUnknownError` (it may still commit under a later leader).
 
-Not yet (docs/design/quorum.md, "part two: built / remaining"): the log is the core's
-in-memory `ReplicaLog`, synced as soon as it is written, so a node's process crash loses its
-log and what it acknowledged.
+Durability. With a log file (log_file.py: a broker with a data directory) the member is
+rebuilt from it, and every change the core makes is appended to it after each call into the
+core and before anything that call produced is sent or answered (`_persist`, first thing in
+`_flush`): a follower's acknowledgement, a NewTerm answer, a leader counting itself, a commit
+readers may see. A write that fails stops the node (`failure`, a `LogWriteError`). Without a
+file the log is in memory: a process crash loses it (tests, and brokers without --data-dir).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
 from broker.quorum.messages import COORDINATORS, Heartbeat, NewTermResponse
 from broker.quorum.register import RegisterCas, RegisterRead, RegisterReply
+from broker.quorum_shell.log_file import QuorumLogFile
 from broker.quorum_shell.term_record import TermRecordDecodeError
 from broker.quorum_shell.wire import Envelope
 
@@ -69,6 +73,11 @@ class AppendOutcomeUnknownError(QuorumError):
     """The leader stepped down before the append committed: it may or may not commit later."""
 
 
+class LogWriteError(QuorumError):
+    """The member's log file could not be written: the node stops taking part (what it did
+    not persist it must not acknowledge)."""
+
+
 class Transport(Protocol):
     def send(self, node: str, envelope: Envelope) -> None: ...
 
@@ -88,6 +97,8 @@ class QuorumNode:
         *,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        log_file: QuorumLogFile | None = None,
+        config: QuorumConfig | None = None,
     ) -> None:
         self.journal = journal
         self.name = name
@@ -96,7 +107,12 @@ class QuorumNode:
         self._transport = transport
         self._clock = clock
         self._epoch = clock()
-        self.member = Member(name, ReplicaLog(), broker_quorum_config())
+        self.log_file = log_file
+        self.member = Member(
+            name,
+            log_file.log if log_file is not None else ReplicaLog(),
+            config or broker_quorum_config(),
+        )
         self.coordinator = Coordinator(
             name + COORDINATOR_SUFFIX,
             ensemble,
@@ -106,13 +122,17 @@ class QuorumNode:
         self._pending: dict[object, asyncio.Future[tuple[int, int]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
-        # A ProtocolError means a core detected an impossible message: the node stops taking
-        # part (it neither acknowledges nor leads) and the error is kept for its owner.
-        self.failure: ProtocolError | None = None
+        # A ProtocolError means a core detected an impossible message, a LogWriteError that
+        # the log could not be persisted: the node stops taking part (it neither acknowledges
+        # nor leads) and the error is kept for its owner.
+        self.failure: ProtocolError | LogWriteError | None = None
         self.register_error: Exception | None = None  # the last failed register request
         # Set whenever the cores may have changed (a message, a tick, an answer): observers
         # (tests, metrics) wait on it rather than polling.
         self.progress = asyncio.Event()
+        # Set while this node knows the term's leader (itself or another): appends that
+        # arrive during an election wait on it rather than fail.
+        self.leader_known = asyncio.Event()
         # Set whenever the commit offset moved (the spool applier's only trigger).
         self.commit_changed = asyncio.Event()
         self._commit_seen = 0
@@ -133,6 +153,8 @@ class QuorumNode:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_pending("the node stopped")
+        if self.log_file is not None:
+            self.log_file.close()
 
     async def _run(self) -> None:
         while True:
@@ -151,6 +173,13 @@ class QuorumNode:
         return self.member.leader is not None
 
     @property
+    def leader_name(self) -> str:
+        """The member this node believes leads the current term ("": none known)."""
+        if self.is_leader:
+            return self.name
+        return self.coordinator.leader or self.member.leader_hint
+
+    @property
     def commit_offset(self) -> int:
         return self.member.read_limit
 
@@ -167,10 +196,18 @@ class QuorumNode:
         self.member.append(data, token, now)  # NotLeaderError, LogFullError: to the caller.
         future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         self._pending[token] = future
-        # The in-memory log is durable once written (see the module docstring).
-        self.member.sync(now)
+        # Written to the file (synced with fsync): the leader counts itself from here.
+        if self._persist():
+            self.member.sync(now)
         self._flush()
         return await future
+
+    def on_stored(self, end: int) -> None:
+        """The fragment store holds the journal through offset `end`: the core may compact."""
+        if self.failure is not None:
+            return
+        self.member.on_stored(end)
+        self._flush()
 
     # --- Messages --------------------------------------------------------------------------
 
@@ -184,16 +221,42 @@ class QuorumNode:
                 self.coordinator.handle(msg, now)
             else:
                 self.member.handle(msg, now)
-                self.member.sync(now)
+                if self._persist():
+                    self.member.sync(now)
         except ProtocolError as err:
-            self.failure = err
-            log.error("quorum node failed", journal=self.journal, node=self.name, error=str(err))
-            self._fail_pending(f"protocol error: {err}")
+            self._fail(err)
             return
         self._flush()
 
+    def _fail(self, err: ProtocolError | LogWriteError) -> None:
+        self.failure = err
+        log.error("quorum node failed", journal=self.journal, node=self.name, error=str(err))
+        self._fail_pending(f"{type(err).__name__}: {err}")
+
+    def _persist(self) -> bool:
+        """Append the core's changes to the log file; False (the node failed) if it could
+        not. Before anything the changes allow is sent."""
+        if self.log_file is None or self.failure is not None:
+            return self.failure is None
+        try:
+            self.log_file.persist()
+        except OSError as err:
+            self._fail(LogWriteError(f"{self.log_file.path}: {err}"))
+            return False
+        return True
+
     def _flush(self) -> None:
+        if not self._persist():
+            # Nothing the unpersisted changes allow may leave: drop it.
+            self.member.outbox.clear()
+            self.coordinator.outbox.clear()
+            self.member.notices.clear()
+            return
         self.progress.set()
+        if self.leader_name:
+            self.leader_known.set()
+        else:
+            self.leader_known.clear()
         if self.member.read_limit != self._commit_seen:
             self._commit_seen = self.member.read_limit
             self.commit_changed.set()

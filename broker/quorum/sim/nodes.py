@@ -4,6 +4,9 @@ Each node handles one event at a time (a delivery or a timer) and then sends wha
 in its outbox. A crashed node ignores every event until it restarts; events scheduled by an
 earlier incarnation are recognised by their incarnation number and dropped. A member's
 ReplicaLog is its disk: it survives a crash, minus what was never synced (`ReplicaLog.crash`).
+The log records its changes as the broker's log file does: every restart encodes them in the
+file format, replays them, and requires the replayed log to equal the one that survived
+(log_codec.py, log_change.py); the records kept are then the snapshot a rewrite keeps.
 """
 
 from __future__ import annotations
@@ -15,9 +18,16 @@ from typing import TYPE_CHECKING, cast
 from broker.quorum.config import CoordinatorConfig, QuorumConfig
 from broker.quorum.coordinator import REGISTER, Coordinator
 from broker.quorum.entry import EntryId
-from broker.quorum.errors import LogFullError, NotLeaderError, PendingAppendsFullError
+from broker.quorum.errors import (
+    LogFullError,
+    NotLeaderError,
+    PendingAppendsFullError,
+    QuorumInvariantError,
+)
 from broker.quorum.leader import Committed
 from broker.quorum.log import ReplicaLog
+from broker.quorum.log_codec import decode_log, encode_log
+from broker.quorum.log_replay import durable_state, replay, snapshot
 from broker.quorum.member import Member
 from broker.quorum.messages import COORDINATORS
 from broker.quorum.register import MemoryCasRegister, RegisterCas, RegisterRead, RegisterReply
@@ -57,6 +67,7 @@ class MemberNode:
         self.config = config
         self.rules = rules
         self.log = ReplicaLog()  # the disk
+        self.log.changes = []  # its file's records
         self.member: Member | None = None
         self.incarnation = 0
         self._sync_scheduled = False
@@ -69,6 +80,7 @@ class MemberNode:
 
     def start(self) -> None:
         self.incarnation += 1
+        self._check_replay()
         self.member = Member(self.name, self.log, self.config, self.rules)
         self.member.on_stored(len(self.world.store))
         self._sync_scheduled = False
@@ -78,6 +90,18 @@ class MemberNode:
         self.member = None
         self.incarnation += 1
         self.log.crash()
+
+    def _check_replay(self) -> None:
+        """What a broker restarting from its log file would rebuild is what survived."""
+        log = self.log
+        assert log.changes is not None
+        replayed = replay(decode_log(encode_log(log.changes)).changes)
+        if durable_state(replayed) != durable_state(log):
+            raise QuorumInvariantError(
+                f"{self.name}: its log file replays to {durable_state(replayed)!r}, "
+                f"not {durable_state(log)!r}"
+            )
+        log.changes = snapshot(log)
 
     def deliver(self, src: str, msg: object) -> None:
         member = self.member

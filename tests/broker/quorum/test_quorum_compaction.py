@@ -1,0 +1,88 @@
+"""A quorum leader's log compacts from the fragment store: the persisted end of the replica's
+fragment index is told to the core (CommitApplier.report_stored), so appends keep going past
+`log_bytes_max` (in-process brokers, a file:// store, a small bound)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+from broker_testkit import Cluster, journal_spec
+
+from broker.fragment.index import IndexedFragment
+from broker.fragment.stores.registry import new_registry
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
+from broker.quorum_shell.apply import persisted_end
+from broker.quorum_shell.node import broker_quorum_config
+from broker.server import Broker
+
+log_bytes_max = 64 << 10
+append_bytes = 4 << 10
+# A full log waits for the next store report (every stored_poll_interval_s) and upload.
+retry_backoff_max_s = 0.4
+retries_max = 60
+
+
+def test_persisted_end_chains_from_the_floor() -> None:
+    def remote(begin: int, end: int) -> IndexedFragment:
+        return IndexedFragment(pb.Fragment(journal="j", begin=begin, end=end))
+
+    fragments = [remote(0, 10), remote(10, 30), remote(25, 40), remote(50, 60)]
+    assert persisted_end(fragments, 0) == 40  # The gap at 40 stops it.
+    assert persisted_end(fragments, 45) == 45  # Nothing chains from 45.
+    assert persisted_end(fragments, 50) == 60
+    assert persisted_end([], 7) == 7
+
+
+async def _append_with_retry(cluster: Cluster, broker: Broker, journal: str, data: bytes) -> int:
+    """Append; a full log (RESOURCE_EXHAUSTED) is retried with a bounded backoff. Returns how
+    many refusals it took."""
+    delay = 0.02
+    for refused in range(retries_max):
+        try:
+            resp = await cluster.append(broker, journal, [data])
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+            await asyncio.sleep(delay)  # A client's backoff, not a synchronisation.
+            delay = min(delay * 2, retry_backoff_max_s)
+            continue
+        assert resp.status == pb.OK, pb.Status.Name(resp.status)
+        return refused
+    raise AssertionError(f"append refused {retries_max} times: the log never compacted")
+
+
+async def test_appends_go_past_log_bytes_max_as_the_store_catches_up(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    small = replace(broker_quorum_config(), log_bytes_max=log_bytes_max)
+    for b in brokers:
+        b.quorum.quorum_config = small
+    spec = journal_spec(
+        "quorum/compacting", replication=3, length=16 << 10, stores=["file:///frags/"]
+    )
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    leader = brokers[0]
+    first = None
+    async with asyncio.timeout(15):
+        while first is None or first.status != pb.OK:
+            if first is not None:
+                route = first.header.route
+                primary = route.members[route.primary]
+                leader = next(b for b in brokers if b.config.suffix == primary.suffix)
+            first = await cluster.append(leader, spec.name, [b"x" * append_bytes])
+    total = append_bytes
+    while total <= 4 * log_bytes_max:
+        await _append_with_retry(cluster, leader, spec.name, b"y" * append_bytes)
+        total += append_bytes
+    log = leader.quorum.nodes[spec.name].member.log
+    assert log.base.end > 0  # Compacted: the store holds what it dropped.
+    assert log.held_bytes <= log_bytes_max
+    assert leader.quorum.nodes[spec.name].commit_offset == total
