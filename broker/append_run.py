@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from broker.append_state import FSMStateError, State
 from broker.fragment.store_health import StoreHealthMonitor
 from broker.keyspace.backend import Backend
-from broker.pipeline import Dialer, Pipeline
+from broker.peer_dialer import Dialer
+from broker.pipeline import Pipeline
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
 from broker.replica import Replica

@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "broker.replica",
             "broker.pipeline",
+            "broker.peer_dialer",
             # The append machine: its driver, state object, and one module per phase.
             "broker.append_fsm",
             "broker.append_run",
