@@ -3,12 +3,12 @@ etcd (bench_broker_cluster.py's set-up) while one appender appends to an R=1, th
 journal, from this process.
 
     .venv/bin/python benchmarks/profile_broker_append.py [--seconds 5] [--append-mib 1]
-        [--top 30] [--sort tottime] [--dump DIR] [--client]
+        [--top 30] [--sort tottime] [--dump DIR] [--client] [--small]
 
 Each broker runs with benchmarks/profile_hook/ first on its PYTHONPATH (its sitecustomize.py
 profiles the event loop thread; one real-time signal starts a window, another writes it out). Printed per
 workload: MB/s and the appends' count, then the top entries of the primary's profile (and of one
-replica's at R=3), by `--sort`. cProfile slows the profiled thread (roughly 1.5-2x here), so
+replica's at R=3), by `--sort`. `--small`: 1 KiB appends from 64 appenders instead. cProfile slows the profiled thread (roughly 1.5-2x here), so
 compare shares within a profile, not MB/s with the benchmark's. `--client` profiles this
 process's appends too. `--dump DIR` keeps the .prof files (for pstats or snakeviz).
 """
@@ -25,7 +25,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from bench_broker_append import journal_spec, large_appends
+from bench_broker_append import CONCURRENCY, journal_spec, large_appends, small_appends
 from bench_broker_cluster import BROKERS, R1, R3, route_order
 
 from broker import logging as gazette_logging
@@ -74,7 +74,7 @@ async def run(args: argparse.Namespace, out_dir: Path) -> None:
         "GAZETTE_PROFILE_DIR": str(out_dir),
         "GAZETTE_PROFILE_NOTIFY_PARENT": "1",
     }
-    append = b"x" * int(args.append_mib * (1 << 20))
+    append = b"s" * 1024 if args.small else b"x" * int(args.append_mib * (1 << 20))
     async with ProcessCluster(BROKERS, env=env) as cluster:
         specs = [journal_spec(R3, 3), journal_spec(R1, 1)]
         for spec in specs:
@@ -91,7 +91,11 @@ async def run(args: argparse.Namespace, out_dir: Path) -> None:
             client_profile = cProfile.Profile() if args.client else None
             if client_profile is not None:
                 client_profile.enable()
-            mb_s, count, _ = await large_appends(c, journal, args.seconds, append)
+            if args.small:
+                rate, _ = await small_appends(c, journal, args.seconds)
+                mb_s, count = rate * len(append) / (1 << 20), int(rate * args.seconds)
+            else:
+                mb_s, count, _ = await large_appends(c, journal, args.seconds, append)
             if client_profile is not None:
                 client_profile.disable()
             await _dump([b.pid for b in brokers])
@@ -116,6 +120,11 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime")
     parser.add_argument("--dump", help="keep the profiles in this directory")
     parser.add_argument("--client", action="store_true", help="profile this process too")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help=f"1 KiB appends from {CONCURRENCY} appenders instead of 1 MiB ones from one",
+    )
     args = parser.parse_args()
     gazette_logging.configure("console", "warning")
     tune_malloc()
