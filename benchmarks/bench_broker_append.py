@@ -1,6 +1,7 @@
 """Append throughput of one in-process broker (R=1), beside this machine's limits measured in
 the same run: SHA1 MB/s, a raw grpc.aio client stream's MB/s (1 MiB messages) and msgs/s (1 KiB
-messages), and raw Append-shaped RPCs/s from 64 concurrent callers.
+messages), raw Append-shaped RPCs/s from 64 concurrent callers, and the MB/s of Append-shaped
+RPCs of 1 MiB sent one after another (one appender's ceiling: a round trip per append).
 
     .venv/bin/python benchmarks/bench_broker_append.py [--seconds 5] [--append-mib 1]
         [--spools durable|temp|fsync]
@@ -122,6 +123,24 @@ async def raw_rpcs(target: str, seconds: float, content: bytes, concurrency: int
         return count / (time.perf_counter() - t0)
 
 
+async def raw_append_rpcs(target: str, seconds: float, content: bytes) -> float:
+    """MB/s of Append-shaped RPCs of `content` to the sink at `target`, one after another from
+    one caller (metadata, one content message, the commit message, done writing, the answer):
+    what one appender of `content`-sized appends could reach if the broker did no work."""
+    async with grpc.aio.insecure_channel(target, options=_GRPC_OPTIONS) as channel:
+        stub = pbg.JournalStub(channel)
+        count, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            call = stub.Append()
+            await call.write(pb.AppendRequest(journal=JOURNAL))
+            await call.write(pb.AppendRequest(content=content))
+            await call.write(pb.AppendRequest())
+            await call.done_writing()
+            await call
+            count += 1
+        return count * len(content) / (time.perf_counter() - t0) / (1 << 20)
+
+
 async def in_process_limits(seconds: float) -> dict[str, float]:
     server, port = await start_sink()
     target = f"127.0.0.1:{port}"
@@ -129,9 +148,16 @@ async def in_process_limits(seconds: float) -> dict[str, float]:
         mb_s, _ = await raw_stream(target, seconds, b"x" * (1 << 20))
         _, msgs_s = await raw_stream(target, seconds, b"x" * SMALL_BYTES)
         rpcs_s = await raw_rpcs(target, seconds, b"x" * SMALL_BYTES, CONCURRENCY)
+        rpc_mb_s = await raw_append_rpcs(target, seconds, b"x" * (1 << 20))
     finally:
         await server.stop(0)
-    return {"sha1": sha1_mb_s(seconds), "mb_s": mb_s, "msgs_s": msgs_s, "rpcs_s": rpcs_s}
+    return {
+        "sha1": sha1_mb_s(seconds),
+        "mb_s": mb_s,
+        "msgs_s": msgs_s,
+        "rpcs_s": rpcs_s,
+        "rpc_mb_s": rpc_mb_s,
+    }
 
 
 def print_limits(title: str, limits: dict[str, float]) -> None:
@@ -140,6 +166,8 @@ def print_limits(title: str, limits: dict[str, float]) -> None:
     print(f"  raw grpc.aio stream, 1 MiB messages     {limits['mb_s']:9.1f} MB/s")
     print(f"  raw grpc.aio stream, 1 KiB messages     {limits['msgs_s']:9.0f} msgs/s")
     print(f"  raw Append-shaped RPCs, {CONCURRENCY} callers, 1 KiB {limits['rpcs_s']:6.0f} RPCs/s")
+    if "rpc_mb_s" in limits:
+        print(f"  raw Append-shaped RPCs of 1 MiB, one at a time {limits['rpc_mb_s']:7.1f} MB/s")
 
 
 # --- Workloads ----------------------------------------------------------------------------------

@@ -47,7 +47,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "broker.replica",
             "broker.pipeline",
+            "broker.peer_dialer",
+            # The append machine: its driver, state object, and one module per phase.
             "broker.append_fsm",
+            "broker.append_run",
+            "broker.append_route",
+            "broker.append_sync",
+            "broker.append_preconditions",
+            "broker.append_content",
             "broker.append_state",
             "broker.append_pulse",
             "broker.append_rate",
