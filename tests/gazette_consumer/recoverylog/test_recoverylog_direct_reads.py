@@ -1,0 +1,134 @@
+"""Playback reading persisted fragments straight from their store's files (log_source.py), on a
+real in-process broker with a file:// store: it plays exactly what playback through the broker
+plays, with and without hints that skip history; a fragment file that is not its fragment's
+content fails playback with the typed data-loss error, and leaves nothing played behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker.client.list_apply import list_all_fragments
+from broker.client.route_cache import JournalClient
+from broker.fragment.naming import parse_content_name
+from broker.fragment.stores.registry import new_registry
+from broker.fragment.verify import DataLossError, FragmentIntegrityError, IntegrityFailure
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.recorded_op_pb2 import FSMHints
+from gazette_consumer.recoverylog.player import Player
+from tests.broker.broker_testkit import Cluster, journal_spec
+from tests.gazette_consumer.recoverylog.test_recoverylog_playback import LocalFiles, primary, tree
+
+LOG = "recovery/direct/log"
+FRAGMENT_BYTES = 16 << 10  # Small: the log rolls into many fragments.
+PERSIST_TIMEOUT_S = 20.0
+PERSIST_POLL_S = 0.05
+
+
+@dataclass
+class StoreEnv:
+    client: JournalClient
+    root: Path  # The file:// store's root.
+
+
+@pytest.fixture
+async def store_env(tmp_path: Path) -> AsyncIterator[StoreEnv]:
+    root = tmp_path / "store"
+    (root / "frag").mkdir(parents=True)
+    cluster = Cluster(stores=new_registry(file_root=root))
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    client = JournalClient(broker.endpoint)
+    spec = journal_spec(LOG, length=FRAGMENT_BYTES, stores=["file:///frag/"])
+    await cluster.create(spec, [broker])
+    try:
+        yield StoreEnv(client, root)
+    finally:
+        await client.close()
+        await cluster.close()
+
+
+async def record_history(env: StoreEnv, directory: Path) -> LocalFiles:
+    """A history of several files, rewritten and removed, over many fragments."""
+    _, files = await primary(env.client, LOG, directory)
+    for round_ in range(4):
+        await files.write(f"wal-{round_}", os.urandom(20_000))
+        await files.write("sst", os.urandom(30_000))  # Replaced each round.
+        if round_:
+            await files.remove(f"wal-{round_ - 1}")
+    await files.write("MANIFEST", b"manifest", offset=None)
+    await files.write("MANIFEST", b"-edit", offset=8)
+    await files.recorder.flush()
+    return files
+
+
+async def persisted_through(env: StoreEnv, offset: int) -> list[pb.Fragment]:
+    """Wait until the log's fragments are persisted up to `offset` (the persister closes and
+    uploads them in the background: there is no event to wait on); return them."""
+    async with asyncio.timeout(PERSIST_TIMEOUT_S):
+        while True:
+            listing = await list_all_fragments(env.client, pb.FragmentsRequest(journal=LOG))
+            stored = [f.spec for f in listing.fragments if f.spec.backing_store]
+            if stored and max(f.end for f in stored) >= offset:
+                return stored
+            await asyncio.sleep(PERSIST_POLL_S)
+
+
+async def play(env: StoreEnv, hints: FSMHints, into: Path, *, direct: bool) -> Player:
+    player = Player(env.client, hints, into, direct_reads=direct)
+    player.finish_at_write_head()
+    await player.play()
+    return player
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["whole-log", "hinted"])
+async def test_store_reads_play_what_broker_reads_play(
+    store_env: StoreEnv, tmp_path: Path, hinted: bool
+) -> None:
+    files = await record_history(store_env, tmp_path / "recorded")
+    hints = await files.recorder.build_hints() if hinted else FSMHints(log=LOG)
+    # All but the last, open fragment.
+    stored = await persisted_through(store_env, files.recorder.write_head - FRAGMENT_BYTES)
+
+    direct = await play(store_env, hints, tmp_path / "direct", direct=True)
+    via_broker = await play(store_env, hints, tmp_path / "broker", direct=False)
+
+    assert tree(tmp_path / "direct") == tree(tmp_path / "broker") == tree(tmp_path / "recorded")
+    # Every fragment persisted before playback, from where it began, was read from its file,
+    # whole (more may have been persisted since).
+    touched = [f for f in stored if f.end > direct.read_from]
+    assert direct.direct_bytes >= sum(f.end - f.begin for f in touched) > 0
+    assert via_broker.direct_bytes == 0
+    assert via_broker.broker_bytes > direct.broker_bytes
+    if hinted:
+        assert direct.read_from > 0  # The hints skipped history.
+
+
+async def test_a_corrupt_fragment_file_fails_playback_with_data_loss(
+    store_env: StoreEnv, tmp_path: Path
+) -> None:
+    files = await record_history(store_env, tmp_path / "recorded")
+    stored = await persisted_through(store_env, files.recorder.write_head - FRAGMENT_BYTES)
+    victim = sorted(stored, key=lambda f: f.begin)[1]
+    folder = store_env.root / "frag" / LOG
+    (path,) = [
+        p
+        for p in folder.iterdir()
+        if not p.name.startswith(".")  # An upload in progress.
+        and parse_content_name(p.name)[:2] == (victim.begin, victim.end)
+    ]
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0xFF  # Same length, other content.
+    path.write_bytes(bytes(content))
+
+    with pytest.raises(FragmentIntegrityError) as caught:
+        await play(store_env, FSMHints(log=LOG), tmp_path / "played", direct=True)
+    assert isinstance(caught.value, DataLossError)
+    assert caught.value.failure is IntegrityFailure.SHA1_MISMATCH
+    assert caught.value.fragment.begin == victim.begin
+    assert LOG in str(caught.value)
+    assert not (tmp_path / "played").exists()  # Nothing played is left behind.
