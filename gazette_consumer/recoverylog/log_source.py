@@ -43,7 +43,7 @@ from broker.client.reader import OpenURL, missing_fragment_error, open_url
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.fragment.cover_set import CoverSet
-from broker.fragment.stores.base import FragmentNotFoundError, StoreError
+from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader, StoreError
 from broker.fragment.verify import FragmentIntegrityError, VerifyingDecoder
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -59,6 +59,13 @@ large enough that a thread hop per piece costs nothing next to the copy and the 
 READ_AHEAD_BYTES_MAX: Final = 32 << 20
 """Bytes read ahead of the player (queued, not yet taken), past which the producer waits."""
 
+FILE_READ_ATTEMPTS_MAX: Final = 4
+"""Attempts at reading a fragment file that fails part-way (a store or I/O error), each from
+its start, after back-offs doubling from FILE_READ_BACKOFF_INITIAL_S up to
+FILE_READ_BACKOFF_MAX_S; then playback fails with the error."""
+FILE_READ_BACKOFF_INITIAL_S: Final = 0.1
+FILE_READ_BACKOFF_MAX_S: Final = 2.0
+
 SIGNED_URL_TTL_S: Final = 3600
 """How long the signed URLs of the listing stay valid: a playback reads its fragments in
 minutes; one that outlives them reads the rest through the broker (an open fails)."""
@@ -69,6 +76,14 @@ class LogChunk(NamedTuple):
 
     offset: int
     data: memoryview
+
+
+@dataclass
+class _FileProgress:
+    """What of a fragment file was handed out, across attempts at reading it."""
+
+    next_offset: int  # The next offset to hand out.
+    handed_out: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,27 +234,58 @@ class LogSource:
 
     async def _read_file(self, listed: _Listed, at: int) -> bool:
         """Read a fragment's file whole, handing out its bytes from `at` on. False if it could
-        not be opened here (the caller reads its range through the broker)."""
+        not be opened here (the caller reads its range through the broker). A read that fails
+        part-way (a store error, an I/O error) is retried from the file's start, handing out
+        only what was not yet, up to FILE_READ_ATTEMPTS_MAX attempts."""
         fragment = listed.fragment
-        try:
-            raw = await self._opener(listed.url)
-        except FragmentNotFoundError as err:
-            log.info(
-                "recovery log fragment not found here: reading it through the broker",
-                log=self.log,
-                fragment=str(missing_fragment_error(fragment, err)),
-            )
-            return False
-        except StoreError as err:
-            log.info(
-                "recovery log fragment not readable here: reading it through the broker",
-                log=self.log,
-                error=str(err),
-            )
-            return False
+        progress = _FileProgress(at)
+        for attempt in range(1, FILE_READ_ATTEMPTS_MAX + 1):
+            try:
+                raw = await self._opener(listed.url)
+            except (FragmentNotFoundError, StoreError) as err:
+                if attempt == 1:  # Nothing handed out yet: the broker reads it instead.
+                    reason: Exception = err
+                    if isinstance(err, FragmentNotFoundError):
+                        reason = missing_fragment_error(fragment, err)
+                    log.info(
+                        "recovery log fragment not readable here: reading it through the broker",
+                        log=self.log,
+                        error=str(reason),
+                    )
+                    return False
+                if attempt == FILE_READ_ATTEMPTS_MAX:
+                    raise
+                await self._back_off(attempt, err)
+                continue
+            try:
+                await self._read_opened(raw, listed, progress)
+                return True
+            except (StoreError, OSError) as err:
+                if attempt == FILE_READ_ATTEMPTS_MAX:
+                    raise
+                await self._back_off(attempt, err)
+            finally:
+                await raw.aclose()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _back_off(self, attempt: int, err: BaseException) -> None:
+        delay = min(FILE_READ_BACKOFF_MAX_S, FILE_READ_BACKOFF_INITIAL_S * 2 ** (attempt - 1))
+        log.warning(
+            "recovery log fragment read failed (will read it again)",
+            log=self.log,
+            attempt=attempt,
+            delay_s=delay,
+            error=str(err),
+        )
+        await asyncio.sleep(delay)
+
+    async def _read_opened(
+        self, raw: FragmentReader, listed: _Listed, progress: _FileProgress
+    ) -> None:
+        """One attempt at reading an opened fragment file from its start (see `_read_file`)."""
+        fragment = listed.fragment
         decoder = VerifyingDecoder(fragment, fragment.backing_store)
         position = listed.begin  # Offset of the next decoded byte.
-        delivered = 0
         # The last piece decoded is handed out only once the next one is (or the file is
         # verified): the player cannot read a fragment through, and so complete at a write head
         # it ends at, before the fragment is verified whole.
@@ -260,25 +306,27 @@ class LogSource:
                     else:
                         content = decoder.finish()
                 except FragmentIntegrityError as err:
-                    raise err.with_delivered(delivered) from err
-                start = max(at, self._skip_to, position)
+                    raise err.with_delivered(progress.handed_out) from err
+                start = max(progress.next_offset, self._skip_to, position)
                 if start < position + len(content):
                     if held is not None:
-                        await self._put(held)
-                        delivered += len(held.data)
+                        await self._hand_out(held, progress)
                     held = LogChunk(start, memoryview(content)[start - position :])
                 position += len(content)
                 self.direct_bytes += len(content)
             self.fragments_verified += 1
             if held is not None:
-                await self._put(held)
-            return True
+                await self._hand_out(held, progress)
         finally:
             if reading is not None:
                 reading.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(Exception, asyncio.CancelledError):
                     await reading
-            await raw.aclose()
+
+    async def _hand_out(self, chunk: LogChunk, progress: _FileProgress) -> None:
+        await self._put(chunk)
+        progress.handed_out += len(chunk.data)
+        progress.next_offset = chunk.offset + len(chunk.data)
 
     async def _read_broker(self, at: int, end: int) -> int:
         """Read [at, end) through the broker (`end` 0: on for ever, blocking at the head);

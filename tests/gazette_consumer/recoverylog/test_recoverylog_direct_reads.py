@@ -1,7 +1,8 @@
 """Playback reading persisted fragments straight from their store's files (log_source.py), on a
 real in-process broker with a file:// store: it plays exactly what playback through the broker
 plays, with and without hints that skip history; a fragment file that is not its fragment's
-content fails playback with the typed data-loss error, and leaves nothing played behind."""
+content fails playback with the typed data-loss error, and leaves nothing played behind; a file
+read that fails part-way is read again from its start, handing out each byte once."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from pathlib import Path
 import pytest
 
 from broker.client.list_apply import list_all_fragments
+from broker.client.reader import open_url
 from broker.client.route_cache import JournalClient
 from broker.fragment.naming import parse_content_name
+from broker.fragment.stores.base import FragmentReader
 from broker.fragment.stores.registry import new_registry
 from broker.fragment.verify import DataLossError, FragmentIntegrityError, IntegrityFailure
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.recorded_op_pb2 import FSMHints
+from gazette_consumer.recoverylog.log_source import LogSource
 from gazette_consumer.recoverylog.player import Player
 from tests.broker.broker_testkit import Cluster, journal_spec
 from tests.gazette_consumer.recoverylog.test_recoverylog_playback import LocalFiles, primary, tree
@@ -132,3 +136,60 @@ async def test_a_corrupt_fragment_file_fails_playback_with_data_loss(
     assert caught.value.fragment.begin == victim.begin
     assert LOG in str(caught.value)
     assert not (tmp_path / "played").exists()  # Nothing played is left behind.
+
+
+@dataclass
+class Faults:
+    failed: int = 0
+
+
+class FailingOnce(FragmentReader):
+    """A store's reader that fails its `fail_at`-th read with an I/O error (a store that
+    breaks off part-way), once across all the readers sharing `faults`."""
+
+    def __init__(self, inner: FragmentReader, fail_at: int, faults: Faults) -> None:
+        self._inner, self._reads, self._fail_at, self._faults = inner, 0, fail_at, faults
+
+    async def read(self, size: int = 1 << 16) -> bytes:
+        self._reads += 1
+        if self._reads == self._fail_at and not self._faults.failed:
+            self._faults.failed += 1
+            raise OSError("connection reset by the store")
+        return await self._inner.read(size)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def log_bytes(source: LogSource, end: int) -> bytes:
+    out = bytearray()
+    await source.start()
+    try:
+        while len(out) < end:
+            chunk = await source.read_chunk()
+            assert chunk.offset == len(out)
+            out += chunk.data
+    finally:
+        await source.close()
+    return bytes(out)
+
+
+async def test_a_file_read_failing_part_way_is_read_again_whole(
+    store_env: StoreEnv, tmp_path: Path
+) -> None:
+    files = await record_history(store_env, tmp_path / "recorded")
+    head = files.recorder.write_head
+    await persisted_through(store_env, head - FRAGMENT_BYTES)
+
+    faults = Faults()
+
+    async def flaky(url: str) -> FragmentReader:
+        return FailingOnce(await open_url(url), fail_at=3, faults=faults)
+
+    direct = LogSource(
+        store_env.client, LOG, 0, direct_end=head, opener=flaky, stored_read_bytes=4096
+    )
+    via_broker = LogSource(store_env.client, LOG, 0, direct_end=head, direct=False)
+    assert await log_bytes(direct, head) == await log_bytes(via_broker, head)
+    assert faults.failed == 1
+    assert direct.fragments_verified >= 3
