@@ -1,12 +1,13 @@
 """LogSource: a recovery log's bytes from an offset, read ahead of the player that decodes them.
 
 Where the bytes come from. When it starts, the source lists the log's fragments (ListFragments,
-with signed URLs). A fragment that is persisted and ends at or before `direct_end` (the write
-head the player knows: every such fragment holds only history it must read) is read straight
-from its store's file — the signed URL, `file://` or a presigned `s3://` — as Gazette's player
-does (its reads are `do_not_proxy`): the broker serves no byte of it. Everything else (fragments
-not yet persisted when listed, the open fragment, content appended later, gaps) comes from a
-broker Read, blocking at the write head, as before.
+with signed URLs; if that fails, every byte is read through the broker). A fragment that is
+persisted and ends at or before `direct_end` (the write head the player knows: every such
+fragment holds only history it must read) is read straight from its store's file — the signed
+URL, `file://` or a presigned `s3://` — as Gazette's player does (its reads are `do_not_proxy`):
+the broker serves no byte of it. Everything else (fragments not yet persisted when listed, the
+open fragment, content appended later, gaps) comes from a broker Read, blocking at the write
+head, as before.
 
 Verification. A file is decoded and verified by the broker's own `VerifyingDecoder`
 (broker/fragment/verify.py: the length and SHA1 the fragment's name carries) in pieces of
@@ -180,7 +181,7 @@ class LogSource:
 
     async def _produce(self) -> None:
         try:
-            cover = await self._list() if self.direct_end else CoverSet[_Listed]()
+            cover = await self._list_or_none()
             at = self._start
             while True:
                 at = max(at, self._skip_to)
@@ -215,6 +216,21 @@ class LogSource:
             if listed.begin > at and self._readable_directly(listed):
                 return listed.begin
         return 0
+
+    async def _list_or_none(self) -> CoverSet[_Listed]:
+        """The listing; empty when direct reads are off, or when listing fails (a broker
+        restarting, say): then every byte is read through the broker, whose reads retry."""
+        if not self.direct_end:
+            return CoverSet()
+        try:
+            return await self._list()
+        except Exception as err:  # Not lost: the broker path reads the same bytes.
+            log.warning(
+                "listing the recovery log's fragments failed: reading it through the broker",
+                log=self.log,
+                error=repr(err),
+            )
+            return CoverSet()
 
     async def _list(self) -> CoverSet[_Listed]:
         request = pb.FragmentsRequest(
