@@ -14,14 +14,15 @@ Verification. A file is decoded and verified by the broker's own `VerifyingDecod
 `STORED_READ_BYTES`, each read and hashed in a worker thread (hashlib and file reads release the
 GIL), the next piece read while this one is hashed, so that hashing overlaps the player's
 decoding and writing. A file is read from its start (a file cannot be entered mid-way) and always
-to its end, even when the player skips ahead within or past it (`skip_to`), and its last piece
-is handed out only once the whole file is verified: the player cannot read any fragment through,
-nor anything after it, nor complete at a write head it ends at, before it is verified. A file
-that fails verification raises `FragmentIntegrityError` (a `DataLossError`, naming the log, the
-fragment and the store); the player fails with it and removes what it played. A file that cannot
-be opened here — not found at its URL's path (a store this host does not mount), or a store
-error — is read through the broker instead, which reads the same file and verifies it the same
-way (and answers DATA_LOSS if it is lost).
+to its end, even when the player skips ahead within or past it (`skip_to`; a file wholly below
+the offset skipped to is not read at all), and its last piece is handed out only once the whole
+file is verified: the player cannot read any fragment through, nor anything after it, nor
+complete at a write head it ends at, before it is verified. A file that fails verification
+raises `FragmentIntegrityError` (a `DataLossError`, naming the log, the fragment and the store);
+the player fails with it and removes what it played. A file that cannot be opened here — not
+found at its URL's path (a store this host does not mount), or a store error — is read through
+the broker instead, which reads the same file and verifies it the same way (and answers
+DATA_LOSS if it is lost).
 
 Read-ahead. A producer task fills a queue while it holds less than `READ_AHEAD_BYTES_MAX` (it
 may go past by one chunk: at most `STORED_READ_BYTES`, times the codec's ratio for a compressed
