@@ -1,7 +1,7 @@
 """Recovery-log playback of a RocksDBStore's state, against the disk's sequential write.
 
     .venv/bin/python benchmarks/bench_recovery_log.py [--state-mib 1024] [--rounds 1]
-        [--value-kib 64] [--commit-mib 64] [--json FILE]
+        [--value-kib 64] [--commit-mib 64] [--json FILE] [--profile FILE]
 
 Setup: a separate `gazette serve` process (embedded keyspace, spools durable under its
 `--data-dir`; the log's fragments persisted to a `file://` store there), and a recovery-log
@@ -16,8 +16,10 @@ Measured, `--rounds` times, alternately:
 
 - playback: a `Player` plays the log from the store's last hints into an empty directory on
   the same file system, to the write head (what a new primary does before opening the
-  database), then the played files are fsync'd so that the figure puts the same bytes on disk
-  as the limit does. Rate: MiB of played state per wall second (the time without the final
+  database): persisted fragments are read straight from the `file://` store, verified, and
+  the rest through the broker (recoverylog/log_source.py); the player syncs what it played
+  before it returns, and the benchmark fsyncs the files again so that the figure puts the same
+  bytes on disk as the limit does, whoever syncs them. Rate: MiB of played state per wall second (the time without the final
   fsync is given too). Checked once: the played database opens, with every key written.
 - the limit: a sequential write of the same number of bytes in 1 MiB writes to a file on the
   same file system, then fdatasync: the disk's sequential write. Beside it, the same without
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import os
 import statistics
 import sys
@@ -115,26 +118,45 @@ def fsync_tree(directory: Path) -> None:
 
 
 async def playback(
-    c: client.JournalClient, hints: FSMHints, into: Path, broker_cpu: Callable[[], float]
+    c: client.JournalClient,
+    hints: FSMHints,
+    into: Path,
+    broker_cpu: Callable[[], float],
+    profile: str | None = None,
 ) -> dict[str, float]:
-    """Play the log into `into` (timed), then fsync what was played (timed apart)."""
+    """Play the log into `into` (timed), then fsync what was played (timed apart). With
+    `profile`, the playback runs under cProfile and its statistics are written there."""
     await asyncio.to_thread(os.sync)
     player = Player(c, hints, into)
     player.finish_at_write_head()
+    profiler = cProfile.Profile() if profile else None
     t0, c0, b0 = time.perf_counter(), time.process_time(), broker_cpu()
-    await player.play()
+    m0 = time.thread_time()  # The event loop's thread: decoding and writing.
+    if profiler is not None:
+        profiler.enable()
+    try:
+        await player.play()
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
     played_s = time.perf_counter() - t0
     await asyncio.to_thread(fsync_tree, into)
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    loop_cpu_s = time.thread_time() - m0
     broker_cpu_s = broker_cpu() - b0
     files, size = dir_bytes(into)
     return {
         "bytes": size,
         "files": files,
         "log_bytes_read": player.played_through - player.read_from,
+        "direct_bytes": player.direct_bytes,
+        "broker_bytes": player.broker_bytes,
         "wall_s": wall_s,
         "played_s": played_s,
         "client_cpu_s": cpu_s,
+        # Of it, the event loop's thread; the rest is worker threads (file reads, SHA1, syncs).
+        "loop_cpu_s": loop_cpu_s,
         "broker_cpu_s": broker_cpu_s,
     }
 
@@ -195,7 +217,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rounds: list[dict[str, float]] = []
                 for round_ in range(args.rounds):
                     into = root / f"played-{round_}"
-                    played = await playback(c, hints, into, broker.cpu_s)
+                    profile = args.profile if round_ == 0 else None
+                    played = await playback(c, hints, into, broker.cpu_s, profile)
                     disk_s, disk_cpu_s = await asyncio.to_thread(
                         sequential_write, root / "sequential", int(played["bytes"]), True
                     )
@@ -212,7 +235,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"  round {round_ + 1}: playback {mib / played['wall_s']:7.1f} MiB/s "
                         f"({mib / played['played_s']:.1f} before its fsync; "
                         f"{played['log_bytes_read'] / MIB:,.0f} MiB of log read for {mib:,.0f} "
-                        f"MiB of state in {played['files']:.0f} files), disk sequential write "
+                        f"MiB of state in {played['files']:.0f} files; "
+                        f"{played['direct_bytes'] / MIB:,.0f} MiB read from fragment files, "
+                        f"{played['broker_bytes'] / MIB:,.0f} MiB through the broker; CPU s: "
+                        f"loop {played['loop_cpu_s']:.2f}, workers "
+                        f"{played['client_cpu_s'] - played['loop_cpu_s']:.2f}, broker "
+                        f"{played['broker_cpu_s']:.2f}), disk sequential write "
                         f"{mib / disk_s:7.1f} MiB/s, page cache {mib / cache_s:7.1f} MiB/s"
                     )
             finally:
@@ -223,6 +251,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "spools": "durable files under --data-dir, no --fsync; fragments persisted to a "
                 "file:// store",
                 "store": "RocksDBStore, default options; values incompressible",
+                "playback_reads": "persisted fragments straight from the file:// store "
+                "(verified against their names), the rest through the broker",
                 "file_system": _file_system(root),
             }
     return {"keys": keys, "log_bytes": log_head, "rounds": rounds, "conditions": conditions}
@@ -254,6 +284,9 @@ def main() -> None:
     parser.add_argument("--value-kib", type=int, default=64)
     parser.add_argument("--commit-mib", type=int, default=64)
     parser.add_argument("--json", help="also write the figures to this file (bench_all.py)")
+    parser.add_argument(
+        "--profile", help="run the first playback under cProfile, its statistics to this file"
+    )
     args = parser.parse_args()
     if min(args.state_mib, args.rounds, args.value_kib, args.commit_mib) < 1:
         parser.error("--state-mib, --rounds, --value-kib and --commit-mib must be >= 1")

@@ -11,6 +11,10 @@ Wire-compatible with Gazette's consumer/recoverylog (broker/protocol/recorded_op
 - `player`: `Player`, which plays a log from hints into a directory, then either completes at
   the write head, hands the log off to a new author (an append that sets the `author`
   register, fencing the previous recorder), or tails it as a hot standby until asked to.
+  It reads through `log_source` (`LogSource`: persisted fragments straight from their store's
+  files, verified, the rest through the broker, read ahead into a bounded queue) and writes
+  through `staged_files` (`StagedFiles`: files staged by fnode, written back as it plays,
+  linked and synced at the end).
 
 How a shard uses it (docs/architecture.md, Invariants; gazette_consumer/recovery.py does this for
 every shard

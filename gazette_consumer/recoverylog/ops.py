@@ -104,9 +104,10 @@ class DecodedOp:
 
 @dataclass(frozen=True)
 class Content:
-    """A piece of the content of the last decoded Write op, at `file_offset` in its file."""
+    """A piece of the content of the last decoded Write op, at `file_offset` in its file.
+    `data` is a view of the bytes fed to the decoder: no copy is made of a log's content."""
 
-    data: bytes
+    data: memoryview
     file_offset: int
 
 
@@ -134,14 +135,14 @@ class OpDecoder:
         """True if the next byte begins an op (no partial frame or content is pending)."""
         return not self._buf and not self._content_left
 
-    def feed(self, data: bytes) -> list[DecodedOp | Content]:
+    def feed(self, data: bytes | memoryview) -> list[DecodedOp | Content]:
         if self._failed is not None:
             raise self._failed
         events: list[DecodedOp | Content] = []
         view = memoryview(data)
         while view:
             if self._content_left:
-                piece = bytes(view[: self._content_left])
+                piece = view[: self._content_left]
                 view = view[len(piece) :]
                 events.append(Content(piece, self._content_offset))
                 self._content_left -= len(piece)

@@ -2,10 +2,15 @@
 
 The player reads the log from the first hinted segment (from offset 0 without hints), skipping
 to each next hinted segment, decodes ops (ops.py), applies them to an FSM (fsm.py) and reenacts
-the applied ones: a Create makes a staged file `.fnodes/<fnode>`, a Write's content goes into
-it, an Unlink of a file's last link removes it. Ops the FSM rejects (a zombie's, a duplicate,
-a dead branch) are skipped, their write content discarded. When playback completes, every live
-fnode is hard-linked at its paths and the properties are written (`_make_live`).
+the applied ones (staged_files.py): a Create makes a staged file `.fnodes/<fnode>`, a Write's
+content goes into it, an Unlink of a file's last link removes it. Ops the FSM rejects (a
+zombie's, a duplicate, a dead branch) are skipped, their write content discarded. When playback
+completes, every live fnode is hard-linked at its paths, the properties are written, and all of
+it is synced to disk before `play()` returns.
+
+The log's bytes come from a `LogSource` (log_source.py), which reads persisted fragments
+straight from their store's files (verified against their names) and the rest through the
+broker, ahead of the player: fetching and hashing overlap decoding and writing.
 
 It runs as an explicit state machine (`PlayerState`):
 
@@ -26,7 +31,8 @@ hand-off no-op): appends are atomic and recorders (ours and Gazette's) append wh
 write head is an op boundary. A frame header claiming more bytes than follow it would otherwise
 leave the player waiting, in BACKFILL, for content that will never come.
 
-Local writes are small, sequential and done inline; a large store would move them to a thread.
+Local writes go to the page cache inline, straight from the log's bytes; the disk writes them
+back meanwhile (staged_files.py).
 """
 
 from __future__ import annotations
@@ -41,12 +47,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from broker.client.appender import append
-from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.recorded_op_pb2 import FSMHints, RecordedOp
 from gazette_consumer.recoverylog.fsm import FSM, FSMError, Outcome, op_kind
+from gazette_consumer.recoverylog.log_source import LogChunk, LogSource
 from gazette_consumer.recoverylog.ops import (
     Content,
     CorruptLogError,
@@ -55,6 +61,7 @@ from gazette_consumer.recoverylog.ops import (
     encode_op,
 )
 from gazette_consumer.recoverylog.recorder import author_fence
+from gazette_consumer.recoverylog.staged_files import FNODES_DIR, StagedFiles, StagingError
 
 __all__ = [
     "FNODES_DIR",
@@ -67,9 +74,6 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
-
-FNODES_DIR: Final = ".fnodes"
-"""Sub-directory where files are staged, by fnode, until playback completes."""
 
 HANDOFF_ATTEMPTS_MAX: Final = 16
 """Hand-off no-ops injected before giving up: each retry means another recorder appended
@@ -106,10 +110,16 @@ class Recovered:
 
 class Player:
     """See the module docstring. Call `play()` once; request completion with
-    `finish_at_write_head()` or `inject_handoff(author)` (before or while it plays)."""
+    `finish_at_write_head()` or `inject_handoff(author)` (before or while it plays). With
+    `direct_reads` false, every byte of the log is read through the broker."""
 
     def __init__(
-        self, client: JournalClient, hints: FSMHints, directory: str | os.PathLike[str]
+        self,
+        client: JournalClient,
+        hints: FSMHints,
+        directory: str | os.PathLike[str],
+        *,
+        direct_reads: bool = True,
     ) -> None:
         self.client = client
         self.fsm = FSM.from_hints(hints)
@@ -123,8 +133,13 @@ class Player:
         self._read_through = 0
         self._next_read = 0  # Offset of the next byte to read.
         self._decoder = OpDecoder(self.fsm.log, 0)
-        self._reader: RetryReader | None = None
-        self._read_task: asyncio.Task[tuple[int, bytes]] | None = None
+        self._direct_reads = direct_reads
+        self._files = StagedFiles(self.directory)
+        self.source: LogSource | None = None  # Of the current reading position.
+        # Log bytes read straight from fragment files, and through the broker (sources closed).
+        self.direct_bytes = 0
+        self.broker_bytes = 0
+        self._read_task: asyncio.Task[LogChunk] | None = None
         self._reenact = False  # Whether content of the current write goes to its file.
         self._write_fnode = 0
         # Where playback began reading: the first hinted segment's offset (0 without hints).
@@ -157,7 +172,7 @@ class Player:
         """Play until a requested completion; return what was recovered. On error the
         directory is removed (it holds a partial state)."""
         try:
-            _prepare(self.directory)
+            self._files.prepare()
             self._read_through = await self._barrier()
             self._check_hints_below(self._read_through)
             first = self.fsm.next_hinted_segment
@@ -165,13 +180,17 @@ class Player:
             await self._seek(self.read_from)
             while self.state is not PlayerState.COMPLETE:
                 await self._step()
-            _make_live(self.directory, self.fsm)
+            try:
+                await self._files.make_live(self.fsm)
+            except StagingError as err:
+                raise PlaybackError(f"{self.log}: {err}") from err
             return Recovered(self.fsm, self.directory, self._next_read, self._handoff)
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
         finally:
             await self._close_reader()
+            self._files.close()
 
     # --- The state machine ---------------------------------------------------------------------
 
@@ -238,9 +257,9 @@ class Player:
 
     async def _read_or_request(self) -> None:
         """Take in the next chunk; in BACKFILL or TAIL, a completion request may come first."""
-        assert self._reader is not None
+        assert self.source is not None
         if self._read_task is None:
-            self._read_task = asyncio.ensure_future(self._read_chunk(self._reader))
+            self._read_task = asyncio.ensure_future(self.source.read_chunk())
         waits: set[asyncio.Future[Any]] = {self._read_task}
         request_wait: asyncio.Task[bool] | None = None
         if self.state in (PlayerState.BACKFILL, PlayerState.TAIL):
@@ -257,14 +276,15 @@ class Player:
         offset, data = task.result()
         self._feed(offset, data)
 
-    @staticmethod
-    async def _read_chunk(reader: RetryReader) -> tuple[int, bytes]:
-        chunk = await reader.read_chunk()
-        return chunk.offset, chunk.content
-
     # --- Decoding and reenacting ---------------------------------------------------------------
 
-    def _feed(self, offset: int, data: bytes) -> None:
+    def _feed(self, offset: int, data: memoryview) -> None:
+        if offset < self._next_read:
+            # Read before the player skipped ahead (`_seek`): what lies below is not wanted.
+            cut = self._next_read - offset
+            if cut >= len(data):
+                return
+            offset, data = self._next_read, data[cut:]
         if offset != self._next_read:
             # Content between was deleted (an offset jump). Harmless between ops outside the
             # hinted segments; anything else loses history.
@@ -286,12 +306,12 @@ class Player:
             data = data[head - offset :]
         self._take(data)
 
-    def _take(self, data: bytes) -> None:
+    def _take(self, data: memoryview) -> None:
         self._next_read += len(data)
         for event in self._decoder.feed(data):
             if isinstance(event, Content):
                 if self._reenact:
-                    _write(self.directory, self._write_fnode, event)
+                    self._files.write(self._write_fnode, event.data, event.file_offset)
             else:
                 self._on_op(event)
 
@@ -322,11 +342,11 @@ class Player:
         if not applied:
             return
         if op.HasField("create"):
-            (self.directory / FNODES_DIR / str(op.seq_no)).touch(exist_ok=False)
+            self._files.create(op.seq_no)
         elif op.HasField("write"):
             self._write_fnode = op.write.fnode
         elif op.HasField("unlink") and op.unlink.fnode not in self.fsm.live_nodes:
-            (self.directory / FNODES_DIR / str(op.unlink.fnode)).unlink()
+            self._files.unlink(op.unlink.fnode)
 
     # --- Reading -------------------------------------------------------------------------------
 
@@ -336,11 +356,22 @@ class Player:
         return response.commit.end
 
     async def _seek(self, offset: int) -> None:
-        await self._close_reader()
+        """Read on from `offset` (on an op boundary): a skip ahead over obsolete history keeps
+        the source, which drops what lies below (a pending read's chunk too: `_feed`)."""
+        if self.source is None or offset < self._next_read:
+            await self._close_reader()
+            self.source = LogSource(
+                self.client,
+                self.log,
+                offset,
+                direct_end=self._read_through,
+                direct=self._direct_reads,
+            )
+            await self.source.start()
+        else:
+            self.source.skip_to(offset)
         self._next_read = offset
         self._decoder = OpDecoder(self.log, offset)
-        request = pb.ReadRequest(journal=self.log, offset=offset, block=True)
-        self._reader = RetryReader(self.client, request)
 
     async def _close_reader(self) -> None:
         task, self._read_task = self._read_task, None
@@ -348,9 +379,11 @@ class Player:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await reader.close()
+        source, self.source = self.source, None
+        if source is not None:
+            await source.close()
+            self.direct_bytes += source.direct_bytes
+            self.broker_bytes += source.broker_bytes
 
     def _check_hints_below(self, head: int) -> None:
         segment = self.fsm.next_hinted_segment
@@ -368,40 +401,3 @@ async def play_and_handoff(
     player = Player(client, hints, directory)
     player.inject_handoff(author)
     return await player.play()
-
-
-# --- Local files ---------------------------------------------------------------------------------
-
-
-def _prepare(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
-    (directory / FNODES_DIR).mkdir(parents=True)
-
-
-def _write(directory: Path, fnode: int, content: Content) -> None:
-    fd = os.open(directory / FNODES_DIR / str(fnode), os.O_WRONLY)
-    try:
-        os.pwrite(fd, content.data, content.file_offset)
-    finally:
-        os.close(fd)
-
-
-def _make_live(directory: Path, fsm: FSM) -> None:
-    """Link staged files at their paths, write properties, and drop the staging directory."""
-    staging = directory / FNODES_DIR
-    for fnode, node in fsm.live_nodes.items():
-        staged = staging / str(fnode)
-        for link in sorted(node.links):
-            target = directory / link.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(staged, target)
-        staged.unlink()
-    leftover = sorted(p.name for p in staging.iterdir())
-    if leftover:
-        raise PlaybackError(f"staged files {leftover} are not live in the FSM (a player bug)")
-    staging.rmdir()
-    for path, content in fsm.properties.items():
-        target = directory / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "x", encoding="utf-8") as out:
-            out.write(content)

@@ -22,19 +22,13 @@ applies it after `wait_for` and every earlier commit (`_apply`):
    No memtable flush: the WAL tail *is* the commit, so a commit records about as many bytes as
    it wrote. Memtable flushes and compactions happen in RocksDB's background threads as usual;
    their files are recorded by whichever commit comes next.
-2. Snapshot the directory (`_snapshot`, in the store's thread): stat every recordable file, and
-   open each one that differs from what the log holds, pinning its inode (a deletion by a
-   compaction cannot take the content away) with its size. Files are visited in RocksDB's
-   dependency order — CURRENT, then MANIFESTs (and the small files that refer to nothing),
-   then, listed anew, WALs and SSTs/blobs — because RocksDB writes them the other way round: an
-   SST is complete before the MANIFEST edit naming it, a MANIFEST before the CURRENT naming
-   it, and files are deleted only after the MANIFEST edit that obsoletes them. The scan ends by
-   checking that CURRENT and the MANIFESTs are unchanged since visited: then no file they name
-   was deleted meanwhile, so each was listed after them and is at least as complete as they
-   require. The snapshot is thus a state RocksDB recovers from as after `kill -9`, although
-   background jobs run on. A scan that sees a MANIFEST edit, or a file vanish, starts over (at
-   most `SNAPSHOT_ATTEMPTS_MAX` times; rocksdict exposes no way to pause background work).
-3. Record the differences through the Recorder, in `_Kind` order — SSTs/blobs, WALs,
+2. Snapshot the directory (rocksdb_snapshot.py, in the store's thread): every recordable
+   file's state, and each one that differs from what the log holds opened, pinning its inode
+   with its size, visited in RocksDB's dependency order and checked unchanged at the end, so
+   that the snapshot is a state RocksDB recovers from as after `kill -9`, although background
+   jobs run on. A scan that sees a MANIFEST edit, or a file vanish, starts over (at most
+   `SNAPSHOT_ATTEMPTS_MAX` times).
+3. Record the differences through the Recorder, in `FileKind` order — SSTs/blobs, WALs,
    MANIFESTs, other small files, CURRENT — and deletions last. Append-only files (SSTs, blobs,
    WALs, MANIFESTs: written sequentially, never rewritten in place; WAL recycling is turned off)
    are recorded as a create plus their bytes, then only their new tail at its offset. Files
@@ -74,15 +68,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import os
 import stat
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Final, Literal, TypeVar
+from typing import Final, TypeVar
 
 import rocksdict
 
@@ -98,6 +89,18 @@ from gazette_consumer.stores.base import (
     StoreStateError,
 )
 from gazette_consumer.stores.recorded import RecordedStore
+from gazette_consumer.stores.rocksdb_snapshot import (
+    PREFETCH_BYTES_MAX,
+    SNAPSHOT_ATTEMPTS_MAX,
+    TEMP_SUFFIX,
+    Change,
+    FileState,
+    Snapshot,
+    SnapshotError,
+    pread_exactly,
+    recordable,
+    scan_directory,
+)
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -116,114 +119,11 @@ READ_CHUNK_BYTES: Final = 1 << 20
 """Largest piece of a file read at once while recording it (the Recorder splits it further
 into Write ops of at most its WRITE_CHUNK_BYTES_MAX)."""
 
-PREFETCH_BYTES_MAX: Final = 1 << 20
-"""Changed bytes per commit read already in the snapshot's thread hop (saves a hop per file
-for the common commit, whose only change is a small WAL tail)."""
-
-SNAPSHOT_ATTEMPTS_MAX: Final = 64
-"""Directory snapshots tried before a commit fails: each retry means a background flush or
-compaction finished during the scan (a MANIFEST edit, files deleted). A scan takes about a
-millisecond, and the commit's own writes are done, so background jobs cannot keep that up."""
-
-TEMP_SUFFIX: Final = ".gazette-tmp"
-"""Suffix of the recorded temporary name of a file recorded wholesale (then renamed)."""
-
 INFO_LOG_FILES_MAX: Final = 2
 INFO_LOG_BYTES_MAX: Final = 1 << 20
 """Bounds of RocksDB's info log (LOG, LOG.old.*), kept in the directory but never recorded."""
 
 _T = TypeVar("_T")
-
-
-class SnapshotError(StoreError):
-    """The database directory could not be snapshotted (files kept vanishing, or a file was
-    shorter than RocksDB's append-only writing allows)."""
-
-
-class _Kind(enum.IntEnum):
-    """A file's role; the value is its recording order (the scan's is `_SCAN_ORDER`)."""
-
-    DATA = 0  # *.sst, *.blob: written once, sequentially.
-    WAL = 1  # *.log: appended.
-    MANIFEST = 2  # MANIFEST-*: appended.
-    OTHER = 3  # OPTIONS-*, IDENTITY, rocksdict-config.json, ...: replaced wholesale.
-    CURRENT = 4  # Names the MANIFEST: replaced wholesale, recorded last.
-
-
-_APPEND_ONLY: Final = frozenset({_Kind.DATA, _Kind.WAL, _Kind.MANIFEST})
-# Scan in dependency order: a file is visited before the files it refers to. OTHER files refer
-# to nothing, so their place does not matter. WALs and SSTs are listed anew after the MANIFEST.
-_SCAN_ORDER: Final = {
-    _Kind.CURRENT: 0,
-    _Kind.MANIFEST: 1,
-    _Kind.OTHER: 2,
-    _Kind.WAL: 3,
-    _Kind.DATA: 4,
-}
-_SCAN_PHASES: Final = (
-    frozenset({_Kind.CURRENT, _Kind.MANIFEST, _Kind.OTHER}),
-    frozenset({_Kind.WAL, _Kind.DATA}),
-)
-
-
-def _kind(name: str) -> _Kind:
-    if name == "CURRENT":
-        return _Kind.CURRENT
-    if name.startswith("MANIFEST-"):
-        return _Kind.MANIFEST
-    if name.endswith(".log"):
-        return _Kind.WAL
-    if name.endswith((".sst", ".blob")):
-        return _Kind.DATA
-    return _Kind.OTHER
-
-
-def _recordable(name: str) -> bool:
-    """Whether a directory entry is part of the database's recorded state."""
-    return not (
-        name in ("LOCK", "LOG")
-        or name.startswith(("LOG.old", "."))
-        or name.endswith((".dbtmp", TEMP_SUFFIX))
-    )
-
-
-@dataclass(frozen=True)
-class _FileState:
-    """What tells a file's versions apart: its inode, size and modification time."""
-
-    ino: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> _FileState:
-        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-@dataclass
-class _Change:
-    """A file to record: bytes [start, size) of the inode open at `fd`."""
-
-    name: str
-    kind: _Kind
-    fd: int
-    start: int
-    size: int
-    # "append": the tail of a recorded file; "create": a new append-only file; "replace": a
-    # whole file, through a temporary name.
-    mode: Literal["append", "create", "replace"]
-    prefetched: bytes | None = None
-
-
-@dataclass
-class _Snapshot:
-    states: dict[str, _FileState]
-    changes: list[_Change] = field(default_factory=list)
-
-    def close(self) -> None:
-        for change in self.changes:
-            with contextlib.suppress(OSError):
-                os.close(change.fd)
 
 
 class RocksDBStore(RecordedStore):
@@ -258,7 +158,7 @@ class RocksDBStore(RecordedStore):
         self._staged: dict[bytes, bytes | None] = {}  # None: a deletion.
         # Writes of commits started but not yet applied to `db`, oldest first.
         self._pending: list[dict[bytes, bytes | None]] = []
-        self._baseline: dict[str, _FileState] = {}  # Recorded files, as last seen locally.
+        self._baseline: dict[str, FileState] = {}  # Recorded files, as last seen locally.
 
     @property
     def db(self) -> rocksdict.Rdict:
@@ -345,7 +245,7 @@ class RocksDBStore(RecordedStore):
     async def _apply(self, batch: rocksdict.WriteBatch, writes: dict[bytes, bytes | None]) -> None:
         recorder = self._recorder
         assert recorder is not None
-        snapshot: _Snapshot | None = None
+        snapshot: Snapshot | None = None
         try:
             recorded = _recorded_names(recorder)
             snapshot = await _owned(self._blocking(self._write_and_snapshot, batch, recorded))
@@ -376,7 +276,7 @@ class RocksDBStore(RecordedStore):
                 del self._pending[index]
                 return
 
-    async def _record(self, recorder: Recorder, change: _Change) -> None:
+    async def _record(self, recorder: Recorder, change: Change) -> None:
         name = change.name
         if change.mode == "append":
             fnode = recorder.fsm.links["/" + name]
@@ -392,7 +292,7 @@ class RocksDBStore(RecordedStore):
             offset = change.start
             while offset < change.size:
                 length = min(READ_CHUNK_BYTES, change.size - offset)
-                data = await self._blocking(_pread_exactly, change, offset, length)
+                data = await self._blocking(pread_exactly, change, offset, length)
                 await recorder.write_at(fnode, data, offset)
                 offset += length
         if change.mode == "replace":
@@ -418,7 +318,7 @@ class RocksDBStore(RecordedStore):
 
     def _open(
         self, recorded: set[str]
-    ) -> tuple[dict[str, _FileState], rocksdict.Rdict, bytes | None]:
+    ) -> tuple[dict[str, FileState], rocksdict.Rdict, bytes | None]:
         # Temporaries of a commit that failed before its rename are dropped (the next commit
         # records their unlink), then the baseline is taken before RocksDB touches anything.
         for name in recorded:
@@ -429,16 +329,16 @@ class RocksDBStore(RecordedStore):
             # No database yet: files are what a first commit that failed before recording
             # CURRENT left (RocksDB refuses to create a database over a WAL). Drop them too.
             for name in os.listdir(self.directory):
-                if _recordable(name) and (self.directory / name).is_file():
+                if recordable(name) and (self.directory / name).is_file():
                     os.unlink(self.directory / name)
-        baseline: dict[str, _FileState] = {}
+        baseline: dict[str, FileState] = {}
         for name in recorded:
             try:
                 st = os.stat(self.directory / name)
             except FileNotFoundError:
                 continue  # Recorded but absent: the next commit records its unlink.
             if stat.S_ISREG(st.st_mode):
-                baseline[name] = _FileState.of(st)
+                baseline[name] = FileState.of(st)
         db = rocksdict.Rdict(str(self.directory), self._options())
         try:
             data = db.get(CHECKPOINT_KEY)
@@ -448,14 +348,14 @@ class RocksDBStore(RecordedStore):
         assert data is None or isinstance(data, bytes)
         return baseline, db, data
 
-    def _write_and_snapshot(self, batch: rocksdict.WriteBatch, recorded: set[str]) -> _Snapshot:
+    def _write_and_snapshot(self, batch: rocksdict.WriteBatch, recorded: set[str]) -> Snapshot:
         db = self._db
         assert db is not None
         db.write(batch, rocksdict.WriteOptions())  # Default options: the WAL is on.
         db.flush_wal(False)  # The batch's WAL record is in the file (no fsync: the log is
         # what makes it durable).
         for _attempt in range(SNAPSHOT_ATTEMPTS_MAX):
-            snapshot = _snapshot(self.directory, self._baseline, recorded)
+            snapshot = scan_directory(self.directory, self._baseline, recorded)
             if snapshot is not None:
                 return snapshot
         raise SnapshotError(
@@ -463,7 +363,7 @@ class RocksDBStore(RecordedStore):
         )
 
 
-async def _owned(snapshotting: Awaitable[_Snapshot]) -> _Snapshot:
+async def _owned(snapshotting: Awaitable[Snapshot]) -> Snapshot:
     """The snapshot; if the commit is cancelled meanwhile (a destroy), the thread still
     finishes it, and its files are closed then."""
     future = asyncio.ensure_future(snapshotting)
@@ -474,98 +374,9 @@ async def _owned(snapshotting: Awaitable[_Snapshot]) -> _Snapshot:
         raise
 
 
-def _close_snapshot(future: asyncio.Future[_Snapshot]) -> None:
+def _close_snapshot(future: asyncio.Future[Snapshot]) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().close()
-
-
-def _snapshot(
-    directory: Path, baseline: dict[str, _FileState], recorded: set[str]
-) -> _Snapshot | None:
-    """The directory's recordable files and their changes against `baseline` (the local state
-    of the `recorded` files), or None if the directory moved under the scan: a file vanished
-    while visited, or CURRENT or a MANIFEST changed before the scan ended (see the module
-    docstring for why that makes the snapshot consistent)."""
-    snapshot = _Snapshot(states={})
-    try:
-        # Files are listed per phase: the WALs and SSTs the MANIFEST names may have been
-        # created after the first listing, but exist at the second.
-        for phase in _SCAN_PHASES:
-            names = sorted(
-                (name for name in os.listdir(directory) if _recordable(name)),
-                key=lambda name: (_SCAN_ORDER[_kind(name)], name),
-            )
-            for name in names:
-                if _kind(name) in phase:
-                    _visit(directory, name, baseline, recorded, snapshot)
-        # No MANIFEST edit (nor CURRENT switch) since they were visited, so RocksDB deleted no
-        # file they name meanwhile: every such file was listed, whole enough, after them.
-        for name, state in snapshot.states.items():
-            if _kind(name) in (_Kind.CURRENT, _Kind.MANIFEST):
-                if _FileState.of(os.stat(directory / name)) != state:
-                    snapshot.close()
-                    return None
-        budget = PREFETCH_BYTES_MAX
-        for change in snapshot.changes:
-            length = change.size - change.start
-            if length <= budget:
-                change.prefetched = _pread_exactly(change, change.start, length)
-                budget -= length
-    except FileNotFoundError:
-        snapshot.close()
-        return None
-    except BaseException:
-        snapshot.close()
-        raise
-    return snapshot
-
-
-def _visit(
-    directory: Path,
-    name: str,
-    baseline: dict[str, _FileState],
-    recorded: set[str],
-    snapshot: _Snapshot,
-) -> None:
-    """Note a file's state, and open it as a change if it differs from `baseline`."""
-    path = directory / name
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        return
-    state, recorded_state = _FileState.of(st), baseline.get(name)
-    if state == recorded_state:
-        snapshot.states[name] = state  # Unchanged: the log has all of it.
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        state = _FileState.of(os.fstat(fd))  # The inode we hold, as of now.
-    except BaseException:
-        os.close(fd)
-        raise
-    kind = _kind(name)
-    if name not in recorded and kind in _APPEND_ONLY:
-        change = _Change(name, kind, fd, 0, state.size, "create")
-    elif (
-        kind in _APPEND_ONLY
-        and recorded_state is not None
-        and recorded_state.ino == state.ino
-        and recorded_state.size <= state.size
-    ):
-        change = _Change(name, kind, fd, recorded_state.size, state.size, "append")
-    else:
-        change = _Change(name, kind, fd, 0, state.size, "replace")
-    snapshot.changes.append(change)
-    snapshot.states[name] = state
-
-
-def _pread_exactly(change: _Change, offset: int, length: int) -> bytes:
-    data = os.pread(change.fd, length, offset)
-    if len(data) != length:
-        raise SnapshotError(
-            f"{change.name}: read {len(data)} of {length} bytes at {offset}; the file shrank "
-            "(RocksDB files are append-only or replaced whole)"
-        )
-    return data
 
 
 def _recorded_names(recorder: Recorder) -> set[str]:
