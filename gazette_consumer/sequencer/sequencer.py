@@ -327,8 +327,10 @@ class Sequencer(Generic[E]):
             return 0
         key = (journal, producer)
         partial = self._partials.get(key)
-        if partial is not None and (partial.begin != -1 or clock <= partial.max_clock):
-            return 0
+        if partial is not None and (
+            partial.begin != -1 or clock <= partial.max_clock or partial.long_spans
+        ):
+            return 0  # (A predicted long span is replayed one by one: Partial.long_spans.)
         end = first.end
         n = 1
         for env in islice(envs, 1, None if limit is None else limit + 1):
@@ -358,6 +360,9 @@ class Sequencer(Generic[E]):
             partial = self._partials[key] = Partial(ack.clock, -1)
         else:
             partial.reset(ack.clock)
+        if n >= len(self._ring):
+            # One by one, the span would have lost its start (at the ACK, if not before).
+            partial.long_spans = True
         read_through[journal] = ack.end
         self._dequeued = None
         return taken
@@ -403,8 +408,13 @@ class Sequencer(Generic[E]):
                         ring.evict_at_head()  # Perhaps of this span's first entry: see below.
                     if partial.begin == -1:
                         partial.begin = env.begin
-                    elif partial.ring_start == -1:
-                        # The span lost its start: replayed whole at its ACK, never linked.
+                        linked = not partial.long_spans  # See Partial.long_spans.
+                    else:
+                        linked = partial.ring_start != -1
+                    if not linked:
+                        # The span lost its start (or is predicted to): replayed whole at its
+                        # ACK, never linked.
+                        partial.unlinked += 1
                         partial.max_clock = clock
                         read_through[journal] = env.end
                         last_journal, last_producer, last_partial = journal, producer, partial
@@ -540,6 +550,7 @@ class Sequencer(Generic[E]):
             return
         for _ in range(n):
             pending.popleft()
+        partial.unlinked += n
         partial.max_clock = clock
         self._read_through[journal] = end
 
@@ -626,11 +637,17 @@ class Sequencer(Generic[E]):
         if outcome is _CONTINUE_EXTEND_SPAN or outcome is _CONTINUE_BEGIN_SPAN:
             if outcome is _CONTINUE_BEGIN_SPAN:
                 partial.begin = env.begin
-                self._ring.add_at_head(env, partial)
+                if partial.long_spans:
+                    partial.unlinked += 1  # Predicted long: see Partial.long_spans.
+                else:
+                    self._ring.add_at_head(env, partial)
             elif partial.ring_start != -1:
                 self._ring.add_at_head(env, partial)
-            # Else the span lost its start (SpanRing.evict_at_head; or it was restored from a
-            # checkpoint): its ACK replays it whole from `begin`, so it links nothing more.
+            else:
+                # The span lost its start (SpanRing.evict_at_head; or it was restored from a
+                # checkpoint, or predicted long): its ACK replays it whole from `begin`, so it
+                # links nothing more.
+                partial.unlinked += 1
             partial.max_clock = env.clock
             self._read_through[env.journal] = env.end
         elif (
@@ -654,6 +671,8 @@ class Sequencer(Generic[E]):
             partial.max_clock = env.clock
             replay = None
             if outcome is _ACK_COMMIT_REPLAY:
+                if partial.long_spans and partial.unlinked < len(self._ring):
+                    partial.long_spans = False  # Predicted long, it was not: link the next.
                 # The ACK was just linked: the span links one entry at least.
                 replay = ReplayRequired(env.journal, partial.begin, self._ring.first(partial).begin)
             self._emit = _Emit(env.producer, partial, replay)
