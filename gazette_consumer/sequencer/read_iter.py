@@ -396,7 +396,7 @@ class ReadCommittedIter:
         if replay is None:
             return 0
         wanted = 1 if self._ahead is not None else 2
-        return 0 if replay.holds(wanted) else wanted
+        return 0 if replay.fill_nowait(wanted) else wanted
 
     def _step_to_message(self) -> bool:
         """Step the Sequencer to its next committed message (held in `_ahead`), queueing read
