@@ -27,7 +27,8 @@ whole journal from offset 0, in each of these modes:
 Both modes run the same `CountApp` (counting_app.py): a count per key in memory, written to
 the database in `finalize_txn`. `--publish` lists what the shard publishes, each list item a
 configuration of its own in every round: `per-txn` (one summary per transaction), `per-message`
-(one derived message per message), `none`. `--chain` adds a configuration whose input is the
+(one derived message per message, held and published 256 at a time with
+`Publisher.publish_*_batch`), `none`. `--chain` adds a configuration whose input is the
 output of another exactly-once shard (a chain of two shards): before the rounds, an
 exactly-once shard relays SOURCE into a journal of its own, each message published uncommitted
 and committed by its transaction's ACKs (transactions of up to `--max-txn-s`, as a shard's);
@@ -97,6 +98,7 @@ from sqlalchemy.engine import Engine
 
 from broker import client
 from broker import logging as gazette_logging
+from broker.gc_tuning import freeze_startup_heap
 from broker.malloc_tuning import tune_malloc
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
@@ -398,6 +400,10 @@ async def main() -> None:
                 f"steady: rates over {args.steady_txns} whole transactions of "
                 f"{args.max_txn_s:g} s per run, after a first one, none reaching the head"
             )
+        # As `gazette-consumer` (runner.py) and `gazette serve` do once started: the start-up
+        # heap (broker, stores, gRPC) out of full collections, which would otherwise walk it
+        # whenever a shard's short-lived objects reach the old generation.
+        print(f"start-up heap frozen: {freeze_startup_heap():,} objects (broker.gc_tuning)")
         modes = [(eo, db) for db in engines for eo in (True, False)]
         results: dict[str, dict[str, list[Result]]] = {name: {} for name, *_ in configs}
         limits: dict[str, list[Rate]] = {

@@ -37,11 +37,11 @@ from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.message.publisher import Publisher
 from gazette_consumer.sequencer.decode import framing_of, new_chunk_decoder
+from gazette_consumer.sequencer.read_ahead import Chunk
 from gazette_consumer.sequencer.read_iter import (
     DECODE_PIECE_BYTES,
     READ_CHANNEL_SIZE_MAX,
     ReadCommittedIter,
-    _Chunk,
 )
 from gazette_consumer.sequencer.types import FLAG_ACK_TXN, FLAG_CONTINUE_TXN, FLAG_OUTSIDE_TXN
 
@@ -75,10 +75,11 @@ async def read_committed(
     )
     # White-box: queue the chunks where its readers would, and mark them started.
     decoder = new_chunk_decoder(spec, 0, Reading)
-    it._specs[JOURNAL] = spec
+    read_ahead = it._read_ahead
+    read_ahead.specs[JOURNAL] = spec
     for content, offset in chunks:
-        await it._channel.put(_Chunk(JOURNAL, decoder, content, offset))
-    it._supervisor = asyncio.get_running_loop().create_future()  # type: ignore[assignment]
+        await read_ahead.channel.put(Chunk(JOURNAL, decoder, content, offset))
+    read_ahead._supervisor = asyncio.get_running_loop().create_future()  # type: ignore[assignment]
     return drain(it.try_next)
 
 

@@ -183,8 +183,10 @@ class Application(abc.ABC):
         """Consume one read-committed message within the current transaction.
 
         Stage store changes in the store's current transaction, publish derived messages with
-        `publisher.publish_uncommitted` (they commit, or roll back, with this transaction), or
-        keep in-memory aggregates to flush in `finalize_txn`. May run while the previous
+        `publisher.publish_uncommitted` (they commit, or roll back, with this transaction; or
+        hold them and publish many at once with `publish_uncommitted_batch`, here or in
+        `finalize_txn`: nobody reads them before the transaction's ACK), or keep in-memory
+        aggregates to flush in `finalize_txn`. May run while the previous
         transaction's commit is still in flight (see the module docstring).
         """
 

@@ -89,7 +89,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.security_flags",
         ),
     ),
-    ("consumer", ("gazette_consumer",)),
+    (
+        "consumer",
+        (
+            "gazette_consumer",
+            # The Sequencer's parts and the read-committed iterator's read-ahead (#18), named so
+            # that a move out of the layer shows here.
+            "gazette_consumer.sequencer.state",
+            "gazette_consumer.sequencer.classify",
+            "gazette_consumer.sequencer.fast_paths",
+            "gazette_consumer.sequencer.dequeue",
+            "gazette_consumer.sequencer.sequencer",
+            "gazette_consumer.sequencer.read_ahead",
+        ),
+    ),
     (
         "Spark, CLI and tools",
         (

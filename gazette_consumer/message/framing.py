@@ -18,6 +18,7 @@ when reading: an unpacker never buffers more than about one maximal frame, whate
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import ClassVar, NamedTuple, Protocol, TypeVar
 
@@ -255,6 +256,12 @@ class Framing(ABC):
         buf = bytearray()
         self.marshal_into(message, buf)
         return bytes(buf)
+
+    def marshal_many(self, messages: Sequence[object]) -> bytes:
+        """The frames of `messages`, in order, as one bytes object (what a publisher appends
+        at once). Raises what `marshal` raises for the first message that fails. Framings
+        with a bulk encoder override it."""
+        return b"".join(map(self.marshal, messages))
 
     @abstractmethod
     def marshal_into(self, message: object, buf: bytearray) -> int:

@@ -8,6 +8,7 @@ it is several times faster than the stdlib ``json`` here, and this is the hot pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate
 from operator import attrgetter
 from typing import Generic, Self, TypeVar
@@ -202,6 +203,23 @@ class JSONFraming(Framing):
         if len(encoded) > self.message_bytes_max:  # Checked inline: once per message published.
             check_message_size(self, message, len(encoded))
         return encoded + _NEWLINE
+
+    def marshal_many(self, messages: Sequence[object]) -> bytes:
+        """All frames in one msgspec call (`encode_lines`: each document and its newline); a
+        batch that fails, or holds a document over the bound, is marshalled one by one for
+        the error that names its message."""
+        try:
+            encoded = self._encoder.encode_lines(messages)
+        except (TypeError, ValueError, OverflowError):
+            encoded = None
+        # Every document is within the bound if the whole batch (newlines included) is: only a
+        # longer batch is looked into, line by line.
+        if encoded is None or (
+            len(encoded) > self.message_bytes_max
+            and max(map(len, encoded.split(_NEWLINE))) > self.message_bytes_max
+        ):
+            return super().marshal_many(messages)  # Raises for the message that fails.
+        return encoded
 
     def marshal_into(self, message: object, buf: bytearray) -> int:
         frame = self.marshal(message)

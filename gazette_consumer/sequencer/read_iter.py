@@ -38,7 +38,7 @@ Signature::
     async close()                   (also an async context manager)
 
 One background reader per source journal (a blocking `RetryReader`, all in one TaskGroup
-owned by the iterator) queues the chunks it reads, at most `read_channel_size` chunks ahead in
+owned by the iterator: read_ahead.py) queues the chunks it reads, at most `read_channel_size` chunks ahead in
 all. The caller's task decodes each chunk as it takes it (a piece of it at a time, see
 `decode.py`), feeds its envelopes to a `Sequencer` and returns what it dequeues: committed
 messages in per-producer order, without head-of-line blocking between producers. ACK messages
@@ -88,21 +88,18 @@ raise `ReadIterClosedError` (a `next()` waiting in another task too) and iterati
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from broker.client.list_apply import get_journal
-from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.validate import ValidationError, at, validate_journal_name
+from broker.protocol.validate import ValidationError
 from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT, Framing
 from gazette_consumer.message.message import Envelope
-from gazette_consumer.sequencer.decode import ChunkDecoder, MessageTypeSource, new_chunk_decoder
+from gazette_consumer.sequencer.decode import MessageTypeSource
+from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offsets
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay, replay_request
@@ -111,7 +108,6 @@ from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
     FLAG_CONTINUE_TXN,
     FLAG_OUTSIDE_TXN,
-    OFFSET_MAX,
     JournalProducer,
     ProducerState,
     SequencerCheckpoint,
@@ -176,46 +172,6 @@ class ReadIterClosedError(RuntimeError):
     """The iterator was closed."""
 
 
-class _Chunk:
-    """A chunk of a source journal, read ahead and decoded only when the consumer takes it, by
-    its journal's decoder (consumed chunks of one journal reach it in order)."""
-
-    __slots__ = ("at", "content", "decoder", "journal", "offset")
-
-    def __init__(self, journal: str, decoder: ChunkDecoder, content: bytes, offset: int) -> None:
-        self.journal = journal
-        self.decoder = decoder
-        self.content = content
-        self.offset = offset
-        self.at = 0  # Index in `content` of the next piece to decode.
-
-
-def _source_offsets(
-    sources: Mapping[str, int] | Sequence[tuple[str, int]],
-    checkpoint: SequencerCheckpoint | None,
-) -> dict[str, int]:
-    """Validated start offsets of `sources`, resumed from `checkpoint` where it has one."""
-    pairs = list(sources.items()) if isinstance(sources, Mapping) else list(sources)
-    if not pairs:
-        raise ValidationError("must name at least one journal", "sources")
-    offsets: dict[str, int] = {}
-    for journal, offset in pairs:
-        with at("sources"):
-            validate_journal_name(journal)
-        if journal in offsets:
-            raise ValidationError("duplicate journal", f"sources[{journal}]")
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= OFFSET_MAX:
-            raise ValidationError(
-                f"offset must be an int in [0, {OFFSET_MAX}] (got {offset!r})",
-                f"sources[{journal}]",
-            )
-        offsets[journal] = offset
-    if checkpoint is not None:
-        for journal in offsets:
-            offsets[journal] = checkpoint.read_through.get(journal, offsets[journal])
-    return offsets
-
-
 class ReadCommittedIter:
     """Read-committed Envelopes of several journals. See the module docstring."""
 
@@ -242,27 +198,30 @@ class ReadCommittedIter:
                 f"must be in [1, {READ_CHANNEL_SIZE_MAX}] (got {read_channel_size})",
                 "read_channel_size",
             )
-        self._offsets = _source_offsets(sources, checkpoint)
+        self._offsets = source_offsets(sources, checkpoint)
         # Decoded Envelopes are queued as they are: they have what the Sequencer reads.
         self._seq: Sequencer[Envelope[Any]] = Sequencer(ring_size, checkpoint)
         self._commit_alone = self._seq.commit_alone  # Bound once: called per message.
-        self._client = client
-        self._message_type = message_type
-        self._framing = framing
-        self._registry = registry
-        self._message_bytes_max = message_bytes_max
-        self._channel: ReadChannel[_Chunk] = ReadChannel(read_channel_size)
+        self._channel: ReadChannel[Chunk] = ReadChannel(read_channel_size)
+        self._read_ahead = ReadAhead(
+            client,
+            self._offsets,
+            self._channel,
+            message_type=message_type,
+            framing=framing,
+            registry=registry,
+            message_bytes_max=message_bytes_max,
+        )
         # Per journal: offset through which every queued envelope was consumed (with content
         # skipped in between). Checkpoints take the larger of it and the Sequencer's offset.
         self._floors = dict(self._offsets)
-        self._specs: dict[str, pb.JournalSpec] = {}
         self._pending: deque[Envelope[Any]] = deque()  # Of the chunk being consumed.
         # The journal of the chunk being consumed, and the offset reading resumes from once
         # `_pending` is consumed (past content skipped after its last envelope).
         self._chunk_through: tuple[str, int] | None = None
         # A message of a consumed chunk did not decode: raised once `_pending` is consumed.
         self._decode_error: Exception | None = None
-        self._chunk: _Chunk | None = None  # Taken from the channel, not wholly decoded yet.
+        self._chunk: Chunk | None = None  # Taken from the channel, not wholly decoded yet.
         self._chunk_lead_run: int | None = None  # Of the piece decoded last (_decode_piece).
         self._replay: Replay | None = None
         # A committed message stepped out of the Sequencer but not returned yet: looking one
@@ -284,7 +243,6 @@ class ReadCommittedIter:
         # Whether to look for a whole transaction in what is decoded (`commit_span_run`): not
         # after one taken from the ring was longer than the look (SPAN_RUN_LOOK_MAX).
         self._span_runs = True
-        self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
         self._on_idle = on_idle
         self.replays = 0
@@ -343,7 +301,7 @@ class ReadCommittedIter:
             if pending:
                 if not _run_next(pending) and self._commit_alone(pending[0]):
                     return pending.popleft()
-            elif self._replay is None and not self._seq.emitting and self._supervisor:
+            elif self._replay is None and not self._seq.emitting and self._read_ahead.started:
                 # Nothing held anywhere: the next piece, and its leading run at once if it
                 # starts with one (the common case, once per piece), without the general
                 # stepping below; what `_step_to_message` would do, in fewer steps.
@@ -360,7 +318,7 @@ class ReadCommittedIter:
                     self._span_through = None
                     return envs[0]
                 pending.extend(envs)
-            self._start()
+            self._read_ahead.start()
             if not self._step_to_message():
                 return None
             env = self._ahead
@@ -396,7 +354,7 @@ class ReadCommittedIter:
         if replay is None:
             return 0
         wanted = 1 if self._ahead is not None else 2
-        return 0 if replay.holds(wanted) else wanted
+        return 0 if replay.fill_nowait(wanted) else wanted
 
     def _step_to_message(self) -> bool:
         """Step the Sequencer to its next committed message (held in `_ahead`), queueing read
@@ -519,17 +477,11 @@ class ReadCommittedIter:
         seq = self._seq
         required = seq.replay_required
         assert required is not None  # Asked for by the caller.
-        spec = self._specs[required.journal]
+        read_ahead = self._read_ahead
         # The replayed producer's last delivered clock: the Replay keeps only later ones.
         last_ack = seq.checkpoint().producers[JournalProducer(env.journal, env.producer)].last_ack
-        decoder = new_chunk_decoder(
-            spec,
-            required.begin,
-            self._message_type,
-            framing=self._framing,
-            message_bytes_max=self._message_bytes_max,
-        )
-        reader = RetryReader(self._client, replay_request(required), registry=self._registry)
+        decoder = read_ahead.new_decoder(read_ahead.specs[required.journal], required.begin)
+        reader = read_ahead.new_reader(replay_request(required))
         replay = Replay(required, env.producer, last_ack, env.clock, reader, decoder)
         seq.replay(replay)
         self._replay = replay
@@ -598,53 +550,13 @@ class ReadCommittedIter:
         `in_sequence` holds the consumer's transaction open meanwhile.)"""
         return self._seq.has_pending(since)
 
-    # -- background readers --------------------------------------------------------------------
-
-    def _start(self) -> None:
-        if self._supervisor is None:
-            self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
-
-    async def _supervise(self) -> None:
-        try:
-            async with asyncio.TaskGroup() as group:
-                for journal, offset in self._offsets.items():
-                    group.create_task(self._read_journal(journal, offset))
-        except Exception as err:  # Only a bug: readers report their own errors.
-            self._channel.fail(err)
-
-    async def _read_journal(self, journal: str, offset: int) -> None:
-        request = pb.ReadRequest(journal=journal, offset=offset, block=True)
-        reader = RetryReader(self._client, request, registry=self._registry)
-        try:
-            spec = self._specs[journal] = await get_journal(self._client, journal)
-            decoder = new_chunk_decoder(
-                spec,
-                offset,
-                self._message_type,
-                framing=self._framing,
-                message_bytes_max=self._message_bytes_max,
-            )
-            while True:
-                chunk = await reader.read_chunk()
-                if not chunk.content:
-                    return  # Only a bounded read ends; these never are.
-                await self._channel.put(_Chunk(journal, decoder, chunk.content, chunk.offset))
-        except Exception as err:
-            self._channel.fail(err)
-        finally:
-            await reader.close()
-
     async def close(self) -> None:
         """Stop the readers (awaiting them) and any replay. Idempotent. A `next()` waiting in
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
         self._channel.wake()
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None:
-            supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await supervisor
+        await self._read_ahead.stop()
         replay, self._replay = self._replay, None
         if replay is not None:
             await replay.close()

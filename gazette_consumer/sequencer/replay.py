@@ -81,30 +81,37 @@ class Replay(Iterator[Envelope[Any]]):
             raise StopIteration
         return self._kept.popleft()
 
+    def fill_nowait(self, count: int) -> bool:
+        """Decode on through the chunk already read, a piece at a time, until `holds(count)`;
+        no read. Returns `holds(count)`. What spares a reader a turn of its caller's event
+        loop (an await of `fill`) for every piece: only a chunk read needs one."""
+        while not self.holds(count):
+            content, at = self._content, self._at
+            if at >= len(content):
+                return False
+            piece = content[at : at + REPLAY_PIECE_BYTES]
+            self._at = at + len(piece)
+            self._keep_decoded(self._decoder.feed(piece, self._offset + at))
+        return True
+
     async def fill(self, count: int) -> None:
         """Decode and read on until `holds(count)`. Cancellation-safe: a chunk is kept as
         soon as its read returns, with no await in between."""
-        while not self.holds(count):
-            content, at = self._content, self._at
-            ended = False
-            if at < len(content):
-                piece = content[at : at + REPLAY_PIECE_BYTES]
-                self._at = at + len(piece)
-                envelopes = self._decoder.feed(piece, self._offset + at)
-            else:
-                chunk = await self._reader.read_chunk()
-                if chunk.content:
-                    self._content, self._offset, self._at = chunk.content, chunk.offset, 0
-                    continue  # Decoded a piece at a time, by the loop's next turns.
-                envelopes, ended = self._decoder.flush(), True
-            self._keep(envelopes)
-            if self._decoder.error is not None:
-                # The span's messages were decodable when first read: content has changed, or
-                # the reader's message type differs. Either way exactly-once cannot go on.
-                raise self._decoder.error
-            if ended:
-                self.exhausted = True
-                await self._reader.close()
+        while not self.fill_nowait(count):
+            chunk = await self._reader.read_chunk()
+            if chunk.content:
+                self._content, self._offset, self._at = chunk.content, chunk.offset, 0
+                continue  # Decoded a piece at a time, by fill_nowait.
+            self._keep_decoded(self._decoder.flush())
+            self.exhausted = True
+            await self._reader.close()
+
+    def _keep_decoded(self, envelopes: list[Envelope[Any]]) -> None:
+        self._keep(envelopes)
+        if self._decoder.error is not None:
+            # The span's messages were decodable when first read: content has changed, or
+            # the reader's message type differs. Either way exactly-once cannot go on.
+            raise self._decoder.error
 
     def _keep(self, envelopes: list[Envelope[Any]]) -> None:
         producer = self._producer

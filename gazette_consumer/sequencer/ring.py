@@ -34,7 +34,16 @@ class Partial:
     A partial without a pending span (`begin` -1) links no ring entry.
     """
 
-    __slots__ = ("begin", "max_clock", "min_clock", "presumed", "ring_start", "ring_stop")
+    __slots__ = (
+        "begin",
+        "long_spans",
+        "max_clock",
+        "min_clock",
+        "presumed",
+        "ring_start",
+        "ring_stop",
+        "unlinked",
+    )
 
     def __init__(self, min_clock: int, begin: int) -> None:
         self.min_clock = min_clock  # Exclusive: clocks up to here are delivered or acked.
@@ -45,12 +54,21 @@ class Partial:
         # True while `min_clock` is only presumed (the producer was first seen mid-span, not
         # at an ACK): an older ACK then rolls back what was seen, and regresses nothing.
         self.presumed = False
+        # True once a span of this producer outgrew the ring (lost its start): its next spans
+        # are predicted to, and are not linked at all (their ACK replays them whole), until one
+        # turns out shorter than the ring. Linking a ring's worth of a span only to lose it
+        # kept those messages alive into the garbage collector's old generation.
+        self.long_spans = False
+        # Messages of the pending span not linked (at least, once it lost its start: the ring's
+        # length), to tell whether a predicted long span was one.
+        self.unlinked = 0
 
     def reset(self, clock: int) -> None:
         """Forget any pending span; `clock` becomes the last acknowledged clock."""
         self.min_clock = self.max_clock = clock
         self.begin = self.ring_start = self.ring_stop = -1
         self.presumed = False
+        self.unlinked = 0
 
 
 class SpanRing(Generic[E]):
@@ -102,6 +120,8 @@ class SpanRing(Generic[E]):
                 self.occupied -= 1
             invariant(last == partial.ring_stop, "a span's last linked entry must end its chain")
             partial.ring_start = partial.ring_stop = -1
+            partial.long_spans = True
+            partial.unlinked = len(self.entries)  # It had more messages than that.
         self.entries[head] = None
         self.owners[head] = None
         self.links[head] = -1

@@ -110,3 +110,32 @@ async def test_a_decode_error_deep_in_a_chunk_comes_after_every_message_before_i
             assert (caught.value.begin, caught.value.end) == (got[-1].end, got[-1].end + len(bad))
         assert it.checkpoint().read_through[journal] == got[-1].end
         await it.close()
+
+
+async def test_a_replayed_chunk_is_served_piece_after_piece_without_waiting() -> None:
+    """A transaction longer than the ring is replayed from its journal, a chunk at a time, and
+    decoded a piece at a time: only a chunk read needs `next()` to wait; the pieces of a chunk
+    already read come from `try_next()` (each piece once cost a turn of the caller's loop)."""
+    async with broker_env() as env:
+        journal = await env.journal("test/replay-pieces")
+        count = 1000
+        span = [msg(P1, 100 + i, CONTINUE, f"t{i}-" + "p" * 40) for i in range(count)]
+        content = frames(*span, msg(P1, 100 + count, ACK))
+        assert 4 * DECODE_PIECE_BYTES < len(content) < 128 << 10  # Pieces, in one chunk.
+        await env.append(journal, content)
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, ring_size=16)
+        got: list[Any] = []
+        waits = 0
+        async with asyncio.timeout(TIMEOUT_S):
+            while len(got) < count:
+                env_ = it.try_next()
+                if env_ is None:
+                    waits += 1
+                    env_ = await it.next()
+                got.append(env_)
+        await it.close()
+        assert [e.message.text for e in got] == [m.text for m in span]
+        assert it.replays == 1
+        # The first read, then the replay's chunk reads (one or two: how the broker chunks
+        # the range); not one per piece of ~16 KiB (6 or more).
+        assert waits <= 3, waits

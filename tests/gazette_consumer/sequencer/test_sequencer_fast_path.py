@@ -436,7 +436,7 @@ def ring_state(seq: Sequencer[SeqEnvelope]) -> tuple[object, ...]:
     """What of the ring and the producer states a later call can observe."""
     ring = seq._ring
     partials = {
-        k: (p.min_clock, p.max_clock, p.begin, p.ring_start, p.ring_stop)
+        k: (p.min_clock, p.max_clock, p.begin, p.ring_start, p.ring_stop, p.long_spans, p.unlinked)
         for k, p in seq._partials.items()
     }
     owners = [

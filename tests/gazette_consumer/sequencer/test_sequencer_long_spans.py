@@ -180,7 +180,49 @@ def test_replayed_and_ring_deliveries_of_a_long_span_are_each_message_once() -> 
             while (env := seq.dequeue()) is not None:  # From a replay: one by one.
                 out.append(env)
     assert out == expected
-    assert replays == 3  # The transactions longer than the ring.
+    # The transactions longer than the ring, and the short one after the first (predicted
+    # long, it links nothing: Partial.long_spans), after which the prediction is dropped.
+    assert replays == 4
+    assert seq._ring.occupied == 0
+
+
+def test_a_span_after_one_longer_than_the_ring_is_not_linked_until_one_is_shorter() -> None:
+    """A producer whose span outgrew the ring has its next spans replayed whole without
+    linking any of their messages (linked, a ring's worth of them would live until evicted);
+    one that turns out shorter than the ring ends the prediction: the next is linked again
+    and committed from the ring. Deliveries are the same either way."""
+    gen, clock = Gen(J), 10
+    seq: Sequencer[SeqEnvelope] = Sequencer(16)
+    envs: list[SeqEnvelope] = []
+
+    def transaction(messages: int) -> tuple[list[SeqEnvelope], bool, int]:
+        """Queue one transaction through the general path: its deliveries, whether its ACK
+        needed a replay, and how many ring slots its pending span held before the ACK."""
+        nonlocal clock
+        txn = []
+        for _ in range(messages):
+            clock += 1
+            txn.append(gen(PRODUCERS[0], clock, FLAG_CONTINUE_TXN, gap=0))
+        clock += 1
+        ack = gen(PRODUCERS[0], clock, FLAG_ACK_TXN, gap=0)
+        envs.extend([*txn, ack])
+        for env in txn:
+            assert not seq.queue_uncommitted(env).commits
+        held = seq._ring.occupied
+        assert seq.queue_uncommitted(ack).commits
+        replay = seq.replay_required is not None
+        replayed({J: envs}, seq)
+        out = []
+        while (env := seq.dequeue()) is not None:
+            out.append(env)
+        assert out == [*txn, ack]
+        return out, replay, held
+
+    assert transaction(5)[1:] == (False, 5)  # Linked, from the ring.
+    assert transaction(40)[1] is True  # Outgrew the ring of 16: replayed.
+    assert transaction(20)[1:] == (True, 0)  # Predicted long, and it was: nothing linked.
+    assert transaction(5)[1:] == (True, 0)  # Predicted long, it was not: the prediction ends.
+    assert transaction(5)[1:] == (False, 5)  # Linked again, from the ring.
     assert seq._ring.occupied == 0
 
 
