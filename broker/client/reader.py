@@ -139,6 +139,11 @@ class FragmentContentReader:
     async def read(self) -> bytes:
         while self._whole and not self._eof:
             self._take(await self._decompress_next())
+        # Fill a whole piece before handing one out: a raw read decodes to at most
+        # raw_chunk_bytes_max (or to whatever a compressed block holds), and a Read response per
+        # raw read would cost the broker several messages per piece.
+        while not self._eof and len(self._pending) - self._pending_at < self._chunk_bytes_max:
+            self._take(await self._decompress_next())
         while True:
             if self._pending_at < len(self._pending):
                 at = self._pending_at
