@@ -57,7 +57,8 @@ spool_recovery.py). A resumed spool is `recovery_pending` and applies nothing un
 settled: adopted (its content is the journal's) or disowned (it starts over, empty).
 
 Around this module: spool_types.py holds the values, outcomes, errors and proposal checks;
-spool_roll.py the primary's roll policy; spool_file.py the content files; spool_named.py,
+spool_classify.py what a proposal means (the rule book above, pure); spool_roll.py the
+primary's roll policy; spool_file.py the content files; spool_named.py,
 spool_record.py, spool_dir.py, spool_recovery.py and spool_settle.py durability and recovery.
 The primary feeds its own spool content with `apply_content` (the bytes, without a
 ReplicateRequest around them).
@@ -75,6 +76,7 @@ from collections.abc import Callable
 
 from broker.fragment import codecs
 from broker.fragment.naming import OFFSET_MAX, sum_from_digest
+from broker.fragment.spool_classify import classify, rolled_fragment
 from broker.fragment.spool_compression import (
     IncrementalCompression,
     compress_batch_bytes_min_default,
@@ -432,39 +434,15 @@ class Spool:
         return ApplyResult(outcome, response)
 
     def _classify(self, proposal: pb.Fragment, registers: pb.LabelSet) -> Outcome:
-        """Decide what `proposal` means to this spool. Pure: changes nothing."""
-        end = self._fragment.end
-        if proposal.end > end + self._delta:
-            # Beyond everything we hold: roll forward to it, whatever else it says. The roll
-            # takes the proposal's registers, so only the fragment can mismatch afterwards.
-            if same_fragment(self._rolled_fragment(proposal), proposal):
-                return Outcome.ROLLED
-            return Outcome.CAUGHT_UP
-        if proposal.begin == proposal.end == end:
-            rolled = self._rolled_fragment(proposal)
-            if not same_fragment(rolled, proposal) or registers != self._registers:
-                return Outcome.MISMATCH
-            # Re-proposing the current empty fragment only drops pending content.
-            if same_fragment(rolled, self._fragment):
-                return Outcome.ROLLED_BACK
-            return Outcome.ROLLED
-        if same_fragment(proposal, self._fragment) and registers == self._registers:
-            return Outcome.ROLLED_BACK
-        if self._delta and same_fragment(proposal, self.next()):
-            return Outcome.COMMITTED
-        return Outcome.MISMATCH
+        """Decide what `proposal` means to this spool (spool_classify.py). Pure."""
+        # next() only matters with pending bytes: skip building it (and its digest) otherwise.
+        following = self.next() if self._delta else self._fragment
+        return classify(
+            self._fragment, self._registers, self._delta, following, proposal, registers
+        )
 
     def _rolled_fragment(self, proposal: pb.Fragment) -> pb.Fragment:
-        """The empty fragment a roll to `proposal` starts. It keeps what the proposal may
-        change through a roll (codec, backing store) and nothing else."""
-        return pb.Fragment(
-            journal=self._journal,
-            begin=proposal.end,
-            end=proposal.end,
-            sum=ZERO_SUM,
-            compression_codec=proposal.compression_codec,
-            backing_store=proposal.backing_store,
-        )
+        return rolled_fragment(self._journal, proposal)
 
     def _commit(
         self, proposal: pb.Fragment, registers: pb.LabelSet, primary: bool
