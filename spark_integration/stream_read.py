@@ -351,6 +351,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                         labels=info.labels,
                         content_type=info.content_type,
                         floor=info.fragments.begin,
+                        deliver_from=lo if i else None,
+                        read_end=stop,
                     )
                 )
         return parts
