@@ -364,9 +364,13 @@ class CommittedRange:
             before = np.maximum.accumulate(np.concatenate(([np.uint64(last)], picked_clocks[:-1])))
             kept = picked[picked_clocks > before]
             last = int(clocks[kept[-1]])
-            feed.rows.extend(batch.rows_at(kept, self._intern))
-            if (committed := gather(seq.dequeue_replayed(len(kept)))) is not None:
-                yield committed
+            # The Sequencer would deliver exactly `kept`, each in turn raising the producer's
+            # clock: handing it the last one alone leaves it in the same state (that clock,
+            # read through its end), without a Python object per replayed message.
+            feed.rows.extend(batch.rows_at(kept[-1:], self._intern))
+            delivered = seq.dequeue_replayed(1)
+            assert len(delivered) == 1  # `kept` are within the commit's clocks, rising.
+            yield batch if len(kept) == len(batch) else batch.take(kept)
         rest = []
         while (row := seq.dequeue()) is not None:
             if row.flags != FLAG_ACK_TXN:
