@@ -102,11 +102,12 @@ def journal_ranges(
     info: JournalInfo, begin: int, end: int, target: int, lookback: int
 ) -> list[JournalRange]:
     """The partitions of [begin, end) of a journal: cut at fragment boundaries, each with the
-    fragments it reads and those of its look-back."""
+    fragments it reads: those of its look-back, its own, and those it may look ahead into
+    (up to `end`)."""
     floor = info.fragments.begin
     out = []
     for lo, hi in split_ranges(info.fragments.fragments, begin, end, target):
-        fragments = info.fragments.overlapping(max(floor, lo - lookback - 1), hi)
+        fragments = info.fragments.overlapping(max(floor, lo - lookback - 1), end)
         out.append(
             JournalRange(
                 info.name,

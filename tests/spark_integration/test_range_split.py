@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client import JournalClient, apply_journals, upsert
+from broker.fragment.naming import parse_content_name
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.clock import clock_from_unix_nanos
@@ -29,6 +32,7 @@ from spark_integration.batch_read import JournalRange
 from spark_integration.range_read import CommittedRange, scan_committed
 from spark_integration.range_start import start_checkpoint
 from spark_integration.rows import META_SCHEMA
+from tests.broker.serve_testkit import gazette_serve
 from tests.gazette_consumer.sequencer.read_iter_testkit import Msg as IterMsg
 from tests.gazette_consumer.sequencer.read_iter_testkit import broker_env
 from tests.spark_integration.spark_testkit import (
@@ -42,6 +46,10 @@ from tests.spark_integration.spark_testkit import (
     unique,
 )
 from tests.spark_integration.test_range_read import history, source, texts
+
+# How long the broker may take to persist the fragments it closed, and the polling backoff.
+persist_timeout_s = 30.0
+persist_poll_s_max = 0.5
 
 
 async def reference(env: Any, journal: str, head: int, ring_size: int) -> list[str]:
@@ -116,7 +124,9 @@ async def test_split_partitions_deliver_what_one_walk_does(seed: int, ring_size:
                 assert sorted(got) == sorted(expected), f"cuts {cuts}, exact {exact}"
 
 
-def create_small_fragment_journal(broker: str, name: str, fragment_bytes: int) -> None:
+def create_small_fragment_journal(
+    broker: str, name: str, fragment_bytes: int, stores: tuple[str, ...] = ()
+) -> None:
     async def apply() -> None:
         client = JournalClient(broker)
         try:
@@ -131,6 +141,7 @@ def create_small_fragment_journal(broker: str, name: str, fragment_bytes: int) -
                 fragment=pb.JournalSpec.Fragment(
                     length=fragment_bytes,
                     compression_codec=pb.NONE,
+                    stores=list(stores),
                     refresh_interval=Duration(seconds=1),
                 ),
             )
@@ -141,14 +152,10 @@ def create_small_fragment_journal(broker: str, name: str, fragment_bytes: int) -
     asyncio.run(apply())
 
 
-@pytest.mark.spark
-def test_batch_partitions_read_a_long_transaction_once(broker: str) -> None:
-    """A transaction spanning every partition and far more than the look-back is read whole,
-    once; one rolled back across a split and one never acknowledged are not read at all; small
-    transactions, duplicates and messages outside transactions in between are read as the
-    per-message reference reads them."""
-    journal = unique("spark/split")
-    create_small_fragment_journal(broker, journal, 16 << 10)
+def long_transaction_history() -> list[Msg]:
+    """A transaction of 1,500 messages (~250 KB), the rest interleaved with it: messages outside
+    transactions (some re-sent), small transactions, one rolled back across several hundred
+    messages and one never acknowledged."""
     long_p, undo_p, open_p, small_p, alone_p = (producer() for _ in range(5))
     base = clock_from_unix_nanos(time.time_ns())
     pad = "x" * 120
@@ -178,29 +185,102 @@ def test_batch_partitions_read_a_long_transaction_once(broker: str) -> None:
             add(small_p, CONTINUE, f"small{i}b")
             add(small_p, ACK, None)
     add(long_p, ACK, None)
+    return messages
+
+
+def append_in_groups(broker: str, journal: str, messages: list[Msg]) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
     for start in range(0, len(messages), 200):
-        append_messages(broker, journal, messages[start : start + 200], together=True)
+        spans += append_messages(broker, journal, messages[start : start + 200], together=True)
+    return spans
 
-    expected = committed_texts(broker, journal)
-    assert sum(t.startswith("long") for t in expected) == 1500
-    assert not any(t.startswith(("undo", "open")) for t in expected)
 
-    ds = GazetteDataSource(
-        {
-            "broker": broker,
-            "journals": journal,
-            "maxPartitionBytes": str(64 << 10),
-            "lookbackBytes": str(16 << 10),
-        }
-    )
-    reader = ds.reader(META_SCHEMA)
+def partition_texts(options: dict[str, str]) -> list[str]:
+    """Read as Spark drives the data source: partitions planned, each read on its own."""
+    reader = GazetteDataSource(options).reader(META_SCHEMA)
     parts = reader.partitions()
     assert len(parts) >= 5
     assert all(isinstance(p, JournalRange) for p in parts)
-    got = [
+    return [
         json.loads(content)["text"]
         for part in parts
         for batch in reader.read(part)
         for content in batch.column("content").to_pylist()
     ]
+
+
+SPLIT_OPTIONS = {"maxPartitionBytes": str(64 << 10), "lookbackBytes": str(16 << 10)}
+
+
+@pytest.mark.spark
+def test_batch_partitions_read_a_long_transaction_once(broker: str) -> None:
+    """A transaction spanning every partition and far more than the look-back is read whole,
+    once; one rolled back across a split and one never acknowledged are not read at all; small
+    transactions, duplicates and messages outside transactions in between are read as the
+    per-message reference reads them."""
+    journal = unique("spark/split")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    append_in_groups(broker, journal, long_transaction_history())
+
+    expected = committed_texts(broker, journal)
+    assert sum(t.startswith("long") for t in expected) == 1500
+    assert not any(t.startswith(("undo", "open")) for t in expected)
+    got = partition_texts({"broker": broker, "journals": journal, **SPLIT_OPTIONS})
     assert sorted(got) == sorted(expected)
+
+
+@pytest.mark.spark
+def test_store_partitions_look_ahead_in_the_store(tmp_path: Path) -> None:
+    """The same read from the fragment store alone, with the broker killed: partitions look
+    ahead for ACKs in the store's fragments (a look-ahead beyond a partition's own fragments
+    would otherwise find no content there, and fail as lost)."""
+    journal = unique("spark/split-store")
+    (tmp_path / "frag").mkdir()
+    messages = long_transaction_history()
+    filler = producer()
+    # Past the ACK, so that the fragment holding it is closed and persisted.
+    fill = [
+        Msg(filler, 1000 + i, OUTSIDE, {"text": f"fill{i}", "pad": "y" * 400}) for i in range(80)
+    ]
+    with gazette_serve(tmp_path) as (port, proc):
+        b = f"127.0.0.1:{port}"
+        create_small_fragment_journal(b, journal, 16 << 10, ("file:///frag/",))
+        spans = append_in_groups(b, journal, messages)
+        fill_spans = append_in_groups(b, journal, fill)
+        expected = committed_texts(b, journal)
+        deadline, wait = time.monotonic() + persist_timeout_s, 0.05
+        while (persisted := persisted_end(tmp_path / "frag" / journal)) < spans[-1][1]:
+            assert time.monotonic() < deadline, f"persisted through {persisted} only"
+            time.sleep(wait)  # Polling the store's directory: no event exists for it.
+            wait = min(wait * 2, persist_poll_s_max)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    unpersisted = {
+        m.fields["text"]
+        for m, (_, e) in zip(fill, fill_spans, strict=True)
+        if m.fields and e > persisted
+    }
+    expected = [t for t in expected if t not in unpersisted]
+    got = partition_texts(
+        {"store": f"file://{tmp_path}/frag/", "journals": journal, **SPLIT_OPTIONS}
+    )
+    assert sorted(got) == sorted(expected)
+
+
+def persisted_end(folder: Path) -> int:
+    """Where the journal's contiguous persisted content (from offset 0) ends."""
+    if not folder.is_dir():
+        return 0
+    files = []
+    for f in folder.iterdir():
+        try:
+            begin, end, _sha1, _codec = parse_content_name(f.name)
+        except Exception:  # A temporary file being written: not a fragment yet.
+            continue
+        files.append((begin, end))
+    end = 0
+    for begin, e in sorted(files):
+        if begin > end:
+            break
+        end = max(end, e)
+    return end
