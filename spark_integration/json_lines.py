@@ -9,6 +9,9 @@ The bulk path, per piece (`decode_piece_bytes` of content, cut after its last ne
 - the UUID texts are parsed at once (uuid_columns.py), and the content column is the piece's
   bytes without the newlines, checked to be UTF-8 by Arrow.
 
+Scans that need only offsets and UUIDs (a look-back, a look-ahead for ACKs, streaming
+planning: range_read.py) use `scan_decoder`, which skips the content column.
+
 Anything the bulk path does not take (a line that is not a JSON object, a UUID that is not in
 canonical form, bytes that are not UTF-8) sends the piece down the general path: the framing
 and decoder Gazette's readers use (`ChunkDecoder`, raw_json.py), which decodes what they accept
