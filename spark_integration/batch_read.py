@@ -12,9 +12,12 @@ Read-committed (the default) runs each partition through a fresh Sequencer (rang
 batch read sees the transactions committed within its range: one whose ACK lies beyond the
 range (not yet written when the read was planned) is not seen, nor is one that began before
 the read's start. A partition that starts inside the range (not at the read's start) learns
-what was open there from the `lookbackBytes` before it, and delivers a transaction that began
-before it but after the read's start (replaying its start): partitions split a read without
-changing what it returns, within the look-back's bound (range_start.py).
+what was open there from the `lookbackBytes` before it (range_start.py). Each partition
+delivers the committed messages within its own range: of a transaction spanning several, each
+delivers its part, the earlier ones looking ahead for its ACK (range_read.py). Partitions split
+a read without changing what it returns, within the look-back's bound: a transaction that
+began before the read's start and is still open more than `lookbackBytes` into a later
+partition has its messages there read (one partition alone cannot tell when it began).
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ class JournalRange(InputPartition):  # type: ignore[misc]
     content_type: str = gl.CONTENT_TYPE_JSON_LINES
     floor: int = 0
     split_checkpoints: Mapping[int, Any] = field(default_factory=dict)
+    # Read-committed, a partition that is not its journal's first in the read: the ones before
+    # it deliver the messages before `begin` (range_read.py's module docstring).
+    deliver_from: int | None = None
+    # Where the journal's read ends: transactions pending at `end` are resolved by looking
+    # ahead up to it (0: no look-ahead).
+    read_end: int = 0
 
 
 async def _position(
@@ -93,11 +102,12 @@ def journal_ranges(
     info: JournalInfo, begin: int, end: int, target: int, lookback: int
 ) -> list[JournalRange]:
     """The partitions of [begin, end) of a journal: cut at fragment boundaries, each with the
-    fragments it reads and those of its look-back."""
+    fragments it reads: those of its look-back, its own, and those it may look ahead into
+    (up to `end`)."""
     floor = info.fragments.begin
     out = []
     for lo, hi in split_ranges(info.fragments.fragments, begin, end, target):
-        fragments = info.fragments.overlapping(max(floor, lo - lookback - 1), hi)
+        fragments = info.fragments.overlapping(max(floor, lo - lookback - 1), end)
         out.append(
             JournalRange(
                 info.name,
@@ -108,6 +118,8 @@ def journal_ranges(
                 labels=info.labels,
                 content_type=info.content_type,
                 floor=floor,
+                deliver_from=lo if lo > begin else None,
+                read_end=end,
             )
         )
     return out
@@ -195,6 +207,8 @@ async def committed_range(ctx: ReadContext, part: JournalRange) -> CommittedRang
         checkpoint=checkpoint,
         origin=part.origin,
         new_decoder=new_decoder,
+        deliver_from=part.deliver_from,
+        read_end=part.read_end or None,
     )
 
 

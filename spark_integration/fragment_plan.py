@@ -13,6 +13,7 @@ their signed URLs, so that executors read them straight from the store (sources.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -29,6 +30,10 @@ from spark_integration.sources import FragmentRef
 # How long the signed URLs handed to executors stay valid (Gazette's bound: a week). A task
 # that starts later reads those fragments through a broker instead.
 signed_url_ttl_s: Final = 7 * 86_400
+# Partitions cut by default (minPartitions not given) are no smaller than this: each partition
+# of a read-committed read looks back before its start and ahead past its end, which costs
+# less than splitting gains only for partitions of some size.
+auto_partition_bytes_min: Final = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,20 @@ def split_ranges(
     return ranges
 
 
+def auto_partitions() -> int:
+    """Partitions a read is cut into by default: one per core of the planning host (Spark's
+    default parallelism in local mode), as Spark users expect of a large read."""
+    return max(1, os.cpu_count() or 1)
+
+
 def target_bytes(total_bytes: int, max_partition_bytes: int, min_partitions: int) -> int:
     """The size partitions are cut to: at most `max_partition_bytes`, and small enough that
-    the read has at least `min_partitions` (when its journals can be cut that finely)."""
+    the read has at least `min_partitions` (when its journals can be cut that finely). 0 is
+    the default: `auto_partitions()`, but none smaller than `auto_partition_bytes_min`."""
+    floor = 1
+    if min_partitions == 0:
+        min_partitions = auto_partitions()
+        floor = min(max_partition_bytes, auto_partition_bytes_min)
     if min_partitions > 1 and total_bytes:
-        return max(1, min(max_partition_bytes, math.ceil(total_bytes / min_partitions)))
+        return max(floor, min(max_partition_bytes, math.ceil(total_bytes / min_partitions)))
     return max_partition_bytes

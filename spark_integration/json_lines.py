@@ -9,6 +9,9 @@ The bulk path, per piece (`decode_piece_bytes` of content, cut after its last ne
 - the UUID texts are parsed at once (uuid_columns.py), and the content column is the piece's
   bytes without the newlines, checked to be UTF-8 by Arrow.
 
+Scans that need only offsets and UUIDs (a look-back, a look-ahead for ACKs, streaming
+planning: range_read.py) use `scan_decoder`, which skips the content column.
+
 Anything the bulk path does not take (a line that is not a JSON object, a UUID that is not in
 canonical form, bytes that are not UTF-8) sends the piece down the general path: the framing
 and decoder Gazette's readers use (`ChunkDecoder`, raw_json.py), which decodes what they accept
@@ -50,9 +53,12 @@ class _UUIDText(msgspec.Struct):
 _LINES_DECODER: Final = msgspec.json.Decoder(list[_UUIDText])
 
 
-def bulk_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
+def bulk_batch(
+    journal: str, offset: int, piece: bytes, *, content: bool = True
+) -> MessageBatch | None:
     """The messages of `piece` (whole lines, beginning at `offset`), or None if the bulk path
-    does not take it (see the module docstring)."""
+    does not take it (see the module docstring). Without `content` the batch's content column
+    is all nulls (a scan that needs only offsets and UUIDs skips building and checking it)."""
     data = np.frombuffer(piece, np.uint8)
     newlines = np.flatnonzero(data == _NEWLINE)
     n = len(newlines)
@@ -93,16 +99,30 @@ def bulk_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
     uuids = texts
     if not bool(np.all(has_uuid)):
         uuids = pc.if_else(pa.array(has_uuid), texts, pa.scalar(None, pa.string()))
+    if not content:
+        return MessageBatch(
+            journal,
+            starts + offset,
+            newlines.astype(np.int64) + (offset + 1),
+            parts.producers,
+            parts.clocks,
+            parts.flags,
+            uuids,
+            pa.nulls(n, pa.string()),
+        )
     # The content: each line with its newline, checked to be UTF-8, then without it (the
     # newline is one byte: a slice of code units drops it).
     value_offsets = np.empty(n + 1, np.int32)
     value_offsets[:n] = starts
     value_offsets[n] = len(piece)
     lines = pa.StringArray.from_buffers(n, pa.py_buffer(value_offsets), pa.py_buffer(piece))
-    try:
-        lines.validate(full=True)
-    except pa.ArrowInvalid:
-        return None  # Not UTF-8: the general path replaces what is not.
+    # Lines are cut at newlines, which no multi-byte UTF-8 sequence holds: the piece is UTF-8
+    # if and only if every line is. ASCII (the common case) is checked fastest.
+    if not piece.isascii():
+        try:
+            piece.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # Not UTF-8: the general path replaces what is not.
     content = pc.utf8_slice_codeunits(lines, 0, -1)
     return MessageBatch(
         journal,
@@ -138,7 +158,8 @@ def general_batch(journal: str, offset: int, piece: bytes, *, final: bool) -> Me
 
 class JSONLinesDecoder:
     """Chunks of one journal's content in (in order; offsets may jump forward), MessageBatches
-    out. Call `feed` per chunk, then `flush` at the end of a bounded read."""
+    out. Call `feed` per chunk, then `flush` at the end of a bounded read. Without `content`,
+    batches carry no content (`bulk_batch`): for scans of offsets and UUIDs only."""
 
     def __init__(
         self,
@@ -147,8 +168,10 @@ class JSONLinesDecoder:
         *,
         piece_bytes: int = decode_piece_bytes,
         line_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+        content: bool = True,
     ) -> None:
         self.journal = journal
+        self._content = content
         self._piece_bytes = piece_bytes
         self._line_bytes_max = line_bytes_max
         self._buffer = bytearray()
@@ -197,7 +220,12 @@ class JSONLinesDecoder:
         offset = self._buffer_offset
         del buffer[:cut]
         self._buffer_offset += cut
-        batch = bulk_batch(self.journal, offset, piece)
+        batch = bulk_batch(self.journal, offset, piece, content=self._content)
         if batch is None:
             batch = general_batch(self.journal, offset, piece, final=True)
         return [batch] if len(batch) else []
+
+
+def scan_decoder(journal: str, offset: int) -> JSONLinesDecoder:
+    """A decoder of JSON lines for scans: offsets and UUIDs, no content."""
+    return JSONLinesDecoder(journal, offset, content=False)

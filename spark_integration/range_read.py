@@ -23,6 +23,26 @@ is the same walk that keeps no messages, to compute the checkpoint at `end` (str
 with it), or at chosen offsets inside the range (`stops`); there a replay is not read: only the
 state after the ACK matters, and the ACK alone determines it.
 
+Split reads. A read cut into partitions (batch partitions, and the partitions of a streaming
+micro-batch) must return what one walk of the whole read returns. Each partition delivers the
+committed messages that lie in its own range, whichever partition holds their ACK:
+
+- a transaction still pending at the partition's `end` is resolved by looking ahead, up to
+  `read_end` (where the journal's read ends): the messages of its producer that can resolve it
+  (ACKs, messages outside transactions) are read there, content-less, until each such
+  transaction is resolved; its messages within the range are delivered if it commits, through
+  the ACK's clock, exactly as the Sequencer would deliver them. Other messages after `end`
+  cannot change that outcome (it depends only on the producer's last ACK), so they are skipped;
+- a transaction that began before the partition's start (`deliver_from`, set for every
+  partition but the first of its journal's read) is delivered from there on only: the part
+  before it is the earlier partitions' to deliver. Only the clock that part brings the producer
+  to is needed (so that a re-sent duplicate is not delivered twice): a content-less scan finds it.
+
+So a transaction spanning many partitions is delivered by all of them at once, rather than by
+the one holding its ACK (which would re-read the whole transaction, alone on one core). Replays
+of transactions longer than the ring are picked from the walk's own decoded batches when they
+are still held (`replay_cache_bytes_max`), rather than read and decoded again.
+
 `origin` is where the reader started reading the journal (a batch read's `begin`, a streaming
 query's starting offset): a transaction that began before it is skipped whole when its ACK
 commits it, never delivered in part (range_start.py says how the reader knows).
@@ -32,7 +52,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -40,13 +60,18 @@ from gazette_consumer.sequencer.commit_pending import commit_pending
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
+    FLAG_CONTINUE_TXN,
     JournalProducer,
     ReplayRequired,
     SequencerCheckpoint,
 )
-from spark_integration.json_lines import JSONLinesDecoder
+from spark_integration.json_lines import JSONLinesDecoder, scan_decoder
 from spark_integration.message_batch import BatchRow, MessageBatch, ProducerIntern, gather
 from spark_integration.sources import JournalSource
+
+# Journal bytes of a walk's decoded batches kept for replays (a transaction longer than the
+# ring is replayed from them rather than read and decoded again).
+replay_cache_bytes_max: Final = 256 << 20
 
 
 class BatchDecoder(Protocol):
@@ -62,6 +87,14 @@ DecoderFactory = Callable[[str, int], BatchDecoder]
 
 def json_decoder(journal: str, offset: int) -> BatchDecoder:
     return JSONLinesDecoder(journal, offset)
+
+
+def scan_decoder_of(new_decoder: DecoderFactory) -> DecoderFactory:
+    """The decoder of scans (offsets and UUIDs only) of what `new_decoder` decodes: content-less
+    for JSON lines; the same for other framings."""
+    if new_decoder is json_decoder or new_decoder is JSONLinesDecoder:
+        return scan_decoder
+    return new_decoder
 
 
 async def decoded(
@@ -114,6 +147,8 @@ class CommittedRange:
         replay: bool = True,
         origin: int = 0,
         new_decoder: DecoderFactory = json_decoder,
+        deliver_from: int | None = None,
+        read_end: int | None = None,
     ) -> None:
         journal = source.journal
         if checkpoint is None:
@@ -124,6 +159,12 @@ class CommittedRange:
         self._end = end
         self._origin = origin
         self._new_decoder = new_decoder
+        self._scan_decoder = scan_decoder_of(new_decoder)
+        self._deliver_from = deliver_from
+        self._read_end = end if read_end is None else max(end, read_end)
+        # The walk's recent batches, which replays pick their rows from (see _replay_batches).
+        self._cache: deque[MessageBatch] = deque()
+        self._cache_bytes = 0
         self._seq: Sequencer[BatchRow] = Sequencer(ring_size, checkpoint)
         self._intern = ProducerIntern()
         self._replay_wanted = replay
@@ -142,8 +183,76 @@ class CommittedRange:
 
     async def batches(self) -> AsyncIterator[MessageBatch]:
         async for batch in decoded(self._source, self._begin, self._end, self._new_decoder):
+            self._remember(batch)
             async for out in self._commit(batch.rows(self._intern)):
                 yield out
+        if self._read_end > self._end:
+            async for out in self._look_ahead():
+                yield out
+
+    def _remember(self, batch: MessageBatch) -> None:
+        """Keep `batch` for replays, within `replay_cache_bytes_max`."""
+        if not len(batch):
+            return
+        self._cache.append(batch)
+        self._cache_bytes += batch.end - int(batch.begins[0])
+        while self._cache_bytes > replay_cache_bytes_max and len(self._cache) > 1:
+            dropped = self._cache.popleft()
+            self._cache_bytes -= dropped.end - int(dropped.begins[0])
+
+    async def _replay_batches(self, begin: int, end: int) -> AsyncIterator[MessageBatch]:
+        """The messages of [begin, end): from the walk's remembered batches when they hold
+        all of it (a transaction longer than the ring is then not decoded twice), else read
+        and decoded again."""
+        cache = self._cache
+        if cache and int(cache[0].begins[0]) <= begin and cache[-1].end >= end:
+            for batch in list(cache):
+                if batch.end <= begin or int(batch.begins[0]) >= end:
+                    continue
+                lo = int(np.searchsorted(batch.begins, begin))
+                hi = int(np.searchsorted(batch.ends, end, "right"))
+                if lo == 0 and hi == len(batch):
+                    yield batch
+                elif lo < hi:
+                    yield batch.take(np.arange(lo, hi))
+            return
+        async for batch in decoded(self._source, begin, end, self._new_decoder):
+            yield batch
+
+    async def _look_ahead(self) -> AsyncIterator[MessageBatch]:
+        """Deliver the messages of the range whose transactions are still pending at `end`
+        and commit before `read_end` (the module docstring): the ACKs and other resolving
+        messages of their producers are read from [end, read_end), content-less, until every
+        one of those transactions is resolved; their other messages there are not this
+        range's to deliver, and cannot change what the resolving message does to those before
+        `end` (it depends only on the producer's last ACK)."""
+        watched = self._pending_producers()
+        if not watched:
+            return
+        batches = decoded(self._source, self._end, self._read_end, self._scan_decoder)
+        try:
+            async for batch in batches:
+                keys = np.fromiter(watched, np.uint64, len(watched))
+                picked = np.flatnonzero(
+                    np.isin(batch.producers, keys) & (batch.flags != FLAG_CONTINUE_TXN)
+                )
+                if not len(picked):
+                    continue
+                async for out in self._commit(batch.rows_at(picked, self._intern)):
+                    yield out
+                watched &= self._pending_producers()
+                if not watched:
+                    return
+        finally:
+            await batches.aclose()
+
+    def _pending_producers(self) -> set[int]:
+        """Producers with a transaction pending that began at or after the origin."""
+        return {
+            int.from_bytes(jp.producer, "big")
+            for jp, state in self._seq.checkpoint().producers.items()
+            if state.begin >= self._origin and jp.journal == self._journal
+        }
 
     async def scan(
         self,
@@ -160,7 +269,7 @@ class CommittedRange:
         pending_stops = sorted(s for s in stops if self._begin < s < self._end)
         out: dict[int, SequencerCheckpoint] = {}
         walked, through = 0, self._begin
-        batches = decoded(self._source, self._begin, self._end, self._new_decoder)
+        batches = decoded(self._source, self._begin, self._end, self._scan_decoder)
         try:
             async for batch in batches:
                 n = len(batch)
@@ -209,13 +318,22 @@ class CommittedRange:
                 while seq.dequeue() is not None:
                     pass
                 continue
-            if (committed := gather(out)) is not None:
+            if (committed := self._own(gather(out))) is not None:
                 yield committed
             out = []
             async for replayed in self._replay(ack, required):
-                yield replayed
-        if (committed := gather(out)) is not None:
+                if (mine := self._own(replayed)) is not None:
+                    yield mine
+        if (committed := self._own(gather(out))) is not None:
             yield committed
+
+    def _own(self, batch: MessageBatch | None) -> MessageBatch | None:
+        """The rows of `batch` that lie before `end` (the look-ahead commits those after it
+        too: they are the next range's)."""
+        if batch is None or batch.end <= self._end:
+            return batch
+        kept = np.flatnonzero(batch.begins < self._end)
+        return batch.take(kept) if len(kept) else None
 
     async def _replay(self, ack: BatchRow, required: ReplayRequired) -> AsyncIterator[MessageBatch]:
         seq = self._seq
@@ -224,8 +342,13 @@ class CommittedRange:
         feed = _ReplayFeed()
         seq.replay(feed)
         self.replays += 1
-        source = self._source
-        async for batch in decoded(source, required.begin, required.end, self._new_decoder):
+        begin, end = required.begin, min(required.end, self._end)
+        if self._deliver_from is not None and begin < self._deliver_from:
+            # Messages before deliver_from are another range's to deliver: only the clock
+            # they bring the producer to is needed here.
+            last = await self._clock_through(producer, last, ack.clock, begin, self._deliver_from)
+            begin = self._deliver_from
+        async for batch in self._replay_batches(begin, end) if begin < end else _no_batches():
             # The producer's messages with clocks above the last kept and up to the ACK's,
             # each above the one before: exactly those the Sequencer delivers.
             clocks = batch.clocks
@@ -241,17 +364,35 @@ class CommittedRange:
             before = np.maximum.accumulate(np.concatenate(([np.uint64(last)], picked_clocks[:-1])))
             kept = picked[picked_clocks > before]
             last = int(clocks[kept[-1]])
-            feed.rows.extend(batch.rows_at(kept, self._intern))
-            taken = [seq.dequeue() for _ in range(len(kept))]
-            committed = gather([row for row in taken if row is not None])
-            if committed is not None:
-                yield committed
+            # The Sequencer would deliver exactly `kept`, each in turn raising the producer's
+            # clock: handing it the last one alone leaves it in the same state (that clock,
+            # read through its end), without a Python object per replayed message.
+            feed.rows.extend(batch.rows_at(kept[-1:], self._intern))
+            delivered = seq.dequeue_replayed(1)
+            assert len(delivered) == 1  # `kept` are within the commit's clocks, rising.
+            yield batch if len(kept) == len(batch) else batch.take(kept)
         rest = []
         while (row := seq.dequeue()) is not None:
             if row.flags != FLAG_ACK_TXN:
                 rest.append(row)
         if (committed := gather(rest)) is not None:
             yield committed
+
+    async def _clock_through(
+        self, producer: int, last: int, ack_clock: int, begin: int, end: int
+    ) -> int:
+        """The clock a replay of `producer`'s span up to `ack_clock` reaches through [begin,
+        end): its largest clock there (not above the ACK's), or `last`."""
+        async for batch in decoded(self._source, begin, end, self._scan_decoder):
+            clocks = batch.clocks[(batch.producers == producer) & (batch.clocks <= ack_clock)]
+            if len(clocks):
+                last = max(last, int(clocks.max()))
+        return last
+
+
+async def _no_batches() -> AsyncIterator[MessageBatch]:
+    return
+    yield
 
 
 async def scan_committed(

@@ -36,7 +36,8 @@ Batch reads only:
                 (or up to) its first message whose UUID clock is at or after it
     maxPartitionBytes  partitions are cut at fragment boundaries into ranges of about this
                 size (default 128 MiB)
-    minPartitions   cut finer if needed to make at least this many partitions (default 1)
+    minPartitions   cut finer if needed to make at least this many partitions (default: the
+                planning host's CPU cores, with partitions of 16 MiB at least)
 Streaming reads only:
     startingOffsets   earliest (default), latest, or JSON {journal: offset}, -2 / -1 as above
     startingTimestamp as above
@@ -284,7 +285,8 @@ def parse_read_options(options: Mapping[str, str], kind: ReadKind = "any") -> Re
             max_partition_bytes_min,
             OFFSET_MAX,
         ),
-        min_partitions=int_option(options, "minPartitions", 1, 1, min_partitions_max),
+        # 0: not given (fragment_plan.target_bytes: one partition per core).
+        min_partitions=int_option(options, "minPartitions", 0, 1, min_partitions_max),
         max_bytes_per_trigger=int_option(options, "maxBytesPerTrigger", 0, 1, OFFSET_MAX),
         max_messages_per_trigger=int_option(options, "maxMessagesPerTrigger", 0, 1, OFFSET_MAX),
     )

@@ -347,10 +347,13 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                         hi,
                         encoded,
                         entry.origin,
-                        fragments=self._fragments_of(info, checkpoint, lo, hi),
+                        # Up to the micro-batch's end: the partition may look ahead.
+                        fragments=self._fragments_of(info, checkpoint, lo, stop),
                         labels=info.labels,
                         content_type=info.content_type,
                         floor=info.fragments.begin,
+                        deliver_from=lo if i else None,
+                        read_end=stop,
                     )
                 )
         return parts
