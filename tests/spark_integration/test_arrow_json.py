@@ -35,9 +35,7 @@ def encoded(shape: RowShape, batch: pa.RecordBatch) -> dict[str, list[dict[str, 
 def test_uuid_suffixes_are_build_uuid_texts() -> None:
     for flags in (Flag.CONTINUE_TXN, Flag.ACK_TXN, Flag.OUTSIDE_TXN):
         got = uuid_suffixes(PRODUCER, CLOCK, 40, flags).to_pylist()
-        assert got == [
-            f',"UUID":"{build_uuid(PRODUCER, CLOCK + i, flags)}"}}\n' for i in range(40)
-        ]
+        assert got == [f',"UUID":"{build_uuid(PRODUCER, CLOCK + i, flags)}"}}\n' for i in range(40)]
 
 
 def test_columns_encode_as_row_by_row() -> None:
