@@ -46,6 +46,7 @@ def test_every_marked_block_is_found() -> None:
 def test_docs_examples_run_as_written(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "broker").mkdir()
     with broker_process(tmp_path / "broker") as port:
         broker = f"127.0.0.1:{port}"
         create_journals(broker, JOURNALS)
