@@ -40,7 +40,6 @@ from pyspark.sql.types import (
 
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
-from broker.protocol import labels
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration.journal_io import (
@@ -121,8 +120,6 @@ def _key_journals(opts: WriteOptions) -> tuple[str, ...]:
 
 
 def _check_journal(opts: WriteOptions) -> None:
-    if opts.content_type and opts.content_type != labels.CONTENT_TYPE_JSON_LINES:
-        raise GazetteOptionError("contentType", f"writes are {labels.CONTENT_TYPE_JSON_LINES} only")
     if not opts.journal:
         return
 
