@@ -324,3 +324,27 @@ def test_protobuf_payloads(spark, broker) -> None:  # type: ignore[no-untyped-de
         .collect()
     )
     assert [(r.text, r.n) for r in typed] == [("one", 1), ("two", 2), ("three", 3), ("zero", 0)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="read path (batch_read/range_start): a partition that starts more than lookbackBytes"
+    " after a transaction's first message drops the transaction, and the partition before it"
+    " does not see its ACK: a split read of a large batch write silently loses rows",
+)
+def test_a_split_read_returns_transactions_longer_than_the_lookback(spark, broker) -> None:  # type: ignore[no-untyped-def]
+    """Two write tasks publish one transaction each, over several fragments; the driver's ACKs
+    come last. Read in partitions of a fragment each, with a look-back shorter than a
+    transaction, every committed row must still be returned (as a one-partition read does)."""
+    journal = unique("spark/split")
+    create_journals(broker, [journal])
+    rows = spark.range(8000).selectExpr("id", "repeat('x', 200) AS pad").repartition(2)
+    rows.write.format("gazette").mode("append").option("broker", broker).option(
+        "journal", journal
+    ).save()
+
+    split = reader(
+        spark, broker, journals=journal, maxPartitionBytes="1024", lookbackBytes="1024"
+    ).load()
+    assert split.rdd.getNumPartitions() > 1
+    assert split.count() == 8000
