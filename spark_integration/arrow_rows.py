@@ -31,7 +31,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import MapType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StructField,
+    StructType,
+)
 
 from spark_integration.message_batch import MessageBatch
 from spark_integration.rows import META_NAMES, converter
@@ -46,6 +58,32 @@ _json_decode = msgspec.json.decode
 def arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema Spark expects of `schema`'s record batches."""
     return to_arrow_schema(schema, timezone="UTC")
+
+
+def text_converter(data_type: DataType) -> Callable[[Any], Any]:
+    """`converter` of text values (CSV fields): integers, floats and booleans are parsed from
+    their text ("" or text that does not parse reads as null); other types as `converter`."""
+    inner = converter(data_type)
+    if isinstance(data_type, LongType | IntegerType | ShortType | ByteType):
+        parse: Callable[[str], Any] = int
+    elif isinstance(data_type, DoubleType | FloatType):
+        parse = float
+    elif isinstance(data_type, BooleanType):
+        return lambda v: (
+            {"true": True, "false": False}.get(v.lower()) if isinstance(v, str) else None
+        )
+    else:
+        return inner
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = parse(v.strip())
+            except ValueError:
+                return None
+        return inner(v)
+
+    return convert
 
 
 def label_value(labels: Sequence[tuple[str, str]], name: str) -> str | None:
@@ -73,7 +111,9 @@ class RecordBatchBuilder:
         self._protobuf_fields = protobuf_fields
         self._fields = [f for f in schema.fields if f.name not in META_NAMES]
         self._fields_arrow = arrow_schema(StructType(self._fields)) if self._fields else None
-        self._converters = [converter(f.dataType) for f in self._fields]
+        # CSV fields are text: numbers and booleans are parsed from it first.
+        convert = text_converter if payload == "csv" else converter
+        self._converters = [convert(f.dataType) for f in self._fields]
         self._constants: dict[str, pa.Array] = {}
 
     def build(self, batch: MessageBatch) -> pa.RecordBatch:

@@ -98,7 +98,19 @@ def protobuf_fields(payload: bytes, class_path: str) -> Mapping[str, Any] | None
     module_name, _, name = class_path.partition(":")
     message_class = getattr(importlib.import_module(module_name), name)
     message = message_class.FromString(payload)
-    fields: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    # Fields at their default value too: proto3 does not encode a 0, which is still a 0.
+    fields: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    # Protobuf's JSON mapping writes 64-bit integers as text: give top-level ones back as the
+    # integers they are, so that they fill integer columns.
+    for name, value in fields.items():
+        if isinstance(value, str) and isinstance(getattr(message, name, None), int):
+            fields[name] = getattr(message, name)
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            numbers = list(getattr(message, name, ()))
+            if numbers and all(isinstance(v, int) for v in numbers):
+                fields[name] = numbers
     return fields
 
 

@@ -15,11 +15,12 @@ Writes:
     broker      host:port (or http://host:port) of any broker of the cluster        (required)
     journal     the journal every row goes to; else each row's "journal" column, or:
     selector    the journals rows are routed to by `keyColumn` (with `mapping`)
-    keyColumn   the column whose value routes a row (string, or anything as its text)
+    keyColumn   the column whose value routes a row (strings, binary, or integers as their
+                decimal text: routing.py)
     mapping     modulo (default: Gazette's ModuloMapping, FNV-1a of the key modulo the
                 journals sorted by name) or rendezvous
-    contentType application/x-ndjson (default) or text/csv: how rows are written; else the
-                journals' content-type label decides
+    contentType application/x-ndjson, the only one written (CSV and protobuf journals are
+                read-only here)
 Streaming writes also accept the options Spark itself passes on (checkpointLocation,
 queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
@@ -233,9 +234,11 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
             "mapping", f"must be one of {', '.join(MAPPINGS)} (got {mapping!r})"
         )
     content_type = content_type_option(options)
-    if content_type == labels.CONTENT_TYPE_PROTO_FIXED:
+    if content_type and content_type != labels.CONTENT_TYPE_JSON_LINES:
         raise GazetteOptionError(
-            "contentType", "writes are JSON lines or CSV; protobuf journals are read-only here"
+            "contentType",
+            f"writes are {labels.CONTENT_TYPE_JSON_LINES} only; CSV and protobuf journals are"
+            " read-only here",
         )
     return WriteOptions(
         broker=broker,

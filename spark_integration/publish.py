@@ -2,9 +2,11 @@
 
 A task publishes every row of its partition as a CONTINUE_TXN message of its producer
 (`TaskIdentity.producer`, sink_task.py), numbered from the write's base clock: nothing of it is
-visible to read-committed readers yet. Messages are framed into a buffer per journal and
-appended a buffer at a time (`publish_buffer_bytes_max`), each append whole or not at all and
-retried by `append` when that is safe. The task returns a `PublishedTxn` commit message: per
+visible to read-committed readers yet. Rows arrive as Arrow record batches (Spark's Arrow
+writers; `publish_rows` turns rows given directly into batches); each batch is encoded in bulk
+(arrow_json.py) and split by journal (routing.py) into framed messages, buffered per journal
+and appended a buffer at a time (`publish_buffer_bytes_max`), each append whole or not at all
+and retried by `append` when that is safe. The task returns a `PublishedTxn` commit message: per
 journal, the framed ACK_TXN that commits its rows (one clock past its last message) and the one
 that rolls them back (at the base clock, below all of them). The driver appends the former on
 commit, the latter on abort (write.py, sink_commit.py). A task that fails appends its own
@@ -23,11 +25,14 @@ REGISTER_MISMATCH instead of leaving messages that a later ACK of its producer w
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
 from broker.client.appender import append
@@ -37,16 +42,27 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import RegisterMismatchError
 from gazette_consumer.message.json_framing import JSONFraming
 from gazette_consumer.message.uuid import Flag, ProducerID, build_uuid
+from spark_integration.arrow_json import (
+    EncodedLines,
+    check_sizes,
+    content_lines,
+    lines_of,
+    object_bodies,
+    uuid_suffixes,
+)
 from spark_integration.journal_io import run_with_client
 from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
-from spark_integration.rows import publish_row
+from spark_integration.routing import RowShape, route
+from spark_integration.rows import GazetteRowError
 from spark_integration.sink_task import TaskIdentity, register_name
 
 # A journal's framed messages are appended once this many bytes are buffered; all buffers
 # together are flushed, largest first, once they hold `publish_buffers_bytes_max`.
 publish_buffer_bytes_max: Final = 1 << 20
 publish_buffers_bytes_max: Final = 8 << 20
+# Rows given one by one (`publish_rows`) are encoded this many at a time.
+row_batch_rows_max: Final = 4096
 
 _log = logging.getLogger(__name__)
 _CONTINUE_TXN: Final = int(Flag.CONTINUE_TXN)
@@ -65,16 +81,6 @@ class PublishedTxn(WriterCommitMessage):  # type: ignore[misc]
     rows: int
     acks: dict[str, bytes] = field(default_factory=dict)
     rollbacks: dict[str, bytes] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RowShape:
-    """How rows map to messages: a "content" column of JSON, or every column; the journal of
-    option "journal", or each row's "journal" column."""
-
-    content_column: bool
-    journal_column: bool
-    journal: str
 
 
 def continue_uuid_text(producer: ProducerID, clock: int) -> str:
@@ -134,7 +140,7 @@ class _Buffers:
         self.pending: dict[str, bytearray] = {}
         self.size = 0
 
-    def add(self, journal: str, frame: bytes) -> int:
+    def add(self, journal: str, frame: bytes | memoryview) -> int:
         """Buffer `frame`; return the journal's buffered bytes."""
         buffer = self.pending.get(journal)
         if buffer is None:
@@ -142,6 +148,14 @@ class _Buffers:
         buffer += frame
         self.size += len(frame)
         return len(buffer)
+
+    async def add_lines(self, journal: str, lines: EncodedLines) -> None:
+        """Buffer framed messages, appending whenever a buffer or all of them are full."""
+        for piece in lines.pieces(publish_buffer_bytes_max):
+            if self.add(journal, piece) >= publish_buffer_bytes_max:
+                await self.flush(journal)
+            elif self.size >= publish_buffers_bytes_max:
+                await self.flush_largest()
 
     async def request(self, journal: str) -> pb.AppendRequest:
         request = self.requests.get(journal)
@@ -182,30 +196,59 @@ async def _roll_back(client: JournalClient, buffers: _Buffers, rollback: bytes) 
             _log.warning("gazette: rollback of a failed write task in %s failed: %s", journal, err)
 
 
-async def publish_rows(
-    client: JournalClient, shape: RowShape, rows: Iterator[Any], base_clock: int, task: TaskIdentity
+def encode_batch(
+    shape: RowShape, batch: pa.RecordBatch, producer: ProducerID, first_clock: int
+) -> list[tuple[str, EncodedLines]]:
+    """The framed CONTINUE_TXN messages of `batch`'s rows, numbered from `first_clock` in row
+    order, per journal they go to."""
+    suffixes = uuid_suffixes(producer, first_clock, batch.num_rows, Flag.CONTINUE_TXN)
+    if shape.content_column:
+        lines = content_lines(batch.column("content"), suffixes)
+    else:
+        pieces = object_bodies(batch, shape.message_columns(batch.schema.names))
+        lines = pc.binary_join_element_wise(*pieces, suffixes, "")
+    out = []
+    for journal, rows in route(shape, batch):
+        encoded = lines_of(lines if rows is None else lines.take(rows))
+        check_sizes(encoded)
+        out.append((journal, encoded))
+    return out
+
+
+def batches_of_rows(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
+    """Rows (pyspark Rows, or dicts) as record batches of `row_batch_rows_max`, their column
+    types inferred from the values."""
+    iterator = iter(rows)
+    while chunk := list(itertools.islice(iterator, row_batch_rows_max)):
+        dicts = [r.asDict(recursive=True) if hasattr(r, "asDict") else dict(r) for r in chunk]
+        try:
+            yield pa.RecordBatch.from_pylist(dicts)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise GazetteRowError(f"rows whose columns do not have one type each: {err}") from None
+
+
+async def publish_batches(
+    client: JournalClient,
+    shape: RowShape,
+    batches: Iterable[pa.RecordBatch],
+    base_clock: int,
+    task: TaskIdentity,
 ) -> PublishedTxn:
-    """Publish `rows` as task `task`'s transaction, numbered from `base_clock`."""
+    """Publish the rows of `batches` as task `task`'s transaction, numbered from
+    `base_clock`."""
     producer = task.producer()
     framing = JSONFraming()
     buffers = _Buffers(client, task)
     written: dict[str, None] = {}  # Journals published to, in first-publish order.
     clock = base_clock
     try:
-        for row in rows:
-            journal, message = publish_row(
-                row,
-                content_column=shape.content_column,
-                journal_column=shape.journal_column,
-                journal=shape.journal,
-            )
-            clock += 1
-            message[UUID_FIELD] = continue_uuid_text(producer, clock)
-            written[journal] = None
-            if buffers.add(journal, framing.marshal(message)) >= publish_buffer_bytes_max:
-                await buffers.flush(journal)
-            elif buffers.size >= publish_buffers_bytes_max:
-                await buffers.flush_largest()
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            for journal, lines in encode_batch(shape, batch, producer, clock + 1):
+                written[journal] = None
+                await buffers.add_lines(journal, lines)
+            clock += batch.num_rows
         await buffers.flush_all()
     except BaseException:
         await _roll_back(client, buffers, ack_message(framing, producer, base_clock))
@@ -222,13 +265,30 @@ async def publish_rows(
     )
 
 
-def publish_partition(
-    opts: WriteOptions, shape: RowShape, rows: Iterator[Any], base_clock: int, *, streaming: bool
+async def publish_rows(
+    client: JournalClient, shape: RowShape, rows: Iterable[Any], base_clock: int, task: TaskIdentity
 ) -> PublishedTxn:
-    """Publish a task's rows (see the module docstring); `streaming` for a stream writer's
-    task (a batch writer's tasks publish under producers of their own, even in a streaming
-    query's foreachBatch)."""
+    """`publish_batches` of rows given one by one (pyspark Rows or dicts)."""
+    return await publish_batches(client, shape, batches_of_rows(rows), base_clock, task)
+
+
+def _as_batches(items: Iterator[Any]) -> Iterator[pa.RecordBatch]:
+    """What Spark passes a writer: Arrow record batches (an Arrow writer's), or rows."""
+    first = next(items, None)
+    if first is None:
+        return iter(())
+    rest = itertools.chain([first], items)
+    return rest if isinstance(first, pa.RecordBatch) else batches_of_rows(rest)
+
+
+def publish_partition(
+    opts: WriteOptions, shape: RowShape, items: Iterator[Any], base_clock: int, *, streaming: bool
+) -> PublishedTxn:
+    """Publish a task's rows, Arrow record batches or rows (see the module docstring);
+    `streaming` for a stream writer's task (a batch writer's tasks publish under producers of
+    their own, even in a streaming query's foreachBatch)."""
     task = TaskIdentity.current(streaming)
+    batches = _as_batches(items)
     return run_with_client(
-        opts.broker, lambda client: publish_rows(client, shape, rows, base_clock, task)
+        opts.broker, lambda client: publish_batches(client, shape, batches, base_clock, task)
     )

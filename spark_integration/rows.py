@@ -1,4 +1,4 @@
-"""DataFrame rows of read messages, and rows to publish.
+"""DataFrame rows of read messages, and the JSON values of rows to publish.
 
 A read message becomes a row of the metadata columns (`META_SCHEMA`): its journal, the offset it
 begins at, its UUID and the UUID's producer (hex) and clock, and the JSON line itself. With a
@@ -8,8 +8,9 @@ inferred from a sample (`infer_schema`). A value that does not fit its field's t
 null, as Spark's own JSON reader does in its default (permissive) mode.
 
 Writing, a row is published as a JSON object: its "content" column (a JSON object, as text) if
-the DataFrame has one, else all its columns; a "journal" column, when it routes rows, is left
-out of the object.
+the DataFrame has one, else all its columns, each value as `_jsonable` makes it (arrow_json.py
+encodes whole record batches so); a "journal" column, when it routes rows, is left out of the
+object.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_integration.raw_json import UUID_FIELD, JSONRow
+from spark_integration.raw_json import UUID_FIELD
 
 META_SCHEMA: Final = StructType(
     [
@@ -180,29 +181,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return value.hex()
     return value
-
-
-def publish_row(
-    row: Any, *, content_column: bool, journal_column: bool, journal: str
-) -> tuple[str, JSONRow]:
-    """(journal, JSON object) of a DataFrame row to publish."""
-    target = journal
-    if journal_column:
-        target = row["journal"] or ""
-        if not target:
-            raise GazetteRowError("row has no journal: its 'journal' column is null or empty")
-    if content_column:
-        text = row["content"]
-        if text is None:
-            raise GazetteRowError("row's 'content' column is null")
-        try:
-            obj = _json_decode(text)
-        except msgspec.DecodeError as err:
-            raise GazetteRowError(f"row's 'content' is not JSON: {err}: {text[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise GazetteRowError(f"row's 'content' is not a JSON object: {text[:80]!r}")
-        return target, JSONRow(obj)
-    fields = row.asDict(recursive=True)
-    if journal_column:
-        del fields["journal"]
-    return target, JSONRow(_jsonable(fields))

@@ -9,6 +9,11 @@ will ever commit. Either way read-committed readers see nothing of an aborted wr
 Speculative or retried task attempts publish under producers of their own, and only the attempt
 whose commit message reaches the driver is acknowledged.
 
+Both are Spark's Arrow writers: tasks receive their rows as Arrow record batches, encoded in
+bulk (arrow_json.py), and routed to journals by option, column or key (routing.py). Journals
+routed to by key are listed once, here on the driver, so that every task of the write (and
+every retry) maps keys over the same journals.
+
 Streaming (`GazetteStreamWriter`): the same per micro-batch, under producers reused from one
 micro-batch to the next (sink_task.py), committed through the query's register in each journal
 so that a micro-batch is committed once whichever runs of the query ran it (sink_commit.py).
@@ -22,36 +27,96 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
-from pyspark.sql.types import StringType, StructType
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
-from spark_integration.journal_io import GazetteJournalError, check_json_lines, run_with_client
+from spark_integration.journal_io import (
+    GazetteJournalError,
+    check_json_lines,
+    resolve_journals,
+    run_with_client,
+)
 from spark_integration.options import GazetteOptionError, WriteOptions
-from spark_integration.publish import PublishedTxn, RowShape, append_acks, publish_partition
+from spark_integration.publish import PublishedTxn, append_acks, publish_partition
+from spark_integration.routing import RowShape
 from spark_integration.sink_commit import BatchTxns, abort_batch, commit_batch
+
+try:  # pyspark >= 4.1; before, a stream writer's tasks receive rows (publish.py takes both).
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+except ImportError:  # pragma: no cover - depends on the installed pyspark
+    from pyspark.sql.datasource import (  # type: ignore[assignment]
+        DataSourceStreamWriter as _StreamWriterBase,
+    )
+
+_KEY_TYPES = (StringType, BinaryType, LongType, IntegerType, ShortType, ByteType)
 
 
 def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
-    """Validate the DataFrame's schema against the options (on the driver, before any task)."""
+    """Validate the DataFrame's schema against the options (on the driver, before any task);
+    list the journals rows are routed to by key."""
     fields = {f.name: f for f in schema.fields}
-    journal_column = not opts.journal
+    journal_column = not opts.journal and not opts.key_column
     if journal_column:
         column = fields.get("journal")
         if column is None:
             raise GazetteOptionError(
-                "journal", "is required, unless the DataFrame has a 'journal' column"
+                "journal",
+                "is required, unless the DataFrame has a 'journal' column or rows are routed"
+                " by keyColumn",
             )
         if not isinstance(column.dataType, StringType):
             raise GazetteOptionError("journal", "the 'journal' column must be a string")
+    key_journals: tuple[str, ...] = ()
+    if opts.key_column:
+        key = fields.get(opts.key_column)
+        if key is None:
+            raise GazetteOptionError(
+                "keyColumn",
+                f"the DataFrame has no column {opts.key_column!r} (columns:"
+                f" {', '.join(schema.fieldNames())})",
+            )
+        if not isinstance(key.dataType, _KEY_TYPES):
+            raise GazetteOptionError(
+                "keyColumn",
+                f"column {opts.key_column!r} is {key.dataType.simpleString()}: keys must be"
+                " strings, binary or integers",
+            )
+        key_journals = _key_journals(opts)
     content = fields.get("content")
     content_column = content is not None and isinstance(content.dataType, StringType)
     return RowShape(
-        content_column=content_column, journal_column=journal_column, journal=opts.journal
+        content_column=content_column,
+        journal_column=journal_column,
+        journal=opts.journal,
+        key_column=opts.key_column,
+        key_journals=key_journals,
+        mapping=opts.mapping,
     )
+
+
+def _key_journals(opts: WriteOptions) -> tuple[str, ...]:
+    """The journals `opts.selector` matches, sorted by name; each one must hold JSON lines."""
+
+    async def journals(client: JournalClient) -> tuple[str, ...]:
+        specs = await resolve_journals(client, (), opts.selector)
+        return tuple(spec.name for spec in specs)
+
+    names = run_with_client(opts.broker, journals)
+    if not names:
+        raise GazetteOptionError("selector", f"{opts.selector!r} matches no journal")
+    return names
 
 
 def _check_journal(opts: WriteOptions) -> None:
@@ -80,7 +145,7 @@ def _base_clock() -> int:
     return clock_from_unix_nanos(time.time_ns())
 
 
-class GazetteBatchWriter(DataSourceWriter):  # type: ignore[misc]
+class GazetteBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
     def __init__(self, opts: WriteOptions, schema: StructType, overwrite: bool) -> None:
         if overwrite:
             raise GazetteOptionError("mode", "journals are append-only: use mode('append')")
@@ -90,6 +155,7 @@ class GazetteBatchWriter(DataSourceWriter):  # type: ignore[misc]
         _check_journal(opts)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        """Publish a task's rows: Arrow record batches, as Spark passes them, or rows."""
         return publish_partition(self.opts, self.shape, iterator, self.base_clock, streaming=False)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -101,7 +167,7 @@ class GazetteBatchWriter(DataSourceWriter):  # type: ignore[misc]
         run_with_client(self.opts.broker, lambda client: append_acks(client, rollbacks))
 
 
-class GazetteStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+class GazetteStreamWriter(_StreamWriterBase):  # type: ignore[misc]
     def __init__(self, opts: WriteOptions, schema: StructType, overwrite: bool) -> None:
         if overwrite:
             raise GazetteOptionError("outputMode", "journals are append-only: use append")
