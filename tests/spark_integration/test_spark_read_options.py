@@ -326,12 +326,6 @@ def test_protobuf_payloads(spark, broker) -> None:  # type: ignore[no-untyped-de
     assert [(r.text, r.n) for r in typed] == [("one", 1), ("two", 2), ("three", 3), ("zero", 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="read path (batch_read/range_start): a partition that starts more than lookbackBytes"
-    " after a transaction's first message drops the transaction, and the partition before it"
-    " does not see its ACK: a split read of a large batch write silently loses rows",
-)
 def test_a_split_read_returns_transactions_longer_than_the_lookback(spark, broker) -> None:  # type: ignore[no-untyped-def]
     """Two write tasks publish one transaction each, over several fragments; the driver's ACKs
     come last. Read in partitions of a fragment each, with a look-back shorter than a
