@@ -68,6 +68,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.fragments_api",
             "broker.list_apply_api",
             "broker.service_handlers",
+            "broker.journal_service",
             "broker.http_gateway",
             "broker.quorum_shell",
         ),
@@ -76,6 +77,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "server",
         (
             "broker.server",
+            "broker.broker_config",
+            "broker.hand_off",
             "broker.allocator",
             "broker.auth_server",
             "broker.readiness",
