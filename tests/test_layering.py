@@ -64,6 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "broker.append_api",
             "broker.read_api",
+            "broker.read_hole",
             "broker.replicate_api",
             "broker.fragments_api",
             "broker.list_apply_api",

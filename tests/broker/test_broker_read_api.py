@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+import structlog
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import Appender, append
@@ -27,10 +28,12 @@ from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI
+from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import OffsetNotYetAvailableError
 from broker.read_api import ReadAPI, closed_file_requeries_max
+from broker.read_hole import hole_wait_warning_s_default
 
 JOURNAL = "a/journal"
 STORE = "memory://bucket/root/"
@@ -124,11 +127,17 @@ class WatchedIndex(FragmentIndex):
     def __init__(self) -> None:
         super().__init__(JOURNAL, clock=lambda: NOW)
         self.waiting = asyncio.Event()
+        self.timed_out = asyncio.Event()  # A wait with a timeout_s ran out.
 
     async def wait_for(self, offset: int, **kwargs: Any) -> QueryResult:
-        if not self.query(offset, **kwargs).found:
+        query = {k: v for k, v in kwargs.items() if k != "timeout_s"}
+        if not self.query(offset, **query).found:
             self.waiting.set()  # A reader is about to block.
-        return await super().wait_for(offset, **kwargs)
+        try:
+            return await super().wait_for(offset, **kwargs)
+        except TimeoutError:
+            self.timed_out.set()
+            raise
 
 
 def commit(index: FragmentIndex, begin: int, content: bytes) -> MemorySpoolFile:
@@ -169,7 +178,10 @@ class Broker:
 
 @contextlib.asynccontextmanager
 async def broker(
-    *, chunk_bytes_max: int = 4, first_refresh_wait_s: float = 5.0
+    *,
+    chunk_bytes_max: int = 4,
+    first_refresh_wait_s: float = 5.0,
+    hole_wait_warning_s: float = hole_wait_warning_s_default,
 ) -> AsyncIterator[Broker]:
     buckets = MemoryBuckets(clock=lambda: NOW)
     registry = StoreRegistry({"memory": lambda url: MemoryStore(url, buckets=buckets)})
@@ -179,7 +191,13 @@ async def broker(
     resolver = FakeResolver(header(), Replica(index))
     channels = ChannelPool()
     servicer = Servicer(
-        ReadAPI(resolver, registry, channels, chunk_bytes_max=chunk_bytes_max),
+        ReadAPI(
+            resolver,
+            registry,
+            channels,
+            chunk_bytes_max=chunk_bytes_max,
+            hole_wait_warning_s=hole_wait_warning_s,
+        ),
         FragmentsAPI(resolver, registry, channels, first_refresh_wait_s=first_refresh_wait_s),
     )
     async with serving(servicer) as endpoint:
@@ -292,6 +310,53 @@ async def test_jumps_over_a_gap_to_the_first_persisted_fragment() -> None:
         responses = await read_all(b.stub, offset=0)
     assert responses[0].offset == 100
     assert content_of(responses) == [(100, b"late")]
+
+
+async def test_a_read_waiting_at_a_hole_below_the_head_is_warned_once_and_counted() -> None:
+    """A blocking read at an offset no fragment covers, below the write head (a recent
+    persisted fragment after the hole, so the index will not jump it for hours), is reported
+    once it has waited hole_wait_warning_s, keeps waiting, and is served once the hole fills."""
+    async with broker(hole_wait_warning_s=0.05) as b:
+        after = store_fragment(100, b"late", CompressionCodec.NONE)
+        await b.store.put(after, b"late")
+        b.index.replace_remote(await b.store.list(JOURNAL))
+        counted = value_of("gazette_read_hole_waits_total")
+        with structlog.testing.capture_logs() as logs:
+            call = b.stub.Read(pb.ReadRequest(journal=JOURNAL, offset=50, block=True))
+            first = asyncio.ensure_future(call.read())
+            await b.index.timed_out.wait()
+            await b.index.waiting.wait()
+            assert not first.done()
+            # The upload that fills the hole is listed at last: the read goes on from it.
+            hole = store_fragment(50, b"x" * 50, CompressionCodec.NONE)
+            await b.store.put(hole, b"x" * 50)
+            b.index.replace_remote(await b.store.list(JOURNAL))
+            meta = await first
+            call.cancel()
+    holes = [e for e in logs if e["event"].startswith("blocking read waits at a hole")]
+    assert [(e["log_level"], e["journal"], e["offset"], e["write_head"]) for e in holes] == [
+        ("warning", JOURNAL, 50, 104)
+    ]
+    assert value_of("gazette_read_hole_waits_total") == counted + 1
+    assert (meta.status, meta.offset, meta.fragment.begin) == (pb.OK, 50, 50)
+
+
+async def test_a_read_waiting_at_the_write_head_is_not_a_hole() -> None:
+    async with broker(hole_wait_warning_s=0.05) as b:
+        commit(b.index, 0, b"0123456789")
+        counted = value_of("gazette_read_hole_waits_total")
+        with structlog.testing.capture_logs() as logs:
+            call = b.stub.Read(pb.ReadRequest(journal=JOURNAL, offset=10, block=True))
+            first = asyncio.ensure_future(call.read())
+            await b.index.timed_out.wait()
+            b.index.timed_out.clear()
+            await b.index.timed_out.wait()  # Waited twice the interval, at the head.
+            commit(b.index, 10, b"xyz")
+            meta = await first
+            call.cancel()
+    assert not [e for e in logs if e["event"].startswith("blocking read waits at a hole")]
+    assert value_of("gazette_read_hole_waits_total") == counted
+    assert (meta.status, meta.offset) == (pb.OK, 10)
 
 
 async def test_statuses_from_resolution_and_flags() -> None:
