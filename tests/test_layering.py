@@ -82,6 +82,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.hand_off",
             "broker.allocator",
             "broker.auth_server",
+            "broker.auth_interceptor",
             "broker.readiness",
             "broker.security_flags",
         ),
