@@ -43,6 +43,7 @@ import grpc.aio
 from broker import metrics
 from broker.auth import Claims, KeyedAuth, verified_claims
 from broker.auth_interceptor import TokenInterceptor, abort_expired, with_claims
+from broker.list_apply_api import rewrite_prefix_labels
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
@@ -74,15 +75,7 @@ def covering_selector(claims: Claims) -> pb.LabelSelector | None:
     selector = claims.selector
     if not selector.include.labels and not selector.exclude.labels:
         return None
-    out = pb.LabelSelector()
-    out.CopyFrom(selector)
-    for side in (out.include, out.exclude):
-        prefixes = gl.values_of(side, gl.META_PREFIX)
-        if prefixes:
-            gl.remove(side, gl.META_PREFIX)
-            for value in prefixes:
-                gl.add_value(side, gl.META_NAME + gl.PREFIX_SUFFIX, value)
-    return out
+    return rewrite_prefix_labels(selector)
 
 
 def covers(selector: pb.LabelSelector | None, name: str, labels: pb.LabelSet) -> bool:
