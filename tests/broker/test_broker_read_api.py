@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,9 +20,8 @@ from broker.client.list_apply import list_all_fragments
 from broker.client.reader import Reader
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient
-from broker.fragment import codecs, naming
+from broker.fragment import codecs
 from broker.fragment.codecs import CompressionCodec
-from broker.fragment.index import FragmentIndex, QueryResult
 from broker.fragment.spool import LocalFragment
 from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
@@ -30,86 +29,24 @@ from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import OffsetNotYetAvailableError
 from broker.read_api import ReadAPI, closed_file_requeries_max
 from broker.read_hole import hole_wait_warning_s_default
+from tests.broker.read_testkit import (
+    JOURNAL,
+    FakeResolver,
+    Replica,
+    Servicer,
+    WatchedIndex,
+    commit,
+    serving,
+)
+from tests.broker.read_testkit import fragment_of as store_fragment
 
-JOURNAL = "a/journal"
 STORE = "memory://bucket/root/"
 NOW = 1_700_000_000.0
 BROKER_A = pb.ProcessSpec.ID(zone="zone-a", suffix="broker-a")
 BROKER_B = pb.ProcessSpec.ID(zone="zone-b", suffix="broker-b")
-
-
-# --- Fakes: a resolver, a replica, and servers of only the read-side handlers -----------------
-
-
-@dataclass
-class Replica:
-    index: FragmentIndex
-
-
-@dataclass
-class Resolution:
-    status: int
-    header: pb.Header
-    spec: pb.JournalSpec | None
-    replica: Replica | None
-    is_local: bool
-
-
-@dataclass
-class FakeResolver:
-    """Resolves every journal to one fixed answer, and records what it was asked."""
-
-    header: pb.Header
-    replica: Replica | None
-    spec: pb.JournalSpec | None = field(default_factory=lambda: pb.JournalSpec(name=JOURNAL))
-    status: int = pb.OK
-    calls: list[dict[str, Any]] = field(default_factory=list)
-
-    async def resolve(
-        self,
-        journal: str,
-        *,
-        require_primary: bool,
-        may_proxy: bool,
-        min_revision: int = 0,
-        proxy_header: pb.Header | None = None,
-    ) -> Resolution:
-        self.calls.append(
-            {"journal": journal, "may_proxy": may_proxy, "proxy_header": proxy_header}
-        )
-        status = self.status
-        if status == pb.OK and self.replica is None and not may_proxy:
-            status = pb.NOT_JOURNAL_BROKER
-        return Resolution(status, self.header, self.spec, self.replica, self.replica is not None)
-
-
-class Servicer(pb_grpc.JournalServicer):  # type: ignore[misc]
-    def __init__(self, read: ReadAPI, fragments: FragmentsAPI) -> None:
-        self.read_api = read
-        self.fragments_api = fragments
-
-    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
-        async for response in self.read_api.read(request, context):
-            yield response
-
-    async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> Any:
-        return await self.fragments_api.list_fragments(request, context)
-
-
-@contextlib.asynccontextmanager
-async def serving(servicer: Servicer) -> AsyncIterator[str]:
-    server = grpc.aio.server()
-    pb_grpc.add_JournalServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
 
 
 def header(endpoint: str = "", process: pb.ProcessSpec.ID = BROKER_A) -> pb.Header:
@@ -119,49 +56,6 @@ def header(endpoint: str = "", process: pb.ProcessSpec.ID = BROKER_A) -> pb.Head
     )
     out.process_id.CopyFrom(process)
     return out
-
-
-class WatchedIndex(FragmentIndex):
-    """Signals when a blocking read starts waiting, so tests need no sleeps."""
-
-    def __init__(self) -> None:
-        super().__init__(JOURNAL, clock=lambda: NOW)
-        self.waiting = asyncio.Event()
-        self.timed_out = asyncio.Event()  # A wait with a timeout_s ran out.
-
-    async def wait_for(self, offset: int, **kwargs: Any) -> QueryResult:
-        query = {k: v for k, v in kwargs.items() if k != "timeout_s"}
-        if not self.query(offset, **query).found:
-            self.waiting.set()  # A reader is about to block.
-        try:
-            return await super().wait_for(offset, **kwargs)
-        except TimeoutError:
-            self.timed_out.set()
-            raise
-
-
-def commit(index: FragmentIndex, begin: int, content: bytes) -> MemorySpoolFile:
-    file = MemorySpoolFile()
-    file.pwrite(content, 0)
-    fragment = pb.Fragment(
-        journal=JOURNAL,
-        begin=begin,
-        end=begin + len(content),
-        sum=naming.content_sum(content),
-        compression_codec=pb.NONE,
-    )
-    index.spool_commit(LocalFragment(fragment, file))
-    return file
-
-
-def store_fragment(begin: int, content: bytes, codec: CompressionCodec) -> pb.Fragment:
-    return pb.Fragment(
-        journal=JOURNAL,
-        begin=begin,
-        end=begin + len(content),
-        sum=naming.content_sum(content),
-        compression_codec=naming.pb_codec(codec),
-    )
 
 
 @dataclass
@@ -187,8 +81,8 @@ async def broker(
     registry = StoreRegistry({"memory": lambda url: MemoryStore(url, buckets=buckets)})
     store = registry.get(STORE)
     assert isinstance(store, MemoryStore)
-    index = WatchedIndex()
-    resolver = FakeResolver(header(), Replica(index))
+    index = WatchedIndex(clock=lambda: NOW)
+    resolver = FakeResolver(Replica(index), header())
     channels = ChannelPool()
     servicer = Servicer(
         ReadAPI(
