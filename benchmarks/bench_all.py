@@ -46,6 +46,7 @@ from typing import Any
 
 from bench_entries import broker_entries, consumer_entries, messages_entries, recovery_entries
 from bench_headline import regenerate
+from bench_kit import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -130,12 +131,6 @@ def git_state() -> tuple[str, bool | None]:
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+from bench_kit import free_port
 from google.protobuf.duration_pb2 import Duration
 
 from broker import client
@@ -170,12 +170,6 @@ async def traffic(broker: str, rps: float) -> None:
 
 
 # --- Driver -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import cProfile
 import gc
-import hashlib
 import os
 import pstats
 import tempfile
@@ -43,22 +42,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import bench_kit
 import msgspec
 from bench_json import write_figures
+from bench_kit import assign_journals, gazette_serve, sha1_bytes_s
 from google.protobuf.duration_pb2 import Duration
-from serve_process import assign_journals, gazette_serve
 
 from broker import client
 from broker import logging as gazette_logging
-from broker.allocator import MemberId, broker_is_consistent
-from broker.allocator import serve as allocate
 from broker.client.append_service import AppendService, AsyncAppend
-from broker.fragment.stores.registry import new_registry
-from broker.keyspace.embedded import EmbeddedBackend
 from broker.malloc_tuning import tune_malloc
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
-from broker.server import Broker, BrokerConfig
+from broker.server import BrokerConfig
 from gazette_consumer.message import (
     CONTENT_TYPE_JSON_LINES,
     JSONFraming,
@@ -169,13 +165,7 @@ async def timed(
 
 
 def sha1_mb_s(seconds: float) -> float:
-    block = b"\x5a" * (1 << 20)
-    h = hashlib.sha1()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        h.update(block)
-        n += 1
-    return n * len(block) / 1e6 / (time.perf_counter() - t0)
+    return sha1_bytes_s(seconds) / 1e6
 
 
 def msgspec_round_trips(messages: list[Reading], count: int) -> Rate:
@@ -222,27 +212,9 @@ async def in_process_broker(
 ) -> AsyncIterator[client.JournalClient]:
     """One broker (R=1) on an embedded keyspace, with `specs` (named bench/...) assigned to it.
     Its spools are durable files under `data_dir`, as `gazette serve --data-dir` keeps them."""
-    backend = EmbeddedBackend()
-    broker = Broker(
-        backend,
-        BrokerConfig(zone="local", suffix="bench", data_dir=str(data_dir)),
-        stores=new_registry(file_root="/"),
-    )
-    await broker.start()
-    allocator = asyncio.create_task(
-        allocate(backend, broker.ks, MemberId("local", "bench"), is_consistent=broker_is_consistent)
-    )
-    c = client.JournalClient(broker.endpoint)
-    try:
-        await assign_journals(c, specs)
+    config = BrokerConfig(zone="local", suffix="bench", data_dir=str(data_dir))
+    async with bench_kit.in_process_broker(config, specs) as c:
         yield c
-    finally:
-        await c.channels.close()
-        allocator.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await allocator
-        await broker.stop()
-        await backend.close()
 
 
 @contextlib.asynccontextmanager

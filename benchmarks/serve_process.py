@@ -9,10 +9,10 @@ process (and GIL).
         ...
         broker.cpu_s()  # The broker process's CPU seconds so far (user + system).
 
-Readiness is the line `serving on <endpoint>` the broker prints once it serves (as
-broker/testing/process_cluster.py waits for it); afterwards its stdout is drained into its log,
-`<data_dir>/broker.log`, which also takes its stderr. Leaving the context SIGTERMs it (a
-clean hand-off and exit), and SIGKILLs it if it has not exited within `STOP_TIMEOUT_S`.
+Readiness is the line `serving on <endpoint>` the broker prints once it serves; its stdout and
+stderr go to its log, `<data_dir>/broker.log` (broker/testing/served_process.py, as the tests'
+broker processes). Leaving the context SIGTERMs it (a clean hand-off and exit), and SIGKILLs it
+if it has not exited within `STOP_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -20,28 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import Final
 
 from broker import client
 from broker.protocol import protocol_pb2 as pb
+from broker.testing.served_process import ServedProcess, ServedProcessError
 
 READY_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 30.0
 ASSIGN_TIMEOUT_S: Final = 30.0
-LOG_TAIL_BYTES: Final = 3000
 
-_SERVING: Final = "serving on "
-_REPO: Final = str(Path(__file__).resolve().parent.parent)
+_SERVING: Final = "serving"
 _TICKS_S: Final = os.sysconf("SC_CLK_TCK")
 
-
-class ServeError(RuntimeError):
-    """The broker process did not start, or exited before it was asked to."""
+# The broker process did not start, or exited before it was asked to.
+ServeError = ServedProcessError
 
 
 def process_cpu_s(pid: int) -> float:
@@ -73,72 +69,25 @@ async def gazette_serve(
         *("--file-root", str(data_dir)),
         *extra_args,
     ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, env.get("PYTHONPATH")]))
-    log_path = data_dir / "broker.log"
-    with _open_log(log_path) as log:
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", "from broker.serve_cli import main; main()", *args),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log,  # A file: a pipe nobody reads would fill up and stall the broker.
-            env=env,
-        )
-    drain: asyncio.Task[None] | None = None
+    proc = ServedProcess("gazette serve", data_dir / "broker.log")
+    printed = await proc.spawn(
+        ["-c", "from broker.serve_cli import main; main()", *args],
+        expect=(_SERVING,),
+        ready_timeout_s=READY_TIMEOUT_S,
+    )
     try:
-        endpoint = await _wait_serving(proc, log_path)
-        drain = asyncio.create_task(_drain(proc, log_path))
-        yield ServeProcess(endpoint, proc.pid, data_dir, args)
-        if proc.returncode is not None:
-            raise ServeError(f"gazette serve exited ({proc.returncode}):\n{_tail(log_path)}")
+        yield ServeProcess(printed[_SERVING], proc.pid, data_dir, args)
+        if not proc.running:
+            raise ServeError(f"gazette serve exited ({proc.returncode}):\n{proc.log_tail()}")
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(STOP_TIMEOUT_S):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if drain is not None:
-            await asyncio.gather(drain, return_exceptions=True)
-
-
-async def _wait_serving(proc: asyncio.subprocess.Process, log_path: Path) -> str:
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            while line := await proc.stdout.readline():
-                text = line.decode(errors="replace").strip()
-                if text.startswith(_SERVING):
-                    return text[len(_SERVING) :]
-    except TimeoutError:
-        raise ServeError(f"gazette serve not serving after {READY_TIMEOUT_S:g} s") from None
-    await proc.wait()
-    raise ServeError(f"gazette serve exited ({proc.returncode}) before serving:\n{_tail(log_path)}")
-
-
-async def _drain(proc: asyncio.subprocess.Process, log_path: Path) -> None:
-    assert proc.stdout is not None
-    with _open_log(log_path) as log:
-        while line := await proc.stdout.readline():
-            log.write(b"[stdout] " + line)
+        if proc.running:
+            with contextlib.suppress(ServedProcessError):  # Killed if it did not exit in time.
+                await proc.terminate(STOP_TIMEOUT_S)
+        await proc.kill()  # Reaps its log copying, whichever way it ended.
 
 
 def _make_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
-
-
-def _open_log(path: Path) -> IO[bytes]:
-    # A line or two written now and then: not worth a thread.
-    return open(path, "ab")
-
-
-def _tail(log_path: Path) -> str:
-    try:
-        return log_path.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace")
-    except OSError as err:
-        return f"(no log: {err})"
 
 
 async def assign_journals(c: client.JournalClient, specs: Sequence[pb.JournalSpec]) -> None:

@@ -4,7 +4,8 @@ Every RPC must present a token (see `broker.auth`) that verifies with one of the
 and grants the capability its method needs: List LIST, Apply APPLY, Read and ListFragments READ,
 Append APPEND, Replicate REPLICATE. Otherwise the RPC fails at once, before its handler runs:
 UNAUTHENTICATED for a missing, malformed, forged or expired token, PERMISSION_DENIED for a token
-without the capability; the message says which. (RPCs of other services need a valid token.)
+without the capability; the message says which (`broker.auth_interceptor`, shared with the
+consumer's Shard service). (RPCs of other services need a valid token.)
 
 The token's selector then limits the journals the RPC may touch, as in Gazette:
 
@@ -33,33 +34,24 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from broker import metrics
-from broker.auth import (
-    AUTHORIZATION,
-    AuthError,
-    Claims,
-    KeyedAuth,
-    capability_of,
-    verified_claims,
-)
-from broker.logging import get_logger
+from broker.auth import Claims, KeyedAuth, verified_claims
+from broker.auth_interceptor import TokenInterceptor, abort_expired, with_claims
+from broker.list_apply_api import rewrite_prefix_labels
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import matches
 from broker.protocol.validate import split_journal_meta
 from broker.read_api import write_responses
 from broker.readiness import rebuild_handler
-from broker.request_stream import read_to_end, refusal_messages_max, refusal_read_s
 from broker.resolver import Resolver
 from broker.topology import etcd_header, make_header
-
-log = get_logger(__name__)
 
 _JOURNAL_SERVICE = "/protocol.Journal/"
 
@@ -83,15 +75,7 @@ def covering_selector(claims: Claims) -> pb.LabelSelector | None:
     selector = claims.selector
     if not selector.include.labels and not selector.exclude.labels:
         return None
-    out = pb.LabelSelector()
-    out.CopyFrom(selector)
-    for side in (out.include, out.exclude):
-        prefixes = gl.values_of(side, gl.META_PREFIX)
-        if prefixes:
-            gl.remove(side, gl.META_PREFIX)
-            for value in prefixes:
-                gl.add_value(side, gl.META_NAME + gl.PREFIX_SUFFIX, value)
-    return out
+    return rewrite_prefix_labels(selector)
 
 
 def covers(selector: pb.LabelSelector | None, name: str, labels: pb.LabelSet) -> bool:
@@ -99,19 +83,6 @@ def covers(selector: pb.LabelSelector | None, name: str, labels: pb.LabelSet) ->
     if selector is None:
         return True
     return matches(selector, gl.union(gl.journal_meta_labels(name), labels))
-
-
-def authorization_of(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
-    """The ``authorization`` value of an RPC's invocation metadata, if any."""
-    for key, value in metadata or ():
-        if key == AUTHORIZATION:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return None
-
-
-def _behavior(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
-    inner = handler.unary_unary or handler.unary_stream or handler.stream_unary
-    return inner or handler.stream_stream  # type: ignore[no-any-return]
 
 
 async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -122,15 +93,14 @@ async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield message
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(TokenInterceptor):
     """See the module docstring. `clock` returns Unix seconds (token expiry is in them)."""
 
     def __init__(
         self, auth: KeyedAuth, scope: JournalScope, *, clock: Callable[[], float] = time.time
     ) -> None:
-        self._auth = auth
+        super().__init__(auth, clock=clock)
         self._scope = scope
-        self._clock = clock
         self._wrappers: dict[str, Callable[[grpc.RpcMethodHandler, Claims], Any]] = {
             "Read": self._read,
             "List": self._list,
@@ -140,26 +110,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "ListFragments": self._list_fragments,
         }
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Any],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        method: str = details.method
-        try:
-            claims = self._auth.verify(
-                authorization_of(details.invocation_metadata), capability_of(method)
-            )
-        except AuthError as err:
-            metrics.AUTH_REJECTIONS.labels(err.reason).inc()
-            log.info("rpc refused", method=method, code=err.code.name, reason=str(err))
-            # A client-streaming RPC (Append) hears its answer only once it stops writing;
-            # a bidirectional one (Replicate) reads answers as it writes.
-            drains = handler.request_streaming and not handler.response_streaming
-            return rebuild_handler(handler, refusal(err, drains))
+    def authorized(self, handler: grpc.RpcMethodHandler, claims: Claims, method: str) -> Any:
         name = method[len(_JOURNAL_SERVICE) :] if method.startswith(_JOURNAL_SERVICE) else ""
         wrapper = self._wrappers.get(name)
         return wrapper(handler, claims) if wrapper is not None else with_claims(handler, claims)
@@ -327,42 +278,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await abort_expired(context)
 
 
-def with_claims(handler: grpc.RpcMethodHandler, claims: Claims) -> Any:
-    """`handler`, run with `claims` as the verified claims of its context (for RPCs that need
-    no more than a valid token)."""
-    inner = _behavior(handler)
-    if inspect.isasyncgenfunction(inner):
-
-        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            verified_claims.set(claims)
-            async for response in inner(request, context):
-                yield response
-
-        return rebuild_handler(handler, stream)
-
-    async def call(request: Any, context: Any) -> Any:
-        verified_claims.set(claims)
-        result = inner(request, context)  # A generated default may be a plain function.
-        return await result if inspect.isawaitable(result) else result
-
-    return rebuild_handler(handler, call)
-
-
-def refusal(err: AuthError, drains: bool) -> Callable[[Any, Any], Any]:
-    """A handler behaviour answering `err` (after reading the requests, if `drains`)."""
-
-    async def refuse(request: Any, context: Any) -> None:
-        if drains:
-            # So that the client hears why (request_stream.py); tightly bounded, as the
-            # client is not authorized to use the broker at all.
-            await read_to_end(
-                aiter(request), seconds=refusal_read_s, messages_max=refusal_messages_max
-            )
-        await context.abort(err.code, str(err))
-
-    return refuse
-
-
 class ResolverScope:
     """A JournalScope over a broker's Resolver (its KeySpace mirror)."""
 
@@ -376,12 +291,3 @@ class ResolverScope:
         return make_header(
             self._resolver.local_id(), pb.Route(primary=-1), etcd_header(self._resolver.ks.header)
         )
-
-
-async def abort_expired(context: Any) -> None:
-    """End a stream whose authorization expired while it ran."""
-    metrics.AUTH_REJECTIONS.labels("expired").inc()
-    await context.abort(
-        grpc.StatusCode.UNAUTHENTICATED,
-        "authorization expired during the stream (re-authorize and resume)",
-    )

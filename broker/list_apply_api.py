@@ -51,6 +51,12 @@ from broker.keyspace.keyspace import Entry, KeySpace
 from broker.loop_slices import LoopSlices, loop_hold_s_max
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.apply_changes import apply_changes_max as apply_changes_max
+from broker.protocol.apply_changes import (
+    is_upsert,
+    validate_changes,
+    validate_expect_mod_revision,
+)
 from broker.protocol.selector import matches
 from broker.protocol.validate import (
     ValidationError,
@@ -79,9 +85,6 @@ journals_per_response_max: Final = 1000
 list_response_bytes_max: Final = 4 << 20
 # The longest a List or an Apply runs on the event loop between yields to other work.
 list_loop_hold_s_max: Final = loop_hold_s_max
-# Changes of one Apply. Each is one compare and one operation of the etcd transaction, and etcd
-# refuses transactions of more than 128 operations by default (--max-txn-ops).
-apply_changes_max: Final = 128
 # How long an Apply waits for the KeySpace to reflect its own transaction.
 apply_revision_wait_s: Final = 10.0
 # A watching List re-checks its end of stream at least this often while nothing changes.
@@ -122,45 +125,20 @@ async def validate_apply_request_sliced(request: pb.ApplyRequest) -> None:
 
 def _validate_apply_changes(request: pb.ApplyRequest) -> Iterator[None]:
     """Validates the request's changes, one per step."""
-    if len(request.changes) > apply_changes_max:
-        raise ValidationError(
-            f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
-            " apply them in batches",
-            "changes",
-        )
-    seen: dict[str, int] = {}
-    for index, change in enumerate(request.changes):
-        with at(f"changes[{index}]"):
-            name = _validate_change(change)
-            if name in seen:
-                raise ValidationError(
-                    f"must not change journal {name!r} twice (also changes[{seen[name]}])"
-                )
-            seen[name] = index
-        yield
+    return validate_changes(request.changes, _validate_change, item="journal")
 
 
 def _validate_change(change: pb.ApplyRequest.Change) -> str:
     """The journal a change is about, once it is validated."""
-    if change.HasField("upsert"):
-        if change.delete:
-            raise ValidationError("both upsert and delete are set (expected exactly one)")
+    if is_upsert(change):
         with at("upsert"):
             validate_journal_spec(change.upsert)
-        if change.expect_mod_revision < -1:
-            raise ValidationError(
-                f"must be >= 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
-            )
+        validate_expect_mod_revision(change, upsert=True)
         return change.upsert.name
-    if change.delete:
-        with at("delete"):
-            validate_journal_name(change.delete)
-        if change.expect_mod_revision <= 0 and change.expect_mod_revision != -1:
-            raise ValidationError(
-                f"must be > 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
-            )
-        return change.delete
-    raise ValidationError("neither upsert nor delete is set (expected exactly one)")
+    with at("delete"):
+        validate_journal_name(change.delete)
+    validate_expect_mod_revision(change, upsert=False)
+    return change.delete
 
 
 def rewrite_prefix_labels(selector: pb.LabelSelector) -> pb.LabelSelector:

@@ -60,6 +60,12 @@ DATA_LOSS_READS: Final = Counter(
     " name, could not be decoded, or is missing (broker/fragment/verify.py), by failure.",
     ["failure"],
 )
+READ_HOLE_WAITS: Final = Counter(
+    "gazette_read_hole_waits_total",
+    "Blocking reads that waited longer than read_api.hole_wait_warning_s at an offset below the"
+    " write head that no fragment covers (content not uploaded by a former primary, or lost"
+    " without a trace): each is also logged as a WARNING naming the journal and offset.",
+)
 
 # --- Persistence (broker/fragment/persister.py) ---------------------------------------------------
 

@@ -31,6 +31,14 @@ DATA_LOSS rather than a new protocol.Status: an in-band status would need a valu
 clients do not know, while every gRPC client knows DATA_LOSS, and Gazette's own read it as an
 error rather than as the journal's end. Other store failures stay UNAVAILABLE (retriable).
 
+A hole: a blocking read at an offset below the write head that no fragment covers (a former
+primary's fragment not yet listed, or one that will never come) waits like a read at the head,
+since a listing may still fill it; the index jumps it only once the fragment after it is hours
+old (``fragment/index.py``, ``offset_jump_age_s``). So that such a wait is not silent, a read
+still waiting at a hole after ``hole_wait_warning_s`` is logged as a WARNING (journal, offset,
+write head) and counted (``gazette_read_hole_waits_total``), once per hole, and keeps waiting
+(``broker/read_hole.py``).
+
 Cancellation by the client (or a replica going away, which closes its index) ends the stream
 without an error: a blocking read lives until one of them happens, and that is normal.
 The served Read handler writes `read`'s responses with `write_responses`, so that a write failing
@@ -68,6 +76,7 @@ from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
+from broker.read_hole import hole_wait_warning_s_default, wait_covered
 from broker.topology import validate_header
 
 log = get_logger(__name__)
@@ -185,6 +194,7 @@ async def serve_read(
     registry: StoreRegistry,
     *,
     chunk_bytes_max: int = chunk_bytes_max_default,
+    hole_wait_warning_s: float = hole_wait_warning_s_default,
 ) -> AsyncGenerator[pb.ReadResponse, None]:
     """The responses of a read served from `index` (see the module docstring). Raises
     IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails."""
@@ -194,7 +204,7 @@ async def serve_read(
     closed_files = 0
     while True:
         if req.block:
-            result = await index.wait_for(req.offset, begin_mod_time=req.begin_mod_time)
+            result = await wait_covered(index, req, hole_wait_warning_s)
         else:
             result = index.query(req.offset, begin_mod_time=req.begin_mod_time)
         response = await _metadata(result, registry)
@@ -323,14 +333,18 @@ class ReadAPI:
         *,
         zone: str = "",
         chunk_bytes_max: int = chunk_bytes_max_default,
+        hole_wait_warning_s: float = hole_wait_warning_s_default,
     ) -> None:
         if chunk_bytes_max < 1:
             raise ValueError(f"chunk_bytes_max: must be >= 1 (got {chunk_bytes_max})")
+        if hole_wait_warning_s <= 0:
+            raise ValueError(f"hole_wait_warning_s: must be > 0 (got {hole_wait_warning_s})")
         self._resolver = resolver
         self._registry = registry
         self._channels = channels
         self._zone = zone
         self._chunk_bytes_max = chunk_bytes_max
+        self._hole_wait_warning_s = hole_wait_warning_s
 
     async def read(
         self, request: pb.ReadRequest, context: Context
@@ -369,6 +383,7 @@ class ReadAPI:
             replica.index,
             self._registry,
             chunk_bytes_max=self._chunk_bytes_max,
+            hole_wait_warning_s=self._hole_wait_warning_s,
         )
         try:
             async for response in responses:

@@ -20,8 +20,10 @@ from typing import Any
 from broker import task_dump
 from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.auth import decode_keys
+from broker.broker_config import BrokerConfig, lease_ttl_s_default
 from broker.fragment.stores.registry import new_registry
 from broker.gc_tuning import freeze_startup_heap
+from broker.hand_off import handoff_wait_s_default
 from broker.keyspace.backend import Backend
 from broker.keyspace.embedded import EmbeddedStore
 from broker.keyspace.etcd import EtcdAuthError
@@ -43,7 +45,7 @@ from broker.security_flags import (
     peer_tls_of,
     server_tls_of,
 )
-from broker.server import Broker, BrokerConfig, handoff_wait_s_default, lease_ttl_s_default
+from broker.server import Broker
 from broker.topology import DEFAULT_ROOT
 
 log = get_logger(__name__)

@@ -27,8 +27,8 @@ serving while the allocator moves each journal to other brokers without ever lea
 of consistent replicas, and stops once it serves none (or after a bound). Appends in flight
 meanwhile wait for the new route, then go to (or are proxied to) the new primary: none fail.
 
-Each RPC of the Journal service is implemented by its own module: ``append_api``,
-``replicate_api``, ``read_api``, ``fragments_api`` (ListFragments) and ``list_apply_api``.
+The Journal service (each RPC implemented by its own module) is ``broker.journal_service``; the
+configuration ``broker.broker_config``; the graceful exit's hand-off ``broker.hand_off``.
 """
 
 from __future__ import annotations
@@ -36,196 +36,64 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import grpc
 
-from broker.allocator import journal_replication
 from broker.allocator.announce import announce
-from broker.append_api import (
-    AppendApi,
-    flow_control_burst_s_default,
-    min_append_rate_bytes_per_s_default,
-)
+from broker.append_api import AppendApi
 from broker.append_fsm import AppendEnv
 from broker.append_pulse import pulse
 from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.auth_server import AuthInterceptor, ResolverScope
+from broker.broker_config import BrokerConfig
 from broker.client.route_cache import ChannelPool
 from broker.fragment.index import FragmentIndex
 from broker.fragment.persister import Persister
 from broker.fragment.spool_blocks import BlockPool, BlockSpoolFile
 from broker.fragment.spool_dir import SpoolDir
 from broker.fragment.spool_file import SpoolFile, TempSpoolFile
-from broker.fragment.store_health import HealthSchedule, StoreHealthMonitor
+from broker.fragment.store_health import StoreHealthMonitor
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI, StoreHealthAPI
+from broker.hand_off import hand_off, handoff_wait_s_default
+from broker.journal_service import SERVER_OPTIONS, JournalService
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.keyspace import KeySpace
 from broker.keyspace.lease import keep_lease_alive
 from broker.list_apply_api import ListApplyAPI
 from broker.logging import get_logger
-from broker.pipeline import Dialer, message_bytes_max
+from broker.pipeline import Dialer
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pbg
 from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import validate_broker_spec
 from broker.quorum_shell.journals import QuorumJournals
 from broker.quorum_shell.pulse import quorum_pulse
 from broker.quorum_shell.transport import deliver_handler
-from broker.read_api import ReadAPI, write_responses
+from broker.read_api import ReadAPI
 from broker.readiness import ReadinessGate, check_own_member
-from broker.replica import (
-    PulseResult,
-    Replica,
-    ReplicaEnv,
-    pulse_interval_s_default,
-    shutdown_wait_s_default,
-)
+from broker.replica import PulseResult, Replica, ReplicaEnv
 from broker.replicate_api import ReplicateApi
-from broker.resolver import Resolver, revision_wait_s_default
+from broker.resolver import Resolver
 from broker.service_handlers import add_journal_service
-from broker.tls import ClientTls, ServerTls, bind_port
+from broker.tls import bind_port
 from broker.topology import (
-    DEFAULT_ROOT,
     Decoded,
-    Member,
     etcd_header,
-    local_journals,
-    lookup_item,
     make_header,
     member_key,
-    members_prefix,
     new_keyspace,
     validate_process_id,
 )
 
+# Re-exported: callers build a Broker from ``broker.server`` alone.
+__all__ = ["Broker", "BrokerConfig", "BrokerStateError"]
+
 log = get_logger(__name__)
-
-# Member keys live this long without a keep-alive (etcd TTL, whole seconds).
-lease_ttl_s_default = 20
-# How long a stopping broker lets in-flight RPCs finish before cancelling them.
-stop_grace_s_default = 1.0
-# How long a stopping broker spends persisting the fragments its replicas completed last.
-persist_drain_s_default = 30.0
-# Gazette's default per-broker journal limit.
-journal_limit_default = 1024
-# How long a broker asked to exit waits for the allocator to move its journals elsewhere before
-# it stops anyway (its journals then fail over once its lease is revoked).
-handoff_wait_s_default = 60.0
-
-_SERVER_OPTIONS = [
-    ("grpc.max_send_message_length", message_bytes_max),
-    ("grpc.max_receive_message_length", message_bytes_max),
-    # Peers hold Replicate streams open across idle periods; let them ping.
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-]
-
-
-@dataclass(frozen=True)
-class BrokerConfig:
-    zone: str
-    suffix: str
-    root: str = DEFAULT_ROOT
-    host: str = "127.0.0.1"
-    port: int = 0
-    journal_limit: int = journal_limit_default
-    lease_ttl_s: int = lease_ttl_s_default
-    # Directory of temporary (unlinked) spool files when there is no data_dir (None: the
-    # system's temporary directory).
-    spool_dir: str | None = None
-    # The data directory: spools are durable files under <data_dir>/spools, recovered when the
-    # broker restarts (fragment/spool_dir.py). None: spools are temporary files.
-    data_dir: str | None = None
-    # fdatasync spool content and commit records before acknowledging an append (and the
-    # directories of new files), so that they survive power loss, not only the process.
-    fsync: bool = False
-    # Keep spools in memory, in blocks re-used across fragments (fragment/spool_blocks.py),
-    # instead of files: faster; needs RAM for every open fragment; never durable (even with a
-    # data_dir).
-    memory_spools: bool = False
-    pulse_interval_s: float = pulse_interval_s_default
-    # Run the primary's pulse (tests that drive the append machine by hand turn it off).
-    pulse_enabled: bool = True
-    min_append_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default
-    flow_control_burst_s: float = flow_control_burst_s_default
-    revision_wait_s: float = revision_wait_s_default
-    shutdown_wait_s: float = shutdown_wait_s_default
-    stop_grace_s: float = stop_grace_s_default
-    persist_drain_s: float = persist_drain_s_default
-    peer_response_timeout_s: float = 30.0
-    # Pre-shared keys (base64, comma/space separated; see broker.auth); "": no authorization.
-    auth_keys: str = field(default="", repr=False)
-    # Serve TLS (advertising https://) with this certificate (broker.tls); None: in the clear.
-    tls: ServerTls | None = None
-    # What peers' https:// endpoints are trusted with (and, for mutual TLS, our certificate).
-    peer_tls: ClientTls | None = None
-    # When fragment stores are health-checked (fragment/store_health.py).
-    store_health: HealthSchedule = field(default_factory=HealthSchedule)
 
 
 class BrokerStateError(RuntimeError):
     """start()/stop() called out of order."""
-
-
-class JournalService(pbg.JournalServicer):
-    """The gRPC Journal service of one broker: each RPC delegates to its module."""
-
-    def __init__(
-        self,
-        append: AppendApi,
-        replicate: ReplicateApi,
-        read: ReadAPI,
-        fragments: FragmentsAPI,
-        list_apply: ListApplyAPI,
-        store_health: StoreHealthAPI,
-    ) -> None:
-        self._append = append
-        self._replicate = replicate
-        self._read = read
-        self._fragments = fragments
-        self._list_apply = list_apply
-        self._store_health = store_health
-
-    # grpc.aio serves a streaming response from an async generator method, or from a coroutine
-    # that writes its responses with context.write (Read, below).
-
-    async def Read(self, request: pb.ReadRequest, context: Any) -> None:
-        # Unlike the other streaming methods, a coroutine that writes its responses (grpc.aio
-        # serves that shape too): a write failing because the client has just gone then ends
-        # the stream quietly, where grpc.aio's own writing logs it as an ERROR. The auth
-        # interceptor (auth_server.AuthInterceptor._read) serves this shape under its expiry.
-        responses = self._read.read(request, context)
-        await write_responses(responses, context, journal=request.journal)
-
-    async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:
-        async for response in self._list_apply.list(request, context):
-            yield response
-
-    async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
-        return await self._list_apply.apply(request, context)
-
-    async def ListFragments(
-        self, request: pb.FragmentsRequest, context: Any
-    ) -> pb.FragmentsResponse:
-        return await self._fragments.list_fragments(request, context)
-
-    async def FragmentStoreHealth(
-        self, request: pb.FragmentStoreHealthRequest, context: Any
-    ) -> pb.FragmentStoreHealthResponse:
-        return await self._store_health.fragment_store_health(request, context)
-
-    async def Append(
-        self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
-    ) -> pb.AppendResponse:
-        return await self._append.append(request_iterator, context)
-
-    async def Replicate(
-        self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Any
-    ) -> None:
-        await self._replicate.replicate(request_iterator, context)
 
 
 class Broker:
@@ -413,7 +281,7 @@ class Broker:
         cfg = self.config
         auth = [AuthInterceptor(self.auth, ResolverScope(self.resolver))] if self.auth else []
         # The gate first: a broker that is not ready answers before checking anything else.
-        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate, *auth])
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[self.gate, *auth])
         registry = self.store_health.registry
         service = JournalService(
             AppendApi(
@@ -531,75 +399,22 @@ class Broker:
                 )
 
     async def hand_off(self, timeout_s: float = handoff_wait_s_default) -> bool:
-        """Announce that this broker is exiting, then wait until it serves no journal.
-
-        Re-puts the BrokerSpec under the broker's lease with ``journal_limit`` 0 and ``exiting``
-        set (a Go allocator reads the former, ours either). The allocator then moves every
-        journal off this broker without letting it drop below its consistent replicas: it adds
-        a replacement first, the journal's primary (maybe this broker) synchronises it and
-        advertises the new route, and only then is this broker's assignment removed (with a
-        promotion in the same transaction if it was the primary). Appends meanwhile wait while
-        the route has a surplus replica, then go (or are proxied) to the new primary.
-
-        Returns True once no assignment names this broker, or as soon as every journal it still
-        serves is one the allocator can never take off it: fewer *other* brokers accept
-        journals than the journal's replication, so removing this one would leave it short of
-        consistent replicas (the whole cluster is stopping, or it is too small to lose a
-        broker). Returns False if ``timeout_s`` passes first. Call between start() and stop();
-        the broker keeps serving throughout (stop() does the rest of a graceful exit).
-        """
+        """Announce that this broker is exiting, then wait until it serves no journal
+        (broker/hand_off.py). Returns False if ``timeout_s`` passes first. Call between start()
+        and stop(); the broker keeps serving throughout (stop() does the rest of a graceful
+        exit)."""
         if self._task is None or self._server is None:
             raise BrokerStateError(f"{self!r}: not started")
-        cfg = self.config
-        exiting = pb.BrokerSpec()
-        exiting.CopyFrom(self.spec)
-        exiting.journal_limit = 0
-        exiting.exiting = True
-        header = await self.backend.put(
-            self._member_key(), exiting.SerializeToString(), lease=self.lease_id
+        return await hand_off(
+            self.backend,
+            self.ks,
+            self.config.root,
+            self.spec,
+            self._member_key(),
+            self.lease_id,
+            broker=repr(self),
+            timeout_s=timeout_s,
         )
-        log.info("broker exiting: handing off its journals", broker=repr(self))
-        try:
-            async with asyncio.timeout(timeout_s):
-                revision = header.revision
-                while True:
-                    await self.ks.wait_for_revision(revision, timeout_s)
-                    held = local_journals(self.ks, cfg.root, self.id)
-                    if not held:
-                        log.info("broker exiting: every journal handed off", broker=repr(self))
-                        return True
-                    if all(self._cannot_hand_off(journal) for journal in held):
-                        log.warning(
-                            "broker exiting: no broker can take its remaining journals",
-                            broker=repr(self),
-                            journals=len(held),
-                        )
-                        return True
-                    revision = self.ks.header.revision + 1
-        except TimeoutError:
-            log.warning(
-                "broker exiting: journals not handed off in time",
-                broker=repr(self),
-                journals=len(local_journals(self.ks, cfg.root, self.id)),
-                timeout_s=timeout_s,
-            )
-            return False
-
-    def _cannot_hand_off(self, journal: str) -> bool:
-        """Whether fewer other brokers accept journals than ``journal``'s replication."""
-        item = lookup_item(self.ks, self.config.root, journal)
-        replication = journal_replication(item) if item is not None else 0
-        accepting = 0
-        for entry in self.ks.search(members_prefix(self.config.root)):
-            m = entry.decoded
-            if (
-                isinstance(m, Member)
-                and (m.zone, m.suffix) != (self.config.zone, self.config.suffix)
-                and m.spec.journal_limit > 0
-                and not m.spec.exiting
-            ):
-                accepting += 1
-        return accepting < replication
 
     async def wait(self) -> None:
         """Wait until the broker stops (or fails: its error is raised)."""

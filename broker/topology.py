@@ -70,8 +70,8 @@ _SLOT_MAX = 1 << 16
 
 
 class TopologyDecodeError(ValueError):
-    """A key under the root is not a journal, member or assignment key, or its value does not
-    decode. The KeySpace logs it and leaves the key out of its mirror."""
+    """A key under the root is not a journal (or shard), member or assignment key, or its value
+    does not decode. The KeySpace logs it and leaves the key out of its mirror."""
 
 
 # --- Decoded values ---------------------------------------------------------------------------
@@ -156,6 +156,37 @@ def quorum_term_key(root: str, journal: str) -> str:
 # --- Decoding ---------------------------------------------------------------------------------
 
 
+def split_member_key(rest: str) -> tuple[str, str]:
+    """The (zone, suffix) of a member key after its prefix, ``<zone>#<suffix>``, validated (of
+    brokers, and of consumers: gazette_consumer/topology.py)."""
+    zone, sep, suffix = rest.partition(SEP)
+    if not sep:
+        raise TopologyDecodeError(f"member key {rest!r}: expected <zone>#<suffix>")
+    _validate_member_id(zone, suffix)
+    return zone, suffix
+
+
+def split_assignment_key(
+    rest: str, item: str, validate_item: Callable[[str], None]
+) -> tuple[str, str, str, int]:
+    """The (item, zone, suffix, slot) of an assignment key after its prefix,
+    ``<item>#<zone>#<suffix>#<slot>``, validated; ``item`` names the item ("journal", "shard")
+    and ``validate_item`` checks it (names and IDs never contain '#', so the last three
+    separators delimit the fields)."""
+    fields = rest.rsplit(SEP, 3)
+    if len(fields) != 4:
+        raise TopologyDecodeError(
+            f"assignment key {rest!r}: expected <{item}>#<zone>#<suffix>#<slot>"
+        )
+    name, zone, suffix, slot_text = fields
+    with at(item):
+        validate_item(name)
+    _validate_member_id(zone, suffix)
+    if not slot_text.isdigit() or int(slot_text) > _SLOT_MAX or str(int(slot_text)) != slot_text:
+        raise TopologyDecodeError(f"assignment key {rest!r}: slot must be a decimal integer")
+    return name, zone, suffix, int(slot_text)
+
+
 def _validate_member_id(zone: str, suffix: str) -> None:
     with at("zone"):
         validate_token(zone, ZONE_LEN_MIN, ZONE_LEN_MAX)
@@ -173,10 +204,7 @@ def _decode_item(name: str, value: bytes) -> JournalItem:
 
 
 def _decode_member(rest: str, value: bytes) -> Member:
-    zone, sep, suffix = rest.partition(SEP)
-    if not sep:
-        raise TopologyDecodeError(f"member key {rest!r}: expected <zone>#<suffix>")
-    _validate_member_id(zone, suffix)
+    zone, suffix = split_member_key(rest)
     spec = pb.BrokerSpec.FromString(value)
     validate_broker_spec(spec)
     if spec.process_spec.id.zone != zone or spec.process_spec.id.suffix != suffix:
@@ -185,24 +213,13 @@ def _decode_member(rest: str, value: bytes) -> Member:
 
 
 def _decode_assignment(rest: str, value: bytes) -> Assignment:
-    # Journal names never contain '#', so the last three separators delimit the fields.
-    fields = rest.rsplit(SEP, 3)
-    if len(fields) != 4:
-        raise TopologyDecodeError(
-            f"assignment key {rest!r}: expected <journal>#<zone>#<suffix>#<slot>"
-        )
-    journal, zone, suffix, slot_text = fields
-    with at("journal"):
-        validate_journal_name(journal)
-    _validate_member_id(zone, suffix)
-    if not slot_text.isdigit() or int(slot_text) > _SLOT_MAX or str(int(slot_text)) != slot_text:
-        raise TopologyDecodeError(f"assignment key {rest!r}: slot must be a decimal integer")
+    journal, zone, suffix, slot = split_assignment_key(rest, "journal", validate_journal_name)
     route: pb.Route | None = None
     if value:
         route = pb.Route.FromString(value)
         with at("route"):
             validate_route(route)
-    return Assignment(journal, zone, suffix, int(slot_text), route)
+    return Assignment(journal, zone, suffix, slot, route)
 
 
 def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:

@@ -34,10 +34,9 @@ import grpc
 import grpc.aio
 
 from broker import metrics
-from broker.auth import AuthError, Claims, KeyedAuth, capability_of, verified_claims
-from broker.auth_server import abort_expired, authorization_of, refusal, with_claims
+from broker.auth import Claims, KeyedAuth, verified_claims
+from broker.auth_interceptor import TokenInterceptor, abort_expired, with_claims
 from broker.keyspace.keyspace import KeySpace
-from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
@@ -45,8 +44,6 @@ from broker.protocol.selector import matches
 from broker.readiness import rebuild_handler
 from broker.topology import etcd_header
 from gazette_consumer.topology import Decoded, ShardItem, lookup_shard
-
-log = get_logger(__name__)
 
 _SHARD_SERVICE = "/consumer.Shard/"
 
@@ -88,15 +85,14 @@ def covers(claims: Claims, shard: str, labels: pb.LabelSet) -> bool:
     return matches(selector, gl.union(gl.shard_meta_labels(shard), labels))
 
 
-class ShardAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ShardAuthInterceptor(TokenInterceptor):
     """See the module docstring. `clock` returns Unix seconds (token expiry is in them)."""
 
     def __init__(
         self, auth: KeyedAuth, scope: ShardScope, *, clock: Callable[[], float] = time.time
     ) -> None:
-        self._auth = auth
+        super().__init__(auth, clock=clock)
         self._scope = scope
-        self._clock = clock
         self._checks: dict[str, Callable[[Any, Claims], Any]] = {
             "Stat": self._check_stat,
             "GetHints": self._check_get_hints,
@@ -104,28 +100,10 @@ class ShardAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "Unassign": self._check_unassign,
         }
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Any],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        method: str = details.method
-        try:
-            claims = self._auth.verify(
-                authorization_of(details.invocation_metadata), capability_of(method)
-            )
-        except AuthError as err:
-            metrics.AUTH_REJECTIONS.labels(err.reason).inc()
-            log.info("rpc refused", method=method, code=err.code.name, reason=str(err))
-            drains = handler.request_streaming and not handler.response_streaming
-            return rebuild_handler(handler, refusal(err, drains))
+    def authorized(self, handler: grpc.RpcMethodHandler, claims: Claims, method: str) -> Any:
         if not method.startswith(_SHARD_SERVICE):
             return with_claims(handler, claims)
-        name = method[len(_SHARD_SERVICE) :]
-        return self._unary(handler, claims, name)
+        return self._unary(handler, claims, method[len(_SHARD_SERVICE) :])
 
     def _unary(self, handler: grpc.RpcMethodHandler, claims: Claims, name: str) -> Any:
         inner = handler.unary_unary

@@ -53,6 +53,12 @@ from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import recorded_op_pb2 as rpb
+from broker.protocol.apply_changes import apply_changes_max as apply_changes_max
+from broker.protocol.apply_changes import (
+    is_upsert,
+    validate_changes,
+    validate_expect_mod_revision,
+)
 from broker.protocol.selector import matches
 from broker.protocol.validate import (
     ValidationError,
@@ -77,9 +83,6 @@ from gazette_consumer.topology import (
     shard_route,
 )
 
-# Changes of one Apply: each is one compare and one op of the etcd transaction, and etcd refuses
-# transactions of more than 128 of either by default (--max-txn-ops).
-apply_changes_max: Final = 128
 # Assignments one Unassign may remove, for the same reason.
 unassign_ops_max: Final = 128
 # How long Apply and Unassign wait for the mirror to reflect their own transaction.
@@ -113,50 +116,25 @@ async def validate_apply_request_sliced(request: cpb.ApplyRequest) -> None:
 
 def _validate_apply_changes(request: cpb.ApplyRequest) -> Iterator[None]:
     """Validates the request's changes, one per step."""
-    if len(request.changes) > apply_changes_max:
-        raise ValidationError(
-            f"must hold at most {apply_changes_max} changes (got {len(request.changes)});"
-            " apply them in batches",
-            "changes",
-        )
-    seen: dict[str, int] = {}
-    for index, change in enumerate(request.changes):
-        with at(f"changes[{index}]"):
-            shard = _validate_change(change)
-            if shard in seen:
-                raise ValidationError(
-                    f"must not change shard {shard!r} twice (also changes[{seen[shard]}])"
-                )
-            seen[shard] = index
-        yield
+    return validate_changes(request.changes, _validate_change, item="shard")
 
 
 def _validate_change(change: cpb.ApplyRequest.Change) -> str:
     """Gazette's rules for one change; returns the shard it is about."""
-    if change.HasField("upsert"):
-        if change.delete:
-            raise ValidationError("both upsert and delete are set (expected exactly one)")
+    if not change.HasField("upsert") and change.HasField("primary_hints"):
+        raise ValidationError("may be set only with an upsert, not a delete", "primary_hints")
+    if is_upsert(change):
         with at("upsert"):
             validate_shard_spec(change.upsert)
-        if change.expect_mod_revision < -1:
-            raise ValidationError(
-                f"must be >= 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
-            )
+        validate_expect_mod_revision(change, upsert=True)
         if change.HasField("primary_hints"):
             with at("primary_hints"):
                 _validate_primary_hints(change.upsert, change.primary_hints)
         return change.upsert.id
-    if change.HasField("primary_hints"):
-        raise ValidationError("may be set only with an upsert, not a delete", "primary_hints")
-    if change.delete:
-        with at("delete"):
-            validate_shard_id(change.delete)
-        if change.expect_mod_revision <= 0 and change.expect_mod_revision != -1:
-            raise ValidationError(
-                f"must be > 0 or -1 (got {change.expect_mod_revision})", "expect_mod_revision"
-            )
-        return change.delete
-    raise ValidationError("neither upsert nor delete is set (expected exactly one)")
+    with at("delete"):
+        validate_shard_id(change.delete)
+    validate_expect_mod_revision(change, upsert=False)
+    return change.delete
 
 
 def _validate_primary_hints(spec: cpb.ShardSpec, hints: rpb.FSMHints) -> None:

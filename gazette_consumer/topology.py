@@ -36,18 +36,14 @@ from broker.keyspace.keyspace import Entry, KeySpace
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import (
-    PROCESS_SUFFIX_LEN_MAX,
-    PROCESS_SUFFIX_LEN_MIN,
-    ZONE_LEN_MAX,
-    ZONE_LEN_MIN,
     ValidationError,
     at,
     validate_consumer_spec,
     validate_shard_id,
     validate_shard_spec,
-    validate_token,
 )
-from broker.topology import ASSIGN, ITEMS, MEMBERS, SEP
+from broker.topology import ASSIGN, ITEMS, MEMBERS, SEP, split_assignment_key, split_member_key
+from broker.topology import TopologyDecodeError as TopologyDecodeError
 
 DEFAULT_ROOT_PREFIX = "/gazette/consumers"
 
@@ -60,16 +56,9 @@ IDLE, BACKFILL, STANDBY, PRIMARY, FAILED = (
     cpb.ReplicaStatus.FAILED,
 )
 _CODES = frozenset(cpb.ReplicaStatus.Code.values())
-# Gazette caps replication at a handful; a slot index above this is a malformed key.
-_SLOT_MAX = 1 << 16
 # Errors kept in one ReplicaStatus: a reduction over many failed replicas must stay small
 # enough for an etcd value (and a readable `gazctl shards list`).
 status_errors_max = 8
-
-
-class TopologyDecodeError(ValueError):
-    """A key under the root is not a shard, member or assignment key, or its value does not
-    decode; the KeySpace logs it and leaves the key out."""
 
 
 # --- Decoded values ---------------------------------------------------------------------------
@@ -182,13 +171,6 @@ def status_text(status: cpb.ReplicaStatus) -> str:
 # --- Decoding ---------------------------------------------------------------------------------
 
 
-def _validate_member_id(zone: str, suffix: str) -> None:
-    with at("zone"):
-        validate_token(zone, ZONE_LEN_MIN, ZONE_LEN_MAX)
-    with at("suffix"):
-        validate_token(suffix, PROCESS_SUFFIX_LEN_MIN, PROCESS_SUFFIX_LEN_MAX)
-
-
 def _decode_item(shard: str, value: bytes) -> ShardItem:
     spec = cpb.ShardSpec.FromString(value)
     validate_shard_spec(spec)
@@ -198,10 +180,7 @@ def _decode_item(shard: str, value: bytes) -> ShardItem:
 
 
 def _decode_member(rest: str, value: bytes) -> ConsumerMember:
-    zone, sep, suffix = rest.partition(SEP)
-    if not sep:
-        raise TopologyDecodeError(f"member key {rest!r}: expected <zone>#<suffix>")
-    _validate_member_id(zone, suffix)
+    zone, suffix = split_member_key(rest)
     spec = cpb.ConsumerSpec.FromString(value)
     validate_consumer_spec(spec)
     if spec.process_spec.id.zone != zone or spec.process_spec.id.suffix != suffix:
@@ -210,21 +189,10 @@ def _decode_member(rest: str, value: bytes) -> ConsumerMember:
 
 
 def _decode_assignment(rest: str, value: bytes) -> ShardAssignment:
-    # Shard IDs never contain '#', so the last three separators delimit the fields.
-    fields = rest.rsplit(SEP, 3)
-    if len(fields) != 4:
-        raise TopologyDecodeError(
-            f"assignment key {rest!r}: expected <shard>#<zone>#<suffix>#<slot>"
-        )
-    shard, zone, suffix, slot_text = fields
-    with at("shard"):
-        validate_shard_id(shard)
-    _validate_member_id(zone, suffix)
-    if not slot_text.isdigit() or int(slot_text) > _SLOT_MAX or str(int(slot_text)) != slot_text:
-        raise TopologyDecodeError(f"assignment key {rest!r}: slot must be a decimal integer")
+    shard, zone, suffix, slot = split_assignment_key(rest, "shard", validate_shard_id)
     with at("status"):
         status = decode_status(value)
-    return ShardAssignment(shard, zone, suffix, int(slot_text), status)
+    return ShardAssignment(shard, zone, suffix, slot, status)
 
 
 def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:

@@ -11,6 +11,9 @@ idempotent requests (reads, lease refreshes, watch creation) are re-sent elsewhe
 raise UnavailableError and leave the retry decision to the caller, whose retry then starts at
 the next endpoint.
 
+The connection of each endpoint is ``etcd_conn.Conn``; errors are translated into
+KeySpaceErrors by ``etcd_errors``.
+
 Security. An ``https://`` endpoint is dialed with TLS (``tls``: the CAs to trust, and a client
 certificate for an etcd run with ``--client-cert-auth``); so is a bare ``host:port`` when ``tls``
 is given; an ``http://`` endpoint with ``tls`` is refused as contradictory. With ``user`` (and
@@ -35,20 +38,28 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
-from broker.grpc_transport import send_failed
 from broker.keyspace import backend as b
 from broker.keyspace import etcd_wire as wire
+from broker.keyspace.etcd_conn import Conn
 from broker.keyspace.etcd_endpoints import EndpointError as EndpointError
 from broker.keyspace.etcd_endpoints import check_endpoints as check_endpoints
 from broker.keyspace.etcd_endpoints import parse_endpoint as parse_endpoint
 from broker.keyspace.etcd_endpoints import split_endpoint as split_endpoint
-from broker.keyspace.etcdpb import rpc_pb2, rpc_pb2_grpc
+from broker.keyspace.etcd_errors import EtcdAuthError as EtcdAuthError
+from broker.keyspace.etcd_errors import EtcdError as EtcdError
+from broker.keyspace.etcd_errors import (
+    describe,
+    stale_token_errors,
+    translate,
+    transport_failed,
+    unavailable_codes,
+)
+from broker.keyspace.etcdpb import rpc_pb2
 from broker.logging import get_logger
 from broker.tls import ClientTls, describe_failure
 
@@ -59,118 +70,12 @@ request_timeout_s_default = 10.0
 # A call tries each endpoint up to this many times (the first try of an endpoint may find a
 # connection that broke since its last use; the second re-dials it).
 endpoint_rounds_max = 2
-# Largest response accepted. gRPC's default (4 MiB) is smaller than a Range over a large prefix
-# or a watch response catching up many revisions can be.
-response_bytes_max = 256 * 1024 * 1024
-# Reconnect backoff after a lost connection. gRPC's defaults (1 s initial, 120 s max) would keep
-# a client away from a restarted etcd for minutes.
-reconnect_backoff_initial_ms = 100
-reconnect_backoff_max_ms = 2000
-# HTTP/2 keepalive pings find connections that died without a TCP reset (a partitioned or
-# frozen server), which would otherwise hang a watch forever. etcd rejects pings more frequent
-# than every 5 s by default.
-keepalive_time_ms = 10_000
-keepalive_timeout_ms = 5_000
-
-_channel_options: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", response_bytes_max),
-    ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
-    ("grpc.min_reconnect_backoff_ms", reconnect_backoff_initial_ms),
-    ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
-    ("grpc.keepalive_time_ms", keepalive_time_ms),
-    ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
-]
-
-_unavailable_codes = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-# etcd's answers to a token it no longer accepts (rpctypes): authenticate again, and re-send.
-_stale_token_errors = ("invalid auth token", "revision of auth store is old")
 # Re-authentications of one call, after its token was refused.
 auth_refreshes_max = 1
 # How long the probe that learns why a connection failed (a TLS handshake, say) may take.
 _failure_probe_s = 1.0
 
 T = TypeVar("T")
-
-
-class _Token:
-    """The auth token a connection sends (empty: none), replaced when etcd refuses it."""
-
-    def __init__(self) -> None:
-        self.value = ""
-
-    def metadata(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        if not self.value:
-            return details
-        metadata = grpc.aio.Metadata(*((k, v) for k, v in (details.metadata or ()) if k != "token"))
-        metadata.add("token", self.value)
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-        )
-
-
-class _UnaryToken(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, token: _Token) -> None:
-        self._token = token
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._token.metadata(details), request)
-
-
-class _StreamToken(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, token: _Token) -> None:
-        self._token = token
-
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._token.metadata(details), requests)
-
-
-@dataclass(frozen=True, slots=True)
-class _Conn:
-    """One endpoint's channel, its stubs (the generated stubs are untyped) and auth token."""
-
-    channel: grpc.aio.Channel
-    token: _Token
-    kv: Any
-    watch: Any
-    lease: Any
-    maintenance: Any
-    auth: Any
-
-    @classmethod
-    def dial(cls, target: str, tls: ClientTls | None, *, secure: bool) -> _Conn:
-        token = _Token()
-        interceptors = [_UnaryToken(token), _StreamToken(token)]
-        if secure:
-            credentials = (tls or ClientTls()).credentials()
-            channel = grpc.aio.secure_channel(
-                target, credentials, options=_channel_options, interceptors=interceptors
-            )
-        else:
-            channel = grpc.aio.insecure_channel(
-                target, options=_channel_options, interceptors=interceptors
-            )
-        return cls(
-            channel,
-            token,
-            kv=rpc_pb2_grpc.KVStub(channel),
-            watch=rpc_pb2_grpc.WatchStub(channel),
-            lease=rpc_pb2_grpc.LeaseStub(channel),
-            maintenance=rpc_pb2_grpc.MaintenanceStub(channel),
-            auth=rpc_pb2_grpc.AuthStub(channel),
-        )
-
-
-class EtcdAuthError(b.KeySpaceError):
-    """etcd refused our user and password (or requires them and we have none)."""
-
-
-class EtcdError(b.KeySpaceError):
-    """An etcd error with no more specific KeySpaceError (e.g. an invalid request)."""
-
-    def __init__(self, rpc: str, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"etcd {rpc}: {code.name}: {details}")
-        self.code = code
-        self.details = details
 
 
 class EtcdBackend(b.Backend):
@@ -199,7 +104,7 @@ class EtcdBackend(b.Backend):
         self._dial_timeout_s = dial_timeout_s
         self._timeout_s = request_timeout_s
         # Channels are created on first use: a grpc.aio channel binds to the running loop.
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, Conn] = {}
         self._preferred = 0
         self._closed = False
         self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
@@ -295,7 +200,7 @@ class EtcdBackend(b.Backend):
     async def lease_keepalive_once(self, lease_id: int) -> int:
         # etcd refreshes leases only over the LeaseKeepAlive stream. One short stream per
         # refresh is plenty at the rate leases are refreshed (every TTL/3), and keeps no state.
-        async def once(conn: _Conn) -> int:
+        async def once(conn: Conn) -> int:
             call = conn.lease.LeaseKeepAlive(timeout=self._timeout_s)
             try:
                 await call.write(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
@@ -337,7 +242,7 @@ class EtcdBackend(b.Backend):
             )
         )
 
-        async def open_stream(conn: _Conn) -> grpc.aio.StreamStreamCall:
+        async def open_stream(conn: Conn) -> grpc.aio.StreamStreamCall:
             call: grpc.aio.StreamStreamCall = conn.watch.Watch()
             try:
                 await call.write(create)
@@ -381,7 +286,7 @@ class EtcdBackend(b.Backend):
         except grpc.aio.AioRpcError as err:
             if self._closed:
                 return None
-            raise b.UnavailableError(f"etcd Watch: stream broke: {_describe(err)}") from err
+            raise b.UnavailableError(f"etcd Watch: stream broke: {describe(err)}") from err
         if resp is grpc.aio.EOF:
             if self._closed:
                 return None
@@ -445,7 +350,7 @@ class EtcdBackend(b.Backend):
     async def _call(
         self,
         rpc: str,
-        fn: Callable[[_Conn], Awaitable[T]],
+        fn: Callable[[Conn], Awaitable[T]],
         *,
         idempotent: bool = False,
         lease: int = 0,
@@ -477,9 +382,9 @@ class EtcdBackend(b.Backend):
                 await self._authenticate(conn, index)
                 return await fn(conn)
             except grpc.aio.AioRpcError as err:
-                if not _transport_failed(err):
+                if not transport_failed(err):
                     raise await self._translate(rpc, err, lease, revision) from err
-                last = b.UnavailableError(f"etcd {rpc} at {self._targets[index]}: {_describe(err)}")
+                last = b.UnavailableError(f"etcd {rpc} at {self._targets[index]}: {describe(err)}")
                 self._fail_over(index, last)
                 if not idempotent:
                     raise last from err
@@ -501,10 +406,10 @@ class EtcdBackend(b.Backend):
         assert last is not None
         raise last
 
-    async def _connected(self, index: int) -> _Conn:
+    async def _connected(self, index: int) -> Conn:
         conn = self._conns.get(index)
         if conn is None:
-            conn = self._conns[index] = _Conn.dial(
+            conn = self._conns[index] = Conn.dial(
                 self._targets[index], self._tls, secure=self._secure[index]
             )
         if conn.channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
@@ -520,7 +425,7 @@ class EtcdBackend(b.Backend):
             await self._authenticate(conn, index)
         return conn
 
-    async def _why_not_connected(self, conn: _Conn) -> str:
+    async def _why_not_connected(self, conn: Conn) -> str:
         """The reason of the channel's last failure to connect (its TLS handshake failed, the
         server closed the connection, ...), as ": <reason>"; "" if it is not known. A channel
         that failed answers at once; one still connecting is given a short while."""
@@ -534,7 +439,7 @@ class EtcdBackend(b.Backend):
             )
         return ""
 
-    async def _authenticate(self, conn: _Conn, index: int) -> None:
+    async def _authenticate(self, conn: Conn, index: int) -> None:
         """Get a token for our user (replacing any the connection had)."""
         conn.token.value = ""
         req = rpc_pb2.AuthenticateRequest(name=self._user, password=self._password)
@@ -542,16 +447,16 @@ class EtcdBackend(b.Backend):
             resp = await conn.auth.Authenticate(req, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as err:
             where = f"etcd endpoint {self._targets[index]}"
-            if err.code() in _unavailable_codes:
-                raise b.UnavailableError(f"{where}: authenticating: {_describe(err)}") from err
+            if err.code() in unavailable_codes:
+                raise b.UnavailableError(f"{where}: authenticating: {describe(err)}") from err
             raise EtcdAuthError(
-                f"{where}: authenticating as user {self._user!r}: {_describe(err)}"
+                f"{where}: authenticating as user {self._user!r}: {describe(err)}"
             ) from err
         conn.token.value = resp.token
 
     def _stale_token(self, err: grpc.aio.AioRpcError) -> bool:
         details = err.details() or ""
-        return bool(self._user) and any(text in details for text in _stale_token_errors)
+        return bool(self._user) and any(text in details for text in stale_token_errors)
 
     def _fail_over(self, index: int, err: Exception) -> None:
         if len(self._targets) > 1 and self._preferred == index:
@@ -566,21 +471,14 @@ class EtcdBackend(b.Backend):
     async def _translate(
         self, rpc: str, err: grpc.aio.AioRpcError, lease: int, revision: int
     ) -> b.KeySpaceError:
-        """The KeySpaceError for a non-UNAVAILABLE etcd error status. etcd's statuses are
-        coarse (OUT_OF_RANGE covers both compaction and future revisions), so the message text,
-        which etcd keeps stable as API (rpctypes), tells them apart."""
-        details = err.details() or ""
-        if any(text in details for text in ("user name is empty", "permission denied",
-                                            *_stale_token_errors)):  # fmt: skip
-            hint = "" if self._user else " (this etcd requires a user: --etcd-user)"
-            return EtcdAuthError(f"etcd {rpc}: {err.code().name}: {details}{hint}")
-        if "lease not found" in details:
-            return b.LeaseNotFoundError(lease)
-        if "future revision" in details:
-            return b.FutureRevisionError(f"etcd {rpc}: revision {revision}: {details}")
-        if "has been compacted" in details:
-            return b.CompactedError(revision, await self._compact_revision())
-        return EtcdError(rpc, err.code(), details)
+        return await translate(
+            rpc,
+            err,
+            lease,
+            revision,
+            with_user=bool(self._user),
+            compact_revision=self._compact_revision,
+        )
 
     async def _compact_revision(self) -> int:
         """The current compact revision, or 0 if it cannot be learned. etcd's compaction error
@@ -596,15 +494,3 @@ class EtcdBackend(b.Backend):
         except b.KeySpaceError:
             return 0
         return int(resp.compact_revision)
-
-
-def _transport_failed(err: grpc.aio.AioRpcError) -> bool:
-    """Whether ``err`` is the transport's failure (retried elsewhere or later), not etcd's
-    answer."""
-    # send_failed: e.g. the first message of a Watch or LeaseKeepAlive stream opened on a
-    # connection that just broke (etcd restarting); etcd itself never answers that.
-    return err.code() in _unavailable_codes or send_failed(err)
-
-
-def _describe(err: grpc.aio.AioRpcError) -> str:
-    return f"{err.code().name}: {err.details()}"

@@ -1,6 +1,6 @@
 """A test server run as a child process on a loopback port: started, probed until it answers
-HTTP, stopped with SIGTERM then SIGKILL. The storage emulators of `gcs_emulator` and `azurite`
-are built on it (the moto server of `moto_server` predates it and keeps its own copy).
+HTTP, stopped with SIGTERM then SIGKILL, paused with SIGSTOP. The storage emulators of
+`moto_server`, `gcs_emulator` and `azurite` are built on it.
 
 Output goes to a log file, not a pipe (nobody drains a pipe while tests run); its tail is part
 of every startup error.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -20,8 +19,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+
+from broker.testing.lifecycle import Lifecycle
+from broker.testing.ports import free_port
 
 # How long a server may take to start serving.
 ready_timeout_s_default = 30.0
@@ -38,24 +38,20 @@ class ChildServerError(RuntimeError):
     """A test server could not be started or did not become ready."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class ChildServer:
+class ChildServer(Lifecycle):
     """Subclasses say how to run the server on a port (`command`) and what answers once it
-    serves (`probe_path`: any HTTP status counts, even an error, as long as it answers)."""
+    serves (`probe_path`: any HTTP status counts, even an error, as long as it answers), and
+    may raise their own subclass of ChildServerError (`error`)."""
 
     name = "server"
     probe_path = "/"
+    error: type[ChildServerError] = ChildServerError
 
     def __init__(self, *, ready_timeout_s: float = ready_timeout_s_default) -> None:
         self._ready_timeout_s = ready_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._port = 0
+        self._paused = False
         self._dir = Path(tempfile.mkdtemp(prefix=f"gazette-{self.name}-"))
 
     # --- To override ------------------------------------------------------------------------
@@ -84,7 +80,7 @@ class ChildServer:
     @property
     def port(self) -> int:
         if self._port == 0:
-            raise ChildServerError(f"{self.name}: port is unknown until start()")
+            raise self.error(f"{self.name}: port is unknown until start()")
         return self._port
 
     @property
@@ -94,13 +90,13 @@ class ChildServer:
 
     def start(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            raise ChildServerError(f"{self.name}: already running")
+            raise self.error(f"{self.name}: already running")
         for attempt in range(1, start_attempts_max + 1):
             self._port = free_port()
             try:
                 self._start_once()
                 return
-            except ChildServerError:
+            except self.error:
                 if attempt == start_attempts_max:
                     raise
 
@@ -123,16 +119,16 @@ class ChildServer:
     def _wait_ready(self) -> None:
         proc = self._proc
         if proc is None:
-            raise ChildServerError(f"{self.name}: not started")
+            raise self.error(f"{self.name}: not started")
         deadline = time.monotonic() + self._ready_timeout_s
         while True:
             if proc.poll() is not None:
-                raise ChildServerError(
+                raise self.error(
                     f"{self.name} exited with status {proc.returncode} during startup:\n"
                     + self._log_tail()
                 )
             if time.monotonic() > deadline:
-                raise ChildServerError(
+                raise self.error(
                     f"{self.name} did not become ready within {self._ready_timeout_s}s:\n"
                     + self._log_tail()
                 )
@@ -151,11 +147,33 @@ class ChildServer:
                 # Not listening yet; polled, as a child's readiness has no event to wait on.
                 time.sleep(ready_poll_interval_s)
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections are still accepted by the kernel, but no request is
+        answered (clients time out, as against a hung endpoint) until `resume()`."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise self.error(f"{self.name}: not running")
+        proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused server; it answers again, with whatever it held."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        self._paused = False
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if the server has not exited in time."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
+        if self._paused:
+            self.resume()  # A stopped process would not act on SIGTERM.
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(stop_timeout_s)
@@ -166,22 +184,6 @@ class ChildServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _log_tail(self) -> str:
         try:

@@ -21,18 +21,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 import grpc
 import grpc.aio
 
 from broker.keyspace.etcdpb import rpc_pb2, rpc_pb2_grpc
+from broker.testing.lifecycle import AsyncLifecycle
+from broker.testing.ports import free_port
 from broker.tls import ClientTls
 
 # How long a fresh or restarted etcd may take to elect itself leader and serve reads.
@@ -80,14 +80,7 @@ class EtcdNotInstalledError(EtcdServerError):
         )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class EtcdServer:
+class EtcdServer(AsyncLifecycle):
     """One etcd process on 127.0.0.1. Not safe to drive from several tasks at once."""
 
     def __init__(
@@ -148,7 +141,7 @@ class EtcdServer:
         attempts = start_attempts_max if fresh else 1
         for attempt in range(1, attempts + 1):
             if fresh:
-                self._client_port, self._peer_port = _free_port(), _free_port()
+                self._client_port, self._peer_port = free_port(), free_port()
                 if attempt > 1:
                     # The failed attempt may have recorded its peer URL in the data dir.
                     shutil.rmtree(self.data_dir, ignore_errors=True)
@@ -187,22 +180,6 @@ class EtcdServer:
         await self.stop()
         if self._owns_dir:
             shutil.rmtree(self._root, ignore_errors=True)
-
-    async def __aenter__(self) -> EtcdServer:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def enable_auth(self, root_password: str) -> None:
         """Turn on user and password authentication, with user root (etcd's admin)."""

@@ -27,10 +27,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Final
 
-from broker.testing.process_cluster import reserve_port
+from broker.testing.lifecycle import AsyncLifecycle
+from broker.testing.ports import reserve_port
 
 BIN_DIR: Final = Path("/usr/lib/postgresql/15/bin")
 # How long initdb, a start or a stop may take (pg_ctl -t).
@@ -46,7 +46,7 @@ class PgServerError(RuntimeError):
     """The PostgreSQL cluster could not be created, started or stopped."""
 
 
-class PgServer:
+class PgServer(AsyncLifecycle):
     """One durable PostgreSQL cluster on 127.0.0.1 (see the module docstring)."""
 
     def __init__(self, data_dir: Path | None = None, *, max_connections: int = 200) -> None:
@@ -119,22 +119,6 @@ class PgServer:
         finally:
             if self._owns_dir:
                 shutil.rmtree(self.root, ignore_errors=True)
-
-    async def __aenter__(self) -> PgServer:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def log_tail(self) -> str:
         try:

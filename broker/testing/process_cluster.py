@@ -41,20 +41,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import shutil
-import signal
-import socket
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Final
+from typing import Final
 
-import broker
 from broker.client.list_apply import apply_journals, upsert
 from broker.client.route_cache import JournalClient
 from broker.keyspace.etcd import EtcdBackend
@@ -69,83 +62,61 @@ from broker.testing.cluster_state import (
     wait_until,
 )
 from broker.testing.etcd_server import EtcdServer
+from broker.testing.lifecycle import AsyncLifecycle
+from broker.testing.ports import reserve_port
+from broker.testing.served_process import (
+    ServedProcess,
+    ServedProcessError,
+    exit_timeout_s_default,
+)
 from broker.topology import DEFAULT_ROOT, Decoded, new_keyspace, validate_process_id
 
 # A broker that has not printed its endpoint this long after being started failed to start.
 ready_timeout_s_default: Final = 60.0
-# A SIGTERM'd broker still running after this long is killed, and terminate() raises.
-exit_timeout_s_default: Final = 60.0
 # Lease TTL of the brokers (seconds): how long a killed broker's journals stay assigned to it.
 lease_ttl_s_default: Final = 3
 # Journal specs per Apply RPC (the broker refuses more than 128 changes in one).
 apply_batch_max: Final = 100
-# Bytes of a broker's log quoted in errors (per broker, when a wait fails).
-log_tail_bytes: Final = 4000
+# Bytes of each broker's log quoted when a wait fails.
 diagnose_log_bytes: Final = 1500
 
 # Set (to anything) to keep every cluster's directory after close.
 keep_dir_env: Final = "GAZETTE_TEST_KEEP_CLUSTER_DIR"
 
-_SERVING: Final = "serving on "
-_HTTP_GATEWAY: Final = "http gateway on "
-# Ports handed out by `reserve_port` are drawn below the kernel's ephemeral range (from which
-# outgoing connections take their local ports), at or above this.
-reserved_port_min: Final = 10000
-# Random ports tried by `reserve_port` before it gives up.
-reserve_port_attempts_max: Final = 200
-# Put on the brokers' PYTHONPATH: the directory holding the ``broker`` package.
-PACKAGE_PARENT: Final = str(Path(broker.__file__).resolve().parent.parent)
+# What a broker prints once it serves ("serving on <endpoint>", "http gateway on <url>").
+_SERVING: Final = "serving"
+_HTTP_GATEWAY: Final = "http gateway"
+
+# A broker process that did not start, or did not exit in time (and other misuses of the cluster).
+ProcessClusterError = ServedProcessError
 
 
-class ProcessClusterError(RuntimeError):
-    """A broker process did not start, or did not exit in time."""
-
-
-@dataclass(eq=False)  # A handle: equal only to itself, hashable.
-class BrokerProcess:
+class BrokerProcess(ServedProcess):
     """One ``gazette serve`` process (restartable: a restart is a new process, same identity)."""
 
-    zone: str
-    suffix: str
-    data_dir: Path
-    log_path: Path
-    # "http://127.0.0.1:<port>" once ready ("" before; a restart gets a new port unless the
-    # cluster keeps ports).
-    endpoint: str = ""
-    # The HTTP gateway's "http://127.0.0.1:<port>" ("" unless the cluster runs gateways).
-    http_endpoint: str = ""
-    # Ports to listen on at the next start (0: any free port).
-    port: int = 0
-    http_port: int = 0
-    process: asyncio.subprocess.Process | None = None
-    starts: int = 0
-    # True between pause() (SIGSTOP) and resume() (SIGCONT).
-    paused: bool = False
-    _stdout_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    def __init__(self, zone: str, suffix: str, data_dir: Path, log_path: Path) -> None:
+        super().__init__(f"broker {suffix}", log_path)
+        self.zone = zone
+        self.suffix = suffix
+        self.data_dir = data_dir
+        # "http://127.0.0.1:<port>" once ready ("" before; a restart gets a new port unless the
+        # cluster keeps ports).
+        self.endpoint = ""
+        # The HTTP gateway's "http://127.0.0.1:<port>" ("" unless the cluster runs gateways).
+        self.http_endpoint = ""
+        # Ports to listen on at the next start (0: any free port).
+        self.port = 0
+        self.http_port = 0
+
+    def __repr__(self) -> str:
+        return f"BrokerProcess<{self.zone}#{self.suffix} {self.endpoint}>"
 
     @property
     def id(self) -> pb.ProcessSpec.ID:
         return pb.ProcessSpec.ID(zone=self.zone, suffix=self.suffix)
 
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
 
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise ProcessClusterError(f"broker {self.suffix}: never started")
-        return self.process.pid
-
-    def log_tail(self) -> str:
-        try:
-            data = self.log_path.read_bytes()
-        except OSError as err:
-            return f"(no log: {err})"
-        return data[-log_tail_bytes:].decode(errors="replace")
-
-
-class ProcessCluster:
+class ProcessCluster(AsyncLifecycle):
     """See the module docstring. Drive from one event loop; not safe for concurrent starts."""
 
     def __init__(
@@ -237,87 +208,37 @@ class ProcessCluster:
             *("--lease-ttl", str(self.lease_ttl_s)),
             *self.extra_args,
         ]
-        env = {**os.environ, **self.env}
-        # The child imports the same code as this process, installed or not.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, env.get("PYTHONPATH")]))
-        with _open_log(b.log_path) as log:
-            b.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                "from broker.serve_cli import main; main()",
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                # A file, not a pipe: nobody must have to drain the log for the broker to run.
-                stderr=log,
-                env=env,
-            )
-        b.starts += 1
-        b.paused = False
         if not self.keep_ports:
             b.endpoint = b.http_endpoint = ""  # Unknown until it prints them.
-        ready: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
-        expect = (_SERVING, _HTTP_GATEWAY) if self.http_gateway else (_SERVING,)
-        b._stdout_task = asyncio.create_task(
-            _read_stdout(b, ready, expect), name=f"{b.suffix} stdout"
+        printed = await b.spawn(
+            ["-c", "from broker.serve_cli import main; main()", *args],
+            expect=(_SERVING, _HTTP_GATEWAY) if self.http_gateway else (_SERVING,),
+            ready_timeout_s=self.ready_timeout_s,
+            env=self.env,
         )
-        try:
-            async with asyncio.timeout(self.ready_timeout_s):
-                printed = await ready
-            b.endpoint = printed[_SERVING]
-            b.http_endpoint = printed.get(_HTTP_GATEWAY, "")
-        except (TimeoutError, ProcessClusterError) as err:
-            await self.kill(b)
-            if ready.done():
-                ready.exception()  # Retrieved: its exit is reported below.
-            raise ProcessClusterError(
-                f"broker {b.suffix} did not start ({err or 'timed out'}):\n{b.log_tail()}"
-            ) from err
+        b.endpoint = printed[_SERVING]
+        b.http_endpoint = printed.get(_HTTP_GATEWAY, "")
 
     async def kill(self, b: BrokerProcess) -> None:
         """kill -9 ``b`` (no hand-off, no persisting, lease left to expire); wait for it."""
-        proc = b.process
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        b.paused = False
-        await self._reap(b)
+        await b.kill()
 
     def pause(self, b: BrokerProcess) -> None:
         """SIGSTOP ``b``: it answers nothing (its sockets stay open) and its lease is not
         renewed, but it does not know; ``resume`` wakes it as a zombie."""
-        proc = b.process
-        if proc is None or proc.returncode is not None:
-            raise ProcessClusterError(f"broker {b.suffix}: not running")
-        proc.send_signal(signal.SIGSTOP)
-        b.paused = True
+        b.pause()
 
     def resume(self, b: BrokerProcess) -> None:
         """SIGCONT a broker paused with ``pause`` (a no-op if it has exited meanwhile)."""
-        proc = b.process
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGCONT)
-        b.paused = False
+        b.resume()
 
     async def terminate(
         self, b: BrokerProcess, timeout_s: float = exit_timeout_s_default
     ) -> tuple[int, float]:
         """SIGTERM ``b`` and wait for it to exit: (exit code, seconds it took). Kills it and
         raises ProcessClusterError if it is still running after ``timeout_s``."""
-        proc = b.process
-        if proc is None or proc.returncode is not None:
-            raise ProcessClusterError(f"broker {b.suffix}: not running")
         started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(timeout_s):
-                code = await proc.wait()
-        except TimeoutError:
-            await self.kill(b)
-            raise ProcessClusterError(
-                f"broker {b.suffix} still running {timeout_s}s after SIGTERM:\n{b.log_tail()}"
-            ) from None
-        await self._reap(b)
+        code = await b.terminate(timeout_s)
         return code, time.monotonic() - started
 
     async def restart(self, b: BrokerProcess) -> None:
@@ -328,10 +249,7 @@ class ProcessCluster:
     def kill_all_now(self) -> None:
         """SIGKILL every broker still running, synchronously (for teardown paths)."""
         for b in self.brokers:
-            if b.process is not None and b.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    b.process.kill()
-            b.paused = False
+            b.kill_now()
 
     async def close(self) -> None:
         """Kill every broker, close clients, stop etcd and remove the cluster's directory."""
@@ -350,27 +268,6 @@ class ProcessCluster:
             self.kill_all_now()
             if not self.keep_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
-
-    async def __aenter__(self) -> ProcessCluster:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def _reap(self, b: BrokerProcess) -> None:
-        task, b._stdout_task = b._stdout_task, None
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
 
     # --- Clients and journals ---
 
@@ -439,62 +336,3 @@ class ProcessCluster:
     def member_gone(self, b: BrokerProcess) -> Condition:
         """A condition: ``b``'s member key is no longer in etcd (lease expired or revoked)."""
         return member_gone(self.ks, self.root, b.zone, b.suffix)
-
-
-async def _read_stdout(
-    b: BrokerProcess, ready: asyncio.Future[dict[str, str]], expect: Sequence[str]
-) -> None:
-    """Resolve ``ready`` with what follows each of the ``expect`` prefixes the broker prints
-    (``serving on <endpoint>``, ...), then drain its stdout into its log until it exits (a pipe
-    nobody reads would stall it). Fails ``ready`` if it exits first."""
-    proc = b.process
-    assert proc is not None and proc.stdout is not None
-    printed: dict[str, str] = {}
-    with _open_log(b.log_path) as log:
-        while line := await proc.stdout.readline():
-            text = line.decode(errors="replace").strip()
-            for prefix in expect:
-                if text.startswith(prefix) and not ready.done():
-                    printed[prefix] = text[len(prefix) :]
-                    if printed.keys() >= set(expect):
-                        ready.set_result(printed)
-            _write_line(log, line)
-    code = await proc.wait()
-    if not ready.done():
-        ready.set_exception(ProcessClusterError(f"exited with status {code} before serving"))
-
-
-def reserve_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now, drawn at random below the kernel's ephemeral port range (so
-    that no outgoing connection takes it as its local port while its server is down)."""
-    low = _ephemeral_port_min()
-    for _ in range(reserve_port_attempts_max):
-        port = random.randrange(reserved_port_min, low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise ProcessClusterError(
-        f"no free port in [{reserved_port_min}, {low}) after {reserve_port_attempts_max} tries"
-    )
-
-
-def _ephemeral_port_min() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default.
-
-
-def _open_log(path: Path) -> IO[bytes]:
-    # Appends of a line or two, from tests: not worth a thread.
-    return open(path, "ab")
-
-
-def _write_line(log: IO[bytes], line: bytes) -> None:
-    log.write(b"[stdout] " + line)
-    log.flush()

@@ -7,20 +7,15 @@ import contextlib
 import gzip
 import hashlib
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from broker.testing.ports import free_port as free_port
+
 REPO = Path(__file__).resolve().parents[2]
 stop_timeout_s = 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

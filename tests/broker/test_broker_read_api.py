@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+import structlog
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import Appender, append
@@ -19,94 +20,33 @@ from broker.client.list_apply import list_all_fragments
 from broker.client.reader import Reader
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient
-from broker.fragment import codecs, naming
+from broker.fragment import codecs
 from broker.fragment.codecs import CompressionCodec
-from broker.fragment.index import FragmentIndex, QueryResult
 from broker.fragment.spool import LocalFragment
 from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI
+from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import OffsetNotYetAvailableError
 from broker.read_api import ReadAPI, closed_file_requeries_max
+from broker.read_hole import hole_wait_warning_s_default
+from tests.broker.read_testkit import (
+    JOURNAL,
+    FakeResolver,
+    Replica,
+    Servicer,
+    WatchedIndex,
+    commit,
+    serving,
+)
+from tests.broker.read_testkit import fragment_of as store_fragment
 
-JOURNAL = "a/journal"
 STORE = "memory://bucket/root/"
 NOW = 1_700_000_000.0
 BROKER_A = pb.ProcessSpec.ID(zone="zone-a", suffix="broker-a")
 BROKER_B = pb.ProcessSpec.ID(zone="zone-b", suffix="broker-b")
-
-
-# --- Fakes: a resolver, a replica, and servers of only the read-side handlers -----------------
-
-
-@dataclass
-class Replica:
-    index: FragmentIndex
-
-
-@dataclass
-class Resolution:
-    status: int
-    header: pb.Header
-    spec: pb.JournalSpec | None
-    replica: Replica | None
-    is_local: bool
-
-
-@dataclass
-class FakeResolver:
-    """Resolves every journal to one fixed answer, and records what it was asked."""
-
-    header: pb.Header
-    replica: Replica | None
-    spec: pb.JournalSpec | None = field(default_factory=lambda: pb.JournalSpec(name=JOURNAL))
-    status: int = pb.OK
-    calls: list[dict[str, Any]] = field(default_factory=list)
-
-    async def resolve(
-        self,
-        journal: str,
-        *,
-        require_primary: bool,
-        may_proxy: bool,
-        min_revision: int = 0,
-        proxy_header: pb.Header | None = None,
-    ) -> Resolution:
-        self.calls.append(
-            {"journal": journal, "may_proxy": may_proxy, "proxy_header": proxy_header}
-        )
-        status = self.status
-        if status == pb.OK and self.replica is None and not may_proxy:
-            status = pb.NOT_JOURNAL_BROKER
-        return Resolution(status, self.header, self.spec, self.replica, self.replica is not None)
-
-
-class Servicer(pb_grpc.JournalServicer):  # type: ignore[misc]
-    def __init__(self, read: ReadAPI, fragments: FragmentsAPI) -> None:
-        self.read_api = read
-        self.fragments_api = fragments
-
-    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
-        async for response in self.read_api.read(request, context):
-            yield response
-
-    async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> Any:
-        return await self.fragments_api.list_fragments(request, context)
-
-
-@contextlib.asynccontextmanager
-async def serving(servicer: Servicer) -> AsyncIterator[str]:
-    server = grpc.aio.server()
-    pb_grpc.add_JournalServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
 
 
 def header(endpoint: str = "", process: pb.ProcessSpec.ID = BROKER_A) -> pb.Header:
@@ -116,43 +56,6 @@ def header(endpoint: str = "", process: pb.ProcessSpec.ID = BROKER_A) -> pb.Head
     )
     out.process_id.CopyFrom(process)
     return out
-
-
-class WatchedIndex(FragmentIndex):
-    """Signals when a blocking read starts waiting, so tests need no sleeps."""
-
-    def __init__(self) -> None:
-        super().__init__(JOURNAL, clock=lambda: NOW)
-        self.waiting = asyncio.Event()
-
-    async def wait_for(self, offset: int, **kwargs: Any) -> QueryResult:
-        if not self.query(offset, **kwargs).found:
-            self.waiting.set()  # A reader is about to block.
-        return await super().wait_for(offset, **kwargs)
-
-
-def commit(index: FragmentIndex, begin: int, content: bytes) -> MemorySpoolFile:
-    file = MemorySpoolFile()
-    file.pwrite(content, 0)
-    fragment = pb.Fragment(
-        journal=JOURNAL,
-        begin=begin,
-        end=begin + len(content),
-        sum=naming.content_sum(content),
-        compression_codec=pb.NONE,
-    )
-    index.spool_commit(LocalFragment(fragment, file))
-    return file
-
-
-def store_fragment(begin: int, content: bytes, codec: CompressionCodec) -> pb.Fragment:
-    return pb.Fragment(
-        journal=JOURNAL,
-        begin=begin,
-        end=begin + len(content),
-        sum=naming.content_sum(content),
-        compression_codec=naming.pb_codec(codec),
-    )
 
 
 @dataclass
@@ -169,17 +72,26 @@ class Broker:
 
 @contextlib.asynccontextmanager
 async def broker(
-    *, chunk_bytes_max: int = 4, first_refresh_wait_s: float = 5.0
+    *,
+    chunk_bytes_max: int = 4,
+    first_refresh_wait_s: float = 5.0,
+    hole_wait_warning_s: float = hole_wait_warning_s_default,
 ) -> AsyncIterator[Broker]:
     buckets = MemoryBuckets(clock=lambda: NOW)
     registry = StoreRegistry({"memory": lambda url: MemoryStore(url, buckets=buckets)})
     store = registry.get(STORE)
     assert isinstance(store, MemoryStore)
-    index = WatchedIndex()
-    resolver = FakeResolver(header(), Replica(index))
+    index = WatchedIndex(clock=lambda: NOW)
+    resolver = FakeResolver(Replica(index), header())
     channels = ChannelPool()
     servicer = Servicer(
-        ReadAPI(resolver, registry, channels, chunk_bytes_max=chunk_bytes_max),
+        ReadAPI(
+            resolver,
+            registry,
+            channels,
+            chunk_bytes_max=chunk_bytes_max,
+            hole_wait_warning_s=hole_wait_warning_s,
+        ),
         FragmentsAPI(resolver, registry, channels, first_refresh_wait_s=first_refresh_wait_s),
     )
     async with serving(servicer) as endpoint:
@@ -292,6 +204,53 @@ async def test_jumps_over_a_gap_to_the_first_persisted_fragment() -> None:
         responses = await read_all(b.stub, offset=0)
     assert responses[0].offset == 100
     assert content_of(responses) == [(100, b"late")]
+
+
+async def test_a_read_waiting_at_a_hole_below_the_head_is_warned_once_and_counted() -> None:
+    """A blocking read at an offset no fragment covers, below the write head (a recent
+    persisted fragment after the hole, so the index will not jump it for hours), is reported
+    once it has waited hole_wait_warning_s, keeps waiting, and is served once the hole fills."""
+    async with broker(hole_wait_warning_s=0.05) as b:
+        after = store_fragment(100, b"late", CompressionCodec.NONE)
+        await b.store.put(after, b"late")
+        b.index.replace_remote(await b.store.list(JOURNAL))
+        counted = value_of("gazette_read_hole_waits_total")
+        with structlog.testing.capture_logs() as logs:
+            call = b.stub.Read(pb.ReadRequest(journal=JOURNAL, offset=50, block=True))
+            first = asyncio.ensure_future(call.read())
+            await b.index.timed_out.wait()
+            await b.index.waiting.wait()
+            assert not first.done()
+            # The upload that fills the hole is listed at last: the read goes on from it.
+            hole = store_fragment(50, b"x" * 50, CompressionCodec.NONE)
+            await b.store.put(hole, b"x" * 50)
+            b.index.replace_remote(await b.store.list(JOURNAL))
+            meta = await first
+            call.cancel()
+    holes = [e for e in logs if e["event"].startswith("blocking read waits at a hole")]
+    assert [(e["log_level"], e["journal"], e["offset"], e["write_head"]) for e in holes] == [
+        ("warning", JOURNAL, 50, 104)
+    ]
+    assert value_of("gazette_read_hole_waits_total") == counted + 1
+    assert (meta.status, meta.offset, meta.fragment.begin) == (pb.OK, 50, 50)
+
+
+async def test_a_read_waiting_at_the_write_head_is_not_a_hole() -> None:
+    async with broker(hole_wait_warning_s=0.05) as b:
+        commit(b.index, 0, b"0123456789")
+        counted = value_of("gazette_read_hole_waits_total")
+        with structlog.testing.capture_logs() as logs:
+            call = b.stub.Read(pb.ReadRequest(journal=JOURNAL, offset=10, block=True))
+            first = asyncio.ensure_future(call.read())
+            await b.index.timed_out.wait()
+            b.index.timed_out.clear()
+            await b.index.timed_out.wait()  # Waited twice the interval, at the head.
+            commit(b.index, 10, b"xyz")
+            meta = await first
+            call.cancel()
+    assert not [e for e in logs if e["event"].startswith("blocking read waits at a hole")]
+    assert value_of("gazette_read_hole_waits_total") == counted
+    assert (meta.status, meta.offset) == (pb.OK, 10)
 
 
 async def test_statuses_from_resolution_and_flags() -> None:

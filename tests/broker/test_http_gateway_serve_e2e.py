@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from broker.auth import APPEND, READ, Claims, KeyedAuth
+from broker.testing.ports import free_port
 
 # Upper bound on any one step; each takes well under a second.
 step_timeout_s = 30
@@ -28,12 +28,6 @@ step_timeout_s = 30
 assignment_wait_s = 20.0
 
 CURL = shutil.which("curl")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _http(
@@ -70,7 +64,7 @@ def _served(tmp_path: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
             "from broker.serve_cli import main; main()",
             "serve",
             "--port",
-            str(_free_port()),
+            str(free_port()),
             "--http-port",
             "0",
             "--data-dir",

@@ -28,7 +28,7 @@ from broker.client.route_cache import ChannelPool, JournalClient
 from broker.fragment.stores.file_store import PARTIAL_PREFIX
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
-from broker.testing.process_cluster import BrokerProcess
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 
 requires_etcd = pytest.mark.skipif(
     shutil.which("etcd") is None, reason="etcd not installed: run `make system-deps`"
@@ -225,6 +225,34 @@ def most(items: Sequence[str], key: Callable[[str], str | None]) -> str:
     """The most common ``key(item)`` (ties: the first seen)."""
     counts = Counter(k for k in map(key, items) if k is not None)
     return counts.most_common(1)[0][0]
+
+
+async def journals_and_victim(
+    cluster: ProcessCluster, names: Sequence[str]
+) -> tuple[BrokerProcess, list[str], JournalClient]:
+    """Create ``names`` (replication 3, over both zones) and pick the broker a fault test takes
+    down: the primary of the most of them. Returns it, the journals it serves, and a client
+    whose default broker is another."""
+    await cluster.apply(journal_spec(n, 3, cluster.store_url) for n in names)
+    await cluster.wait_until(cluster.journals_ready(names, 3, zones_min=2))
+    victim = cluster.broker(most(names, lambda n: p.suffix if (p := cluster.primary(n)) else None))
+    held = [n for n in names if victim.id in cluster.route(n).members]
+    client = cluster.client(next(b for b in cluster.brokers if b is not victim))
+    return victim, held, client
+
+
+async def count_duplicates(
+    client: JournalClient, names: Sequence[str], committed: dict[str, list[Committed]]
+) -> int:
+    """Check that each journal holds every record committed to it (``check_records``), and
+    return how many records are there more than once in all."""
+    duplicates = 0
+    for journal in names:
+        content = await read_journal(client, journal)
+        counts = check_records(journal, content, committed.get(journal, []))
+        assert len(counts) == len(committed.get(journal, []))
+        duplicates += sum(n - 1 for n in counts.values())
+    return duplicates
 
 
 async def replica_head(channels: ChannelPool, b: BrokerProcess, journal: str) -> int:

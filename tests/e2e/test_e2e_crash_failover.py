@@ -12,9 +12,8 @@ from e2e_workload import (
     FOUR_BROKERS,
     Writers,
     by_journal,
-    check_records,
-    journal_spec,
-    most,
+    count_duplicates,
+    journals_and_victim,
     read_journal,
     record,
     requires_etcd,
@@ -41,13 +40,8 @@ async def test_killed_broker_journals_regain_replicas_and_keep_their_bytes(
     cluster: ProcessCluster,
 ) -> None:
     names = [f"crash/journal-{i}" for i in range(8)]
-    await cluster.apply(journal_spec(n, 3, cluster.store_url) for n in names)
-    await cluster.wait_until(cluster.journals_ready(names, 3, zones_min=2))
-
     # The victim is the primary of the most journals; clients talk to another broker.
-    victim = cluster.broker(most(names, lambda n: p.suffix if (p := cluster.primary(n)) else None))
-    held = [n for n in names if victim.id in cluster.route(n).members]
-    client = cluster.client(next(b for b in cluster.brokers if b is not victim))
+    victim, held, client = await journals_and_victim(cluster, names)
     writers = Writers(client, names, count=4)
     writers.start()
     await writers.wait_for(200)
@@ -67,12 +61,7 @@ async def test_killed_broker_journals_regain_replicas_and_keep_their_bytes(
     assert held and all(victim.id not in cluster.route(n).members for n in held)
 
     committed = by_journal(before_kill)
-    duplicates = 0
-    for journal in names:
-        content = await read_journal(client, journal)
-        counts = check_records(journal, content, committed.get(journal, []))
-        assert len(counts) == len(committed.get(journal, []))
-        duplicates += sum(n - 1 for n in counts.values())
+    duplicates = await count_duplicates(client, names, committed)
     assert duplicates <= writers.retries  # Only a retried append can be there twice.
 
     # The new primaries take appends, after every byte from before.

@@ -10,10 +10,9 @@ from e2e_workload import (
     FOUR_BROKERS,
     Writers,
     by_journal,
-    check_records,
+    count_duplicates,
     fragment_files,
-    journal_spec,
-    most,
+    journals_and_victim,
     read_journal,
     requires_etcd,
     stored_prefix,
@@ -40,13 +39,8 @@ async def test_sigterm_under_append_load_hands_off_without_a_failed_append(
     cluster: ProcessCluster,
 ) -> None:
     names = [f"exit/journal-{i}" for i in range(8)]
-    await cluster.apply(journal_spec(n, 3, cluster.store_url) for n in names)
-    await cluster.wait_until(cluster.journals_ready(names, 3, zones_min=2))
-
     # The victim is the primary of the most journals; the appenders' default broker is another.
-    victim = cluster.broker(most(names, lambda n: p.suffix if (p := cluster.primary(n)) else None))
-    held = [n for n in names if victim.id in cluster.route(n).members]
-    client = cluster.client(next(b for b in cluster.brokers if b is not victim))
+    victim, held, client = await journals_and_victim(cluster, names)
     writers = Writers(client, names, count=6)
     writers.start()
     await writers.wait_for(150)
@@ -65,12 +59,7 @@ async def test_sigterm_under_append_load_hands_off_without_a_failed_append(
     await cluster.wait_until(cluster.journals_ready(names, 3, zones_min=2, exclude=[victim.suffix]))
 
     committed = by_journal(writers.committed)
-    duplicates = 0
-    for journal in names:
-        content = await read_journal(client, journal)
-        counts = check_records(journal, content, committed[journal])
-        assert len(counts) == len(committed[journal])
-        duplicates += sum(n - 1 for n in counts.values())
+    duplicates = await count_duplicates(client, names, committed)
     # A record is there twice only if its append was retried after an ambiguous failure (one
     # cut off by the exiting broker's RPC drain); normally there are none of either.
     assert duplicates <= writers.retries

@@ -14,7 +14,6 @@ the journal has moved, and none fails. Once ready, List through it shows every j
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -30,6 +29,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
 from broker.protocol.status import GazetteError, JournalNotFoundError
+from broker.testing.ports import free_port
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster, ProcessClusterError
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
@@ -48,12 +48,6 @@ append_attempts_max = 25
 STARTING = "starting"
 # Pause between two rounds of probes of the starting broker.
 probe_interval_s = 0.2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FixedPortCluster(ProcessCluster):
@@ -149,7 +143,7 @@ async def test_restarted_broker_answers_unavailable_until_it_knows_the_cluster(
     assert proxied, "the allocator gave broker-2 no primary"
 
     port = int(victim.endpoint.rsplit(":", 1)[1])
-    http_port = _free_port()
+    http_port = free_port()
     cluster.ports[victim.suffix] = (port, http_port)
     await cluster.kill(victim)
     restart = asyncio.create_task(cluster.start_broker(victim))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -23,6 +22,7 @@ import pytest
 from e2e_workload import journal_spec, read_journal, requires_etcd
 
 from broker.client.route_cache import JournalClient
+from broker.testing.ports import free_port
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
@@ -39,19 +39,13 @@ put_backoff_max_s = 2.0
 request_timeout_s = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class GatewayCluster(ProcessCluster):
     """A ProcessCluster whose brokers each serve an HTTP gateway on a port of their own."""
 
     def __init__(self, brokers: list[tuple[str, str]], **kwargs: object) -> None:
         super().__init__(brokers, **kwargs)  # type: ignore[arg-type]
         self.base_args = list(self.extra_args)
-        self.http_ports = {suffix: _free_port() for _, suffix in brokers}
+        self.http_ports = {suffix: free_port() for _, suffix in brokers}
 
     async def start_broker(self, b: BrokerProcess) -> None:
         # Read by the base class before its first await: each broker gets its own port.

@@ -18,7 +18,8 @@ from e2e_workload import requires_etcd
 from broker.testing.consumer_process import ConsumerProcess
 from broker.testing.moto_server import MotoServer
 from broker.testing.pg_server import BIN_DIR, PgServer
-from broker.testing.process_cluster import ProcessCluster, reserve_port
+from broker.testing.ports import reserve_port
+from broker.testing.process_cluster import ProcessCluster
 from broker.topology import lookup_member
 
 

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,6 +32,7 @@ from broker.keyspace.keyspace import KeySpace
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import GazetteError, ShardStatusError
+from broker.testing.served_process import ServedProcess
 from examples.counter import Counter
 from gazette_consumer.member import ConsumerConfig, ConsumerMember
 from gazette_consumer.shard_client import ShardClient
@@ -297,110 +295,31 @@ class CounterApp(Counter):
 
 # A consumer process that has not printed its endpoint this long after starting failed to start.
 process_ready_s = 60.0
-# Bytes of a consumer's log quoted when it did not start.
-process_log_tail_bytes = 4000
 
 
-@dataclass(eq=False)
-class ConsumerProcess:
-    """A ``gazette-consumer serve`` subprocess (restartable: a start is a new process with the
-    same arguments). Ready once it printed ``serving on``; the other lines it prints (the
-    embedded broker's and the metrics' addresses) are kept in ``printed``. Its log (stderr and
-    stdout) goes to ``log_path``, appended across restarts."""
+class ConsumerProcess(ServedProcess):
+    """``gazette-consumer serve <args>`` as a subprocess (restartable: a start is a new process
+    with the same arguments). Ready once it printed ``serving on`` (and, without ``--etcd``,
+    the embedded broker's address); what it printed is in ``printed``. Its log goes to
+    ``log_path``, appended across restarts (broker/testing/served_process.py)."""
 
-    args: list[str]
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    endpoint: str = ""
-    printed: dict[str, str] = field(default_factory=dict)
-    process: asyncio.subprocess.Process | None = None
-    starts: int = 0
-    _drain: asyncio.Task[None] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
+    def __init__(
+        self, args: list[str], log_path: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__("consumer process", log_path)
+        self.args = args
+        self.env = dict(env or {})
+        self.endpoint = ""
 
     async def start(self) -> None:
-        if self.running:
-            raise RuntimeError("consumer process: already running")
-        env = {**os.environ, **self.env}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
-        with self.log_path.open("ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gazette_consumer.runner",
-                "serve",
-                *self.args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,  # A file: an unread pipe would fill with logs and stall it.
-                env=env,
-            )
-        self.starts += 1
-        self.printed = {}
-        assert self.process.stdout is not None
-        # Printed at start: the metrics address (if served), then "serving on", then the
-        # embedded broker's address (without --etcd).
         expect = {"serving"} | ({"embedded broker"} if "--etcd" not in self.args else set())
-        try:
-            async with asyncio.timeout(process_ready_s):
-                while not expect <= self.printed.keys():
-                    line = (await self.process.stdout.readline()).decode().strip()
-                    if not line:
-                        raise RuntimeError(f"exited before serving:\n{self.log_tail()}")
-                    what, sep, where = line.partition(" on ")
-                    if sep:
-                        self.printed[what] = where
-            self.endpoint = self.printed["serving"]
-        except BaseException:
-            await self.kill()
-            raise
-        self._drain = asyncio.create_task(self._drain_stdout(), name="consumer stdout")
-
-    async def _drain_stdout(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        with self.log_path.open("ab") as log:
-            while line := await self.process.stdout.readline():
-                log.write(b"[stdout] " + line)
-                log.flush()
-
-    async def kill(self) -> None:
-        """SIGKILL (no hand-off, nothing flushed); wait for it to exit."""
-        proc = self.process
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await self._reap()
-
-    async def terminate(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM and wait for the exit code (killed, and an error raised, past timeout_s)."""
-        proc = self.process
-        assert proc is not None and proc.returncode is None, "not running"
-        proc.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(timeout_s):
-                code = await proc.wait()
-        except TimeoutError:
-            await self.kill()
-            raise AssertionError(f"still running {timeout_s}s after SIGTERM") from None
-        await self._reap()
-        return code
-
-    async def _reap(self) -> None:
-        task, self._drain = self._drain, None
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
-
-    def log_tail(self) -> str:
-        try:
-            return self.log_path.read_bytes()[-process_log_tail_bytes:].decode(errors="replace")
-        except OSError as err:
-            return f"(no log: {err})"
-
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+        printed = await self.spawn(
+            ["-m", "gazette_consumer.runner", "serve", *self.args],
+            expect=expect,
+            ready_timeout_s=process_ready_s,
+            env=self.env,
+        )
+        self.endpoint = printed["serving"]
 
 
 async def stat_through(

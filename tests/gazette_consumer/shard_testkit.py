@@ -37,6 +37,7 @@ from gazette_consumer.message.message import Envelope
 from gazette_consumer.message.publisher import Publisher
 from gazette_consumer.message.uuid import Flag
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
+from gazette_consumer.shard_handle import ShardHandle
 from gazette_consumer.stores.base import OpFuture, ShardContext, Store
 from gazette_consumer.stores.sql import SQLStore, create_checkpoints_table, create_sqlite_engine
 from tests.broker.broker_testkit import Cluster, journal_spec, local_content
@@ -127,6 +128,20 @@ async def sqlite_engine(path: Path) -> AsyncIterator[Engine]:
         yield await prepare_engine(engine)
     finally:
         engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def shard_env(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[BrokerEnv, Engine, AppendService]]:
+    """What most shard tests run in: an in-process broker (`broker_env`), a SQLite database
+    under `tmp_path` and an AppendService of the broker's client."""
+    async with (
+        broker_env() as env,
+        sqlite_engine(tmp_path) as engine,
+        AppendService(env.client) as appends,
+    ):
+        yield env, engine, appends
 
 
 @contextlib.asynccontextmanager
@@ -270,6 +285,10 @@ class Notifier:
         async with asyncio.timeout(timeout_s):
             while not predicate():
                 await self._event.wait()
+
+    async def read_through(self, handle: ShardHandle, journal: str, end: int) -> None:
+        """Until `handle`'s shard has read `journal` through `end`."""
+        await self.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
 
 
 # --- The counting Application -------------------------------------------------------------------

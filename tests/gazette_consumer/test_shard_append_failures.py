@@ -8,7 +8,6 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from broker.client.append_service import AppendService
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
@@ -20,11 +19,10 @@ from tests.gazette_consumer.shard_testkit import (
     CountingApp,
     Notifier,
     Producer,
-    broker_env,
     read_checkpoint,
     read_counts,
+    shard_env,
     shard_spec,
-    sqlite_engine,
 )
 
 FAILED = cpb.ReplicaStatus.FAILED
@@ -33,11 +31,7 @@ FAILED = cpb.ReplicaStatus.FAILED
 async def test_an_output_append_that_fails_before_the_commit_fails_the_transaction(
     tmp_path: Path,
 ) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         source = await env.journal("in/append-fails")
         # The output journal refuses appends (NOT_ALLOWED, not retried): the derived message's
         # batch fails at once, long before its transaction (of at least a second) closes.
@@ -66,11 +60,7 @@ async def test_an_output_append_that_fails_before_the_commit_fails_the_transacti
 async def test_stopping_a_shard_cancels_its_pending_appends_without_failure_logs(
     tmp_path: Path,
 ) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         source = await env.journal("in/stop-pending")
         output = await env.journal("out/stop-pending")
         # Its first commit is held: the ACK intent queued behind it stays pending, and the

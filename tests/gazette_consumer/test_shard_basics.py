@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.client.append_service import AppendService
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.validate import ValidationError
 from gazette_consumer.checkpoint import flatten_read_through
@@ -21,17 +20,14 @@ from tests.gazette_consumer.shard_testkit import (
     broker_env,
     read_checkpoint,
     read_counts,
+    shard_env,
     shard_spec,
     sqlite_engine,
 )
 
 
 async def test_counts_committed_messages_and_checkpoints_offsets(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/basic")
         app = CountingApp(engine)
         changed = Notifier()
@@ -42,7 +38,7 @@ async def test_counts_committed_messages_and_checkpoints_offsets(tmp_path: Path)
                 await producer.committed(journal, f"k{i % 3}")
             last = await producer.committed(journal, "k0")
             end = (await last).commit.end
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
             assert handle.status().code == cpb.ReplicaStatus.PRIMARY
         assert await read_counts(engine, "shard-1") == {"k0": 11, "k1": 10, "k2": 10}
         checkpoint = await read_checkpoint(engine, runner.fqn("shard-1"))
@@ -54,11 +50,7 @@ async def test_counts_committed_messages_and_checkpoints_offsets(tmp_path: Path)
 
 
 async def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/resume")
         app = CountingApp(engine)
         changed = Notifier()
@@ -67,24 +59,20 @@ async def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
         async with ShardRunner(app, env.client, root="/test/resume") as runner:
             handle = runner.start(spec, on_change=changed.notify)
             end = (await (await producer.committed(journal, "a"))).commit.end
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
             await runner.stop("shard-1")
             consumed_before = app.consumed_total
 
             end = (await (await producer.committed(journal, "b"))).commit.end
             handle = runner.start(spec, on_change=changed.notify)
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
         # The restarted shard read on from its checkpoint: "a" was not consumed again.
         assert [text for _, text, _ in app.consumed[consumed_before:]] == ["p-2"]
         assert await read_counts(engine, "shard-1") == {"a": 1, "b": 1}
 
 
 async def test_min_offset_skips_earlier_content(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/min-offset")
         producer = Producer(appends, "p")
         skipped = (await (await producer.committed(journal, "old"))).commit.end
@@ -95,7 +83,7 @@ async def test_min_offset_skips_earlier_content(tmp_path: Path) -> None:
         async with ShardRunner(app, env.client, root="/test/min-offset") as runner:
             handle = runner.start(spec, on_change=changed.notify)
             end = (await (await producer.committed(journal, "new"))).commit.end
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
         assert await read_counts(engine, "shard-1") == {"new": 1}
 
 
@@ -116,11 +104,7 @@ async def test_invalid_spec_is_refused_before_anything_starts(tmp_path: Path) ->
 
 
 async def test_standby_serves_once_promoted(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/standby")
         app = CountingApp(engine)
         changed = Notifier()
@@ -133,7 +117,7 @@ async def test_standby_serves_once_promoted(tmp_path: Path) -> None:
             end = (await (await producer.committed(journal, "k"))).commit.end
             assert app.stores == {}  # A standby opens no store.
             handle.promote()
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
             assert handle.status().code == cpb.ReplicaStatus.PRIMARY
         assert await read_counts(engine, "shard-1") == {"k": 1}
 
@@ -152,11 +136,7 @@ async def test_stop_is_idempotent_and_waits(tmp_path: Path) -> None:
 
 
 async def test_run_shards_serves_until_cancelled(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/run-shards")
         app = CountingApp(engine)
         bad = shard_spec("shard-bad", [journal])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from broker.client.append_service import AppendService, AsyncAppend
+from broker.client.append_service import AsyncAppend
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.application import Shard
 from gazette_consumer.checkpoint import equivalent
@@ -26,6 +26,7 @@ from tests.gazette_consumer.shard_testkit import (
     read_checkpoint,
     read_committed,
     read_counts,
+    shard_env,
     shard_spec,
     sqlite_engine,
 )
@@ -46,11 +47,7 @@ async def test_poisoned_message_fails_only_its_shard_and_commits_nothing(tmp_pat
 
 
 async def _poison_one_of_two_shards(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         in_a, in_b = await env.journal("in/poison-a"), await env.journal("in/poison-b")
         output = await env.journal("out/poison")
         app = CountingApp(engine, output=output)
@@ -119,11 +116,7 @@ class FailingFinalizeApp(CountingApp):
 
 
 async def test_failing_finalize_fails_the_shard_and_commits_nothing(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/finalize")
         app = FailingFinalizeApp(engine)
         changed = Notifier()
@@ -131,7 +124,7 @@ async def test_failing_finalize_fails_the_shard_and_commits_nothing(tmp_path: Pa
         async with ShardRunner(app, env.client, root="/test/finalize") as runner:
             handle = runner.start(shard_spec("shard-f", [journal]), on_change=changed.notify)
             end = (await (await producer.committed(journal, "k"))).commit.end
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
             before = await read_checkpoint(engine, handle.fqn)
             await producer.committed(journal, "k")
             await changed.until(lambda: handle.status().code == FAILED)
@@ -145,11 +138,7 @@ async def test_failing_finalize_fails_the_shard_and_commits_nothing(tmp_path: Pa
 
 
 async def test_zombie_commit_is_fenced_and_fails_the_shard(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/zombie")
         app = CountingApp(engine)
         changed = Notifier()
@@ -157,7 +146,7 @@ async def test_zombie_commit_is_fenced_and_fails_the_shard(tmp_path: Path) -> No
         async with ShardRunner(app, env.client, root="/test/zombie") as runner:
             handle = runner.start(shard_spec("shard-z", [journal]), on_change=changed.notify)
             end = (await (await producer.committed(journal, "k"))).commit.end
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
             # A newer primary restores the shard: this one is now a zombie.
             newer = SQLStore(engine)
             await newer.restore_checkpoint(SimpleShard(handle.fqn))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker.client.append_service import AppendService
 from gazette_consumer.message.uuid import Flag, get_flags, get_producer_id
 from gazette_consumer.shard_runner import ShardRunner
 from gazette_consumer.transaction import TxnPhase
@@ -16,21 +15,16 @@ from tests.gazette_consumer.shard_testkit import (
     GatedStore,
     Notifier,
     Producer,
-    broker_env,
     journal_frames,
     read_committed,
     read_counts,
+    shard_env,
     shard_spec,
-    sqlite_engine,
 )
 
 
 async def test_next_transaction_consumes_while_the_prior_commit_is_held(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         source = await env.journal("in/pipelined")
         output = await env.journal("out/pipelined")
         app = CountingApp(engine, output=output, hold_commits=2)

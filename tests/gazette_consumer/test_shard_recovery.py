@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from broker.client.append_service import AppendService, AsyncAppend
+from broker.client.append_service import AsyncAppend
 from broker.protocol import consumer_pb2 as cpb
 from broker.server import Broker
 from gazette_consumer.application import Shard
@@ -27,11 +27,10 @@ from tests.gazette_consumer.shard_testkit import (
     Event,
     Notifier,
     Producer,
-    broker_env,
     journal_frames,
     read_committed,
+    shard_env,
     shard_spec,
-    sqlite_engine,
     to,
 )
 
@@ -57,11 +56,7 @@ class AckCheckingApp(CountingApp):
 
 
 async def test_recovered_ack_intents_are_rewritten_before_consuming(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         source = await env.journal("in/recovery")
         output = await env.journal("out/recovery")
         fqn = f"{ROOT}/items/shard-r"

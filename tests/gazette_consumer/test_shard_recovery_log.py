@@ -36,7 +36,7 @@ def primary_of(handle: LocalShard) -> PrimaryShard:
 
 
 async def read_through(changed: Notifier, handle: LocalShard, journal: str, end: int) -> None:
-    await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+    await changed.read_through(handle, journal, end)
 
 
 async def test_counts_are_exactly_once_across_primary_restarts(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.client.append_service import AppendService
 from gazette_consumer.application import MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through
 from gazette_consumer.message.message import Envelope
@@ -23,6 +22,7 @@ from tests.gazette_consumer.shard_testkit import (
     broker_env,
     read_checkpoint,
     read_counts,
+    shard_env,
     shard_spec,
     sqlite_engine,
 )
@@ -101,11 +101,7 @@ async def test_an_application_may_supply_its_own_source(tmp_path: Path) -> None:
 async def _upstream_ack_run(tmp_path: Path, *, wait_for_ack: bool) -> CountingApp:
     """An upstream transaction is pending when a committed message arrives; its ACK follows
     once the shard consumed that message (or, if it does not wait, committed it)."""
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/upstream")
         app = CountingApp(engine)
         changed = Notifier()
@@ -123,7 +119,7 @@ async def _upstream_ack_run(tmp_path: Path, *, wait_for_ack: bool) -> CountingAp
                 await app.events.until(lambda: len(app.finishes) == 1)
             acks = await upstream.acknowledge()
             end = (await acks[0]).commit.end
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
         assert await read_counts(engine, "shard-up") == {"a": 1, "b": 1}
         return app
 
@@ -154,11 +150,7 @@ class SteppingClock:
 
 
 async def test_one_upstream_ack_is_consumed_in_one_transaction(tmp_path: Path) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         journal = await env.journal("in/grouped")
         app = CountingApp(engine)
         changed = Notifier()
@@ -174,7 +166,7 @@ async def test_one_upstream_ack_is_consumed_in_one_transaction(tmp_path: Path) -
             app, env.client, root="/test/grouped", clock=SteppingClock()
         ) as runner:
             handle = runner.start(spec, on_change=changed.notify)
-            await changed.until(lambda: handle.progress().read_through.get(journal, 0) >= end)
+            await changed.read_through(handle, journal, end)
         assert await read_counts(engine, "shard-group") == {"p": 3, "t": 20}
         # The timers expire at every look: each plain message closed its own transaction, but
         # the twenty messages of the ACK stayed together in one.

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.client.append_service import AppendService
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_runner import ShardRunner
@@ -20,10 +19,9 @@ from tests.gazette_consumer.shard_testkit import (
     CountingApp,
     Event,
     Producer,
-    broker_env,
     read_counts,
+    shard_env,
     shard_spec,
-    sqlite_engine,
     to,
 )
 
@@ -44,11 +42,7 @@ async def group() -> AsyncIterator[Group]:
 async def test_stat_returns_once_non_delivering_content_was_read(
     group: Group, tmp_path: Path
 ) -> None:
-    async with (
-        broker_env() as env,
-        sqlite_engine(tmp_path) as engine,
-        AppendService(env.client) as appends,
-    ):
+    async with shard_env(tmp_path) as (env, engine, appends):
         source = await env.journal("in/stat")
         spec = shard_spec("shard-stat", [source])
         app = CountingApp(engine)

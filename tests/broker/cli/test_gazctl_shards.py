@@ -19,6 +19,7 @@ import yaml
 
 from broker.cli import gazctl
 from broker.protocol import consumer_pb2 as cpb
+from broker.testing.ports import free_port
 from tests.gazette_consumer.consumer_testkit import Group, Node, primary_and_standbys
 
 SPACE = """\
@@ -158,12 +159,6 @@ async def test_bad_selectors_and_unreachable_consumers(
 step_timeout_s = 30
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _gazctl(consumer: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CONSUMER_ADDRESS=consumer)
     return subprocess.run(
@@ -178,7 +173,7 @@ def _gazctl(consumer: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def consumer_process(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "consumer.log").open("wb")
     # Embedded mode (no --etcd): keyspace, broker and consumer in one process.
     proc = subprocess.Popen(

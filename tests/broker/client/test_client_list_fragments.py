@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -18,60 +16,22 @@ from broker.fragment.index import FragmentIndex
 from broker.fragment.stores.registry import StoreRegistry
 from broker.fragments_api import FragmentsAPI
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import NotAllowedError
-
-JOURNAL = "a/journal"
-
-
-@dataclass
-class Replica:
-    index: FragmentIndex
-
-
-@dataclass
-class Resolution:
-    status: int
-    header: pb.Header
-    spec: pb.JournalSpec | None
-    replica: Replica | None
-    is_local: bool = True
-
-
-@dataclass
-class FakeResolver:
-    replica: Replica
-    flags: int = 0
-
-    async def resolve(self, journal: str, **kwargs: Any) -> Resolution:
-        spec = pb.JournalSpec(name=journal, flags=self.flags)
-        return Resolution(pb.OK, pb.Header(), spec, self.replica)
-
-
-class Servicer(pb_grpc.JournalServicer):  # type: ignore[misc]
-    def __init__(self, api: FragmentsAPI) -> None:
-        self.api = api
-
-    async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> Any:
-        return await self.api.list_fragments(request, context)
+from tests.broker.read_testkit import JOURNAL, FakeResolver, Replica, Servicer, serving
 
 
 @contextlib.asynccontextmanager
-async def serving(resolver: FakeResolver) -> AsyncIterator[JournalClient]:
+async def listing(resolver: FakeResolver) -> AsyncIterator[JournalClient]:
+    """A client of a FragmentsAPI over ``resolver``, served on loopback."""
     channels = ChannelPool()
-    server = grpc.aio.server()
-    pb_grpc.add_JournalServicer_to_server(
-        Servicer(FragmentsAPI(resolver, StoreRegistry({}), channels)), server
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    client = JournalClient(f"http://127.0.0.1:{port}")
-    try:
-        yield client
-    finally:
-        await client.close()
-        await channels.close()
-        await server.stop(None)
+    servicer = Servicer(fragments=FragmentsAPI(resolver, StoreRegistry({}), channels))
+    async with serving(servicer) as endpoint:
+        client = JournalClient(endpoint)
+        try:
+            yield client
+        finally:
+            await client.close()
+            await channels.close()
 
 
 def indexed(count: int) -> FragmentIndex:
@@ -91,7 +51,7 @@ def indexed(count: int) -> FragmentIndex:
 
 
 async def test_joins_every_page() -> None:
-    async with serving(FakeResolver(Replica(indexed(7)))) as client:
+    async with listing(FakeResolver(Replica(indexed(7)))) as client:
         response = await list_all_fragments(
             client, pb.FragmentsRequest(journal=JOURNAL, page_limit=3)
         )
@@ -100,7 +60,7 @@ async def test_joins_every_page() -> None:
 
 
 async def test_continues_from_a_page_token_and_filters() -> None:
-    async with serving(FakeResolver(Replica(indexed(7)))) as client:
+    async with listing(FakeResolver(Replica(indexed(7)))) as client:
         response = await list_all_fragments(
             client,
             pb.FragmentsRequest(
@@ -112,7 +72,7 @@ async def test_continues_from_a_page_token_and_filters() -> None:
 
 async def test_statuses_are_raised() -> None:
     resolver = FakeResolver(Replica(indexed(1)), flags=pb.JournalSpec.O_WRONLY)
-    async with serving(resolver) as client:
+    async with listing(resolver) as client:
         with pytest.raises(NotAllowedError):
             await list_all_fragments(client, pb.FragmentsRequest(journal=JOURNAL))
         with pytest.raises(grpc.aio.AioRpcError) as info:

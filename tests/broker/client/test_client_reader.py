@@ -4,14 +4,8 @@ FragmentIndex populated directly), including direct reads of file:// fragments b
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import grpc
-import grpc.aio
 import pytest
 
 from broker.client.reader import (
@@ -22,146 +16,28 @@ from broker.client.reader import (
     Reader,
 )
 from broker.client.retry_reader import RetryReader, backoff_s
-from broker.client.route_cache import ChannelPool, JournalClient
+from broker.client.route_cache import JournalClient
 from broker.fragment import codecs, naming
 from broker.fragment.codecs import CompressionCodec
-from broker.fragment.index import FragmentIndex, QueryResult
-from broker.fragment.spool import LocalFragment
-from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.base import BytesReader
-from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import (
     JournalNotFoundError,
     NotJournalBrokerError,
     OffsetNotYetAvailableError,
 )
-from broker.read_api import ReadAPI
+from tests.broker.read_testkit import (
+    FILE_STORE,
+    JOURNAL,
+    Replica,
+    WatchedIndex,
+    commit,
+    env,
+    persist,
+    route_header,
+)
 
-JOURNAL = "a/journal"
-STORE = "file:///store/"
-BROKER = pb.ProcessSpec.ID(zone="zone-a", suffix="broker-a")
-
-
-@dataclass
-class Replica:
-    index: FragmentIndex
-
-
-@dataclass
-class Resolution:
-    status: int
-    header: pb.Header
-    spec: pb.JournalSpec | None
-    replica: Replica | None
-    is_local: bool = True
-
-
-@dataclass
-class FakeResolver:
-    replica: Replica
-    header: pb.Header = field(default_factory=pb.Header)
-    status: int = pb.OK
-    calls: int = 0
-
-    async def resolve(self, journal: str, **kwargs: Any) -> Resolution:
-        self.calls += 1
-        return Resolution(self.status, self.header, pb.JournalSpec(name=journal), self.replica)
-
-
-class WatchedIndex(FragmentIndex):
-    def __init__(self) -> None:
-        super().__init__(JOURNAL)
-        self.waiting = asyncio.Event()
-
-    async def wait_for(self, offset: int, **kwargs: Any) -> QueryResult:
-        if not self.query(offset, **kwargs).found:
-            self.waiting.set()  # A reader is about to block.
-        return await super().wait_for(offset, **kwargs)
-
-
-class Servicer(pb_grpc.JournalServicer):  # type: ignore[misc]
-    def __init__(self, api: ReadAPI) -> None:
-        self.api = api
-
-    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:
-        async for response in self.api.read(request, context):
-            yield response
-
-
-@dataclass
-class Env:
-    resolver: FakeResolver
-    registry: StoreRegistry
-    client: JournalClient
-    endpoint: str
-
-    @property
-    def index(self) -> WatchedIndex:
-        index = self.resolver.replica.index
-        assert isinstance(index, WatchedIndex)
-        return index
-
-
-def route_header(endpoint: str) -> pb.Header:
-    out = pb.Header(
-        route=pb.Route(members=[BROKER], primary=0, endpoints=[endpoint]),
-        etcd=pb.Header.Etcd(cluster_id=1, revision=3),
-    )
-    out.process_id.CopyFrom(BROKER)
-    return out
-
-
-@contextlib.asynccontextmanager
-async def env(tmp_path: Path, *, broker_chunk_bytes: int = 4) -> AsyncIterator[Env]:
-    (tmp_path / "store").mkdir(exist_ok=True)
-    registry = new_registry(file_root=tmp_path)
-    resolver = FakeResolver(Replica(WatchedIndex()))
-    channels = ChannelPool()
-    api = ReadAPI(resolver, registry, channels, chunk_bytes_max=broker_chunk_bytes)
-    server = grpc.aio.server()
-    pb_grpc.add_JournalServicer_to_server(Servicer(api), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    resolver.header = route_header(endpoint)
-    client = JournalClient(endpoint)
-    try:
-        yield Env(resolver, registry, client, endpoint)
-    finally:
-        await client.close()
-        await channels.close()
-        await server.stop(None)
-
-
-def commit(index: FragmentIndex, begin: int, content: bytes) -> None:
-    file = MemorySpoolFile()
-    file.pwrite(content, 0)
-    fragment = pb.Fragment(
-        journal=JOURNAL,
-        begin=begin,
-        end=begin + len(content),
-        sum=naming.content_sum(content),
-        compression_codec=pb.NONE,
-    )
-    index.spool_commit(LocalFragment(fragment, file))
-
-
-async def persist(e: Env, begin: int, content: bytes, codec: CompressionCodec) -> pb.Fragment:
-    """Put `content` in the file:// store and index what the store lists."""
-    fragment = pb.Fragment(
-        journal=JOURNAL,
-        begin=begin,
-        end=begin + len(content),
-        sum=naming.content_sum(content),
-        compression_codec=naming.pb_codec(codec),
-    )
-    store = e.registry.get(STORE)
-    await store.put(fragment, codecs.compress(codec, content))
-    listed = await store.list(JOURNAL)
-    e.index.replace_remote(listed)
-    return next(f for f in listed if f.begin == begin)
+STORE = FILE_STORE
 
 
 async def drain(reader: Reader | RetryReader) -> list[Chunk]:
@@ -318,7 +194,7 @@ async def test_retry_reader_gives_up_after_attempts_max(tmp_path: Path) -> None:
         with pytest.raises(NotJournalBrokerError):
             await reader.read()
         assert slept == [backoff_s(1), backoff_s(2), backoff_s(3)]
-        assert e.resolver.calls == 4
+        assert len(e.resolver.calls) == 4
 
 
 async def test_retry_reader_surfaces_non_retriable_answers(tmp_path: Path) -> None:
@@ -336,7 +212,7 @@ async def test_retry_reader_surfaces_non_retriable_answers(tmp_path: Path) -> No
             await reader.read()
         # A just-created journal gets a few attempts to propagate first.
         assert len(slept) == 3
-        assert e.resolver.calls == 5
+        assert len(e.resolver.calls) == 5
 
 
 async def test_retry_reader_seek(tmp_path: Path) -> None:
@@ -356,7 +232,7 @@ async def test_retry_reader_metadata_only_answers_once(tmp_path: Path) -> None:
         )
         assert await reader.read_chunk() == Chunk(4, b"")
         assert (reader.response.fragment.end, reader.response.write_head) == (10, 10)
-        assert e.resolver.calls == 1
+        assert len(e.resolver.calls) == 1
 
 
 @pytest.mark.parametrize("whole_bytes_max", [1 << 20, 8], ids=["whole", "streamed"])

@@ -13,7 +13,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from broker.client.reader import DataLossError, FragmentIntegrityError
+from broker.client.reader import Chunk, DataLossError, FragmentIntegrityError
 from broker.client.retry_reader import (
     RetryReader,
     attempt_healthy_s,
@@ -24,15 +24,7 @@ from broker.client.retry_reader import (
 from broker.fragment import naming
 from broker.fragment.codecs import CompressionCodec
 from broker.protocol import protocol_pb2 as pb
-from tests.broker.client.test_client_reader import (
-    JOURNAL,
-    Chunk,
-    Replica,
-    WatchedIndex,
-    commit,
-    env,
-    persist,
-)
+from tests.broker.read_testkit import JOURNAL, Replica, WatchedIndex, commit, env, persist
 
 CONTENT = b"0123456789"
 WINDOW_S = 60.0

@@ -6,56 +6,24 @@ from __future__ import annotations
 import structlog
 
 from gazette_consumer.sequencer import (
-    FLAG_ACK_TXN,
-    FLAG_CONTINUE_TXN,
-    FLAG_OUTSIDE_TXN,
     JournalProducer,
     ProducerState,
-    QueueOutcome,
     ReplayRequired,
-    SeqEnvelope,
     Sequencer,
 )
-
-OUT, CONT, ACK = FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN
-J = "test/journal"
-A = bytes.fromhex("01aaaaaaaaaa")
-B = bytes.fromhex("01bbbbbbbbbb")
-ZERO = bytes(6)
-Q = QueueOutcome
-
-
-class Gen:
-    """Envelopes at increasing offsets with 2 bytes of dead space between them."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-        self.all: list[SeqEnvelope] = []
-
-    def __call__(self, producer: bytes, clock: int, flags: int) -> SeqEnvelope:
-        env = SeqEnvelope(J, self.offset, self.offset + 100, producer, clock, flags, len(self.all))
-        self.offset += 102
-        self.all.append(env)
-        return env
-
-    def replay(self, seq: Sequencer) -> ReplayRequired:
-        """Service the Sequencer's replay request from everything generated so far."""
-        r = seq.replay_required
-        assert r is not None
-        seq.replay(e for e in self.all if r.begin <= e.begin and e.end <= r.end)
-        return r
-
-
-def queue(seq: Sequencer, *envs: SeqEnvelope) -> list[QueueOutcome]:
-    return [seq.queue_uncommitted(env) for env in envs]
-
-
-def drain(seq: Sequencer) -> list[SeqEnvelope]:
-    out = []
-    while seq.step():
-        assert seq.dequeued is not None
-        out.append(seq.dequeued)
-    return out
+from tests.gazette_consumer.sequencer.sequencer_testkit import (
+    ACK,
+    CONT,
+    OUT,
+    ZERO,
+    A,
+    B,
+    Gen,
+    J,
+    Q,
+    drain,
+    queue,
+)
 
 
 def test_ack_commits_only_clocks_up_to_its_own() -> None:

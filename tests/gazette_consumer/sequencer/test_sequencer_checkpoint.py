@@ -5,60 +5,25 @@ from __future__ import annotations
 import pytest
 
 from gazette_consumer.sequencer import (
-    FLAG_ACK_TXN,
-    FLAG_CONTINUE_TXN,
-    FLAG_OUTSIDE_TXN,
-    JournalProducer,
     ProducerState,
-    QueueOutcome,
     ReplayRequired,
-    SeqEnvelope,
     Sequencer,
     SequencerCheckpoint,
 )
-
-OUT, CONT, ACK = FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN
-J = "test/journal"
-A = bytes.fromhex("01aaaaaaaaaa")
-B = bytes.fromhex("01bbbbbbbbbb")
-C = bytes.fromhex("01cccccccccc")
-Q = QueueOutcome
-
-
-def jp(producer: bytes) -> JournalProducer:
-    return JournalProducer(J, producer)
-
-
-class Gen:
-    """Envelopes at increasing offsets with 2 bytes of dead space between them."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-        self.all: list[SeqEnvelope] = []
-
-    def __call__(self, producer: bytes, clock: int, flags: int) -> SeqEnvelope:
-        env = SeqEnvelope(J, self.offset, self.offset + 100, producer, clock, flags, len(self.all))
-        self.offset += 102
-        self.all.append(env)
-        return env
-
-    def replay(self, seq: Sequencer) -> ReplayRequired:
-        r = seq.replay_required
-        assert r is not None
-        seq.replay(e for e in self.all if r.begin <= e.begin and e.end <= r.end)
-        return r
-
-
-def queue(seq: Sequencer, *envs: SeqEnvelope) -> list[QueueOutcome]:
-    return [seq.queue_uncommitted(env) for env in envs]
-
-
-def drain(seq: Sequencer) -> list[SeqEnvelope]:
-    out = []
-    while seq.step():
-        assert seq.dequeued is not None
-        out.append(seq.dequeued)
-    return out
+from tests.gazette_consumer.sequencer.sequencer_testkit import (
+    ACK,
+    CONT,
+    OUT,
+    A,
+    B,
+    C,
+    Gen,
+    J,
+    Q,
+    drain,
+    jp,
+    queue,
+)
 
 
 def restart(seq: Sequencer, ring_size: int = 12) -> Sequencer:

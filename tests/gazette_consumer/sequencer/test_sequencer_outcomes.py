@@ -3,49 +3,23 @@
 from __future__ import annotations
 
 from gazette_consumer.sequencer import (
-    FLAG_ACK_TXN,
-    FLAG_CONTINUE_TXN,
-    FLAG_OUTSIDE_TXN,
     JournalProducer,
     ProducerState,
     QueueOutcome,
     ReplayRequired,
-    SeqEnvelope,
     Sequencer,
 )
-
-OUT, CONT, ACK = FLAG_OUTSIDE_TXN, FLAG_CONTINUE_TXN, FLAG_ACK_TXN
-J = "test/journal"
-A = bytes.fromhex("01aaaaaaaaaa")
-B = bytes.fromhex("01bbbbbbbbbb")
-
-
-class Gen:
-    """Envelopes at increasing offsets, leaving 2 bytes of dead space between them: the
-    Sequencer must not assume a journal's messages are contiguous."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-
-    def __call__(self, producer: bytes, clock: int, flags: int) -> SeqEnvelope:
-        env = SeqEnvelope(
-            J, self.offset, self.offset + 100, producer, clock, flags, f"{producer.hex()}@{clock}"
-        )
-        self.offset += 102
-        return env
-
-
-def queue(seq: Sequencer, *envs: SeqEnvelope) -> list[QueueOutcome]:
-    return [seq.queue_uncommitted(env) for env in envs]
-
-
-def drain(seq: Sequencer) -> list[SeqEnvelope]:
-    out = []
-    while seq.step():
-        assert seq.dequeued is not None
-        out.append(seq.dequeued)
-    assert seq.dequeued is None
-    return out
+from tests.gazette_consumer.sequencer.sequencer_testkit import (
+    ACK,
+    CONT,
+    OUT,
+    A,
+    B,
+    Gen,
+    J,
+    drain,
+    queue,
+)
 
 
 def state(seq: Sequencer, producer: bytes) -> ProducerState:
@@ -53,7 +27,7 @@ def state(seq: Sequencer, producer: bytes) -> ProducerState:
 
 
 def test_outside_commit() -> None:
-    seq, gen = Sequencer(4), Gen()
+    seq, gen = Sequencer(4), Gen(named=True)
     a1, a2 = gen(A, 1, OUT), gen(A, 2, OUT)
 
     assert queue(seq, a1) == [QueueOutcome.OUTSIDE_COMMIT]
@@ -66,7 +40,7 @@ def test_outside_commit() -> None:
 
 
 def test_outside_already_acked() -> None:
-    seq, gen = Sequencer(4), Gen()
+    seq, gen = Sequencer(4), Gen(named=True)
     a1, a2 = gen(A, 1, OUT), gen(A, 2, OUT)
     a1_dup, a2_dup = gen(A, 1, OUT), gen(A, 2, OUT)
     assert queue(seq, a1) == [QueueOutcome.OUTSIDE_COMMIT]
@@ -81,7 +55,7 @@ def test_outside_already_acked() -> None:
 
 
 def test_continue_already_acked() -> None:
-    seq, gen = Sequencer(4), Gen()
+    seq, gen = Sequencer(4), Gen(named=True)
     a1, a2_ack = gen(A, 1, CONT), gen(A, 2, ACK)
     a1_dup = gen(A, 1, CONT)
     assert queue(seq, a1, a2_ack) == [
@@ -97,7 +71,7 @@ def test_continue_already_acked() -> None:
 
 
 def test_continue_begin_span() -> None:
-    seq, gen = Sequencer(4), Gen()
+    seq, gen = Sequencer(4), Gen(named=True)
     a5 = gen(A, 5, CONT)
 
     assert queue(seq, a5) == [QueueOutcome.CONTINUE_BEGIN_SPAN]
@@ -110,7 +84,7 @@ def test_continue_begin_span() -> None:
 
 
 def test_continue_extend_span() -> None:
-    seq, gen = Sequencer(4), Gen()
+    seq, gen = Sequencer(4), Gen(named=True)
     a1, a2, a3_ack = gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
 
     assert queue(seq, a1, a2) == [
@@ -125,7 +99,7 @@ def test_continue_extend_span() -> None:
 
 
 def test_continue_txn_clock_larger() -> None:
-    seq, gen = Sequencer(8), Gen()
+    seq, gen = Sequencer(8), Gen(named=True)
     a1, a2 = gen(A, 1, CONT), gen(A, 2, CONT)
     a1_dup, a2_dup = gen(A, 1, CONT), gen(A, 2, CONT)  # A retried append of a1, a2.
     a3_ack = gen(A, 3, ACK)
@@ -141,7 +115,7 @@ def test_continue_txn_clock_larger() -> None:
 
 
 def test_ack_empty() -> None:
-    seq, gen = Sequencer(4), Gen()
+    seq, gen = Sequencer(4), Gen(named=True)
     a1_ack = gen(A, 1, ACK)
 
     assert queue(seq, a1_ack) == [QueueOutcome.ACK_EMPTY]
@@ -153,7 +127,7 @@ def test_ack_empty() -> None:
 
 
 def test_ack_commit_ring_without_head_of_line_blocking() -> None:
-    seq, gen = Sequencer(8), Gen()
+    seq, gen = Sequencer(8), Gen(named=True)
     a1, b1, a2, a3_ack = gen(A, 1, CONT), gen(B, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
     b2_ack = gen(B, 2, ACK)
 
@@ -176,7 +150,7 @@ def test_ack_commit_ring_without_head_of_line_blocking() -> None:
 
 
 def test_ack_commit_replay() -> None:
-    seq, gen = Sequencer(2), Gen()
+    seq, gen = Sequencer(2), Gen(named=True)
     a1, b1, a2, a3_ack = gen(A, 1, CONT), gen(B, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
 
     assert queue(seq, a1, b1, a2, a3_ack) == [
@@ -195,7 +169,7 @@ def test_ack_commit_replay() -> None:
 
 
 def test_ack_rollback() -> None:
-    seq, gen = Sequencer(8), Gen()
+    seq, gen = Sequencer(8), Gen(named=True)
     a1, a2_ack = gen(A, 1, CONT), gen(A, 2, ACK)
     a3, a4 = gen(A, 3, CONT), gen(A, 4, CONT)
     a2_resent = gen(A, 2, ACK)  # The producer restarted and re-sent its last ACK.
