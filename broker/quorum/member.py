@@ -185,6 +185,10 @@ class Member:
             return
         if self.name not in msg.ensemble:
             raise ProtocolError(f"{self.name}: BecomeLeader for an ensemble without it")
+        if not self.voter:
+            # Chosen on the answer it gave before its disk was lost: it holds nothing of what
+            # it reported. It does not lead; the coordinator replaces a leader that is silent.
+            return
         self.log.led_term = msg.term  # durably, before anything is written in the term
         self.state = state
         self.leader_hint = self.name
