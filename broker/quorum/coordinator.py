@@ -258,8 +258,11 @@ class Coordinator:
             return
         if self.state is CoordState.FENCING:
             self._responses[resp.member] = resp
-            if len(self._responses) >= self.rules.quorum(len(self.ensemble)):
-                chosen = self.rules.choose_leader(list(self._responses.values()))
+            # Only voters elect (a member with a lost disk does not); the others still get
+            # aligned as followers of the chosen leader.
+            voters = [r for r in self._responses.values() if r.voter]
+            if len(voters) >= self.rules.quorum(len(self.ensemble)):
+                chosen = self.rules.choose_leader(voters)
                 self._go(CoordEvent.MAJORITY_FENCED)
                 known = self._known
                 if known is None or self._claim is None:

@@ -185,6 +185,14 @@ class LeaderRole:
         cursor = self.cursors.get(resp.member)
         if resp.term != self.term or cursor is None:
             return 0
+        if resp.status is ReplyStatus.LOST:
+            # Whatever this follower acknowledged is gone: align it again from its new log
+            # (acknowledgements already counted stay counted: that disk loss is the one the
+            # mode tolerates).
+            del self.cursors[resp.member]
+            empty = NewTermResponse(resp.term, resp.member, "fenced", resp.head, resp.head, ())
+            self.add_follower(empty, now)
+            return 0
         log, head = self.log, resp.head
         if head.index > log.head_index or (head.index >= log.base.index and not log.has(head)):
             raise LogDivergedError(

@@ -53,12 +53,16 @@ class Member:
         log: ReplicaLog,
         config: QuorumConfig | None = None,
         rules: Rules = CORRECT_RULES,
+        *,
+        lost_state: bool = False,
     ) -> None:
         self.name = name
         self.log = log
         self.config = config or QuorumConfig()
         self.rules = rules
         self.state = ReplicaState.FENCED if log.term > 0 else ReplicaState.NOT_MEMBER
+        # `lost_state`: the shell knows this member's log is not the one it had (a new disk).
+        self.lost_state = lost_state
         self.leader: LeaderRole | None = None
         self.leader_hint = ""
         # How far the snapshot store holds the journal, as far as this member knows.
@@ -78,6 +82,15 @@ class Member:
     @property
     def term(self) -> int:
         return self.log.term
+
+    @property
+    def voter(self) -> bool:
+        """Whether this member's head counts in an election (Rules.may_vote). Latched: once
+        caught up, a later alignment (truncating back into an earlier term) does not make it a
+        non-voter again; its log then holds everything committed before its loss."""
+        if self.lost_state and self.rules.may_vote(self.lost_state, self.log):
+            self.lost_state = False  # the shell persists this (it clears its lost mark)
+        return self.rules.may_vote(self.lost_state, self.log)
 
     @property
     def read_limit(self) -> int:
@@ -104,6 +117,8 @@ class Member:
                 self._on_snapshot(msg, now)
             case _:
                 raise ProtocolError(f"{self.name}: unknown message {msg!r}")
+        if self.lost_state:
+            _ = self.voter  # latch as soon as it caught up (a shell persists that)
 
     def tick(self, now: int) -> None:
         if self.leader is not None:
@@ -154,7 +169,9 @@ class Member:
         log = self.log
         commit = EntryId(log.term_at(log.commit_index) or 0, log.commit_index)
         summary = log.term_summary(log.commit_index)
-        resp = NewTermResponse(log.term, self.name, self.state.value, log.head, commit, summary)
+        resp = NewTermResponse(
+            log.term, self.name, self.state.value, log.head, commit, summary, self.voter
+        )
         self.outbox.append((msg.coordinator, resp))
 
     def _on_become_leader(self, msg: BecomeLeader, now: int) -> None:
@@ -168,6 +185,10 @@ class Member:
             return
         if self.name not in msg.ensemble:
             raise ProtocolError(f"{self.name}: BecomeLeader for an ensemble without it")
+        if not self.voter:
+            # Chosen on the answer it gave before its disk was lost: it holds nothing of what
+            # it reported. It does not lead; the coordinator replaces a leader that is silent.
+            return
         self.log.led_term = msg.term  # durably, before anything is written in the term
         self.state = state
         self.leader_hint = self.name
@@ -203,6 +224,9 @@ class Member:
         state = next_state(self.state, Event.TRUNCATE)
         log = self.log
         if log.aligned_term != msg.term:  # else a re-delivery: already aligned in this term
+            if not log.has(msg.to) and self.lost_state:
+                self._answer(msg.leader, ReplyStatus.LOST)  # aligned on its lost log
+                return
             if not log.has(msg.to):
                 raise LogDivergedError(
                     f"{self.name}: told to truncate after {msg.to}, which it does not hold"
@@ -223,6 +247,9 @@ class Member:
         state = next_state(self.state, Event.REPLICATE)
         log = self.log
         if log.aligned_term != msg.term:
+            if self.lost_state:
+                self._answer(msg.leader, ReplyStatus.LOST)  # aligned on its lost log
+                return
             raise ProtocolError(f"{self.name}: Replicate of term {msg.term} before alignment")
         prev = msg.prev
         if prev.index > log.head_index:
@@ -298,6 +325,15 @@ class Member:
                 self._answer(leader, ReplyStatus.STALE)
             return False
         if term > self.log.term:
+            if self.lost_state and self.log.term == 0 and leader:
+                # Its log is new: it forgot the term it had joined, and the leader may think
+                # it aligned. Join the term (a non-voter: nothing to fence) and say so.
+                self.state = next_state(self.state, Event.NEW_TERM)
+                self._step_down(term)
+                self._answer(leader, ReplyStatus.LOST)
+                return False
+            if self.lost_state and self.log.term == 0:
+                return False  # a coordinator's, for a term it forgot: NewTerm comes again
             raise TermNotJoinedError(
                 f"{self.name}: a message of term {term}, but fenced only into {self.log.term}"
             )

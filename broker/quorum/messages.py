@@ -39,6 +39,9 @@ class NewTermResponse:
     head: EntryId
     commit: EntryId
     term_summary: tuple[EntryId, ...]
+    # False for a member that lost its log (a new disk) and no leader has aligned yet: its
+    # empty head must not count in an election (Rules.may_vote).
+    voter: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,9 @@ class ReplyStatus(enum.Enum):
     GAP = "gap"
     # The follower is in a newer term (`term` says which): the leader is deposed.
     STALE = "stale"
+    # The follower lost its log (a new disk) since the leader last aligned it: `head` is what
+    # it holds now; the leader aligns it again from there.
+    LOST = "lost"
 
 
 @dataclass(frozen=True, slots=True)

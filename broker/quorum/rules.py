@@ -29,6 +29,23 @@ class Rules:
         """A follower's truncation: drop everything after the common prefix."""
         log.truncate_after(to_index)
 
+    def may_vote(self, lost_state: bool, log: ReplicaLog) -> bool:
+        """Whether a member's NewTerm answer counts in an election. A member that lost its log
+        (its disk is new, yet it was in the ensemble) reports an empty head that says nothing
+        of what it acknowledged before: counted, it and a lagging member could form a majority
+        that elects the lagging one and loses committed entries. It votes again once it holds,
+        durably, an entry of the term whose leader aligned it: that leader held every entry
+        committed in earlier terms (the coordinator's rule), all before its barrier, so the
+        log then holds them too. Aligned alone is not enough: a Snapshot aligns a log at the
+        store's end, which may be short of what was committed (Raft's learner catching up).
+        """
+        if not lost_state:
+            return True
+        synced_term = log.term_at(log.synced_index)
+        if synced_term is None:
+            synced_term = log.base.term
+        return 0 < log.aligned_term <= synced_term
+
     def choose_leader(self, responses: Sequence[NewTermResponse]) -> NewTermResponse:
         """The coordinator's election among a majority of fenced members: the most up-to-date
         head (term, then index). Every committed entry is held by a majority, so by one of

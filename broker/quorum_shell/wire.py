@@ -99,7 +99,7 @@ def _encode_value(value: Any) -> Any:
         for f in dataclasses.fields(value):
             out[f.name] = _encode_value(getattr(value, f.name))
         return out
-    if isinstance(value, str | int) and not isinstance(value, bool):
+    if isinstance(value, str | int):  # bools included (NewTermResponse.voter)
         return value
     raise TypeError(f"not a quorum wire value: {value!r}")
 
@@ -120,7 +120,7 @@ def _decode_value(doc: Any) -> Any:
         if given != names:
             raise WireDecodeError(f"{cls.__name__}: fields {sorted(given)} (want {sorted(names)})")
         return cls(**{k: _decode_value(v) for k, v in doc.items() if k != "@"})
-    if isinstance(doc, str | int) and not isinstance(doc, bool):
+    if isinstance(doc, str | int):  # bools included (NewTermResponse.voter)
         return doc
     raise WireDecodeError(f"unexpected value {doc!r}")
 

@@ -41,4 +41,18 @@ class ElectLeastUpToDate(Rules):
         return min(responses, key=lambda r: (r.head, r.member))
 
 
-MUTATIONS = (CommitWithoutMajority, CommitPreviousTerm, SkipTruncation, ElectLeastUpToDate)
+class LostDiskVotes(Rules):
+    """A member back with an empty log (its disk lost) counts in elections at once: part
+    three's behaviour."""
+
+    def may_vote(self, lost_state: bool, log: ReplicaLog) -> bool:
+        return True
+
+
+MUTATIONS = (
+    CommitWithoutMajority,
+    CommitPreviousTerm,
+    SkipTruncation,
+    ElectLeastUpToDate,
+    LostDiskVotes,
+)

@@ -28,13 +28,14 @@ def failure_report(result: SimResult) -> str:
 def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     per_chunk = SEEDS // CHUNKS
     delivered: dict[str, int] = {}
-    acked = crashes = 0
+    acked = crashes = disk_losses = 0
     for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
         result = run_seed(seed)
         if not result.ok:
             pytest.fail(failure_report(result))
         acked += result.acked
         crashes += result.crashes
+        disk_losses += result.disk_losses
         for kind, count in result.delivered.items():
             delivered[kind] = delivered.get(kind, 0) + count
     # The seeds took every path of the protocol, not just the happy one.
@@ -48,10 +49,12 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         "ReplicaResponse.ok",
         "ReplicaResponse.gap",
         "ReplicaResponse.stale",
+        "ReplicaResponse.lost",
         "Heartbeat",
     ):
         assert delivered.get(kind, 0) > 0, f"no {kind} in {per_chunk} seeds: {delivered}"
     assert acked > 10 * per_chunk and crashes > per_chunk
+    assert disk_losses > per_chunk // 10, disk_losses  # members came back with empty logs
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -17,7 +17,12 @@ with it byte for byte, and extends it. Checked after every step:
                  what makes a commit safe, checked when the commit happens rather than when a
                  later election would lose it;
   one leader     at most one member leads a term, so at most one commits in it;
-  monotonic      no member's commit offset ever goes back (restarts included).
+  monotonic      no member's commit offset ever goes back (restarts included; a wiped disk
+                starts again from nothing).
+
+A member whose disk was wiped holds nothing and may not vote until a leader aligns it (the
+host's `voter`): "a quorum" above means a quorum of the voters, so with one disk lost of three
+the two others must both hold what was committed and acknowledged.
 
 At the end, after the faults stop, every acknowledged append must lie within `ref`.
 """
@@ -43,6 +48,9 @@ class MemberHost(Protocol):
 
     @property
     def member(self) -> Member | None: ...
+
+    @property
+    def voter(self) -> bool: ...
 
 
 class Violation(Exception):
@@ -78,7 +86,7 @@ class Checker:
         self._reads: list[tuple[str, int, bytes]] = []
         # (max_acked, total drops of all logs) when a quorum last held max_acked: holding an
         # entry only stops through a drop, so the count is redone only after one.
-        self._held_checked: tuple[EntryId | None, int] = (None, -1)
+        self._held_checked: tuple[object, ...] = (None, -1)
         self._quorums = tuple(itertools.combinations(range(len(ensemble)), quorum))
         self._electable_checked: tuple[object, ...] = ()
 
@@ -94,6 +102,13 @@ class Checker:
         self._unverified.append(acked)
         if self.max_acked is None or acked.entry > self.max_acked:
             self.max_acked = acked.entry
+
+    def on_disk_lost(self, member: str) -> None:
+        """`member`'s log was replaced by an empty one: its commit starts from nothing."""
+        self.commit_seen[member] = 0
+        self.commit_index_seen[member] = 0
+        self._held_checked = (None, -1)
+        self._electable_checked = ()
 
     def on_read(self, member: str, offset: int, data: bytes) -> None:
         self.read_count += 1
@@ -142,23 +157,33 @@ class Checker:
                 else:
                     keep.append(acked)
             self._unverified = keep
-        self._check_electable(list(logs.values()))
+        voters = tuple(node.voter for node in members)
+        self._check_electable(list(logs.values()), voters)
         newest = self.max_acked
         if newest is not None:
             drops = sum(log.drops for log in logs.values())
-            if self._held_checked == (newest, drops):
+            if self._held_checked == (newest, drops, voters):
                 return
-            self._held_checked = (newest, drops)
-            held = sum(1 for log in logs.values() if log.holds_durably(newest))
-            if held < self.quorum:
+            self._held_checked = (newest, drops, voters)
+            # Every quorum of voters must include a holder.
+            need = sum(voters) - self.quorum + 1
+            held = sum(
+                1
+                for log, v in zip(logs.values(), voters, strict=True)
+                if v and log.holds_durably(newest)
+            )
+            if held < need:
                 raise Violation(
                     "acknowledged append lost",
-                    f"{newest} is held durably by {held} members, fewer than a quorum of {self.quorum}",
+                    f"{newest} is held durably by {held} voting members, fewer than the {need} every quorum of voters needs",
                 )
 
-    def _check_electable(self, logs: list[ReplicaLog]) -> None:
+    def _check_electable(self, logs: list[ReplicaLog], voters: tuple[bool, ...]) -> None:
         # Durable heads and commits change only with these counters: skip unchanged steps.
-        key = tuple(x for log in logs for x in (log.commit_index, log.synced_index, log.drops))
+        key = (
+            *(x for log in logs for x in (log.commit_index, log.synced_index, log.drops)),
+            *voters,
+        )
         if key == self._electable_checked:
             return
         self._electable_checked = key
@@ -171,6 +196,8 @@ class Checker:
             return
         heads = [EntryId(log.term_at(log.synced_index) or 0, log.synced_index) for log in logs]
         for quorum in self._quorums:
+            if not all(voters[i] for i in quorum):
+                continue  # a quorum with a non-voter elects no one
             chosen = max(quorum, key=heads.__getitem__)
             if not logs[chosen].holds_durably(newest):
                 names = [self.ensemble[i] for i in quorum]

@@ -69,6 +69,9 @@ class MemberNode:
         self.log = ReplicaLog()  # the disk
         self.log.changes = []  # its file's records
         self.member: Member | None = None
+        # The disk was wiped: what a broker knows from the term register listing it in the
+        # ensemble while it has no log file. Stays set: the log says when it was aligned.
+        self.disk_lost = False
         self.incarnation = 0
         self._sync_scheduled = False
         self._tick_scheduled = False
@@ -81,15 +84,36 @@ class MemberNode:
     def start(self) -> None:
         self.incarnation += 1
         self._check_replay()
-        self.member = Member(self.name, self.log, self.config, self.rules)
+        self.member = Member(
+            self.name, self.log, self.config, self.rules, lost_state=self.disk_lost
+        )
         self.member.on_stored(len(self.world.store))
         self._sync_scheduled = False
         self._tick_scheduled = False
 
-    def crash(self) -> None:
+    @property
+    def voter(self) -> bool:
+        """The judge's view (not the rules'): a member whose disk was wiped may not count in an
+        election until a leader has aligned its new log and brought it to the term."""
+        log = self.log
+        if not self.disk_lost:
+            return True
+        # Aligned in a term and holding an entry of it durably: its leader's barrier, after
+        # every entry committed before the term.
+        held = [e.term for e in log.entries if e.index <= log.synced_index]
+        synced_term = held[-1] if held else log.base.term
+        if 0 < log.aligned_term <= synced_term:
+            self.disk_lost = False  # caught up: a voter from now on, across restarts too
+        return not self.disk_lost
+
+    def crash(self, wipe: bool = False) -> None:
         self.member = None
         self.incarnation += 1
         self.log.crash()
+        if wipe:  # the disk is lost too: the member comes back with an empty log
+            self.log = ReplicaLog()
+            self.log.changes = []
+            self.disk_lost = True
 
     def _check_replay(self) -> None:
         """What a broker restarting from its log file would rebuild is what survived."""

@@ -88,6 +88,7 @@ class SimResult:
     terms: int
     crashes: int
     trace: list[str] | None
+    disk_losses: int = 0
     # Messages delivered, by type (ReplicaResponse also by status): which paths a run took.
     delivered: dict[str, int] = field(default_factory=dict)
 
@@ -100,7 +101,7 @@ class SimResult:
         return (
             f"seed {self.seed}: {outcome} ({self.members} members, {self.steps} steps, "
             f"t={self.time}, {self.acked} acked, {self.reads} reads, {self.terms} terms, "
-            f"{self.crashes} crashes)"
+            f"{self.crashes} crashes, {self.disk_losses} disks lost)"
         )
 
 
@@ -121,6 +122,9 @@ class World:
         # How often a new leader dies within a few ticks, its barrier and first appends on a
         # minority at most: the terms that leave uncommitted entries behind (Raft's figure 8).
         self.early_crash_p = rng.choice((0.0, 0.3, 0.6))
+        # How often a member's crash also wipes its disk (one member at a time, never while
+        # another wiped member is still unaligned: the mode tolerates one lost disk for R=3).
+        self.disk_loss_p = rng.choice((0.0, 0.3, 0.6))
         # Small messages and windows make followers acknowledge an earlier term's entries
         # apart from the barrier after them (what Raft's figure 8 needs).
         quorum = replace(
@@ -153,6 +157,8 @@ class World:
         self.trace: list[str] | None = [] if trace else None
         self.steps = 0
         self.crashes = 0
+        self.disk_losses = 0
+        self.logs = {m.name: m.log for m in self.members}  # the disks (a wipe replaces one)
         self.live_from = -1  # the tick the faults stopped, once they did
         self.live_probe_end = -1  # the end of the first append acknowledged after that
         self.delivered: dict[str, int] = {}
@@ -164,7 +170,7 @@ class World:
         for node in self.startable:
             node.start()
         net.timer(config.chaos_every_ticks, CHAOS, None)
-        logs = {m.name: m.log for m in self.members}
+        logs = self.logs
         while True:
             event = net.pop()
             if event is None:
@@ -249,7 +255,9 @@ class World:
             leader = self.register.read().record.leader
             self._crash(leader or rng.choice(self.ensemble))
         elif r < 0.27:
-            self._crash(rng.choice(self.ensemble))
+            name = rng.choice(self.ensemble)
+            wipe = rng.random() < self.disk_loss_p and all(m.voter for m in self.members)
+            self._crash(name, wipe)
         elif r < 0.34:
             self._crash(rng.choice(self.coordinator_names))
         elif r < 0.46:
@@ -267,13 +275,20 @@ class World:
             self._note("heal partition")
         net.timer(rng.randint(1, 2 * config.chaos_every_ticks), CHAOS, None)
 
-    def _crash(self, name: str) -> None:
+    def _crash(self, name: str, wipe: bool = False) -> None:
         node = self.nodes[name]
         if not isinstance(node, (MemberNode, CoordinatorNode)) or not node.up:
             return
-        node.crash()
+        if isinstance(node, MemberNode):
+            node.crash(wipe)
+            if wipe:
+                self.logs[name] = node.log
+                self.checker.on_disk_lost(name)
+                self.disk_losses += 1
+        else:
+            node.crash()
         self.crashes += 1
-        self._note(f"crash {name}")
+        self._note(f"crash {name}" + (" and wipe its disk" if wipe else ""))
         self.net.timer(
             self.net.rng.randint(1, self.config.down_ticks_max), name, (RESTART, node.incarnation)
         )
@@ -322,6 +337,7 @@ def run_seed(
         reads=world.checker.read_count,
         terms=world.register.read().record.term,
         crashes=world.crashes,
+        disk_losses=world.disk_losses,
         trace=world.trace,
         delivered=world.delivered,
     )
