@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+from bench_kit import sha1_bytes_s
 from google.protobuf.duration_pb2 import Duration
 
 from broker import client
@@ -59,13 +59,8 @@ _GRPC_OPTIONS = [
 
 
 def sha1_mb_s(seconds: float) -> float:
-    block = b"\x5a" * (1 << 20)
-    h = hashlib.sha1()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        h.update(block)
-        n += 1
-    return n / (time.perf_counter() - t0)
+    """SHA1 over 1 MiB blocks (bench_kit's probe), in MiB per second."""
+    return sha1_bytes_s(seconds) / (1 << 20)
 
 
 class _Sink(pbg.JournalServicer):  # type: ignore[misc]
