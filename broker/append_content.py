@@ -132,10 +132,14 @@ class ContentPhase(AppendRun):
             proposal = pln.spool.fragment
             self.err = err
         self._pln_dirty = True
-        await pln.scatter(
-            pb.ReplicateRequest(proposal=proposal, registers=self.registers, acknowledge=True)
-        )
-        self.state = State.READ_ACKNOWLEDGEMENTS
+        try:
+            # Completes even if the client goes away meanwhile (Pipeline.scatter); its
+            # acknowledgements are then owed, and read by whoever handles the cancellation.
+            await pln.scatter(
+                pb.ReplicateRequest(proposal=proposal, registers=self.registers, acknowledge=True)
+            )
+        finally:
+            self.state = State.READ_ACKNOWLEDGEMENTS
 
     async def on_read_acknowledgements(self) -> None:
         self._must_state(State.READ_ACKNOWLEDGEMENTS)

@@ -135,7 +135,14 @@ class AppendFSM(RoutePhase, SyncPhase, PreconditionsPhase, ContentPhase):
                     # pipeline healthy for the appends queued behind this one.
                     await complete_despite_cancellation(self._roll_back(ClientAbortedError()))
                     raise
-                await self.on_stream_content(req, err)
+                try:
+                    await self.on_stream_content(req, err)
+                except asyncio.CancelledError:
+                    # Gone while its chunk or its commit went out: a chunk is rolled back; a
+                    # commit (or rollback) proposal, already on every replica, has its
+                    # acknowledgements read, so that the next append does not take them.
+                    await complete_despite_cancellation(self._roll_back(ClientAbortedError()))
+                    raise
             await complete_despite_cancellation(self.on_read_acknowledgements())
         finally:
             self.return_pipeline()

@@ -222,7 +222,27 @@ class Pipeline:
     async def scatter(self, request: pb.ReplicateRequest) -> None:
         """Send ``request`` to every healthy peer (at once), then apply it to the local spool.
         The first request on each stream carries the pipeline's header, addressed to that
-        peer."""
+        peer.
+
+        All or nothing under cancellation: a proposal some peers received is applied by every
+        peer and by the local spool before a cancellation of the caller (a client that went
+        away just after its end of stream) is re-raised. Abandoned half-way, a commit would
+        leave replicas holding content their primary rolled back: reads through the primary
+        would stop short of it until a replica persisted it, minutes later."""
+        task = asyncio.ensure_future(self._scatter(request))
+        cancelled = False
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done() and task.cancelled():
+                    raise
+                cancelled = True
+        task.result()  # Its own error, if it failed.
+        if cancelled:
+            raise asyncio.CancelledError()
+
+    async def _scatter(self, request: pb.ReplicateRequest) -> None:
         await _each(
             [self._send(peer, self._addressed(peer, request)) for peer in self._sending_peers()]
         )

@@ -20,6 +20,9 @@ hold what it read. The driver updates that register when it resolves the micro-b
 attempt that Spark gave up on but that still runs (a speculative copy, an executor it lost
 touch with) cannot append once the micro-batch is resolved: its appends fail with
 REGISTER_MISMATCH instead of leaving messages that a later ACK of its producer would commit.
+An attempt that reads the register only after the micro-batch is resolved (a failed task's
+Python worker still draining rows it was handed) finds the micro-batch's mark there and
+appends nothing (`check_not_stale`, StaleAttemptError): a fence on that value would hold.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
 from spark_integration.routing import RowShape, route
 from spark_integration.rows import GazetteRowError
-from spark_integration.sink_task import TaskIdentity, register_name
+from spark_integration.sink_task import TaskIdentity, check_not_stale, register_name
 
 # A journal's framed messages are appended once this many bytes are buffered; all buffers
 # together are flushed, largest first, once they hold `publish_buffers_bytes_max`.
@@ -134,6 +137,7 @@ class _Buffers:
 
     def __init__(self, client: JournalClient, task: TaskIdentity) -> None:
         self._client = client
+        self._task = task
         self._register = register_name(task.query) if task.streaming else ""
         # The request of each journal appended to so far (with its fence, streaming).
         self.requests: dict[str, pb.AppendRequest] = {}
@@ -163,6 +167,7 @@ class _Buffers:
             request = pb.AppendRequest(journal=journal)
             if self._register:
                 registers = await read_registers(self._client, journal)
+                check_not_stale(self._task, journal, gl.value_of(registers, self._register))
                 request = fenced_request(journal, self._register, registers)
             self.requests[journal] = request
         return request

@@ -55,6 +55,12 @@ class GazetteSinkError(RuntimeError):
     """A streaming write cannot be committed safely; nothing of the micro-batch was committed."""
 
 
+class StaleAttemptError(GazetteSinkError):
+    """A task attempt of a micro-batch that its query already resolved in a journal (Spark
+    gave up on the attempt, and its retry's rows were committed or rolled back): it must not
+    append there, since a later ACK of its producer would commit what it appended."""
+
+
 @dataclass(frozen=True)
 class TaskIdentity:
     """A write task: its query, run and micro-batch (streaming; "" and -1 for a batch write),
@@ -102,6 +108,28 @@ class TaskIdentity:
 
 def register_name(query: str) -> str:
     return REGISTER_PREFIX + query
+
+
+def check_not_stale(task: TaskIdentity, journal: str, value: str) -> None:
+    """Raise StaleAttemptError if the query's register in `journal` (its value `value`, read by
+    the task before its first append there) says that the task's micro-batch is resolved: by
+    this run (an attempt Spark gave up on, still running after the commit), or a later
+    micro-batch by any run. A task fences its appends on the value it read, so a stale attempt
+    that read the register before the driver resolved the micro-batch is refused by the
+    broker; this refuses one that read it after, which the fence alone would let through.
+
+    A micro-batch resolved by *another* run is no reason: a new run re-runs the last
+    micro-batch of the one before, and its driver rolls those rows back (sink_commit.py)."""
+    if not value:
+        return
+    mark = SinkMark.parse(value)
+    if mark.batch > task.batch or (mark.batch == task.batch and mark.run == task.run):
+        raise StaleAttemptError(
+            f"{journal}: micro-batch {task.batch} of query {task.query} (run {task.run}) is"
+            f" resolved there already (the query's register records micro-batch {mark.batch}"
+            f" of run {mark.run}): attempt {task.attempt} of partition {task.partition} is one"
+            " Spark gave up on, and appends nothing"
+        )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ test drives its handlers by hand and asserts the next state and the exact status
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -609,3 +610,47 @@ async def test_handlers_refuse_the_wrong_state(cluster: Cluster) -> None:
     with pytest.raises(FSMStateError):
         await fsm.on_validate_preconditions()
     assert fsm.state is State.RESOLVE
+
+
+@pytest.mark.parametrize("cancel_after_yields", [0, 1, 2, 3])
+async def test_client_cancellation_during_the_commit_leaves_every_replica_alike(
+    cluster: Cluster, cancel_after_yields: int
+) -> None:
+    """The client goes away (gRPC cancels the handler) just after its end of stream, while
+    the commit is being proposed to the replicas. The proposal must reach every replica and
+    the primary's own spool, or none of them: a replica that committed what the primary then
+    rolled back holds content its primary lacks (reads through the primary stop there until
+    the replica persists it, minutes later)."""
+    a, b = await two_brokers(cluster)
+    fsm = fsm_of(a)
+    script: list[pb.AppendRequest | None] = [
+        pb.AppendRequest(content=b"abc"),
+        pb.AppendRequest(),
+        None,
+    ]
+    task: asyncio.Task[None] | None = None
+
+    def cancel_later(yields: int) -> None:
+        assert task is not None
+        if yields == 0:
+            task.cancel()
+        else:
+            asyncio.get_running_loop().call_soon(cancel_later, yields - 1)
+
+    async def recv() -> tuple[pb.AppendRequest | None, BaseException | None]:
+        message = script.pop(0)
+        if message is None:  # End of stream: the commit is proposed next.
+            cancel_later(cancel_after_yields)
+        return message, None
+
+    task = asyncio.ensure_future(fsm.run(recv))
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert replica_of(a, J).pipeline_slot.available()
+
+    nxt = fsm_of(a)
+    await run_to(nxt, State.STREAM_CONTENT)
+    await finish(nxt, [b"kept"])
+    assert nxt.state is State.FINISHED, (nxt.status, nxt.err)
+    assert local_content(a, J) == local_content(b, J)
+    assert local_content(a, J)[1].endswith(b"kept")

@@ -32,6 +32,7 @@ from spark_integration.sink_commit import BatchTxns, Decision, commit_batch, dec
 from spark_integration.sink_task import (
     GazetteSinkError,
     SinkMark,
+    StaleAttemptError,
     TaskIdentity,
     register_name,
     stale_register_s,
@@ -201,6 +202,43 @@ async def test_an_attempt_spark_gave_up_on_cannot_append_after_the_commit(env: E
     await _roll_back(env.client, zombie, ack_message(framing, producer, b0))  # Refused.
     await q.commit(1, [t1])
     assert sorted(await committed(env, journal)) == ["a", "b"]
+
+
+async def test_an_attempt_that_first_appends_after_the_commit_is_refused(env: Env) -> None:
+    """Found by the Spark test of a failing task: Spark gave up on partition 0's first
+    attempt, its retry won and the micro-batch was committed, and only then did the first
+    attempt (its Python worker still draining rows it was handed) make its first append. It
+    read the register then, already holding this micro-batch's mark, and fenced its appends on
+    that: they landed, and micro-batch 1's ACK of the same producer committed them. An attempt
+    whose micro-batch its run has resolved must append nothing."""
+    journal = await env.journal("sink/late-zombie")
+    q = Query(env, journal)
+    b0 = q.plan()
+    assert await q.commit(0, [await q.task(0, b0, 0, ["a"], attempt=1)]) == {
+        journal: Decision.COMMIT
+    }
+    with pytest.raises(StaleAttemptError, match=r"micro-batch 0 .* resolved"):
+        await q.task(0, b0, 0, ["zombie-1", "zombie-2"])  # Attempt 0, after the commit.
+
+    b1 = q.plan()
+    assert await q.commit(1, [await q.task(1, b1, 0, ["b"])]) == {journal: Decision.COMMIT}
+    assert sorted(await committed(env, journal)) == ["a", "b"]
+    assert await written(env, journal) == 2  # Not one row of the late attempt.
+
+
+async def test_a_late_attempt_of_an_earlier_run_is_refused(env: Env) -> None:
+    """The same, across runs: an attempt of run 1's micro-batch 3 that first appends once run 2
+    has resolved micro-batch 3 (or a later one) appends nothing either."""
+    journal = await env.journal("sink/late-run")
+    first, second = Query(env, journal, run="run-1"), Query(env, journal, run="run-2")
+    b3 = first.plan()
+    second.base = b3
+    await second.commit(3, [await second.task(3, second.plan(), 0, ["a"])])
+    await second.commit(4, [await second.task(4, second.plan(), 0, ["b"])])
+    with pytest.raises(StaleAttemptError, match="micro-batch 4"):
+        await first.task(3, b3, 0, ["zombie"])
+    assert sorted(await committed(env, journal)) == ["a", "b"]
+    assert await written(env, journal) == 2
 
 
 def _continue(framing: JSONFraming, producer: bytes, clock: int, text: str) -> bytes:
