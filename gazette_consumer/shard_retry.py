@@ -84,10 +84,14 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     (TimeoutError, Transience.TRANSIENT),
 )
 
-# gRPC codes of a broker restarting, overloaded or unreachable.
+# gRPC codes of a broker restarting, overloaded or unreachable. CANCELLED: a broker that
+# stops at once (a zombie back from SIGSTOP to find its lease gone) cancels every RPC it
+# serves (found by the soak: a recorder's append failed its shard). Our own cancellations
+# are asyncio's CancelledError, not AioRpcErrors.
 TRANSIENT_GRPC_CODES: Final = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -240,14 +240,23 @@ class Appender:
             await self.commit()
 
 
+# gRPC codes of an append attempt that `append` tries again.
+_RETRIED_GRPC_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
 def retriable(err: BaseException) -> bool:
     """Whether `append` tries a failed attempt again: the broker says so, or it was
     unreachable (or the connection to it broke)."""
     if isinstance(err, GazetteError):
         return err.retriable
     if isinstance(err, grpc.aio.AioRpcError):
-        # A broken connection (broker killed or restarting) shows as either.
-        return err.code() == grpc.StatusCode.UNAVAILABLE or send_failed(err)
+        # A broken connection (broker killed or restarting) shows as either; a broker that
+        # stops at once (its lease lost: `server.stop(0)`) cancels the RPCs it serves, which
+        # reaches us as CANCELLED. (Our own cancellation is asyncio's CancelledError, never an
+        # AioRpcError.) The append may have committed before, as after UNAVAILABLE: a retry
+        # may land twice, and readers of Gazette's message UUIDs and recovery logs' seq_nos
+        # skip the second copy.
+        return err.code() in _RETRIED_GRPC_CODES or send_failed(err)
     return False
 
 

@@ -29,3 +29,11 @@ def test_appends_retry_a_broken_connection_but_not_a_peers_internal_error() -> N
     assert not retriable(_rpc(grpc.StatusCode.INTERNAL, "the peer's own INTERNAL answer"))
     assert not retriable(_rpc(grpc.StatusCode.INVALID_ARGUMENT, "bad request"))
     assert retriable(NoJournalPrimaryBrokerError())
+
+
+def test_appends_retry_a_broker_that_cancelled_them() -> None:
+    """Found by the soak: a broker back from SIGSTOP found its lease gone and stopped at once,
+    cancelling the RPCs it served; a recorder's append failed with CANCELLED, and its shard
+    with it."""
+    assert retriable(_rpc(grpc.StatusCode.CANCELLED, "CANCELLED"))
+    assert not retriable(_rpc(grpc.StatusCode.PERMISSION_DENIED, "no"))

@@ -211,6 +211,12 @@ def _rpc(code: grpc.StatusCode, details: str | None = None) -> grpc.aio.AioRpcEr
             ),
             Transience.TRANSIENT,
         ),
+        (
+            # Found by the soak: a zombie broker back from SIGSTOP, its lease gone, stopped at
+            # once and cancelled a recorder's append.
+            _failed("store commit", RecorderFailedError("append"), _rpc(grpc.StatusCode.CANCELLED)),
+            Transience.TRANSIENT,
+        ),
         (_rpc(grpc.StatusCode.INTERNAL, "a broker's own INTERNAL answer"), Transience.PERMANENT),
         (
             _failed(
