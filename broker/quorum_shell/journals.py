@@ -15,6 +15,12 @@ Durability: with a data directory each node's member log is a file (log_file.py,
 started again until its previous node (and file) is closed; a log file that cannot be
 replayed (LogFileCorruptError, OSError) is kept in `errors` and the journal gets no node on
 this broker until it restarts.
+
+Lost disks (member_dir.py, member_registry.py): with a data directory the broker has an
+incarnation id, and each node first *joins*: a new log file gets a `joining` mark before it is
+created, and the node looks its member up in `<root>/quorum-members/<journal>` (scoped to the
+journal spec's create revision) before it takes part; a member that joined before but whose
+log is new starts lost (no vote until caught up).
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ from broker.quorum.config import QuorumConfig
 from broker.quorum.errors import LogFileCorruptError
 from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
+from broker.quorum_shell.member_dir import (
+    Mark,
+    MemberDirError,
+    load_incarnation,
+    log_is_new,
+    read_mark,
+    write_mark,
+)
+from broker.quorum_shell.member_registry import Joiner, MemberRegistry
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
@@ -57,6 +72,31 @@ async def _gather(*coros: Coroutine[Any, Any, None]) -> None:
     await asyncio.gather(*coros)
 
 
+def open_member_log(
+    data_dir: str,
+    journal: str,
+    member: str,
+    incarnation: str,
+    registry: MemberRegistry,
+    *,
+    fsync: bool = False,
+) -> tuple[QuorumLogFile, Joiner]:
+    """Open (creating) `member`'s log file of `journal` and the joiner its node runs first
+    (see the module docstring). Raises LogFileCorruptError, MemberDirError or OSError."""
+    path = log_path(data_dir, journal)
+    member_dir = path.parent
+    log_new, mark_found = log_is_new(path), read_mark(member_dir)
+    mark = mark_found
+    if log_new and mark is None:
+        # Before the file exists: until the keyspace records this member, a restart must not
+        # take the (then existing) file for a log that took part.
+        write_mark(member_dir, Mark.JOINING)
+        mark = Mark.JOINING
+    log_file = QuorumLogFile(path, fsync=fsync)
+    joiner = Joiner(registry, member, incarnation, member_dir, log_new, mark_found, mark)
+    return log_file, joiner
+
+
 class QuorumJournals:
     def __init__(
         self,
@@ -75,6 +115,8 @@ class QuorumJournals:
         self.quorum_config: QuorumConfig | None = None
         self._data_dir = data_dir
         self._fsync = fsync
+        # This broker's disk, as members record it when they join (None: no data directory).
+        self.incarnation = load_incarnation(data_dir) if data_dir is not None else None
         # Journals whose log file could not be opened (see the module docstring).
         self.errors: dict[str, Exception] = {}
         # Journals whose node is being stopped: no new node until its file is closed.
@@ -91,6 +133,8 @@ class QuorumJournals:
         self.name = format_id(local_id)
         self.nodes: dict[str, QuorumNode] = {}
         self._routes: dict[str, pb.Route] = {}
+        # The create revision of each local quorum journal's spec key (its identity).
+        self._revisions: dict[str, int] = {}
         self._transports: dict[str, GrpcTransport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
@@ -119,6 +163,8 @@ class QuorumJournals:
             ):
                 continue
             spec = decoded.spec
+            assert item is not None
+            self._revisions[journal] = item.kv.create_revision
             if journal in self.nodes:
                 # A running node stays while the journal is assigned here, whatever happens to
                 # the route: a member whose lease expired (stopped, partitioned) is still in
@@ -136,9 +182,10 @@ class QuorumJournals:
         for journal, route in wanted.items():
             if journal in self.nodes or journal in self._closing or journal in self.errors:
                 continue
-            log_file = self._open_log(journal)
-            if log_file is None and self._data_dir is not None:
+            opened = self._open_log(journal)
+            if opened is None and self._data_dir is not None:
                 continue
+            log_file, joiner = opened if opened is not None else (None, None)
             ensemble = tuple(sorted(format_id(m) for m in route.members))
             endpoints = {
                 format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True)
@@ -153,6 +200,7 @@ class QuorumJournals:
                 transport,
                 log_file=log_file,
                 config=self.quorum_config,
+                joiner=joiner,
             )
             self.nodes[journal] = node
             self._routes[journal] = route
@@ -165,13 +213,17 @@ class QuorumJournals:
                 _gather(applier.run(), applier.report_stored())
             )
 
-    def _open_log(self, journal: str) -> QuorumLogFile | None:
-        if self._data_dir is None:
+    def _open_log(self, journal: str) -> tuple[QuorumLogFile, Joiner] | None:
+        """The journal's log file and its member's joiner; None (the error kept) if the
+        member's files cannot be read."""
+        if self._data_dir is None or self.incarnation is None:
             return None
-        path = log_path(self._data_dir, journal)
+        registry = MemberRegistry(self._backend, self._root, journal, self._revisions[journal])
         try:
-            return QuorumLogFile(path, fsync=self._fsync)
-        except (LogFileCorruptError, OSError) as err:
+            return open_member_log(
+                self._data_dir, journal, self.name, self.incarnation, registry, fsync=self._fsync
+            )
+        except (LogFileCorruptError, MemberDirError, OSError) as err:
             self.errors[journal] = err
             log.error("quorum log not opened: no node", journal=journal, error=str(err))
             return None
