@@ -89,8 +89,9 @@ SPOOL_RECOVERY: Final = Counter(
 QUORUM_LOG_OPENED: Final = Counter(
     "gazette_quorum_log_opened_total",
     "Quorum journals' member log files (<data-dir>/quorum/<journal>/log) a broker opened, by"
-    " outcome: new, replayed, torn_tail (a write cut short by a crash, cut off) and corrupt (a"
-    " damaged record before intact ones: the member does not take part).",
+    " outcome: new, replayed, torn_tail (a write cut short by a crash, cut off), corrupt (a"
+    " damaged record before intact ones: the member does not take part) and earlier_journal"
+    " (the files of a deleted journal of the same name: removed, and the member starts fresh).",
     ["outcome"],
 )
 QUORUM_LOST_DISKS: Final = Counter(

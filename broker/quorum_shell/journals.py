@@ -21,6 +21,11 @@ incarnation id, and each node first *joins*: a new log file gets a `joining` mar
 created, and the node looks its member up in `<root>/quorum-members/<journal>` (scoped to the
 journal spec's create revision) before it takes part; a member that joined before but whose
 log is new starts lost (no vote until caught up).
+
+A journal deleted and re-created under the same name is another journal: its spec key's create
+revision differs. A node of the earlier one is stopped; the earlier journal's member files are
+removed when the new journal's node opens them (open_member_log), and its term register and
+member record in the keyspace are read as empty (term_record.py, members_record.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from broker import metrics
 from broker.fragment.naming import sum_from_digest
 from broker.keyspace.backend import Backend
 from broker.keyspace.keyspace import KeySpace
@@ -46,7 +52,10 @@ from broker.quorum_shell.member_dir import (
     MemberDirError,
     load_incarnation,
     log_is_new,
+    read_journal_revision,
     read_mark,
+    remove_member_files,
+    write_journal_revision,
     write_mark,
 )
 from broker.quorum_shell.member_registry import Joiner, MemberRegistry
@@ -81,12 +90,30 @@ def open_member_log(
     *,
     fsync: bool = False,
 ) -> tuple[QuorumLogFile, Joiner]:
-    """Open (creating) `member`'s log file of `journal` and the joiner its node runs first
-    (see the module docstring). Raises LogFileCorruptError, MemberDirError or OSError."""
+    """Open (creating) `member`'s log file of `journal` (the journal `registry` names, by its
+    spec key's create revision) and the joiner its node runs first (see the module docstring).
+    Files of an earlier journal of the same name are removed first. Raises
+    LogFileCorruptError, MemberDirError or OSError."""
     path = log_path(data_dir, journal)
     member_dir = path.parent
+    revision = registry.journal_revision
+    found = read_journal_revision(member_dir)
+    if found is not None and found != revision:
+        removed = remove_member_files(member_dir)
+        metrics.QUORUM_LOG_OPENED.labels("earlier_journal").inc()
+        log.warning(
+            "quorum member files of an earlier journal of this name removed: starting fresh",
+            journal=journal,
+            earlier_revision=found,
+            revision=revision,
+            removed=removed,
+        )
     log_new, mark_found = log_is_new(path), read_mark(member_dir)
     mark = mark_found
+    if found != revision:
+        if found is None and not log_new:
+            log.info("quorum member log adopted for this journal", journal=journal)
+        write_journal_revision(member_dir, revision)  # before a new log file exists
     if log_new and mark is None:
         # Before the file exists: until the keyspace records this member, a restart must not
         # take the (then existing) file for a log that took part.
@@ -164,7 +191,12 @@ class QuorumJournals:
                 continue
             spec = decoded.spec
             assert item is not None
-            self._revisions[journal] = item.kv.create_revision
+            revision = item.kv.create_revision
+            if journal in self.nodes and self._revisions.get(journal) != revision:
+                # Deleted and re-created under the same name while its node ran: the node
+                # (of the earlier journal) stops; the next one starts on fresh files.
+                continue
+            self._revisions[journal] = revision
             if journal in self.nodes:
                 # A running node stays while the journal is assigned here, whatever happens to
                 # the route: a member whose lease expired (stopped, partitioned) is still in
@@ -191,7 +223,9 @@ class QuorumJournals:
                 format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True)
             }
             transport = GrpcTransport(endpoints)
-            register = KeyspaceTermRegister(self._backend, root, journal, ensemble)
+            register = KeyspaceTermRegister(
+                self._backend, root, journal, ensemble, self._revisions[journal]
+            )
             node = QuorumNode(
                 journal,
                 self.name,

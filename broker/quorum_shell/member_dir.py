@@ -17,6 +17,13 @@ whether a member votes:
   caught up yet: removed once `Member.voter` latches, after the log that made it a voter is in
   its file). A restart before catching up therefore stays a non-voter, though its log file is
   no longer new.
+- `<data-dir>/quorum/<journal>/journal`: the identity of the journal these files belong to,
+  the create revision of its spec key (written before a new log file is created). A journal
+  deleted and re-created under the same name has another: the earlier journal's files are
+  removed (`remove_member_files`) and the member starts fresh.
+
+Only these named files are ever touched: a member directory may also hold the directories of
+journals whose names extend this one's (`a/b` under `a`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from broker.quorum.log_codec import HEADER
 
 INCARNATION_FILE_NAME: Final = "quorum.incarnation"
 MARK_FILE_NAME: Final = "mark"
+JOURNAL_FILE_NAME: Final = "journal"
+# Every file a member directory may hold (log_file.py's log and its rewrite's temporary too).
+MEMBER_FILE_NAMES: Final = ("log", "log.tmp", MARK_FILE_NAME, MARK_FILE_NAME + ".tmp")
 # An incarnation is 16 hex digits; a file holding anything else is not ours.
 _INCARNATION_HEX_DIGITS: Final = 16
 
@@ -106,3 +116,33 @@ def clear_mark(member_dir: Path) -> None:
     except FileNotFoundError:
         return
     fsync_dir(member_dir)
+
+
+def read_journal_revision(member_dir: Path) -> int | None:
+    """The journal identity the member files were written for (None: not recorded)."""
+    path = member_dir / JOURNAL_FILE_NAME
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        raise MemberDirError(f"{path}: not a journal revision ({text[:40]!r})")
+    return int(text)
+
+
+def write_journal_revision(member_dir: Path, revision: int) -> None:
+    _write_durably(member_dir / JOURNAL_FILE_NAME, f"{revision}\n".encode())
+
+
+def remove_member_files(member_dir: Path) -> list[str]:
+    """Remove the member files of an earlier journal (its identity file last, so that a crash
+    midway removes the rest on the next start); the names removed."""
+    removed = []
+    for name in (*MEMBER_FILE_NAMES, JOURNAL_FILE_NAME):
+        try:
+            (member_dir / name).unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(name)
+    fsync_dir(member_dir)
+    return removed

@@ -11,19 +11,15 @@ not vote: nothing is elected until Y is back, and then every acknowledged append
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from broker import metrics
 from broker.keyspace.backend import KeyValue
 from broker.keyspace.embedded import EmbeddedStore
-from broker.quorum.errors import NotLeaderError
 from broker.quorum_shell.journals import open_member_log
 from broker.quorum_shell.log_file import log_path
 from broker.quorum_shell.member_dir import (
@@ -39,119 +35,15 @@ from broker.quorum_shell.members_record import (
     encode_members_record,
     quorum_members_key,
 )
-from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
-from broker.quorum_shell.term_register import KeyspaceTermRegister
-from broker.quorum_shell.transport import GrpcTransport, Receiver, deliver_handler
 from broker.topology import TopologyDecodeError, make_decoder
-
-J = "quorum/lost-disk"
-ROOT = "/gazette/cluster"
-NAMES = ("m0", "m1", "m2")
-JOURNAL_REVISION = 7
-# Upper bound of any one wait (never a synchronisation device: each wait polls a condition).
-wait_s = 15.0
-
-
-@dataclass
-class Node:
-    node: QuorumNode
-    server: grpc.aio.Server
-    transport: GrpcTransport
-
-    async def kill(self) -> None:
-        await self.server.stop(None)
-        await self.node.stop()
-        await self.transport.close()
-
-
-@dataclass
-class Cluster:
-    """Nodes started and killed by name, each on its own data directory and port."""
-
-    tmp: Path
-    store: EmbeddedStore
-    ports: dict[str, int] = field(default_factory=dict)
-    live: dict[str, Node] = field(default_factory=dict)
-
-    def data_dir(self, name: str) -> Path:
-        return self.tmp / name
-
-    def endpoints(self) -> dict[str, str]:
-        return {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
-
-    async def start(self, name: str, *, mark_lost: bool = True) -> QuorumNode:
-        """Start `name`'s node on its data directory. `mark_lost=False` builds it as brokers
-        did before lost disks were marked: no joiner, so its member always votes."""
-        server = grpc.aio.server()
-        port = server.add_insecure_port(f"127.0.0.1:{self.ports.get(name, 0)}")
-        self.ports[name] = port
-        backend = self.store.connect()
-        data_dir = str(self.data_dir(name))
-        registry = MemberRegistry(backend, ROOT, J, JOURNAL_REVISION)
-        log_file, joiner = open_member_log(data_dir, J, name, load_incarnation(data_dir), registry)
-        transport = GrpcTransport(self.endpoints())
-        node = QuorumNode(
-            J,
-            name,
-            NAMES,
-            KeyspaceTermRegister(backend, ROOT, J, NAMES),
-            transport,
-            seed=len(self.ports),
-            log_file=log_file,
-            joiner=joiner if mark_lost else None,
-        )
-
-        def route(journal: str, to: str) -> Receiver | None:
-            ok = journal == J and to.removesuffix(COORDINATOR_SUFFIX) == name
-            return node.receive if ok else None
-
-        server.add_generic_rpc_handlers([deliver_handler(route)])
-        await server.start()
-        for other in self.live.values():  # its port may be new to them
-            other.transport.endpoints[name] = self.endpoints()[name]
-        self.live[name] = Node(node, server, transport)
-        await node.start()
-        return node
-
-    async def kill(self, name: str) -> None:
-        await self.live.pop(name).kill()
-
-    def lose_disk(self, name: str) -> None:
-        shutil.rmtree(self.data_dir(name))
-
-    async def progress(self) -> None:
-        events = [n.node.progress for n in self.live.values()]
-        for event in events:
-            event.clear()
-        waits = [asyncio.ensure_future(event.wait()) for event in events]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    async def until(self, condition: Callable[[], bool], what: str) -> None:
-        try:
-            async with asyncio.timeout(wait_s):
-                while not condition():
-                    await self.progress()
-        except TimeoutError:
-            raise AssertionError(f"timed out waiting until {what}") from None
-
-    def leader(self) -> QuorumNode | None:
-        leaders = [n.node for n in self.live.values() if n.node.is_leader]
-        return max(leaders, key=lambda n: n.member.term) if leaders else None
-
-    async def append(self, data: bytes) -> tuple[int, int]:
-        async with asyncio.timeout(wait_s):
-            while True:
-                leader = self.leader()
-                if leader is not None:
-                    try:
-                        return await leader.append(data)
-                    except NotLeaderError:
-                        pass
-                await self.progress()
+from tests.broker.quorum.quorum_nodes_testkit import (
+    JOURNAL_REVISION,
+    NAMES,
+    ROOT,
+    Cluster,
+    J,
+    append_all,
+)
 
 
 @pytest.fixture
@@ -163,23 +55,15 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         await c.kill(name)
 
 
-async def _append_all(c: Cluster, tag: str, count: int, expected: bytearray) -> None:
-    for i in range(count):
-        data = f"{tag}{i};".encode()
-        begin, end = await c.append(data)
-        assert (begin, end) == (len(expected), len(expected) + len(data)), tag
-        expected += data
-
-
 async def _lose_x_while_y_down(c: Cluster, *, mark_lost: bool) -> tuple[str, str, bytearray]:
     """A entries everywhere, B entries on X and Y only; then X loses its disk, Y is down,
     and X and m2 are started. Returns (X, Y, acknowledged content)."""
     for name in NAMES:
         await c.start(name)
     expected = bytearray()
-    await _append_all(c, "a", 3, expected)
+    await append_all(c, "a", 3, expected)
     await c.kill("m2")  # m2 lags from here on
-    await _append_all(c, "b", 3, expected)  # committed by X and Y alone
+    await append_all(c, "b", 3, expected)  # committed by X and Y alone
     x, y = "m0", "m1"
     await c.kill(x)
     await c.kill(y)
@@ -203,7 +87,7 @@ async def test_a_lost_disk_does_not_vote_until_caught_up(cluster: Cluster) -> No
     assert m2.coordinator.election_blocked is None  # one lost disk of three: not blocked
     # Y (the other holder of B) comes back: Y and m2 elect Y, every acknowledged append kept.
     await c.start(y)
-    await _append_all(c, "c", 2, expected)
+    await append_all(c, "c", 2, expected)
     for node in (xnode, m2, c.live[y].node):
         await c.until(lambda n=node: n.commit_offset == len(expected), "every member commits")
         assert node.read_committed() == bytes(expected)
@@ -262,7 +146,7 @@ async def test_a_fresh_journal_elects_with_a_late_starter(cluster: Cluster) -> N
     await c.start("m0")
     await c.start("m1")
     expected = bytearray()
-    await _append_all(c, "early", 2, expected)
+    await append_all(c, "early", 2, expected)
     late = await c.start("m2")
     await c.until(lambda: late.joined.is_set(), "m2 joined")
     assert late.join_decision is not None and not late.join_decision.lost
