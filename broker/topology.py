@@ -63,7 +63,12 @@ from broker.quorum_shell.members_record import (
     QuorumMembers,
     decode_members_record,
 )
-from broker.quorum_shell.term_record import QuorumTerm, TermRecordDecodeError, decode_term_record
+from broker.quorum_shell.term_record import (
+    QuorumTerm,
+    TermRecordDecodeError,
+    decode_term_record,
+    record_journal_revision,
+)
 
 DEFAULT_ROOT = "/gazette/cluster"
 
@@ -251,7 +256,9 @@ def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:
             if key.startswith(quorum):
                 journal = key[len(quorum) :]
                 validate_journal_name(journal)
-                return QuorumTerm(journal, decode_term_record(kv.value))
+                return QuorumTerm(
+                    journal, decode_term_record(kv.value), record_journal_revision(kv.value)
+                )
             if key.startswith(quorum_members):
                 journal = key[len(quorum_members) :]
                 validate_journal_name(journal)

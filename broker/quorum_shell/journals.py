@@ -4,7 +4,10 @@ the replication RPC and of quorum appends.
 
 Reconciliation is a KeySpace observer (it runs synchronously after every keyspace update):
 a quorum journal assigned to this broker whose route has all `replication` members, each with
-an endpoint, gets a node; its ensemble is the route's members (`zone#suffix`, sorted) as first
+an endpoint, gets a node; so does one whose term register (a term was claimed: the journal
+elected before) names this broker in its ensemble, whatever its route, so that after a restart
+a live majority elects without waiting for the members still down (their endpoints are
+attached once they announce themselves, `_refresh_endpoints`); its ensemble is the route's members (`zone#suffix`, sorted) as first
 seen, and the node keeps it while the journal stays assigned here (a member whose lease
 expired is still in the ensemble). A journal no longer assigned here has its node stopped. Ensemble changes of a live node
 (the allocator moving a replica) are not followed yet: the node keeps its first ensemble
@@ -60,6 +63,7 @@ from broker.quorum_shell.member_dir import (
 )
 from broker.quorum_shell.member_registry import Joiner, MemberRegistry
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
+from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
 from broker.replica import Replica
@@ -71,6 +75,8 @@ from broker.topology import (
     format_id,
     local_journals,
     lookup_item,
+    lookup_member,
+    quorum_term_key,
     route_from_assignments,
 )
 
@@ -122,6 +128,28 @@ def open_member_log(
     log_file = QuorumLogFile(path, fsync=fsync)
     joiner = Joiner(registry, member, incarnation, member_dir, log_new, mark_found, mark)
     return log_file, joiner
+
+
+def registered_route(
+    ks: KeySpace[Decoded], root: str, journal: str, revision: int, name: str
+) -> pb.Route | None:
+    """The route of the ensemble `journal`'s term register names (endpoints of the members
+    announced, "" for the others), if a term was claimed for this journal (the spec key's
+    create revision `revision`) and it names member `name`; else None."""
+    entry = ks.get(quorum_term_key(root, journal))
+    term = entry.decoded if entry is not None else None
+    if not isinstance(term, QuorumTerm) or term.record.term == 0:
+        return None
+    if term.journal_revision and term.journal_revision != revision:
+        return None  # the register of an earlier journal of this name
+    if name not in term.record.ensemble:
+        return None
+    route = pb.Route(primary=-1)
+    for member in sorted(term.record.ensemble):
+        zone, _, suffix = member.partition("#")
+        route.members.append(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
+    attach_endpoints(route, ks, root)
+    return route
 
 
 class QuorumJournals:
@@ -205,12 +233,19 @@ class QuorumJournals:
                 continue
             route = route_from_assignments(assignment_of(e) for e in entries)
             attach_endpoints(route, ks, root)
-            if len(route.members) < spec.replication or not all(route.endpoints):
+            if len(route.members) >= spec.replication and all(route.endpoints):
+                wanted[journal] = route
                 continue
-            wanted[journal] = route
+            registered = registered_route(ks, root, journal, revision, self.name)
+            if registered is not None and len(registered.members) == spec.replication:
+                # A journal that elected before: its members are in its term register, and a
+                # live majority of them elects without waiting for the others to come back.
+                wanted[journal] = registered
         for journal in list(self.nodes):
             if journal not in wanted:
                 self._close_later(journal)
+            else:
+                self._refresh_endpoints(journal)
         for journal, route in wanted.items():
             if journal in self.nodes or journal in self._closing or journal in self.errors:
                 continue
@@ -220,7 +255,7 @@ class QuorumJournals:
             log_file, joiner = opened if opened is not None else (None, None)
             ensemble = tuple(sorted(format_id(m) for m in route.members))
             endpoints = {
-                format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True)
+                format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True) if e
             }
             transport = GrpcTransport(endpoints)
             register = KeyspaceTermRegister(
@@ -246,6 +281,16 @@ class QuorumJournals:
             self._applier_tasks[journal] = asyncio.get_running_loop().create_task(
                 _gather(applier.run(), applier.report_stored())
             )
+
+    def _refresh_endpoints(self, journal: str) -> None:
+        """Members' endpoints as their BrokerSpecs say now: a member that was down when the
+        node started (or came back on another port) is reached once it announces itself."""
+        route, transport = self._routes[journal], self._transports[journal]
+        for i, m in enumerate(route.members):
+            member = lookup_member(self._ks, self._root, m.zone, m.suffix)
+            if member is not None and member.spec.process_spec.endpoint:
+                route.endpoints[i] = member.spec.process_spec.endpoint
+                transport.endpoints[format_id(m)] = route.endpoints[i]
 
     def _open_log(self, journal: str) -> tuple[QuorumLogFile, Joiner] | None:
         """The journal's log file and its member's joiner; None (the error kept) if the

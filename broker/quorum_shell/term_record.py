@@ -51,6 +51,7 @@ class QuorumTerm:
 
     journal: str
     record: TermRecord
+    journal_revision: int = 0  # the journal identity the record names (0: none)
 
 
 def encode_term_record(record: TermRecord, journal_revision: int = 0) -> bytes:
