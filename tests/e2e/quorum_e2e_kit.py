@@ -5,6 +5,7 @@ whole-journal reads from one broker that must show exactly that content."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from broker.client.appender import append
 from broker.client.route_cache import ChannelPool
@@ -59,12 +60,12 @@ class Journal:
                 self.leader = self.cluster.broker(route.members[route.primary].suffix)
         return first_took
 
-    async def check_every_member(self) -> None:
-        """Every member serves exactly the acknowledged content (nothing more: no reader can
-        see content that a later truncation would remove)."""
+    async def check_every_member(self, brokers: Sequence[BrokerProcess] = ()) -> None:
+        """Every member (of `brokers`, default all) serves exactly the acknowledged content
+        (nothing more: no reader can see content that a later truncation would remove)."""
         channels = ChannelPool()
         try:
-            for b in self.cluster.brokers:
+            for b in brokers or self.cluster.brokers:
                 assert await read_all(channels, b, self.name, len(self.expected)) == bytes(
                     self.expected
                 ), b.suffix

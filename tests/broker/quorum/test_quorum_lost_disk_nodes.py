@@ -137,6 +137,20 @@ async def test_two_lost_disks_block_the_election_with_a_reason(cluster: Cluster)
     assert blocked.voters_needed == 2
     assert metrics.value_of("gazette_quorum_elections_blocked") > blocked_before
     assert c.leader() is None
+    # The operator's way out (docs/design/quorum.md, Built (lost disks)): accept the loss of
+    # what only the lost disks held by removing one lost member's mark and restarting it. It
+    # votes with its (empty) log: it and m2 elect m2, whose log is what survives.
+    await c.kill(y)
+    (c.member_dir(y) / MARK_FILE_NAME).unlink()
+    ynode = await c.start(y)
+    await c.until(lambda: ynode.joined.is_set(), "Y joined")
+    assert ynode.join_decision is not None and not ynode.join_decision.lost
+    m2_end = c.live["m2"].node.member.log.head_end
+    begin, _ = await c.append(b"after;")
+    assert begin == m2_end
+    await c.until(
+        lambda: all(n.node.election_blocked is None for n in c.live.values()), "unblocked"
+    )
 
 
 async def test_a_fresh_journal_elects_with_a_late_starter(cluster: Cluster) -> None:
