@@ -174,7 +174,12 @@ class QuorumNode:
         self._flush()
 
     async def _join(self, joiner: Joiner) -> None:
-        decision = await joiner.join()
+        try:
+            decision = await joiner.join()
+        except OSError as err:
+            # Its mark could not be written: it must not take part, voter or not.
+            self._fail(LogWriteError(f"member mark beside {joiner.member_dir}: {err}"))
+            return
         self.join_decision = decision
         self.member.lost_state = self._lost_marked = decision.lost
         log.info(
@@ -201,6 +206,8 @@ class QuorumNode:
     async def _run(self) -> None:
         if self._joiner is not None:
             await self._join(self._joiner)
+            if self.failure is not None:
+                return
         while True:
             await asyncio.sleep(tick_interval_s)
             if self.failure is not None:
@@ -276,6 +283,7 @@ class QuorumNode:
         self.failure = err
         log.error("quorum node failed", journal=self.journal, node=self.name, error=str(err))
         self._fail_pending(f"{type(err).__name__}: {err}")
+        self.progress.set()  # observers see the failure
 
     def _persist(self) -> bool:
         """Append the core's changes to the log file; False (the node failed) if it could

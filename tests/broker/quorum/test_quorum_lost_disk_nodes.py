@@ -11,6 +11,7 @@ not vote: nothing is elected until Y is back, and then every acknowledged append
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +36,9 @@ from broker.quorum_shell.members_record import (
     encode_members_record,
     quorum_members_key,
 )
+from broker.quorum_shell.node import LogWriteError, QuorumNode
+from broker.quorum_shell.term_register import KeyspaceTermRegister
+from broker.quorum_shell.transport import GrpcTransport
 from broker.topology import TopologyDecodeError, make_decoder
 from tests.broker.quorum.quorum_nodes_testkit import (
     JOURNAL_REVISION,
@@ -43,6 +47,7 @@ from tests.broker.quorum.quorum_nodes_testkit import (
     Cluster,
     J,
     append_all,
+    wait_s,
 )
 
 
@@ -235,3 +240,36 @@ def test_the_members_record_is_decoded_by_the_topology() -> None:
     for bad in (b"{", b'{"format":2}', b'{"format":1,"journal_revision":-1,"members":{}}'):
         with pytest.raises(TopologyDecodeError, match="quorum-members"):
             decode(KeyValue(key, bad, 1, 1, 1))
+
+
+async def test_a_mark_that_cannot_be_written_stops_the_node(tmp_path: Path) -> None:
+    """A member that must be marked lost but cannot be: the node takes no part and keeps the
+    error (never a voter on a failed write)."""
+    store = EmbeddedStore()
+    backend = store.connect()
+    registry = MemberRegistry(backend, ROOT, J, JOURNAL_REVISION)
+    record, revision = await registry.read()
+    assert await registry.record(record, revision, "m0", "f" * 16)  # joined with another disk
+    data_dir = str(tmp_path / "b")
+    log_file, joiner = open_member_log(data_dir, J, "m0", load_incarnation(data_dir), registry)
+    (log_path(data_dir, J).parent / (MARK_FILE_NAME + ".tmp")).mkdir()  # writes there fail
+    node = QuorumNode(
+        J,
+        "m0",
+        NAMES,
+        KeyspaceTermRegister(backend, ROOT, J, NAMES, JOURNAL_REVISION),
+        GrpcTransport({}),
+        log_file=log_file,
+        joiner=joiner,
+    )
+    await node.start()
+    try:
+        async with asyncio.timeout(wait_s):
+            while node.failure is None:
+                await node.progress.wait()
+                node.progress.clear()
+    finally:
+        await node.stop()
+    assert isinstance(node.failure, LogWriteError) and "mark" in str(node.failure)
+    assert not node.joined.is_set()
+    await backend.close()
