@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from broker.protocol import protocol_pb2 as pb
 
@@ -89,9 +89,22 @@ SPOOL_RECOVERY: Final = Counter(
 QUORUM_LOG_OPENED: Final = Counter(
     "gazette_quorum_log_opened_total",
     "Quorum journals' member log files (<data-dir>/quorum/<journal>/log) a broker opened, by"
-    " outcome: new, replayed, torn_tail (a write cut short by a crash, cut off) and corrupt (a"
-    " damaged record before intact ones: the member does not take part).",
+    " outcome: new, replayed, torn_tail (a write cut short by a crash, cut off), corrupt (a"
+    " damaged record before intact ones: the member does not take part) and earlier_journal"
+    " (the files of a deleted journal of the same name: removed, and the member starts fresh).",
     ["outcome"],
+)
+QUORUM_LOST_DISKS: Final = Counter(
+    "gazette_quorum_lost_disk_starts_total",
+    "Quorum members this broker started as lost: the keyspace shows the member joined the"
+    " journal, but its log is new (a lost disk) or it was not caught up since; it does not vote"
+    " until a leader has caught it up.",
+)
+QUORUM_ELECTIONS_BLOCKED: Final = Gauge(
+    "gazette_quorum_elections_blocked",
+    "Quorum journals whose election this broker's coordinator found impossible: more members"
+    " lost their disk (and are not caught up) than the ensemble can spare. The journal takes no"
+    " appends until an operator acts (docs/design/quorum.md, Built (lost disks)).",
 )
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",

@@ -13,6 +13,9 @@ whose values this module decodes:
     <root>/quorum/<journal>                    Term register of a quorum-mode journal (JSON,
                                                broker/quorum_shell/term_record.py); absent for
                                                all-replicas journals, which Gazette's are.
+    <root>/quorum-members/<journal>            Members that joined a quorum-mode journal, with
+                                               the disk they joined with (JSON,
+                                               broker/quorum_shell/members_record.py).
 
 The layout and the binary-protobuf values are Gazette's allocator layout, so that a Go broker and
 ours read each other's keys. ``#`` separates the fields of member and assignment keys; tokens
@@ -54,7 +57,18 @@ from broker.protocol.validate import (
     validate_journal_spec,
     validate_token,
 )
-from broker.quorum_shell.term_record import QuorumTerm, TermRecordDecodeError, decode_term_record
+from broker.quorum_shell.members_record import (
+    QUORUM_MEMBERS,
+    MembersRecordDecodeError,
+    QuorumMembers,
+    decode_members_record,
+)
+from broker.quorum_shell.term_record import (
+    QuorumTerm,
+    TermRecordDecodeError,
+    decode_term_record,
+    record_journal_revision,
+)
 
 DEFAULT_ROOT = "/gazette/cluster"
 
@@ -113,7 +127,7 @@ class Assignment:
         return pb.ProcessSpec.ID(zone=self.zone, suffix=self.suffix)
 
 
-Decoded = JournalItem | Member | Assignment | QuorumTerm
+Decoded = JournalItem | Member | Assignment | QuorumTerm | QuorumMembers
 
 
 # --- Keys -------------------------------------------------------------------------------------
@@ -225,7 +239,7 @@ def _decode_assignment(rest: str, value: bytes) -> Assignment:
 def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:
     """The KeySpace decoder of the broker layout under ``root``."""
     items, members, assign = items_prefix(root), members_prefix(root), assign_prefix(root)
-    quorum = root + QUORUM
+    quorum, quorum_members = root + QUORUM, root + QUORUM_MEMBERS
 
     def decode(kv: KeyValue) -> Decoded:
         try:
@@ -242,8 +256,19 @@ def make_decoder(root: str) -> Callable[[KeyValue], Decoded]:
             if key.startswith(quorum):
                 journal = key[len(quorum) :]
                 validate_journal_name(journal)
-                return QuorumTerm(journal, decode_term_record(kv.value))
-        except (ValidationError, DecodeError, TermRecordDecodeError) as err:
+                return QuorumTerm(
+                    journal, decode_term_record(kv.value), record_journal_revision(kv.value)
+                )
+            if key.startswith(quorum_members):
+                journal = key[len(quorum_members) :]
+                validate_journal_name(journal)
+                return QuorumMembers(journal, decode_members_record(kv.value))
+        except (
+            ValidationError,
+            DecodeError,
+            TermRecordDecodeError,
+            MembersRecordDecodeError,
+        ) as err:
             raise TopologyDecodeError(f"key {key!r}: {err}") from err
         raise TopologyDecodeError(f"key {key!r} is not an item, member, assignment or quorum key")
 

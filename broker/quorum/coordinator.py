@@ -18,6 +18,13 @@ compare-and-swap makes each term owned by exactly one, and its leader appointed 
   WAITING     another coordinator's election is under way: wait (election_timeout_ticks plus
               jitter), then READING. If nothing changed meanwhile, that election stalled.
 
+An election can be impossible: members back from a lost disk do not vote until a leader has
+caught them up (Rules.may_vote), so once more of them answer than the ensemble can spare
+(more than n - quorum), no quorum of voters can ever form. The coordinator then says so:
+`election_blocked` holds an `ElectionBlocked` (the term, the non-voters, the voters needed)
+until a leader is appointed, so the shell can log it, count it and show it, rather than retry
+silently. It never elects anyway: a short log elected would lose acknowledged appends.
+
 A lost CAS answers with the register's value, interpreted as a read. A register request
 unanswered for request_timeout_ticks is re-sent (doubling to retry_backoff_max_ticks); an
 answer to an older request is ignored. A crashed coordinator restarts in READING with nothing
@@ -92,6 +99,25 @@ COORDINATOR_TRANSITIONS: Final[dict[tuple[CoordState, CoordEvent], CoordState]] 
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ElectionBlocked:
+    """Why a journal cannot elect: `non_voters` (members back from a lost disk, not yet caught
+    up) answered NewTerm of `term`, leaving fewer than `voters_needed` possible voters in the
+    ensemble. Only an operator can unblock it (docs/design/quorum.md, "Built (lost disks)")."""
+
+    term: int
+    non_voters: tuple[str, ...]
+    voters_needed: int
+    ensemble: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"term {self.term}: {len(self.non_voters)} of {len(self.ensemble)} members lost"
+            f" their disk and are not caught up ({', '.join(self.non_voters)}); an election"
+            f" needs {self.voters_needed} voters"
+        )
+
+
 @dataclass(slots=True)
 class _Retry:
     deadline: int
@@ -129,6 +155,8 @@ class Coordinator:
         self._member_retry: dict[str, _Retry] = {}
         self._become_leader: BecomeLeader | None = None
         self._leader_followers: frozenset[str] = frozenset()
+        # Set while no quorum of voters can form (see the module docstring).
+        self.election_blocked: ElectionBlocked | None = None
 
     def __repr__(self) -> str:
         return (
@@ -239,6 +267,7 @@ class Coordinator:
         self._resend_new_terms(now)
 
     def _start_monitoring(self, record: TermRecord, now: int) -> None:
+        self.election_blocked = None  # a leader is appointed
         if record.term != self.term:  # another coordinator's term (else: the one we fenced)
             self._new_term_state(record)
         self.leader = record.leader
@@ -261,7 +290,13 @@ class Coordinator:
             # Only voters elect (a member with a lost disk does not); the others still get
             # aligned as followers of the chosen leader.
             voters = [r for r in self._responses.values() if r.voter]
-            if len(voters) >= self.rules.quorum(len(self.ensemble)):
+            quorum = self.rules.quorum(len(self.ensemble))
+            non_voters = tuple(sorted(m for m, r in self._responses.items() if not r.voter))
+            if len(non_voters) > len(self.ensemble) - quorum:
+                self.election_blocked = ElectionBlocked(
+                    self.term, non_voters, quorum, self.ensemble
+                )
+            if len(voters) >= quorum:
                 chosen = self.rules.choose_leader(voters)
                 self._go(CoordEvent.MAJORITY_FENCED)
                 known = self._known

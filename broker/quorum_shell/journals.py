@@ -4,7 +4,10 @@ the replication RPC and of quorum appends.
 
 Reconciliation is a KeySpace observer (it runs synchronously after every keyspace update):
 a quorum journal assigned to this broker whose route has all `replication` members, each with
-an endpoint, gets a node; its ensemble is the route's members (`zone#suffix`, sorted) as first
+an endpoint, gets a node; so does one whose term register (a term was claimed: the journal
+elected before) names this broker in its ensemble, whatever its route, so that after a restart
+a live majority elects without waiting for the members still down (their endpoints are
+attached once they announce themselves, `_refresh_endpoints`); its ensemble is the route's members (`zone#suffix`, sorted) as first
 seen, and the node keeps it while the journal stays assigned here (a member whose lease
 expired is still in the ensemble). A journal no longer assigned here has its node stopped. Ensemble changes of a live node
 (the allocator moving a replica) are not followed yet: the node keeps its first ensemble
@@ -15,6 +18,17 @@ Durability: with a data directory each node's member log is a file (log_file.py,
 started again until its previous node (and file) is closed; a log file that cannot be
 replayed (LogFileCorruptError, OSError) is kept in `errors` and the journal gets no node on
 this broker until it restarts.
+
+Lost disks (member_dir.py, member_registry.py): with a data directory the broker has an
+incarnation id, and each node first *joins*: a new log file gets a `joining` mark before it is
+created, and the node looks its member up in `<root>/quorum-members/<journal>` (scoped to the
+journal spec's create revision) before it takes part; a member that joined before but whose
+log is new starts lost (no vote until caught up).
+
+A journal deleted and re-created under the same name is another journal: its spec key's create
+revision differs. A node of the earlier one is stopped; the earlier journal's member files are
+removed when the new journal's node opens them (open_member_log), and its term register and
+member record in the keyspace are read as empty (term_record.py, members_record.py).
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from broker import metrics
 from broker.fragment.naming import sum_from_digest
 from broker.keyspace.backend import Backend
 from broker.keyspace.keyspace import KeySpace
@@ -35,7 +50,20 @@ from broker.quorum.config import QuorumConfig
 from broker.quorum.errors import LogFileCorruptError
 from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
+from broker.quorum_shell.member_dir import (
+    Mark,
+    MemberDirError,
+    load_incarnation,
+    log_is_new,
+    read_journal_revision,
+    read_mark,
+    remove_member_files,
+    write_journal_revision,
+    write_mark,
+)
+from broker.quorum_shell.member_registry import Joiner, MemberRegistry
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
+from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
 from broker.replica import Replica
@@ -47,6 +75,8 @@ from broker.topology import (
     format_id,
     local_journals,
     lookup_item,
+    lookup_member,
+    quorum_term_key,
     route_from_assignments,
 )
 
@@ -55,6 +85,71 @@ log = get_logger(__name__)
 
 async def _gather(*coros: Coroutine[Any, Any, None]) -> None:
     await asyncio.gather(*coros)
+
+
+def open_member_log(
+    data_dir: str,
+    journal: str,
+    member: str,
+    incarnation: str,
+    registry: MemberRegistry,
+    *,
+    fsync: bool = False,
+) -> tuple[QuorumLogFile, Joiner]:
+    """Open (creating) `member`'s log file of `journal` (the journal `registry` names, by its
+    spec key's create revision) and the joiner its node runs first (see the module docstring).
+    Files of an earlier journal of the same name are removed first. Raises
+    LogFileCorruptError, MemberDirError or OSError."""
+    path = log_path(data_dir, journal)
+    member_dir = path.parent
+    revision = registry.journal_revision
+    found = read_journal_revision(member_dir)
+    if found is not None and found != revision:
+        removed = remove_member_files(member_dir)
+        metrics.QUORUM_LOG_OPENED.labels("earlier_journal").inc()
+        log.warning(
+            "quorum member files of an earlier journal of this name removed: starting fresh",
+            journal=journal,
+            earlier_revision=found,
+            revision=revision,
+            removed=removed,
+        )
+    log_new, mark_found = log_is_new(path), read_mark(member_dir)
+    mark = mark_found
+    if found != revision:
+        if found is None and not log_new:
+            log.info("quorum member log adopted for this journal", journal=journal)
+        write_journal_revision(member_dir, revision)  # before a new log file exists
+    if log_new and mark is None:
+        # Before the file exists: until the keyspace records this member, a restart must not
+        # take the (then existing) file for a log that took part.
+        write_mark(member_dir, Mark.JOINING)
+        mark = Mark.JOINING
+    log_file = QuorumLogFile(path, fsync=fsync)
+    joiner = Joiner(registry, member, incarnation, member_dir, log_new, mark_found, mark)
+    return log_file, joiner
+
+
+def registered_route(
+    ks: KeySpace[Decoded], root: str, journal: str, revision: int, name: str
+) -> pb.Route | None:
+    """The route of the ensemble `journal`'s term register names (endpoints of the members
+    announced, "" for the others), if a term was claimed for this journal (the spec key's
+    create revision `revision`) and it names member `name`; else None."""
+    entry = ks.get(quorum_term_key(root, journal))
+    term = entry.decoded if entry is not None else None
+    if not isinstance(term, QuorumTerm) or term.record.term == 0:
+        return None
+    if term.journal_revision and term.journal_revision != revision:
+        return None  # the register of an earlier journal of this name
+    if name not in term.record.ensemble:
+        return None
+    route = pb.Route(primary=-1)
+    for member in sorted(term.record.ensemble):
+        zone, _, suffix = member.partition("#")
+        route.members.append(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
+    attach_endpoints(route, ks, root)
+    return route
 
 
 class QuorumJournals:
@@ -75,6 +170,8 @@ class QuorumJournals:
         self.quorum_config: QuorumConfig | None = None
         self._data_dir = data_dir
         self._fsync = fsync
+        # This broker's disk, as members record it when they join (None: no data directory).
+        self.incarnation = load_incarnation(data_dir) if data_dir is not None else None
         # Journals whose log file could not be opened (see the module docstring).
         self.errors: dict[str, Exception] = {}
         # Journals whose node is being stopped: no new node until its file is closed.
@@ -91,6 +188,8 @@ class QuorumJournals:
         self.name = format_id(local_id)
         self.nodes: dict[str, QuorumNode] = {}
         self._routes: dict[str, pb.Route] = {}
+        # The create revision of each local quorum journal's spec key (its identity).
+        self._revisions: dict[str, int] = {}
         self._transports: dict[str, GrpcTransport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
@@ -119,6 +218,13 @@ class QuorumJournals:
             ):
                 continue
             spec = decoded.spec
+            assert item is not None
+            revision = item.kv.create_revision
+            if journal in self.nodes and self._revisions.get(journal) != revision:
+                # Deleted and re-created under the same name while its node ran: the node
+                # (of the earlier journal) stops; the next one starts on fresh files.
+                continue
+            self._revisions[journal] = revision
             if journal in self.nodes:
                 # A running node stays while the journal is assigned here, whatever happens to
                 # the route: a member whose lease expired (stopped, partitioned) is still in
@@ -127,24 +233,34 @@ class QuorumJournals:
                 continue
             route = route_from_assignments(assignment_of(e) for e in entries)
             attach_endpoints(route, ks, root)
-            if len(route.members) < spec.replication or not all(route.endpoints):
+            if len(route.members) >= spec.replication and all(route.endpoints):
+                wanted[journal] = route
                 continue
-            wanted[journal] = route
+            registered = registered_route(ks, root, journal, revision, self.name)
+            if registered is not None and len(registered.members) == spec.replication:
+                # A journal that elected before: its members are in its term register, and a
+                # live majority of them elects without waiting for the others to come back.
+                wanted[journal] = registered
         for journal in list(self.nodes):
             if journal not in wanted:
                 self._close_later(journal)
+            else:
+                self._refresh_endpoints(journal)
         for journal, route in wanted.items():
             if journal in self.nodes or journal in self._closing or journal in self.errors:
                 continue
-            log_file = self._open_log(journal)
-            if log_file is None and self._data_dir is not None:
+            opened = self._open_log(journal)
+            if opened is None and self._data_dir is not None:
                 continue
+            log_file, joiner = opened if opened is not None else (None, None)
             ensemble = tuple(sorted(format_id(m) for m in route.members))
             endpoints = {
-                format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True)
+                format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True) if e
             }
             transport = GrpcTransport(endpoints)
-            register = KeyspaceTermRegister(self._backend, root, journal, ensemble)
+            register = KeyspaceTermRegister(
+                self._backend, root, journal, ensemble, self._revisions[journal]
+            )
             node = QuorumNode(
                 journal,
                 self.name,
@@ -153,6 +269,7 @@ class QuorumJournals:
                 transport,
                 log_file=log_file,
                 config=self.quorum_config,
+                joiner=joiner,
             )
             self.nodes[journal] = node
             self._routes[journal] = route
@@ -165,13 +282,27 @@ class QuorumJournals:
                 _gather(applier.run(), applier.report_stored())
             )
 
-    def _open_log(self, journal: str) -> QuorumLogFile | None:
-        if self._data_dir is None:
+    def _refresh_endpoints(self, journal: str) -> None:
+        """Members' endpoints as their BrokerSpecs say now: a member that was down when the
+        node started (or came back on another port) is reached once it announces itself."""
+        route, transport = self._routes[journal], self._transports[journal]
+        for i, m in enumerate(route.members):
+            member = lookup_member(self._ks, self._root, m.zone, m.suffix)
+            if member is not None and member.spec.process_spec.endpoint:
+                route.endpoints[i] = member.spec.process_spec.endpoint
+                transport.endpoints[format_id(m)] = route.endpoints[i]
+
+    def _open_log(self, journal: str) -> tuple[QuorumLogFile, Joiner] | None:
+        """The journal's log file and its member's joiner; None (the error kept) if the
+        member's files cannot be read."""
+        if self._data_dir is None or self.incarnation is None:
             return None
-        path = log_path(self._data_dir, journal)
+        registry = MemberRegistry(self._backend, self._root, journal, self._revisions[journal])
         try:
-            return QuorumLogFile(path, fsync=self._fsync)
-        except (LogFileCorruptError, OSError) as err:
+            return open_member_log(
+                self._data_dir, journal, self.name, self.incarnation, registry, fsync=self._fsync
+            )
+        except (LogFileCorruptError, MemberDirError, OSError) as err:
             self.errors[journal] = err
             log.error("quorum log not opened: no node", journal=journal, error=str(err))
             return None

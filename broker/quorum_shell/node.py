@@ -19,6 +19,15 @@ core and before anything that call produced is sent or answered (`_persist`, fir
 `_flush`): a follower's acknowledgement, a NewTerm answer, a leader counting itself, a commit
 readers may see. A write that fails stops the node (`failure`, a `LogWriteError`). Without a
 file the log is in memory: a process crash loses it (tests, and brokers without --data-dir).
+
+Lost disks. With a `joiner` (member_registry.py: a broker with a data directory) the node first
+joins: it decides from the keyspace whether its member lost its disk, and takes no part (drops
+every message, starts no coordinator) until it knows. A lost member starts with
+`lost_state=True` and does not vote until a leader has caught it up; once `Member.voter`
+latches (and the log that made it a voter is in its file) the node clears its `lost` mark. A
+coordinator that finds the election impossible (`Coordinator.election_blocked`: too many
+members lost their disk) is logged once per change and counted in
+`gazette_quorum_elections_blocked`; `election_blocked` tells the node's owner.
 """
 
 from __future__ import annotations
@@ -29,10 +38,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from broker import metrics
 from broker.keyspace.backend import KeySpaceError
 from broker.logging import get_logger
 from broker.quorum.config import CoordinatorConfig, QuorumConfig
-from broker.quorum.coordinator import REGISTER, Coordinator
+from broker.quorum.coordinator import REGISTER, Coordinator, ElectionBlocked
 from broker.quorum.errors import ProtocolError, QuorumError
 from broker.quorum.leader import AppendFailed, Committed
 from broker.quorum.log import ReplicaLog
@@ -40,6 +50,8 @@ from broker.quorum.member import Member
 from broker.quorum.messages import COORDINATORS, Heartbeat, NewTermResponse
 from broker.quorum.register import RegisterCas, RegisterRead, RegisterReply
 from broker.quorum_shell.log_file import QuorumLogFile
+from broker.quorum_shell.member_dir import clear_mark
+from broker.quorum_shell.member_registry import Decision, Joiner
 from broker.quorum_shell.term_record import TermRecordDecodeError
 from broker.quorum_shell.wire import Envelope
 
@@ -99,6 +111,7 @@ class QuorumNode:
         clock: Callable[[], float] = time.monotonic,
         log_file: QuorumLogFile | None = None,
         config: QuorumConfig | None = None,
+        joiner: Joiner | None = None,
     ) -> None:
         self.journal = journal
         self.name = name
@@ -136,6 +149,12 @@ class QuorumNode:
         # Set whenever the commit offset moved (the spool applier's only trigger).
         self.commit_changed = asyncio.Event()
         self._commit_seen = 0
+        # Joining (see the module docstring): the node takes no part until `joined` is set.
+        self._joiner = joiner
+        self.joined = asyncio.Event()
+        self.join_decision: Decision | None = None
+        self._lost_marked = False  # the member's `lost` mark is on disk
+        self.election_blocked: ElectionBlocked | None = None
 
     # --- Lifecycle -------------------------------------------------------------------------
 
@@ -143,9 +162,34 @@ class QuorumNode:
         return int((self._clock() - self._epoch) * 1000)
 
     async def start(self) -> None:
+        """Start taking part: at once without a joiner, else once joined (in the background:
+        `joined` is set then)."""
+        if self._joiner is None:
+            self._begin()
+        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    def _begin(self) -> None:
+        self.joined.set()
         self.coordinator.start(self.now())
         self._flush()
-        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _join(self, joiner: Joiner) -> None:
+        try:
+            decision = await joiner.join()
+        except OSError as err:
+            # Its mark could not be written: it must not take part, voter or not.
+            self._fail(LogWriteError(f"member mark beside {joiner.member_dir}: {err}"))
+            return
+        self.join_decision = decision
+        self.member.lost_state = self._lost_marked = decision.lost
+        log.info(
+            "quorum member joined",
+            journal=self.journal,
+            node=self.name,
+            lost=decision.lost,
+            reason=decision.reason,
+        )
+        self._begin()
 
     async def stop(self) -> None:
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
@@ -153,10 +197,17 @@ class QuorumNode:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_pending("the node stopped")
+        if self.election_blocked is not None:
+            metrics.QUORUM_ELECTIONS_BLOCKED.dec()
+            self.election_blocked = None
         if self.log_file is not None:
             self.log_file.close()
 
     async def _run(self) -> None:
+        if self._joiner is not None:
+            await self._join(self._joiner)
+            if self.failure is not None:
+                return
         while True:
             await asyncio.sleep(tick_interval_s)
             if self.failure is not None:
@@ -204,7 +255,7 @@ class QuorumNode:
 
     def on_stored(self, end: int) -> None:
         """The fragment store holds the journal through offset `end`: the core may compact."""
-        if self.failure is not None:
+        if self.failure is not None or not self.joined.is_set():
             return
         self.member.on_stored(end)
         self._flush()
@@ -212,8 +263,8 @@ class QuorumNode:
     # --- Messages --------------------------------------------------------------------------
 
     def receive(self, envelope: Envelope) -> None:
-        if self.failure is not None:
-            return
+        if self.failure is not None or not self.joined.is_set():
+            return  # not joined yet: the senders re-send
         now = self.now()
         msg = envelope.message
         try:
@@ -232,6 +283,7 @@ class QuorumNode:
         self.failure = err
         log.error("quorum node failed", journal=self.journal, node=self.name, error=str(err))
         self._fail_pending(f"{type(err).__name__}: {err}")
+        self.progress.set()  # observers see the failure
 
     def _persist(self) -> bool:
         """Append the core's changes to the log file; False (the node failed) if it could
@@ -252,6 +304,10 @@ class QuorumNode:
             self.coordinator.outbox.clear()
             self.member.notices.clear()
             return
+        if self._lost_marked and not self.member.lost_state:
+            self._clear_lost_mark()
+        if self.coordinator.election_blocked != self.election_blocked:
+            self._on_election_blocked(self.coordinator.election_blocked)
         self.progress.set()
         if self.leader_name:
             self.leader_known.set()
@@ -290,6 +346,41 @@ class QuorumNode:
                 elif isinstance(notice, AppendFailed):
                     future.set_exception(AppendOutcomeUnknownError(notice.reason))
 
+    def _clear_lost_mark(self) -> None:
+        """The member is a voter again, and the log that made it one is in its file."""
+        if self.log_file is None:
+            self._lost_marked = False
+            return
+        try:
+            clear_mark(self.log_file.path.parent)
+        except OSError as err:
+            # Kept: a restart then starts it lost again, which is safe (it waits to be caught
+            # up once more); retried on the next flush.
+            log.warning("quorum lost mark not cleared", journal=self.journal, error=str(err))
+            return
+        self._lost_marked = False
+        log.info("quorum member caught up: votes again", journal=self.journal, node=self.name)
+
+    def _on_election_blocked(self, blocked: ElectionBlocked | None) -> None:
+        before, self.election_blocked = self.election_blocked, blocked
+        if blocked is not None and before is None:
+            metrics.QUORUM_ELECTIONS_BLOCKED.inc()
+        elif blocked is None and before is not None:
+            metrics.QUORUM_ELECTIONS_BLOCKED.dec()
+        if _blocked_key(blocked) == _blocked_key(before):
+            return  # the same members block a later term's election: said already
+        if blocked is not None:
+            log.error(
+                "quorum election blocked: not enough members can vote; acknowledged appends"
+                " may be held only by lost disks, so no leader is elected"
+                " (docs/design/quorum.md, Built (lost disks): what an operator does)",
+                journal=self.journal,
+                node=self.name,
+                reason=str(blocked),
+            )
+        else:
+            log.info("quorum election no longer blocked", journal=self.journal, node=self.name)
+
     def _deliver(self, envelope: Envelope) -> None:
         node = envelope.to.removesuffix(COORDINATOR_SUFFIX)
         if node == self.name:
@@ -320,3 +411,7 @@ class QuorumNode:
         for future in pending.values():
             if not future.done():
                 future.set_exception(AppendOutcomeUnknownError(reason))
+
+
+def _blocked_key(blocked: ElectionBlocked | None) -> tuple[object, ...] | None:
+    return None if blocked is None else (blocked.non_voters, blocked.voters_needed)

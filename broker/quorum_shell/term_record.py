@@ -9,6 +9,13 @@ etcd (and the embedded keyspace) evaluate as "the key does not exist".
 
 The value is JSON, versioned, so that `etcdctl get` shows it; it is small and written once
 per term.
+
+Journal identity. A record also names the journal it belongs to: `journal_revision`, the create
+revision of the journal's spec key (absent in records written before it existed: taken as the
+current journal's). A journal deleted and re-created under the same name has another spec key
+revision, so the earlier journal's record, still in the keyspace, is read as a record of no
+leader, at its term and revision, with the route as the ensemble: the next claim goes on from
+its term (terms never go back) with the new journal's members, who start from fresh logs.
 """
 
 from __future__ import annotations
@@ -44,20 +51,32 @@ class QuorumTerm:
 
     journal: str
     record: TermRecord
+    journal_revision: int = 0  # the journal identity the record names (0: none)
 
 
-def encode_term_record(record: TermRecord) -> bytes:
-    return json.dumps(
-        {
-            "format": TERM_RECORD_FORMAT,
-            "term": record.term,
-            "owner": record.owner,
-            "ensemble": list(record.ensemble),
-            "leader": record.leader,
-        },
-        separators=(",", ":"),
-        sort_keys=True,
-    ).encode()
+def encode_term_record(record: TermRecord, journal_revision: int = 0) -> bytes:
+    """The value of `record`; `journal_revision` (0: none) is the identity of the journal it
+    belongs to (see the module docstring)."""
+    doc: dict[str, object] = {
+        "format": TERM_RECORD_FORMAT,
+        "term": record.term,
+        "owner": record.owner,
+        "ensemble": list(record.ensemble),
+        "leader": record.leader,
+    }
+    if journal_revision:
+        doc["journal_revision"] = journal_revision
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def record_journal_revision(value: bytes) -> int:
+    """The journal identity a (valid) record names; 0 if it names none."""
+    revision = json.loads(value).get("journal_revision", 0)
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+        raise TermRecordDecodeError(
+            f"term record: journal_revision must be an integer >= 0 (got {revision!r})"
+        )
+    return revision
 
 
 def decode_term_record(value: bytes) -> TermRecord:
@@ -94,27 +113,37 @@ def initial_record(ensemble: Sequence[str]) -> Versioned:
     return Versioned(TermRecord(0, "", tuple(ensemble)), 0)
 
 
-def versioned_of(kvs: Sequence[KeyValue], ensemble: Sequence[str]) -> Versioned:
-    """The register as read: the key's record at its mod revision, or the initial record."""
+def versioned_of(
+    kvs: Sequence[KeyValue], ensemble: Sequence[str], journal_revision: int = 0
+) -> Versioned:
+    """The register as read: the key's record at its mod revision, or the initial record. A
+    record of another journal than `journal_revision` (0: do not check) is read as no leader
+    at its term, with `ensemble` (see the module docstring)."""
     if not kvs:
         return initial_record(ensemble)
     kv = kvs[0]
-    return Versioned(decode_term_record(kv.value), kv.mod_revision)
+    record = decode_term_record(kv.value)
+    if journal_revision:
+        recorded = record_journal_revision(kv.value)
+        if recorded and recorded != journal_revision:
+            record = TermRecord(record.term, "", tuple(ensemble))
+    return Versioned(record, kv.mod_revision)
 
 
 def cas_txn(
-    key: bytes, expect_revision: int, record: TermRecord
+    key: bytes, expect_revision: int, record: TermRecord, journal_revision: int = 0
 ) -> tuple[list[Compare], list[Op], list[Op]]:
     """Compares, success and failure ops of one CAS: put `record` if the key's mod revision is
     still `expect_revision` (0: the key is absent); read the key back either way, so that the
     answer carries the register after the attempt."""
     compares = [Compare(key, CompareTarget.MOD, CompareResult.EQUAL, expect_revision)]
-    return compares, [OpPut(key, encode_term_record(record)), OpGet(key)], [OpGet(key)]
+    put = OpPut(key, encode_term_record(record, journal_revision))
+    return compares, [put, OpGet(key)], [OpGet(key)]
 
 
-def cas_result(resp: TxnResponse, ensemble: Sequence[str]) -> CasResult:
+def cas_result(resp: TxnResponse, ensemble: Sequence[str], journal_revision: int = 0) -> CasResult:
     """Interpret the response of `cas_txn`'s transaction."""
     read = resp.results[-1]
     if not isinstance(read, tuple):
         raise TermRecordDecodeError(f"term register transaction answered {read!r}, not a read")
-    return CasResult(resp.succeeded, versioned_of(read, ensemble))
+    return CasResult(resp.succeeded, versioned_of(read, ensemble, journal_revision))

@@ -27,21 +27,32 @@ from broker.topology import quorum_term_key
 
 
 class KeyspaceTermRegister:
-    """`<root>/quorum/<journal>` on `backend`; `ensemble` is the initial record's (the route)."""
+    """`<root>/quorum/<journal>` on `backend`; `ensemble` is the initial record's (the route);
+    `journal_revision` the journal's identity (term_record.py; 0: not checked)."""
 
-    def __init__(self, backend: Backend, root: str, journal: str, ensemble: Sequence[str]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        root: str,
+        journal: str,
+        ensemble: Sequence[str],
+        journal_revision: int = 0,
+    ) -> None:
         self._backend = backend
         self.key = quorum_term_key(root, journal).encode()
         self._ensemble = tuple(ensemble)
+        self._journal_revision = journal_revision
 
     async def read(self) -> Versioned:
         resp = await self._backend.range(self.key)
-        return versioned_of(resp.kvs, self._ensemble)
+        return versioned_of(resp.kvs, self._ensemble, self._journal_revision)
 
     async def compare_and_swap(self, expect_revision: int, record: TermRecord) -> CasResult:
-        compares, success, failure = cas_txn(self.key, expect_revision, record)
+        compares, success, failure = cas_txn(
+            self.key, expect_revision, record, self._journal_revision
+        )
         resp = await self._backend.txn(compares, success, failure)
-        return cas_result(resp, self._ensemble)
+        return cas_result(resp, self._ensemble, self._journal_revision)
 
     async def answer(self, request: RegisterRead | RegisterCas) -> RegisterReply:
         if isinstance(request, RegisterRead):

@@ -87,3 +87,32 @@ def test_a_follower_that_lost_its_disk_mid_term_is_aligned_again() -> None:
     m0 = members["m0"]
     assert m0.term == 2 and m0.state is ReplicaState.FOLLOWER
     assert m0.log.read(0, 3) == b"abc" and m0.voter
+
+
+def test_two_lost_disks_of_three_block_the_election_with_a_reason() -> None:
+    # m0 and m1 lost their disks; only m2 kept its log. No quorum of voters can ever form: the
+    # coordinator says why (election_blocked) and elects no one, however long it runs.
+    members = {
+        "m0": Member("m0", ReplicaLog(), CONFIG, lost_state=True),
+        "m1": Member("m1", ReplicaLog(), CONFIG, lost_state=True),
+        "m2": Member("m2", make_log([(1, b"a")], term=2, commit=1), CONFIG),
+    }
+    register = MemoryCasRegister(TermRecord(0, "", ENSEMBLE))
+    register.compare_and_swap(1, TermRecord(2, "old", ENSEMBLE, "m1"))
+    router = Router(members, {"c0": coordinator()}, register)
+    router.coordinators["c0"].start(0)
+    router.tick(200)
+    blocked = router.coordinators["c0"].election_blocked
+    assert blocked is not None
+    assert blocked.non_voters == ("m0", "m1") and blocked.voters_needed == 2
+    assert "m0, m1" in str(blocked)
+    assert _leaders(router) == [] and router.register.read().record.leader == ""
+
+
+def test_one_lost_disk_of_three_does_not_block() -> None:
+    router = _after_m0_lost_its_disk(CORRECT_RULES)
+    assert router.coordinators["c0"].election_blocked is None
+    router.cut = lambda src, dst, msg: False
+    router.tick(80)
+    assert _leaders(router) == ["m1"]
+    assert router.coordinators["c0"].election_blocked is None
