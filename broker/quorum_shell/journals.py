@@ -57,7 +57,8 @@ from broker.quorum_shell.member_dir import (
     log_is_new,
     read_journal_revision,
     read_mark,
-    remove_member_files,
+    retire_member_files,
+    retired_dir,
     write_journal_revision,
     write_mark,
 )
@@ -98,21 +99,25 @@ def open_member_log(
 ) -> tuple[QuorumLogFile, Joiner]:
     """Open (creating) `member`'s log file of `journal` (the journal `registry` names, by its
     spec key's create revision) and the joiner its node runs first (see the module docstring).
-    Files of an earlier journal of the same name are removed first. Raises
+    Files of an earlier journal of the same name are moved aside first. Raises
     LogFileCorruptError, MemberDirError or OSError."""
     path = log_path(data_dir, journal)
     member_dir = path.parent
     revision = registry.journal_revision
     found = read_journal_revision(member_dir)
     if found is not None and found != revision:
-        removed = remove_member_files(member_dir)
+        to = retired_dir(data_dir, journal, found)
+        moved = retire_member_files(member_dir, to)
         metrics.QUORUM_LOG_OPENED.labels("earlier_journal").inc()
         log.warning(
-            "quorum member files of an earlier journal of this name removed: starting fresh",
+            "quorum member files of an earlier journal of this name moved aside: starting"
+            " fresh (if the journal was not re-created, e.g. etcd's keys were copied into a new"
+            " cluster, stop this broker and move them back)",
             journal=journal,
             earlier_revision=found,
             revision=revision,
-            removed=removed,
+            moved=moved,
+            to=str(to),
         )
     log_new, mark_found = log_is_new(path), read_mark(member_dir)
     mark = mark_found

@@ -20,7 +20,12 @@ whether a member votes:
 - `<data-dir>/quorum/<journal>/journal`: the identity of the journal these files belong to,
   the create revision of its spec key (written before a new log file is created). A journal
   deleted and re-created under the same name has another: the earlier journal's files are
-  removed (`remove_member_files`) and the member starts fresh.
+  moved aside (`retire_member_files`, to `<data-dir>/quorum-retired/<journal>@<revision>/`)
+  and the member starts fresh. Moved, not removed: a revision can also change without the
+  journal being re-created (etcd's keys copied into a new cluster get new revisions), and
+  then the retired log holds committed entries not yet in the fragment store, which an
+  operator can move back. Nothing removes them: an operator does, once the journal's content
+  is known to be persisted (`gazctl journals fragments`).
 
 Only these named files are ever touched: a member directory may also hold the directories of
 journals whose names extend this one's (`a/b` under `a`).
@@ -134,15 +139,26 @@ def write_journal_revision(member_dir: Path, revision: int) -> None:
     _write_durably(member_dir / JOURNAL_FILE_NAME, f"{revision}\n".encode())
 
 
-def remove_member_files(member_dir: Path) -> list[str]:
-    """Remove the member files of an earlier journal (its identity file last, so that a crash
-    midway removes the rest on the next start); the names removed."""
-    removed = []
+RETIRED_DIR_NAME: Final = "quorum-retired"
+
+
+def retired_dir(data_dir: str | Path, journal: str, revision: int) -> Path:
+    """Where the member files of `journal`'s earlier incarnation (created at `revision`) go."""
+    return Path(data_dir) / RETIRED_DIR_NAME / f"{journal}@{revision}"
+
+
+def retire_member_files(member_dir: Path, to: Path) -> list[str]:
+    """Move the member files of an earlier journal into `to` (its identity file last, so that
+    a crash midway moves the rest on the next start); the names moved. A file already in `to`
+    (a crash midway, then the same move again) is replaced."""
+    to.mkdir(parents=True, exist_ok=True)
+    moved = []
     for name in (*MEMBER_FILE_NAMES, JOURNAL_FILE_NAME):
         try:
-            (member_dir / name).unlink()
+            os.replace(member_dir / name, to / name)
         except FileNotFoundError:
             continue
-        removed.append(name)
+        moved.append(name)
+    fsync_dir(to)
     fsync_dir(member_dir)
-    return removed
+    return moved

@@ -19,6 +19,7 @@ from broker.quorum_shell.member_dir import (
     JOURNAL_FILE_NAME,
     load_incarnation,
     read_journal_revision,
+    retired_dir,
 )
 from broker.quorum_shell.member_registry import MemberRegistry
 from broker.quorum_shell.term_register import KeyspaceTermRegister
@@ -67,6 +68,11 @@ async def test_a_recreated_journal_starts_fresh(cluster: Cluster) -> None:
         assert node.read_committed() == bytes(new)
         assert node.member.term > old_term  # terms never go back, whatever the journal
         assert read_journal_revision(c.member_dir(node.name)) == RECREATED_REVISION
+        # The earlier journal's log is kept aside, whole: a revision that changed without
+        # the journal being re-created (etcd's keys copied) must not lose committed entries.
+        aside = retired_dir(c.data_dir(node.name), J, JOURNAL_REVISION)
+        assert read_journal_revision(aside) == JOURNAL_REVISION
+        assert (aside / "log").stat().st_size > 0
     assert metrics.value_of(
         "gazette_quorum_log_opened_total", {"outcome": "earlier_journal"}
     ) == removed_before + len(NAMES)
