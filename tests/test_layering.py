@@ -36,9 +36,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "broker.keyspace",
             "broker.fragment",
-            # The quorum protocol's sans-IO core, and its term record in the keyspace.
+            # The quorum protocol's sans-IO core, and its term and members records in the keyspace.
             "broker.quorum",
             "broker.quorum_shell.term_record",
+            "broker.quorum_shell.members_record",
         ),
     ),
     ("client", ("broker.client",)),
