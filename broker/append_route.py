@@ -27,7 +27,7 @@ from broker.keyspace.backend import KeySpaceError
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
-from broker.resolver import ResolveError
+from broker.resolver import ReplicaNotReadyError, ResolveError
 from broker.topology import route_matches_assignments
 
 log = get_logger(__name__)
@@ -67,7 +67,9 @@ class RoutePhase(AppendRun):
             self.pln = None
             self.state = State.AWAIT_DESIRED_REPLICAS
         elif res.replica is None:
-            self._fail(ResolveError(f"{res.journal}: resolved to this broker without a replica"))
+            self._fail(
+                ReplicaNotReadyError(f"{res.journal}: resolved to this broker without a replica")
+            )
         elif self.owns_pipeline:
             self.state = State.START_PIPELINE
         else:

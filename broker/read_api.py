@@ -77,6 +77,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.read_hole import hole_wait_warning_s_default, wait_covered
+from broker.resolver import ResolverStoppedError
 from broker.topology import validate_header
 
 log = get_logger(__name__)
@@ -550,7 +551,8 @@ async def resolve_or_abort(
             min_revision=min_revision,
             proxy_header=header,
         )
-    except TimeoutError as err:
+    except (TimeoutError, ResolverStoppedError) as err:
+        # (A broker going away: the client tries again, or at another broker.)
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"resolving {journal}: {err}")
     except Exception as err:
         # The resolver's own errors (a proxied request from another cluster, a broker that is

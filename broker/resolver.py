@@ -62,6 +62,10 @@ class ResolverStoppedError(ResolveError):
     """The resolver no longer serves local replicas (the broker is shutting down)."""
 
 
+class ReplicaNotReadyError(ResolveError):
+    """The journal resolved to this broker, whose replica of it is not running (yet)."""
+
+
 @dataclass
 class Resolution:
     """The outcome of one resolve. ``header.process_id`` is the broker to talk to: this one,
