@@ -13,7 +13,9 @@ profiling the whole path with cProfile. Workloads, on ~200-byte JSON messages:
 - publish, acknowledged: `Publisher.publish_committed` through an `AppendService`; every
   append batch the messages went into is awaited before the clock stops, so the rate counts
   only messages the broker acknowledged (appends are pipelined: the publisher does not wait for
-  one batch's acknowledgement before filling the next);
+  one batch's acknowledgement before filling the next). Printed beside it: how many append
+  batches it took, of how many messages, how many were unacknowledged at once at most, and the
+  seconds from the last publish to the last acknowledgement (what did not overlap);
 - read-committed: a `ReadCommittedIter` over that journal, from offset 0 to its head;
 - transactions: `publish_uncommitted` x 100 then `build_ack_intents` + `write_ack_intents`,
   repeatedly, to another journal, every batch awaited as above; then read-committed over it.
@@ -39,7 +41,7 @@ import pstats
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import bench_kit
@@ -271,17 +273,39 @@ async def acknowledged(appends: list[AsyncAppend]) -> int:
     return end
 
 
+@dataclass
+class Appends:
+    """How a publish phase's messages went to the broker: `count` append batches (one Append
+    RPC each, retries aside) of `messages_per_append` on average; at most `unacknowledged_max`
+    of them unacknowledged at once (the one being appended and those filled behind it: 1 means
+    the publisher waited for each batch, more that it filled the next ones meanwhile); `tail_s`
+    from the last publish to the last acknowledgement (what of the phase did not overlap)."""
+
+    count: int = 0
+    messages_per_append: float = 0.0
+    unacknowledged_max: int = 0
+    tail_s: float = 0.0
+
+    def note(self) -> str:
+        return (
+            f"{self.count} appends of ~{self.messages_per_append:,.0f} messages, at most "
+            f"{self.unacknowledged_max} unacknowledged at once; {self.tail_s:.2f} s after the "
+            "last publish"
+        )
+
+
 async def publish_committed(
     c: client.JournalClient,
     messages: list[Reading],
     count: int,
     profile: cProfile.Profile | None,
     other_cpu: Callable[[], float] = no_cpu,
-) -> tuple[Rate, int]:
+) -> tuple[Rate, int, Appends]:
     """`count` publish_committed to COMMITTED_JOURNAL; the clock stops once every batch they
-    went into is acknowledged (each awaited, failures raised): (Rate, head)."""
+    went into is acknowledged (each awaited, failures raised): (Rate, head, Appends)."""
     mapping = random_mapping(Partitions.of_journals([COMMITTED_JOURNAL], CONTENT_TYPE_JSON_LINES))
     head = [0]
+    appends = Appends()
     async with AppendService(c) as service:
         publisher = Publisher(service)
 
@@ -290,14 +314,22 @@ async def publish_committed(
             batches: dict[int, AsyncAppend] = {}  # By identity: a batch takes many messages.
             for i in range(count):
                 appended = await publisher.publish_committed(mapping, messages[i % pool])
-                batches.setdefault(id(appended), appended)
+                if id(appended) not in batches:
+                    batches[id(appended)] = appended
+                    # A new batch (tens per phase): how many are unacknowledged with it.
+                    pending = sum(1 for batch in batches.values() if not batch.done())
+                    appends.unacknowledged_max = max(appends.unacknowledged_max, pending)
+            published = time.perf_counter()
             head[0] = await acknowledged(list(batches.values()))
+            appends.tail_s = time.perf_counter() - published
+            appends.count = len(batches)
+            appends.messages_per_append = count / len(batches)
             return count
 
         rate = await timed(work, profile, other_cpu)
         if service.stats.failed:
             raise RuntimeError(f"{service.stats.failed} publish batches failed")
-    return rate, head[0]
+    return rate, head[0], appends
 
 
 async def publish_transactions(
@@ -460,7 +492,9 @@ async def main() -> None:
         async with message_broker(args.broker, Path(tmp), bench_journals()) as (c, cpu, where):
             raw = await raw_appends(c, raw_seconds, cpu)
             limit()
-            publish, head = await publish_committed(c, messages, count, profiles["publish"], cpu)
+            publish, head, appends = await publish_committed(
+                c, messages, count, profiles["publish"], cpu
+            )
             limit()
             read = await read_committed(c, COMMITTED_JOURNAL, count, profiles["read"], cpu)
             limit()
@@ -486,6 +520,7 @@ async def main() -> None:
 
     print("messages (cpu: this process and the broker's):")
     row("publish, acknowledged", publish, "msg", PUBLISH_TARGET, vs_raw(publish, head))
+    print(f"    ({appends.note()})")
     row("read-committed of those", read, "msg", READ_TARGET, vs_raw(read, head))
     row(
         f"transactions of {TXN_MESSAGES} per ACK", txn, "msg", PUBLISH_TARGET, vs_raw(txn, txn_head)
@@ -507,6 +542,7 @@ async def main() -> None:
             "msgspec_each": [rate_json(r) for r in limits],
             "raw_append_bytes": rate_json(raw),
             "publish": rate_json(publish),
+            "publish_appends": asdict(appends),
             "read_committed": rate_json(read),
             "txn_publish": rate_json(txn),
             "txn_read_committed": rate_json(read_txn),

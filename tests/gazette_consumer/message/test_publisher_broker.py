@@ -186,3 +186,46 @@ async def test_uuids_stay_exact_across_the_publishers_cached_clock_bits(env: Env
     ]
     assert [event.get_uuid() for event in events] == expected
     assert [e.uuid for e in env.envelopes(JOURNALS[0])] == expected
+
+
+async def test_a_publisher_fills_the_next_batch_while_the_last_one_is_appended(env: Env) -> None:
+    # What acknowledged publishing rests on (bench_messages' "publish, acknowledged"): a
+    # publisher that never awaits its batches still lets the journal's worker seal and send the
+    # open batch, once every `writer_yield_bytes`, and goes on filling the next batch while that
+    # one is appended; the batch commits meanwhile. Lost, encoding and appending would take
+    # turns: a publish awaiting its batch's commit, or a writer that never yields (the batch
+    # would grow until the buffers are full, and only then be sent).
+    yield_bytes = 4096
+    service = AppendService(
+        env.service.client,
+        writer_yield_bytes=yield_bytes,
+        memory_bytes_max=256 << 10,  # Bounds the loop below, were the first batch never sent.
+        spill_bytes_max=0,
+    )
+    framing = JSONFraming()
+    async with service:
+        publisher = Publisher(service)
+        batches = []  # Each batch the messages joined, once, in order.
+        frames: list[int] = []  # Each message's frame length.
+        while not batches or not batches[0].done():
+            event = Event(key="k" * 100, n=len(frames))
+            joined = await publisher.publish_committed(to(JOURNALS[0]), event)
+            frames.append(len(framing.marshal(event)))  # Its UUID as appended.
+            if not batches or joined is not batches[-1]:
+                batches.append(joined)
+        # The first batch took the messages released before the publisher's first yield (the
+        # first to reach yield_bytes), and was then sealed and sent; the rest went on into
+        # later batches until it committed.
+        released = list(itertools.accumulate(frames))
+        reached = [n + 1 for n, total in enumerate(released) if total >= yield_bytes]
+        assert reached, f"the first batch committed after {len(frames)} messages, before a yield"
+        before_yield = reached[0]
+        assert len(frames) > before_yield and len(batches) >= 2
+        first = await batches[0]
+        assert first.commit.end - first.commit.begin == released[before_yield - 1]
+        await service.flush()
+        ends = [(await batch).commit for batch in batches]
+    # One batch after the other, contiguous, every message once and in order.
+    assert all(a.end == b.begin for a, b in itertools.pairwise(ends))
+    assert [e.message.n for e in env.envelopes(JOURNALS[0])] == list(range(len(frames)))
+    assert service.stats.committed == len(batches) and service.stats.failed == 0
