@@ -150,8 +150,7 @@ class World:
         # (docs/design/quorum.md, Remaining 6), unrelated to registers.
         register_every = 3 if self.disk_loss_p == 0.0 else 0
         self.clients = [
-            ClientNode(self, f"k{i}", register_every=register_every)
-            for i in range(config.clients)
+            ClientNode(self, f"k{i}", register_every=register_every) for i in range(config.clients)
         ]
         self.startable: list[MemberNode | CoordinatorNode | ClientNode] = [
             *self.members,
