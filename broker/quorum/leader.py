@@ -13,10 +13,12 @@ Registers. An append may check the journal's registers and change them (entry.py
 is against the registers as of the leader's head: every entry written before it, committed or
 not. A check that passes writes the append's entry after that head, so it commits only if
 every entry the check saw commits too (a truncation that drops a register change drops the
-append with it). A check that fails writes nothing and is answered `RegistersMismatched` only
-once the head it was checked against is committed (as an empty append is): a leader that steps
-down first answers `AppendFailed` instead, so a mismatch is never reported against registers
-that a new leader then truncates away.
+append with it). A check that fails appends no content; it writes an empty entry after the
+head it checked and is answered `RegistersMismatched` once that entry commits: the registers
+it reports are then committed, and current (a deposed leader commits nothing, so it cannot
+answer a mismatch from stale registers). A leader that steps down first answers
+`AppendFailed` instead, so a mismatch is never reported against registers that a new leader
+then truncates away.
 
 Effects are appended to the member's outbox ((destination, message) pairs) and notices.
 """
@@ -179,10 +181,21 @@ class LeaderRole:
         at = self.rules.register_check_index(log)
         current = log.registers_at(at)
         if check is not None and not check(current):
-            checked = EntryId(log.term_at(at) or 0, at)
-            self._pending.append(RegistersMismatched(token, checked, log.end_at(at), current))
-            self._answer_pending()
-            return checked
+            # An empty entry after the head: the mismatch is answered once it commits, which
+            # also proves this leader still led (a deposed one commits nothing), so the
+            # registers answered are the journal's, not a stale leader's.
+            if log.entry_count >= config.log_entries_max:
+                compact(log, self.stored_end, config)
+            if log.entry_count >= config.log_entries_max:
+                raise LogFullError(
+                    f"{self.name}: log holds {log.entry_count} entries (log_entries_max)"
+                )
+            head_end = log.head_end
+            log.append(Entry(self.term, log.head_index + 1, head_end, head_end, b""))
+            self._pending.append(RegistersMismatched(token, log.head, head_end, current))
+            for cursor in self.cursors.values():
+                self._drive(cursor, now)
+            return log.head
         registers = None
         if update is not None:
             if not data:

@@ -80,7 +80,9 @@ def test_a_check_sees_uncommitted_entries_and_a_mismatch_waits_for_their_commit(
     assert isinstance(answers["t2"], Committed) and answers["t2"].registers == B
     mismatch = answers["t3"]
     assert isinstance(mismatch, RegistersMismatched) and mismatch.registers == B
-    assert mismatch.entry == answers["t2"].entry and mismatch.end == answers["t2"].end
+    # Answered at an empty entry after the head it checked (the leader's proof it still led).
+    assert mismatch.entry.index == answers["t2"].entry.index + 1
+    assert mismatch.end == answers["t2"].end
     for name in ("m1", "m2"):  # every member's registers agree
         assert members[name].log.registers_at(members[name].log.commit_index) == B
 
@@ -140,9 +142,37 @@ def test_a_new_leader_holds_the_committed_registers() -> None:
     m1 = members["m1"]
     assert m1.log.head_registers == A
     m1.append(b"", "t2", router.now, is_(()))
-    router.tick(1)
+    m1.sync(router.now)
+    router.run()
     (mismatch,) = notices(m1)
     assert isinstance(mismatch, RegistersMismatched) and mismatch.registers == A
+
+
+def test_a_deposed_leader_never_answers_a_mismatch_from_stale_registers() -> None:
+    members = cluster()
+    router = elect(members, "m0", 1)
+    m0, m1 = members["m0"], members["m1"]
+    m0.append(b"a", "t1", router.now, None, set_(A))
+    m0.sync(router.now)
+    router.run()
+    assert isinstance(notices(m0)[0], Committed)
+    # m0 is partitioned; m1 leads term 2 and commits owner=b with m2.
+    router.cut = lambda src, dst, msg: src == "m0" or dst == "m0"
+    elect_without(members, "m1", 2, router)
+    m1.append(b"b", "t2", router.now, is_(A), set_(B))
+    m1.sync(router.now)
+    router.run()
+    assert [type(n) for n in notices(m1)] == [Committed]
+    # m0 still believes it leads term 1, where owner=a is committed: its check for owner=b
+    # fails there, but it is never answered from those stale registers.
+    m0.append(b"", "stale", router.now, is_(B))
+    m0.sync(router.now)
+    router.tick(CONFIG.ack_timeout_ticks)
+    assert notices(m0) == []
+    router.cut = lambda src, dst, msg: False
+    router.tick(CONFIG.retry_backoff_max_ticks + 1)  # its followers answer STALE
+    assert [type(n) for n in notices(m0)] == [AppendFailed]
+    assert m0.leader is None
 
 
 def test_an_update_that_refuses_or_an_empty_update_changes_nothing() -> None:
