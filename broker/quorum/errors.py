@@ -62,6 +62,11 @@ class PendingAppendsFullError(QuorumError):
     """The leader already waits on `pending_appends_max` appends to commit."""
 
 
+class EmptyRegisterUpdateError(QuorumError):
+    """An append that would change the registers carries no content (as Gazette, a register
+    update needs a non-empty append)."""
+
+
 class InvalidConfigError(ValueError):
     """A configuration value out of its range; the message names it."""
 

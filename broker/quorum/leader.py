@@ -9,19 +9,31 @@ appends are answered (`Committed` notices) once the commit index covers them; if
 first they are answered `AppendFailed`, whose outcome is unknown: a later leader may still
 commit the entry.
 
+Registers. An append may check the journal's registers and change them (entry.py). The check
+is against the registers as of the leader's head: every entry written before it, committed or
+not. A check that passes writes the append's entry after that head, so it commits only if
+every entry the check saw commits too (a truncation that drops a register change drops the
+append with it). A check that fails appends no content; it writes an empty entry after the
+head it checked and is answered `RegistersMismatched` once that entry commits: the registers
+it reports are then committed, and current (a deposed leader commits nothing, so it cannot
+answer a mismatch from stale registers). A leader that steps down first answers
+`AppendFailed` instead, so a mismatch is never reported against registers that a new leader
+then truncates away.
+
 Effects are appended to the member's outbox ((destination, message) pairs) and notices.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.quorum.config import QuorumConfig
 from broker.quorum.cursor import CursorState, FollowerCursor, common_prefix
-from broker.quorum.entry import Entry, EntryId
+from broker.quorum.entry import NO_REGISTERS, Entry, EntryId, Registers
 from broker.quorum.errors import (
+    EmptyRegisterUpdateError,
     LogDivergedError,
     LogFullError,
     PendingAppendsFullError,
@@ -47,12 +59,26 @@ Outbox = list[tuple[str, object]]
 @dataclass(frozen=True, slots=True)
 class Committed:
     """The append `token` committed as `entry` ([begin, end) of the journal; an empty append
-    is answered with the entry before it, and begin == end)."""
+    is answered with the entry before it, and begin == end). `registers`: the journal's
+    registers as of `entry` (after the append)."""
 
     token: object
     entry: EntryId
     begin: int
     end: int
+    registers: Registers = NO_REGISTERS
+
+
+@dataclass(frozen=True, slots=True)
+class RegistersMismatched:
+    """The append `token`'s register check failed against `registers`, the journal's
+    registers as of `entry` (which ends at offset `end`), which is committed: nothing was
+    appended."""
+
+    token: object
+    entry: EntryId
+    end: int
+    registers: Registers
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +89,13 @@ class AppendFailed:
     reason: str
 
 
-Notice = Committed | AppendFailed
+Notice = Committed | RegistersMismatched | AppendFailed
+
+RegisterCheck = Callable[[Registers], bool]
+"""Whether an append may go ahead, given the registers as of the leader's head."""
+RegisterUpdate = Callable[[Registers], Registers]
+"""The registers after an append, given those before it. May raise to refuse the append (a
+bound): nothing is changed."""
 
 
 class LeaderRole:
@@ -93,7 +125,7 @@ class LeaderRole:
         self._out = outbox
         self._notices = notices
         # Appends waiting for the commit index to reach their entry.
-        self._pending: deque[Committed] = deque()
+        self._pending: deque[Committed | RegistersMismatched] = deque()
         self._heartbeat_due = 0
 
     # --- Term start and membership -------------------------------------------------------------
@@ -128,15 +160,50 @@ class LeaderRole:
 
     # --- Appends -----------------------------------------------------------------------------
 
-    def append(self, data: bytes, token: object, now: int) -> EntryId:
+    def append(
+        self,
+        data: bytes,
+        token: object,
+        now: int,
+        check: RegisterCheck | None = None,
+        update: RegisterUpdate | None = None,
+    ) -> EntryId:
         """Write `data` as the next entry (not yet synced here); `token` is answered by a
         notice. An empty append writes nothing and is answered once everything before it is
-        committed. Raises LogFullError or PendingAppendsFullError, changing nothing."""
+        committed. `check` and `update`: the append's registers (module docstring). Raises
+        LogFullError, PendingAppendsFullError, EmptyRegisterUpdateError, or what `update`
+        raises, changing nothing."""
         config, log = self.config, self.log
         if len(self._pending) >= config.pending_appends_max:
             raise PendingAppendsFullError(
                 f"{self.name}: {len(self._pending)} appends pending (pending_appends_max)"
             )
+        at = self.rules.register_check_index(log)
+        current = log.registers_at(at)
+        if check is not None and not check(current):
+            # An empty entry after the head: the mismatch is answered once it commits, which
+            # also proves this leader still led (a deposed one commits nothing), so the
+            # registers answered are the journal's, not a stale leader's.
+            if log.entry_count >= config.log_entries_max:
+                compact(log, self.stored_end, config)
+            if log.entry_count >= config.log_entries_max:
+                raise LogFullError(
+                    f"{self.name}: log holds {log.entry_count} entries (log_entries_max)"
+                )
+            head_end = log.head_end
+            log.append(Entry(self.term, log.head_index + 1, head_end, head_end, b""))
+            self._pending.append(RegistersMismatched(token, log.head, head_end, current))
+            for cursor in self.cursors.values():
+                self._drive(cursor, now)
+            return log.head
+        registers = None
+        if update is not None:
+            if not data:
+                raise EmptyRegisterUpdateError(
+                    f"{self.name}: a register update needs a non-empty append"
+                )
+            after = update(current)
+            registers = after if after != current else None
         if data:
             if (
                 log.held_bytes + len(data) > config.log_bytes_max
@@ -152,9 +219,9 @@ class LeaderRole:
                     f"{self.name}: log holds {log.entry_count} entries (log_entries_max)"
                 )
             end = log.head_end + len(data)
-            log.append(Entry(self.term, log.head_index + 1, log.head_end, end, data))
+            log.append(Entry(self.term, log.head_index + 1, log.head_end, end, data, registers))
         begin = log.head_end - len(data)
-        self._pending.append(Committed(token, log.head, begin, log.head_end))
+        self._pending.append(Committed(token, log.head, begin, log.head_end, log.head_registers))
         self._answer_pending()
         for cursor in self.cursors.values():
             self._drive(cursor, now)

@@ -16,6 +16,8 @@ in an append-only log file under its data directory and replays that file on res
                 may see it, so it never goes back, not even across a restart.
   base          the last entry dropped after reaching the snapshot store (compaction).
   entries       the entries after `base`, in index order; each [begin, end) continues the last.
+  registers     the journal's registers as of any index (`registers_at`): carried by the
+                entries that changed them and by the base (entry.py).
   synced_index  how far the entries are durable. Followers sync before they acknowledge; a
                 leader writes first and syncs asynchronously, counting itself in a majority
                 only up to here. `crash()` drops what was never synced.
@@ -28,8 +30,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from broker.quorum.entry import EMPTY_BASE, Entry, EntryId, LogBase
-from broker.quorum.errors import LogContiguityError, TruncateBelowCommitError
+from broker.quorum.entry import EMPTY_BASE, Entry, EntryId, LogBase, Registers
+from broker.quorum.errors import (
+    LogContiguityError,
+    QuorumInvariantError,
+    TruncateBelowCommitError,
+)
 from broker.quorum.log_change import (
     AlignedTermSet,
     CommitSet,
@@ -51,6 +57,7 @@ class ReplicaLog:
         "_aligned_term",
         "_entries",
         "_led_term",
+        "_register_indices",
         "_term",
         "base",
         "changes",
@@ -70,6 +77,8 @@ class ReplicaLog:
         self.commit_index = 0
         self.base: LogBase = EMPTY_BASE
         self._entries: list[Entry] = []
+        # The indices of the entries that carry registers, ascending (registers_at's index).
+        self._register_indices: list[int] = []
         self.synced_index = 0
         # How many times entries were dropped other than by compaction (truncation, snapshot,
         # crash): observers that track what a log holds re-check when it changes.
@@ -234,6 +243,24 @@ class ReplicaLog:
             pos += 1
         return b"".join(parts)
 
+    def registers_at(self, index: int) -> Registers:
+        """The journal's registers as of the entry at `index` (from the base to the head):
+        those of the last entry at or before it that changed them, or the base's."""
+        if not self.base.index <= index <= self.head_index:
+            raise IndexError(f"entry {index} is outside [{self.base.index}, {self.head_index}]")
+        pos = bisect_right(self._register_indices, index)
+        if pos == 0:
+            return self.base.registers
+        found = self.entry(self._register_indices[pos - 1])
+        if found is None or found.registers is None:
+            raise QuorumInvariantError(f"register index {self._register_indices[pos - 1]} stale")
+        return found.registers
+
+    @property
+    def head_registers(self) -> Registers:
+        """The registers as of the head: every entry written applied, committed or not."""
+        return self.registers_at(self.head_index)
+
     def index_covering(self, offset: int) -> int:
         """The index of the last entry ending at or before `offset` (the base at least)."""
         pos = bisect_right(self._entries, offset, key=lambda e: e.end)
@@ -250,6 +277,8 @@ class ReplicaLog:
         if entry.term < head.term or entry.end - entry.begin != len(entry.data):
             raise LogContiguityError(f"entry {entry!r}: term below {head.term} or bad length")
         self._entries.append(entry)
+        if entry.registers is not None:
+            self._register_indices.append(entry.index)
         self._record(EntryAppended(entry))
 
     def sync(self) -> None:
@@ -265,6 +294,7 @@ class ReplicaLog:
         if index < self.base.index:
             raise TruncateBelowCommitError(f"truncation after {index} is below the base")
         del self._entries[index - self.base.index :]
+        del self._register_indices[bisect_right(self._register_indices, index) :]
         self.synced_index = min(self.synced_index, index)
         self.drops += 1
         self._record(TruncatedAfter(index))
@@ -281,8 +311,10 @@ class ReplicaLog:
         last = self.entry(index)
         if last is None:
             raise IndexError(f"no entry {index} to compact through")
+        registers = self.registers_at(index)
         del self._entries[: index - self.base.index]
-        self.base = LogBase(last.term, last.index, last.end)
+        del self._register_indices[: bisect_right(self._register_indices, index)]
+        self.base = LogBase(last.term, last.index, last.end, registers)
         self._record(CompactedThrough(index))
 
     def reset_to(self, base: LogBase) -> None:
@@ -292,6 +324,7 @@ class ReplicaLog:
                 f"snapshot at {base.index} is below the commit index {self.commit_index}"
             )
         self._entries.clear()
+        self._register_indices.clear()
         self.base = base
         self.synced_index = base.index
         self.drops += 1
@@ -312,6 +345,7 @@ class ReplicaLog:
         """A process crash (the simulation's): entries never synced are gone."""
         pos = max(self.synced_index - self.base.index, 0)
         del self._entries[pos:]
+        del self._register_indices[bisect_right(self._register_indices, self.base.index + pos) :]
         self.drops += 1
         # A recording log models a file whose unsynced tail the crash lost.
         self._record(TruncatedAfter(self.base.index + pos))

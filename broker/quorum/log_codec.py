@@ -15,6 +15,16 @@ Layout (integers little-endian)::
     6     index u64                     entries after it dropped (TruncatedAfter)
     7     index u64                     entries through it compacted (CompactedThrough)
     8     term, index, end u64          the log replaced by a base (ResetTo)
+    9     term, index, begin, end u64 | registers | content   an entry that changed the
+                                        registers (EntryAppended; entry.py)
+    10    term, index, end u64 | registers                    the log replaced by a base
+                                        with registers (ResetTo)
+
+    registers  count u32 | count x (name_len u32 | name | value_len u32 | value), UTF-8
+
+Kinds 9 and 10 were added with registers: an entry (a base) without registers is still written
+as kind 5 (8), so files of journals that never use registers are unchanged, and files written
+before registers existed replay as they did.
 
 The CRC32C covers body_len and the body. Records are only ever appended, so a crash can leave
 at most the last write incomplete: a *torn tail*, which `decode_log` reports by where the good
@@ -32,7 +42,7 @@ from typing import Final
 
 import google_crc32c
 
-from broker.quorum.entry import Entry, LogBase
+from broker.quorum.entry import NO_REGISTERS, Entry, LogBase, Registers
 from broker.quorum.errors import LogFileCorruptError
 from broker.quorum.log_change import (
     AlignedTermSet,
@@ -59,7 +69,40 @@ _U64: Final = struct.Struct("<Q")
 _ENTRY: Final = struct.Struct("<QQQQ")
 _BASE: Final = struct.Struct("<QQQ")
 
+_U32: Final = struct.Struct("<I")
+
 _TERM, _ALIGNED, _LED, _COMMIT, _ENTRY_KIND, _TRUNCATE, _COMPACT, _RESET = range(1, 9)
+_ENTRY_REGISTERS, _RESET_REGISTERS = 9, 10
+
+
+def _encode_registers(registers: Registers) -> bytes:
+    parts = [_U32.pack(len(registers))]
+    for name, value in registers:
+        for text in (name.encode(), value.encode()):
+            parts.append(_U32.pack(len(text)))
+            parts.append(text)
+    return b"".join(parts)
+
+
+def _decode_registers(data: bytes, at: int) -> tuple[Registers, int]:
+    """The registers encoded at `at`, and where they end. Raises struct.error or
+    UnicodeDecodeError (or ValueError) on damage."""
+    (count,) = _U32.unpack_from(data, at)
+    at += _U32.size
+    if count > len(data):  # each label takes bytes: a count beyond them is damage
+        raise ValueError(f"{count} registers in {len(data)} bytes")
+    out: list[tuple[str, str]] = []
+    for _ in range(count):
+        texts: list[str] = []
+        for _ in range(2):
+            (size,) = _U32.unpack_from(data, at)
+            at += _U32.size
+            if at + size > len(data):
+                raise ValueError("a register label runs past its record")
+            texts.append(data[at : at + size].decode())
+            at += size
+        out.append((texts[0], texts[1]))
+    return tuple(out), at
 
 
 def _crc(body_len: bytes, body: bytes | memoryview) -> int:
@@ -79,9 +122,12 @@ def encode_change(change: LogChange) -> bytes:
             body = bytes((_COMMIT,)) + _U64.pack(change.index)
         case EntryAppended():
             e = change.entry
-            body = b"".join(
-                (bytes((_ENTRY_KIND,)), _ENTRY.pack(e.term, e.index, e.begin, e.end), e.data)
-            )
+            head = _ENTRY.pack(e.term, e.index, e.begin, e.end)
+            if e.registers is None:
+                body = b"".join((bytes((_ENTRY_KIND,)), head, e.data))
+            else:
+                registers = _encode_registers(e.registers)
+                body = b"".join((bytes((_ENTRY_REGISTERS,)), head, registers, e.data))
         case TruncatedAfter():
             body = bytes((_TRUNCATE,)) + _U64.pack(change.index)
         case CompactedThrough():
@@ -89,6 +135,8 @@ def encode_change(change: LogChange) -> bytes:
         case ResetTo():
             b = change.base
             body = bytes((_RESET,)) + _BASE.pack(b.term, b.index, b.end)
+            if b.registers != NO_REGISTERS:
+                body = bytes((_RESET_REGISTERS,)) + body[1:] + _encode_registers(b.registers)
     if len(body) > record_body_bytes_max:
         raise ValueError(f"a log record of {len(body)} bytes (record_body_bytes_max)")
     length = struct.pack("<I", len(body))
@@ -101,20 +149,30 @@ def _decode_body(body: bytes) -> LogChange | None:
         return None
     kind, rest = body[0], body[1:]
     try:
-        if kind == _ENTRY_KIND:
+        if kind in (_ENTRY_KIND, _ENTRY_REGISTERS):
             term, index, begin, end = _ENTRY.unpack_from(rest, 0)
-            data = rest[_ENTRY.size :]
+            registers: Registers | None = None
+            at = _ENTRY.size
+            if kind == _ENTRY_REGISTERS:
+                registers, at = _decode_registers(rest, at)
+            data = rest[at:]
             if end - begin != len(data):
                 return None
-            return EntryAppended(Entry(term, index, begin, end, data))
+            return EntryAppended(Entry(term, index, begin, end, data, registers))
         if kind == _RESET:
             if len(rest) != _BASE.size:
                 return None
             return ResetTo(LogBase(*_BASE.unpack(rest)))
+        if kind == _RESET_REGISTERS:
+            base_registers, at = _decode_registers(rest, _BASE.size)
+            if at != len(rest):
+                return None
+            term, index, end = _BASE.unpack_from(rest, 0)
+            return ResetTo(LogBase(term, index, end, base_registers))
         if len(rest) != _U64.size:
             return None
         (value,) = _U64.unpack(rest)
-    except struct.error:
+    except (struct.error, ValueError):  # UnicodeDecodeError included
         return None
     simple: dict[int, type[TermSet | AlignedTermSet | LedTermSet]] = {
         _TERM: TermSet,

@@ -21,7 +21,7 @@ content above it is not served.
 from __future__ import annotations
 
 from broker.quorum.config import QuorumConfig
-from broker.quorum.entry import EntryId, LogBase
+from broker.quorum.entry import EntryId
 from broker.quorum.errors import (
     LogDivergedError,
     NotLeaderError,
@@ -29,7 +29,14 @@ from broker.quorum.errors import (
     TermNotJoinedError,
     TruncateBelowCommitError,
 )
-from broker.quorum.leader import LeaderRole, Notice, Outbox, compact
+from broker.quorum.leader import (
+    LeaderRole,
+    Notice,
+    Outbox,
+    RegisterCheck,
+    RegisterUpdate,
+    compact,
+)
 from broker.quorum.log import ReplicaLog
 from broker.quorum.messages import (
     AddFollower,
@@ -124,11 +131,18 @@ class Member:
         if self.leader is not None:
             self.leader.tick(now)
 
-    def append(self, data: bytes, token: object, now: int) -> EntryId:
+    def append(
+        self,
+        data: bytes,
+        token: object,
+        now: int,
+        check: RegisterCheck | None = None,
+        update: RegisterUpdate | None = None,
+    ) -> EntryId:
         """Append `data` (the leader only); see LeaderRole.append."""
         if self.leader is None:
             raise NotLeaderError(self.name, self.leader_hint)
-        return self.leader.append(data, token, now)
+        return self.leader.append(data, token, now, check, update)
 
     def sync(self, now: int) -> None:
         """The shell made this member's written entries durable (only a leader has unsynced
@@ -298,7 +312,7 @@ class Member:
                 log.set_commit(base.index)
                 log.compact_through(base.index)
             else:
-                log.reset_to(LogBase(base.term, base.index, base.end))
+                log.reset_to(base)  # its registers too
                 log.set_commit(base.index)
             log.aligned_term = msg.term
         log.set_commit(msg.commit_index)

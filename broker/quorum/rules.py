@@ -46,6 +46,14 @@ class Rules:
             synced_term = log.base.term
         return 0 < log.aligned_term <= synced_term
 
+    def register_check_index(self, log: ReplicaLog) -> int:
+        """The entry whose registers a leader checks an append against: its head, every entry
+        written applied, committed or not. An append that passes is written after the head,
+        so it commits only with every entry the check saw. Checking against the commit
+        index instead would let a check pass against registers that an uncommitted entry
+        before the append has already changed."""
+        return log.head_index
+
     def choose_leader(self, responses: Sequence[NewTermResponse]) -> NewTermResponse:
         """The coordinator's election among a majority of fenced members: the most up-to-date
         head (term, then index). Every committed entry is held by a majority, so by one of

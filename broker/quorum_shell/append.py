@@ -10,8 +10,13 @@ known), so that a Gazette client retries at the leader. While no leader is known
 election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends without the commit
 marker appends nothing.
 
-Not yet: `check_registers` / `union_registers` / `subtract_registers` (refused
-FAILED_PRECONDITION, nothing appended; docs/design/quorum.md, "part two: built / remaining").
+Registers (registers.py): the leader checks `check_registers` against the journal's registers
+as of its log's head and the entry carries the registers its `union_registers` /
+`subtract_registers` leave. A failed check is answered REGISTER_MISMATCH with the registers it
+failed against, once they are committed (UNAVAILABLE, outcome unknown, if the leader steps
+down first: a new leader may have truncated them); a committed append is answered with the
+registers after it. As in all-replicas mode, a register update needs content
+(INVALID_ARGUMENT, nothing appended).
 Committed content reaches the spool through each member's applier (apply.py).
 """
 
@@ -25,9 +30,16 @@ from typing import Any
 import grpc
 
 from broker.protocol import protocol_pb2 as pb
-from broker.quorum.errors import LogFullError, NotLeaderError, PendingAppendsFullError
+from broker.protocol.validate import ValidationError
+from broker.quorum.errors import (
+    EmptyRegisterUpdateError,
+    LogFullError,
+    NotLeaderError,
+    PendingAppendsFullError,
+)
 from broker.quorum_shell.journals import QuorumJournals
 from broker.quorum_shell.node import AppendOutcomeUnknownError
+from broker.quorum_shell.registers import label_set_of, register_check, register_update
 from broker.request_stream import read_to_end
 from broker.topology import make_header
 
@@ -55,17 +67,6 @@ async def quorum_append(
     context: grpc.aio.ServicerContext,
 ) -> pb.AppendResponse:
     journal = first.journal
-    if (
-        first.HasField("check_registers")
-        or first.HasField("union_registers")
-        or first.HasField("subtract_registers")
-    ):
-        await read_to_end(stream)
-        await _abort(
-            context,
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"journal {journal!r}: registers are not supported on quorum journals yet",
-        )
     node = journals.nodes.get(journal)
     route = journals.leader_route(journal)
     if node is None or route is None:
@@ -118,13 +119,28 @@ async def quorum_append(
             "the stream ended without the empty commit chunk: nothing appended",
         )
     try:
-        fragment = await journals.append(journal, bytes(content), spec.fragment.compression_codec)
+        fragment, registers = await journals.append(
+            journal,
+            bytes(content),
+            spec.fragment.compression_codec,
+            register_check(first),
+            register_update(first),
+        )
     except NotLeaderError:
         return pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER, header=header)
+    except (EmptyRegisterUpdateError, ValidationError) as err:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        raise AssertionError("not reached") from err
     except (LogFullError, PendingAppendsFullError) as err:
         await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         raise AssertionError("not reached") from err
     except AppendOutcomeUnknownError as err:
         await _abort(context, grpc.StatusCode.UNAVAILABLE, f"outcome unknown: {err}")
         raise AssertionError("not reached") from err
-    return pb.AppendResponse(status=pb.OK, header=header, commit=fragment)
+    if fragment is None:
+        return pb.AppendResponse(
+            status=pb.REGISTER_MISMATCH, header=header, registers=label_set_of(registers)
+        )
+    return pb.AppendResponse(
+        status=pb.OK, header=header, commit=fragment, registers=label_set_of(registers)
+    )

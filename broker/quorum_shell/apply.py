@@ -3,7 +3,8 @@
 Each member applies its own commit offset (never beyond: the core's `read_limit`) to its local
 replica's Spool as an ordinary commit (the content, then the proposal `Spool.next()`), so the
 fragment index, `Read`, the persister and the consumer framework see committed content only,
-exactly as they see an all-replicas commit. Uncommitted entries, and truncation, stay inside
+exactly as they see an all-replicas commit. Each commit carries the journal's registers as of
+the content it applies (the log's, entry.py), so the spool's registers are the committed ones. Uncommitted entries, and truncation, stay inside
 the quorum log. The spool is taken from the replica's slot for each batch and put back, so the
 replica's own shutdown (which completes the current fragment for the persister) still works.
 
@@ -41,6 +42,7 @@ from broker.fragment.spool import Spool
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import QuorumNode
+from broker.quorum_shell.registers import label_set_of
 from broker.replica import Replica
 
 log = get_logger(__name__)
@@ -140,7 +142,7 @@ class CommitApplier:
                         compression_codec=spool.fragment.compression_codec,
                         backing_store=spool.fragment.backing_store,
                     ),
-                    registers=spool.registers,
+                    registers=label_set_of(node.member.log.base.registers),
                 ),
                 primary=node.is_leader,
             )
@@ -151,9 +153,11 @@ class CommitApplier:
             )
         while start < commit:
             end = min(commit, start + apply_batch_bytes_max)
-            spool.apply_content(node.member.log.read(start, end), spool.delta)
+            log = node.member.log
+            spool.apply_content(log.read(start, end), spool.delta)
+            registers = label_set_of(log.registers_at(log.index_covering(end)))
             spool.must_apply(
-                pb.ReplicateRequest(proposal=spool.next(), registers=spool.registers),
+                pb.ReplicateRequest(proposal=spool.next(), registers=registers),
                 primary=node.is_leader,
             )
             start = end

@@ -47,7 +47,9 @@ from broker.logging import get_logger
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum.config import QuorumConfig
+from broker.quorum.entry import Registers
 from broker.quorum.errors import LogFileCorruptError
+from broker.quorum.leader import RegisterCheck, RegistersMismatched, RegisterUpdate
 from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
 from broker.quorum_shell.member_dir import (
@@ -379,14 +381,25 @@ class QuorumJournals:
         out.primary = next((i for i, m in enumerate(route.members) if format_id(m) == leader), -1)
         return out
 
-    async def append(self, journal: str, data: bytes, codec: int) -> pb.Fragment:
-        """Append to the local node, which must lead; the committed fragment of `data`."""
+    async def append(
+        self,
+        journal: str,
+        data: bytes,
+        codec: int,
+        check: RegisterCheck | None = None,
+        update: RegisterUpdate | None = None,
+    ) -> tuple[pb.Fragment | None, Registers]:
+        """Append to the local node, which must lead: the committed fragment of `data` and
+        the registers after it, or (None, the committed registers) if `check` failed."""
         node = self.nodes[journal]
-        begin, end = await node.append(data)
-        return pb.Fragment(
+        outcome = await node.append_checked(data, check, update)
+        if isinstance(outcome, RegistersMismatched):
+            return None, outcome.registers
+        fragment = pb.Fragment(
             journal=journal,
-            begin=begin,
-            end=end,
+            begin=outcome.begin,
+            end=outcome.end,
             sum=sum_from_digest(hashlib.sha1(data).digest()),
             compression_codec=codec,  # type: ignore[arg-type]
         )
+        return fragment, outcome.registers

@@ -9,7 +9,9 @@ to every member's coordinator. Messages to this node itself are handled on the n
 never re-entrantly.
 
 Appends. `append(data)` is answered once the entry commits (a majority holds it, in the
-leader's term): the committed [begin, end). A follower raises `NotLeaderError` naming the
+leader's term): the committed [begin, end). `append_checked` also checks and updates the
+journal's registers (leader.py): it answers the core's `Committed` notice (with the registers
+after the append) or `RegistersMismatched` (the check failed against committed registers). A follower raises `NotLeaderError` naming the
 leader it knows; a leader that steps down first fails the append with
 `AppendOutcomeUnknownError` (it may still commit under a later leader).
 
@@ -43,8 +45,14 @@ from broker.keyspace.backend import KeySpaceError
 from broker.logging import get_logger
 from broker.quorum.config import CoordinatorConfig, QuorumConfig
 from broker.quorum.coordinator import REGISTER, Coordinator, ElectionBlocked
-from broker.quorum.errors import ProtocolError, QuorumError
-from broker.quorum.leader import AppendFailed, Committed
+from broker.quorum.errors import ProtocolError, QuorumError, QuorumInvariantError
+from broker.quorum.leader import (
+    AppendFailed,
+    Committed,
+    RegisterCheck,
+    RegistersMismatched,
+    RegisterUpdate,
+)
 from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
 from broker.quorum.messages import COORDINATORS, Heartbeat, NewTermResponse
@@ -132,7 +140,7 @@ class QuorumNode:
             random.Random(f"{journal}/{name}/{seed}"),
             broker_coordinator_config(),
         )
-        self._pending: dict[object, asyncio.Future[tuple[int, int]]] = {}
+        self._pending: dict[object, asyncio.Future[Committed | RegistersMismatched]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         # A ProtocolError means a core detected an impossible message, a LogWriteError that
@@ -240,12 +248,27 @@ class QuorumNode:
 
     async def append(self, data: bytes) -> tuple[int, int]:
         """Append `data`; answer its committed [begin, end) (see the module docstring)."""
+        committed = await self.append_checked(data)
+        if not isinstance(committed, Committed):
+            raise QuorumInvariantError(f"{self.journal}: a mismatch without a check")
+        return committed.begin, committed.end
+
+    async def append_checked(
+        self,
+        data: bytes,
+        check: RegisterCheck | None = None,
+        update: RegisterUpdate | None = None,
+    ) -> Committed | RegistersMismatched:
+        """Append `data` with a register check and update (see the module docstring)."""
         if self.failure is not None:
             raise self.failure
         token = object()
         now = self.now()
-        self.member.append(data, token, now)  # NotLeaderError, LogFullError: to the caller.
-        future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        # NotLeaderError, LogFullError, EmptyRegisterUpdateError, what `update` raises: to the
+        # caller, nothing changed. The check runs against the head here, synchronously.
+        self.member.append(data, token, now, check, update)
+        future: asyncio.Future[Committed | RegistersMismatched]
+        future = asyncio.get_running_loop().create_future()
         self._pending[token] = future
         # Written to the file (synced with fsync): the leader counts itself from here.
         if self._persist():
@@ -341,8 +364,8 @@ class QuorumNode:
                 future = self._pending.pop(notice.token, None)
                 if future is None or future.done():
                     continue
-                if isinstance(notice, Committed):
-                    future.set_result((notice.begin, notice.end))
+                if isinstance(notice, Committed | RegistersMismatched):
+                    future.set_result(notice)
                 elif isinstance(notice, AppendFailed):
                     future.set_exception(AppendOutcomeUnknownError(notice.reason))
 

@@ -7,7 +7,10 @@ one message of broker/quorum/messages.py. The core is built for a network that d
 duplicates and reorders, so delivery is one unary call per message, fire and forget; answers
 are messages of their own.
 
-Encoding: JSON with a type tag per value and base64 for entry content. Decoding accepts only
+Encoding: JSON with a type tag per value and base64 for entry content. Fields added after
+format 1 (`_OPTIONAL_FIELDS`: the registers of entries and bases) are left out while they hold
+their default and filled with it when absent, so that brokers without them still decode what
+a journal without registers sends, and this one decodes theirs. Decoding accepts only
 the protocol's own value types (a fixed table: nothing is instantiated by name beyond it) and
 raises `WireDecodeError` naming what was wrong. A protobuf service would be leaner; JSON keeps
 this slice small, and the envelope carries a format number so that a later encoding can
@@ -73,6 +76,10 @@ MESSAGE_TYPES = (
 )
 
 
+# (type, field) added after format 1: left out when at their default, defaulted when absent.
+_OPTIONAL_FIELDS = frozenset({("Entry", "registers"), ("LogBase", "registers")})
+
+
 class WireDecodeError(ValueError):
     """An envelope that is not a valid quorum message."""
 
@@ -97,7 +104,10 @@ def _encode_value(value: Any) -> Any:
             raise TypeError(f"not a quorum wire type: {name}")
         out = {"@": name}
         for f in dataclasses.fields(value):
-            out[f.name] = _encode_value(getattr(value, f.name))
+            field_value = getattr(value, f.name)
+            if (name, f.name) in _OPTIONAL_FIELDS and field_value == f.default:
+                continue
+            out[f.name] = _encode_value(field_value)
         return out
     if isinstance(value, str | int):  # bools included (NewTermResponse.voter)
         return value
@@ -116,13 +126,25 @@ def _decode_value(doc: Any) -> Any:
         if cls is None:
             raise WireDecodeError(f"unknown type {doc.get('@')!r}")
         names = {f.name for f in dataclasses.fields(cls)}
+        optional = {n for n in names if (cls.__name__, n) in _OPTIONAL_FIELDS}
         given = set(doc) - {"@"}
-        if given != names:
+        if not names - optional <= given <= names:
             raise WireDecodeError(f"{cls.__name__}: fields {sorted(given)} (want {sorted(names)})")
-        return cls(**{k: _decode_value(v) for k, v in doc.items() if k != "@"})
+        value = cls(**{k: _decode_value(v) for k, v in doc.items() if k != "@"})
+        registers = getattr(value, "registers", None)
+        if registers is not None and not _is_registers(registers):
+            raise WireDecodeError(f"{cls.__name__}: registers must be [name, value] strings")
+        return value
     if isinstance(doc, str | int):  # bools included (NewTermResponse.voter)
         return doc
     raise WireDecodeError(f"unexpected value {doc!r}")
+
+
+def _is_registers(value: object) -> bool:
+    return isinstance(value, tuple) and all(
+        isinstance(label, tuple) and len(label) == 2 and all(isinstance(t, str) for t in label)
+        for label in value
+    )
 
 
 def encode_envelope(envelope: Envelope) -> bytes:

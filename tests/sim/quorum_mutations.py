@@ -49,10 +49,18 @@ class LostDiskVotes(Rules):
         return True
 
 
+class CheckCommittedRegisters(Rules):
+    """A leader checks an append's registers as of its commit index, not its head."""
+
+    def register_check_index(self, log: ReplicaLog) -> int:
+        return log.commit_index
+
+
 MUTATIONS = (
     CommitWithoutMajority,
     CommitPreviousTerm,
     SkipTruncation,
     ElectLeastUpToDate,
     LostDiskVotes,
+    CheckCommittedRegisters,
 )

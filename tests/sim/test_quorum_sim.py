@@ -28,7 +28,7 @@ def failure_report(result: SimResult) -> str:
 def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     per_chunk = SEEDS // CHUNKS
     delivered: dict[str, int] = {}
-    acked = crashes = disk_losses = 0
+    acked = crashes = disk_losses = checks = mismatches = 0
     for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
         result = run_seed(seed)
         if not result.ok:
@@ -36,6 +36,8 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         acked += result.acked
         crashes += result.crashes
         disk_losses += result.disk_losses
+        checks += result.registers_verified
+        mismatches += result.mismatches_verified
         for kind, count in result.delivered.items():
             delivered[kind] = delivered.get(kind, 0) + count
     # The seeds took every path of the protocol, not just the happy one.
@@ -55,6 +57,8 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         assert delivered.get(kind, 0) > 0, f"no {kind} in {per_chunk} seeds: {delivered}"
     assert acked > 10 * per_chunk and crashes > per_chunk
     assert disk_losses > per_chunk // 10, disk_losses  # members came back with empty logs
+    # Compare-and-set appends passed and failed their register checks, and were verified.
+    assert checks > per_chunk // 4 and mismatches > per_chunk // 4, (checks, mismatches)
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -27,4 +27,5 @@ def test_the_simulation_catches_the_mutation(mutation: type[Rules]) -> None:
         "protocol",
         "monotonic commit",
         "one leader",
+        "registers",
     ), result.violation

@@ -8,6 +8,12 @@ duplicate. A batch read through any member returns exactly the committed message
 in journal order, as an independent read-committed reader (a Sequencer over the raw journal)
 sees them; after every broker is stopped, a read from the fragment store alone returns the
 persisted ones.
+
+The streaming sink on a quorum journal: it fences its commits with the journal's registers
+(check, subtract, union on one append), which quorum journals carry in their entries. A query
+writes a quorum sink journal from a quorum source; micro-batch 0 is then run again (Spark's
+record of it deleted, as if the driver died after the sink committed it): every source message
+is committed to the sink exactly once.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import shutil
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -172,3 +179,62 @@ def test_batch_reads_of_a_quorum_journal_are_read_committed(spark, quorum) -> No
     # At least the first fragment (4 KiB: ~16 messages) was persisted and rolled by then.
     assert len(store_texts) >= 16, f"only {len(store_texts)} rows read from the store"
     assert store_texts == expected[: len(store_texts)]
+
+
+def _stream(spark: Any, broker: str, source: str, sink: str, cp: Path) -> Any:
+    return (
+        spark.readStream.format("gazette")
+        .option("broker", broker)
+        .option("journals", source)
+        .load()
+        .selectExpr("content")
+        .writeStream.format("gazette")
+        .option("broker", broker)
+        .option("journal", sink)
+        .option("checkpointLocation", str(cp))
+        .start()
+    )
+
+
+def test_the_streaming_sink_commits_once_to_a_quorum_journal(spark, quorum, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cluster, thread = quorum
+    source, sink = unique("quorum/stream-src"), unique("quorum/stream-sink")
+    thread.run(cluster.apply([_spec(source, cluster.store_url), _spec(sink, cluster.store_url)]))
+    thread.run(cluster.wait_until(cluster.journals_ready([source, sink], 3, zones_min=2)))
+    a = producer()
+    base = time.time_ns() // 100
+
+    async def publish(texts: list[str], at: int) -> None:
+        client = cluster.client()
+        for i, text in enumerate(texts):
+            line = Msg(a, base + at + i, OUTSIDE, {"text": text}).line()
+            resp = await append(
+                client,
+                pb.AppendRequest(journal=source),
+                line,
+                attempts_max=append_attempts_max,
+            )
+            assert resp.status == pb.OK
+
+    first = [f"first-{i}" for i in range(30)]
+    thread.run(publish(first, 0))
+    via = cluster.brokers[1].endpoint
+    cp = tmp_path / "cp"
+    query = _stream(spark, via, source, sink, cp)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert committed_texts(via, sink) == first
+    for record in ("0", ".0.crc"):  # Spark's record of micro-batch 0: it runs again.
+        (cp / "commits" / record).unlink()
+
+    second = [f"second-{i}" for i in range(30)]
+    query = _stream(spark, via, source, sink, cp)
+    try:
+        query.processAllAvailable()  # micro-batch 0 again: fenced, committed once
+        thread.run(publish(second, 1000))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert sorted(committed_texts(via, sink)) == sorted(first + second)

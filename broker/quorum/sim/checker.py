@@ -18,7 +18,13 @@ with it byte for byte, and extends it. Checked after every step:
                  later election would lose it;
   one leader     at most one member leads a term, so at most one commits in it;
   monotonic      no member's commit offset ever goes back (restarts included; a wiped disk
-                starts again from nothing).
+                starts again from nothing);
+  registers      every member's registers as of a committed offset agree with `ref_registers`
+                (the registers each committed offset was first seen with); an acknowledged
+                compare-and-set append found, just before its entry, the registers it checked
+                and left the ones it was answered with (a check never passes against registers
+                later truncated away); a mismatch was answered with the registers committed
+                at its offset (never a value a new leader then truncated).
 
 A member whose disk was wiped holds nothing and may not vote until a leader aligns it (the
 host's `voter`): "a quorum" above means a quorum of the voters, so with one disk lost of three
@@ -34,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.quorum.entry import EntryId
+from broker.quorum.entry import NO_REGISTERS, EntryId, Registers
+from broker.quorum.errors import QuorumInvariantError
 from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
 from broker.quorum.states import ReplicaState
@@ -68,6 +75,8 @@ class Acked:
     entry: EntryId
     begin: int
     end: int
+    check: Registers | None = None  # what a compare-and-set append checked
+    registers: Registers | None = None  # the registers it was answered with
 
 
 class Checker:
@@ -75,6 +84,11 @@ class Checker:
         self.ensemble = ensemble
         self.quorum = quorum
         self.ref = bytearray()
+        # The registers as of each committed offset that ends an entry (0: the empty journal).
+        self.ref_registers: dict[int, Registers] = {0: NO_REGISTERS}
+        self.registers_verified = 0
+        self.mismatches_verified = 0
+        self._mismatches: list[tuple[int, Registers]] = []
         self.commit_seen = dict.fromkeys(ensemble, 0)  # offsets
         self.commit_index_seen = dict.fromkeys(ensemble, 0)
         self.leader_of_term: dict[int, str] = {}
@@ -109,6 +123,10 @@ class Checker:
         self.commit_index_seen[member] = 0
         self._held_checked = (None, -1)
         self._electable_checked = ()
+
+    def on_mismatch(self, end: int, registers: Registers) -> None:
+        """An append's register check failed against `registers`, committed through `end`."""
+        self._mismatches.append((end, registers))
 
     def on_read(self, member: str, offset: int, data: bytes) -> None:
         self.read_count += 1
@@ -154,9 +172,19 @@ class Checker:
                             "acknowledged append lost",
                             f"{acked.entry} [{acked.begin},{acked.end}) holds {bytes(self.ref[acked.begin : acked.end])!r}, acknowledged {acked.data!r}",
                         )
+                    self._verify_registers(acked)
                 else:
                     keep.append(acked)
             self._unverified = keep
+        if self._mismatches:
+            waiting = []
+            for end, registers in self._mismatches:
+                if end > len(self.ref):
+                    waiting.append((end, registers))
+                elif end in self.ref_registers:
+                    self.mismatches_verified += 1
+                    self._registers_agree(end, registers, "a mismatch answer")
+            self._mismatches = waiting
         voters = tuple(node.voter for node in members)
         self._check_electable(list(logs.values()), voters)
         newest = self.max_acked
@@ -207,6 +235,26 @@ class Checker:
                     f"which lacks committed entry {newest}",
                 )
 
+    def _verify_registers(self, acked: Acked) -> None:
+        before = self.ref_registers.get(acked.begin)
+        if acked.check is not None and before is not None:
+            self.registers_verified += 1
+            if before != acked.check:
+                raise Violation(
+                    "registers",
+                    f"{acked.entry} checked registers {acked.check}, but the committed journal "
+                    f"held {before} before it",
+                )
+        if acked.registers is not None and acked.end in self.ref_registers:
+            self._registers_agree(acked.end, acked.registers, f"the answer to {acked.entry}")
+
+    def _registers_agree(self, end: int, registers: Registers, what: str) -> None:
+        known = self.ref_registers.setdefault(end, registers)
+        if known != registers:
+            raise Violation(
+                "registers", f"{what}: registers {registers} at offset {end}, committed as {known}"
+            )
+
     def check_final(self) -> None:
         if self._unverified:
             first = self._unverified[0]
@@ -240,9 +288,17 @@ class Checker:
                     f"{name} compacted through {base_end}; the store holds {len(store)}",
                 )
             self._agree(seen, bytes(store[seen:base_end]), f"{name} (snapshot)")
+            self._registers_agree(base_end, log.base.registers, f"{name}'s base")
             seen = base_end
         if commit > seen:
             self._agree(seen, log.read(seen, commit), name)
+            index = log.first_index_at_or_after(seen)
+            while index <= log.commit_index:
+                entry = log.entry(index)
+                if entry is None:
+                    raise QuorumInvariantError(f"{name}: no entry {index} below its commit")
+                self._registers_agree(entry.end, log.registers_at(index), name)
+                index += 1
         self.commit_seen[name] = commit
 
     def _agree(self, begin: int, data: bytes, what: str, extend: bool = True) -> None:

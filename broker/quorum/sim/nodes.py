@@ -12,19 +12,19 @@ file format, replays them, and requires the replayed log to equal the one that s
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
 from broker.quorum.config import CoordinatorConfig, QuorumConfig
 from broker.quorum.coordinator import REGISTER, Coordinator
-from broker.quorum.entry import EntryId
+from broker.quorum.entry import NO_REGISTERS, EntryId, Registers
 from broker.quorum.errors import (
     LogFullError,
     NotLeaderError,
     PendingAppendsFullError,
     QuorumInvariantError,
 )
-from broker.quorum.leader import Committed
+from broker.quorum.leader import Committed, RegistersMismatched
 from broker.quorum.log import ReplicaLog
 from broker.quorum.log_codec import decode_log, encode_log
 from broker.quorum.log_replay import durable_state, replay, snapshot
@@ -45,19 +45,28 @@ CRASH = "crash"
 
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
+    """`check`: the registers the journal must hold (None: no check); `set_to`: its
+    registers after the append (None: unchanged). A compare-and-set, as fencing uses them."""
+
     client: str
     request_id: int
     data: bytes
+    check: Registers | None = None
+    set_to: Registers | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AppendReply:
+    """`mismatch`: the check failed (not ok) against `registers`, committed through `end`."""
+
     request_id: int
     ok: bool
     entry: EntryId | None = None
     begin: int = 0
     end: int = 0
     reason: str = ""
+    registers: Registers = NO_REGISTERS
+    mismatch: bool = False
 
 
 class MemberNode:
@@ -170,8 +179,15 @@ class MemberNode:
         self._flush(member)
 
     def _append(self, member: Member, src: str, req: AppendRequest, now: int) -> None:
+        expect, set_to = req.check, req.set_to
         try:
-            member.append(req.data, (src, req.request_id, req.data), now)
+            member.append(
+                req.data,
+                (src, req.request_id, req.data),
+                now,
+                None if expect is None else lambda current: current == expect,
+                None if set_to is None else lambda _: set_to,
+            )
         except (NotLeaderError, LogFullError, PendingAppendsFullError) as exc:
             self.world.net.send(self.name, src, AppendReply(req.request_id, False, reason=str(exc)))
 
@@ -198,7 +214,19 @@ class MemberNode:
         for notice in member.notices:
             client, request_id, _ = cast(tuple[str, int, bytes], notice.token)
             if isinstance(notice, Committed):
-                reply = AppendReply(request_id, True, notice.entry, notice.begin, notice.end)
+                reply = AppendReply(
+                    request_id,
+                    True,
+                    notice.entry,
+                    notice.begin,
+                    notice.end,
+                    registers=notice.registers,
+                )
+            elif isinstance(notice, RegistersMismatched):
+                end = notice.end
+                reply = AppendReply(
+                    request_id, False, notice.entry, end, end, "mismatch", notice.registers, True
+                )
             else:
                 reply = AppendReply(request_id, False, reason=notice.reason)
             net.send(self.name, client, reply)
@@ -306,13 +334,19 @@ class RegisterNode:
 class ClientNode:
     """Appends unique payloads (to the register's leader, or now and then to any member) and
     reads committed content from random members. An append unanswered within
-    `client_timeout_ticks` has an unknown outcome: it is forgotten, neither acked nor failed."""
+    `client_timeout_ticks` has an unknown outcome: it is forgotten, neither acked nor failed.
+
+    Every `register_every`-th append (0: none) is a compare-and-set of the registers: it checks that they
+    hold what this client last learned of them (from an answer: committed) and sets them to a
+    value naming the append. The two clients race, so checks both pass and fail."""
 
     world: World
     name: str
     up: bool = True
     next_id: int = 0
-    inflight: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+    inflight: dict[int, tuple[bytes, int, Registers | None]] = field(default_factory=dict)
+    registers_seen: Registers = NO_REGISTERS
+    register_every: int = 3
 
     def start(self) -> None:
         self.world.net.timer(
@@ -323,16 +357,24 @@ class ClientNode:
         if not isinstance(msg, AppendReply):
             return
         sent = self.inflight.pop(msg.request_id, None)
-        if sent is None or not msg.ok:
+        if sent is None:
+            return
+        if msg.mismatch:
+            self.registers_seen = msg.registers
+            self.world.checker.on_mismatch(msg.end, msg.registers)
+            return
+        if not msg.ok:
             return
         if msg.entry is None:
             raise AssertionError("an acknowledgement without an entry")
-        self.world.on_ack(self.name, sent[1], Acked(sent[0], msg.entry, msg.begin, msg.end))
+        self.registers_seen = msg.registers
+        acked = Acked(sent[0], msg.entry, msg.begin, msg.end, sent[2], msg.registers)
+        self.world.on_ack(self.name, sent[1], acked)
 
     def timer(self, payload: object) -> None:
         world, net = self.world, self.world.net
         rng, now, config = net.rng, net.now, world.config
-        for request_id, (_, sent_at) in list(self.inflight.items()):
+        for request_id, (_, sent_at, _) in list(self.inflight.items()):
             if now - sent_at > config.client_timeout_ticks:
                 del self.inflight[request_id]
         if len(self.inflight) < config.client_inflight_max and rng.random() < config.append_p:
@@ -340,8 +382,12 @@ class ClientNode:
             data = f"<{self.name}{self.next_id}>".encode() * rng.choice((1, 1, 1, 2, 5))
             leader = world.register.read().record.leader
             target = leader if leader and rng.random() < 0.9 else rng.choice(world.ensemble)
-            self.inflight[self.next_id] = (data, now)
-            net.send(self.name, target, AppendRequest(self.name, self.next_id, data))
+            request = AppendRequest(self.name, self.next_id, data)
+            if self.register_every and self.next_id % self.register_every == 0:
+                owner: Registers = (("owner", f"{self.name}.{self.next_id}"),)
+                request = replace(request, check=self.registers_seen, set_to=owner)
+            self.inflight[self.next_id] = (data, now, request.check)
+            net.send(self.name, target, request)
         if rng.random() < config.read_p:
             world.read_from(rng.choice(world.ensemble), rng)
         net.timer(rng.randint(1, config.client_tick_ticks), self.name, TICK)

@@ -37,6 +37,9 @@ MESSAGES = [
     Replicate(3, "m0", EntryId(3, 8), (Entry(3, 9, 100, 103, b"\x00\xffa"),), 8, 64),
     Replicate(3, "m0", EntryId(3, 9), (), 9, 64),
     Snapshot(3, "m0", LogBase(2, 4, 64), 8),
+    Replicate(3, "m0", EntryId(3, 8), (Entry(3, 9, 0, 1, b"a", (("owner", "x"),)),), 8, 0),
+    Replicate(3, "m0", EntryId(3, 8), (Entry(3, 9, 0, 1, b"a", ()),), 8, 0),
+    Snapshot(3, "m0", LogBase(2, 4, 64, (("a", "1"), ("b", "2"))), 8),
     ReplicaResponse(3, "m1", ReplyStatus.GAP, EntryId(3, 2)),
 ]
 
@@ -71,3 +74,15 @@ def test_malformed_envelopes_are_refused(raw: bytes, why: str) -> None:
 def test_only_messages_are_encoded() -> None:
     with pytest.raises(TypeError, match="not a quorum message"):
         encode_envelope(Envelope("j", "m", EntryId(1, 1)))
+
+
+def test_registers_are_left_out_at_their_default_and_defaulted_when_absent() -> None:
+    """Brokers without registers on the wire still decode what a journal without registers
+    sends (no `registers` key), and this one decodes what they send."""
+    plain = Envelope("j", "m1", Snapshot(3, "m0", LogBase(2, 4, 64), 8))
+    raw = encode_envelope(plain)
+    assert b"registers" not in raw
+    assert decode_envelope(raw) == plain
+    bad = raw.replace(b'"end":64', b'"end":64,"registers":[[1,2]]')
+    with pytest.raises(WireDecodeError, match="registers"):
+        decode_envelope(bad)
