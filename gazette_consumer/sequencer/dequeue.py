@@ -268,6 +268,15 @@ class SequencerDequeuing(SequencerState[E]):
             },
         )
 
+    def pending_begin(self, journal: str, at_least: int = 0) -> int | None:
+        """The offset at which the earliest pending span of `journal` that began at or after
+        `at_least` began (a replay of it reads from there), or None if there is none."""
+        at_least = max(at_least, 0)  # A partial without a pending span has begin -1.
+        begins = [
+            p.begin for (j, _), p in self._partials.items() if p.begin >= at_least and j == journal
+        ]
+        return min(begins, default=None)
+
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a pending span began at or after the given per-journal offsets.
 

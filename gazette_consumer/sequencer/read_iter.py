@@ -31,10 +31,12 @@ Signature::
                       framing: Framing | None = None,
                       registry: StoreRegistry | None = None,
                       message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
-                      on_idle: Callable[[], None] | None = None)
+                      on_idle: Callable[[], None] | None = None,
+                      replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
-    in_sequence: bool               replays: int                       sources: Mapping[str, int]
+    in_sequence: bool               replays: int    replays_from_memory: int
+    sources: Mapping[str, int]
     async close()                   (also an async context manager)
 
 One background reader per source journal (a blocking `RetryReader`, all in one TaskGroup
@@ -44,7 +46,9 @@ all. The caller's task decodes each chunk as it takes it (a piece of it at a tim
 messages in per-producer order, without head-of-line blocking between producers. ACK messages
 are consumed, never returned. Messages without a UUID are returned as they are read
 (at-least-once). When an ACK commits a span that left the ring, the span is replayed from its
-journal by a separate bounded read (`replay.py`).
+journal by a separate bounded read (`replay.py`); or, if the iterator still holds the range's
+chunks (it keeps each journal's from its earliest pending span on, at most
+`replay_retained_bytes_max` bytes of them: `retained.py`), decoded again from memory.
 
 Chunks wait in the channel as bytes and are decoded only when their messages are needed (see
 DECODE_PIECE_BYTES), so that decoded messages live from their decoding to their return, not
@@ -103,6 +107,11 @@ from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offse
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay, replay_request
+from gazette_consumer.sequencer.retained import (
+    REPLAY_RETAINED_BYTES_MAX,
+    REPLAY_RETAINED_BYTES_MAX_DEFAULT,
+    RetainedContent,
+)
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
@@ -188,7 +197,18 @@ class ReadCommittedIter:
         registry: StoreRegistry | None = None,
         message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
         on_idle: Callable[[], None] | None = None,
+        replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
     ) -> None:
+        if (
+            isinstance(replay_retained_bytes_max, bool)
+            or not isinstance(replay_retained_bytes_max, int)
+            or not 0 <= replay_retained_bytes_max <= REPLAY_RETAINED_BYTES_MAX
+        ):
+            raise ValidationError(
+                f"must be an int in [0, {REPLAY_RETAINED_BYTES_MAX}] "
+                f"(got {replay_retained_bytes_max!r})",
+                "replay_retained_bytes_max",
+            )
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(
                 f"must be an int (got {read_channel_size!r})", "read_channel_size"
@@ -224,6 +244,9 @@ class ReadCommittedIter:
         self._chunk: Chunk | None = None  # Taken from the channel, not wholly decoded yet.
         self._chunk_lead_run: int | None = None  # Of the piece decoded last (_decode_piece).
         self._replay: Replay | None = None
+        # Per journal, its content kept for replays (retained.py); none with a budget of 0.
+        self._retained: dict[str, RetainedContent] = {}
+        self._retained_bytes_max = replay_retained_bytes_max
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
         # follows in its sequence, for checkpoints taken while it is held (None only while
@@ -247,6 +270,8 @@ class ReadCommittedIter:
         self._on_idle = on_idle
         self.replays = 0
         """Committed spans replayed from their journal because they had left the ring."""
+        self.replays_from_memory = 0
+        """Of `replays`, those served from the content kept (`replay_retained_bytes_max`)."""
 
     @property
     def sources(self) -> Mapping[str, int]:
@@ -461,6 +486,8 @@ class ReadCommittedIter:
             chunk = self._chunk = self._channel.get_nowait()
             if chunk is None:
                 return None
+            if self._retained_bytes_max:
+                self._retain(chunk)
         decoder, at = chunk.decoder, chunk.at
         piece = chunk.content[at : at + DECODE_PIECE_BYTES]
         chunk.at = at + len(piece)
@@ -472,6 +499,19 @@ class ReadCommittedIter:
         self._chunk_lead_run = decoder.lead_run
         return envs
 
+    def _retain(self, chunk: Chunk) -> None:
+        """Keep `chunk` for replays, and of its journal's chunks kept before it only those a
+        pending span began in (see retained.py). A span that began before the chunks kept (one
+        restored from a checkpoint, or longer than the budget) keeps nothing: its replay is
+        read from the broker."""
+        journal = chunk.journal
+        retained = self._retained.get(journal)
+        if retained is None:
+            retained = self._retained[journal] = RetainedContent(self._retained_bytes_max)
+        retained.add(chunk.offset, chunk.content)
+        begin = self._seq.pending_begin(journal, retained.begin or 0)
+        retained.trim(chunk.offset if begin is None else min(begin, chunk.offset))
+
     def _start_replay(self, env: Envelope[Any]) -> None:
         """Serve the replay the Sequencer asks for, to commit the span `env` (an ACK) ends."""
         seq = self._seq
@@ -481,8 +521,14 @@ class ReadCommittedIter:
         # The replayed producer's last delivered clock: the Replay keeps only later ones.
         last_ack = seq.checkpoint().producers[JournalProducer(env.journal, env.producer)].last_ack
         decoder = read_ahead.new_decoder(read_ahead.specs[required.journal], required.begin)
-        reader = read_ahead.new_reader(replay_request(required))
-        replay = Replay(required, env.producer, last_ack, env.clock, reader, decoder)
+        retained = self._retained.get(required.journal)
+        pieces = None if retained is None else retained.pieces(required.begin, required.end)
+        if pieces is not None:
+            replay = Replay(required, env.producer, last_ack, env.clock, None, decoder, pieces)
+            self.replays_from_memory += 1
+        else:
+            reader = read_ahead.new_reader(replay_request(required))
+            replay = Replay(required, env.producer, last_ack, env.clock, reader, decoder)
         seq.replay(replay)
         self._replay = replay
         self.replays += 1
@@ -555,6 +601,7 @@ class ReadCommittedIter:
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
+        self._retained.clear()
         self._channel.wake()
         await self._read_ahead.stop()
         replay, self._replay = self._replay, None

@@ -19,6 +19,9 @@ decoded and not yet returned are then a few dozen, which die young, where a whol
 (hundreds) would outlive collections of the young generation, be promoted, and soon cost
 collections of the whole heap (measured: a shard reading transactions longer than the ring
 spent ~20% of its time in the garbage collector).
+
+A range the reader still keeps in memory (`RetainedContent`, retained.py) is replayed from the
+chunks kept, synchronously: no read, no await (`fill_nowait` serves the whole replay).
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ REPLAY_PIECE_BYTES: Final = 16 << 10
 class Replay(Iterator[Envelope[Any]]):
     """The envelopes of one replayed span, read from `reader` by `fill()` and handed to the
     Sequencer through iteration. Call order: `holds(n)`, else `fill(n)`, before n steps of the
-    Sequencer, which iterates; once exhausted the reader is closed."""
+    Sequencer, which iterates; once exhausted the reader is closed.
+
+    `reader` reads the range from the journal; or `retained` holds it all already, as
+    `RetainedContent.pieces` gives it (`reader` is then None, and unused)."""
 
     def __init__(
         self,
@@ -48,8 +54,9 @@ class Replay(Iterator[Envelope[Any]]):
         producer: bytes,
         last_ack: int,
         ack_clock: int,
-        reader: RetryReader,
+        reader: RetryReader | None,
         decoder: ChunkDecoder,
+        retained: list[tuple[bytes, int, int, int]] | None = None,
     ) -> None:
         self.required = required
         self._producer = producer
@@ -58,10 +65,17 @@ class Replay(Iterator[Envelope[Any]]):
         self._reader = reader
         self._decoder = decoder
         self._kept: deque[Envelope[Any]] = deque()
-        # The chunk being decoded, its offset, and the index of its next piece in it.
+        # The chunk being decoded, its offset, the index of its next piece in it, and where
+        # its part of the range stops.
         self._content = b""
         self._offset = 0
         self._at = 0
+        self._stop = 0
+        if reader is None and retained is None:
+            raise ValueError("replay: a reader or the retained content is required")
+        self._retained = None if retained is None else iter(retained)
+        self.from_memory = retained is not None
+        """Served from the content the reader kept (no read)."""
         self.exhausted = False
         """The whole range was read (and the reader closed)."""
 
@@ -87,9 +101,19 @@ class Replay(Iterator[Envelope[Any]]):
         loop (an await of `fill`) for every piece: only a chunk read needs one."""
         while not self.holds(count):
             content, at = self._content, self._at
-            if at >= len(content):
-                return False
-            piece = content[at : at + REPLAY_PIECE_BYTES]
+            if at >= self._stop:
+                retained = self._retained
+                if retained is None:
+                    return False
+                kept = next(retained, None)
+                if kept is None:  # The whole range was decoded: as a read's end, in fill().
+                    self._retained = None
+                    self._keep_decoded(self._decoder.flush())
+                    self.exhausted = True
+                else:
+                    self._content, self._offset, self._at, self._stop = kept
+                continue
+            piece = content[at : min(at + REPLAY_PIECE_BYTES, self._stop)]
             self._at = at + len(piece)
             self._keep_decoded(self._decoder.feed(piece, self._offset + at))
         return True
@@ -98,13 +122,17 @@ class Replay(Iterator[Envelope[Any]]):
         """Decode and read on until `holds(count)`. Cancellation-safe: a chunk is kept as
         soon as its read returns, with no await in between."""
         while not self.fill_nowait(count):
-            chunk = await self._reader.read_chunk()
+            reader = self._reader
+            assert reader is not None  # Else fill_nowait serves the whole range.
+            chunk = await reader.read_chunk()
             if chunk.content:
-                self._content, self._offset, self._at = chunk.content, chunk.offset, 0
+                content = chunk.content
+                self._content, self._offset, self._at = content, chunk.offset, 0
+                self._stop = len(content)
                 continue  # Decoded a piece at a time, by fill_nowait.
             self._keep_decoded(self._decoder.flush())
             self.exhausted = True
-            await self._reader.close()
+            await reader.close()
 
     def _keep_decoded(self, envelopes: list[Envelope[Any]]) -> None:
         self._keep(envelopes)
@@ -122,7 +150,8 @@ class Replay(Iterator[Envelope[Any]]):
             self._last_kept = env.clock
 
     async def close(self) -> None:
-        await self._reader.close()
+        if self._reader is not None:
+            await self._reader.close()
 
 
 def replay_request(required: ReplayRequired) -> pb.ReadRequest:
