@@ -49,6 +49,12 @@ are consumed, never returned. Messages without a UUID are returned as they are r
 journal by a separate bounded read (`replay.py`); or, if the iterator still holds the range's
 chunks (it keeps each journal's from its earliest pending span on, at most
 `replay_retained_bytes_max` bytes of them: `retained.py`), decoded again from memory.
+Such a span links nothing in the ring (`Sequencer.unlinked_span_clock`), so where a decoded
+piece continues it (a piece after one that ended inside it), the messages at the piece's front
+that do are decoded for their UUIDs only and counted (`ChunkDecoder.feed_continuing`,
+`Sequencer.skip_continuation`): each message of a long transaction is decoded whole once, by
+its replay. (A message so counted that does not decode whole is reported by the replay, or
+never if its transaction rolls back.)
 
 Chunks wait in the channel as bytes and are decoded only when their messages are needed (see
 DECODE_PIECE_BYTES), so that decoded messages live from their decoding to their return, not
@@ -112,6 +118,7 @@ from gazette_consumer.sequencer.retained import (
     REPLAY_RETAINED_BYTES_MAX_DEFAULT,
     RetainedContent,
 )
+from gazette_consumer.sequencer.ring import invariant
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
@@ -244,6 +251,9 @@ class ReadCommittedIter:
         self._chunk: Chunk | None = None  # Taken from the channel, not wholly decoded yet.
         self._chunk_lead_run: int | None = None  # Of the piece decoded last (_decode_piece).
         self._replay: Replay | None = None
+        # Per journal, the producer of the CONTINUE_TXN message that ended its last decoded
+        # piece: the next piece may continue its transaction (see `_decode_piece`).
+        self._continuing: dict[str, bytes] = {}
         # Per journal, its content kept for replays (retained.py); none with a budget of 0.
         self._retained: dict[str, RetainedContent] = {}
         self._retained_bytes_max = replay_retained_bytes_max
@@ -488,13 +498,32 @@ class ReadCommittedIter:
                 return None
             if self._retained_bytes_max:
                 self._retain(chunk)
-        decoder, at = chunk.decoder, chunk.at
+        decoder, at, journal = chunk.decoder, chunk.at, chunk.journal
         piece = chunk.content[at : at + DECODE_PIECE_BYTES]
         chunk.at = at + len(piece)
         if chunk.at == len(chunk.content):
             self._chunk = None
-        envs = decoder.feed(piece, chunk.offset + at)
-        self._chunk_through = (chunk.journal, decoder.through)
+        offset = chunk.offset + at
+        producer = self._continuing.get(journal)
+        after = None if producer is None else self._seq.unlinked_span_clock(journal, producer)
+        if after is None:
+            envs = decoder.feed(piece, offset)
+        else:
+            # The piece likely continues a transaction that is only counted now and replayed
+            # whole at its ACK: its messages there are decoded for their UUIDs only.
+            assert producer is not None
+            n, begin, clock, end, envs = decoder.feed_continuing(piece, offset, producer, after)
+            if n:
+                skipped = self._seq.skip_continuation(journal, producer, n, begin, clock, end)
+                # unlinked_span_clock said the span takes them; else they would be lost.
+                invariant(skipped, "a span's continuation was declined")
+        if envs:
+            last = envs[-1]
+            if last.flags == FLAG_CONTINUE_TXN and decoder.decodes_uuids:
+                self._continuing[journal] = last.producer
+            elif producer is not None:
+                del self._continuing[journal]
+        self._chunk_through = (journal, decoder.through)
         self._decode_error = decoder.error
         self._chunk_lead_run = decoder.lead_run
         return envs

@@ -137,8 +137,10 @@ class Replay(Iterator[Envelope[Any]]):
     def _keep_decoded(self, envelopes: list[Envelope[Any]]) -> None:
         self._keep(envelopes)
         if self._decoder.error is not None:
-            # The span's messages were decodable when first read: content has changed, or
-            # the reader's message type differs. Either way exactly-once cannot go on.
+            # A message of the span does not decode as the reader's message type: one that
+            # was only counted when first read (its UUID decoded alone: see
+            # ChunkDecoder.feed_continuing), or content that changed. Exactly-once cannot go
+            # past it: the error reaches the caller, within the transaction's messages.
             raise self._decoder.error
 
     def _keep(self, envelopes: list[Envelope[Any]]) -> None:

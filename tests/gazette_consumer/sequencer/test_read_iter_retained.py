@@ -8,9 +8,22 @@ import asyncio
 from typing import Any
 
 import pytest
-from read_iter_testkit import ACK, CONTINUE, MARKER, OUTSIDE, P1, P2, P3, Msg, broker_env, msg
+from read_iter_testkit import (
+    ACK,
+    CONTINUE,
+    MARKER,
+    OUTSIDE,
+    P1,
+    P2,
+    P3,
+    Msg,
+    broker_env,
+    frames,
+    msg,
+)
 
 from broker.protocol.validate import ValidationError
+from gazette_consumer.message import MessageDecodeError, build_uuid
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.sequencer.retained import REPLAY_RETAINED_BYTES_MAX, RetainedContent
 
@@ -85,14 +98,19 @@ async def test_spans_within_and_beyond_the_budget_are_delivered_exactly() -> Non
 
 @pytest.mark.parametrize("retained_max", [0, 1 << 20])
 async def test_interleaved_long_spans_of_two_producers(retained_max: int) -> None:
-    """Two producers' long spans interleaved piece by piece, their ACKs in turn: each replay
-    keeps only its own producer's messages, from memory as from the broker."""
+    """Two producers' long spans interleaved, the second beginning where the first is only
+    counted (its pieces decoded for their UUIDs), their ACKs in turn: each replay keeps only
+    its own producer's messages, from memory as from the broker; none of the second's is
+    taken for the first's."""
     async with broker_env() as env:
         journal = await env.journal("retained/interleaved")
-        one, two = span(P1, 100, 400, "p"), span(P3, 100, 400, "q")
+        # P3's clocks above P1's: only the producer tells their messages apart.
+        one, two = span(P1, 100, 600, "p"), span(P3, 10_000, 400, "q")
+        # P1 alone for a few pieces (its span is only counted by then), then P3's span begins.
+        await env.append_messages(journal, one[:200])
         for i in range(0, 400, 50):
-            await env.append_messages(journal, [*one[i : i + 50], *two[i : i + 50]])
-        await env.append_messages(journal, [msg(P3, 1000, ACK), msg(P1, 1000, ACK)])
+            await env.append_messages(journal, [*one[200 + i : 250 + i], *two[i : i + 50]])
+        await env.append_messages(journal, [msg(P3, 20_000, ACK), msg(P1, 1000, ACK)])
         await env.append_messages(journal, [msg(MARKER, 1, OUTSIDE, "m")])
         it = ReadCommittedIter(
             env.client,
@@ -132,3 +150,51 @@ async def test_the_budget_is_validated() -> None:
                 ReadCommittedIter(
                     env.client, {"a/b": 0}, message_type=Msg, replay_retained_bytes_max=bad_value
                 )
+
+
+def mistyped(producer: bytes, clock: int) -> bytes:
+    """A JSON line with a valid CONTINUE_TXN UUID whose other field does not decode as Msg's."""
+    uuid = build_uuid(producer, clock, CONTINUE)  # type: ignore[arg-type]
+    return b'{"UUID":"%s","text":5}\n' % str(uuid).encode()
+
+
+@pytest.mark.parametrize("retained_max", [0, 1 << 20])
+async def test_an_undecodable_message_only_counted_is_reported_by_its_replay(
+    retained_max: int,
+) -> None:
+    """Deep in a long span (decoded for UUIDs only), a message that does not decode as the
+    message type: its transaction's replay raises `MessageDecodeError` naming it, having
+    returned a prefix of the messages before it (all but those decoded with it in its replay
+    piece; none of the transaction may commit: `in_sequence` held throughout). In a span that
+    rolls back, it is never delivered and nothing is raised."""
+    async with broker_env() as env:
+        journal = await env.journal("retained/mistyped")
+        rolled = span(P1, 100, 600, "r")
+        await env.append(journal, frames(*rolled[:400]) + mistyped(P1, 500) + frames(*rolled[400:]))
+        # An ACK older than the span's messages: every one of them rolls back.
+        await env.append_messages(journal, [msg(P1, 99, ACK), msg(P2, 1, OUTSIDE, "o")])
+        good = span(P1, 1000, 600, "g")
+        bad = frames(*good[:400]) + mistyped(P1, 1400) + frames(*good[400:])
+        begin = (await env.append(journal, bad)).commit.begin
+        await env.append_messages(journal, [msg(P1, 5000, ACK)])
+        it = ReadCommittedIter(
+            env.client,
+            {journal: 0},
+            message_type=Msg,
+            ring_size=16,
+            replay_retained_bytes_max=retained_max,
+        )
+        got: list[str] = []
+        async with asyncio.timeout(TIMEOUT_S):
+            with pytest.raises(MessageDecodeError) as caught:
+                while True:
+                    got.append((it.try_next() or await it.next()).message.text)
+        await it.close()
+        assert got[0] == "o"
+        assert 1 <= len(got) - 1 <= 400 and got[1:] == plain(good[: len(got) - 1])
+        assert it.in_sequence
+        bad_begin = begin + len(frames(*good[:400]))
+        assert (caught.value.begin, caught.value.end) == (
+            bad_begin,
+            bad_begin + len(mistyped(P1, 1400)),
+        )
