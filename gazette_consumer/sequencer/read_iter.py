@@ -112,12 +112,9 @@ from gazette_consumer.sequencer.decode import MessageTypeSource
 from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offsets
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
-from gazette_consumer.sequencer.replay import Replay, replay_request
-from gazette_consumer.sequencer.retained import (
-    REPLAY_RETAINED_BYTES_MAX,
-    REPLAY_RETAINED_BYTES_MAX_DEFAULT,
-    RetainedContent,
-)
+from gazette_consumer.sequencer.replay import Replay
+from gazette_consumer.sequencer.replays import Replays
+from gazette_consumer.sequencer.retained import REPLAY_RETAINED_BYTES_MAX_DEFAULT
 from gazette_consumer.sequencer.ring import invariant
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
@@ -206,16 +203,6 @@ class ReadCommittedIter:
         on_idle: Callable[[], None] | None = None,
         replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
     ) -> None:
-        if (
-            isinstance(replay_retained_bytes_max, bool)
-            or not isinstance(replay_retained_bytes_max, int)
-            or not 0 <= replay_retained_bytes_max <= REPLAY_RETAINED_BYTES_MAX
-        ):
-            raise ValidationError(
-                f"must be an int in [0, {REPLAY_RETAINED_BYTES_MAX}] "
-                f"(got {replay_retained_bytes_max!r})",
-                "replay_retained_bytes_max",
-            )
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(
                 f"must be an int (got {read_channel_size!r})", "read_channel_size"
@@ -254,9 +241,8 @@ class ReadCommittedIter:
         # Per journal, the producer of the CONTINUE_TXN message that ended its last decoded
         # piece: the next piece may continue its transaction (see `_decode_piece`).
         self._continuing: dict[str, bytes] = {}
-        # Per journal, its content kept for replays (retained.py); none with a budget of 0.
-        self._retained: dict[str, RetainedContent] = {}
-        self._retained_bytes_max = replay_retained_bytes_max
+        # Where replays read from: the content kept for them, or the broker.
+        self._replays = Replays(self._read_ahead, replay_retained_bytes_max)
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
         # follows in its sequence, for checkpoints taken while it is held (None only while
@@ -278,10 +264,16 @@ class ReadCommittedIter:
         self._span_runs = True
         self._closed = False
         self._on_idle = on_idle
-        self.replays = 0
+
+    @property
+    def replays(self) -> int:
         """Committed spans replayed from their journal because they had left the ring."""
-        self.replays_from_memory = 0
+        return self._replays.count
+
+    @property
+    def replays_from_memory(self) -> int:
         """Of `replays`, those served from the content kept (`replay_retained_bytes_max`)."""
+        return self._replays.from_memory
 
     @property
     def sources(self) -> Mapping[str, int]:
@@ -496,8 +488,8 @@ class ReadCommittedIter:
             chunk = self._chunk = self._channel.get_nowait()
             if chunk is None:
                 return None
-            if self._retained_bytes_max:
-                self._retain(chunk)
+            if self._replays.retained_bytes_max:
+                self._replays.retain(chunk, self._seq)
         decoder, at, journal = chunk.decoder, chunk.at, chunk.journal
         piece = chunk.content[at : at + DECODE_PIECE_BYTES]
         chunk.at = at + len(piece)
@@ -528,39 +520,9 @@ class ReadCommittedIter:
         self._chunk_lead_run = decoder.lead_run
         return envs
 
-    def _retain(self, chunk: Chunk) -> None:
-        """Keep `chunk` for replays, and of its journal's chunks kept before it only those a
-        pending span began in (see retained.py). A span that began before the chunks kept (one
-        restored from a checkpoint, or longer than the budget) keeps nothing: its replay is
-        read from the broker."""
-        journal = chunk.journal
-        retained = self._retained.get(journal)
-        if retained is None:
-            retained = self._retained[journal] = RetainedContent(self._retained_bytes_max)
-        retained.add(chunk.offset, chunk.content)
-        begin = self._seq.pending_begin(journal, retained.begin or 0)
-        retained.trim(chunk.offset if begin is None else min(begin, chunk.offset))
-
     def _start_replay(self, env: Envelope[Any]) -> None:
         """Serve the replay the Sequencer asks for, to commit the span `env` (an ACK) ends."""
-        seq = self._seq
-        required = seq.replay_required
-        assert required is not None  # Asked for by the caller.
-        read_ahead = self._read_ahead
-        # The replayed producer's last delivered clock: the Replay keeps only later ones.
-        last_ack = seq.checkpoint().producers[JournalProducer(env.journal, env.producer)].last_ack
-        decoder = read_ahead.new_decoder(read_ahead.specs[required.journal], required.begin)
-        retained = self._retained.get(required.journal)
-        pieces = None if retained is None else retained.pieces(required.begin, required.end)
-        if pieces is not None:
-            replay = Replay(required, env.producer, last_ack, env.clock, None, decoder, pieces)
-            self.replays_from_memory += 1
-        else:
-            reader = read_ahead.new_reader(replay_request(required))
-            replay = Replay(required, env.producer, last_ack, env.clock, reader, decoder)
-        seq.replay(replay)
-        self._replay = replay
-        self.replays += 1
+        self._replay = self._replays.start(self._seq, env)
 
     def __aiter__(self) -> AsyncIterator[Envelope[Any]]:
         return self
@@ -630,7 +592,7 @@ class ReadCommittedIter:
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
-        self._retained.clear()
+        self._replays.clear()
         self._channel.wake()
         await self._read_ahead.stop()
         replay, self._replay = self._replay, None

@@ -148,7 +148,10 @@ async def test_the_budget_is_validated() -> None:
             bad_value: Any = bad
             with pytest.raises(ValidationError, match="replay_retained_bytes_max"):
                 ReadCommittedIter(
-                    env.client, {"a/b": 0}, message_type=Msg, replay_retained_bytes_max=bad_value
+                    env.client,
+                    {"some/journal": 0},
+                    message_type=Msg,
+                    replay_retained_bytes_max=bad_value,
                 )
 
 
