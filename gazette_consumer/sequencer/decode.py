@@ -23,7 +23,7 @@ reports it exactly as if there were no fast path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -110,9 +110,9 @@ class ChunkDecoder:
             decoder, "decode_payloads", None
         )
         self._builder = EnvelopeBuilder(getattr(decoder, "uuid_of", message_uuid))
-        # Decodes a payload's UUID only, if the decoder can (see `feed_continuing`).
-        self._decode_uuid: Callable[[bytes], Any] | None = (
-            getattr(decoder, "decode_uuid", None) if self._decode_payloads is not None else None
+        # Decodes payloads' UUIDs only, if the decoder can (see `feed_continuing`).
+        self._decode_uuids: Callable[[list[bytes]], Iterable[Any]] | None = (
+            getattr(decoder, "decode_uuids", None) if self._decode_payloads is not None else None
         )
         self.lead_run: int | None = None
         """How many envelopes at the front of the last call's list form a run of one
@@ -145,7 +145,7 @@ class ChunkDecoder:
     @property
     def decodes_uuids(self) -> bool:
         """True if `feed_continuing` can skip whole decodes (the decoder decodes UUIDs alone)."""
-        return self._decode_uuid is not None
+        return self._decode_uuids is not None
 
     def feed_continuing(
         self, content: bytes, offset: int, producer: bytes, after_clock: int
@@ -162,17 +162,17 @@ class ChunkDecoder:
         as such a message is never delivered."""
         if self.error is not None:
             raise self.error
-        decode_uuid = self._decode_uuid
+        decode_uuids = self._decode_uuids
         run = None
-        if decode_uuid is not None and offset == self._unpacker.offset:
+        if decode_uuids is not None and offset == self._unpacker.offset:
             run = self._unpacker.feed_run(content, offset)
         if run is None:
             return 0, offset, after_clock, offset, self.feed(content, offset)
-        assert decode_uuid is not None  # Else no run was taken.
+        assert decode_uuids is not None  # Else no run was taken.
         self.lead_run = None
         payloads, offsets = run.payloads, run.offsets
         n, clock = self._builder.continuation(
-            map(decode_uuid, payloads), ProducerID(producer), after_clock
+            decode_uuids(payloads), ProducerID(producer), after_clock
         )
         begin, end = offsets[0], offsets[n]
         if n:

@@ -1,4 +1,4 @@
-"""JSONDecoder.decode_uuid: a payload's UUID alone, for the messages a reader only sequences
+"""JSONDecoder.decode_uuids: payloads' UUIDs alone, for the messages a reader only sequences
 (`ChunkDecoder.feed_continuing`), offered only where it reads what a whole decode would."""
 
 from __future__ import annotations
@@ -36,17 +36,21 @@ class OwnUUID(JSONMessage, kw_only=True):
 def test_decode_uuid_reads_the_uuid_a_whole_decode_reads(message_type: type[Plain]) -> None:
     payload = JSONFraming().marshal(message_type(uuid=U, text="x"))[:-1]
     decoder = JSONDecoder(message_type)
-    assert decoder.decode_uuid is not None
-    assert decoder.decode_uuid(payload) == U == decoder._decoder.decode(payload).uuid
+    decode_uuids = decoder.decode_uuids
+    assert decode_uuids is not None
+    assert list(decode_uuids([payload])) == [U] == [decoder._decoder.decode(payload).uuid]
     # Only the UUID is decoded: a field of the wrong type goes unnoticed here.
     mistyped = payload.replace(b'"x"', b"5")
-    assert decoder.decode_uuid(mistyped) == U
+    assert list(decode_uuids([mistyped, payload])) == [U, U]
     with pytest.raises(msgspec.ValidationError):
         decoder._decoder.decode(mistyped)
-    with pytest.raises(msgspec.ValidationError):  # But not the UUID's.
-        decoder.decode_uuid(payload.replace(str(U).encode(), b"not-a-uuid"))
+    # But not the UUID's; and payloads are decoded as they are asked for.
+    uuids = decode_uuids([payload, payload.replace(str(U).encode(), b"not-a-uuid")])
+    assert next(uuids) == U
+    with pytest.raises(msgspec.ValidationError):
+        next(uuids)
 
 
 @pytest.mark.parametrize("message_type", [Listed, OwnUUID, dict])
 def test_decode_uuid_is_none_where_it_could_read_otherwise(message_type: type) -> None:
-    assert JSONDecoder(message_type).decode_uuid is None
+    assert JSONDecoder(message_type).decode_uuids is None
