@@ -95,6 +95,19 @@ class Replay(Iterator[Envelope[Any]]):
             raise StopIteration
         return self._kept.popleft()
 
+    def take(self, count: int) -> list[Envelope[Any]]:
+        """The next `count` envelopes at once, as `count` iterations would return them (fewer
+        only where the replay ended): what `Sequencer.dequeue_replayed` takes a run with."""
+        kept = self._kept
+        if len(kept) < count and not self.exhausted:
+            raise AssertionError("replay iterated while it needs I/O (step() before fill())")
+        out = list(kept)
+        kept.clear()
+        if len(out) > count:
+            kept.extend(out[count:])
+            del out[count:]
+        return out
+
     def fill_nowait(self, count: int) -> bool:
         """Decode on through the chunk already read, a piece at a time, until `holds(count)`;
         no read. Returns `holds(count)`. What spares a reader a turn of its caller's event
