@@ -157,12 +157,22 @@ class Replay(Iterator[Envelope[Any]]):
             raise self._decoder.error
 
     def _keep(self, envelopes: list[Envelope[Any]]) -> None:
-        producer = self._producer
+        # Locals in the loop, which runs per replayed message.
+        producer, last_kept, ack_clock, append = (
+            self._producer,
+            self._last_kept,
+            self._ack_clock,
+            self._kept.append,
+        )
         for env in envelopes:
-            if env.producer != producer or not self._last_kept < env.clock <= self._ack_clock:
-                continue  # Other producers, duplicates, rolled-back or zero-clock messages.
-            self._kept.append(env)
-            self._last_kept = env.clock
+            clock = env.clock
+            if last_kept < clock <= ack_clock and (
+                env.producer is producer or env.producer == producer
+            ):
+                append(env)
+                last_kept = clock
+            # Else another producer's, a duplicate, rolled back or a zero clock: not kept.
+        self._last_kept = last_kept
 
     async def close(self) -> None:
         if self._reader is not None:
