@@ -39,7 +39,8 @@ class Replays:
 
     def retain(self, chunk: Chunk, seq: Sequencer[Envelope[Any]]) -> None:
         """Keep `chunk` (just taken to decode), and of its journal's chunks kept before it only
-        those a pending span began in (see retained.py). A span that began before the chunks
+        those a pending span began in, looked for every RETAINED_TRIM_EVERY_BYTES (see
+        retained.py). A span that began before the chunks
         kept (one restored from a checkpoint, or longer than the budget) keeps nothing: its
         replay is read from the broker."""
         journal = chunk.journal
@@ -47,8 +48,9 @@ class Replays:
         if retained is None:
             retained = self._retained[journal] = RetainedContent(self.retained_bytes_max)
         retained.add(chunk.offset, chunk.content)
-        begin = seq.pending_begin(journal, retained.begin or 0)
-        retained.trim(chunk.offset if begin is None else min(begin, chunk.offset))
+        if retained.trim_due:  # Not per chunk: the look is per producer of the journal.
+            begin = seq.pending_begin(journal, retained.begin or 0)
+            retained.trim(chunk.offset if begin is None else min(begin, chunk.offset))
 
     def start(self, seq: Sequencer[Envelope[Any]], ack: Envelope[Any]) -> Replay:
         """Start the replay `seq` asks for, to commit the span `ack` ends, and hand it to

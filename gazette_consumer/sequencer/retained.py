@@ -24,19 +24,24 @@ docstring): a one-second transaction of ~35k messages of ~200 bytes is ~7 MiB.""
 REPLAY_RETAINED_BYTES_MAX: Final = 1 << 30
 """Upper bound on what a reader may be configured to keep (`bytes_max`): the content is held in
 memory."""
+RETAINED_TRIM_EVERY_BYTES: Final = 4 << 20
+"""Content kept between two looks for what no pending span needs any more (`trim_due`): the
+look asks the Sequencer about every producer of the journal, so it is made once per this many
+bytes added (a reader of many producers would otherwise pay it per chunk), not per chunk."""
 
 
 class RetainedContent:
     """Contiguous chunks of one journal, oldest first, at most `bytes_max` bytes in all (but the
     newest chunk, always kept whole: a chunk is at most a Read's 128 KiB)."""
 
-    __slots__ = ("_bytes", "_bytes_max", "_chunks", "_end")
+    __slots__ = ("_added", "_bytes", "_bytes_max", "_chunks", "_end")
 
     def __init__(self, bytes_max: int) -> None:
         self._bytes_max = bytes_max
         self._chunks: deque[tuple[int, bytes]] = deque()  # (offset, content)
         self._bytes = 0
         self._end = -1  # Offset just past the newest chunk; -1 when none is kept.
+        self._added = 0  # Bytes added since the last trim.
 
     @property
     def retained_bytes(self) -> int:
@@ -56,12 +61,19 @@ class RetainedContent:
             self._bytes = 0
         chunks.append((offset, content))
         self._bytes += len(content)
+        self._added += len(content)
         self._end = offset + len(content)
         while self._bytes > self._bytes_max and len(chunks) > 1:
             self._bytes -= len(chunks.popleft()[1])
 
+    @property
+    def trim_due(self) -> bool:
+        """True once RETAINED_TRIM_EVERY_BYTES were added since the last `trim`."""
+        return self._added >= RETAINED_TRIM_EVERY_BYTES
+
     def trim(self, keep_from: int) -> None:
         """Drop the chunks that end at or before `keep_from` (no replay will need them)."""
+        self._added = 0
         chunks = self._chunks
         while chunks and chunks[0][0] + len(chunks[0][1]) <= keep_from:
             self._bytes -= len(chunks.popleft()[1])

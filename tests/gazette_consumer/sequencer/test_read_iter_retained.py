@@ -25,7 +25,11 @@ from read_iter_testkit import (
 from broker.protocol.validate import ValidationError
 from gazette_consumer.message import MessageDecodeError, build_uuid
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
-from gazette_consumer.sequencer.retained import REPLAY_RETAINED_BYTES_MAX, RetainedContent
+from gazette_consumer.sequencer.retained import (
+    REPLAY_RETAINED_BYTES_MAX,
+    RETAINED_TRIM_EVERY_BYTES,
+    RetainedContent,
+)
 
 TIMEOUT_S = 60.0
 FILLER = "f" * 120
@@ -201,3 +205,45 @@ async def test_an_undecodable_message_only_counted_is_reported_by_its_replay(
             bad_begin,
             bad_begin + len(mistyped(P1, 1400)),
         )
+
+
+def test_trims_are_due_once_per_so_many_bytes_added() -> None:
+    """Looking for what no pending span needs costs a look at every producer: it is due once
+    per RETAINED_TRIM_EVERY_BYTES added, not per chunk (chunks beyond the budget go anyway)."""
+    kept = RetainedContent(bytes_max=4 * RETAINED_TRIM_EVERY_BYTES)
+    chunk = bytes(128 << 10)
+    offset = 0
+    while not kept.trim_due:
+        kept.add(offset, chunk)
+        offset += len(chunk)
+    assert offset == RETAINED_TRIM_EVERY_BYTES
+    kept.trim(offset - len(chunk))
+    assert not kept.trim_due and kept.begin == offset - len(chunk)
+    kept.add(offset, chunk)
+    assert not kept.trim_due
+
+
+async def test_a_span_pending_across_trims_keeps_its_content() -> None:
+    """A long span begun before more content than a trim's period, of another producer, then
+    committed: the trim in between keeps the chunks from its begin (Sequencer.pending_begin),
+    and its replay is served from memory."""
+    async with broker_env() as env:
+        journal = await env.journal("retained/trimmed")
+        early, late = span(P1, 100, 100, "a"), span(P1, 200, 100, "b")
+        await env.append_messages(journal, early)
+        others: list[str] = []
+        filler = "o" * 200
+        clock = 10
+        while len(others) * 250 < RETAINED_TRIM_EVERY_BYTES * 9 // 8:
+            batch = [msg(P2, clock + i, OUTSIDE, f"o{clock + i}:{filler}") for i in range(500)]
+            clock += 500
+            others += [m.text for m in batch]
+            await env.append_messages(journal, batch)
+        await env.append_messages(
+            journal, [*late, msg(P1, 1000, ACK), msg(MARKER, 1, OUTSIDE, "m")]
+        )
+        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, ring_size=16)
+        got = await read_texts(it, "m")
+        assert got == [*others, *plain(early), *plain(late), "m"]
+        assert (it.replays, it.replays_from_memory) == (1, 1)
+        await it.close()
