@@ -21,8 +21,9 @@ whole journal from offset 0, in each of these modes:
   the commit is durable.
 - **at-least-once** (`alo sqlite`, ...): the same Application, but a read-uncommitted source
   (no Sequencer: duplicates and rolled-back messages would be counted), a store without a
-  checkpoint (the counts are written to the same database in a transaction of their own), and
-  the summary published committed.
+  checkpoint (the counts are written to the same database in a transaction of their own,
+  committed while the next transaction reads, as exactly-once's commits are), and the summary
+  published committed.
 
 Both modes run the same `CountApp` (counting_app.py): a count per key in memory, written to
 the database in `finalize_txn`. `--publish` lists what the shard publishes, each list item a

@@ -100,18 +100,25 @@ class CountingSQLStore(SQLStore):
 
 class NoCheckpointStore:
     """At-least-once: no checkpoint and no fence. The counts go to the same database, each
-    transaction's in a SQL transaction of its own; commits resolve at once."""
+    transaction's in a SQL transaction of its own, committed while the next transaction reads
+    (as `SQLStore` pipelines exactly-once's commits): `write_counts` starts the write, after
+    the previous one finished, and the transaction's commit resolves once it did."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self.counts: dict[str, int] = {}
+        self._write: asyncio.Future[None] | None = None  # Started, not yet in a commit.
+        self._last: asyncio.Future[None] | None = None  # The write started last.
 
     async def write_counts(self, shard: str, counts: Mapping[str, int]) -> None:
         def write() -> None:
             with self._engine.begin() as connection:
                 _write_counts(connection, shard, counts)
 
-        await asyncio.to_thread(write)
+        if self._last is not None:
+            await self._last  # One at a time, in order (SQLite has a single writer).
+        # Awaited by the commit's future, which reports its failure.
+        self._write = self._last = asyncio.ensure_future(asyncio.to_thread(write))
 
     async def restore_checkpoint(self, shard: ShardContext) -> Checkpoint:
         return Checkpoint()
@@ -119,16 +126,23 @@ class NoCheckpointStore:
     async def start_commit(
         self, shard: ShardContext, checkpoint: Checkpoint, wait_for: Sequence[Awaitable[object]]
     ) -> OpFuture:
-        # Nothing to commit; resolved once the transaction's appends landed, so that progress
-        # (and the end of a run) means its output is written, as in exactly-once.
+        # Nothing to commit but the counts' write; resolved once it and the transaction's
+        # appends landed, so that progress (and the end of a run) means its output is
+        # written, as in exactly-once.
+        write, self._write = self._write, None
+
         async def appended() -> None:
+            if write is not None:
+                await write
             for append in wait_for:
                 await append
 
         return asyncio.ensure_future(appended())
 
     async def destroy(self) -> None:
-        return None
+        if self._last is not None:  # Its thread finishes first; a failure was the commit's.
+            with contextlib.suppress(Exception):
+                await self._last
 
 
 # --- A read-uncommitted source ------------------------------------------------------------------

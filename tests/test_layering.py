@@ -107,6 +107,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gazette_consumer.sequencer.dequeue",
             "gazette_consumer.sequencer.sequencer",
             "gazette_consumer.sequencer.read_ahead",
+            "gazette_consumer.sequencer.retained",
+            "gazette_consumer.sequencer.replays",
         ),
     ),
     (

@@ -8,7 +8,7 @@ it is several times faster than the stdlib ``json`` here, and this is the hot pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from operator import attrgetter
 from typing import Generic, Self, TypeVar
@@ -67,20 +67,48 @@ class JSONMessage(msgspec.Struct, kw_only=True):
             ) from err
 
 
+def _uuid_only_decoder(
+    message_type: type[JSONMessage],
+) -> Callable[[Iterable[bytes]], Iterator[UUID]] | None:
+    """A function decoding only the UUIDs of JSON payloads of `message_type` (their other
+    fields skipped, not validated), lazily, or None if the type is not a JSON object keeping
+    the base UUID field (an array-like or tagged struct)."""
+    config = message_type.__struct_config__
+    if config.array_like or config.tag is not None:
+        return None
+    uuid_field = next((f for f in msgspec.structs.fields(message_type) if f.name == "uuid"), None)
+    if uuid_field is None:
+        return None
+    only = msgspec.defstruct(
+        f"{message_type.__name__}UUIDOnly",
+        [("uuid", UUID, msgspec.field(default=NIL_UUID, name=uuid_field.encode_name))],
+        gc=False,  # Holds a UUID only: no cycle to collect.
+    )
+    decode = msgspec.json.Decoder(only).decode
+    uuid_of = attrgetter("uuid")
+    # Two maps in C: no Python frame per payload.
+    return lambda payloads: map(uuid_of, map(decode, payloads))
+
+
 class JSONDecoder(Generic[T]):
     """Decodes JSON frames into ``message_type`` (anything msgspec can decode into).
 
     `uuid_of` reads a decoded message's UUID for envelopes: the ``uuid`` attribute itself for a
     JSONMessage that keeps the base `get_uuid` (msgspec decoded it as a ``uuid.UUID``), else
-    the general `message_uuid`.
+    the general `message_uuid`. For such a type, `decode_uuids` decodes payloads' UUIDs only,
+    lazily (the other fields skipped: about half a whole decode), which a reader uses for
+    messages it only needs to sequence, not deliver (`ChunkDecoder.feed_continuing`); else it
+    is None.
     """
 
     def __init__(self, message_type: type[T]) -> None:
         self._decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(message_type)
         self.uuid_of: UUIDOf = message_uuid
+        self.decode_uuids: Callable[[Iterable[bytes]], Iterator[UUID]] | None = None
         if isinstance(message_type, type) and issubclass(message_type, JSONMessage):
             if message_type.get_uuid is JSONMessage.get_uuid:
                 self.uuid_of = attrgetter("uuid")
+                self.decode_uuids = _uuid_only_decoder(message_type)
 
     def decode_payloads(self, payloads: list[bytes]) -> list[T]:
         """Decode the payloads of a `FrameRun` (lines without their newline) all at once.

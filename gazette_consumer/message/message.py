@@ -13,7 +13,7 @@ how Gazette's Go types without a UUID serialize.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 from uuid import UUID
@@ -126,6 +126,7 @@ class Envelope(msgspec.Struct, Generic[MessageT], frozen=True):
 
 
 _OUTSIDE_TXN: Final = int(Flag.OUTSIDE_TXN)
+_CONTINUE_TXN: Final = int(Flag.CONTINUE_TXN)
 _ACK_TXN: Final = int(Flag.ACK_TXN)
 _LOW_64: Final = (1 << 64) - 1
 _LOW_32: Final = (1 << 32) - 1
@@ -245,6 +246,38 @@ class EnvelopeBuilder:
         if lead:
             self.lead_run = len(out)
         return out
+
+    def continuation(
+        self, uuids: Iterable[UUID], producer: ProducerID, after_clock: int
+    ) -> tuple[int, int]:
+        """How many UUIDs at the front of `uuids` continue `producer`'s transaction past
+        `after_clock` (CONTINUE_TXN, of `producer`, each clock larger than the one before), and
+        the last one's clock (`after_clock` if none does). `uuids` is consumed no further than
+        the first that does not; one that raises while being produced (a payload that does not
+        decode) ends the count there too: the caller decodes it whole, which reports it."""
+        cache, low_96, continue_txn = self._parts, _LOW_96, _CONTINUE_TXN
+        n, clock = 0, after_clock
+        try:
+            for uuid in uuids:
+                value = uuid.int
+                parts = cache.get(value & low_96)
+                if parts is None:
+                    parts = self._learn(value) if value else None
+                    if parts is None:
+                        break
+                owner, next_clock, flags = parts
+                next_clock |= (value >> 96) << 4  # time_low: see `build`.
+                if (
+                    flags != continue_txn
+                    or next_clock <= clock
+                    or (owner is not producer and owner != producer)
+                ):
+                    break
+                clock = next_clock
+                n += 1
+        except Exception:  # The payload's own decode failed: the whole decode reports it.
+            pass
+        return n, clock
 
     def _learn(self, value: int) -> tuple[ProducerID, int, int] | None:
         """Cache and return the parts of UUID `value` but time_low's clock bits; None if it is

@@ -23,7 +23,7 @@ reports it exactly as if there were no fast path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -42,6 +42,7 @@ from gazette_consumer.message.framing import (
     framing_for_content_type,
 )
 from gazette_consumer.message.message import Envelope, EnvelopeBuilder, message_uuid
+from gazette_consumer.message.uuid import ProducerID
 from gazette_consumer.sequencer.types import SeqEnvelope
 
 MessageTypeFor = Callable[[pb.JournalSpec], type[Any]]
@@ -109,6 +110,10 @@ class ChunkDecoder:
             decoder, "decode_payloads", None
         )
         self._builder = EnvelopeBuilder(getattr(decoder, "uuid_of", message_uuid))
+        # Decodes payloads' UUIDs only, if the decoder can (see `feed_continuing`).
+        self._decode_uuids: Callable[[list[bytes]], Iterable[Any]] | None = (
+            getattr(decoder, "decode_uuids", None) if self._decode_payloads is not None else None
+        )
         self.lead_run: int | None = None
         """How many envelopes at the front of the last call's list form a run of one
         producer's OUTSIDE_TXN messages with rising clocks (`EnvelopeBuilder.lead_run`), for
@@ -136,6 +141,47 @@ class ChunkDecoder:
             if run is not None:
                 return self._decode_run(run)
         return self._decode(self._unpacker.feed(content, offset))
+
+    @property
+    def decodes_uuids(self) -> bool:
+        """True if `feed_continuing` can skip whole decodes (the decoder decodes UUIDs alone)."""
+        return self._decode_uuids is not None
+
+    def feed_continuing(
+        self, content: bytes, offset: int, producer: bytes, after_clock: int
+    ) -> tuple[int, int, int, int, list[Envelope[Any]]]:
+        """`feed`, for content expected to continue `producer`'s transaction past `after_clock`
+        (a span a reader only sequences, and delivers later from a replay): the frames at the
+        front that do (CONTINUE_TXN of `producer`, clocks rising: `EnvelopeBuilder.continuation`)
+        have their UUIDs decoded only, and are returned as a count, the first one's begin, the
+        last one's clock and end; the rest as `feed` returns them. (0, ..., `after_clock`, ...,
+        envelopes) when no frame does, or where the fast path does not apply.
+
+        A frame counted was not decoded whole: were it not decodable, the replay that delivers
+        it reports it (`MessageDecodeError`), or nothing does if its transaction rolls back,
+        as such a message is never delivered."""
+        if self.error is not None:
+            raise self.error
+        decode_uuids = self._decode_uuids
+        run = None
+        if decode_uuids is not None and offset == self._unpacker.offset:
+            run = self._unpacker.feed_run(content, offset)
+        if run is None:
+            return 0, offset, after_clock, offset, self.feed(content, offset)
+        assert decode_uuids is not None  # Else no run was taken.
+        self.lead_run = None
+        payloads, offsets = run.payloads, run.offsets
+        n, clock = self._builder.continuation(
+            decode_uuids(payloads), ProducerID(producer), after_clock
+        )
+        begin, end = offsets[0], offsets[n]
+        if n:
+            self.through = end
+        if n == len(payloads):
+            return n, begin, clock, end, []
+        if n:
+            run = FrameRun(payloads[n:], offsets[n:], run.source[end - begin :])
+        return n, begin, clock, end, self._decode_run(run)
 
     def flush(self) -> list[Envelope[Any]]:
         """End of input: report (log) a frame left incomplete. Returns envelopes, if any."""

@@ -178,11 +178,17 @@ class SequencerDequeuing(SequencerState[E]):
             return []
         partial, producer, replay = emit.partial, emit.producer, emit.replay
         min_clock, max_clock = partial.min_clock, partial.max_clock
+        # A replay that can hand over a run at once (read_iter's `Replay.take`) does, rather
+        # than one `__next__` (a Python call) per envelope.
+        take = getattr(replay, "take", None)
+        envs: list[E] = take(limit) if take is not None else list(islice(replay, limit))
+        r = emit.replay_range
+        assert r is not None  # Set together with emit.replay.
+        journal, lowest, highest = r.journal, r.begin, r.end
         out: list[E] = []
-        taken = 0
-        for env in islice(replay, limit):
-            taken += 1
-            self._check_replayed(emit, env)
+        for env in envs:
+            if env.begin < lowest or env.end > highest or env.journal != journal:
+                self._check_replayed(emit, env)  # Raises ReplayMismatchError, naming why.
             # As _next_committed: other producers' messages, duplicates and clocks the commit
             # rolls back are skipped, and zero clocks (min_clock is never negative).
             if min_clock < env.clock <= max_clock and (
@@ -190,7 +196,7 @@ class SequencerDequeuing(SequencerState[E]):
             ):
                 out.append(env)
                 min_clock = env.clock
-        if taken < limit:
+        if len(envs) < limit:
             emit.replay = None  # Ended: the ring's part follows.
         if out:
             last = out[-1]
@@ -267,6 +273,15 @@ class SequencerDequeuing(SequencerState[E]):
                 for (journal, producer), p in self._partials.items()
             },
         )
+
+    def pending_begin(self, journal: str, at_least: int = 0) -> int | None:
+        """The offset at which the earliest pending span of `journal` that began at or after
+        `at_least` began (a replay of it reads from there), or None if there is none."""
+        at_least = max(at_least, 0)  # A partial without a pending span has begin -1.
+        begins = [
+            p.begin for (j, _), p in self._partials.items() if p.begin >= at_least and j == journal
+        ]
+        return min(begins, default=None)
 
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a pending span began at or after the given per-journal offsets.

@@ -259,6 +259,47 @@ class SequencerFastPaths(SequencerQueueing[E]):
                 return env
         return None
 
+    def unlinked_span_clock(self, journal: str, producer: bytes) -> int | None:
+        """The largest clock of `producer`'s pending span in `journal` if that span links
+        nothing (it lost its start, was predicted long or restored: its ACK replays it whole),
+        else None. Messages continuing it past that clock are only counted
+        (`skip_continuation`): a reader may decode no more of them than their UUIDs."""
+        partial = self._partials.get((journal, producer))
+        if (
+            self._emit is not None
+            or partial is None
+            or partial.begin == -1
+            or partial.ring_start != -1
+        ):
+            return None
+        return partial.max_clock
+
+    def skip_continuation(
+        self, journal: str, producer: bytes, count: int, begin: int, clock: int, end: int
+    ) -> bool:
+        """Queue `count` messages of `journal` from offset `begin` to `end`, that continue
+        `producer`'s unlinked span (see `unlinked_span_clock`): CONTINUE_TXN messages of
+        `producer`, clocks rising from above the span's largest to `clock`, offsets rising.
+        Leaves the Sequencer as `queue_trusted` of each would (they are counted, not linked),
+        without the envelopes; False, changing nothing, if the span is not (or no longer)
+        unlinked, or `begin` is before the journal's read-through offset. Trusts the rest, as
+        `queue_trusted` trusts an envelope: the caller read it from the messages' UUIDs."""
+        if count < 1 or self.unlinked_span_clock(journal, producer) is None:
+            return False
+        read_through = self._read_through
+        if begin < read_through.get(journal, 0):
+            return False  # queue_trusted raises OffsetRegressionError.
+        partial = self._partials[(journal, producer)]
+        # As queue_trusted does for the first (the head slot is then free for the others).
+        ring = self._ring
+        if ring.owners[ring.head] is not None:
+            ring.evict_at_head()
+        partial.unlinked += count
+        partial.max_clock = clock
+        read_through[journal] = end
+        self._dequeued = None
+        return True
+
     def _commit_span_inline(self, ack: E, partial: Partial | None) -> bool:
         """Queue `ack`, the ACK of `partial`'s span whose messages were just linked, if it
         commits that span from the ring (what _classify calls ACK_COMMIT_RING), as

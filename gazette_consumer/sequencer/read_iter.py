@@ -31,10 +31,12 @@ Signature::
                       framing: Framing | None = None,
                       registry: StoreRegistry | None = None,
                       message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
-                      on_idle: Callable[[], None] | None = None)
+                      on_idle: Callable[[], None] | None = None,
+                      replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
-    in_sequence: bool               replays: int                       sources: Mapping[str, int]
+    in_sequence: bool               replays: int    replays_from_memory: int
+    sources: Mapping[str, int]
     async close()                   (also an async context manager)
 
 One background reader per source journal (a blocking `RetryReader`, all in one TaskGroup
@@ -44,7 +46,15 @@ all. The caller's task decodes each chunk as it takes it (a piece of it at a tim
 messages in per-producer order, without head-of-line blocking between producers. ACK messages
 are consumed, never returned. Messages without a UUID are returned as they are read
 (at-least-once). When an ACK commits a span that left the ring, the span is replayed from its
-journal by a separate bounded read (`replay.py`).
+journal by a separate bounded read (`replay.py`); or, if the iterator still holds the range's
+chunks (it keeps each journal's from its earliest pending span on, at most
+`replay_retained_bytes_max` bytes of them: `retained.py`), decoded again from memory.
+Such a span links nothing in the ring (`Sequencer.unlinked_span_clock`), so where a decoded
+piece continues it (a piece after one that ended inside it), the messages at the piece's front
+that do are decoded for their UUIDs only and counted (`ChunkDecoder.feed_continuing`,
+`Sequencer.skip_continuation`): each message of a long transaction is decoded whole once, by
+its replay. (A message so counted that does not decode whole is reported by the replay, or
+never if its transaction rolls back.)
 
 Chunks wait in the channel as bytes and are decoded only when their messages are needed (see
 DECODE_PIECE_BYTES), so that decoded messages live from their decoding to their return, not
@@ -102,7 +112,10 @@ from gazette_consumer.sequencer.decode import MessageTypeSource
 from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offsets
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
-from gazette_consumer.sequencer.replay import Replay, replay_request
+from gazette_consumer.sequencer.replay import Replay
+from gazette_consumer.sequencer.replays import Replays
+from gazette_consumer.sequencer.retained import REPLAY_RETAINED_BYTES_MAX_DEFAULT
+from gazette_consumer.sequencer.ring import invariant
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
@@ -188,6 +201,7 @@ class ReadCommittedIter:
         registry: StoreRegistry | None = None,
         message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
         on_idle: Callable[[], None] | None = None,
+        replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
     ) -> None:
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(
@@ -224,6 +238,11 @@ class ReadCommittedIter:
         self._chunk: Chunk | None = None  # Taken from the channel, not wholly decoded yet.
         self._chunk_lead_run: int | None = None  # Of the piece decoded last (_decode_piece).
         self._replay: Replay | None = None
+        # Per journal, the producer of the CONTINUE_TXN message that ended its last decoded
+        # piece: the next piece may continue its transaction (see `_decode_piece`).
+        self._continuing: dict[str, bytes] = {}
+        # Where replays read from: the content kept for them, or the broker.
+        self._replays = Replays(self._read_ahead, replay_retained_bytes_max)
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
         # follows in its sequence, for checkpoints taken while it is held (None only while
@@ -245,8 +264,16 @@ class ReadCommittedIter:
         self._span_runs = True
         self._closed = False
         self._on_idle = on_idle
-        self.replays = 0
+
+    @property
+    def replays(self) -> int:
         """Committed spans replayed from their journal because they had left the ring."""
+        return self._replays.count
+
+    @property
+    def replays_from_memory(self) -> int:
+        """Of `replays`, those served from the content kept (`replay_retained_bytes_max`)."""
+        return self._replays.from_memory
 
     @property
     def sources(self) -> Mapping[str, int]:
@@ -461,31 +488,41 @@ class ReadCommittedIter:
             chunk = self._chunk = self._channel.get_nowait()
             if chunk is None:
                 return None
-        decoder, at = chunk.decoder, chunk.at
+            if self._replays.retained_bytes_max:
+                self._replays.retain(chunk, self._seq)
+        decoder, at, journal = chunk.decoder, chunk.at, chunk.journal
         piece = chunk.content[at : at + DECODE_PIECE_BYTES]
         chunk.at = at + len(piece)
         if chunk.at == len(chunk.content):
             self._chunk = None
-        envs = decoder.feed(piece, chunk.offset + at)
-        self._chunk_through = (chunk.journal, decoder.through)
+        offset = chunk.offset + at
+        producer = self._continuing.get(journal)
+        after = None if producer is None else self._seq.unlinked_span_clock(journal, producer)
+        if after is None:
+            envs = decoder.feed(piece, offset)
+        else:
+            # The piece likely continues a transaction that is only counted now and replayed
+            # whole at its ACK: its messages there are decoded for their UUIDs only.
+            assert producer is not None
+            n, begin, clock, end, envs = decoder.feed_continuing(piece, offset, producer, after)
+            if n:
+                skipped = self._seq.skip_continuation(journal, producer, n, begin, clock, end)
+                # unlinked_span_clock said the span takes them; else they would be lost.
+                invariant(skipped, "a span's continuation was declined")
+        if envs:
+            last = envs[-1]
+            if last.flags == FLAG_CONTINUE_TXN and decoder.decodes_uuids:
+                self._continuing[journal] = last.producer
+            elif producer is not None:
+                del self._continuing[journal]
+        self._chunk_through = (journal, decoder.through)
         self._decode_error = decoder.error
         self._chunk_lead_run = decoder.lead_run
         return envs
 
     def _start_replay(self, env: Envelope[Any]) -> None:
         """Serve the replay the Sequencer asks for, to commit the span `env` (an ACK) ends."""
-        seq = self._seq
-        required = seq.replay_required
-        assert required is not None  # Asked for by the caller.
-        read_ahead = self._read_ahead
-        # The replayed producer's last delivered clock: the Replay keeps only later ones.
-        last_ack = seq.checkpoint().producers[JournalProducer(env.journal, env.producer)].last_ack
-        decoder = read_ahead.new_decoder(read_ahead.specs[required.journal], required.begin)
-        reader = read_ahead.new_reader(replay_request(required))
-        replay = Replay(required, env.producer, last_ack, env.clock, reader, decoder)
-        seq.replay(replay)
-        self._replay = replay
-        self.replays += 1
+        self._replay = self._replays.start(self._seq, env)
 
     def __aiter__(self) -> AsyncIterator[Envelope[Any]]:
         return self
@@ -555,6 +592,7 @@ class ReadCommittedIter:
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
+        self._replays.clear()
         self._channel.wake()
         await self._read_ahead.stop()
         replay, self._replay = self._replay, None

@@ -19,6 +19,9 @@ decoded and not yet returned are then a few dozen, which die young, where a whol
 (hundreds) would outlive collections of the young generation, be promoted, and soon cost
 collections of the whole heap (measured: a shard reading transactions longer than the ring
 spent ~20% of its time in the garbage collector).
+
+A range the reader still keeps in memory (`RetainedContent`, retained.py) is replayed from the
+chunks kept, synchronously: no read, no await (`fill_nowait` serves the whole replay).
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ REPLAY_PIECE_BYTES: Final = 16 << 10
 class Replay(Iterator[Envelope[Any]]):
     """The envelopes of one replayed span, read from `reader` by `fill()` and handed to the
     Sequencer through iteration. Call order: `holds(n)`, else `fill(n)`, before n steps of the
-    Sequencer, which iterates; once exhausted the reader is closed."""
+    Sequencer, which iterates; once exhausted the reader is closed.
+
+    `reader` reads the range from the journal; or `retained` holds it all already, as
+    `RetainedContent.pieces` gives it (`reader` is then None, and unused)."""
 
     def __init__(
         self,
@@ -48,8 +54,9 @@ class Replay(Iterator[Envelope[Any]]):
         producer: bytes,
         last_ack: int,
         ack_clock: int,
-        reader: RetryReader,
+        reader: RetryReader | None,
         decoder: ChunkDecoder,
+        retained: list[tuple[bytes, int, int, int]] | None = None,
     ) -> None:
         self.required = required
         self._producer = producer
@@ -58,10 +65,17 @@ class Replay(Iterator[Envelope[Any]]):
         self._reader = reader
         self._decoder = decoder
         self._kept: deque[Envelope[Any]] = deque()
-        # The chunk being decoded, its offset, and the index of its next piece in it.
+        # The chunk being decoded, its offset, the index of its next piece in it, and where
+        # its part of the range stops.
         self._content = b""
         self._offset = 0
         self._at = 0
+        self._stop = 0
+        if reader is None and retained is None:
+            raise ValueError("replay: a reader or the retained content is required")
+        self._retained = None if retained is None else iter(retained)
+        self.from_memory = retained is not None
+        """Served from the content the reader kept (no read)."""
         self.exhausted = False
         """The whole range was read (and the reader closed)."""
 
@@ -81,15 +95,38 @@ class Replay(Iterator[Envelope[Any]]):
             raise StopIteration
         return self._kept.popleft()
 
+    def take(self, count: int) -> list[Envelope[Any]]:
+        """The next `count` envelopes at once, as `count` iterations would return them (fewer
+        only where the replay ended): what `Sequencer.dequeue_replayed` takes a run with."""
+        kept = self._kept
+        if len(kept) < count and not self.exhausted:
+            raise AssertionError("replay iterated while it needs I/O (step() before fill())")
+        out = list(kept)
+        kept.clear()
+        if len(out) > count:
+            kept.extend(out[count:])
+            del out[count:]
+        return out
+
     def fill_nowait(self, count: int) -> bool:
         """Decode on through the chunk already read, a piece at a time, until `holds(count)`;
         no read. Returns `holds(count)`. What spares a reader a turn of its caller's event
         loop (an await of `fill`) for every piece: only a chunk read needs one."""
         while not self.holds(count):
             content, at = self._content, self._at
-            if at >= len(content):
-                return False
-            piece = content[at : at + REPLAY_PIECE_BYTES]
+            if at >= self._stop:
+                retained = self._retained
+                if retained is None:
+                    return False
+                kept = next(retained, None)
+                if kept is None:  # The whole range was decoded: as a read's end, in fill().
+                    self._retained = None
+                    self._keep_decoded(self._decoder.flush())
+                    self.exhausted = True
+                else:
+                    self._content, self._offset, self._at, self._stop = kept
+                continue
+            piece = content[at : min(at + REPLAY_PIECE_BYTES, self._stop)]
             self._at = at + len(piece)
             self._keep_decoded(self._decoder.feed(piece, self._offset + at))
         return True
@@ -98,31 +135,48 @@ class Replay(Iterator[Envelope[Any]]):
         """Decode and read on until `holds(count)`. Cancellation-safe: a chunk is kept as
         soon as its read returns, with no await in between."""
         while not self.fill_nowait(count):
-            chunk = await self._reader.read_chunk()
+            reader = self._reader
+            assert reader is not None  # Else fill_nowait serves the whole range.
+            chunk = await reader.read_chunk()
             if chunk.content:
-                self._content, self._offset, self._at = chunk.content, chunk.offset, 0
+                content = chunk.content
+                self._content, self._offset, self._at = content, chunk.offset, 0
+                self._stop = len(content)
                 continue  # Decoded a piece at a time, by fill_nowait.
             self._keep_decoded(self._decoder.flush())
             self.exhausted = True
-            await self._reader.close()
+            await reader.close()
 
     def _keep_decoded(self, envelopes: list[Envelope[Any]]) -> None:
         self._keep(envelopes)
         if self._decoder.error is not None:
-            # The span's messages were decodable when first read: content has changed, or
-            # the reader's message type differs. Either way exactly-once cannot go on.
+            # A message of the span does not decode as the reader's message type: one that
+            # was only counted when first read (its UUID decoded alone: see
+            # ChunkDecoder.feed_continuing), or content that changed. Exactly-once cannot go
+            # past it: the error reaches the caller, within the transaction's messages.
             raise self._decoder.error
 
     def _keep(self, envelopes: list[Envelope[Any]]) -> None:
-        producer = self._producer
+        # Locals in the loop, which runs per replayed message.
+        producer, last_kept, ack_clock, append = (
+            self._producer,
+            self._last_kept,
+            self._ack_clock,
+            self._kept.append,
+        )
         for env in envelopes:
-            if env.producer != producer or not self._last_kept < env.clock <= self._ack_clock:
-                continue  # Other producers, duplicates, rolled-back or zero-clock messages.
-            self._kept.append(env)
-            self._last_kept = env.clock
+            clock = env.clock
+            if last_kept < clock <= ack_clock and (
+                env.producer is producer or env.producer == producer
+            ):
+                append(env)
+                last_kept = clock
+            # Else another producer's, a duplicate, rolled back or a zero clock: not kept.
+        self._last_kept = last_kept
 
     async def close(self) -> None:
-        await self._reader.close()
+        if self._reader is not None:
+            await self._reader.close()
 
 
 def replay_request(required: ReplayRequired) -> pb.ReadRequest:

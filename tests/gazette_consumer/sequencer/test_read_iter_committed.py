@@ -32,6 +32,7 @@ from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message import Envelope, FixedFraming
 from gazette_consumer.sequencer import JournalProducer, ProducerState, SequencerCheckpoint
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter, ReadIterClosedError
+from gazette_consumer.sequencer.retained import REPLAY_RETAINED_BYTES_MAX_DEFAULT
 
 TIMEOUT_S = 60.0
 
@@ -130,7 +131,12 @@ def transaction(producer: bytes, first: int, count: int, prefix: str) -> list[Ms
     return [msg(producer, first + i, CONTINUE, f"{prefix}{i}") for i in range(count)]  # type: ignore[arg-type]
 
 
-async def test_a_span_longer_than_the_ring_is_replayed_across_many_chunks() -> None:
+@pytest.mark.parametrize("retained_max", [0, REPLAY_RETAINED_BYTES_MAX_DEFAULT])
+async def test_a_span_longer_than_the_ring_is_replayed_across_many_chunks(
+    retained_max: int,
+) -> None:
+    """Replayed by a read of the broker (nothing kept: `replay_retained_bytes_max` 0), or from
+    the chunks the iterator kept (no read: the replay never waits)."""
     async with broker_env() as env:
         journal = await env.journal("t/replay")
         filler = "z" * 150  # ~230-byte messages: the span spans several 128 KiB chunks.
@@ -141,10 +147,17 @@ async def test_a_span_longer_than_the_ring_is_replayed_across_many_chunks() -> N
         await env.append_messages(journal, [others[1], *span[700:], others[2]])
         await env.append_messages(journal, [msg(P1, 5000, ACK), msg(MARKER, 1, OUTSIDE, "m")])
 
-        it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, ring_size=4)
+        it = ReadCommittedIter(
+            env.client,
+            {journal: 0},
+            message_type=Msg,
+            ring_size=4,
+            replay_retained_bytes_max=retained_max,
+        )
         got: list[str] = []
         in_sequence: list[bool] = []
         mid_span: list[tuple[int, SequencerCheckpoint]] = []  # Taken where a replay read waits.
+        taken: list[tuple[int, SequencerCheckpoint]] = []
         async with asyncio.timeout(TIMEOUT_S):
             while "m" not in got:
                 # As a transaction loop: drain what is at hand, then wait (the span's replay
@@ -156,13 +169,19 @@ async def test_a_span_longer_than_the_ring_is_replayed_across_many_chunks() -> N
                     env_ = await it.next()
                 got.append(env_.message.text)
                 in_sequence.append(it.in_sequence)
+                if len(got) in (5, 900):  # Mid-span, where no read waits.
+                    taken.append((len(got), it.checkpoint()))
         assert got == ["o0", "o1", "o2", *[m.text for m in span], "m"]
         assert it.replays == 1
+        assert it.replays_from_memory == (1 if retained_max else 0)
         # A transaction may close after o0..o2, the span's last message and the marker only.
         assert in_sequence == [False] * 3 + [True] * (len(span) - 1) + [False, False]
         await it.close()
 
         # Checkpoints taken mid-span (by a reader that would not commit them) are exact too.
+        if retained_max:
+            assert not mid_span  # Served from memory: nothing to wait for.
+            mid_span = taken
         assert mid_span
         for returned, checkpoint in mid_span[:2]:
             resumed = ReadCommittedIter(

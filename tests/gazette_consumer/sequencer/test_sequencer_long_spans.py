@@ -18,8 +18,11 @@ from gazette_consumer.sequencer import (
     FLAG_ACK_TXN,
     FLAG_CONTINUE_TXN,
     FLAG_OUTSIDE_TXN,
+    JournalProducer,
+    ProducerState,
     SeqEnvelope,
     Sequencer,
+    SequencerCheckpoint,
 )
 from tests.gazette_consumer.sequencer.test_sequencer_fast_path import (
     PRODUCERS,
@@ -286,3 +289,100 @@ def test_dequeue_replayed_takes_nothing_without_a_replay() -> None:
     assert seq.dequeue_replayed(5) == [a1]  # The replay ended: the ACK is the ring's.
     assert seq.dequeue() is a2_ack
     assert seq.dequeue() is None
+
+
+def continuation(envs: list[SeqEnvelope], producer: bytes, after_clock: int) -> int:
+    """How many envelopes at the front of `envs` continue `producer`'s span past
+    `after_clock`, as a reader's decoder counts them from their UUIDs
+    (`EnvelopeBuilder.continuation`): CONTINUE_TXN of `producer`, clocks rising."""
+    n, clock = 0, after_clock
+    for env in envs:
+        if env.flags != FLAG_CONTINUE_TXN or env.producer != producer or env.clock <= clock:
+            break
+        clock, n = env.clock, n + 1
+    return n
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    txns=st.lists(LONG_TXNS, min_size=1, max_size=6),
+    ring_size=st.one_of(st.integers(1, 8), st.integers(1, 128)),
+    batch=st.one_of(st.integers(1, 40), st.integers(40, 1000)),
+)
+def test_continuations_counted_from_uuids_match_the_general_path(
+    txns: list[LongTxn], ring_size: int, batch: int
+) -> None:
+    """As a reader decodes a piece that follows one ending inside a span the ring does not
+    link: the messages at its front that continue that span are only counted
+    (`skip_continuation`, from what `unlinked_span_clock` says), the rest go through the
+    reader's entry points. Deliveries, ring and producer states are the general path's after
+    every piece (other producers, re-sent messages, rollbacks and spans pending across)."""
+    with structlog.testing.capture_logs():
+        journals = long_journal(txns)
+        envs = journals[J]
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tail: SeqEnvelope | None = None  # The last envelope of the piece before.
+        for i in range(0, len(envs), batch):
+            piece = envs[i : i + batch]
+            after = None
+            if tail is not None and tail.flags == FLAG_CONTINUE_TXN:
+                after = tested.unlinked_span_clock(J, tail.producer)
+            if after is not None:
+                assert tail is not None
+                n = continuation(piece, tail.producer, after)
+                if n:
+                    event("a continuation counted")
+                    first, last = piece[0], piece[n - 1]
+                    assert tested.skip_continuation(
+                        J, tail.producer, n, first.begin, last.clock, last.end
+                    )
+                rest = piece[n:]
+            else:
+                rest = piece
+            expected = general(reference, journals, piece)
+            assert fast(tested, journals, rest) == expected
+            assert ring_state(tested) == ring_state(reference)
+            assert_same(reference, tested)
+            tail = piece[-1]
+
+
+def test_skip_continuation_declines_and_changes_nothing() -> None:
+    gen = Gen(J)
+    seq: Sequencer[SeqEnvelope] = Sequencer(2)
+    p, q = PRODUCERS[0], PRODUCERS[1]
+    for clock in range(10, 14):  # Three more than the ring: the span lost its start.
+        seq.queue_trusted(gen(p, clock, FLAG_CONTINUE_TXN))
+    assert seq.unlinked_span_clock(J, p) == 13
+    assert seq.unlinked_span_clock(J, q) is None  # No such producer.
+    before = (ring_state(seq), seq.checkpoint())
+    assert not seq.skip_continuation(J, q, 1, gen.offset, 20, gen.offset + 10)
+    assert not seq.skip_continuation(J, p, 1, 0, 20, 10)  # Before the read-through offset.
+    assert not seq.skip_continuation(J, p, 0, gen.offset, 20, gen.offset + 10)
+    assert (ring_state(seq), seq.checkpoint()) == before
+    seq.queue_trusted(gen(q, 5, FLAG_CONTINUE_TXN))  # Linked: the ring holds its start.
+    assert seq.unlinked_span_clock(J, q) is None
+    seq.queue_trusted(gen(p, 30, FLAG_ACK_TXN))  # Commits p's span, by a replay.
+    assert seq.unlinked_span_clock(J, p) is None  # Emitting: nothing is queued meanwhile.
+
+
+def test_skip_continuation_evicts_the_head_slot_as_queueing_the_first_would() -> None:
+    """The ring is full of another producer's span: queueing a message evicts its start (it
+    will be replayed), whether or not the message is linked; counting one does too."""
+    restored = SequencerCheckpoint(
+        read_through={J: 100}, producers={JournalProducer(J, PRODUCERS[0]): ProducerState(5, 0)}
+    )
+    seqs: list[Sequencer[SeqEnvelope]] = [Sequencer(2, restored), Sequencer(2, restored)]
+    gen = Gen(J)
+    gen.offset = 100
+    envs = [gen(PRODUCERS[1], 50 + i, FLAG_CONTINUE_TXN) for i in range(2)]
+    envs.append(gen(PRODUCERS[0], 10, FLAG_CONTINUE_TXN))  # Continues the restored span.
+    for seq in seqs:
+        seq.queue_trusted(envs[0])
+        seq.queue_trusted(envs[1])
+    reference, tested = seqs
+    reference.queue_trusted(envs[2])
+    assert tested.unlinked_span_clock(J, PRODUCERS[0]) == 5
+    assert tested.skip_continuation(J, PRODUCERS[0], 1, envs[2].begin, 10, envs[2].end)
+    assert ring_state(tested) == ring_state(reference)
+    assert tested._partials[(J, PRODUCERS[1])].long_spans  # Its start was evicted.
