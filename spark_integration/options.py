@@ -212,10 +212,20 @@ def content_type_option(options: Mapping[str, str]) -> str:
 
 
 def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
-    if streaming:
-        check_known(options, STREAM_WRITE_OPTIONS, "a streaming write")
-    else:
-        check_known(options, BATCH_WRITE_OPTIONS, "a batch write")
+    known, what = (
+        (STREAM_WRITE_OPTIONS, "a streaming write")
+        if streaming
+        else (BATCH_WRITE_OPTIONS, "a batch write")
+    )
+    if any(str(name).lower() == "path" for name in options):
+        # save(path) / start(path), as file sinks take: the journal is named otherwise.
+        raise GazetteOptionError(
+            "path",
+            "a write to journals takes no path: name the journal with option 'journal' (or"
+            " give rows a 'journal' column, or route them by keyColumn with selector); the"
+            f" options of {what} are: {', '.join(sorted(known))}",
+        )
+    check_known(options, known, what)
     broker = parse_broker(options)
     journal = get(options, "journal")
     if journal:
