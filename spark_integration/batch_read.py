@@ -15,13 +15,14 @@ the read's start. A partition that starts inside the range (not at the read's st
 what was open there from the `lookbackBytes` before it (range_start.py). Each partition
 delivers the committed messages within its own range: of a transaction spanning several, each
 delivers its part, the earlier ones looking ahead for its ACK (range_read.py). Partitions split
-a read without changing what it returns, within the look-back's bound: a transaction that
-began before the read's start and is still open more than `lookbackBytes` into a later
-partition has its messages there read (one partition alone cannot tell when it began).
+a read without changing what it returns: a later partition's look-back cannot tell whether a
+transaction began before the read's start, so the driver finds the transactions open there
+once, and tells the later partitions (origin_open.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from spark_integration.journal_io import GazetteJournalError
 from spark_integration.offset_by_time import offset_at_time
 from spark_integration.offsets import from_json
 from spark_integration.options import GazetteOptionError
+from spark_integration.origin_open import OpenAtOrigin, at_start, open_at_origin
 from spark_integration.range_read import CommittedRange, read_uncommitted
 from spark_integration.range_start import check_boundary, start_checkpoint
 from spark_integration.read_options import Position, ReadOptions
@@ -78,6 +80,8 @@ class JournalRange(InputPartition):  # type: ignore[misc]
     # Where the journal's read ends: transactions pending at `end` are resolved by looking
     # ahead up to it (0: no look-ahead).
     read_end: int = 0
+    # Read-committed, a later partition: the transactions open at `origin` (origin_open.py).
+    open_at_origin: tuple[OpenAtOrigin, ...] = ()
 
 
 async def _position(
@@ -146,8 +150,35 @@ async def plan_ranges(ctx: ReadContext, filters: Sequence[Filter] = ()) -> list[
     target = target_bytes(total, opts.max_partition_bytes, opts.min_partitions)
     ranges = []
     for info, begin, end in spans:
-        ranges.extend(journal_ranges(info, begin, end, target, opts.lookback_bytes))
+        parts = journal_ranges(info, begin, end, target, opts.lookback_bytes)
+        if opts.committed and len(parts) > 1 and begin > info.fragments.begin:
+            parts = await _with_open_at_origin(ctx, info, parts, begin, end)
+        ranges.extend(parts)
     return ranges
+
+
+async def _with_open_at_origin(
+    ctx: ReadContext, info: JournalInfo, parts: list[JournalRange], begin: int, end: int
+) -> list[JournalRange]:
+    """The partitions after the first, told which transactions are open at the read's origin
+    `begin` (origin_open.py)."""
+    opts = ctx.opts
+    floor = info.fragments.begin
+    source = ctx.source(
+        info.name, info.fragments.overlapping(max(floor, begin - opts.lookback_bytes - 1), end)
+    )
+    open_txns = await open_at_origin(
+        source,
+        begin,
+        end,
+        lookback=opts.lookback_bytes,
+        ring_size=opts.ring_size,
+        floor=floor,
+        new_decoder=decoder_factory(info.content_type, opts.protobuf_class),
+    )
+    if not open_txns:
+        return parts
+    return [parts[0], *(dataclasses.replace(p, open_at_origin=open_txns) for p in parts[1:])]
 
 
 def batch_builder(opts: ReadOptions, schema: StructType, part: JournalRange) -> RecordBatchBuilder:
@@ -199,6 +230,7 @@ async def committed_range(ctx: ReadContext, part: JournalRange) -> CommittedRang
             floor=part.floor,
             new_decoder=new_decoder,
         )
+        checkpoint = at_start(checkpoint, part.journal, part.begin, part.open_at_origin)
     return CommittedRange(
         source,
         part.begin,

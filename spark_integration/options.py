@@ -19,8 +19,9 @@ Writes:
                 decimal text: routing.py)
     mapping     modulo (default: Gazette's ModuloMapping, FNV-1a of the key modulo the
                 journals sorted by name) or rendezvous
-    contentType application/x-ndjson, the only one written (CSV and protobuf journals are
-                read-only here)
+    contentType application/x-ndjson or text/csv; each journal's content-type label must
+                agree (or is taken as this, if it has none). Messages are framed as the
+                label says (write_framing.py); protobuf journals are read-only here
 Streaming writes also accept the options Spark itself passes on (checkpointLocation,
 queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
@@ -42,6 +43,8 @@ OFFSET_MAX: Final = (1 << 63) - 1
 # Journals one source reads or writes.
 journals_max: Final = 10_000
 MAPPINGS: Final = ("modulo", "rendezvous")
+# What writes frame messages as (write_framing.py), each journal as its content-type label says.
+WRITABLE_CONTENT_TYPES: Final = (labels.CONTENT_TYPE_JSON_LINES, labels.CONTENT_TYPE_CSV)
 CONTENT_TYPES: Final = (
     labels.CONTENT_TYPE_JSON_LINES,
     labels.CONTENT_TYPE_CSV,
@@ -209,10 +212,20 @@ def content_type_option(options: Mapping[str, str]) -> str:
 
 
 def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
-    if streaming:
-        check_known(options, STREAM_WRITE_OPTIONS, "a streaming write")
-    else:
-        check_known(options, BATCH_WRITE_OPTIONS, "a batch write")
+    known, what = (
+        (STREAM_WRITE_OPTIONS, "a streaming write")
+        if streaming
+        else (BATCH_WRITE_OPTIONS, "a batch write")
+    )
+    if any(str(name).lower() == "path" for name in options):
+        # save(path) / start(path), as file sinks take: the journal is named otherwise.
+        raise GazetteOptionError(
+            "path",
+            "a write to journals takes no path: name the journal with option 'journal' (or"
+            " give rows a 'journal' column, or route them by keyColumn with selector); the"
+            f" options of {what} are: {', '.join(sorted(known))}",
+        )
+    check_known(options, known, what)
     broker = parse_broker(options)
     journal = get(options, "journal")
     if journal:
@@ -234,11 +247,11 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
             "mapping", f"must be one of {', '.join(MAPPINGS)} (got {mapping!r})"
         )
     content_type = content_type_option(options)
-    if content_type and content_type != labels.CONTENT_TYPE_JSON_LINES:
+    if content_type and content_type not in WRITABLE_CONTENT_TYPES:
         raise GazetteOptionError(
             "contentType",
-            f"writes are {labels.CONTENT_TYPE_JSON_LINES} only; CSV and protobuf journals are"
-            " read-only here",
+            f"writes are {' or '.join(WRITABLE_CONTENT_TYPES)} (got {content_type!r}: protobuf"
+            " journals are read-only here, as rows carry no message class to encode them with)",
         )
     return WriteOptions(
         broker=broker,

@@ -30,35 +30,34 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
 from broker.client.appender import append
+from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import RegisterMismatchError
+from broker.protocol.status import JournalNotFoundError, RegisterMismatchError
 from gazette_consumer.message.json_framing import JSONFraming
 from gazette_consumer.message.uuid import Flag, ProducerID, build_uuid
 from spark_integration.arrow_json import (
     EncodedLines,
     check_sizes,
-    content_lines,
     lines_of,
-    object_bodies,
     uuid_suffixes,
 )
-from spark_integration.journal_io import run_with_client
+from spark_integration.journal_io import GazetteJournalError, run_with_client
 from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
 from spark_integration.routing import RowShape, route
 from spark_integration.rows import GazetteRowError
 from spark_integration.sink_task import TaskIdentity, check_not_stale, register_name
+from spark_integration.write_framing import WriteFraming, write_content_type
 
 # A journal's framed messages are appended once this many bytes are buffered; all buffers
 # together are flushed, largest first, once they hold `publish_buffers_bytes_max`.
@@ -84,6 +83,8 @@ class PublishedTxn(WriterCommitMessage):  # type: ignore[misc]
     rows: int
     acks: dict[str, bytes] = field(default_factory=dict)
     rollbacks: dict[str, bytes] = field(default_factory=dict)
+    # How each journal's messages are framed (what the driver's own ACKs must match).
+    framings: dict[str, WriteFraming] = field(default_factory=dict)
 
 
 def continue_uuid_text(producer: ProducerID, clock: int) -> str:
@@ -187,37 +188,77 @@ class _Buffers:
             await self.flush(journal)
 
 
-async def _roll_back(client: JournalClient, buffers: _Buffers, rollback: bytes) -> None:
+async def _roll_back(
+    client: JournalClient, buffers: _Buffers, rollback: bytes | Mapping[str, bytes]
+) -> None:
     """A failed task's rollbacks, in the journals it appended to, fenced as its appends were:
     once the micro-batch is resolved (a late failure of an attempt Spark gave up on), the
     driver has rolled it back, and a rollback now could reach a later micro-batch's messages
     of the same producer."""
     for journal, request in buffers.requests.items():
         try:
-            await append(client, request, rollback)
+            content = rollback if isinstance(rollback, bytes) else rollback[journal]
+            await append(client, request, content)
         except RegisterMismatchError:
             pass  # Resolved by the driver already.
         except Exception as err:  # The task's own error is what matters.
             _log.warning("gazette: rollback of a failed write task in %s failed: %s", journal, err)
 
 
-def encode_batch(
-    shape: RowShape, batch: pa.RecordBatch, producer: ProducerID, first_clock: int
+def encode_routes(
+    shape: RowShape,
+    batch: pa.RecordBatch,
+    routes: Sequence[tuple[str, pa.Array | None]],
+    producer: ProducerID,
+    first_clock: int,
+    framings: Mapping[str, WriteFraming],
 ) -> list[tuple[str, EncodedLines]]:
     """The framed CONTINUE_TXN messages of `batch`'s rows, numbered from `first_clock` in row
-    order, per journal they go to."""
+    order, per journal they go to (`routes`: routing.route's), framed as each journal's
+    framing says."""
     suffixes = uuid_suffixes(producer, first_clock, batch.num_rows, Flag.CONTINUE_TXN)
-    if shape.content_column:
-        lines = content_lines(batch.column("content"), suffixes)
-    else:
-        pieces = object_bodies(batch, shape.message_columns(batch.schema.names))
-        lines = pc.binary_join_element_wise(*pieces, suffixes, "")
     out = []
-    for journal, rows in route(shape, batch):
-        encoded = lines_of(lines if rows is None else lines.take(rows))
+    for journal, rows in routes:
+        part, part_suffixes = (
+            (batch, suffixes) if rows is None else (batch.take(rows), suffixes.take(rows))
+        )
+        encoded = lines_of(framings[journal].lines(shape, part, part_suffixes))
         check_sizes(encoded)
         out.append((journal, encoded))
     return out
+
+
+def encode_batch(
+    shape: RowShape,
+    batch: pa.RecordBatch,
+    producer: ProducerID,
+    first_clock: int,
+    content_types: Mapping[str, str] | None = None,
+) -> list[tuple[str, EncodedLines]]:
+    """`encode_routes` of `batch` routed by `shape`, in journals of `content_types` (by
+    default the shape's, and JSON lines for the others)."""
+    routes = route(shape, batch)
+    known = dict(shape.content_types) | dict(content_types or {})
+    framings = {
+        journal: WriteFraming.of(
+            journal,
+            known.get(journal, gl.CONTENT_TYPE_JSON_LINES),
+            shape,
+            batch.schema.names,
+        )
+        for journal, _ in routes
+    }
+    return encode_routes(shape, batch, routes, producer, first_clock, framings)
+
+
+async def journal_content_type(client: JournalClient, journal: str, wanted: str) -> str:
+    """The content-type a task writes `journal` with (write_framing.write_content_type), from
+    the journal's spec: for journals the driver could not know (a `journal` column's)."""
+    try:
+        spec = await get_journal(client, journal)
+    except JournalNotFoundError:
+        raise GazetteJournalError(f"journal {journal!r} does not exist") from None
+    return write_content_type(journal, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
 
 
 def batches_of_rows(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
@@ -242,31 +283,45 @@ async def publish_batches(
     """Publish the rows of `batches` as task `task`'s transaction, numbered from
     `base_clock`."""
     producer = task.producer()
-    framing = JSONFraming()
     buffers = _Buffers(client, task)
-    written: dict[str, None] = {}  # Journals published to, in first-publish order.
+    content_types = dict(shape.content_types)
+    # The framing of each journal published to, in first-publish order.
+    framings: dict[str, WriteFraming] = {}
     clock = base_clock
     try:
         for batch in batches:
             if not batch.num_rows:
                 continue
-            for journal, lines in encode_batch(shape, batch, producer, clock + 1):
-                written[journal] = None
+            routes = route(shape, batch)
+            for journal, _ in routes:
+                if journal in framings:
+                    continue
+                content_type = content_types.get(journal) or await journal_content_type(
+                    client, journal, shape.content_type
+                )
+                framings[journal] = WriteFraming.of(
+                    journal, content_type, shape, batch.schema.names
+                )
+            for journal, lines in encode_routes(
+                shape, batch, routes, producer, clock + 1, framings
+            ):
                 await buffers.add_lines(journal, lines)
             clock += batch.num_rows
         await buffers.flush_all()
     except BaseException:
-        await _roll_back(client, buffers, ack_message(framing, producer, base_clock))
+        await _roll_back(
+            client, buffers, {j: f.ack(producer, base_clock) for j, f in framings.items()}
+        )
         raise
-    rollback = ack_message(framing, producer, base_clock)
     return PublishedTxn(
         task=task,
         producer=producer.hex(),
         base_clock=base_clock,
         ack_clock=clock + 1,
         rows=clock - base_clock,
-        acks=dict.fromkeys(written, ack_message(framing, producer, clock + 1)),
-        rollbacks=dict.fromkeys(written, rollback),
+        acks={j: f.ack(producer, clock + 1) for j, f in framings.items()},
+        rollbacks={j: f.ack(producer, base_clock) for j, f in framings.items()},
+        framings=framings,
     )
 
 

@@ -45,7 +45,9 @@ RENDEZVOUS: Final = "rendezvous"
 class RowShape:
     """How rows map to messages: a "content" column of JSON, or every column (but a routing
     "journal" column); and to journals: option "journal", each row's "journal" column, or
-    `key_column` mapped over `key_journals` (sorted by name) by `mapping`."""
+    `key_column` mapped over `key_journals` (sorted by name) by `mapping`. `content_types`:
+    the content-type of each journal the driver resolved (write_framing.py; tasks look up
+    the others); `content_type`: option contentType ("" if not given)."""
 
     content_column: bool
     journal_column: bool
@@ -53,6 +55,8 @@ class RowShape:
     key_column: str = ""
     key_journals: tuple[str, ...] = ()
     mapping: str = MODULO
+    content_types: tuple[tuple[str, str], ...] = ()
+    content_type: str = ""
 
     def message_columns(self, names: Sequence[str]) -> list[str]:
         """The columns of a row that make its JSON object (when there is no content column)."""

@@ -50,8 +50,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import RegisterMismatchError
-from gazette_consumer.message.json_framing import JSONFraming
-from spark_integration.publish import PublishedTxn, ack_message, read_registers
+from spark_integration.publish import PublishedTxn, read_registers
 from spark_integration.sink_task import (
     REGISTER_PREFIX,
     GazetteSinkError,
@@ -60,6 +59,7 @@ from spark_integration.sink_task import (
     register_name,
     stale_register_s,
 )
+from spark_integration.write_framing import JSON_LINES, WriteFraming
 
 # Reads and conditional appends of one journal's commit, the first included, before giving up
 # with GazetteSinkError (each conflict means another driver of the query wrote meanwhile).
@@ -127,16 +127,25 @@ class BatchTxns:
         must exceed, its producers being used again."""
         return max(txn.ack_clock for txn in self.winners)
 
+    def framing(self, journal: str) -> WriteFraming:
+        """How the micro-batch's messages are framed in `journal` (JSON lines or CSV records
+        of a width: write_framing.py): the driver's own ACKs there must be framed alike."""
+        for txn in self.winners:
+            framing = txn.framings.get(journal)
+            if framing is not None:
+                return framing
+        return JSON_LINES
+
     def commit_content(self, journal: str) -> bytes:
         """The winners' ACKs in `journal`, and rollbacks of every failed attempt's producer."""
         acks = [txn.acks[journal] for txn in self.winners if journal in txn.acks]
-        return b"".join(acks) + self._loser_rollbacks()
+        return b"".join(acks) + self._loser_rollbacks(journal)
 
     def rollback_content(self, journal: str) -> bytes:
         rollbacks = [txn.rollbacks[journal] for txn in self.winners if journal in txn.rollbacks]
-        return b"".join(rollbacks) + self._loser_rollbacks()
+        return b"".join(rollbacks) + self._loser_rollbacks(journal)
 
-    def previous_run_rollbacks(self, current: SinkMark | None) -> bytes:
+    def previous_run_rollbacks(self, journal: str, current: SinkMark | None) -> bytes:
         """Rollbacks of what an earlier run that last resolved the journal (`current`) left
         open there: the micro-batch it published but did not commit when it died. An ACK at
         that run's high clock is not below any ACK it committed there, and below every clock
@@ -144,25 +153,22 @@ class BatchTxns:
         run's producer of each partition, which readers would otherwise remember forever."""
         if current is None or not current.run or current.run == self.run:
             return b""
-        framing = JSONFraming()
+        framing = self.framing(journal)
         partitions = sorted({txn.task.partition for txn in self.winners})
         return b"".join(
-            ack_message(
-                framing,
+            framing.ack(
                 TaskIdentity(self.query, current.run, current.batch, k, 0).producer(),
                 current.high_clock,
             )
             for k in partitions
         )
 
-    def _loser_rollbacks(self) -> bytes:
+    def _loser_rollbacks(self, journal: str) -> bytes:
         # An ACK at the base clock rolls back what any attempt of this micro-batch published
         # under the producer (sink_task.py). Appended in every journal of the micro-batch: an
         # attempt that died may have reached any of the journals its retry writes to.
-        framing = JSONFraming()
-        return b"".join(
-            ack_message(framing, loser.producer(), self.base_clock) for loser in self.losers
-        )
+        framing = self.framing(journal)
+        return b"".join(framing.ack(loser.producer(), self.base_clock) for loser in self.losers)
 
 
 def decide(current: SinkMark | None, txns: BatchTxns) -> Decision:
@@ -250,7 +256,7 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
             txns.commit_content(journal)
             if decision is Decision.COMMIT
             else txns.rollback_content(journal)
-        ) + txns.previous_run_rollbacks(current)
+        ) + txns.previous_run_rollbacks(journal, current)
         try:
             await append(client, _update_request(journal, registers, register, mark), content)
         except RegisterMismatchError:

@@ -40,18 +40,16 @@ from pyspark.sql.types import (
 
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
-from spark_integration.journal_io import (
-    GazetteJournalError,
-    check_json_lines,
-    resolve_journals,
-    run_with_client,
-)
+from spark_integration.journal_io import GazetteJournalError, resolve_journals, run_with_client
 from spark_integration.options import GazetteOptionError, WriteOptions
 from spark_integration.publish import PublishedTxn, append_acks, publish_partition
 from spark_integration.routing import RowShape
 from spark_integration.sink_commit import BatchTxns, abort_batch, commit_batch
+from spark_integration.write_framing import WriteFraming, write_content_type
 
 try:  # pyspark >= 4.1; before, a stream writer's tasks receive rows (publish.py takes both).
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -65,7 +63,8 @@ _KEY_TYPES = (StringType, BinaryType, LongType, IntegerType, ShortType, ByteType
 
 def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
     """Validate the DataFrame's schema against the options (on the driver, before any task);
-    list the journals rows are routed to by key."""
+    list the journals rows are routed to by key, and the content-type of every journal the
+    options name (write_framing.py: a journal that cannot be written is refused here)."""
     fields = {f.name: f for f in schema.fields}
     journal_column = not opts.journal and not opts.key_column
     if journal_column:
@@ -78,7 +77,7 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
             )
         if not isinstance(column.dataType, StringType):
             raise GazetteOptionError("journal", "the 'journal' column must be a string")
-    key_journals: tuple[str, ...] = ()
+    key_journals: tuple[tuple[str, str], ...] = ()
     if opts.key_column:
         key = fields.get(opts.key_column)
         if key is None:
@@ -94,24 +93,34 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
                 " strings, binary or integers",
             )
         key_journals = _key_journals(opts)
+    content_types = key_journals or _journal_content_type(opts)
     content = fields.get("content")
     content_column = content is not None and isinstance(content.dataType, StringType)
-    return RowShape(
+    shape = RowShape(
         content_column=content_column,
         journal_column=journal_column,
         journal=opts.journal,
         key_column=opts.key_column,
-        key_journals=key_journals,
+        key_journals=tuple(name for name, _ in key_journals),
         mapping=opts.mapping,
+        content_types=content_types,
+        content_type=opts.content_type,
     )
+    for journal, content_type in content_types:  # Refuse what tasks would refuse, now.
+        WriteFraming.of(journal, content_type, shape, schema.fieldNames())
+    return shape
 
 
-def _key_journals(opts: WriteOptions) -> tuple[str, ...]:
-    """The journals `opts.selector` matches, sorted by name; each one must hold JSON lines."""
+def _content_type(spec: pb.JournalSpec, wanted: str) -> str:
+    return write_content_type(spec.name, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
 
-    async def journals(client: JournalClient) -> tuple[str, ...]:
-        specs = await resolve_journals(client, (), opts.selector)
-        return tuple(spec.name for spec in specs)
+
+def _key_journals(opts: WriteOptions) -> tuple[tuple[str, str], ...]:
+    """The journals `opts.selector` matches, sorted by name, and their content-types."""
+
+    async def journals(client: JournalClient) -> tuple[tuple[str, str], ...]:
+        specs = await resolve_journals(client, (), opts.selector, check=False)
+        return tuple((spec.name, _content_type(spec, opts.content_type)) for spec in specs)
 
     names = run_with_client(opts.broker, journals)
     if not names:
@@ -119,17 +128,18 @@ def _key_journals(opts: WriteOptions) -> tuple[str, ...]:
     return names
 
 
-def _check_journal(opts: WriteOptions) -> None:
+def _journal_content_type(opts: WriteOptions) -> tuple[tuple[str, str], ...]:
+    """Option `journal` and its content-type (nothing without the option)."""
     if not opts.journal:
-        return
+        return ()
 
-    async def check(client: JournalClient) -> None:
+    async def check(client: JournalClient) -> str:
         try:
-            check_json_lines(await get_journal(client, opts.journal))
+            return _content_type(await get_journal(client, opts.journal), opts.content_type)
         except JournalNotFoundError:
             raise GazetteJournalError(f"journal {opts.journal!r} does not exist") from None
 
-    run_with_client(opts.broker, check)
+    return ((opts.journal, run_with_client(opts.broker, check)),)
 
 
 def _group(messages: Sequence[WriterCommitMessage | None], field: str) -> dict[str, list[bytes]]:
@@ -152,7 +162,6 @@ class GazetteBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         self.opts = opts
         self.shape = row_shape(opts, schema)
         self.base_clock = _base_clock()
-        _check_journal(opts)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         """Publish a task's rows: Arrow record batches, as Spark passes them, or rows."""
@@ -174,7 +183,6 @@ class GazetteStreamWriter(_StreamWriterBase):  # type: ignore[misc]
         self.opts = opts
         self.shape = row_shape(opts, schema)
         self.base_clock = _base_clock()
-        _check_journal(opts)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         return publish_partition(self.opts, self.shape, iterator, self.base_clock, streaming=True)

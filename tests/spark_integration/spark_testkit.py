@@ -50,8 +50,14 @@ def _run(coro: Any) -> Any:
 
 
 def create_journals(
-    broker: str, names: Sequence[str], *, content_type: str = labels.CONTENT_TYPE_JSON_LINES
+    broker: str,
+    names: Sequence[str],
+    *,
+    content_type: str = labels.CONTENT_TYPE_JSON_LINES,
+    stores: Sequence[str] = (),
 ) -> None:
+    """Create (or update) `names`; their fragments persist to `stores` (none: not persisted)."""
+
     async def apply() -> None:
         client = JournalClient(broker)
         try:
@@ -69,6 +75,7 @@ def create_journals(
                     fragment=pb.JournalSpec.Fragment(
                         length=1 << 20,
                         compression_codec=pb.NONE,
+                        stores=list(stores),
                         refresh_interval=Duration(seconds=1),
                     ),
                 )

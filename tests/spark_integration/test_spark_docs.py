@@ -1,12 +1,16 @@
 """docs/spark.md's examples run as written: every fenced python block marked `<!-- example -->`
 runs, in order and in one namespace (as a reader pastes them into one session), against a
-broker this test starts, and prints exactly the `text` block that follows it ("prints")."""
+broker process this test starts, and prints exactly the `text` block that follows it ("prints").
+The journals persist their fragments to a `file://` store; blocks marked
+`<!-- example: brokers stopped -->` run once the broker process has exited (it persists what it
+holds as it stops), so that they read nothing but the store."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,36 +29,61 @@ JOURNALS = [
     *(f"examples/by-key/part-{i}" for i in range(3)),
 ]
 _EXAMPLE = re.compile(
-    r"<!-- example -->\n```python\n(?P<code>.*?)```\n(?:\nprints\n\n```text\n(?P<out>.*?)```\n)?",
+    r"<!-- example(?P<stopped>: brokers stopped)? -->\n```python\n(?P<code>.*?)```\n"
+    r"(?:\nprints\n\n```text\n(?P<out>.*?)```\n)?",
     re.DOTALL,
 )
+# The store the journals persist to, as the broker names it (under its --file-root).
+STORE_PATH = "/frag/"
 
 
-def examples(text: str) -> list[tuple[str, str | None]]:
-    """(code, what it prints, or None) of each marked example, in order."""
-    return [(m["code"], m["out"]) for m in _EXAMPLE.finditer(text)]
+@dataclass(frozen=True)
+class Example:
+    code: str
+    out: str | None  # What it prints, if the page says.
+    brokers_stopped: bool  # To run with no broker alive.
+
+
+def examples(text: str) -> list[Example]:
+    """The marked examples, in order."""
+    return [Example(m["code"], m["out"], bool(m["stopped"])) for m in _EXAMPLE.finditer(text)]
 
 
 def test_every_marked_block_is_found() -> None:
     text = DOC.read_text()
     found = examples(text)
-    assert len(found) == text.count("<!-- example -->")  # None is malformed and skipped.
-    assert len(found) >= 8
-    assert sum(1 for _code, out in found if out is not None) >= 7
+    assert len(found) == text.count("<!-- example")  # None is malformed and skipped.
+    assert len(found) >= 9
+    assert sum(1 for e in found if e.out is not None) >= 8
+    stopped = [i for i, e in enumerate(found) if e.brokers_stopped]
+    # The fragment-store example, after every example that needs a broker.
+    assert stopped and stopped == list(range(stopped[0], len(found)))
 
 
 def test_docs_examples_run_as_written(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "broker").mkdir()
-    with broker_process(tmp_path / "broker") as port:
+    root = tmp_path / "broker"
+    (root / STORE_PATH.strip("/")).mkdir(parents=True)  # The broker never creates it.
+    monkeypatch.setenv("GAZETTE_STORE", f"file://{root}{STORE_PATH}")
+    namespace: dict[str, Any] = {"__name__": "docs_spark_md"}
+    found = examples(DOC.read_text())
+    with broker_process(root) as port:
         broker = f"127.0.0.1:{port}"
-        create_journals(broker, JOURNALS)
+        create_journals(broker, JOURNALS, stores=[f"file://{STORE_PATH}"])
         monkeypatch.setenv("GAZETTE_BROKER", broker)
-        namespace: dict[str, Any] = {"__name__": "docs_spark_md"}
-        for index, (code, expected) in enumerate(examples(DOC.read_text())):
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                exec(compile(code, f"docs/spark.md example {index}", "exec"), namespace)
-            if expected is not None:
-                assert printed.getvalue().rstrip() == expected.rstrip(), f"example {index}"
+        for index, example in enumerate(found):
+            if not example.brokers_stopped:
+                _run(example, index, namespace)
+    # The broker process has exited (SIGTERM, and waited for): nothing but the store is left.
+    for index, example in enumerate(found):
+        if example.brokers_stopped:
+            _run(example, index, namespace)
+
+
+def _run(example: Example, index: int, namespace: dict[str, Any]) -> None:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(example.code, f"docs/spark.md example {index}", "exec"), namespace)
+    if example.out is not None:
+        assert printed.getvalue().rstrip() == example.out.rstrip(), f"example {index}"
