@@ -344,16 +344,17 @@ class LeaderRole:
             if cursor.state is CursorState.ALIGNING and cursor.align_to.index < log.base.index:
                 cursor.state = CursorState.SNAPSHOTTING
             if cursor.state is CursorState.ALIGNING:
-                msg: object = Truncate(self.term, self.name, cursor.align_to)
+                msg: object = Truncate(self.term, self.name, cursor.align_to, log.head)
             else:
-                msg = Snapshot(self.term, self.name, log.base, self.commit_index)
+                msg = Snapshot(self.term, self.name, log.base, self.commit_index, log.head)
             self._send(cursor, msg, now)
             return
         while cursor.inflight < cursor.window:
             if cursor.last_pushed < log.base.index:
                 cursor.state = CursorState.SNAPSHOTTING
                 cursor.inflight = 0
-                self._send(cursor, Snapshot(self.term, self.name, log.base, self.commit_index), now)
+                snap = Snapshot(self.term, self.name, log.base, self.commit_index, log.head)
+                self._send(cursor, snap, now)
                 return
             entries = log.entries_after(
                 cursor.last_pushed, config.replicate_entries_max, config.replicate_bytes_max

@@ -9,6 +9,10 @@ in an append-only log file under its data directory and replays that file on res
   aligned_term  the term whose leader has aligned this log (Truncate or Snapshot): from then on,
                 in that term, the log is a prefix of the leader's log. A restarted follower
                 therefore needs no second truncation, and a re-delivered Truncate is a no-op.
+  aligned_head  the head of the leader that aligned this log, when it did (sent with Truncate
+                and Snapshot). A member back from a lost disk votes again only once it holds
+                it durably (Rules.may_vote): every entry it acknowledged before the loss that
+                counted toward a commit is in that leader's log at or below it.
   led_term      the last term this member led. Leading is once per term: a leader that
                 restarts has lost its unsynced entries, which followers may hold, so a
                 re-delivered BecomeLeader must not make it lead that term again.
@@ -30,13 +34,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from broker.quorum.entry import EMPTY_BASE, Entry, EntryId, LogBase, Registers
+from broker.quorum.entry import EMPTY_BASE, ORIGIN, Entry, EntryId, LogBase, Registers
 from broker.quorum.errors import (
     LogContiguityError,
     QuorumInvariantError,
     TruncateBelowCommitError,
 )
 from broker.quorum.log_change import (
+    AlignedHeadSet,
     AlignedTermSet,
     CommitSet,
     CompactedThrough,
@@ -54,6 +59,7 @@ class ReplicaLog:
     error having changed nothing."""
 
     __slots__ = (
+        "_aligned_head",
         "_aligned_term",
         "_entries",
         "_led_term",
@@ -73,6 +79,7 @@ class ReplicaLog:
         self.changes: list[LogChange] | None = None
         self._term = 0
         self._aligned_term = 0
+        self._aligned_head = ORIGIN
         self._led_term = 0
         self.commit_index = 0
         self.base: LogBase = EMPTY_BASE
@@ -109,6 +116,16 @@ class ReplicaLog:
         if term != self._aligned_term:
             self._aligned_term = term
             self._record(AlignedTermSet(term))
+
+    @property
+    def aligned_head(self) -> EntryId:
+        return self._aligned_head
+
+    @aligned_head.setter
+    def aligned_head(self, head: EntryId) -> None:
+        if head != self._aligned_head:
+            self._aligned_head = head
+            self._record(AlignedHeadSet(head))
 
     @property
     def led_term(self) -> int:

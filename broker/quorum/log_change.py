@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.quorum.entry import Entry, LogBase
+from broker.quorum.entry import Entry, EntryId, LogBase
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,13 @@ class AlignedTermSet:
 @dataclass(frozen=True, slots=True)
 class LedTermSet:
     term: int
+
+
+@dataclass(frozen=True, slots=True)
+class AlignedHeadSet:
+    """The head of the leader that aligned this log, when it did (ReplicaLog.aligned_head)."""
+
+    head: EntryId
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,7 @@ LogChange = (
     TermSet
     | AlignedTermSet
     | LedTermSet
+    | AlignedHeadSet
     | CommitSet
     | EntryAppended
     | TruncatedAfter

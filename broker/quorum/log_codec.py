@@ -19,12 +19,14 @@ Layout (integers little-endian)::
                                         registers (EntryAppended; entry.py)
     10    term, index, end u64 | registers                    the log replaced by a base
                                         with registers (ResetTo)
+    11    term, index u64               the aligning leader's head (AlignedHeadSet)
 
     registers  count u32 | count x (name_len u32 | name | value_len u32 | value), UTF-8
 
 Kinds 9 and 10 were added with registers: an entry (a base) without registers is still written
 as kind 5 (8), so files of journals that never use registers are unchanged, and files written
-before registers existed replay as they did.
+before registers existed replay as they did. Kind 11 was added with the lost-disk catch-up
+target (Rules.may_vote); files without it replay as before (the target is ORIGIN).
 
 The CRC32C covers body_len and the body. Records are only ever appended, so a crash can leave
 at most the last write incomplete: a *torn tail*, which `decode_log` reports by where the good
@@ -42,9 +44,10 @@ from typing import Final
 
 import google_crc32c
 
-from broker.quorum.entry import NO_REGISTERS, Entry, LogBase, Registers
+from broker.quorum.entry import NO_REGISTERS, Entry, EntryId, LogBase, Registers
 from broker.quorum.errors import LogFileCorruptError
 from broker.quorum.log_change import (
+    AlignedHeadSet,
     AlignedTermSet,
     CommitSet,
     CompactedThrough,
@@ -72,7 +75,8 @@ _BASE: Final = struct.Struct("<QQQ")
 _U32: Final = struct.Struct("<I")
 
 _TERM, _ALIGNED, _LED, _COMMIT, _ENTRY_KIND, _TRUNCATE, _COMPACT, _RESET = range(1, 9)
-_ENTRY_REGISTERS, _RESET_REGISTERS = 9, 10
+_ENTRY_REGISTERS, _RESET_REGISTERS, _ALIGNED_HEAD = 9, 10, 11
+_ENTRY_ID: Final = struct.Struct("<QQ")
 
 
 def _encode_registers(registers: Registers) -> bytes:
@@ -118,6 +122,8 @@ def encode_change(change: LogChange) -> bytes:
             body = bytes((_ALIGNED,)) + _U64.pack(change.term)
         case LedTermSet():
             body = bytes((_LED,)) + _U64.pack(change.term)
+        case AlignedHeadSet():
+            body = bytes((_ALIGNED_HEAD,)) + _ENTRY_ID.pack(change.head.term, change.head.index)
         case CommitSet():
             body = bytes((_COMMIT,)) + _U64.pack(change.index)
         case EntryAppended():
@@ -169,6 +175,10 @@ def _decode_body(body: bytes) -> LogChange | None:
                 return None
             term, index, end = _BASE.unpack_from(rest, 0)
             return ResetTo(LogBase(term, index, end, base_registers))
+        if kind == _ALIGNED_HEAD:
+            if len(rest) != _ENTRY_ID.size:
+                return None
+            return AlignedHeadSet(EntryId(*_ENTRY_ID.unpack(rest)))
         if len(rest) != _U64.size:
             return None
         (value,) = _U64.unpack(rest)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from broker.quorum.entry import ORIGIN
 from broker.quorum.log import ReplicaLog
 from broker.quorum.log_change import (
+    AlignedHeadSet,
     AlignedTermSet,
     CommitSet,
     CompactedThrough,
@@ -29,6 +31,8 @@ def apply_change(log: ReplicaLog, change: LogChange) -> None:
             log.aligned_term = change.term
         case LedTermSet():
             log.led_term = change.term
+        case AlignedHeadSet():
+            log.aligned_head = change.head
         case CommitSet():
             log.set_commit(change.index)
         case EntryAppended():
@@ -57,6 +61,8 @@ def snapshot(log: ReplicaLog) -> list[LogChange]:
         AlignedTermSet(log.aligned_term),
         LedTermSet(log.led_term),
     ]
+    if log.aligned_head != ORIGIN:
+        out.append(AlignedHeadSet(log.aligned_head))
     if log.base.index > 0:
         out.append(ResetTo(log.base))
     out.extend(EntryAppended(e) for e in log.entries)
@@ -69,6 +75,7 @@ def durable_state(log: ReplicaLog) -> tuple[object, ...]:
     return (
         log.term,
         log.aligned_term,
+        log.aligned_head,
         log.led_term,
         log.commit_index,
         log.base,

@@ -250,8 +250,11 @@ class Member:
                     f"{self.name}: truncation after {msg.to} is below commit {log.commit_index}"
                 )
             self.rules.align(log, msg.to.index)
+            log.aligned_head = msg.leader_head  # before the term: a torn write stays a non-voter
             log.aligned_term = msg.term
             log.sync()
+        else:
+            self._raise_aligned_head(msg.leader_head)
         self._follow(state, msg.leader)
         self._answer(msg.leader, ReplyStatus.OK)
 
@@ -314,7 +317,10 @@ class Member:
             else:
                 log.reset_to(base)  # its registers too
                 log.set_commit(base.index)
+            if log.aligned_term != msg.term:
+                log.aligned_head = msg.leader_head  # before the term, as in _on_truncate
             log.aligned_term = msg.term
+        self._raise_aligned_head(msg.leader_head)
         log.set_commit(msg.commit_index)
         self.stored_end = max(self.stored_end, base.end)
         self._follow(state, msg.leader)
@@ -339,19 +345,35 @@ class Member:
                 self._answer(leader, ReplyStatus.STALE)
             return False
         if term > self.log.term:
-            if self.lost_state and self.log.term == 0 and leader:
+            if self.lost_state and leader:
                 # Its log is new: it forgot the term it had joined, and the leader may think
-                # it aligned. Join the term (a non-voter: nothing to fence) and say so.
+                # it aligned. Join the term (a non-voter: nothing to fence) and say so. Also
+                # once it joined an earlier term this way: a deposed leader's message, late
+                # in the network, may have come first (simulation seed 1524).
                 self.state = next_state(self.state, Event.NEW_TERM)
                 self._step_down(term)
                 self._answer(leader, ReplyStatus.LOST)
                 return False
-            if self.lost_state and self.log.term == 0:
+            if self.lost_state:
                 return False  # a coordinator's, for a term it forgot: NewTerm comes again
             raise TermNotJoinedError(
                 f"{self.name}: a message of term {term}, but fenced only into {self.log.term}"
             )
         return True
+
+    def _raise_aligned_head(self, leader_head: EntryId) -> None:
+        """A later Truncate or Snapshot of the aligning term (a re-send) carries a later head
+        of the same leader: a member not yet voting again waits for that one too. It may be
+        the first to reach this log since the disk was lost (an earlier one was sent before
+        the loss and delivered late), and only a head sent after the loss covers every entry
+        acknowledged before it."""
+        log = self.log
+        if (
+            self.lost_state
+            and leader_head.term == log.aligned_term
+            and leader_head.index > log.aligned_head.index
+        ):
+            log.aligned_head = leader_head
 
     def _follow(self, state: ReplicaState, leader: str) -> None:
         self.state = state

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from broker.quorum.entry import Entry, EntryId, LogBase
+from broker.quorum.entry import ORIGIN, Entry, EntryId, LogBase
 
 # Destination meaning "every coordinator" (the shell fans out).
 COORDINATORS = "*coordinators*"
@@ -76,11 +76,14 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
-    """Drop every entry after `to` (which this follower holds) and follow the leader."""
+    """Drop every entry after `to` (which this follower holds) and follow the leader.
+    `leader_head`: the leader's head when it sent this; a follower back from a lost disk
+    votes again only once it holds it (Rules.may_vote)."""
 
     term: int
     leader: str
     to: EntryId
+    leader_head: EntryId = ORIGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +103,13 @@ class Replicate:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The entries this follower needs were compacted: drop its log and start after `base`,
-    whose content (and all before it) the snapshot store holds."""
+    whose content (and all before it) the snapshot store holds. `leader_head`: as Truncate's."""
 
     term: int
     leader: str
     base: LogBase
     commit_index: int
+    leader_head: EntryId = ORIGIN
 
 
 class ReplyStatus(enum.Enum):

@@ -34,17 +34,21 @@ class Rules:
         (its disk is new, yet it was in the ensemble) reports an empty head that says nothing
         of what it acknowledged before: counted, it and a lagging member could form a majority
         that elects the lagging one and loses committed entries. It votes again once it holds,
-        durably, an entry of the term whose leader aligned it: that leader held every entry
-        committed in earlier terms (the coordinator's rule), all before its barrier, so the
-        log then holds them too. Aligned alone is not enough: a Snapshot aligns a log at the
-        store's end, which may be short of what was committed (Raft's learner catching up).
+        durably, the head of the leader that aligned it, as that leader sent it
+        (`aligned_head`, recorded with the alignment). Every entry it acknowledged before the
+        loss that counted toward a commit is in that leader's log at or below that head: in
+        the same term, the leader sent it before the loss; in a later term, the leader holds
+        every committed entry (the coordinator's rule) and its head is past them.
+        An entry of the aligning term is not enough: a Snapshot aligns a log at the store's
+        end, which may be short of an entry this member acknowledged before the loss and the
+        leader counted (found by the simulation with compare-and-set appends). A head of
+        another term than the alignment's (a leader that does not send one, or a write torn
+        between the two) never makes it a voter: safe, a later alignment brings one.
         """
         if not lost_state:
             return True
-        synced_term = log.term_at(log.synced_index)
-        if synced_term is None:
-            synced_term = log.base.term
-        return 0 < log.aligned_term <= synced_term
+        target = log.aligned_head
+        return 0 < log.aligned_term == target.term and log.synced_index >= target.index
 
     def register_check_index(self, log: ReplicaLog) -> int:
         """The entry whose registers a leader checks an append against: its head, every entry

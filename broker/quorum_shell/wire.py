@@ -8,7 +8,8 @@ duplicates and reorders, so delivery is one unary call per message, fire and for
 are messages of their own.
 
 Encoding: JSON with a type tag per value and base64 for entry content. Fields added after
-format 1 (`_OPTIONAL_FIELDS`: the registers of entries and bases) are left out while they hold
+format 1 (`_OPTIONAL_FIELDS`: the registers of entries and bases, the leader's head on
+Truncate and Snapshot) are left out while they hold
 their default and filled with it when absent, so that brokers without them still decode what
 a journal without registers sends, and this one decodes theirs. Decoding accepts only
 the protocol's own value types (a fixed table: nothing is instantiated by name beyond it) and
@@ -77,7 +78,14 @@ MESSAGE_TYPES = (
 
 
 # (type, field) added after format 1: left out when at their default, defaulted when absent.
-_OPTIONAL_FIELDS = frozenset({("Entry", "registers"), ("LogBase", "registers")})
+_OPTIONAL_FIELDS = frozenset(
+    {
+        ("Entry", "registers"),
+        ("LogBase", "registers"),
+        ("Truncate", "leader_head"),
+        ("Snapshot", "leader_head"),
+    }
+)
 
 
 class WireDecodeError(ValueError):

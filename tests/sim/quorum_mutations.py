@@ -49,6 +49,22 @@ class LostDiskVotes(Rules):
         return True
 
 
+class VoteOnAlignedTermEntry(Rules):
+    """A member back from a lost disk votes again once it holds an entry of the term that
+    aligned it (part four's rule), not the aligning leader's head: a Snapshot below an entry
+    it acknowledged before the loss makes it a voter without that entry. Caught on the seeds
+    of `AlignedTermEntrySeeds` (tests/sim/test_quorum_sim_mutations.py), not in MUTATIONS:
+    the first of them is far into the 1,000."""
+
+    def may_vote(self, lost_state: bool, log: ReplicaLog) -> bool:
+        if not lost_state:
+            return True
+        synced_term = log.term_at(log.synced_index)
+        if synced_term is None:
+            synced_term = log.base.term
+        return 0 < log.aligned_term <= synced_term
+
+
 class CheckCommittedRegisters(Rules):
     """A leader checks an append's registers as of its commit index, not its head."""
 

@@ -7,7 +7,7 @@ import pytest
 
 from broker.quorum.rules import Rules
 from broker.quorum.sim import run_seed
-from tests.sim.quorum_mutations import MUTATIONS
+from tests.sim.quorum_mutations import MUTATIONS, VoteOnAlignedTermEntry
 from tests.sim.test_quorum_sim import SEEDS
 
 
@@ -29,3 +29,20 @@ def test_the_simulation_catches_the_mutation(mutation: type[Rules]) -> None:
         "one leader",
         "registers",
     ), result.violation
+
+
+# Seeds where a member back from a lost disk is aligned by a Snapshot below an entry it
+# acknowledged before the loss (found with compare-and-set appends in every seed).
+ALIGNED_BELOW_ACKNOWLEDGED_SEEDS = (187, 351)
+
+
+@pytest.mark.parametrize("seed", ALIGNED_BELOW_ACKNOWLEDGED_SEEDS)
+def test_voting_on_an_entry_of_the_aligning_term_loses_a_committed_entry(seed: int) -> None:
+    """Part four's rule loses a committed entry on these seeds; the aligning leader's head
+    (Rules.may_vote) does not."""
+    broken = run_seed(seed, rules=VoteOnAlignedTermEntry())
+    assert broken.violation is not None
+    assert broken.violation.invariant in ("leader completeness", "acknowledged append lost")
+    fixed = run_seed(seed)
+    assert fixed.ok, fixed.summary()
+    assert fixed.disk_losses > 0

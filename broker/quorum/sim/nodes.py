@@ -102,17 +102,14 @@ class MemberNode:
 
     @property
     def voter(self) -> bool:
-        """The judge's view (not the rules'): a member whose disk was wiped may not count in an
-        election until a leader has aligned its new log and brought it to the term."""
-        log = self.log
-        if not self.disk_lost:
-            return True
-        # Aligned in a term and holding an entry of it durably: its leader's barrier, after
-        # every entry committed before the term.
-        held = [e.term for e in log.entries if e.index <= log.synced_index]
-        synced_term = held[-1] if held else log.base.term
-        if 0 < log.aligned_term <= synced_term:
-            self.disk_lost = False  # caught up: a voter from now on, across restarts too
+        """Whether this member counts in an election, as its host knows it: a member whose
+        disk was wiped does not until its Member latches `voter` (Rules.may_vote); the host
+        then clears its lost mark, so it stays a voter across restarts (a broker's
+        `_clear_lost_mark`). While it is down, the mark alone says. The checker judges this
+        by its own rule: every quorum of voters must hold every committed entry."""
+        member = self.member
+        if self.disk_lost and member is not None and member.voter:
+            self.disk_lost = False
         return not self.disk_lost
 
     def crash(self, wipe: bool = False) -> None:

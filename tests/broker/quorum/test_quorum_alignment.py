@@ -64,7 +64,7 @@ def test_a_follower_keeps_shared_uncommitted_entries_and_drops_only_the_rest() -
     router.cut = watch
     leader.handle(BecomeLeader(3, "c0", ENSEMBLE, (resp,)), 0)
     router.run()
-    assert truncates == [Truncate(3, "m0", EntryId(1, 3))]
+    assert truncates == [Truncate(3, "m0", EntryId(1, 3), EntryId(3, 4))]  # its barrier: its head
     assert follower.state is ReplicaState.FOLLOWER
     assert follower.log.head == leader.log.head == EntryId(3, 4)
     assert follower.log.read(0, 3) == b"abc"

@@ -4,9 +4,11 @@ lagging member form a majority that elects the lagging one and drops committed e
 
 from __future__ import annotations
 
+from broker.quorum.entry import EntryId
 from broker.quorum.log import ReplicaLog
+from broker.quorum.log_replay import replay, snapshot
 from broker.quorum.member import Member
-from broker.quorum.messages import ReplyStatus
+from broker.quorum.messages import Replicate, ReplyStatus
 from broker.quorum.register import MemoryCasRegister, TermRecord
 from broker.quorum.rules import CORRECT_RULES, Rules
 from broker.quorum.states import ReplicaState
@@ -14,9 +16,11 @@ from tests.broker.quorum.quorum_testkit import (
     CONFIG,
     ENSEMBLE,
     Router,
+    cluster,
     coordinator,
     elect,
     make_log,
+    response_of,
 )
 from tests.sim.quorum_mutations import LostDiskVotes
 
@@ -116,3 +120,75 @@ def test_one_lost_disk_of_three_does_not_block() -> None:
     router.tick(80)
     assert _leaders(router) == ["m1"]
     assert router.coordinators["c0"].election_blocked is None
+
+
+def _snapshot_below_an_entry_it_acknowledged() -> tuple[dict[str, Member], Router, EntryId]:
+    """m2 acknowledged X (m0 commits X with it, m1 lagging), loses its disk, and m0 (which
+    compacted below X) aligns m2's new log by a Snapshot whose base is below X; every
+    Replicate carrying entries to m2 is lost. m2 then holds an entry of the aligning term
+    (m0's barrier) but not X: m0 is the only one holding X durably."""
+    members = cluster()
+    router = elect(members, "m0", 1)
+    m0 = members["m0"]
+    for i in range(6):  # 6 x 100 bytes: past compact_at_fraction of log_bytes_max
+        m0.append(bytes([65 + i]) * 100, i, router.now)
+        m0.sync(router.now)
+        router.run()
+    stored = m0.log.head_end
+    router.cut = lambda src, dst, msg: "m1" in (src, dst)  # m1 lags from here
+    m0.append(b"X" * 100, "x", router.now)
+    m0.sync(router.now)
+    router.run()
+    x = m0.log.head
+    assert m0.log.commit_index == x.index and members["m2"].log.has(x)
+    m0.on_stored(stored)  # the store holds everything before X: m0 compacts below X
+    assert m0.log.base.index < x.index
+    members["m2"] = Member("m2", ReplicaLog(), CONFIG, lost_state=True)
+    router.cut = lambda src, dst, msg: (
+        "m1" in (src, dst) or (dst == "m2" and isinstance(msg, Replicate) and msg.entries != ())
+    )
+    router.tick(CONFIG.retry_backoff_max_ticks * 2)
+    return members, router, x
+
+
+def test_a_member_aligned_below_an_entry_it_acknowledged_does_not_vote() -> None:
+    members, router, x = _snapshot_below_an_entry_it_acknowledged()
+    m1, m2 = members["m1"], members["m2"]
+    assert m2.log.aligned_term == 1 and not m2.log.has(x)  # aligned, short of X
+    assert not m1.log.has(x)
+    # A quorum of voters {m1, m2} would hold no X: m2 must not count.
+    assert not m2.voter
+    assert m2.log.aligned_head.index >= x.index  # m0's head when it sent the Snapshot
+
+    router.cut = lambda src, dst, msg: "m1" in (src, dst)  # m2 gets X: now it votes
+    router.tick(CONFIG.retry_backoff_max_ticks * 2)
+    assert m2.log.holds_durably(x) and m2.voter
+    assert response_of(m2, 2).voter
+
+
+def test_the_catch_up_target_survives_a_restart() -> None:
+    members, router, x = _snapshot_below_an_entry_it_acknowledged()
+    m2 = members["m2"]
+    # The broker restarts m2 from its log file (still marked lost: it had not caught up).
+    restarted = Member("m2", replay(snapshot(m2.log)), CONFIG, lost_state=True)
+    assert restarted.log.aligned_term == 1 and not restarted.voter
+    members["m2"] = restarted
+    router.cut = lambda src, dst, msg: "m1" in (src, dst)
+    router.tick(CONFIG.retry_backoff_max_ticks * 2)
+    assert restarted.log.holds_durably(x) and restarted.voter
+
+
+def test_a_lost_member_that_joined_a_stale_term_joins_the_current_one() -> None:
+    # Seed 1524: m0 comes back with an empty log; a Replicate of term 2 from a deposed leader,
+    # late in the network, arrives first (m0 joins term 2, answers LOST), then the current
+    # leader's message of term 5. m0 forgot term 5 just as it forgot term 2: it joins it
+    # and answers LOST (never TermNotJoinedError), and that leader aligns it.
+    m0 = Member("m0", ReplicaLog(), CONFIG, lost_state=True)
+    stale = Replicate(2, "m1", EntryId(2, 3), (), 3, 0)
+    m0.handle(stale, 0)
+    assert m0.term == 2
+    current = Replicate(5, "m2", EntryId(5, 9), (), 8, 0)
+    m0.handle(current, 1)
+    assert m0.term == 5 and not m0.voter
+    answers = [(to, msg.term, msg.status) for to, msg in m0.outbox]
+    assert answers == [("m1", 2, ReplyStatus.LOST), ("m2", 5, ReplyStatus.LOST)]

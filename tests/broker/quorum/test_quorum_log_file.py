@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from broker import metrics
-from broker.quorum.entry import Entry, LogBase
+from broker.quorum.entry import Entry, EntryId, LogBase
 from broker.quorum.errors import LogFileCorruptError
 from broker.quorum.log import ReplicaLog
 from broker.quorum.log_change import (
+    AlignedHeadSet,
     AlignedTermSet,
     CommitSet,
     CompactedThrough,
@@ -49,6 +50,7 @@ def recording_log() -> ReplicaLog:
     log.set_commit(5)
     log.compact_through(3)
     log.term = 2
+    log.aligned_head = EntryId(2, 9)
     log.aligned_term = 2
     log.truncate_after(5)
     _append(log, 2, b"")
@@ -62,6 +64,7 @@ def test_every_change_round_trips_through_the_codec() -> None:
     changes: list[LogChange] = [
         TermSet(7),
         AlignedTermSet(6),
+        AlignedHeadSet(EntryId(6, 1 << 33)),
         LedTermSet(5),
         CommitSet(1 << 40),
         EntryAppended(Entry(3, 9, 100, 105, b"hello")),
@@ -85,6 +88,8 @@ def test_replay_rebuilds_the_recorded_log() -> None:
     # A missing record is a different log: the comparison can fail.
     dropped = [c for c in log.changes if c != CommitSet(7)]
     assert durable_state(replay(dropped)) != durable_state(log)
+    no_head = [c for c in log.changes if not isinstance(c, AlignedHeadSet)]
+    assert durable_state(replay(no_head)) != durable_state(log)
 
 
 def test_a_reset_to_a_snapshot_replays() -> None:
