@@ -77,7 +77,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.read_hole import hole_wait_warning_s_default, wait_covered
-from broker.resolver import ResolverStoppedError
+from broker.resolve_errors import ResolverStoppedError
 from broker.topology import validate_header
 
 log = get_logger(__name__)

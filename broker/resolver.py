@@ -26,6 +26,11 @@ from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import split_journal_meta
 from broker.replica import Replica
+from broker.resolve_errors import (  # noqa: F401 (re-exported)
+    ReplicaNotReadyError,
+    ResolveError,
+    ResolverStoppedError,
+)
 from broker.topology import (
     Decoded,
     JournalItem,
@@ -52,18 +57,6 @@ revision_wait_s_default = 10.0
 # Stands in for this broker's ID while its member key is absent from the keyspace (before it is
 # announced, or after its lease is lost): matches no route member, so nothing resolves locally.
 _MISSING_ID = pb.ProcessSpec.ID(zone="local-BrokerSpec", suffix="missing-from-Etcd")
-
-
-class ResolveError(Exception):
-    """A request cannot be resolved at all (as opposed to resolving to a non-OK status)."""
-
-
-class ResolverStoppedError(ResolveError):
-    """The resolver no longer serves local replicas (the broker is shutting down)."""
-
-
-class ReplicaNotReadyError(ResolveError):
-    """The journal resolved to this broker, whose replica of it is not running (yet)."""
 
 
 @dataclass

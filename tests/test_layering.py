@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.append_rules",
             "broker.append_suspend",
             "broker.resolver",
+            "broker.resolve_errors",
             "broker.topology",
             "broker.request_stream",
             "broker.proxy_retry",
