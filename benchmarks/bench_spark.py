@@ -62,9 +62,14 @@ def wait_persisted(broker: str, journal: str) -> int:
 
 
 def timed(what: str, run) -> float:  # type: ignore[no-untyped-def]
+    """Wall clock of `run()`, printed at once (with the load average): a run that fails later
+    (a Python worker that does not connect back on an overloaded machine) keeps its figures."""
     start = time.perf_counter()
     run()
-    return time.perf_counter() - start
+    took = time.perf_counter() - start
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"  {what}: {took:.2f} s (load average {load})", flush=True)
+    return took
 
 
 def main() -> None:

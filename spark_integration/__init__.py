@@ -13,12 +13,40 @@ a streaming micro-batch once), `write` (the writers), `journal_io` (broker calls
 See docs/spark.md.
 """
 
-from spark_integration.journal_io import GazetteJournalError
-from spark_integration.offsets import GazetteOffsetError
-from spark_integration.options import GazetteOptionError
-from spark_integration.rows import META_SCHEMA, GazetteRowError
-from spark_integration.sink_task import GazetteSinkError
-from spark_integration.source import GazetteDataSource
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_integration.journal_io import GazetteJournalError
+    from spark_integration.offsets import GazetteOffsetError
+    from spark_integration.options import GazetteOptionError
+    from spark_integration.rows import META_SCHEMA, GazetteRowError
+    from spark_integration.sink_task import GazetteSinkError
+    from spark_integration.source import GazetteDataSource
+
+# Where each public name is defined, imported on first use (PEP 562): a Spark Python worker
+# unpickling a reader imports its module (batch_read, stream_read), which imports this package
+# first; importing the whole data source here (the write side, the driver's planning) would
+# cost every worker its imports before it reads a byte.
+_EXPORTS = {
+    "META_SCHEMA": "spark_integration.rows",
+    "GazetteDataSource": "spark_integration.source",
+    "GazetteJournalError": "spark_integration.journal_io",
+    "GazetteOffsetError": "spark_integration.offsets",
+    "GazetteOptionError": "spark_integration.options",
+    "GazetteRowError": "spark_integration.rows",
+    "GazetteSinkError": "spark_integration.sink_task",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_integration' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "META_SCHEMA",

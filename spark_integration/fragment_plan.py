@@ -16,16 +16,18 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.list_apply import list_all_fragments
 from broker.client.route_cache import JournalClient
 from broker.fragment.cover_set import CoverSet
-from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import protocol_pb2 as pb
 from spark_integration.sources import FragmentRef
+
+if TYPE_CHECKING:
+    from broker.fragment.stores.registry import StoreRegistry  # Its backends: sources.py.
 
 # How long the signed URLs handed to executors stay valid (Gazette's bound: a week). A task
 # that starts later reads those fragments through a broker instead.

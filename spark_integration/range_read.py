@@ -57,7 +57,6 @@ from typing import Final, Protocol
 import numpy as np
 
 from gazette_consumer.sequencer.commit_pending import commit_pending
-from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
     FLAG_CONTINUE_TXN,
@@ -65,6 +64,7 @@ from gazette_consumer.sequencer.types import (
     ReplayRequired,
     SequencerCheckpoint,
 )
+from spark_integration.bulk_commit import BulkSequencer
 from spark_integration.json_lines import JSONLinesDecoder, scan_decoder
 from spark_integration.message_batch import BatchRow, MessageBatch, ProducerIntern, gather
 from spark_integration.sources import JournalSource
@@ -149,6 +149,7 @@ class CommittedRange:
         new_decoder: DecoderFactory = json_decoder,
         deliver_from: int | None = None,
         read_end: int | None = None,
+        bulk: bool = True,
     ) -> None:
         journal = source.journal
         if checkpoint is None:
@@ -165,10 +166,16 @@ class CommittedRange:
         # The walk's recent batches, which replays pick their rows from (see _replay_batches).
         self._cache: deque[MessageBatch] = deque()
         self._cache_bytes = 0
-        self._seq: Sequencer[BatchRow] = Sequencer(ring_size, checkpoint)
+        self._seq = BulkSequencer(ring_size, checkpoint)
         self._intern = ProducerIntern()
         self._replay_wanted = replay
+        # Rows decided by columns (bulk_commit.py), or one by one only (the reference path,
+        # which tests compare it with). A walk starting before its origin delivers no
+        # transaction begun there; the bulk path never skips one: one by one then.
+        self._bulk = bulk and (begin >= origin or not replay)
         self.replays = 0
+        self.bulk_rows = 0  # Rows decided by columns, and rows decided one by one.
+        self.single_rows = 0
 
     def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
         return self.checkpoint_at(self._end, horizon_clock)
@@ -184,7 +191,7 @@ class CommittedRange:
     async def batches(self) -> AsyncIterator[MessageBatch]:
         async for batch in decoded(self._source, self._begin, self._end, self._new_decoder):
             self._remember(batch)
-            async for out in self._commit(batch.rows(self._intern)):
+            async for out in self._commit_range(batch, 0, len(batch)):
                 yield out
         if self._read_end > self._end:
             async for out in self._look_ahead():
@@ -281,19 +288,15 @@ class CommittedRange:
                     take = min(take, int(fits))
                 if walked == 0 and take == 0:
                     take = 1  # Never stall on a message larger than the limit.
-                rows = (
-                    batch.rows_at(np.arange(take), self._intern)
-                    if take < n
-                    else batch.rows(self._intern)
-                )
+                at = 0
                 while pending_stops and take and pending_stops[0] <= int(batch.ends[take - 1]):
                     stop = pending_stops.pop(0)
                     cut = int(np.searchsorted(batch.begins[:take], stop))
-                    async for _ in self._commit(rows[:cut]):
+                    async for _ in self._commit_range(batch, at, cut):
                         pass
-                    rows = rows[cut:]
+                    at = cut
                     out[stop] = self.checkpoint_at(stop, horizon_clock)
-                async for _ in self._commit(rows):
+                async for _ in self._commit_range(batch, at, take):
                     pass
                 walked += take
                 if take:
@@ -303,6 +306,49 @@ class CommittedRange:
         finally:
             await batches.aclose()
         return out, self._end
+
+    async def _commit_range(
+        self, batch: MessageBatch, lo: int, hi: int
+    ) -> AsyncIterator[MessageBatch]:
+        """Commit rows [lo, hi) of `batch`: those `BulkSequencer.commit_bulk` decides by
+        columns, the rest one by one (`_commit`), their output interleaved in the order one
+        walk one by one delivers it (by the position of the message committing each row)."""
+        if hi <= lo:
+            return
+        seq = self._seq
+        plan = seq.commit_bulk(batch, lo, hi, self._intern) if self._bulk else None
+        if plan is None:
+            self.single_rows += hi - lo
+            rows = (
+                batch.rows(self._intern)
+                if hi - lo == len(batch)
+                else batch.rows_at(np.arange(lo, hi), self._intern)
+            )
+            async for out in self._commit(rows):
+                yield out
+            return
+        delivered, commits, fallback = plan.delivered, plan.commits, plan.fallback
+        self.single_rows += len(fallback)
+        self.bulk_rows += hi - lo - len(fallback)
+        i = j = 0
+        while i < len(fallback) or j < len(delivered):
+            if j < len(delivered) and (i == len(fallback) or commits[j] < fallback[i]):
+                # Bulk rows committed before the next row one by one.
+                k = len(delivered)
+                if i < len(fallback):
+                    k = int(np.searchsorted(commits, fallback[i]))
+                whole = k - j == len(batch)  # Every row, in journal order.
+                if (mine := self._own(batch if whole else batch.take(delivered[j:k]))) is not None:
+                    yield mine
+                j = k
+            else:
+                k = len(fallback)
+                if j < len(delivered):
+                    k = int(np.searchsorted(fallback, commits[j]))
+                async for out in self._commit(batch.rows_at(fallback[i:k], self._intern)):
+                    yield out
+                i = k
+        seq.read_through_to(batch.journal, int(batch.ends[hi - 1]))
 
     async def _commit(self, rows: list[BatchRow]) -> AsyncIterator[MessageBatch]:
         seq = self._seq
@@ -329,10 +375,14 @@ class CommittedRange:
 
     def _own(self, batch: MessageBatch | None) -> MessageBatch | None:
         """The rows of `batch` that lie before `end` (the look-ahead commits those after it
-        too: they are the next range's)."""
-        if batch is None or batch.end <= self._end:
+        too: they are the next range's). Rows are in delivery order, not journal order: a row
+        past `end` may come before rows within it."""
+        if batch is None:
+            return None
+        mine = batch.begins < self._end
+        if mine.all():
             return batch
-        kept = np.flatnonzero(batch.begins < self._end)
+        kept = np.flatnonzero(mine)
         return batch.take(kept) if len(kept) else None
 
     async def _replay(self, ack: BatchRow, required: ReplayRequired) -> AsyncIterator[MessageBatch]:
@@ -404,9 +454,10 @@ async def scan_committed(
     checkpoint: SequencerCheckpoint,
     horizon_clock: int,
     new_decoder: DecoderFactory = json_decoder,
+    bulk: bool = True,
 ) -> SequencerCheckpoint:
     """The Sequencer's checkpoint of the journal at `end`, walking from `checkpoint` at
-    `begin`."""
+    `begin` (`bulk`: see CommittedRange)."""
     walk = CommittedRange(
         source,
         begin,
@@ -415,6 +466,7 @@ async def scan_committed(
         checkpoint=checkpoint,
         replay=False,
         new_decoder=new_decoder,
+        bulk=bulk,
     )
     await walk.scan()
     return walk.checkpoint(horizon_clock)

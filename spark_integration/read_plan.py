@@ -18,10 +18,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from broker.client.route_cache import JournalClient
-from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from spark_integration.fragment_plan import JournalFragments, broker_fragments, store_fragments
@@ -29,6 +28,9 @@ from spark_integration.journal_io import GazetteJournalError, resolve_journals, 
 from spark_integration.options import EARLIEST, LATEST, GazetteOptionError
 from spark_integration.read_options import Position, ReadOptions
 from spark_integration.sources import FragmentRef, JournalSource
+
+if TYPE_CHECKING:
+    from broker.fragment.stores.registry import StoreRegistry
 
 T = TypeVar("T")
 
@@ -42,7 +44,12 @@ class ReadContext:
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
         self.client = JournalClient(opts.broker) if opts.broker else None
-        self.registry: StoreRegistry | None = new_registry() if opts.store else None
+        self.registry: StoreRegistry | None = None
+        if opts.store:
+            # Imported only for reads from a store: it imports every store backend (boto3).
+            from broker.fragment.stores.registry import new_registry
+
+            self.registry = new_registry()
 
     async def close(self) -> None:
         if self.client is not None:

@@ -30,7 +30,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+from urllib.parse import unquote, urlsplit
 
 from broker.client.reader import (
     Chunk,
@@ -40,10 +41,20 @@ from broker.client.reader import (
 )
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
-from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader, StoreError
-from broker.fragment.stores.registry import StoreRegistry
+from broker.fragment.stores.base import (
+    BlockingReader,
+    FragmentNotFoundError,
+    FragmentReader,
+    StoreError,
+    run_to_completion,
+)
 from broker.fragment.verify import DataLossError, FragmentIntegrityError
 from broker.protocol import protocol_pb2 as pb
+
+if TYPE_CHECKING:
+    # The registry module imports every store backend (boto3 among them, ~1 s): a Spark
+    # worker reading fragment files through signed file:// URLs needs none of them.
+    from broker.fragment.stores.registry import StoreRegistry
 
 # A fragment up to this size is decoded and verified whole before its first byte is handed out.
 fragment_verify_bytes_max: Final = 256 << 20
@@ -212,7 +223,9 @@ class JournalSource:
     ) -> FragmentContentReader:
         raw: FragmentReader
         try:
-            if ref.url:
+            if ref.url.startswith("file:"):
+                raw = await _open_file_url(ref.url)
+            elif ref.url:
                 raw = await open_url(ref.url)
             elif self._registry is not None:
                 raw = await self._registry.get(fragment.backing_store).open(fragment)
@@ -276,3 +289,16 @@ class JournalSource:
         raise GazetteDataLossError(
             self.journal, offset, offset, "lost content, and no fragment covers it to skip"
         )
+
+
+async def _open_file_url(url: str) -> FragmentReader:
+    """A reader of a signed file:// URL, as `open_url` opens it, without importing the store
+    registry that `open_url` does (see the imports above)."""
+    path = unquote(urlsplit(url).path)
+    try:
+        raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
+    except FileNotFoundError:
+        raise FragmentNotFoundError("file:///", path) from None
+    except OSError as err:
+        raise StoreError(f"opening {url}: {err}") from err
+    return BlockingReader(raw)

@@ -58,9 +58,10 @@ micro-batches later (range_read.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -99,6 +100,32 @@ from spark_integration.read_plan import (
     run_in_context,
 )
 
+# Journals whose new content the driver walks at once when planning a micro-batch: their
+# reads (fragment files, broker reads) overlap; their decoding shares the driver's event loop.
+planning_walks_max: Final = 8
+
+T = TypeVar("T")
+
+
+async def gather_bounded(
+    work: Mapping[str, Callable[[], Awaitable[T]]], limit: int
+) -> dict[str, T]:
+    """The result of each of `work`'s calls, at most `limit` of them running at once (each
+    called only when it may run). The first failure cancels the rest and is raised as it was
+    (a GazetteOptionError stays one, as when the journals were walked one by one)."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await call()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = {key: group.create_task(one(call)) for key, call in work.items()}
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return {key: task.result() for key, task in tasks.items()}
+
 
 def _share(budget: int | None, available: int, total: int) -> int | None:
     """A journal's part of a micro-batch's budget: in proportion to what it has new."""
@@ -136,7 +163,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             infos = await journal_infos(ctx)
             if not infos:
                 raise GazetteJournalError(f"selector {self.opts.selector!r} matches no journal")
-            return {info.name: await self._start(ctx, info) for info in infos}
+            starts = {info.name: functools.partial(self._start, ctx, info) for info in infos}
+            return await gather_bounded(starts, planning_walks_max)
 
         return offsets.to_json(run_in_context(self.opts, plan))
 
@@ -242,13 +270,15 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             available = {j: max(0, heads[j] - news[j].offset(j)) for j in heads if j in infos}
             total = sum(available.values())
             target = target_bytes(total, opts.max_partition_bytes, opts.min_partitions)
+            walks: dict[str, Callable[[], Awaitable[JournalOffset]]] = {}
             for journal, entry in news.items():
                 info = infos.get(journal)
                 begin, head = entry.offset(journal), heads[journal]
                 if info is None or head <= begin:
                     out[journal] = JournalOffset(entry.checkpoint, entry.origin)
                     continue
-                out[journal] = await self._walk(
+                walks[journal] = functools.partial(
+                    self._walk,
                     ctx,
                     info,
                     entry,
@@ -258,7 +288,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     max_bytes=_share(max_bytes, available[journal], total),
                     max_messages=_share(max_messages, available[journal], total),
                 )
-            return out
+            out.update(await gather_bounded(walks, planning_walks_max))
+            return {journal: out[journal] for journal in news}
 
         return offsets.to_json(run_in_context(opts, plan))
 

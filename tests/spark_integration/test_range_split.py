@@ -33,8 +33,11 @@ from spark_integration.range_read import CommittedRange, scan_committed
 from spark_integration.range_start import start_checkpoint
 from spark_integration.rows import META_SCHEMA
 from tests.broker.serve_testkit import gazette_serve
+from tests.gazette_consumer.sequencer.read_iter_testkit import ACK as ACK_FLAG
+from tests.gazette_consumer.sequencer.read_iter_testkit import CONTINUE as CONTINUE_FLAG
+from tests.gazette_consumer.sequencer.read_iter_testkit import OUTSIDE as OUTSIDE_FLAG
+from tests.gazette_consumer.sequencer.read_iter_testkit import P1, P2, broker_env, msg
 from tests.gazette_consumer.sequencer.read_iter_testkit import Msg as IterMsg
-from tests.gazette_consumer.sequencer.read_iter_testkit import broker_env
 from tests.spark_integration.spark_testkit import (
     ACK,
     CONTINUE,
@@ -122,6 +125,52 @@ async def test_split_partitions_deliver_what_one_walk_does(seed: int, ring_size:
             for exact in (True, False):
                 got = await split_texts(env, journal, cuts, head, ring_size, exact=exact)
                 assert sorted(got) == sorted(expected), f"cuts {cuts}, exact {exact}"
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+async def test_look_ahead_keeps_what_it_commits_past_the_end_out(bulk: bool) -> None:
+    """A partition's look-ahead (for P1's ACK) also commits P2's message past the partition's
+    end (P2 rolled its transaction back, then published outside one): the next partition's to
+    deliver. It was delivered twice when it came before P1's committed rows in what one
+    look-ahead batch commits (the rows past the end were cut off by the last row's end), and
+    with no content (the look-ahead reads none). P1's span is served from the ring one by one
+    (`bulk=False`), replayed otherwise."""
+    async with broker_env() as env:
+        journal = await env.journal("split/look-ahead-order")
+        _, cut = await env.append_messages(
+            journal,
+            [
+                msg(P1, 10, CONTINUE_FLAG, "a1"),
+                msg(P2, 20, CONTINUE_FLAG, "b1"),
+                msg(P2, 21, ACK_FLAG),
+                msg(P2, 22, CONTINUE_FLAG, "b2"),
+            ],
+        )
+        _, head = await env.append_messages(
+            journal, [msg(P2, 21, ACK_FLAG), msg(P2, 23, OUTSIDE_FLAG, "x"), msg(P1, 11, ACK_FLAG)]
+        )
+        first = CommittedRange(
+            source(env.client, journal), 0, cut, ring_size=64, read_end=head, bulk=bulk
+        )
+        assert await texts(first) == ["b1", "a1"]
+        cp = await scan_committed(
+            source(env.client, journal),
+            0,
+            cut,
+            ring_size=64,
+            checkpoint=SequencerCheckpoint(read_through={journal: 0}),
+            horizon_clock=0,
+        )
+        second = CommittedRange(
+            source(env.client, journal),
+            cut,
+            head,
+            ring_size=64,
+            checkpoint=cp,
+            deliver_from=cut,
+            bulk=bulk,
+        )
+        assert await texts(second) == ["x"]
 
 
 def create_small_fragment_journal(

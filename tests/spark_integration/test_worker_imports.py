@@ -1,0 +1,57 @@
+"""What a Spark Python worker imports to read a partition: the module of the pickled reader
+(batch_read, stream_read) and what it needs, not the write side, not the driver's store
+registry with every store backend (boto3), not pandas. Each check runs in a fresh
+interpreter, as a worker starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Not needed to read a partition (each pulls in hundreds of modules, or a second of imports).
+UNWANTED = (
+    "pandas",
+    "boto3",
+    "botocore",
+    "broker.fragment.stores.registry",
+    "broker.fragment.stores.s3_store",
+    "spark_integration.source",
+    "spark_integration.write",
+    "spark_integration.publish",
+    "spark_integration.sink_commit",
+    "gazette_consumer.sequencer.read_iter",
+)
+
+
+@pytest.mark.parametrize(
+    "module", ["spark_integration.batch_read", "spark_integration.stream_read"]
+)
+def test_a_worker_imports_only_what_reading_needs(module: str) -> None:
+    code = (
+        f"import sys; import {module}\n"
+        f"print(','.join(m for m in {UNWANTED!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+def test_the_package_still_exports_its_names() -> None:
+    import spark_integration
+
+    for name in spark_integration.__all__:
+        assert getattr(spark_integration, name) is not None
+    with pytest.raises(AttributeError):
+        _ = spark_integration.no_such_name  # type: ignore[attr-defined]
