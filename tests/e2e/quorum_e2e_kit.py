@@ -5,17 +5,37 @@ whole-journal reads from one broker that must show exactly that content."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from e2e_workload import journal_spec
 
 from broker.client.appender import append
 from broker.client.route_cache import ChannelPool
+from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 
+# The brokers' lease: a killed broker's journals move after it expires.
+LEASE_TTL_S = 3
+THREE_BROKERS = [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1")]
 appends_per_round = 8
 # Attempts of the first append after a restart (the client backs off up to 1 s between).
 attempts_after_restart_max = 200
 retry_backoff_cap_s = 0.1
+
+
+@contextlib.asynccontextmanager
+async def quorum_cluster(journal: str) -> AsyncIterator[ProcessCluster]:
+    """Three broker processes on etcd (two zones), and `journal` at R=3 in quorum mode, ready
+    on all three."""
+    async with ProcessCluster(THREE_BROKERS, lease_ttl_s=LEASE_TTL_S) as c:
+        spec = journal_spec(journal, 3, c.store_url)
+        spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+        await c.apply([spec])
+        await c.wait_until(c.journals_ready([journal], 3, zones_min=2))
+        yield c
 
 
 class Journal:

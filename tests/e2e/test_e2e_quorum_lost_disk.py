@@ -17,11 +17,9 @@ import shutil
 from collections.abc import AsyncIterator
 
 import pytest
-from e2e_workload import journal_spec, requires_etcd
-from quorum_e2e_kit import Journal
+from e2e_workload import requires_etcd
+from quorum_e2e_kit import Journal, quorum_cluster
 
-from broker.protocol import labels as gl
-from broker.protocol.labels import label_set
 from broker.quorum_shell.member_dir import MARK_FILE_NAME
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.testing.process_cluster import ProcessCluster
@@ -30,19 +28,13 @@ from broker.topology import quorum_term_key
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
 JOURNAL = "quorum/lost-disk"
-LEASE_TTL_S = 3
-THREE_BROKERS = [("zone-a", "broker-a1"), ("zone-a", "broker-a2"), ("zone-b", "broker-b1")]
 # Terms claimed while the leader is down, before the test is satisfied none elected.
 failed_elections_min = 2
 
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[ProcessCluster]:
-    async with ProcessCluster(THREE_BROKERS, lease_ttl_s=LEASE_TTL_S) as c:
-        spec = journal_spec(JOURNAL, 3, c.store_url)
-        spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-        await c.apply([spec])
-        await c.wait_until(c.journals_ready([JOURNAL], 3, zones_min=2))
+    async with quorum_cluster(JOURNAL) as c:
         yield c
 
 
