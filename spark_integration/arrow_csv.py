@@ -24,6 +24,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_integration.arrow_json import plain_array
 from spark_integration.rows import _jsonable as jsonable
 
 # What makes Go's csv.Writer quote a field: a comma, quote, CR or LF anywhere, a leading
@@ -50,12 +51,8 @@ def _text_by_value(array: pa.Array) -> pa.Array:
 
 def field_texts(array: pa.Array) -> pa.Array:
     """The unquoted text of each value of `array` (a string array; nulls as "")."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+    array = plain_array(array)
     t = array.type
-    if pa.types.is_dictionary(t):
-        array = array.dictionary_decode()
-        t = array.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         out = array.cast(pa.string())
     elif pa.types.is_boolean(t):

@@ -168,14 +168,19 @@ def _json_strings(array: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise('"', array, '"', "")
 
 
-def json_values(array: pa.Array) -> pa.Array:
-    """The JSON text of each value of `array` (a string array; nulls as `null`)."""
+def plain_array(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """`array` as one array of plain values: chunks combined, a dictionary decoded."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    t = array.type
-    if pa.types.is_dictionary(t):
+    if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
-        t = array.type
+    return array
+
+
+def json_values(array: pa.Array) -> pa.Array:
+    """The JSON text of each value of `array` (a string array; nulls as `null`)."""
+    array = plain_array(array)
+    t = array.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         out = _json_strings(array.cast(pa.string()))
     elif pa.types.is_integer(t):

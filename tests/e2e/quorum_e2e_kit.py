@@ -96,20 +96,29 @@ class Journal:
         return [b for b in self.cluster.brokers if b not in not_these]
 
 
-async def read_all(channels: ChannelPool, b: BrokerProcess, journal: str, end: int) -> bytes:
-    """The journal as broker `b` serves it from 0 to `end`, then nothing more for a moment
-    (a non-blocking read past `end` finds nothing)."""
+async def read_until(
+    channels: ChannelPool, b: BrokerProcess, journal: str, end: int, *, timeout_s: float = 15
+) -> bytes:
+    """The journal as broker `b` serves it, from 0 until `end` (a blocking read: a follower
+    applies a commit a heartbeat after the leader)."""
     out = bytearray()
-    stub = channels.stub(b.endpoint)
-    call = stub.Read(pb.ReadRequest(journal=journal, offset=0, block=True))
-    async with asyncio.timeout(15):
+    call = channels.stub(b.endpoint).Read(pb.ReadRequest(journal=journal, offset=0, block=True))
+    async with asyncio.timeout(timeout_s):
         async for resp in call:
             assert resp.status == pb.OK, pb.Status.Name(resp.status)
             out += resp.content
             if len(out) >= end:
                 break
     call.cancel()
+    return bytes(out)
+
+
+async def read_all(channels: ChannelPool, b: BrokerProcess, journal: str, end: int) -> bytes:
+    """The journal as broker `b` serves it from 0 to `end`, then nothing more for a moment
+    (a non-blocking read past `end` finds nothing)."""
+    out = await read_until(channels, b, journal, end)
+    stub = channels.stub(b.endpoint)
     beyond = stub.Read(pb.ReadRequest(journal=journal, offset=len(out), block=False))
     async for resp in beyond:
         assert resp.status == pb.OFFSET_NOT_YET_AVAILABLE or not resp.content, resp
-    return bytes(out)
+    return out

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from e2e_workload import journal_spec, requires_etcd
+from quorum_e2e_kit import read_until
 
 from broker.client.appender import append
 from broker.client.route_cache import ChannelPool
@@ -35,19 +36,7 @@ async def cluster() -> AsyncIterator[ProcessCluster]:
 
 
 async def _read_until(channels: ChannelPool, b: BrokerProcess, end: int) -> bytes:
-    """The journal as broker `b` serves it, from 0 until `end` (a blocking read: a follower
-    applies a commit a heartbeat after the leader)."""
-    out = bytearray()
-    stub = channels.stub(b.endpoint)
-    call = stub.Read(pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
-    async with asyncio.timeout(10):
-        async for resp in call:
-            assert resp.status == pb.OK, pb.Status.Name(resp.status)
-            out += resp.content
-            if len(out) >= end:
-                break
-    call.cancel()
-    return bytes(out)
+    return await read_until(channels, b, JOURNAL, end, timeout_s=10)
 
 
 def _p99(seconds: list[float]) -> float:
