@@ -97,7 +97,7 @@ pytest: install system-deps azurite
 	@set -e; scripts/pg_cluster.sh start $(PG_DIR) $(PG_PORT); \
 	trap 'scripts/pg_cluster.sh stop $(PG_DIR) $(PG_PORT)' EXIT; \
 	GAZETTE_TEST_PG_URL="postgresql+psycopg://gazette@127.0.0.1:$(PG_PORT)/gazette" \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	  $(VENV)/bin/pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
 
 ## test: set up, provision etcd/PostgreSQL/Java, lint, type-check and run the whole suite.
 test: lint typecheck pytest
