@@ -65,6 +65,7 @@ from broker.protocol.validate import (
     validate_journal_spec,
     validate_label_selector,
 )
+from broker.quorum_shell.leader_route import leader_route
 from broker.read_api import Context
 from broker.topology import (
     Decoded,
@@ -221,6 +222,9 @@ class ListApplyAPI:
             assignment_of(a) for a in journal_assignments(ks, self._root, spec.name)
         )
         attach_endpoints(route, ks, self._root)
+        # A quorum journal's route names its leader as primary (quorum_shell/leader_route.py):
+        # a watcher gets a new snapshot when the leader changes.
+        route = leader_route(ks, self._root, spec, entry.kv.create_revision, route)
         return Selected(entry, spec, route)
 
     def _messages(self, selected: list[Selected], etcd: Header) -> Iterator[pb.ListResponse]:
