@@ -19,6 +19,7 @@ from broker_testkit import ROOT, Cluster, journal_spec, wait_until
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.quorum_shell.leader_route import register_leader
 from broker.server import Broker
 from broker.topology import assignment_of, format_id, journal_assignments
 
@@ -41,7 +42,7 @@ async def _leader(brokers: list[Broker], journal: str) -> Broker:
             for broker in brokers:
                 node = broker.quorum.nodes.get(journal)
                 if node is not None and node.is_leader and node.coordinator.leader == node.name:
-                    await wait_until(lambda: _told(brokers[0], journal) == node.name, wait_s)
+                    await wait_until(lambda n=node.name: _told(brokers[0], journal) == n, wait_s)
                     return broker
             nodes = [b.quorum.nodes[journal] for b in brokers if journal in b.quorum.nodes]
             for n in nodes:
@@ -56,8 +57,6 @@ async def _leader(brokers: list[Broker], journal: str) -> Broker:
 
 def _told(broker: Broker, journal: str) -> str:
     """The leader the broker's mirror (term register) names, "" if none."""
-    from broker.quorum_shell.leader_route import register_leader
-
     term = register_leader(broker.ks, ROOT, journal, 0)
     return term.record.leader if term is not None else ""
 
