@@ -272,12 +272,18 @@ class AppendApi:
         async def proxy(header: pb.Header) -> pb.AppendResponse:
             return await proxy_append(self.env, first, header, stream, attempts)
 
+        # A request proxied here carries the proxying broker's header: it must be of our
+        # cluster and for us, and our mirror first reaches the revision it saw.
+        proxied = first.header if first.HasField("header") else None
         while True:
             try:
-                res = await resolver.resolve(first.journal, require_primary=False, may_proxy=True)
+                res = await resolver.resolve(
+                    first.journal, require_primary=False, may_proxy=True, proxy_header=proxied
+                )
             except (ResolveError, TimeoutError, WatchStoppedError) as err:
-                await read_to_end(stream)
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"append: {err}")
+                await read_to_end(stream)  # So that the client hears why (request_stream.py).
+                code, detail = _grpc_error(err)
+                await context.abort(code, f"append: {detail}")
                 raise AssertionError("not reached") from err
             etcd, local = res.header.etcd, res.local_id
             try:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+import pytest
 from broker_testkit import ROOT, Cluster, journal_spec, wait_until
 
 from broker.protocol import labels as gl
@@ -134,6 +136,23 @@ async def test_a_first_append_to_any_broker_is_proxied_to_the_leader(cluster: Cl
     redirected = await cluster.append(follower, j, [b"not here"], do_not_proxy=True)
     assert redirected.status == pb.NOT_JOURNAL_PRIMARY_BROKER
     assert _primary(redirected.header.route) == _name(leader)
+    # A request a broker proxied (it carries that broker's header) is never proxied again:
+    # were two brokers to disagree on the leader, it would bounce between them.
+    hop = pb.Header()
+    hop.CopyFrom(resp.header)
+    hop.process_id.CopyFrom(
+        pb.ProcessSpec.ID(zone=follower.config.zone, suffix=follower.config.suffix)
+    )
+    bounced = await cluster.append(follower, j, [b"not again"], header=hop)
+    assert bounced.status == pb.NOT_JOURNAL_PRIMARY_BROKER
+    # And a proxied request from another cluster is refused, appending nothing.
+    foreign = pb.Header()
+    foreign.CopyFrom(resp.header)
+    foreign.etcd.cluster_id += 1
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await cluster.append(leader, j, [b"foreign"], header=foreign)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cluster ID" in (refused.value.details() or "")
     assert leader.quorum.nodes[j].read_committed() == b"via follower;via outsider;"
 
 
