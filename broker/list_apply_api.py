@@ -1,7 +1,8 @@
 """The List and Apply RPCs: journal specs, read from the KeySpace and written to etcd.
 
 List. The journals whose labels match the request's selector, each with its spec, its etcd
-create and mod revisions, and its current Route (from the assignments, with endpoints). Besides
+create and mod revisions, and its current Route (from the assignments, with endpoints; a quorum
+journal's names its term's leader as primary, quorum_shell/leader_route.py). Besides
 a journal's own labels, selectors match its meta-labels: `name` (the journal name) and `prefix`
 (each prefix of the name ending in '/'). As in Gazette, `prefix=a/b/` is rewritten into
 `name:prefix=a/b/` (a prefix match of the name), so the two spellings select the same journals.

@@ -4,11 +4,15 @@ journal's quorum node (journals.py).
 The leader collects the append's content (every message up to the empty commit marker, then
 the end of the stream) into one entry, appends it, and answers once a majority holds it in the
 leader's term: status OK, the committed fragment [begin, end) with the SHA1 of its content, and
-a header whose route names the leader as primary. Another member answers
-NOT_JOURNAL_PRIMARY_BROKER with that route (NO_JOURNAL_PRIMARY_BROKER while no leader is
-known), so that a Gazette client retries at the leader. While no leader is known (an
-election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends without the commit
-marker appends nothing.
+a header whose route names the leader as primary. Any other broker (a follower, a member whose
+node has not heard of the leader yet, a broker outside the route) proxies the append to the
+leader, named by its node or else by the term register (leader_route.py), as an all-replicas
+replica proxies to the primary (`proxy`, append_api.py: bounded retries while the leader
+cannot be reached); with `do_not_proxy`, or for a request another broker proxied here, it
+answers NOT_JOURNAL_PRIMARY_BROKER with the route naming the leader, which a Gazette client
+follows (NO_JOURNAL_PRIMARY_BROKER while no leader is known). While no leader is known (an
+election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends
+without the commit marker appends nothing.
 
 Registers (registers.py): the leader checks `check_registers` against the journal's registers
 as of its log's head and the entry carries the registers its `union_registers` /
