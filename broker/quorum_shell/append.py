@@ -91,6 +91,16 @@ async def quorum_append(
             async with asyncio.timeout(quorum_leader_wait_s):
                 await node.leader_known.wait()
         route = journals.leader_route(journal) or route
+    if node is not None and not node.is_leader and node.leader_name == node.name:
+        # This member was appointed (its coordinator, or the register, names it) but has not
+        # taken over yet (BecomeLeader in flight): wait for it rather than send the client
+        # back here, bounded as the election wait.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(quorum_leader_wait_s):
+                while not node.is_leader and node.leader_name == node.name:
+                    node.progress.clear()
+                    await node.progress.wait()
+        route = journals.leader_route(journal) or route
     if node is None or route is None or not node.is_leader:
         return await _not_leader(local_id, etcd, first, stream, context, route, told, proxy)
     header = make_header(local_id, route, etcd)
