@@ -171,8 +171,9 @@ async def _not_leader(
     """An append reaching a broker that does not lead the journal: proxied to the leader, or
     answered with the route naming it (see the module docstring)."""
     journal = first.journal
-    # This broker's node knows the leader first (its heartbeat); the mirror's register (told)
-    # names it for a broker without a node, or a node that has not heard from it yet.
+    # This broker's node knows the leader first (its heartbeat); the route the mirror tells
+    # clients (told: the register's leader, else the allocator's primary, which waits for the
+    # election itself) serves a broker without a node, or a node that knows no leader yet.
     route = node_route
     if (route is None or route.primary < 0) and told is not None and told.primary >= 0:
         route = told
