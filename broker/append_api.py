@@ -66,7 +66,7 @@ from broker.quorum_shell.journals import QuorumJournals
 from broker.read_api import validate_min_etcd_revision
 from broker.request_stream import read_to_end
 from broker.resolver import ReplicaNotReadyError, ResolveError, ResolverStoppedError
-from broker.topology import as_status, etcd_header, member_index, validate_header
+from broker.topology import as_status, member_index, validate_header
 
 log = get_logger(__name__)
 
@@ -254,6 +254,59 @@ class AppendApi:
         self._min_rate = min_rate_bytes_per_s
         self._burst_s = burst_s
 
+    async def _quorum_append(
+        self,
+        quorum: QuorumJournals,
+        first: pb.AppendRequest,
+        spec: pb.JournalSpec,
+        stream: AsyncIterator[AppendMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.AppendResponse:
+        """A quorum journal's append (quorum_shell/append.py). A broker that does not lead it
+        proxies it to the leader as a replica proxies to the primary: a leader that fails
+        UNAVAILABLE before reading any of the stream (it died) is tried again, boundedly, once
+        the keyspace moves (a new leader in the term register, or a new route)."""
+        resolver = self.env.resolver
+        attempts = ProxyAttempts()
+
+        async def proxy(header: pb.Header) -> pb.AppendResponse:
+            return await proxy_append(self.env, first, header, stream, attempts)
+
+        # A request proxied here carries the proxying broker's header: it must be of our
+        # cluster and for us, and our mirror first reaches the revision it saw.
+        proxied = first.header if first.HasField("header") else None
+        while True:
+            try:
+                res = await resolver.resolve(
+                    first.journal, require_primary=False, may_proxy=True, proxy_header=proxied
+                )
+            except (ResolveError, TimeoutError, WatchStoppedError) as err:
+                await read_to_end(stream)  # So that the client hears why (request_stream.py).
+                code, detail = _grpc_error(err)
+                await context.abort(code, f"append: {detail}")
+                raise AssertionError("not reached") from err
+            etcd, local = res.header.etcd, res.local_id
+            try:
+                return await quorum_append(
+                    quorum,
+                    local,
+                    etcd,
+                    first,
+                    spec,
+                    stream,
+                    context,
+                    told=res.header.route,
+                    proxy=proxy,
+                )
+            except RetryProxyError as retry:
+                # Nothing of the client's was consumed: try again once the keyspace moves.
+                with contextlib.suppress(TimeoutError, WatchStoppedError):
+                    await resolver.ks.wait_for_revision(res.revision + 1, retry.wait_s)
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), f"append (proxied): {exc.details()}")
+            except PeerError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"append (proxy): {exc}")
+
     async def append(
         self, request_iterator: AsyncIterator[AppendMessage], context: grpc.aio.ServicerContext
     ) -> pb.AppendResponse:
@@ -272,10 +325,7 @@ class AppendApi:
 
         spec = self.env.resolver.lookup_spec(first.journal)
         if self.quorum is not None and spec is not None and is_quorum_journal(spec.labels):
-            resolver = self.env.resolver
-            etcd = etcd_header(resolver.ks.header)
-            local = resolver.local_id()
-            return await quorum_append(self.quorum, local, etcd, first, spec, stream, context)
+            return await self._quorum_append(self.quorum, first, spec, stream, context)
         refusal = quorum_mode_refusal(first.journal, spec)
         if refusal is not None:
             await read_to_end(stream)  # So that the client hears why (request_stream.py).

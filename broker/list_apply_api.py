@@ -1,7 +1,8 @@
 """The List and Apply RPCs: journal specs, read from the KeySpace and written to etcd.
 
 List. The journals whose labels match the request's selector, each with its spec, its etcd
-create and mod revisions, and its current Route (from the assignments, with endpoints). Besides
+create and mod revisions, and its current Route (from the assignments, with endpoints; a quorum
+journal's names its term's leader as primary, quorum_shell/leader_route.py). Besides
 a journal's own labels, selectors match its meta-labels: `name` (the journal name) and `prefix`
 (each prefix of the name ending in '/'). As in Gazette, `prefix=a/b/` is rewritten into
 `name:prefix=a/b/` (a prefix match of the name), so the two spellings select the same journals.
@@ -65,6 +66,7 @@ from broker.protocol.validate import (
     validate_journal_spec,
     validate_label_selector,
 )
+from broker.quorum_shell.leader_route import leader_route
 from broker.read_api import Context
 from broker.topology import (
     Decoded,
@@ -221,6 +223,9 @@ class ListApplyAPI:
             assignment_of(a) for a in journal_assignments(ks, self._root, spec.name)
         )
         attach_endpoints(route, ks, self._root)
+        # A quorum journal's route names its leader as primary (quorum_shell/leader_route.py):
+        # a watcher gets a new snapshot when the leader changes.
+        route = leader_route(ks, self._root, spec, entry.kv.create_revision, route)
         return Selected(entry, spec, route)
 
     def _messages(self, selected: list[Selected], etcd: Header) -> Iterator[pb.ListResponse]:

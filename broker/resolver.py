@@ -25,6 +25,7 @@ from broker.keyspace.keyspace import Entry, KeySpace
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import split_journal_meta
+from broker.quorum_shell.leader_route import leader_route
 from broker.replica import Replica
 from broker.resolve_errors import (  # noqa: F401 (re-exported)
     ReplicaNotReadyError,
@@ -72,14 +73,14 @@ class Resolution:
     spec: pb.JournalSpec | None
     assignments: list[Entry[Decoded]]
     replica: Replica | None
+    # The allocator's route (slot 0 primary): what the assignments advertise and readiness
+    # compares. ``header.route`` is what clients are told, which for a quorum journal names
+    # the term's leader as primary instead (quorum_shell/leader_route.py).
+    route: pb.Route
     # Set when this resolution no longer holds (assignments changed, replica stopping).
     invalidated: asyncio.Event = field(default_factory=asyncio.Event)
     # The journal's spec entry (key and revisions), to update it (suspension) guarded by them.
     item: Entry[Decoded] | None = None
-
-    @property
-    def route(self) -> pb.Route:
-        return self.header.route
 
     @property
     def is_local(self) -> bool:
@@ -237,7 +238,11 @@ class Resolver:
         if status != pb.OK:
             # The answer is authored here, whoever the journal's broker is.
             process_id = local_id
-        header = make_header(process_id, route, etcd_header(self.ks.header))
+        # The broker to talk to (process_id) and the status follow the allocator's route; only
+        # the route clients are told names a quorum journal's leader (leader_route.py).
+        revision = item.kv.create_revision if item is not None else 0
+        told = leader_route(self.ks, self.root, spec, revision, route)
+        header = make_header(process_id, told, etcd_header(self.ks.header))
         return Resolution(
             status=status,
             header=header,
@@ -246,6 +251,7 @@ class Resolver:
             spec=spec,
             assignments=assignments,
             replica=replica,
+            route=route,
             invalidated=invalidated,
             item=item if spec is not None else None,
         )

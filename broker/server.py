@@ -69,6 +69,7 @@ from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import validate_broker_spec
 from broker.quorum_shell.journals import QuorumJournals
 from broker.quorum_shell.pulse import quorum_pulse
+from broker.quorum_shell.status import status_handler
 from broker.quorum_shell.transport import deliver_handler
 from broker.read_api import ReadAPI
 from broker.readiness import ReadinessGate, check_own_member
@@ -298,8 +299,14 @@ class Broker:
         )
         # Append and Replicate read content chunks without copying them (service_handlers.py).
         add_journal_service(service, server)
-        # Quorum journals' replication RPC (gazette.quorum.Replica), beside protocol.Journal.
-        server.add_generic_rpc_handlers([deliver_handler(self.quorum.route)])
+        # Quorum journals' replication RPC and their status (gazette.quorum.Replica), beside
+        # protocol.Journal.
+        server.add_generic_rpc_handlers(
+            [
+                deliver_handler(self.quorum.route),
+                status_handler(self.ks, cfg.root, self.quorum.nodes),
+            ]
+        )
         port, scheme = bind_port(server, f"{cfg.host}:{cfg.port}", cfg.tls)
         await server.start()
         self._server = server

@@ -22,6 +22,10 @@ The broker is found through ``--broker`` or ``$BROKER_ADDRESS`` (default ``127.0
 Errors are printed as one line naming what was wrong, with exit status 2 for bad input, 1 for
 a failed request, and 3 for data loss (content of a journal that is lost or corrupt).
 
+``journals list`` shows, for a quorum journal, its term, leader and election (a blocked
+election with the lost members): a ``QUORUM`` column, or a ``quorum`` mapping in YAML/JSON
+(broker/cli/quorum_state.py).
+
 ``journals read`` exits 0 only once it has written everything up to the write head (a
 non-blocking read; with --block it waits for more until interrupted). It exits 1 if a request
 failed (retries are bounded: a broker or store unavailable for one to two minutes ends it) or

@@ -11,6 +11,7 @@ from typing import Any
 from broker import client
 from broker.cli.journalspace import JournalChange, spec_to_yaml_dict
 from broker.cli.output import emit
+from broker.cli.quorum_state import quorum_states, state_text
 from broker.client.reader import DataLossError
 from broker.client.route_cache import ChannelPool
 from broker.fragment.naming import content_name
@@ -70,19 +71,24 @@ async def run(args: argparse.Namespace) -> int:
 
 async def _list(c: client.JournalClient, args: argparse.Namespace) -> int:
     listing = await client.list_journals(c, args.selector or None)
+    # Quorum journals also show their term, leader and election (quorum_state.py).
+    quorum = await quorum_states(c.channels, c.default_endpoint(), listing.journals)
     records: list[dict[str, Any]] = []
     for j in listing.journals:
         doc = spec_to_yaml_dict(j.spec)
-        records.append(
-            {
-                "name": j.spec.name,
-                "replication": j.spec.replication,
-                "route": _route_text(j.route),
-                "mod_revision": j.mod_revision,
-                "spec": doc,
-            }
-        )
-    emit(sys.stdout, args.format, records, ["name", "replication", "route", "mod_revision"])
+        record: dict[str, Any] = {
+            "name": j.spec.name,
+            "replication": j.spec.replication,
+            "route": _route_text(j.route),
+            "mod_revision": j.mod_revision,
+        }
+        state = quorum.get(j.spec.name)
+        if state is not None:
+            record["quorum"] = state_text(state) if args.format == "table" else state
+        record["spec"] = doc
+        records.append(record)
+    columns = ["name", "replication", "route", "mod_revision"] + (["quorum"] if quorum else [])
+    emit(sys.stdout, args.format, records, columns)
     return 0
 
 

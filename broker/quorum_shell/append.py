@@ -4,11 +4,15 @@ journal's quorum node (journals.py).
 The leader collects the append's content (every message up to the empty commit marker, then
 the end of the stream) into one entry, appends it, and answers once a majority holds it in the
 leader's term: status OK, the committed fragment [begin, end) with the SHA1 of its content, and
-a header whose route names the leader as primary. Another member answers
-NOT_JOURNAL_PRIMARY_BROKER with that route (NO_JOURNAL_PRIMARY_BROKER while no leader is
-known), so that a Gazette client retries at the leader. While no leader is known (an
-election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends without the commit
-marker appends nothing.
+a header whose route names the leader as primary. Any other broker (a follower, a member whose
+node has not heard of the leader yet, a broker outside the route) proxies the append to the
+leader, named by its node or else by the term register (leader_route.py), as an all-replicas
+replica proxies to the primary (`proxy`, append_api.py: bounded retries while the leader
+cannot be reached); with `do_not_proxy`, or for a request another broker proxied here, it
+answers NOT_JOURNAL_PRIMARY_BROKER with the route naming the leader, which a Gazette client
+follows (NO_JOURNAL_PRIMARY_BROKER while no leader is known). While no leader is known (an
+election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends
+without the commit marker appends nothing.
 
 Registers (registers.py): the leader checks `check_registers` against the journal's registers
 as of its log's head and the entry carries the registers its `union_registers` /
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -41,7 +45,7 @@ from broker.quorum_shell.journals import QuorumJournals
 from broker.quorum_shell.node import AppendOutcomeUnknownError
 from broker.quorum_shell.registers import label_set_of, register_check, register_update
 from broker.request_stream import read_to_end
-from broker.topology import make_header
+from broker.topology import make_header, same_id
 
 # How long an append waits for an election to name a leader before it is answered
 # NO_JOURNAL_PRIMARY_BROKER: a coordinator replaces a silent leader within about 2.5 s.
@@ -50,6 +54,11 @@ quorum_leader_wait_s = 5.0
 # One quorum append is one entry, carried whole in one Replicate message (wire.py's envelope
 # bound holds it in base64): larger appends are refused RESOURCE_EXHAUSTED.
 quorum_append_bytes_max = 2 << 20
+
+
+# Forwards the append to the broker `header.process_id` names, with `header`, and relays its
+# answer (append_api.proxy_append, with its bounded retries).
+ProxyAppend = Callable[[pb.Header], Awaitable[pb.AppendResponse]]
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str) -> None:
@@ -65,33 +74,36 @@ async def quorum_append(
     spec: pb.JournalSpec,
     stream: AsyncIterator[Any],
     context: grpc.aio.ServicerContext,
+    *,
+    told: pb.Route | None = None,
+    proxy: ProxyAppend | None = None,
 ) -> pb.AppendResponse:
+    """Serve `first` + `stream` (see the module docstring). `told` is the route the mirror
+    tells clients (leader_route.py), for a broker without a node or whose node knows no
+    leader; `proxy` forwards the append to the broker its header names (None: redirect)."""
     journal = first.journal
     node = journals.nodes.get(journal)
     route = journals.leader_route(journal)
-    if node is None or route is None:
-        await read_to_end(stream)
-        await _abort(
-            context,
-            grpc.StatusCode.UNAVAILABLE,
-            f"journal {journal!r}: no quorum node on this broker (not a member, or its route is"
-            " not complete yet)",
-        )
-        raise AssertionError("not reached")
-    if route.primary < 0:
+    if node is not None and route is not None and route.primary < 0:
         # An election is running (a new journal, or its leader was lost): wait for it rather
         # than answer NO_JOURNAL_PRIMARY_BROKER, which clients do not retry.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(quorum_leader_wait_s):
                 await node.leader_known.wait()
         route = journals.leader_route(journal) or route
+    if node is not None and not node.is_leader and node.leader_name == node.name:
+        # This member was appointed (its coordinator, or the register, names it) but has not
+        # taken over yet (BecomeLeader in flight): wait for it rather than send the client
+        # back here, bounded as the election wait.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(quorum_leader_wait_s):
+                while not node.is_leader and node.leader_name == node.name:
+                    node.progress.clear()
+                    await node.progress.wait()
+        route = journals.leader_route(journal) or route
+    if node is None or route is None or not node.is_leader:
+        return await _not_leader(local_id, etcd, first, stream, context, route, told, proxy)
     header = make_header(local_id, route, etcd)
-    if not node.is_leader:
-        await read_to_end(stream)
-        status = (
-            pb.NOT_JOURNAL_PRIMARY_BROKER if route.primary >= 0 else pb.NO_JOURNAL_PRIMARY_BROKER
-        )
-        return pb.AppendResponse(status=status, header=header)
 
     content = bytearray()
     committed = False
@@ -144,3 +156,43 @@ async def quorum_append(
     return pb.AppendResponse(
         status=pb.OK, header=header, commit=fragment, registers=label_set_of(registers)
     )
+
+
+async def _not_leader(
+    local_id: pb.ProcessSpec.ID,
+    etcd: pb.Header.Etcd,
+    first: pb.AppendRequest,
+    stream: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext,
+    node_route: pb.Route | None,
+    told: pb.Route | None,
+    proxy: ProxyAppend | None,
+) -> pb.AppendResponse:
+    """An append reaching a broker that does not lead the journal: proxied to the leader, or
+    answered with the route naming it (see the module docstring)."""
+    journal = first.journal
+    # This broker's node knows the leader first (its heartbeat); the route the mirror tells
+    # clients (told: the register's leader, else the allocator's primary, which waits for the
+    # election itself) serves a broker without a node, or a node that knows no leader yet.
+    route = node_route
+    if (route is None or route.primary < 0) and told is not None and told.primary >= 0:
+        route = told
+    if route is None:
+        await read_to_end(stream)
+        await _abort(
+            context,
+            grpc.StatusCode.UNAVAILABLE,
+            f"journal {journal!r}: no quorum node on this broker and no leader known (not a"
+            " member, or its route is not complete yet)",
+        )
+        raise AssertionError("not reached")
+    # A request that came from a broker (it carries that broker's header) is never proxied
+    # again: were two brokers to disagree on the leader, they would bounce it between them.
+    # Nor is one to this broker (the register names it, its node does not lead yet).
+    leader = route.members[route.primary] if route.primary >= 0 else None
+    if leader is not None and proxy is not None and not first.do_not_proxy:
+        if not first.HasField("header") and not same_id(leader, local_id):
+            return await proxy(make_header(leader, route, etcd))
+    await read_to_end(stream)
+    status = pb.NOT_JOURNAL_PRIMARY_BROKER if route.primary >= 0 else pb.NO_JOURNAL_PRIMARY_BROKER
+    return pb.AppendResponse(status=status, header=make_header(local_id, route, etcd))

@@ -51,8 +51,8 @@ async def test_appends_continue_with_a_follower_stopped(cluster: ProcessCluster)
     loop = asyncio.get_running_loop()
     request = pb.AppendRequest(journal=JOURNAL)
 
-    # The first append finds the leader: any member redirects to it (NOT_JOURNAL_PRIMARY_BROKER
-    # with the leader as the route's primary) once it is elected.
+    # The first append finds the leader: any broker proxies it there once it is elected, and
+    # the answer's header names the leader as the route's primary.
     first = await append(cluster.client(), request, b"first\n", attempts_max=50)
     assert first.status == pb.OK
     route = first.header.route

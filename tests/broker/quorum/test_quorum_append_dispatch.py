@@ -1,6 +1,6 @@
 """Appends by replication mode, through real in-process brokers: a journal without the label
 or labelled all-replicas takes Gazette's path unchanged; a quorum journal is served by its
-quorum nodes: appends commit at the term's leader, other members redirect to it."""
+quorum nodes: appends commit at the term's leader, other members proxy (or redirect) to it."""
 
 from __future__ import annotations
 
@@ -76,9 +76,10 @@ async def test_quorum_journal_appends_commit_at_the_leader(cluster: Cluster) -> 
     leader_id = f"{leader.config.zone}#{leader.config.suffix}"
     assert members[first.header.route.primary] == leader_id
 
-    # Another member redirects a Gazette client to the leader, appending nothing.
+    # Another member redirects a client that asks not to be proxied to the leader, appending
+    # nothing (test_quorum_leader_routing.py: otherwise it proxies).
     other = next(b for b in brokers if b is not leader)
-    redirected = await cluster.append(other, spec.name, [b"not here"])
+    redirected = await cluster.append(other, spec.name, [b"not here"], do_not_proxy=True)
     assert redirected.status == pb.NOT_JOURNAL_PRIMARY_BROKER
     assert members[redirected.header.route.primary] == leader_id
 

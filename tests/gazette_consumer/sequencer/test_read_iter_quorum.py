@@ -1,6 +1,6 @@
 """ReadCommittedIter, unchanged, on a quorum journal (issue #16): three in-process brokers, a
 journal labelled gazette.dev/replication-mode=quorum, transactions appended through a Gazette
-client (which the members redirect to the term's leader). The iterator reads through the
+client (which any broker proxies to the term's leader). The iterator reads through the
 ordinary Read RPC and delivers exactly the committed, acknowledged messages, as it does on an
 all-replicas journal."""
 
@@ -41,7 +41,7 @@ async def test_read_committed_iter_on_a_quorum_journal() -> None:
         client = JournalClient(brokers[0].endpoint)
 
         async def write(*messages: Msg) -> None:
-            # Retries ride out the election and the redirect to the leader.
+            # Retries ride out the election.
             resp = await append(
                 client, pb.AppendRequest(journal=J), frames(*messages), attempts_max=50
             )

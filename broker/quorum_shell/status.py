@@ -1,0 +1,237 @@
+"""`gazette.quorum.Replica/Status`: a broker's view of quorum journals, for `gazctl journals
+list` (and operators), beside the replication RPC and outside Gazette's protocol messages (a
+Go client never calls it; no Gazette message gains a field).
+
+One unary call, JSON both ways (`etcdctl`-readable, like the term register): the request names
+at most `status_journals_max` journals; the answer holds, per journal:
+
+- from the broker's keyspace mirror, the term register (`<root>/quorum/<journal>`): the term,
+  the leader it names ("" while electing) and the ensemble. Every broker answers the same at
+  one revision, member or not.
+- from the broker's own node of the journal, if it has one: whether this member is *lost* (back
+  from a lost disk, not caught up: no vote) and whether its coordinator found the election
+  *blocked* (ElectionBlocked: too many members lost their disk; only an operator can unblock
+  it). Only a member knows these, so a client asks every member (gazctl does).
+
+Sans-IO codec and view here; `status_handler` serves it, `fetch_status` calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+
+from broker.keyspace.keyspace import KeySpace
+from broker.protocol.validate import ValidationError, validate_journal_name
+from broker.quorum.coordinator import ElectionBlocked
+from broker.quorum_shell.node import QuorumNode
+from broker.quorum_shell.term_record import QuorumTerm
+from broker.quorum_shell.wire import SERVICE
+from broker.topology import Decoded, JournalItem, lookup_item, quorum_term_key
+
+STATUS_METHOD: Final = f"/{SERVICE}/Status"
+STATUS_FORMAT: Final = 1
+# Journals per Status request: a listing of more is asked in several requests.
+status_journals_max: Final = 512
+# One answer at most (an ensemble is at most 5 names): far above status_journals_max entries.
+status_bytes_max: Final = 4 << 20
+
+
+class StatusDecodeError(ValueError):
+    """A Status request or answer that is not valid JSON of the known format."""
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """A coordinator's blocked election (ElectionBlocked), as answered."""
+
+    term: int
+    lost: tuple[str, ...]  # members back from a lost disk, not caught up (no vote)
+    voters_needed: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStatus:
+    journal: str
+    term: int  # the term register's (0: no term claimed yet)
+    leader: str  # the leader the register names ("" while electing)
+    ensemble: tuple[str, ...]
+    member: str = ""  # this broker's member name, if it runs a node of the journal
+    lost: bool = False  # this member is back from a lost disk and not caught up
+    blocked: Blocked | None = None  # this member's coordinator found the election blocked
+
+
+def journal_status(
+    ks: KeySpace[Decoded], root: str, journal: str, node: QuorumNode | None
+) -> JournalStatus:
+    """The status of `journal` from the mirror and this broker's `node` of it (None: none)."""
+    entry = ks.get(quorum_term_key(root, journal))
+    term = entry.decoded if entry is not None else None
+    item = lookup_item(ks, root, journal)
+    revision = item.kv.create_revision if item is not None else 0
+    if isinstance(item.decoded if item else None, JournalItem) and isinstance(term, QuorumTerm):
+        stale = bool(term.journal_revision) and term.journal_revision != revision
+        record = term.record
+        # The register of an earlier journal of this name: its term goes on, no leader.
+        status = JournalStatus(
+            journal, record.term, "" if stale else record.leader, record.ensemble
+        )
+    else:
+        status = JournalStatus(journal, 0, "", ())
+    if node is None:
+        return status
+    blocked = node.election_blocked
+    return JournalStatus(
+        status.journal,
+        status.term,
+        status.leader,
+        status.ensemble,
+        member=node.name,
+        lost=node.member.lost_state,
+        blocked=None if blocked is None else _blocked(blocked),
+    )
+
+
+def _blocked(b: ElectionBlocked) -> Blocked:
+    return Blocked(b.term, tuple(b.non_voters), b.voters_needed)
+
+
+# --- Codec --------------------------------------------------------------------------------
+
+
+def encode_request(journals: Sequence[str]) -> bytes:
+    return json.dumps({"format": STATUS_FORMAT, "journals": list(journals)}).encode()
+
+
+def decode_request(raw: bytes) -> list[str]:
+    """The journals a request names; raises StatusDecodeError or ValidationError."""
+    doc = _json(raw, "request")
+    journals = doc.get("journals")
+    if not isinstance(journals, list) or not all(isinstance(j, str) for j in journals):
+        raise StatusDecodeError("quorum status request: journals must be a list of names")
+    if len(journals) > status_journals_max:
+        raise StatusDecodeError(
+            f"quorum status request: at most {status_journals_max} journals"
+            f" (status_journals_max; got {len(journals)})"
+        )
+    for index, journal in enumerate(journals):
+        try:
+            validate_journal_name(journal)
+        except ValidationError as err:
+            raise StatusDecodeError(f"quorum status request: journals[{index}]: {err}") from err
+    return journals
+
+
+def encode_response(statuses: Sequence[JournalStatus]) -> bytes:
+    docs = []
+    for s in statuses:
+        doc: dict[str, Any] = {
+            "journal": s.journal,
+            "term": s.term,
+            "leader": s.leader,
+            "ensemble": list(s.ensemble),
+        }
+        if s.member:
+            doc["member"] = s.member
+            doc["lost"] = s.lost
+        if s.blocked is not None:
+            b = s.blocked
+            doc["blocked"] = {
+                "term": b.term,
+                "lost": list(b.lost),
+                "voters_needed": b.voters_needed,
+            }
+        docs.append(doc)
+    return json.dumps({"format": STATUS_FORMAT, "journals": docs}).encode()
+
+
+def decode_response(raw: bytes) -> dict[str, JournalStatus]:
+    """The statuses of an answer, by journal; raises StatusDecodeError."""
+    doc = _json(raw, "answer")
+    out: dict[str, JournalStatus] = {}
+    journals = doc.get("journals")
+    if not isinstance(journals, list):
+        raise StatusDecodeError("quorum status answer: journals must be a list")
+    for d in journals:
+        try:
+            blocked = d.get("blocked")
+            status = JournalStatus(
+                journal=_typed(d["journal"], str),
+                term=_typed(d["term"], int),
+                leader=_typed(d["leader"], str),
+                ensemble=tuple(_typed(m, str) for m in d["ensemble"]),
+                member=_typed(d.get("member", ""), str),
+                lost=_typed(d.get("lost", False), bool),
+                blocked=None
+                if blocked is None
+                else Blocked(
+                    _typed(blocked["term"], int),
+                    tuple(_typed(m, str) for m in blocked["lost"]),
+                    _typed(blocked["voters_needed"], int),
+                ),
+            )
+        except (KeyError, TypeError, AttributeError) as err:
+            raise StatusDecodeError(f"quorum status answer: malformed entry {d!r:.120}") from err
+        out[status.journal] = status
+    return out
+
+
+def _json(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise StatusDecodeError(f"quorum status {what} is not JSON: {err}") from err
+    if not isinstance(doc, dict) or doc.get("format") != STATUS_FORMAT:
+        raise StatusDecodeError(f"quorum status {what}: format must be {STATUS_FORMAT}")
+    return doc
+
+
+def _typed(value: Any, kind: type) -> Any:
+    # bool is an int in Python: an int field must not take one, nor a bool field an int.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{value!r} is not a {kind.__name__}")
+    return value
+
+
+# --- Server and client --------------------------------------------------------------------
+
+
+def status_handler(
+    ks: KeySpace[Decoded], root: str, nodes: Mapping[str, QuorumNode]
+) -> grpc.GenericRpcHandler:
+    """Serves Status from the mirror `ks` and this broker's `nodes` (by journal). A malformed
+    request is refused INVALID_ARGUMENT, naming what was wrong."""
+
+    async def status(raw: bytes, context: Any) -> bytes:
+        try:
+            journals = decode_request(raw)
+        except StatusDecodeError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("not reached") from err
+        return encode_response([journal_status(ks, root, j, nodes.get(j)) for j in journals])
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        status, request_deserializer=None, response_serializer=None
+    )
+    return grpc.method_handlers_generic_handler(SERVICE, {"Status": handler})
+
+
+async def fetch_status(
+    channel: grpc.aio.Channel, journals: Sequence[str], *, timeout_s: float
+) -> dict[str, JournalStatus]:
+    """Ask the broker behind `channel` for the status of `journals` (in requests of at most
+    `status_journals_max`). Raises grpc.aio.AioRpcError or StatusDecodeError."""
+    call = channel.unary_unary(STATUS_METHOD, request_serializer=None, response_deserializer=None)
+    out: dict[str, JournalStatus] = {}
+    for start in range(0, len(journals), status_journals_max):
+        part = journals[start : start + status_journals_max]
+        raw = await call(encode_request(part), timeout=timeout_s)
+        if len(raw) > status_bytes_max:
+            raise StatusDecodeError(f"quorum status answer over {status_bytes_max} bytes")
+        out.update(decode_response(raw))
+    return out
