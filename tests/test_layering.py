@@ -66,6 +66,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.topology",
             "broker.request_stream",
             "broker.proxy_retry",
+            # The route clients are told of a quorum journal (the term's leader as primary):
+            # the resolver builds it into every header.
+            "broker.quorum_shell.leader_route",
         ),
     ),
     (
