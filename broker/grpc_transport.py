@@ -51,9 +51,11 @@ async def close_stream_call(call: Any) -> None:
         pass  # Its interceptor never ran, or the call has no request side left: nothing waits.
 
 
-def close_stream_call_soon(call: Any) -> None:
-    """``close_stream_call`` from synchronous code: cancels at once, finishes in a task."""
+def close_stream_call_soon(call: Any) -> asyncio.Task[None]:
+    """``close_stream_call`` from synchronous code: cancels at once, finishes in a task
+    (returned, for whoever wants to wait; kept referenced meanwhile)."""
     call.cancel()
     task = asyncio.get_running_loop().create_task(close_stream_call(call))
     _closing.add(task)
     task.add_done_callback(_closing.discard)
+    return task

@@ -12,7 +12,6 @@ request-consuming task is left and the loop's exception handler heard nothing.""
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from broker.keyspace.etcd import EtcdBackend
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.etcd_server import EtcdServer
 from broker.testing.process_cluster import ProcessCluster
+from tests.broker.stream_call_testkit import assert_nothing_left, reported_to_loop
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -37,45 +37,10 @@ JOURNAL = "cleanup/appends"
 ONE_BROKER = [("zone-a", "broker-a1")]
 
 
-def stranded_request_consumers() -> list[asyncio.Task[Any]]:
-    """grpc.aio's tasks still consuming the request iterator of a call that ended (those of
-    calls still running, such as the cluster mirror's etcd watch, are fine)."""
-    stranded = []
-    for task in asyncio.all_tasks():
-        coro: Any = task.get_coro()
-        if task.done() or getattr(coro, "__name__", "") != "_consume_request_iterator":
-            continue
-        call = coro.cr_frame.f_locals["self"]  # The consumer is a method of its call.
-        if call.done():
-            stranded.append(task)
-    return stranded
-
-
 @pytest.fixture
 async def loop_reports() -> AsyncIterator[list[dict[str, Any]]]:
-    """What reaches the running loop's exception handler meanwhile."""
-    loop = asyncio.get_running_loop()
-    reports: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _, context: reports.append(context))
-    try:
+    with reported_to_loop() as reports:
         yield reports
-    finally:
-        loop.set_exception_handler(previous)
-
-
-async def assert_nothing_left(reports: list[dict[str, Any]]) -> None:
-    # Let finished calls settle, then drop and collect whatever nobody references any more:
-    # a pending task collected now is what asyncio reports as destroyed.
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert stranded_request_consumers() == []
-    gc.collect()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    gc.collect()
-    assert [r.get("message") for r in reports] == []
-    assert stranded_request_consumers() == []
 
 
 @pytest.fixture
