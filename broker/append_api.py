@@ -45,6 +45,7 @@ from broker.append_fsm import (
     State,
 )
 from broker.append_rate import MinRateCredit, min_rate_burst_s_default
+from broker.grpc_transport import close_stream_call
 from broker.keyspace.backend import KeySpaceError
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
@@ -232,9 +233,8 @@ async def proxy_append(
             task.cancel()
         await asyncio.gather(forwarding, answering, return_exceptions=True)
         # Our client went away (or we failed) before the primary answered: cancel, so that
-        # the primary rolls the append back.
-        if not call.done():
-            call.cancel()
+        # the primary rolls the append back (and finish the call's request side in any case).
+        await close_stream_call(call)
 
 
 class AppendApi:

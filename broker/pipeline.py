@@ -38,6 +38,7 @@ import grpc
 
 from broker import metrics
 from broker.fragment.spool import Spool
+from broker.grpc_transport import close_stream_call_soon
 from broker.logging import get_logger
 from broker.peer_dialer import Dialer as Dialer
 from broker.peer_dialer import message_bytes_max as message_bytes_max
@@ -558,8 +559,9 @@ class Pipeline:
     def abort_streams(self) -> None:
         """Cancel every peer stream (peers roll back whatever was not committed)."""
         for peer in self._peers:
-            if peer.call is not None and not peer.call.done():
-                peer.call.cancel()
+            if peer.call is not None:
+                # Also a stream the peer ended: its request side must still be finished.
+                close_stream_call_soon(peer.call)
 
 
 def _describe(peer: _Peer, err: BaseException, verb: str) -> PeerError:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.malloc_tuning",
             "broker.task_dump",
             "broker.grpc_transport",
+            "broker.durable_file",
         ),
     ),
     ("protocol", ("broker.protocol", "broker.auth", "broker.metrics", "broker.tls")),

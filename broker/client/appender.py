@@ -36,7 +36,7 @@ import grpc
 import grpc.aio
 
 from broker.client.route_cache import JournalClient
-from broker.grpc_transport import send_failed
+from broker.grpc_transport import close_stream_call, send_failed
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import encode_append_content, passthrough_serializer
@@ -178,6 +178,7 @@ class Appender:
         # whose answer teaches the new route.
         log.info("append: cached primary unreachable; using the default broker", journal=journal)
         self.client.update_route(journal, None)
+        await self._cancel()
         self._call = _open_append(self.client.channels.get(self.client.default_endpoint()))
         await self._send(self.request)
 
@@ -217,9 +218,10 @@ class Appender:
         return response
 
     async def _cancel(self) -> None:
+        # Also when the broker already ended the call: its request side must still be finished.
         call, self._call = self._call, None
-        if call is not None and not call.done():
-            call.cancel()
+        if call is not None:
+            await close_stream_call(call)
 
     def _check_usable(self) -> None:
         if self._finished:

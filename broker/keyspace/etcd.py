@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from broker.grpc_transport import close_stream_call
 from broker.keyspace import backend as b
 from broker.keyspace import etcd_wire as wire
 from broker.keyspace.etcd_conn import Conn
@@ -206,7 +207,7 @@ class EtcdBackend(b.Backend):
                 await call.write(rpc_pb2.LeaseKeepAliveRequest(ID=lease_id))
                 resp = await call.read()
             finally:
-                call.cancel()
+                await close_stream_call(call)
             if resp is grpc.aio.EOF:
                 raise b.UnavailableError("etcd LeaseKeepAlive: stream ended without a reply")
             return int(resp.TTL)
@@ -251,7 +252,7 @@ class EtcdBackend(b.Backend):
                     raise b.UnavailableError("etcd Watch: stream ended before the watch started")
                 self._check_watch_response(first, start_revision)
             except BaseException:
-                call.cancel()
+                await close_stream_call(call)
                 raise
             return call
 
@@ -269,7 +270,7 @@ class EtcdBackend(b.Backend):
                 yield b.WatchResponse(wire.header(resp.header), tuple(map(wire.event, resp.events)))
         finally:
             self._watch_calls.discard(call)
-            call.cancel()
+            await close_stream_call(call)
 
     async def _read_watch(self, call: grpc.aio.StreamStreamCall) -> Any:
         """The next response, or None if the backend was closed. Raises UnavailableError when

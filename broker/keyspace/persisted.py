@@ -37,6 +37,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 
+from broker.durable_file import fsync_dir, replace_durably
 from broker.keyspace.backend import KeySpaceError
 from broker.keyspace.change_codec import (
     ChangeDecodeError,
@@ -133,7 +134,7 @@ class KeySpaceDir:
         if os.path.exists(wal):
             _replay(wal, core)
         self._writer = LogWriter(wal)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
 
     def open_identity(self) -> StoreIdentity:
         """The directory's identity, its raft term advanced by this open (see the module
@@ -145,9 +146,7 @@ class KeySpaceDir:
             previous = StoreIdentity(new_store_id(), new_store_id(), 0)
         identity = StoreIdentity(previous.cluster_id, previous.member_id, previous.raft_term + 1)
         payload = _IDENTITY.pack(identity.cluster_id, identity.member_id, identity.raft_term)
-        _write_synced(path + ".tmp", _IDENTITY_MAGIC + frame(payload))
-        os.replace(path + ".tmp", path)
-        _fsync_dir(self.path)
+        replace_durably(path, _IDENTITY_MAGIC + frame(payload))
         return identity
 
     @property
@@ -172,12 +171,10 @@ class KeySpaceDir:
         generation = self._generation + 1
         target = os.path.join(self.path, "snapshot")
         payload = _GENERATION.pack(generation) + encode_state(state)
-        _write_synced(target + ".tmp", _SNAPSHOT_MAGIC + frame(payload))
-        os.replace(target + ".tmp", target)
-        _fsync_dir(self.path)
+        replace_durably(target, _SNAPSHOT_MAGIC + frame(payload))
         self._generation = generation
         self._writer = LogWriter(self._wal_path(generation))
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         old.close()
         os.unlink(old.path)
         log.info("embedded keyspace snapshot", path=self.path, revision=state.revision)
@@ -280,22 +277,3 @@ def _replay(path: str, core: MVCCStore) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _write_synced(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

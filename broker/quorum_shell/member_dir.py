@@ -39,6 +39,7 @@ import secrets
 from pathlib import Path
 from typing import Final
 
+from broker.durable_file import replace_durably
 from broker.fragment.spool_named import fsync_dir
 from broker.quorum.log_codec import HEADER
 
@@ -62,17 +63,7 @@ class Mark(enum.Enum):
 
 def _write_durably(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_durably(path, data)
 
 
 def load_incarnation(data_dir: str | Path) -> str:

@@ -18,11 +18,15 @@ to its end, even when the player skips ahead within or past it (`skip_to`; a fil
 the offset skipped to is not read at all), and its last piece is handed out only once the whole
 file is verified: the player cannot read any fragment through, nor anything after it, nor
 complete at a write head it ends at, before it is verified. A file that fails verification
-raises `FragmentIntegrityError` (a `DataLossError`, naming the log, the fragment and the store);
-the player fails with it and removes what it played. A file that cannot be opened here — not
-found at its URL's path (a store this host does not mount), or a store error — is read through
-the broker instead, which reads the same file and verifies it the same way (and answers
-DATA_LOSS if it is lost).
+raises `FragmentIntegrityError` (a `DataLossError`, naming the log, the fragment and the store)
+only if some of its bytes were already handed out (a file larger than one piece); otherwise it
+is logged by name and its range read through a broker, as is a file that cannot be opened or
+read here — not found at its URL's path (a store this host does not mount), or store and I/O
+errors past FILE_READ_ATTEMPTS_MAX attempts. A broker serves the range from its spool if it
+still has it, else reads the same file and verifies it the same way; if it answers DATA_LOSS
+too, playback fails with `StoredFragmentLostError` (a `DataLossError` naming the journal, the
+fragment, its file and both failures) and the player removes what it played. No byte is ever
+skipped.
 
 Read-ahead. A producer task fills a queue while it holds less than `READ_AHEAD_BYTES_MAX` (it
 may go past by one chunk: at most `STORED_READ_BYTES`, times the codec's ratio for a compressed
@@ -46,11 +50,22 @@ from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.fragment.cover_set import CoverSet
 from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader, StoreError
-from broker.fragment.verify import FragmentIntegrityError, VerifyingDecoder
+from broker.fragment.verify import (
+    DataLossError,
+    FragmentIntegrityError,
+    VerifyingDecoder,
+    describe_fragment,
+)
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 
-__all__ = ["READ_AHEAD_BYTES_MAX", "STORED_READ_BYTES", "LogChunk", "LogSource"]
+__all__ = [
+    "READ_AHEAD_BYTES_MAX",
+    "STORED_READ_BYTES",
+    "LogChunk",
+    "LogSource",
+    "StoredFragmentLostError",
+]
 
 log = get_logger(__name__)
 
@@ -73,6 +88,32 @@ FILE_READ_BACKOFF_MAX_S: Final = 2.0
 SIGNED_URL_TTL_S: Final = 3600
 """How long the signed URLs of the listing stay valid: a playback reads its fragments in
 minutes; one that outlives them reads the rest through the broker (an open fails)."""
+
+
+class StoredFragmentLostError(DataLossError):
+    """A recovery log fragment whose stored file is corrupt or unreadable here, and which no
+    broker could serve either (none had it spooled, and the file is lost to it too)."""
+
+    def __init__(
+        self, fragment: pb.Fragment, url: str, store_error: Exception, broker_error: Exception
+    ) -> None:
+        super().__init__(
+            fragment.journal,
+            f"journal {fragment.journal}: fragment {describe_fragment(fragment)} (file {url}):"
+            f" not readable from its store ({store_error}), and no broker could serve it"
+            f" ({broker_error})",
+        )
+        self.fragment = fragment
+        self.url = url
+        self.store_error = store_error
+        self.broker_error = broker_error
+
+
+class _Fallback(NamedTuple):
+    """A fragment file that could not be read here: read from `at` through a broker."""
+
+    at: int
+    error: Exception
 
 
 class LogChunk(NamedTuple):
@@ -143,6 +184,7 @@ class LogSource:
         self.direct_bytes = 0
         self.broker_bytes = 0
         self.fragments_verified = 0
+        self.fragments_fallen_back = 0  # Files not readable here, read through a broker.
 
     async def start(self) -> None:
         if self._task is not None:
@@ -190,13 +232,14 @@ class LogSource:
                 at = max(at, self._skip_to)
                 listed, covering = cover.longest_overlapping(at)
                 if listed is not None and covering and self._readable_directly(listed):
-                    if await self._read_file(listed, at):
+                    fallback = await self._read_file(listed, at)
+                    if fallback is not None:
+                        # Not readable here: its (remaining) range through a broker.
+                        at = await self._read_broker_instead(listed, fallback)
+                    else:
                         at = listed.end
-                        continue
-                    end = listed.end  # Could not be opened here: through the broker.
-                else:
-                    end = self._next_direct_begin(cover, at)
-                at = await self._read_broker(at, end)
+                    continue
+                at = await self._read_broker(at, self._next_direct_begin(cover, at))
         except asyncio.CancelledError:
             raise
         except BaseException as err:  # Handed to the consumer, in order.
@@ -251,41 +294,64 @@ class LogSource:
                 cover.add(listed)
         return cover
 
-    async def _read_file(self, listed: _Listed, at: int) -> bool:
-        """Read a fragment's file whole, handing out its bytes from `at` on. False if it could
-        not be opened here (the caller reads its range through the broker). A read that fails
-        part-way (a store error, an I/O error) is retried from the file's start, handing out
-        only what was not yet, up to FILE_READ_ATTEMPTS_MAX attempts."""
+    async def _read_file(self, listed: _Listed, at: int) -> _Fallback | None:
+        """Read a fragment's file whole, handing out its bytes from `at` on; None once done.
+        A read that fails part-way (a store error, an I/O error) is retried from the file's
+        start, handing out only what was not yet, up to FILE_READ_ATTEMPTS_MAX attempts. A
+        file that cannot be opened, read or verified here, with none of its bytes handed out,
+        is a `_Fallback`: the caller reads its range through a broker. Past the first handed
+        out byte, the failure is raised (what was handed out cannot be taken back)."""
         fragment = listed.fragment
         progress = _FileProgress(at)
         for attempt in range(1, FILE_READ_ATTEMPTS_MAX + 1):
             try:
                 raw = await self._opener(listed.url)
             except (FragmentNotFoundError, StoreError) as err:
-                if attempt == 1:  # Nothing handed out yet: the broker reads it instead.
-                    reason: Exception = err
-                    if isinstance(err, FragmentNotFoundError):
-                        reason = missing_fragment_error(fragment, err)
-                    log.info(
-                        "recovery log fragment not readable here: reading it through the broker",
-                        log=self.log,
-                        error=str(reason),
-                    )
-                    return False
-                if attempt == FILE_READ_ATTEMPTS_MAX:
-                    raise
+                reason: Exception = err
+                if isinstance(err, FragmentNotFoundError):
+                    reason = missing_fragment_error(fragment, err)
+                if attempt == 1 or attempt == FILE_READ_ATTEMPTS_MAX:
+                    return self._fall_back(listed, progress, reason)
                 await self._back_off(attempt, err)
                 continue
             try:
                 await self._read_opened(raw, listed, progress)
-                return True
+                return None
+            except FragmentIntegrityError as err:
+                return self._fall_back(listed, progress, err)  # Reading it again cannot help.
             except (StoreError, OSError) as err:
                 if attempt == FILE_READ_ATTEMPTS_MAX:
-                    raise
+                    return self._fall_back(listed, progress, err)
                 await self._back_off(attempt, err)
             finally:
                 await raw.aclose()
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _fall_back(self, listed: _Listed, progress: _FileProgress, err: Exception) -> _Fallback:
+        """The broker's turn at a file not readable here; raises `err` if some of the file's
+        bytes were handed out already."""
+        if progress.handed_out:
+            raise err
+        log.warning(
+            "recovery log fragment file not readable here: reading its range through a broker",
+            log=self.log,
+            fragment=describe_fragment(listed.fragment),
+            file=listed.url,
+            error=str(err),
+        )
+        self.fragments_fallen_back += 1
+        return _Fallback(progress.next_offset, err)
+
+    async def _read_broker_instead(self, listed: _Listed, fallback: _Fallback) -> int:
+        """Read the range of a fragment whose file failed here through a broker (its spool, or
+        its own read of the file); returns the fragment's end. A broker that finds the content
+        lost too fails playback with StoredFragmentLostError."""
+        try:
+            return await self._read_broker(fallback.at, listed.end)
+        except DataLossError as lost:
+            raise StoredFragmentLostError(
+                listed.fragment, listed.url, fallback.error, lost
+            ) from lost
 
     async def _back_off(self, attempt: int, err: BaseException) -> None:
         delay = min(FILE_READ_BACKOFF_MAX_S, FILE_READ_BACKOFF_INITIAL_S * 2 ** (attempt - 1))

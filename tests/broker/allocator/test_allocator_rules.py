@@ -10,6 +10,7 @@ from broker.allocator import (
     Item,
     MemberId,
     assignment_key,
+    broker_exiting,
     broker_is_consistent,
     broker_item_limit,
     item_key,
@@ -59,8 +60,11 @@ def test_journal_replication() -> None:
 def test_broker_item_limit() -> None:
     spec = pb.BrokerSpec(journal_limit=42)
     assert broker_item_limit(entry(Member("zone-a", "aaaa", spec))) == 42
+    assert not broker_exiting(entry(Member("zone-a", "aaaa", spec)))
     spec.exiting = True
-    assert broker_item_limit(entry(Member("zone-a", "aaaa", spec))) == 0
+    # Kept when exiting: the allocator sheds it only as far as others have room.
+    assert broker_item_limit(entry(Member("zone-a", "aaaa", spec))) == 42
+    assert broker_exiting(entry(Member("zone-a", "aaaa", spec)))
     with pytest.raises(TypeError, match="expected a broker Member"):
         broker_item_limit(entry(JournalItem("a", pb.JournalSpec())))
 

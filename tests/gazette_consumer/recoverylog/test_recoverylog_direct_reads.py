@@ -1,18 +1,21 @@
 """Playback reading persisted fragments straight from their store's files (log_source.py), on a
 real in-process broker with a file:// store: it plays exactly what playback through the broker
 plays, with and without hints that skip history; a fragment file that is not its fragment's
-content fails playback with the typed data-loss error, and leaves nothing played behind; a file
-read that fails part-way is read again from its start, handing out each byte once."""
+content here is read through the broker instead, and one the broker finds corrupt too fails
+playback with a typed data-loss error naming it, and leaves nothing played behind; a file read
+that fails part-way is read again from its start, handing out each byte once."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from broker.client.list_apply import list_all_fragments
 from broker.client.reader import open_url
@@ -23,7 +26,7 @@ from broker.fragment.stores.registry import new_registry
 from broker.fragment.verify import DataLossError, FragmentIntegrityError, IntegrityFailure
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.recorded_op_pb2 import FSMHints
-from gazette_consumer.recoverylog.log_source import LogSource
+from gazette_consumer.recoverylog.log_source import LogSource, StoredFragmentLostError
 from gazette_consumer.recoverylog.player import Player
 from tests.broker.broker_testkit import Cluster, journal_spec
 from tests.gazette_consumer.recoverylog.test_recoverylog_playback import LocalFiles, primary, tree
@@ -112,29 +115,69 @@ async def test_store_reads_play_what_broker_reads_play(
         assert direct.read_from > 0  # The hints skipped history.
 
 
-async def test_a_corrupt_fragment_file_fails_playback_with_data_loss(
+def corrupt_file(root: Path, fragment: pb.Fragment) -> Path:
+    """Flip a byte in the middle of `fragment`'s file under the store root `root` (same
+    length, other content); return its path."""
+    folder = root / "frag" / LOG
+    (path,) = [
+        p
+        for p in folder.iterdir()
+        if not p.name.startswith(".")  # An upload in progress.
+        and parse_content_name(p.name)[:2] == (fragment.begin, fragment.end)
+    ]
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    path.write_bytes(bytes(content))
+    return path
+
+
+async def test_a_corrupt_file_here_is_read_through_the_broker(
+    store_env: StoreEnv, tmp_path: Path
+) -> None:
+    """This host's copy of the store (a mount of its own) holds a corrupt file; the broker's
+    store is intact: the fragment's range is read through the broker, the corrupt file is
+    logged by name, and playback plays exactly the recorded files."""
+    files = await record_history(store_env, tmp_path / "recorded")
+    head = files.recorder.write_head
+    stored = await persisted_through(store_env, head - FRAGMENT_BYTES)
+    victim = sorted(stored, key=lambda f: f.begin)[1]
+    mount = tmp_path / "mount"
+    shutil.copytree(store_env.root, mount)
+    bad = corrupt_file(mount, victim)
+    original = str(store_env.root)
+
+    async def through_mount(url: str) -> FragmentReader:
+        return await open_url(url.replace(original, str(mount), 1))
+
+    direct = LogSource(store_env.client, LOG, 0, direct_end=head, opener=through_mount)
+    via_broker = LogSource(store_env.client, LOG, 0, direct_end=head, direct=False)
+    with structlog.testing.capture_logs() as logs:
+        played = await log_bytes(direct, head)
+    assert played == await log_bytes(via_broker, head)
+    assert direct.fragments_fallen_back == 1
+    assert direct.broker_bytes >= victim.end - victim.begin
+    (warned,) = [e for e in logs if "through a broker" in e["event"]]
+    assert warned["file"].endswith(bad.name)  # The corrupt file, by name.
+
+
+async def test_a_file_corrupt_for_every_broker_fails_playback_naming_it(
     store_env: StoreEnv, tmp_path: Path
 ) -> None:
     files = await record_history(store_env, tmp_path / "recorded")
     stored = await persisted_through(store_env, files.recorder.write_head - FRAGMENT_BYTES)
     victim = sorted(stored, key=lambda f: f.begin)[1]
-    folder = store_env.root / "frag" / LOG
-    (path,) = [
-        p
-        for p in folder.iterdir()
-        if not p.name.startswith(".")  # An upload in progress.
-        and parse_content_name(p.name)[:2] == (victim.begin, victim.end)
-    ]
-    content = bytearray(path.read_bytes())
-    content[len(content) // 2] ^= 0xFF  # Same length, other content.
-    path.write_bytes(bytes(content))
+    bad = corrupt_file(store_env.root, victim)  # The broker reads this same file.
 
-    with pytest.raises(FragmentIntegrityError) as caught:
+    with pytest.raises(StoredFragmentLostError) as caught:
         await play(store_env, FSMHints(log=LOG), tmp_path / "played", direct=True)
-    assert isinstance(caught.value, DataLossError)
-    assert caught.value.failure is IntegrityFailure.SHA1_MISMATCH
-    assert caught.value.fragment.begin == victim.begin
-    assert LOG in str(caught.value)
+    err = caught.value
+    assert isinstance(err, DataLossError)
+    assert err.journal == LOG and LOG in str(err)
+    assert err.fragment.begin == victim.begin and err.fragment.end == victim.end
+    assert bad.name in str(err)
+    assert isinstance(err.store_error, FragmentIntegrityError)
+    assert err.store_error.failure is IntegrityFailure.SHA1_MISMATCH
+    assert isinstance(err.broker_error, DataLossError)  # The broker's DATA_LOSS.
     assert not (tmp_path / "played").exists()  # Nothing played is left behind.
 
 
