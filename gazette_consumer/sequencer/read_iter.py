@@ -515,9 +515,7 @@ class ReadCommittedIter:
             # The piece likely continues a transaction that is only counted now and replayed
             # whole at its ACK: see `Replays.feed_continuing`.
             assert producer is not None
-            envs = self._replays.feed_continuing(
-                self._seq, decoder, piece, offset, producer, after
-            )
+            envs = self._replays.feed_continuing(self._seq, decoder, piece, offset, producer, after)
         if envs:
             last = envs[-1]
             if last.flags == FLAG_CONTINUE_TXN and decoder.decodes_uuids:
