@@ -41,7 +41,7 @@ class Replays:
         self._retained: dict[str, RetainedContent] = {}
         # Decoded messages are only of use with the bytes around them kept.
         self.decoded = DecodedSpans(decoded_messages_max if retained_bytes_max else 0)
-        """Spans' messages kept decoded (`keep_decoded`)."""
+        """Spans' messages kept decoded (`feed_continuing`)."""
         self.count = 0
         """Replays started."""
         self.from_memory = 0
@@ -78,43 +78,34 @@ class Replays:
         """Decode `piece` of `decoder`'s journal (at `offset`), which likely continues
         `producer`'s span, unlinked past clock `after` (`Sequencer.unlinked_span_clock`): the
         messages at its front that continue it are counted (`Sequencer.skip_continuation`),
-        decoded for their UUIDs only, or with room to keep them, decoded whole and kept for
-        the span's replay (`keep_decoded`). Returns the envelopes of the rest."""
+        decoded for their UUIDs only, or where they may be kept (`_keeps_decoded`), decoded
+        whole and kept for the span's replay. Returns the envelopes of the rest."""
         journal = decoder.journal
         n, begin, clock, end, envs, continuing = decoder.feed_continuing(
-            piece, offset, producer, after, whole=self.decoded_room(seq, journal, producer) > 0
+            piece, offset, producer, after, whole=self._keeps_decoded(seq, journal, producer)
         )
         if n:
             skipped = seq.skip_continuation(journal, producer, n, begin, clock, end)
             # unlinked_span_clock said the span takes them; else they would be lost.
             invariant(skipped, "a span's continuation was declined")
             if continuing is not None:
-                self.keep_decoded(seq, journal, producer, continuing)
+                self.decoded.add(journal, producer, seq.span_begin(journal, producer), continuing)
         return envs
 
-    def decoded_room(self, seq: Sequencer[Envelope[Any]], journal: str, producer: bytes) -> int:
-        """How many more messages may be kept decoded; when none, once the runs `producer`
-        left of a span no longer pending (rolled back) were dropped."""
-        decoded = self.decoded
-        if decoded.room <= 0 and decoded.messages:
-            decoded.drop_stale(journal, producer, seq.span_begin(journal, producer))
-        return decoded.room
-
-    def keep_decoded(
-        self,
-        seq: Sequencer[Envelope[Any]],
-        journal: str,
-        producer: bytes,
-        envelopes: list[Envelope[Any]],
-    ) -> None:
-        """Keep `envelopes`, just counted as continuing `producer`'s span (unlinked: replayed
-        whole at its ACK), for the replay (`DecodedSpans.add`): if the content kept covers the
-        span from its begin (else the replay reads the broker, and would not use them)."""
-        begin = seq.span_begin(journal, producer)
+    def _keeps_decoded(self, seq: Sequencer[Envelope[Any]], journal: str, producer: bytes) -> bool:
+        """Whether to decode whole and keep (`DecodedSpans.add`) what continues `producer`'s
+        span: if the content kept covers the span from its begin (else its replay reads the
+        broker, and would not use them), and there is room (once the runs the producer left
+        of a span no longer pending, rolled back, were dropped)."""
         retained = self._retained.get(journal)
         kept_from = None if retained is None else retained.begin
-        if kept_from is not None and 0 <= kept_from <= begin:
-            self.decoded.add(journal, producer, begin, envelopes)
+        span_begin = seq.span_begin(journal, producer)
+        if kept_from is None or not 0 <= kept_from <= span_begin:
+            return False
+        decoded = self.decoded
+        if decoded.room <= 0 and decoded.messages:
+            decoded.drop_stale(journal, producer, span_begin)
+        return decoded.room > 0
 
     def start(self, seq: Sequencer[Envelope[Any]], ack: Envelope[Any]) -> Replay:
         """Start the replay `seq` asks for, to commit the span `ack` ends, and hand it to
