@@ -270,6 +270,13 @@ class ReadCommittedIter:
         self._span_runs = True
         self._closed = False
         self._on_idle = on_idle
+        self.in_sequence = False
+        """True if more messages committed by the same ACK as the one just returned follow; they
+        come next (from `try_next()`, or `next()` if they must be replayed). A consumer
+        transaction should not close in between, so that one ACK's messages commit together.
+        An attribute, not a property: a transaction loop reads it per message. It is
+        `_ahead is not None or (_span_through is not None and bool(_run))`, set wherever
+        `try_next` changes those (`_sequence_state`)."""
 
     @property
     def replays(self) -> int:
@@ -326,9 +333,12 @@ class ReadCommittedIter:
         """The next committed message if one is at hand without waiting, else None."""
         run = self._run
         if run:
-            # The fastest path: a message of a run committed at once (none is held while
-            # `_ahead` is, nor once closed).
-            return run.pop()
+            # The fastest path: a message of a run committed at once (nothing held once
+            # closed). `in_sequence` holds until the run's last is returned.
+            popped = run.pop()
+            if not run:
+                self.in_sequence = self._ahead is not None
+            return popped
         if self._closed:
             raise ReadIterClosedError("the iterator was closed")
         env = self._ahead
@@ -381,9 +391,17 @@ class ReadCommittedIter:
                 # checkpoint taken while it is held must stand where `env` left it (or, behind
                 # a run of a replay's messages, where the run's last will).
                 self._ahead, self._ahead_after = after, self._run_all[-1] if self._run else env
+                self.in_sequence = True
                 return env
         self._replay = None
+        self.in_sequence = self._sequence_state()
         return env
+
+    def _sequence_state(self) -> bool:
+        """What `in_sequence` is, from the state it summarises. (`try_next` sets it only where
+        that state changes: its other returns, a message committed alone, the first of a run
+        of such messages, or no message, leave that state as they found it.)"""
+        return self._ahead is not None or (self._span_through is not None and bool(self._run))
 
     def _replay_wanted(self) -> int:
         """How many replayed envelopes must be read before stepping on (0: none). Stepping to a
@@ -580,13 +598,6 @@ class ReadCommittedIter:
             )
         return SequencerCheckpoint(read_through=read_through, producers=producers)
 
-    @property
-    def in_sequence(self) -> bool:
-        """True if more messages committed by the same ACK as the one just returned follow; they
-        come next (from `try_next()`, or `next()` if they must be replayed). A consumer
-        transaction should not close in between, so that one ACK's messages commit together."""
-        return self._ahead is not None or (self._span_through is not None and bool(self._run))
-
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a transaction begun at or after the `since` offsets awaits its ACK (a reason
         for a consumer to wait a little before committing). See `Sequencer.has_pending`. (A
@@ -599,6 +610,7 @@ class ReadCommittedIter:
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
+        self.in_sequence = self._sequence_state()
         self._replays.clear()
         self._channel.wake()
         await self._read_ahead.stop()

@@ -62,6 +62,8 @@ async def read(it: ReadCommittedIter, until: str) -> list[tuple[str, bool, Seque
     async with asyncio.timeout(TIMEOUT_S):
         while not got or got[-1][0] != until:
             env = it.try_next() or await it.next()
+            # `in_sequence` is an attribute, set where the state it summarises changes.
+            assert it.in_sequence == it._sequence_state()
             got.append((env.message.text, it.in_sequence, it.checkpoint()))
     return got
 
