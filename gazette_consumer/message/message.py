@@ -73,7 +73,7 @@ class InvalidEnvelopeError(ValueError):
     """An Envelope's offsets or message UUID are invalid."""
 
 
-class Envelope(msgspec.Struct, Generic[MessageT], frozen=True):
+class Envelope(msgspec.Struct, Generic[MessageT], frozen=True, gc=False):
     """A message read from a journal, with the byte range [begin, end) it was framed from.
 
     ``producer``, ``clock`` and ``flags`` are the message UUID's parts, parsed once when the
@@ -84,6 +84,13 @@ class Envelope(msgspec.Struct, Generic[MessageT], frozen=True):
     constructor trusts its arguments: it is what decoders use once the framing and the UUID
     layout have established them (see `EnvelopeBuilder`), and it costs a tenth of a dataclass's
     because it runs for every message read. Envelopes are immutable and compare by value.
+
+    The garbage collector does not track envelopes (``gc=False``): an envelope refers to its
+    message, never the other way round (it is built after the message is decoded, and is
+    immutable), so it cannot close a reference cycle, and untracked it costs collections
+    nothing. A reader that keeps a long transaction's messages until its ACK (the Sequencer's
+    replays: sequencer/decoded.py) keeps one object fewer per message for them to scan. (A
+    message made to refer to its own envelope would form a cycle the collector never frees.)
     """
 
     journal: str

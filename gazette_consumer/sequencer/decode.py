@@ -43,7 +43,7 @@ from gazette_consumer.message.framing import (
 )
 from gazette_consumer.message.message import Envelope, EnvelopeBuilder, message_uuid
 from gazette_consumer.message.uuid import ProducerID
-from gazette_consumer.sequencer.types import SeqEnvelope
+from gazette_consumer.sequencer.types import FLAG_CONTINUE_TXN, SeqEnvelope
 
 MessageTypeFor = Callable[[pb.JournalSpec], type[Any]]
 """Picks the message type of a journal from its spec (Gazette's NewMessageFunc)."""
@@ -148,14 +148,26 @@ class ChunkDecoder:
         return self._decode_uuids is not None
 
     def feed_continuing(
-        self, content: bytes, offset: int, producer: bytes, after_clock: int
-    ) -> tuple[int, int, int, int, list[Envelope[Any]]]:
+        self,
+        content: bytes,
+        offset: int,
+        producer: bytes,
+        after_clock: int,
+        *,
+        whole: bool = False,
+    ) -> tuple[int, int, int, int, list[Envelope[Any]], list[Envelope[Any]] | None]:
         """`feed`, for content expected to continue `producer`'s transaction past `after_clock`
         (a span a reader only sequences, and delivers later from a replay): the frames at the
         front that do (CONTINUE_TXN of `producer`, clocks rising: `EnvelopeBuilder.continuation`)
         have their UUIDs decoded only, and are returned as a count, the first one's begin, the
-        last one's clock and end; the rest as `feed` returns them. (0, ..., `after_clock`, ...,
-        envelopes) when no frame does, or where the fast path does not apply.
+        last one's clock and end; the rest as `feed` returns them; and None. (0, ...,
+        `after_clock`, ..., envelopes, None) when no frame does, or where the fast path does
+        not apply.
+
+        With `whole`, every frame is decoded whole instead, and the envelopes of the frames
+        counted are returned too (last): a reader keeps them to replay the span without a
+        second decode (replays.py). Should a frame not decode whole, the content is counted as
+        without `whole`.
 
         A frame counted was not decoded whole: were it not decodable, the replay that delivers
         it reports it (`MessageDecodeError`), or nothing does if its transaction rolls back,
@@ -167,10 +179,14 @@ class ChunkDecoder:
         if decode_uuids is not None and offset == self._unpacker.offset:
             run = self._unpacker.feed_run(content, offset)
         if run is None:
-            return 0, offset, after_clock, offset, self.feed(content, offset)
+            return 0, offset, after_clock, offset, self.feed(content, offset), None
         assert decode_uuids is not None  # Else no run was taken.
         self.lead_run = None
         payloads, offsets = run.payloads, run.offsets
+        if whole:
+            decoded = self._decode_continuing(run, ProducerID(producer), after_clock)
+            if decoded is not None:
+                return decoded
         n, clock = self._builder.continuation(
             decode_uuids(payloads), ProducerID(producer), after_clock
         )
@@ -178,10 +194,34 @@ class ChunkDecoder:
         if n:
             self.through = end
         if n == len(payloads):
-            return n, begin, clock, end, []
+            return n, begin, clock, end, [], None
         if n:
             run = FrameRun(payloads[n:], offsets[n:], run.source[end - begin :])
-        return n, begin, clock, end, self._decode_run(run)
+        return n, begin, clock, end, self._decode_run(run), None
+
+    def _decode_continuing(
+        self, run: FrameRun, producer: ProducerID, after_clock: int
+    ) -> tuple[int, int, int, int, list[Envelope[Any]], list[Envelope[Any]] | None] | None:
+        """`feed_continuing(whole=True)` of `run`; None, changing nothing, if a frame does not
+        decode whole or the fast path does not take it."""
+        assert self._decode_payloads is not None  # Else there is no UUID-only decode either.
+        try:
+            messages = self._decode_payloads(run.payloads)
+            envelopes = self._builder.build(self.journal, run.offsets, messages)
+        except Exception:  # Whatever it was, the UUID-only path leaves it to the replay.
+            return None
+        if envelopes is None:
+            return None
+        offsets = run.offsets
+        n, clock = continuation_of(envelopes, producer, after_clock)
+        if envelopes:
+            self.through = envelopes[-1].end
+        if not n:
+            self.lead_run = self._builder.lead_run
+            return 0, offsets[0], after_clock, offsets[0], envelopes, None
+        # The rest's leading run is measured by whoever commits it (not by the builder, whose
+        # run started at the front).
+        return n, offsets[0], clock, offsets[n], envelopes[n:], envelopes[:n]
 
     def flush(self) -> list[Envelope[Any]]:
         """End of input: report (log) a frame left incomplete. Returns envelopes, if any."""
@@ -253,3 +293,24 @@ def new_chunk_decoder(
         framing = framing_of(spec, message_bytes_max=message_bytes_max)
     decoder = framing.new_decoder(message_type_of(message_type, spec))
     return ChunkDecoder(spec.name, offset, framing, decoder)
+
+
+def continuation_of(
+    envelopes: Sequence[Envelope[Any]], producer: ProducerID, after_clock: int
+) -> tuple[int, int]:
+    """How many envelopes at the front of `envelopes` continue `producer`'s transaction past
+    `after_clock` (CONTINUE_TXN, of `producer`, each clock larger than the one before), and the
+    last one's clock (`after_clock` if none does): `EnvelopeBuilder.continuation`, of envelopes
+    decoded whole."""
+    n, clock, continue_txn = 0, after_clock, FLAG_CONTINUE_TXN
+    for env in envelopes:
+        next_clock = env.clock
+        if (
+            env.flags != continue_txn
+            or next_clock <= clock
+            or (env.producer is not producer and env.producer != producer)
+        ):
+            break
+        clock = next_clock
+        n += 1
+    return n, clock

@@ -274,6 +274,12 @@ class SequencerFastPaths(SequencerQueueing[E]):
             return None
         return partial.max_clock
 
+    def span_begin(self, journal: str, producer: bytes) -> int:
+        """The offset at which `producer`'s pending span in `journal` began, or -1 if none is
+        pending."""
+        partial = self._partials.get((journal, producer))
+        return -1 if partial is None else partial.begin
+
     def skip_continuation(
         self, journal: str, producer: bytes, count: int, begin: int, clock: int, end: int
     ) -> bool:

@@ -32,10 +32,12 @@ Signature::
                       registry: StoreRegistry | None = None,
                       message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
                       on_idle: Callable[[], None] | None = None,
-                      replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT)
+                      replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
+                      replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
     in_sequence: bool               replays: int    replays_from_memory: int
+    replays_from_decoded: int
     sources: Mapping[str, int]
     async close()                   (also an async context manager)
 
@@ -54,7 +56,8 @@ piece continues it (a piece after one that ended inside it), the messages at the
 that do are decoded for their UUIDs only and counted (`ChunkDecoder.feed_continuing`,
 `Sequencer.skip_continuation`): each message of a long transaction is decoded whole once, by
 its replay. (A message so counted that does not decode whole is reported by the replay, or
-never if its transaction rolls back.)
+never if its transaction rolls back.) Or, within `replay_decoded_messages_max` (decoded.py),
+they are decoded whole and kept, and the replay hands them over as they are.
 
 Chunks wait in the channel as bytes and are decoded only when their messages are needed (see
 DECODE_PIECE_BYTES), so that decoded messages live from their decoding to their return, not
@@ -109,13 +112,13 @@ from broker.protocol.validate import ValidationError
 from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT, Framing
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.decode import MessageTypeSource
+from gazette_consumer.sequencer.decoded import REPLAY_DECODED_MESSAGES_MAX_DEFAULT
 from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offsets
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay
 from gazette_consumer.sequencer.replays import Replays
 from gazette_consumer.sequencer.retained import REPLAY_RETAINED_BYTES_MAX_DEFAULT
-from gazette_consumer.sequencer.ring import invariant
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
@@ -202,6 +205,7 @@ class ReadCommittedIter:
         message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
         on_idle: Callable[[], None] | None = None,
         replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
+        replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT,
     ) -> None:
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(
@@ -242,7 +246,9 @@ class ReadCommittedIter:
         # piece: the next piece may continue its transaction (see `_decode_piece`).
         self._continuing: dict[str, bytes] = {}
         # Where replays read from: the content kept for them, or the broker.
-        self._replays = Replays(self._read_ahead, replay_retained_bytes_max)
+        self._replays = Replays(
+            self._read_ahead, replay_retained_bytes_max, replay_decoded_messages_max
+        )
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
         # follows in its sequence, for checkpoints taken while it is held (None only while
@@ -264,6 +270,13 @@ class ReadCommittedIter:
         self._span_runs = True
         self._closed = False
         self._on_idle = on_idle
+        self.in_sequence = False
+        """True if more messages committed by the same ACK as the one just returned follow; they
+        come next (from `try_next()`, or `next()` if they must be replayed). A consumer
+        transaction should not close in between, so that one ACK's messages commit together.
+        An attribute, not a property: a transaction loop reads it per message. It is
+        `_ahead is not None or (_span_through is not None and bool(_run))`, set wherever
+        `try_next` changes those (`_sequence_state`)."""
 
     @property
     def replays(self) -> int:
@@ -274,6 +287,11 @@ class ReadCommittedIter:
     def replays_from_memory(self) -> int:
         """Of `replays`, those served from the content kept (`replay_retained_bytes_max`)."""
         return self._replays.from_memory
+
+    @property
+    def replays_from_decoded(self) -> int:
+        """Of `replays_from_memory`, those handed messages kept decoded (decoded.py)."""
+        return self._replays.from_decoded
 
     @property
     def sources(self) -> Mapping[str, int]:
@@ -315,9 +333,12 @@ class ReadCommittedIter:
         """The next committed message if one is at hand without waiting, else None."""
         run = self._run
         if run:
-            # The fastest path: a message of a run committed at once (none is held while
-            # `_ahead` is, nor once closed).
-            return run.pop()
+            # The fastest path: a message of a run committed at once (nothing held once
+            # closed). `in_sequence` holds until the run's last is returned.
+            popped = run.pop()
+            if not run:
+                self.in_sequence = self._ahead is not None
+            return popped
         if self._closed:
             raise ReadIterClosedError("the iterator was closed")
         env = self._ahead
@@ -370,9 +391,17 @@ class ReadCommittedIter:
                 # checkpoint taken while it is held must stand where `env` left it (or, behind
                 # a run of a replay's messages, where the run's last will).
                 self._ahead, self._ahead_after = after, self._run_all[-1] if self._run else env
+                self.in_sequence = True
                 return env
         self._replay = None
+        self.in_sequence = self._sequence_state()
         return env
+
+    def _sequence_state(self) -> bool:
+        """What `in_sequence` is, from the state it summarises. (`try_next` sets it only where
+        that state changes: its other returns, a message committed alone, the first of a run
+        of such messages, or no message, leave that state as they found it.)"""
+        return self._ahead is not None or (self._span_through is not None and bool(self._run))
 
     def _replay_wanted(self) -> int:
         """How many replayed envelopes must be read before stepping on (0: none). Stepping to a
@@ -502,13 +531,9 @@ class ReadCommittedIter:
             envs = decoder.feed(piece, offset)
         else:
             # The piece likely continues a transaction that is only counted now and replayed
-            # whole at its ACK: its messages there are decoded for their UUIDs only.
+            # whole at its ACK: see `Replays.feed_continuing`.
             assert producer is not None
-            n, begin, clock, end, envs = decoder.feed_continuing(piece, offset, producer, after)
-            if n:
-                skipped = self._seq.skip_continuation(journal, producer, n, begin, clock, end)
-                # unlinked_span_clock said the span takes them; else they would be lost.
-                invariant(skipped, "a span's continuation was declined")
+            envs = self._replays.feed_continuing(self._seq, decoder, piece, offset, producer, after)
         if envs:
             last = envs[-1]
             if last.flags == FLAG_CONTINUE_TXN and decoder.decodes_uuids:
@@ -573,13 +598,6 @@ class ReadCommittedIter:
             )
         return SequencerCheckpoint(read_through=read_through, producers=producers)
 
-    @property
-    def in_sequence(self) -> bool:
-        """True if more messages committed by the same ACK as the one just returned follow; they
-        come next (from `try_next()`, or `next()` if they must be replayed). A consumer
-        transaction should not close in between, so that one ACK's messages commit together."""
-        return self._ahead is not None or (self._span_through is not None and bool(self._run))
-
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a transaction begun at or after the `since` offsets awaits its ACK (a reason
         for a consumer to wait a little before committing). See `Sequencer.has_pending`. (A
@@ -592,6 +610,7 @@ class ReadCommittedIter:
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
+        self.in_sequence = self._sequence_state()
         self._replays.clear()
         self._channel.wake()
         await self._read_ahead.stop()

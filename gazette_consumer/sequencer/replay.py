@@ -21,23 +21,43 @@ collections of the whole heap (measured: a shard reading transactions longer tha
 spent ~20% of its time in the garbage collector).
 
 A range the reader still keeps in memory (`RetainedContent`, retained.py) is replayed from the
-chunks kept, synchronously: no read, no await (`fill_nowait` serves the whole replay).
+chunks kept, synchronously: no read, no await (`fill_nowait` serves the whole replay). Where it
+also kept the span's messages decoded (`DecodedRun`s, decoded.py), those are handed over as
+they are, a slice of each run found by bisection, and only the bytes between them are decoded,
+each stretch by a decoder of its own.
+
+Whatever it serves, a Replay yields only its producer's envelopes, clocks rising within
+(`last_ack`, the ACK's clock], offsets rising within the range (`sequenced`): the Sequencer
+checks a run of them at its ends (`Sequencer.dequeue_replayed`), not message by message.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from operator import attrgetter
 from typing import Any, Final
 
 from broker.client.retry_reader import RetryReader
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.decode import ChunkDecoder
+from gazette_consumer.sequencer.decoded import DecodedRun
 from gazette_consumer.sequencer.types import ReplayRequired
 
 REPLAY_PIECE_BYTES: Final = 16 << 10
 """A replayed chunk is decoded this much at a time (see the module docstring)."""
+
+RetainedPiece = tuple[bytes, int, int, int]
+"""Bytes `content[start:stop]` of a replayed range, read at `offset`: (content, offset, start,
+stop), as `RetainedContent.pieces` gives them."""
+RetainedSegment = RetainedPiece | ChunkDecoder | DecodedRun
+"""What a replay served from memory is given, in journal order: pieces of bytes, each decoded
+by the decoder last given (the Replay's own first); a decoder, from which the pieces that follow
+are decoded (where the bytes resume after a run); a run of envelopes decoded already."""
+
+_clock = attrgetter("clock")
 
 
 class Replay(Iterator[Envelope[Any]]):
@@ -46,7 +66,13 @@ class Replay(Iterator[Envelope[Any]]):
     Sequencer, which iterates; once exhausted the reader is closed.
 
     `reader` reads the range from the journal; or `retained` holds it all already, as
-    `RetainedContent.pieces` gives it (`reader` is then None, and unused)."""
+    `RetainedContent.pieces` gives it, or with runs decoded already (`RetainedSegment`;
+    `reader` is then None, and unused)."""
+
+    sequenced: Final = True
+    """What it yields is one producer's, clocks and offsets rising, within the range and
+    (`last_ack`, ACK's clock] (see the module docstring): `Sequencer.dequeue_replayed` relies
+    on it."""
 
     def __init__(
         self,
@@ -56,7 +82,7 @@ class Replay(Iterator[Envelope[Any]]):
         ack_clock: int,
         reader: RetryReader | None,
         decoder: ChunkDecoder,
-        retained: list[tuple[bytes, int, int, int]] | None = None,
+        retained: Sequence[RetainedSegment] | None = None,
     ) -> None:
         self.required = required
         self._producer = producer
@@ -123,8 +149,16 @@ class Replay(Iterator[Envelope[Any]]):
                     self._retained = None
                     self._keep_decoded(self._decoder.flush())
                     self.exhausted = True
-                else:
+                elif type(kept) is tuple:
                     self._content, self._offset, self._at, self._stop = kept
+                else:
+                    # The bytes before stop at a frame's end: what the decoder holds is done.
+                    self._keep_decoded(self._decoder.flush())
+                    if isinstance(kept, DecodedRun):
+                        self._keep_run(kept.envelopes)
+                    else:
+                        assert isinstance(kept, ChunkDecoder)
+                        self._decoder = kept
                 continue
             piece = content[at : min(at + REPLAY_PIECE_BYTES, self._stop)]
             self._at = at + len(piece)
@@ -173,6 +207,16 @@ class Replay(Iterator[Envelope[Any]]):
                 last_kept = clock
             # Else another producer's, a duplicate, rolled back or a zero clock: not kept.
         self._last_kept = last_kept
+
+    def _keep_run(self, envelopes: list[Envelope[Any]]) -> None:
+        # `_keep` of a run of the producer's envelopes with clocks rising (decoded.py): those
+        # kept are a slice, found by bisection rather than by a test per message.
+        last_kept, ack_clock = self._last_kept, self._ack_clock
+        lo = bisect_right(envelopes, last_kept, key=_clock)
+        hi = bisect_right(envelopes, ack_clock, lo=lo, key=_clock)
+        if lo < hi:
+            self._kept.extend(envelopes[lo:hi])
+            self._last_kept = envelopes[hi - 1].clock
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -386,3 +386,96 @@ def test_skip_continuation_evicts_the_head_slot_as_queueing_the_first_would() ->
     assert tested.skip_continuation(J, PRODUCERS[0], 1, envs[2].begin, 10, envs[2].end)
     assert ring_state(tested) == ring_state(reference)
     assert tested._partials[(J, PRODUCERS[1])].long_spans  # Its start was evicted.
+
+
+class SequencedReplay:
+    """A replay as read_iter's `Replay` serves one (`sequenced`): only the committing
+    producer's envelopes, clocks rising within (last acknowledged, ACK's clock]; `take`s runs.
+    `extra`, if given, is yielded last though it breaks that promise."""
+
+    sequenced = True
+
+    def __init__(self, envs: list[SeqEnvelope], extra: SeqEnvelope | None = None) -> None:
+        self._envs = deque([*envs, *([] if extra is None else [extra])])
+
+    def __iter__(self) -> SequencedReplay:
+        return self
+
+    def __next__(self) -> SeqEnvelope:
+        if not self._envs:
+            raise StopIteration
+        return self._envs.popleft()
+
+    def take(self, count: int) -> list[SeqEnvelope]:
+        return [self._envs.popleft() for _ in range(min(count, len(self._envs)))]
+
+
+def sequenced_replay(
+    journals: dict[str, list[SeqEnvelope]], seq: Sequencer[SeqEnvelope], ack: SeqEnvelope
+) -> None:
+    """`replayed`, filtered as `Replay._keep` filters (the replay `ack` commits)."""
+    r = seq.replay_required
+    if r is None:
+        return
+    last = seq.checkpoint().producers[JournalProducer(ack.journal, ack.producer)].last_ack
+    kept = []
+    for env in journals[r.journal]:
+        if r.begin <= env.begin and env.end <= r.end and env.producer == ack.producer:
+            if last < env.clock <= ack.clock:
+                kept.append(env)
+                last = env.clock
+    seq.replay(SequencedReplay(kept))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    txns=st.lists(LONG_TXNS, min_size=1, max_size=6),
+    ring_size=st.integers(1, 16),
+    limits=st.lists(st.integers(1, 80), min_size=1, max_size=8),
+)
+def test_sequenced_replays_checked_at_their_ends_deliver_as_the_general_path(
+    txns: list[LongTxn], ring_size: int, limits: list[int]
+) -> None:
+    """A replay that is `sequenced` has its runs checked at their ends only
+    (`dequeue_replayed`): deliveries, checkpoints and pending state are those of `dequeue()`
+    one by one over the whole replayed range."""
+    with structlog.testing.capture_logs():
+        journals = long_journal(txns)
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        turn = 0
+        for env in journals[J]:
+            reference.queue_uncommitted(env)
+            replayed(journals, reference)
+            tested.queue_uncommitted(env)
+            sequenced_replay(journals, tested, env)
+            while True:
+                limit = limits[turn % len(limits)]
+                turn += 1
+                run = tested.dequeue_replayed(limit)
+                if not run:
+                    break
+                event("a sequenced replay taken in runs")
+                assert [reference.dequeue() for _ in run] == run
+                assert tested.checkpoint() == reference.checkpoint()
+            rest = []
+            while (out := tested.dequeue()) is not None:
+                rest.append(out)
+            assert [reference.dequeue() for _ in range(len(rest) + 1)] == [*rest, None]
+            assert tested.checkpoint() == reference.checkpoint()
+
+
+def test_a_sequenced_run_whose_ends_fail_the_checks_is_checked_per_envelope() -> None:
+    """A run whose last envelope lies past what the ACK commits (a replay breaking its
+    promise): the run is filtered envelope by envelope, as any replay's, not taken whole."""
+    gen = Gen(J)
+    seq: Sequencer[SeqEnvelope] = Sequencer(1)
+    span = [gen(PRODUCERS[0], clock, FLAG_CONTINUE_TXN) for clock in (1, 2, 3)]
+    beyond = gen(PRODUCERS[0], 9, FLAG_CONTINUE_TXN)  # Rolled back by the ACK below.
+    ack = gen(PRODUCERS[0], 4, FLAG_ACK_TXN)
+    for env in (*span, ack):
+        seq.queue_uncommitted(env)
+    assert seq.replay_required is not None
+    seq.replay(SequencedReplay(span, extra=beyond))
+    assert seq.dequeue_replayed(10) == span
+    assert seq.dequeue() is ack
