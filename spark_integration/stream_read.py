@@ -275,7 +275,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 info = infos.get(journal)
                 begin, head = entry.offset(journal), heads[journal]
                 if info is None or head <= begin:
-                    out[journal] = JournalOffset(entry.checkpoint, entry.origin)
+                    # Nothing new: the start offset as it is (its splits too). An answer that
+                    # differs in any way, even in splits no later partition uses, is new data
+                    # to Spark: it would run a micro-batch of no rows after each one of data.
+                    out[journal] = entry
                     continue
                 walks[journal] = functools.partial(
                     self._walk,
