@@ -79,6 +79,7 @@ def main() -> None:
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
@@ -139,6 +140,15 @@ def main() -> None:
                 .start()
             )
             query.awaitTermination()
+            for progress in query.recentProgress:
+                # Where a micro-batch's time went (latestOffset: the driver's planning walk;
+                # addBatch: its partitions); the rest of the query's time is its start-up.
+                durations = ", ".join(f"{k} {v}" for k, v in progress["durationMs"].items())
+                print(
+                    f"    micro-batch {progress['batchId']}: {progress['numInputRows']} rows;"
+                    f" ms: {durations}",
+                    flush=True,
+                )
             rows = sum(p["numInputRows"] for p in query.recentProgress)
             assert rows == n, f"the streaming read delivered {rows} rows, not {n}"
 

@@ -5,12 +5,12 @@ semantics, and exactly-once batch and streaming writes.
     spark.dataSource.register(GazetteDataSource)
 
 Modules: `source` (the DataSource), `options` (validation), `batch_read`, `stream_read`,
-`range_read` (a journal range through the Sequencer), `range_start` (message boundaries, and
-the transactions open where a read starts), `offsets` (streaming offsets), `rows` (schemas and
-row conversion), `raw_json` (JSON lines as read and written), `publish` (the task side of
-writes), `sink_task` (a write task's identity, producer and clocks), `sink_commit` (committing
-a streaming micro-batch once), `write` (the writers), `journal_io` (broker calls).
-See docs/spark.md.
+`range_decode` (a journal range decoded), `range_read` (a journal range through the Sequencer),
+`range_start` (message boundaries, and the transactions open where a read starts), `offsets`
+(streaming offsets), `rows` (schemas and row conversion), `raw_json` (JSON lines as read and
+written), `publish` (the task side of writes), `sink_task` (a write task's identity, producer
+and clocks), `sink_commit` (committing a streaming micro-batch once), `write` (the writers),
+`journal_io` (broker calls). See docs/spark.md.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ from spark_integration.offset_by_time import offset_at_time
 from spark_integration.offsets import from_json
 from spark_integration.options import GazetteOptionError
 from spark_integration.origin_open import OpenAtOrigin, at_start, open_at_origin
-from spark_integration.range_read import CommittedRange, read_uncommitted
+from spark_integration.range_decode import read_uncommitted
+from spark_integration.range_read import CommittedRange
 from spark_integration.range_start import check_boundary, start_checkpoint
 from spark_integration.read_options import Position, ReadOptions
 from spark_integration.read_plan import (

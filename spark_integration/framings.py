@@ -34,7 +34,7 @@ from gazette_consumer.sequencer.decode import ChunkDecoder
 from spark_integration.journal_io import GazetteJournalError
 from spark_integration.json_lines import JSONLinesDecoder
 from spark_integration.message_batch import MessageBatch, batch_of_envelopes
-from spark_integration.range_read import BatchDecoder, DecoderFactory
+from spark_integration.range_decode import BatchDecoder, DecoderFactory
 
 _LOW_48 = (1 << 48) - 1
 

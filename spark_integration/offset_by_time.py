@@ -18,7 +18,7 @@ from typing import Final
 
 import numpy as np
 
-from spark_integration.range_read import DecoderFactory, decoded
+from spark_integration.range_decode import DecoderFactory, decoded
 from spark_integration.read_plan import JournalInfo, ReadContext
 from spark_integration.uuid_columns import clock_of_unix_micros
 

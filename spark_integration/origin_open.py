@@ -34,7 +34,7 @@ from gazette_consumer.sequencer.types import (
     ProducerState,
     SequencerCheckpoint,
 )
-from spark_integration.range_read import DecoderFactory, decoded, json_decoder, scan_decoder_of
+from spark_integration.range_decode import DecoderFactory, decoded, json_decoder, scan_decoder_of
 from spark_integration.range_start import start_checkpoint
 from spark_integration.sources import JournalSource
 

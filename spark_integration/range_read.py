@@ -4,7 +4,7 @@ of messages at a time.
 A Spark partition is such a range: it must read the same messages whenever it is (re-)run, so
 it reads exactly to `end` and never blocks at the head. Its content comes from a
 `JournalSource` (sources.py: fragment files, else a broker) and is decoded a piece at a time
-into `MessageBatch`es (json_lines.py, or framings.py for CSV and protobuf).
+into `MessageBatch`es (range_decode.py).
 
 Read-uncommitted, every message framed in the range is returned, ACKs, duplicates and
 transactions that never commit included. Content that does not frame fails the read with
@@ -51,8 +51,8 @@ commits it, never delivered in part (range_start.py says how the reader knows).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator
-from typing import Final, Protocol
+from collections.abc import AsyncIterator, Collection, Iterator
+from typing import Final
 
 import numpy as np
 
@@ -65,57 +65,22 @@ from gazette_consumer.sequencer.types import (
     SequencerCheckpoint,
 )
 from spark_integration.bulk_commit import BulkSequencer
-from spark_integration.json_lines import JSONLinesDecoder, scan_decoder
 from spark_integration.message_batch import BatchRow, MessageBatch, ProducerIntern, gather
+from spark_integration.range_decode import (
+    DecoderFactory,
+    decoded,
+    json_decoder,
+    no_batches,
+    scan_decoder_of,
+)
+from spark_integration.range_decode import (
+    read_uncommitted as read_uncommitted,  # Re-exported: its callers read ranges from here.
+)
 from spark_integration.sources import JournalSource
 
 # Journal bytes of a walk's decoded batches kept for replays (a transaction longer than the
 # ring is replayed from them rather than read and decoded again).
 replay_cache_bytes_max: Final = 256 << 20
-
-
-class BatchDecoder(Protocol):
-    """Content chunks in, MessageBatches out (json_lines.py, framings.py)."""
-
-    def feed(self, content: bytes, offset: int) -> list[MessageBatch]: ...
-
-    def flush(self) -> list[MessageBatch]: ...
-
-
-DecoderFactory = Callable[[str, int], BatchDecoder]
-
-
-def json_decoder(journal: str, offset: int) -> BatchDecoder:
-    return JSONLinesDecoder(journal, offset)
-
-
-def scan_decoder_of(new_decoder: DecoderFactory) -> DecoderFactory:
-    """The decoder of scans (offsets and UUIDs only) of what `new_decoder` decodes: content-less
-    for JSON lines; the same for other framings."""
-    if new_decoder is json_decoder or new_decoder is JSONLinesDecoder:
-        return scan_decoder
-    return new_decoder
-
-
-async def decoded(
-    source: JournalSource, begin: int, end: int, new_decoder: DecoderFactory
-) -> AsyncGenerator[MessageBatch, None]:
-    """The messages of [begin, end), in journal order, a decoded piece at a time."""
-    if end <= begin:
-        return
-    decoder = new_decoder(source.journal, begin)
-    async for chunk in source.chunks(begin, end):
-        for batch in decoder.feed(chunk.content, chunk.offset):
-            yield batch
-    for batch in decoder.flush():
-        yield batch
-
-
-async def read_uncommitted(
-    source: JournalSource, begin: int, end: int, new_decoder: DecoderFactory = json_decoder
-) -> AsyncIterator[MessageBatch]:
-    async for batch in decoded(source, begin, end, new_decoder):
-        yield batch
 
 
 class _ReplayFeed(Iterator[BatchRow]):
@@ -398,7 +363,7 @@ class CommittedRange:
             # they bring the producer to is needed here.
             last = await self._clock_through(producer, last, ack.clock, begin, self._deliver_from)
             begin = self._deliver_from
-        async for batch in self._replay_batches(begin, end) if begin < end else _no_batches():
+        async for batch in self._replay_batches(begin, end) if begin < end else no_batches():
             # The producer's messages with clocks above the last kept and up to the ACK's,
             # each above the one before: exactly those the Sequencer delivers.
             clocks = batch.clocks
@@ -438,11 +403,6 @@ class CommittedRange:
             if len(clocks):
                 last = max(last, int(clocks.max()))
         return last
-
-
-async def _no_batches() -> AsyncIterator[MessageBatch]:
-    return
-    yield
 
 
 async def scan_committed(

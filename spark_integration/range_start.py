@@ -29,7 +29,8 @@ from typing import Final
 
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration.options import GazetteOptionError
-from spark_integration.range_read import DecoderFactory, json_decoder, scan_committed
+from spark_integration.range_decode import DecoderFactory, json_decoder
+from spark_integration.range_read import scan_committed
 from spark_integration.sources import JournalSource
 
 _NEWLINE: Final = b"\n"

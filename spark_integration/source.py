@@ -32,7 +32,6 @@ from spark_integration.options import GazetteOptionError, parse_write_options
 from spark_integration.read_options import ReadOptions, parse_read_options
 from spark_integration.rows import LABELS_COLUMN, LABELS_FIELD, META_SCHEMA
 from spark_integration.stream_read import GazetteStreamReader
-from spark_integration.write import GazetteBatchWriter, GazetteStreamWriter
 
 
 def default_schema(opts: ReadOptions) -> StructType:
@@ -96,10 +95,17 @@ class GazetteDataSource(DataSource):  # type: ignore[misc]
         check_schema(schema)
         return GazetteStreamReader(parse_read_options(self.options, "stream"), schema)
 
+    # The write side is imported by the writers only: the driver's process of a streaming read
+    # (one per query) and the planning of a batch read import this module, and need none of it.
+
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark_integration.write import GazetteBatchWriter
+
         return GazetteBatchWriter(parse_write_options(self.options), schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from spark_integration.write import GazetteStreamWriter
+
         return GazetteStreamWriter(
             parse_write_options(self.options, streaming=True), schema, overwrite
         )

@@ -44,7 +44,9 @@ the broker for the journals and their write heads. So when no journal has data b
 `latestOffset` waits, at most option idleWaitMs, for an append to any of them (a blocking
 metadata-only Read at each write head, which the broker answers when content commits there), then
 looks once more and answers: the new offsets if content came, else the start offsets. This is
-what Kafka's source does in its poll. Trigger.AvailableNow never waits.
+what Kafka's source does in its poll. Trigger.AvailableNow never waits. A journal with nothing
+new keeps its start offset exactly (split checkpoints included): any other answer is new data to
+Spark, which would run a micro-batch of no rows after each micro-batch of data.
 
 A selector is re-evaluated at every micro-batch: journals it newly matches are read from their
 beginning. `Trigger.AvailableNow` reads up to the write heads of when the query started.
@@ -275,7 +277,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 info = infos.get(journal)
                 begin, head = entry.offset(journal), heads[journal]
                 if info is None or head <= begin:
-                    out[journal] = JournalOffset(entry.checkpoint, entry.origin)
+                    # Nothing new: the start offset as it is (its splits too). An answer that
+                    # differs in any way, even in splits no later partition uses, is new data
+                    # to Spark: it would run a micro-batch of no rows after each one of data.
+                    out[journal] = entry
                     continue
                 walks[journal] = functools.partial(
                     self._walk,

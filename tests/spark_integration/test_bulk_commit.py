@@ -21,7 +21,8 @@ from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration.bulk_commit import BulkSequencer
 from spark_integration.json_lines import JSONLinesDecoder, bulk_batch
 from spark_integration.message_batch import ProducerIntern
-from spark_integration.range_read import CommittedRange, DecoderFactory, scan_committed
+from spark_integration.range_decode import DecoderFactory
+from spark_integration.range_read import CommittedRange, scan_committed
 from spark_integration.sources import JournalSource
 from tests.gazette_consumer.sequencer.read_iter_testkit import (
     ACK,

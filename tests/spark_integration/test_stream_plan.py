@@ -1,0 +1,168 @@
+"""Planning streaming micro-batches on the driver: what `latestOffset` answers, and that the
+partitions of a micro-batch, read as Spark reads them, deliver each committed message once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from broker.client.list_apply import list_all_fragments
+from broker.client.route_cache import JournalClient
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.message.clock import clock_from_unix_nanos
+from spark_integration import offsets
+from spark_integration.read_options import parse_read_options
+from spark_integration.rows import META_SCHEMA
+from spark_integration.stream_read import GazetteStreamReader
+from tests.broker.serve_testkit import gazette_serve
+from tests.spark_integration.spark_testkit import OUTSIDE, Msg, committed_texts, producer, unique
+from tests.spark_integration.test_range_split import (
+    SPLIT_OPTIONS,
+    append_in_groups,
+    create_small_fragment_journal,
+    long_transaction_history,
+)
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+# How long the broker may take to persist the fragments it closed, and the polling backoff.
+persist_timeout_s = 30.0
+persist_poll_s_max = 0.5
+
+
+def stream_reader(broker: str, journal: str) -> GazetteStreamReader:
+    """The stream reader Spark builds for these options, its micro-batches split in several
+    partitions."""
+    options = {"broker": broker, "journals": journal, **SPLIT_OPTIONS}
+    return GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+
+
+def test_nothing_new_answers_the_start_offset_as_it_is(broker: str) -> None:
+    """With nothing new, latestOffset answers its start offset unchanged (its split checkpoints
+    included): an answer that differs in any way makes Spark run a micro-batch of no rows
+    (its offset log written, its partitions planned) after every micro-batch of data."""
+    journal = unique("spark/stream-plan")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    append_in_groups(broker, journal, long_transaction_history())
+    reader = stream_reader(broker, journal)
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert offsets.from_json(end)[journal].splits, "the micro-batch is not split: no test"
+    assert reader.latestOffset(end, ReadAllAvailable()) == end
+
+
+def test_the_planning_walk_imports_no_pandas(broker: str) -> None:
+    """The driver's process of a streaming query (Spark starts one per query) plans its first
+    micro-batch without importing pandas (~0.4 s, once per query): pyarrow imports it on the
+    first `pa.array` of a process, so the scan builds its columns from buffers."""
+    journal = unique("spark/stream-plan")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    append_in_groups(broker, journal, long_transaction_history())
+    code = (
+        "import sys\n"
+        "from pyspark.sql.streaming.datasource import ReadAllAvailable\n"
+        "from spark_integration import offsets\n"
+        "from tests.spark_integration.test_stream_plan import stream_reader\n"
+        "assert 'pandas' not in sys.modules\n"
+        f"reader = stream_reader({broker!r}, {journal!r})\n"
+        "reader.prepareForTriggerAvailableNow()\n"
+        "start = reader.initialOffset()\n"
+        "end = reader.latestOffset(start, ReadAllAvailable())\n"
+        f"assert offsets.read_through(end)[{journal!r}] > 0\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "planning imported pandas"
+
+
+def fragments_persisted(broker: str, journal: str) -> tuple[int, int]:
+    """(persisted fragments, all fragments) of the journal, as the broker's index lists them."""
+
+    async def listing() -> tuple[int, int]:
+        client = JournalClient(broker)
+        try:
+            found = await list_all_fragments(client, pb.FragmentsRequest(journal=journal))
+        finally:
+            await client.close()
+        specs = [f.spec for f in found.fragments]
+        return sum(bool(f.backing_store) for f in specs), len(specs)
+
+    return asyncio.run(listing())
+
+
+def wait_closed_persisted(broker: str, journal: str) -> None:
+    """Until every fragment but the open one is in the store (no event tells: polled)."""
+    deadline, wait = time.monotonic() + persist_timeout_s, 0.05
+    while (counts := fragments_persisted(broker, journal))[0] < counts[1] - 1:
+        assert time.monotonic() < deadline, f"persisted {counts[0]} of {counts[1]} fragments"
+        time.sleep(wait)
+        wait = min(wait * 2, persist_poll_s_max)
+
+
+def micro_batch_texts(reader: GazetteStreamReader, start: Any) -> tuple[list[str], Any, bool]:
+    """One micro-batch planned and read as Spark does: its texts, its end offset, and whether
+    its partitions read both persisted fragments and content only the broker holds."""
+    end = reader.latestOffset(start, ReadAllAvailable())
+    parts = reader.partitions(start, end)
+    fragments = [f for part in parts for f in part.fragments]
+    mixed = any(f.persisted for f in fragments) and not all(f.persisted for f in fragments)
+    got = [
+        json.loads(content)["text"]
+        for part in parts
+        for batch in reader.read(part)
+        for content in batch.column("content").to_pylist()
+    ]
+    return got, end, mixed
+
+
+def test_micro_batches_across_stored_and_spooled_content(tmp_path: Path) -> None:
+    """Micro-batches of a journal whose fragments are partly in the store (read from their
+    files) and partly only in the broker's spool (read through it), split in partitions, a
+    transaction open across both that boundary and the micro-batches': each committed message
+    is delivered once, by the micro-batch reading its ACK."""
+    journal = unique("spark/stream-stored")
+    (tmp_path / "frag").mkdir()
+    messages = long_transaction_history()
+    long_ack = messages.pop()  # The long transaction's ACK: in the second micro-batch.
+    # A producer's messages, first in the journal, then re-sent (a retried append) at the end of
+    # the first micro-batch, in its last partition, and again in the second micro-batch: they
+    # are delivered once only if each partition starts from the producers' state at its start,
+    # and each micro-batch from the state the one before ended with.
+    early_p = producer()
+    base = clock_from_unix_nanos(time.time_ns())
+    early = [Msg(early_p, base + i, OUTSIDE, {"text": f"early{i}"}) for i in range(20)]
+    with gazette_serve(tmp_path) as (port, _proc):
+        b = f"127.0.0.1:{port}"
+        create_small_fragment_journal(b, journal, 16 << 10, ("file:///frag/",))
+        append_in_groups(b, journal, early + messages + early)
+        wait_closed_persisted(b, journal)
+        reader = stream_reader(b, journal)
+        start = reader.initialOffset()
+        first, end, mixed = micro_batch_texts(reader, start)
+        assert mixed, "the first micro-batch read no spooled or no stored content: no test"
+        assert not any(t.startswith("long") for t in first)  # Not acknowledged yet.
+        append_in_groups(b, journal, [long_ack, *early])
+        second, _, _ = micro_batch_texts(reader, end)
+        expected = committed_texts(b, journal)
+    assert sum(t.startswith("long") for t in second) == 1500
+    assert sum(t.startswith("early") for t in first + second) == 20
+    assert sorted(first + second) == sorted(expected)
+    assert len(set(first + second)) == len(first + second)  # Each text is sent once, then again.
