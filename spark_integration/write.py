@@ -23,8 +23,10 @@ base clock is taken.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
@@ -38,14 +40,15 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from broker.client.list_apply import get_journal
+from broker.client.list_apply import get_journal, list_journals
 from broker.client.route_cache import JournalClient
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
+from spark_integration.csv_width import check_width, first_record_fields
 from spark_integration.journal_io import GazetteJournalError, resolve_journals, run_with_client
-from spark_integration.options import GazetteOptionError, WriteOptions
+from spark_integration.options import GazetteOptionError, WriteOptions, journals_max
 from spark_integration.publish import PublishedTxn, append_acks, publish_partition
 from spark_integration.routing import RowShape
 from spark_integration.sink_commit import BatchTxns, abort_batch, commit_batch
@@ -77,7 +80,6 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
             )
         if not isinstance(column.dataType, StringType):
             raise GazetteOptionError("journal", "the 'journal' column must be a string")
-    key_journals: tuple[tuple[str, str], ...] = ()
     if opts.key_column:
         key = fields.get(opts.key_column)
         if key is None:
@@ -92,8 +94,7 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
                 f"column {opts.key_column!r} is {key.dataType.simpleString()}: keys must be"
                 " strings, binary or integers",
             )
-        key_journals = _key_journals(opts)
-    content_types = key_journals or _journal_content_type(opts)
+    plan = run_with_client(opts.broker, lambda client: _plan(client, opts))
     content = fields.get("content")
     content_column = content is not None and isinstance(content.dataType, StringType)
     shape = RowShape(
@@ -101,45 +102,72 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
         journal_column=journal_column,
         journal=opts.journal,
         key_column=opts.key_column,
-        key_journals=tuple(name for name, _ in key_journals),
+        key_journals=plan.key_journals,
         mapping=opts.mapping,
-        content_types=content_types,
+        content_types=plan.content_types,
         content_type=opts.content_type,
+        journal_labels=plan.journal_labels,
     )
-    for journal, content_type in content_types:  # Refuse what tasks would refuse, now.
-        WriteFraming.of(journal, content_type, shape, schema.fieldNames())
-    return shape
+    names = schema.fieldNames()
+    framings = {  # Refuse what tasks would refuse, now.
+        journal: WriteFraming.of(journal, content_type, shape, names)
+        for journal, content_type in plan.content_types
+    }
+    csv = [j for j, f in framings.items() if f.content_type == gl.CONTENT_TYPE_CSV]
+    if not csv:
+        return shape
+    widths = run_with_client(opts.broker, lambda client: _csv_fields(client, csv))
+    columns = shape.message_columns(names)
+    for journal, existing in widths:
+        check_width(journal, existing, framings[journal].csv_fields, columns)
+    return replace(shape, csv_fields=widths)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the driver looks up for a write: the journals of keyColumn routing (sorted), the
+    content-type of each journal it knows rows go to, and for a write whose rows name their
+    journal, the content-type label of every journal (routing.RowShape)."""
+
+    key_journals: tuple[str, ...] = ()
+    content_types: tuple[tuple[str, str], ...] = ()
+    journal_labels: tuple[tuple[str, str], ...] = ()
+
+
+async def _plan(client: JournalClient, opts: WriteOptions) -> _Plan:
+    if opts.key_column:
+        specs = await resolve_journals(client, (), opts.selector, check=False)
+        if not specs:
+            raise GazetteOptionError("selector", f"{opts.selector!r} matches no journal")
+        key_journals = tuple((spec.name, _content_type(spec, opts.content_type)) for spec in specs)
+        return _Plan(tuple(name for name, _ in key_journals), key_journals)
+    if opts.journal:
+        try:
+            spec = await get_journal(client, opts.journal)
+        except JournalNotFoundError:
+            raise GazetteJournalError(f"journal {opts.journal!r} does not exist") from None
+        return _Plan(content_types=((opts.journal, _content_type(spec, opts.content_type)),))
+    # Rows name their journals: list every journal once (per write, or micro-batch) rather
+    # than have each task look up each journal it meets. Beyond journals_max, tasks do.
+    listing = await list_journals(client)
+    if len(listing.journals) > journals_max:
+        return _Plan()
+    return _Plan(
+        journal_labels=tuple(
+            sorted(
+                (j.spec.name, gl.value_of(j.spec.labels, gl.CONTENT_TYPE)) for j in listing.journals
+            )
+        )
+    )
+
+
+async def _csv_fields(client: JournalClient, journals: list[str]) -> tuple[tuple[str, int], ...]:
+    widths = await asyncio.gather(*(first_record_fields(client, j) for j in journals))
+    return tuple(zip(journals, widths, strict=True))
 
 
 def _content_type(spec: pb.JournalSpec, wanted: str) -> str:
     return write_content_type(spec.name, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
-
-
-def _key_journals(opts: WriteOptions) -> tuple[tuple[str, str], ...]:
-    """The journals `opts.selector` matches, sorted by name, and their content-types."""
-
-    async def journals(client: JournalClient) -> tuple[tuple[str, str], ...]:
-        specs = await resolve_journals(client, (), opts.selector, check=False)
-        return tuple((spec.name, _content_type(spec, opts.content_type)) for spec in specs)
-
-    names = run_with_client(opts.broker, journals)
-    if not names:
-        raise GazetteOptionError("selector", f"{opts.selector!r} matches no journal")
-    return names
-
-
-def _journal_content_type(opts: WriteOptions) -> tuple[tuple[str, str], ...]:
-    """Option `journal` and its content-type (nothing without the option)."""
-    if not opts.journal:
-        return ()
-
-    async def check(client: JournalClient) -> str:
-        try:
-            return _content_type(await get_journal(client, opts.journal), opts.content_type)
-        except JournalNotFoundError:
-            raise GazetteJournalError(f"journal {opts.journal!r} does not exist") from None
-
-    return ((opts.journal, run_with_client(opts.broker, check)),)
 
 
 def _group(messages: Sequence[WriterCommitMessage | None], field: str) -> dict[str, list[bytes]]:
