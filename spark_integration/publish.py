@@ -252,14 +252,17 @@ def encode_batch(
     return encode_routes(shape, batch, routes, producer, first_clock, framings)
 
 
-async def journal_content_type(client: JournalClient, journal: str, wanted: str) -> str:
+async def journal_content_type(
+    client: JournalClient, journal: str, wanted: str, protobuf_class: str = ""
+) -> str:
     """The content-type a task writes `journal` with (write_framing.write_content_type), from
     the journal's spec: for journals the driver could not know (a `journal` column's)."""
     try:
         spec = await get_journal(client, journal)
     except JournalNotFoundError:
         raise GazetteJournalError(f"journal {journal!r} does not exist") from None
-    return write_content_type(journal, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
+    label = gl.value_of(spec.labels, gl.CONTENT_TYPE)
+    return write_content_type(journal, label, wanted, protobuf_class)
 
 
 async def task_framing(
@@ -273,10 +276,14 @@ async def task_framing(
     if journal in known:
         content_type = known[journal]
     elif journal in labels:
-        content_type = write_content_type(journal, labels[journal], shape.content_type)
+        content_type = write_content_type(
+            journal, labels[journal], shape.content_type, shape.protobuf_class
+        )
     else:  # Not listed by the driver (created since), or more journals than it lists.
-        content_type = await journal_content_type(client, journal, shape.content_type)
-    framing = WriteFraming.of(journal, content_type, shape, batch.schema.names)
+        content_type = await journal_content_type(
+            client, journal, shape.content_type, shape.protobuf_class
+        )
+    framing = WriteFraming.of(journal, content_type, shape, batch.schema.names, batch.schema)
     if framing.content_type == gl.CONTENT_TYPE_CSV:
         checked = dict(shape.csv_fields)
         existing = checked[journal] if journal in checked else None

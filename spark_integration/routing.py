@@ -62,6 +62,7 @@ class RowShape:
     content_type: str = ""
     journal_labels: tuple[tuple[str, str], ...] = ()
     csv_fields: tuple[tuple[str, int], ...] = ()
+    protobuf_class: str = ""  # Option protobufClass: the message class of protobuf journals.
 
     def message_columns(self, names: Sequence[str]) -> list[str]:
         """The columns of a row that make its JSON object (when there is no content column)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
     ByteType,
@@ -46,6 +47,7 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
+from spark_integration.arrow_protobuf import uuid_field
 from spark_integration.csv_width import check_width, first_record_fields
 from spark_integration.journal_io import GazetteJournalError, resolve_journals, run_with_client
 from spark_integration.options import GazetteOptionError, WriteOptions, journals_max
@@ -107,10 +109,15 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
         content_types=plan.content_types,
         content_type=opts.content_type,
         journal_labels=plan.journal_labels,
+        protobuf_class=opts.protobuf_class,
     )
     names = schema.fieldNames()
+    if opts.protobuf_class:
+        uuid_field(opts.protobuf_class)  # Importable here, with a field for the UUID.
+    proto = any(t == gl.CONTENT_TYPE_PROTO_FIXED for _, t in plan.content_types)
+    types = to_arrow_schema(schema) if proto else None  # Protobuf fields are checked by type.
     framings = {  # Refuse what tasks would refuse, now.
-        journal: WriteFraming.of(journal, content_type, shape, names)
+        journal: WriteFraming.of(journal, content_type, shape, names, types)
         for journal, content_type in plan.content_types
     }
     csv = [j for j, f in framings.items() if f.content_type == gl.CONTENT_TYPE_CSV]
@@ -139,14 +146,14 @@ async def _plan(client: JournalClient, opts: WriteOptions) -> _Plan:
         specs = await resolve_journals(client, (), opts.selector, check=False)
         if not specs:
             raise GazetteOptionError("selector", f"{opts.selector!r} matches no journal")
-        key_journals = tuple((spec.name, _content_type(spec, opts.content_type)) for spec in specs)
+        key_journals = tuple((spec.name, _content_type(spec, opts)) for spec in specs)
         return _Plan(tuple(name for name, _ in key_journals), key_journals)
     if opts.journal:
         try:
             spec = await get_journal(client, opts.journal)
         except JournalNotFoundError:
             raise GazetteJournalError(f"journal {opts.journal!r} does not exist") from None
-        return _Plan(content_types=((opts.journal, _content_type(spec, opts.content_type)),))
+        return _Plan(content_types=((opts.journal, _content_type(spec, opts)),))
     # Rows name their journals: list every journal once (per write, or micro-batch) rather
     # than have each task look up each journal it meets. Beyond journals_max, tasks do.
     listing = await list_journals(client)
@@ -166,8 +173,9 @@ async def _csv_fields(client: JournalClient, journals: list[str]) -> tuple[tuple
     return tuple(zip(journals, widths, strict=True))
 
 
-def _content_type(spec: pb.JournalSpec, wanted: str) -> str:
-    return write_content_type(spec.name, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
+def _content_type(spec: pb.JournalSpec, opts: WriteOptions) -> str:
+    label = gl.value_of(spec.labels, gl.CONTENT_TYPE)
+    return write_content_type(spec.name, label, opts.content_type, opts.protobuf_class)
 
 
 def _group(messages: Sequence[WriterCommitMessage | None], field: str) -> dict[str, list[bytes]]:
