@@ -10,9 +10,12 @@ Speculative or retried task attempts publish under producers of their own, and o
 whose commit message reaches the driver is acknowledged.
 
 Both are Spark's Arrow writers: tasks receive their rows as Arrow record batches, encoded in
-bulk (arrow_json.py), and routed to journals by option, column or key (routing.py). Journals
-routed to by key are listed once, here on the driver, so that every task of the write (and
-every retry) maps keys over the same journals.
+bulk as each journal's content-type says (write_framing.py), and routed to journals by option,
+column or key (routing.py). Journals routed to by key are listed once, here on the driver, so
+that every task of the write (and every retry) maps keys over the same journals; for rows that
+name their journal, the driver lists every journal's content-type once (per write, or
+micro-batch), so that tasks need not look each up. The width of the CSV journals the driver
+knows is checked here too (csv_width.py), before any task runs.
 
 Streaming (`GazetteStreamWriter`): the same per micro-batch, under producers reused from one
 micro-batch to the next (sink_task.py), committed through the query's register in each journal
@@ -69,7 +72,8 @@ _KEY_TYPES = (StringType, BinaryType, LongType, IntegerType, ShortType, ByteType
 def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
     """Validate the DataFrame's schema against the options (on the driver, before any task);
     list the journals rows are routed to by key, and the content-type of every journal the
-    options name (write_framing.py: a journal that cannot be written is refused here)."""
+    options name (write_framing.py: a journal that cannot be written, protobuf columns that
+    do not fit the message, a CSV journal of another width, are refused here)."""
     fields = {f.name: f for f in schema.fields}
     journal_column = not opts.journal and not opts.key_column
     if journal_column:
