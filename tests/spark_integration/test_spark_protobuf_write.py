@@ -61,7 +61,7 @@ def test_a_batch_write_to_a_protobuf_journal_reads_back_exactly_once(
     journal = unique("spark/proto-write")
     create_journals(broker, [journal], content_type=PROTO)
     rows = [(f"t-{i}", i * 7 - 20) for i in range(50)] + [("", 0)]
-    df = spark.createDataFrame(rows, "text STRING, n LONG").repartition(2)
+    df = spark.createDataFrame(rows, "text STRING, n LONG")  # Two partitions (local[2]).
 
     df.write.format("gazette").mode("append").option("broker", broker).option(
         "journal", journal
@@ -159,7 +159,7 @@ def test_a_value_the_message_cannot_hold_fails_the_write_naming_the_column(
     tallies = unique("spark/proto-tally")
     create_journals(broker, [tallies], content_type=PROTO)
     rows = [(f"k-{i}", i) for i in range(40)] + [("bad", -1)]
-    df = spark.createDataFrame(rows, "key STRING, count LONG").repartition(2)
+    df = spark.createDataFrame(rows, "key STRING, count LONG")  # Two partitions.
     with pytest.raises(Exception, match=r"GazetteColumnError: column 'count': value -1"):
         df.write.format("gazette").mode("append").option("broker", broker).option(
             "journal", tallies
