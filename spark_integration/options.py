@@ -19,9 +19,11 @@ Writes:
                 decimal text: routing.py)
     mapping     modulo (default: Gazette's ModuloMapping, FNV-1a of the key modulo the
                 journals sorted by name) or rendezvous
-    contentType application/x-ndjson or text/csv; each journal's content-type label must
-                agree (or is taken as this, if it has none). Messages are framed as the
-                label says (write_framing.py); protobuf journals are read-only here
+    contentType application/x-ndjson, text/csv or application/x-protobuf-fixed; each
+                journal's content-type label must agree (or is taken as this, if it has
+                none). Messages are framed as the label says (write_framing.py)
+    protobufClass the message class ("module:Class") rows of protobuf journals are encoded
+                to (arrow_protobuf.py); protobuf journals are refused without it
 Streaming writes also accept the options Spark itself passes on (checkpointLocation,
 queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
@@ -51,7 +53,7 @@ CONTENT_TYPES: Final = (
     labels.CONTENT_TYPE_PROTO_FIXED,
 )
 BATCH_WRITE_OPTIONS: Final = frozenset(
-    ("broker", "journal", "selector", "keyColumn", "mapping", "contentType")
+    ("broker", "journal", "selector", "keyColumn", "mapping", "contentType", "protobufClass")
 )
 # Spark passes the query's checkpointLocation and queryName on to a streaming sink.
 STREAM_WRITE_OPTIONS: Final = frozenset((*BATCH_WRITE_OPTIONS, "checkpointLocation", "queryName"))
@@ -79,6 +81,7 @@ class WriteOptions:
     key_column: str
     mapping: str
     content_type: str  # "" : each journal's label decides.
+    protobuf_class: str = ""  # "module:Class" of protobuf journals' messages.
 
 
 def check_known(options: Mapping[str, str], known: Collection[str], what: str) -> None:
@@ -247,11 +250,18 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
             "mapping", f"must be one of {', '.join(MAPPINGS)} (got {mapping!r})"
         )
     content_type = content_type_option(options)
-    if content_type and content_type not in WRITABLE_CONTENT_TYPES:
+    protobuf_class = get(options, "protobufClass")
+    proto = content_type == labels.CONTENT_TYPE_PROTO_FIXED
+    if proto and not protobuf_class:
         raise GazetteOptionError(
             "contentType",
             f"writes are {' or '.join(WRITABLE_CONTENT_TYPES)} (got {content_type!r}: protobuf"
-            " journals are read-only here, as rows carry no message class to encode them with)",
+            " journals are written given option protobufClass, the message class to encode"
+            " rows with)",
+        )
+    if protobuf_class and content_type and not proto:
+        raise GazetteOptionError(
+            "protobufClass", f"is for protobuf journals, and option contentType is {content_type}"
         )
     return WriteOptions(
         broker=broker,
@@ -260,4 +270,5 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         key_column=key_column,
         mapping=mapping,
         content_type=content_type,
+        protobuf_class=protobuf_class,
     )

@@ -51,6 +51,7 @@ from spark_integration.arrow_json import (
     lines_of,
     uuid_suffixes,
 )
+from spark_integration.csv_width import check_width, first_record_fields
 from spark_integration.journal_io import GazetteJournalError, run_with_client
 from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
@@ -251,14 +252,46 @@ def encode_batch(
     return encode_routes(shape, batch, routes, producer, first_clock, framings)
 
 
-async def journal_content_type(client: JournalClient, journal: str, wanted: str) -> str:
+async def journal_content_type(
+    client: JournalClient, journal: str, wanted: str, protobuf_class: str = ""
+) -> str:
     """The content-type a task writes `journal` with (write_framing.write_content_type), from
     the journal's spec: for journals the driver could not know (a `journal` column's)."""
     try:
         spec = await get_journal(client, journal)
     except JournalNotFoundError:
         raise GazetteJournalError(f"journal {journal!r} does not exist") from None
-    return write_content_type(journal, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
+    label = gl.value_of(spec.labels, gl.CONTENT_TYPE)
+    return write_content_type(journal, label, wanted, protobuf_class)
+
+
+async def task_framing(
+    client: JournalClient, shape: RowShape, journal: str, batch: pa.RecordBatch
+) -> WriteFraming:
+    """The framing of `journal`, met by a task in `batch` before it appends anything there: by
+    the content-type the driver resolved or listed, else the journal's spec; the width of a CSV
+    journal's records checked against the rows' (csv_width.py) unless the driver did."""
+    known = dict(shape.content_types)
+    labels = dict(shape.journal_labels)
+    if journal in known:
+        content_type = known[journal]
+    elif journal in labels:
+        content_type = write_content_type(
+            journal, labels[journal], shape.content_type, shape.protobuf_class
+        )
+    else:  # Not listed by the driver (created since), or more journals than it lists.
+        content_type = await journal_content_type(
+            client, journal, shape.content_type, shape.protobuf_class
+        )
+    framing = WriteFraming.of(journal, content_type, shape, batch.schema.names, batch.schema)
+    if framing.content_type == gl.CONTENT_TYPE_CSV:
+        checked = dict(shape.csv_fields)
+        existing = checked[journal] if journal in checked else None
+        if existing is None:
+            existing = await first_record_fields(client, journal)
+        columns = shape.message_columns(batch.schema.names)
+        check_width(journal, existing, framing.csv_fields, columns)
+    return framing
 
 
 def batches_of_rows(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
@@ -284,7 +317,6 @@ async def publish_batches(
     `base_clock`."""
     producer = task.producer()
     buffers = _Buffers(client, task)
-    content_types = dict(shape.content_types)
     # The framing of each journal published to, in first-publish order.
     framings: dict[str, WriteFraming] = {}
     clock = base_clock
@@ -294,14 +326,8 @@ async def publish_batches(
                 continue
             routes = route(shape, batch)
             for journal, _ in routes:
-                if journal in framings:
-                    continue
-                content_type = content_types.get(journal) or await journal_content_type(
-                    client, journal, shape.content_type
-                )
-                framings[journal] = WriteFraming.of(
-                    journal, content_type, shape, batch.schema.names
-                )
+                if journal not in framings:
+                    framings[journal] = await task_framing(client, shape, journal, batch)
             for journal, lines in encode_routes(
                 shape, batch, routes, producer, clock + 1, framings
             ):

@@ -47,7 +47,10 @@ class RowShape:
     "journal" column); and to journals: option "journal", each row's "journal" column, or
     `key_column` mapped over `key_journals` (sorted by name) by `mapping`. `content_types`:
     the content-type of each journal the driver resolved (write_framing.py; tasks look up
-    the others); `content_type`: option contentType ("" if not given)."""
+    the others); `content_type`: option contentType ("" if not given); `journal_labels`:
+    the content-type label of every journal, listed by the driver when rows name their
+    journal (so that tasks need not look each one up); `csv_fields`: the number of fields of
+    the records of each CSV journal whose width the driver read (csv_width.py; 0 if empty)."""
 
     content_column: bool
     journal_column: bool
@@ -57,6 +60,9 @@ class RowShape:
     mapping: str = MODULO
     content_types: tuple[tuple[str, str], ...] = ()
     content_type: str = ""
+    journal_labels: tuple[tuple[str, str], ...] = ()
+    csv_fields: tuple[tuple[str, int], ...] = ()
+    protobuf_class: str = ""  # Option protobufClass: the message class of protobuf journals.
 
     def message_columns(self, names: Sequence[str]) -> list[str]:
         """The columns of a row that make its JSON object (when there is no content column)."""

@@ -10,9 +10,12 @@ Speculative or retried task attempts publish under producers of their own, and o
 whose commit message reaches the driver is acknowledged.
 
 Both are Spark's Arrow writers: tasks receive their rows as Arrow record batches, encoded in
-bulk (arrow_json.py), and routed to journals by option, column or key (routing.py). Journals
-routed to by key are listed once, here on the driver, so that every task of the write (and
-every retry) maps keys over the same journals.
+bulk as each journal's content-type says (write_framing.py), and routed to journals by option,
+column or key (routing.py). Journals routed to by key are listed once, here on the driver, so
+that every task of the write (and every retry) maps keys over the same journals; for rows that
+name their journal, the driver lists every journal's content-type once (per write, or
+micro-batch), so that tasks need not look each up. The width of the CSV journals the driver
+knows is checked here too (csv_width.py), before any task runs.
 
 Streaming (`GazetteStreamWriter`): the same per micro-batch, under producers reused from one
 micro-batch to the next (sink_task.py), committed through the query's register in each journal
@@ -23,11 +26,14 @@ base clock is taken.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
     ByteType,
@@ -38,14 +44,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from broker.client.list_apply import get_journal
+from broker.client.list_apply import get_journal, list_journals
 from broker.client.route_cache import JournalClient
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
+from spark_integration.arrow_protobuf import uuid_field
+from spark_integration.csv_width import check_width, first_record_fields
 from spark_integration.journal_io import GazetteJournalError, resolve_journals, run_with_client
-from spark_integration.options import GazetteOptionError, WriteOptions
+from spark_integration.options import GazetteOptionError, WriteOptions, journals_max
 from spark_integration.publish import PublishedTxn, append_acks, publish_partition
 from spark_integration.routing import RowShape
 from spark_integration.sink_commit import BatchTxns, abort_batch, commit_batch
@@ -64,7 +72,8 @@ _KEY_TYPES = (StringType, BinaryType, LongType, IntegerType, ShortType, ByteType
 def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
     """Validate the DataFrame's schema against the options (on the driver, before any task);
     list the journals rows are routed to by key, and the content-type of every journal the
-    options name (write_framing.py: a journal that cannot be written is refused here)."""
+    options name (write_framing.py: a journal that cannot be written, protobuf columns that
+    do not fit the message, a CSV journal of another width, are refused here)."""
     fields = {f.name: f for f in schema.fields}
     journal_column = not opts.journal and not opts.key_column
     if journal_column:
@@ -77,7 +86,6 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
             )
         if not isinstance(column.dataType, StringType):
             raise GazetteOptionError("journal", "the 'journal' column must be a string")
-    key_journals: tuple[tuple[str, str], ...] = ()
     if opts.key_column:
         key = fields.get(opts.key_column)
         if key is None:
@@ -92,8 +100,7 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
                 f"column {opts.key_column!r} is {key.dataType.simpleString()}: keys must be"
                 " strings, binary or integers",
             )
-        key_journals = _key_journals(opts)
-    content_types = key_journals or _journal_content_type(opts)
+    plan = run_with_client(opts.broker, lambda client: _plan(client, opts))
     content = fields.get("content")
     content_column = content is not None and isinstance(content.dataType, StringType)
     shape = RowShape(
@@ -101,45 +108,78 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
         journal_column=journal_column,
         journal=opts.journal,
         key_column=opts.key_column,
-        key_journals=tuple(name for name, _ in key_journals),
+        key_journals=plan.key_journals,
         mapping=opts.mapping,
-        content_types=content_types,
+        content_types=plan.content_types,
         content_type=opts.content_type,
+        journal_labels=plan.journal_labels,
+        protobuf_class=opts.protobuf_class,
     )
-    for journal, content_type in content_types:  # Refuse what tasks would refuse, now.
-        WriteFraming.of(journal, content_type, shape, schema.fieldNames())
-    return shape
+    names = schema.fieldNames()
+    if opts.protobuf_class:
+        uuid_field(opts.protobuf_class)  # Importable here, with a field for the UUID.
+    proto = any(t == gl.CONTENT_TYPE_PROTO_FIXED for _, t in plan.content_types)
+    types = to_arrow_schema(schema) if proto else None  # Protobuf fields are checked by type.
+    framings = {  # Refuse what tasks would refuse, now.
+        journal: WriteFraming.of(journal, content_type, shape, names, types)
+        for journal, content_type in plan.content_types
+    }
+    csv = [j for j, f in framings.items() if f.content_type == gl.CONTENT_TYPE_CSV]
+    if not csv:
+        return shape
+    widths = run_with_client(opts.broker, lambda client: _csv_fields(client, csv))
+    columns = shape.message_columns(names)
+    for journal, existing in widths:
+        check_width(journal, existing, framings[journal].csv_fields, columns)
+    return replace(shape, csv_fields=widths)
 
 
-def _content_type(spec: pb.JournalSpec, wanted: str) -> str:
-    return write_content_type(spec.name, gl.value_of(spec.labels, gl.CONTENT_TYPE), wanted)
+@dataclass(frozen=True)
+class _Plan:
+    """What the driver looks up for a write: the journals of keyColumn routing (sorted), the
+    content-type of each journal it knows rows go to, and for a write whose rows name their
+    journal, the content-type label of every journal (routing.RowShape)."""
+
+    key_journals: tuple[str, ...] = ()
+    content_types: tuple[tuple[str, str], ...] = ()
+    journal_labels: tuple[tuple[str, str], ...] = ()
 
 
-def _key_journals(opts: WriteOptions) -> tuple[tuple[str, str], ...]:
-    """The journals `opts.selector` matches, sorted by name, and their content-types."""
-
-    async def journals(client: JournalClient) -> tuple[tuple[str, str], ...]:
+async def _plan(client: JournalClient, opts: WriteOptions) -> _Plan:
+    if opts.key_column:
         specs = await resolve_journals(client, (), opts.selector, check=False)
-        return tuple((spec.name, _content_type(spec, opts.content_type)) for spec in specs)
-
-    names = run_with_client(opts.broker, journals)
-    if not names:
-        raise GazetteOptionError("selector", f"{opts.selector!r} matches no journal")
-    return names
-
-
-def _journal_content_type(opts: WriteOptions) -> tuple[tuple[str, str], ...]:
-    """Option `journal` and its content-type (nothing without the option)."""
-    if not opts.journal:
-        return ()
-
-    async def check(client: JournalClient) -> str:
+        if not specs:
+            raise GazetteOptionError("selector", f"{opts.selector!r} matches no journal")
+        key_journals = tuple((spec.name, _content_type(spec, opts)) for spec in specs)
+        return _Plan(tuple(name for name, _ in key_journals), key_journals)
+    if opts.journal:
         try:
-            return _content_type(await get_journal(client, opts.journal), opts.content_type)
+            spec = await get_journal(client, opts.journal)
         except JournalNotFoundError:
             raise GazetteJournalError(f"journal {opts.journal!r} does not exist") from None
+        return _Plan(content_types=((opts.journal, _content_type(spec, opts)),))
+    # Rows name their journals: list every journal once (per write, or micro-batch) rather
+    # than have each task look up each journal it meets. Beyond journals_max, tasks do.
+    listing = await list_journals(client)
+    if len(listing.journals) > journals_max:
+        return _Plan()
+    return _Plan(
+        journal_labels=tuple(
+            sorted(
+                (j.spec.name, gl.value_of(j.spec.labels, gl.CONTENT_TYPE)) for j in listing.journals
+            )
+        )
+    )
 
-    return ((opts.journal, run_with_client(opts.broker, check)),)
+
+async def _csv_fields(client: JournalClient, journals: list[str]) -> tuple[tuple[str, int], ...]:
+    widths = await asyncio.gather(*(first_record_fields(client, j) for j in journals))
+    return tuple(zip(journals, widths, strict=True))
+
+
+def _content_type(spec: pb.JournalSpec, opts: WriteOptions) -> str:
+    label = gl.value_of(spec.labels, gl.CONTENT_TYPE)
+    return write_content_type(spec.name, label, opts.content_type, opts.protobuf_class)
 
 
 def _group(messages: Sequence[WriterCommitMessage | None], field: str) -> dict[str, list[bytes]]:

@@ -13,10 +13,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.spark_integration.spark_testkit import REPO, broker_process
+
+if TYPE_CHECKING:
+    from broker.testing.moto_server import MotoServer
 
 try:
     import pyspark  # noqa: F401  (the optional "spark" extra)
@@ -32,6 +36,26 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    """A moto S3 server (broker/testing/moto_server.py) for the tests of s3:// stores."""
+    from broker.testing.moto_server import MotoServer  # boto3: only for the tests that need it.
+
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's S3 clients (the driver's, and brokers it starts) use moto's
+    credentials, and no ~/.aws profile."""
+    from broker.testing.moto_server import credentials_env
+
+    for name, value in credentials_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     pyspark_sql = pytest.importorskip("pyspark.sql")
     if subprocess.run(["java", "-version"], capture_output=True, check=False).returncode != 0:
@@ -41,8 +65,15 @@ def spark() -> Iterator[object]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    from broker.testing.moto_server import credentials_env
+
+    builder = pyspark_sql.SparkSession.builder
+    # Credentials of the moto S3 server (moto_server fixture) reach the Python workers as a
+    # user's reach theirs: as the executors' environment (docs/spark.md, "s3:// stores").
+    for name, value in credentials_env().items():
+        builder = builder.config(f"spark.executorEnv.{name}", value)
     session = (
-        pyspark_sql.SparkSession.builder.master("local[2,3]")
+        builder.master("local[2,3]")
         .appName("gazette-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

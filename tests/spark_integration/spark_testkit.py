@@ -178,33 +178,27 @@ def reader(spark: Any, broker: str, **options: str) -> Any:
     return r
 
 
-def committed_texts(broker: str, journal: str) -> list[str]:
-    """The "text" fields of the journal's committed messages, in journal order of delivery:
-    the whole journal read raw and put through a Sequencer by its general protocol, apart from
-    the data source's own read path."""
+def committed(journal: str, messages: Sequence[tuple[uuid.UUID, Any]]) -> list[Any]:
+    """The payloads of the committed messages among `messages` ((UUID, payload) of each of a
+    journal's messages, ACKs included, in journal order), in order of delivery: put through a
+    Sequencer by its general protocol, apart from the data source's own read path."""
     from gazette_consumer.message.uuid import get_clock, get_producer_id
     from gazette_consumer.sequencer import RING_SIZE_MAX, SeqEnvelope, Sequencer
 
-    envelopes: list[SeqEnvelope] = []
-    offset = 0
-    for line in read_all(broker, journal).splitlines(keepends=True):
-        body = json.loads(line)
-        u = uuid.UUID(body["UUID"])
-        text = body.get("text")
-        envelopes.append(
-            SeqEnvelope(
-                journal,
-                offset,
-                offset + len(line),
-                bytes(get_producer_id(u)),
-                get_clock(u),
-                get_flags(u),
-                text,
-            )
+    envelopes = [
+        SeqEnvelope(
+            journal,
+            index,
+            index + 1,
+            bytes(get_producer_id(u)),
+            get_clock(u),
+            get_flags(u),
+            payload,
         )
-        offset += len(line)
+        for index, (u, payload) in enumerate(messages)
+    ]
     seq: Sequencer[SeqEnvelope] = Sequencer(min(RING_SIZE_MAX, len(envelopes) + 1))
-    out: list[str] = []
+    out: list[Any] = []
     for env in envelopes:
         seq.queue_uncommitted(env)
         required = seq.replay_required
@@ -214,5 +208,14 @@ def committed_texts(broker: str, journal: str) -> list[str]:
             dequeued = seq.dequeued
             assert dequeued is not None
             if not dequeued.is_ack:
-                out.append(str(dequeued.message))
+                out.append(dequeued.message)
     return out
+
+
+def committed_texts(broker: str, journal: str) -> list[str]:
+    """The "text" fields of the journal's committed JSON messages, in order of delivery: the
+    whole journal read raw (`committed`)."""
+    bodies = [json.loads(line) for line in read_all(broker, journal).splitlines()]
+    return [
+        str(b.get("text")) for b in committed(journal, [(uuid.UUID(b["UUID"]), b) for b in bodies])
+    ]

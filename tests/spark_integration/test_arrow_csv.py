@@ -142,7 +142,7 @@ def test_a_content_column_cannot_be_written_to_csv() -> None:
         (
             labels.CONTENT_TYPE_PROTO_FIXED,
             "",
-            r"writes application/x-ndjson and text/csv journals only .*message class",
+            r"writes application/x-ndjson and text/csv journals only, and protobuf journals given option protobufClass",
         ),
         ("", "", r"content-type is 'not set'.* give option contentType"),
         ("text/plain", "", "writes application/x-ndjson and text/csv journals only"),

@@ -99,7 +99,7 @@ def test_unknown_write_options_are_refused() -> None:
     with pytest.raises(
         GazetteOptionError,
         match="are: broker, checkpointLocation, contentType, journal, keyColumn, mapping,"
-        " queryName, selector",
+        " protobufClass, queryName, selector",
     ):
         parse_write_options({"broker": "h:1", "path": "/tmp/x"}, streaming=True)
 

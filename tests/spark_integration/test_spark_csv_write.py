@@ -18,13 +18,13 @@ from broker.protocol import labels
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from gazette_consumer.message.csv_framing import CSVFraming, parse_record
 from gazette_consumer.message.framing import Frame
-from gazette_consumer.message.uuid import get_clock, get_flags, get_producer_id
-from gazette_consumer.sequencer import RING_SIZE_MAX, SeqEnvelope, Sequencer
+from gazette_consumer.message.uuid import get_flags
 from spark_integration.journal_io import GazetteJournalError
 from tests.spark_integration.spark_testkit import (
     OUTSIDE,
     Msg,
     append_messages,
+    committed,
     create_journals,
     producer,
     read_all,
@@ -45,38 +45,10 @@ def csv_records(broker: str, journal: str) -> list[list[str]]:
 
 
 def committed_csv(broker: str, journal: str) -> list[list[str]]:
-    """The fields after the UUID of the journal's committed records, by the consumer
-    framework's Sequencer (as spark_testkit.committed_texts, for CSV)."""
+    """The fields after the UUID of the journal's committed records (spark_testkit.committed)."""
     records = csv_records(broker, journal)
     assert len({len(r) for r in records}) <= 1, "records of several widths: unreadable"
-    envelopes, offset = [], 0
-    for index, record in enumerate(records):
-        u = uuid.UUID(record[0])
-        envelopes.append(
-            SeqEnvelope(
-                journal,
-                index,
-                index + 1,
-                bytes(get_producer_id(u)),
-                get_clock(u),
-                get_flags(u),
-                record[1:],
-            )
-        )
-        offset += 1
-    seq: Sequencer[SeqEnvelope] = Sequencer(min(RING_SIZE_MAX, len(envelopes) + 1))
-    out: list[list[str]] = []
-    for env in envelopes:
-        seq.queue_uncommitted(env)
-        required = seq.replay_required
-        if required is not None:
-            seq.replay(e for e in envelopes if required.begin <= e.begin < required.end)
-        while seq.step():
-            dequeued = seq.dequeued
-            assert dequeued is not None
-            if not dequeued.is_ack:
-                out.append(list(dequeued.message))
-    return out
+    return committed(journal, [(uuid.UUID(r[0]), r[1:]) for r in records])
 
 
 def stream_read(spark: Any, broker: str, journal: str, schema: str, work: Path) -> list[Any]:

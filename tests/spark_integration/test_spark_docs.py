@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from broker.protocol import labels
 from tests.spark_integration.spark_testkit import REPO, broker_process, create_journals
 
 pytestmark = pytest.mark.spark
@@ -27,6 +28,11 @@ JOURNALS = [
     "examples/totals",
     "examples/copy",
     *(f"examples/by-key/part-{i}" for i in range(3)),
+]
+# Journals of the CSV and protobuf examples, with their content-types.
+TYPED_JOURNALS = [
+    ("examples/orders-csv", labels.CONTENT_TYPE_CSV),
+    ("examples/events", labels.CONTENT_TYPE_PROTO_FIXED),
 ]
 _EXAMPLE = re.compile(
     r"<!-- example(?P<stopped>: brokers stopped)? -->\n```python\n(?P<code>.*?)```\n"
@@ -71,6 +77,8 @@ def test_docs_examples_run_as_written(
     with broker_process(root) as port:
         broker = f"127.0.0.1:{port}"
         create_journals(broker, JOURNALS, stores=[f"file://{STORE_PATH}"])
+        for journal, content_type in TYPED_JOURNALS:
+            create_journals(broker, [journal], content_type=content_type)
         monkeypatch.setenv("GAZETTE_BROKER", broker)
         for index, example in enumerate(found):
             if not example.brokers_stopped:

@@ -30,6 +30,6 @@ def test_file_sink_options_are_refused(name: str) -> None:
         GazetteOptionError,
         match=re.escape(f"option {name!r}: unknown option")
         + ".*; the options of a batch write are: broker, contentType, journal, keyColumn,"
-        " mapping, selector",
+        " mapping, protobufClass, selector",
     ):
         parse_write_options({**BASE, name: "10"})
