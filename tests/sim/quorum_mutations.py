@@ -72,6 +72,24 @@ class CheckCommittedRegisters(Rules):
         return log.commit_index
 
 
+class AlignOnAnyNonce(Rules):
+    """A member back from a lost disk takes any Truncate or Snapshot of its term, also one
+    sent before its loss and delivered late (the behaviour before the nonce): its head may be
+    below an entry the member acknowledged before the loss, and the member votes without it."""
+
+    def accepts_alignment(self, lost_state: bool, nonce: int, echoed: int) -> bool:
+        return True
+
+
+class LostStartsAtItsLogTerm(Rules):
+    """A member back from a lost disk starts in its (empty) log's term, not the term
+    register's (the behaviour before): the leader of a term it helped depose before the loss
+    can align it and commit entries with it that the newer term's leader lacks."""
+
+    def lost_start_term(self, log_term: int, register_term: int) -> int:
+        return log_term
+
+
 MUTATIONS = (
     CommitWithoutMajority,
     CommitPreviousTerm,
