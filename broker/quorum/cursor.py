@@ -43,6 +43,7 @@ class FollowerCursor:
     commit_sent: int = 0  # commit index the follower was last told
     deadline: int = 0  # tick at which an unanswered message is re-sent (0: send now)
     heartbeat_due: int = 0  # tick at which an idle follower is sent the commit index again
+    nonce: int = 0  # a follower back from a lost disk: its nonce, echoed when aligning it
 
 
 def common_prefix(log: ReplicaLog, follower: NewTermResponse) -> EntryId:

@@ -148,6 +148,7 @@ class LeaderRole:
             backoff=self.config.ack_timeout_ticks,
             window=self.config.inflight_messages_max,
             align_to=common_prefix(self.log, follower),
+            nonce=follower.nonce,
         )
         if cursor.align_to.index < self.log.base.index:
             cursor.state = CursorState.SNAPSHOTTING
@@ -255,9 +256,12 @@ class LeaderRole:
         if resp.status is ReplyStatus.LOST:
             # Whatever this follower acknowledged is gone: align it again from its new log
             # (acknowledgements already counted stay counted: that disk loss is the one the
-            # mode tolerates).
+            # mode tolerates). Its nonce goes back with the alignment: only that one aligns it
+            # (a Truncate or Snapshot sent before its loss may still be in the network).
             del self.cursors[resp.member]
-            empty = NewTermResponse(resp.term, resp.member, "fenced", resp.head, resp.head, ())
+            empty = NewTermResponse(
+                resp.term, resp.member, "fenced", resp.head, resp.head, (), False, resp.nonce
+            )
             self.add_follower(empty, now)
             return 0
         log, head = self.log, resp.head
@@ -344,16 +348,22 @@ class LeaderRole:
             if cursor.state is CursorState.ALIGNING and cursor.align_to.index < log.base.index:
                 cursor.state = CursorState.SNAPSHOTTING
             if cursor.state is CursorState.ALIGNING:
-                msg: object = Truncate(self.term, self.name, cursor.align_to, log.head)
+                msg: object = Truncate(
+                    self.term, self.name, cursor.align_to, log.head, cursor.nonce
+                )
             else:
-                msg = Snapshot(self.term, self.name, log.base, self.commit_index, log.head)
+                msg = Snapshot(
+                    self.term, self.name, log.base, self.commit_index, log.head, cursor.nonce
+                )
             self._send(cursor, msg, now)
             return
         while cursor.inflight < cursor.window:
             if cursor.last_pushed < log.base.index:
                 cursor.state = CursorState.SNAPSHOTTING
                 cursor.inflight = 0
-                snap = Snapshot(self.term, self.name, log.base, self.commit_index, log.head)
+                snap = Snapshot(
+                    self.term, self.name, log.base, self.commit_index, log.head, cursor.nonce
+                )
                 self._send(cursor, snap, now)
                 return
             entries = log.entries_after(

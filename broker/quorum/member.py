@@ -62,14 +62,19 @@ class Member:
         rules: Rules = CORRECT_RULES,
         *,
         lost_state: bool = False,
+        lost_nonce: int = 0,
     ) -> None:
+        if lost_state and lost_nonce <= 0:
+            raise ValueError(f"{name}: a member back from a lost disk needs a nonce above 0")
         self.name = name
         self.log = log
         self.config = config or QuorumConfig()
         self.rules = rules
         self.state = ReplicaState.FENCED if log.term > 0 else ReplicaState.NOT_MEMBER
         # `lost_state`: the shell knows this member's log is not the one it had (a new disk).
+        # `lost_nonce`: unique to this start of it (begin_lost).
         self.lost_state = lost_state
+        self.lost_nonce = lost_nonce if lost_state else 0
         self.leader: LeaderRole | None = None
         self.leader_hint = ""
         # How far the snapshot store holds the journal, as far as this member knows.
@@ -83,6 +88,25 @@ class Member:
             f"Member({self.name} {self.state} term={log.term} head={log.head} "
             f"commit={log.commit_index} base={log.base.index})"
         )
+
+    def begin_lost(self, nonce: int, register_term: int) -> None:
+        """The shell learned that this member's log is new although the member was in the
+        ensemble (a lost disk), before it took part. `nonce`: unique to this start (never
+        given before, by this member or an earlier start of it): the member answers with it
+        and takes an alignment only if it echoes it (Rules.accepts_alignment), so a Truncate
+        or Snapshot sent before the loss and delivered late cannot align the new log.
+        `register_term`: the term register's current term, read after the loss: the member
+        starts fenced into it (Rules.lost_start_term), as its lost log was into a term at or
+        below it, so a leader deposed before the loss cannot make it acknowledge entries."""
+        if nonce <= 0:
+            raise ValueError(f"{self.name}: a member back from a lost disk needs a nonce above 0")
+        self.lost_state = True
+        self.lost_nonce = nonce
+        term = self.rules.lost_start_term(self.log.term, register_term)
+        if term > self.log.term:
+            state = next_state(self.state, Event.NEW_TERM)
+            self._step_down(term)  # durably: a restart before catching up keeps the fence
+            self.state = state
 
     # --- Reading -------------------------------------------------------------------------------
 
@@ -183,8 +207,10 @@ class Member:
         log = self.log
         commit = EntryId(log.term_at(log.commit_index) or 0, log.commit_index)
         summary = log.term_summary(log.commit_index)
+        voter = self.voter
+        nonce = 0 if voter else self.lost_nonce
         resp = NewTermResponse(
-            log.term, self.name, self.state.value, log.head, commit, summary, self.voter
+            log.term, self.name, self.state.value, log.head, commit, summary, voter, nonce
         )
         self.outbox.append((msg.coordinator, resp))
 
@@ -238,6 +264,9 @@ class Member:
         state = next_state(self.state, Event.TRUNCATE)
         log = self.log
         if log.aligned_term != msg.term:  # else a re-delivery: already aligned in this term
+            if not self.rules.accepts_alignment(self.lost_state, self.lost_nonce, msg.nonce):
+                self._answer(msg.leader, ReplyStatus.LOST)  # sent before its loss: not this log
+                return
             if not log.has(msg.to) and self.lost_state:
                 self._answer(msg.leader, ReplyStatus.LOST)  # aligned on its lost log
                 return
@@ -302,6 +331,11 @@ class Member:
             return
         state = next_state(self.state, Event.SNAPSHOT)
         log, base = self.log, msg.base
+        if log.aligned_term != msg.term and not self.rules.accepts_alignment(
+            self.lost_state, self.lost_nonce, msg.nonce
+        ):
+            self._answer(msg.leader, ReplyStatus.LOST)  # sent before its loss: not this log
+            return
         if log.aligned_term != msg.term or log.head_index < base.index:
             if log.commit_index > base.index:
                 raise TruncateBelowCommitError(
@@ -381,7 +415,8 @@ class Member:
 
     def _answer(self, leader: str, status: ReplyStatus) -> None:
         log = self.log
-        self.outbox.append((leader, ReplicaResponse(log.term, self.name, status, log.head)))
+        nonce = self.lost_nonce if self.lost_state else 0
+        self.outbox.append((leader, ReplicaResponse(log.term, self.name, status, log.head, nonce)))
 
     def _step_down(self, term: int) -> None:
         """Enter `term` (durably, with everything written so far), ending any leader role."""

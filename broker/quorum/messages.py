@@ -42,6 +42,9 @@ class NewTermResponse:
     # False for a member that lost its log (a new disk) and no leader has aligned yet: its
     # empty head must not count in an election (Rules.may_vote).
     voter: bool = True
+    # A member back from a lost disk: the nonce of this start (Member.lost_nonce), which a
+    # leader echoes in the Truncate or Snapshot that aligns it. 0: not lost.
+    nonce: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +81,15 @@ class Heartbeat:
 class Truncate:
     """Drop every entry after `to` (which this follower holds) and follow the leader.
     `leader_head`: the leader's head when it sent this; a follower back from a lost disk
-    votes again only once it holds it (Rules.may_vote)."""
+    votes again only once it holds it (Rules.may_vote). `nonce`: the follower's, as its NewTerm
+    or LOST answer gave it (0: none); a member back from a lost disk is aligned only by a
+    message carrying its own (Rules.accepts_alignment), never by one sent before its loss."""
 
     term: int
     leader: str
     to: EntryId
     leader_head: EntryId = ORIGIN
+    nonce: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +109,15 @@ class Replicate:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The entries this follower needs were compacted: drop its log and start after `base`,
-    whose content (and all before it) the snapshot store holds. `leader_head`: as Truncate's."""
+    whose content (and all before it) the snapshot store holds. `leader_head`, `nonce`: as
+    Truncate's."""
 
     term: int
     leader: str
     base: LogBase
     commit_index: int
     leader_head: EntryId = ORIGIN
+    nonce: int = 0
 
 
 class ReplyStatus(enum.Enum):
@@ -120,16 +128,18 @@ class ReplyStatus(enum.Enum):
     # The follower is in a newer term (`term` says which): the leader is deposed.
     STALE = "stale"
     # The follower lost its log (a new disk) since the leader last aligned it: `head` is what
-    # it holds now; the leader aligns it again from there.
+    # it holds now; the leader aligns it again from there, echoing the answer's `nonce`.
     LOST = "lost"
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaResponse:
     """A follower's answer to Truncate, Replicate or Snapshot: its synced head after applying
-    it (OK), where it stands (GAP), or its newer term (STALE)."""
+    it (OK), where it stands (GAP), or its newer term (STALE). `nonce`: a member back from a
+    lost disk sends its Member.lost_nonce (0 otherwise), for the leader to echo."""
 
     term: int
     member: str
     status: ReplyStatus
     head: EntryId
+    nonce: int = 0

@@ -50,6 +50,24 @@ class Rules:
         target = log.aligned_head
         return 0 < log.aligned_term == target.term and log.synced_index >= target.index
 
+    def accepts_alignment(self, lost_state: bool, nonce: int, echoed: int) -> bool:
+        """Whether a Truncate or Snapshot echoing `echoed` may align a member's log (not
+        already aligned in the message's term). A member back from a lost disk (`nonce`: the
+        one it gave in its NewTerm or LOST answer since) takes only an alignment echoing it:
+        one sent before the loss, delivered late, carries an older leader head, which may be
+        below an entry this member acknowledged before the loss; aligned by it, the member
+        would vote again without that entry (may_vote). Refused, it answers LOST, and the
+        leader aligns it again with its current head."""
+        return not lost_state or echoed == nonce
+
+    def lost_start_term(self, log_term: int, register_term: int) -> int:
+        """The term a member back from a lost disk starts in: the term register's current
+        term (or its log's, if later). Its lost log forgot the term it was fenced into; the
+        register never goes back and issued that term, so starting there keeps the fence. A
+        lower start would let the leader of a term it had already helped depose align it and
+        commit entries with it that the newer term's leader lacks."""
+        return max(log_term, register_term)
+
     def register_check_index(self, log: ReplicaLog) -> int:
         """The entry whose registers a leader checks an append against: its head, every entry
         written applied, committed or not. An append that passes is written after the head,

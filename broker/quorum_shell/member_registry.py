@@ -8,7 +8,7 @@ here, after its disk is gone too. Written by each member for itself, by compare-
 key's mod revision (members of one journal may register at once; the loser re-reads).
 
 `decide` is the rule (pure): a member whose log is new while the record shows it joined is
-*lost* (Member(lost_state=True): no vote until caught up). A member not recorded is joining a
+*lost* (`Member.begin_lost`: no vote until caught up). A member not recorded is joining a
 journal for the first time (a fresh journal's late starter included: it never answered, so it
 acknowledged nothing), and votes. `join` runs the rule against the keyspace.
 """

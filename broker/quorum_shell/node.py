@@ -24,8 +24,11 @@ file the log is in memory: a process crash loses it (tests, and brokers without 
 
 Lost disks. With a `joiner` (member_registry.py: a broker with a data directory) the node first
 joins: it decides from the keyspace whether its member lost its disk, and takes no part (drops
-every message, starts no coordinator) until it knows. A lost member starts with
-`lost_state=True` and does not vote until a leader has caught it up; once `Member.voter`
+every message, starts no coordinator) until it knows. A lost member then reads the term
+register and starts with `Member.begin_lost`: fenced into the register's current term (its
+lost log forgot the term it had joined; a leader deposed before the loss must not align it)
+and with a random nonce of this start (an alignment sent before the loss, late, must not
+align the new log). It does not vote until a leader has caught it up; once `Member.voter`
 latches (and the log that made it a voter is in its file) the node clears its `lost` mark. A
 coordinator that finds the election impossible (`Coordinator.election_blocked`: too many
 members lost their disk) is logged once per change and counted in
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -59,7 +63,12 @@ from broker.quorum.messages import COORDINATORS, Heartbeat, NewTermResponse
 from broker.quorum.register import RegisterCas, RegisterRead, RegisterReply
 from broker.quorum_shell.log_file import QuorumLogFile
 from broker.quorum_shell.member_dir import clear_mark
-from broker.quorum_shell.member_registry import Decision, Joiner
+from broker.quorum_shell.member_registry import (
+    Decision,
+    Joiner,
+    join_backoff_initial_s,
+    join_backoff_max_s,
+)
 from broker.quorum_shell.term_record import TermRecordDecodeError
 from broker.quorum_shell.wire import Envelope
 
@@ -189,7 +198,12 @@ class QuorumNode:
             self._fail(LogWriteError(f"member mark beside {joiner.member_dir}: {err}"))
             return
         self.join_decision = decision
-        self.member.lost_state = self._lost_marked = decision.lost
+        self._lost_marked = decision.lost
+        if decision.lost:
+            term = await self._register_term()
+            # Random: unique to this start with overwhelming odds (a restart draws another,
+            # and the leader aligns it again with that one).
+            self.member.begin_lost(secrets.randbits(62) + 1, term)
         log.info(
             "quorum member joined",
             journal=self.journal,
@@ -410,6 +424,21 @@ class QuorumNode:
             asyncio.get_running_loop().call_soon(self.receive, envelope)
         elif isinstance(envelope.message, NewTermResponse | Heartbeat) or node in self.ensemble:
             self._transport.send(node, envelope)
+
+    async def _register_term(self) -> int:
+        """The term register's current term, for a member back from a lost disk: read
+        again on failure, doubling from join_backoff_initial_s to join_backoff_max_s, never
+        giving up (the member must not take part below it); the last error is kept."""
+        backoff = join_backoff_initial_s
+        while True:
+            try:
+                reply = await self._register.answer(RegisterRead(self.coordinator.name, 0))
+                return reply.current.record.term
+            except (KeySpaceError, TermRecordDecodeError) as err:
+                self.register_error = err
+                log.warning("quorum term register", journal=self.journal, error=str(err))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, join_backoff_max_s)
 
     async def _ask_register(self, request: RegisterRead | RegisterCas) -> None:
         # A failed request is not retried here: the coordinator re-sends it on its bounded

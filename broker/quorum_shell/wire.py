@@ -9,7 +9,7 @@ are messages of their own.
 
 Encoding: JSON with a type tag per value and base64 for entry content. Fields added after
 format 1 (`_OPTIONAL_FIELDS`: the registers of entries and bases, the leader's head on
-Truncate and Snapshot) are left out while they hold
+Truncate and Snapshot, a lost member's nonce on its answers and its alignment) are left out while they hold
 their default and filled with it when absent, so that brokers without them still decode what
 a journal without registers sends, and this one decodes theirs. Decoding accepts only
 the protocol's own value types (a fixed table: nothing is instantiated by name beyond it) and
@@ -84,6 +84,10 @@ _OPTIONAL_FIELDS = frozenset(
         ("LogBase", "registers"),
         ("Truncate", "leader_head"),
         ("Snapshot", "leader_head"),
+        ("NewTermResponse", "nonce"),
+        ("ReplicaResponse", "nonce"),
+        ("Truncate", "nonce"),
+        ("Snapshot", "nonce"),
     }
 )
 

@@ -53,7 +53,7 @@ class VoteOnAlignedTermEntry(Rules):
     """A member back from a lost disk votes again once it holds an entry of the term that
     aligned it (part four's rule), not the aligning leader's head: a Snapshot below an entry
     it acknowledged before the loss makes it a voter without that entry. Caught on the seeds
-    of `AlignedTermEntrySeeds` (tests/sim/test_quorum_sim_mutations.py), not in MUTATIONS:
+    of `ALIGNED_BELOW_ACKNOWLEDGED_SEEDS` (tests/sim/test_quorum_sim_mutations.py), not in MUTATIONS:
     the first of them is far into the 1,000."""
 
     def may_vote(self, lost_state: bool, log: ReplicaLog) -> bool:
@@ -72,6 +72,27 @@ class CheckCommittedRegisters(Rules):
         return log.commit_index
 
 
+class AlignOnAnyNonce(Rules):
+    """A member back from a lost disk takes any Truncate or Snapshot of its term, also one
+    sent before its loss and delivered late (the behaviour before the nonce): its head may be
+    below an entry the member acknowledged before the loss, and the member votes without it.
+    Not in MUTATIONS: the simulation reaches a lost member taking a late alignment, but not
+    within the 1,000 seeds the vote without an acknowledged entry that follows; the core test
+    shows it (tests/broker/quorum/test_quorum_lost_disk_gaps.py)."""
+
+    def accepts_alignment(self, lost_state: bool, nonce: int, echoed: int) -> bool:
+        return True
+
+
+class LostStartsAtItsLogTerm(Rules):
+    """A member back from a lost disk starts in its (empty) log's term, not the term
+    register's (the behaviour before): the leader of a term it helped depose before the loss
+    can align it and commit entries with it that the newer term's leader lacks."""
+
+    def lost_start_term(self, log_term: int, register_term: int) -> int:
+        return log_term
+
+
 MUTATIONS = (
     CommitWithoutMajority,
     CommitPreviousTerm,
@@ -79,4 +100,5 @@ MUTATIONS = (
     ElectLeastUpToDate,
     LostDiskVotes,
     CheckCommittedRegisters,
+    LostStartsAtItsLogTerm,
 )

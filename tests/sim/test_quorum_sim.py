@@ -28,7 +28,7 @@ def failure_report(result: SimResult) -> str:
 def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     per_chunk = SEEDS // CHUNKS
     delivered: dict[str, int] = {}
-    acked = crashes = disk_losses = checks = mismatches = 0
+    acked = crashes = disk_losses = checks = mismatches = deposed_wipes = late = 0
     for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
         result = run_seed(seed)
         if not result.ok:
@@ -36,6 +36,8 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         acked += result.acked
         crashes += result.crashes
         disk_losses += result.disk_losses
+        deposed_wipes += result.deposed_wipes
+        late += result.late_deliveries
         checks += result.registers_verified
         mismatches += result.mismatches_verified
         for kind, count in result.delivered.items():
@@ -57,6 +59,9 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         assert delivered.get(kind, 0) > 0, f"no {kind} in {per_chunk} seeds: {delivered}"
     assert acked > 10 * per_chunk and crashes > per_chunk
     assert disk_losses > per_chunk // 10, disk_losses  # members came back with empty logs
+    # Disks wiped beside a deposed leader (a lost member's fence), old messages re-delivered
+    # after restarts (a lost member's alignment).
+    assert deposed_wipes > per_chunk // 50 and late > per_chunk, (deposed_wipes, late)
     # Compare-and-set appends passed and failed their register checks, and were verified.
     assert checks > per_chunk // 4 and mismatches > per_chunk // 4, (checks, mismatches)
 

@@ -7,7 +7,11 @@ import pytest
 
 from broker.quorum.rules import Rules
 from broker.quorum.sim import run_seed
-from tests.sim.quorum_mutations import MUTATIONS, VoteOnAlignedTermEntry
+from tests.sim.quorum_mutations import (
+    MUTATIONS,
+    LostStartsAtItsLogTerm,
+    VoteOnAlignedTermEntry,
+)
 from tests.sim.test_quorum_sim import SEEDS
 
 
@@ -33,7 +37,7 @@ def test_the_simulation_catches_the_mutation(mutation: type[Rules]) -> None:
 
 # Seeds where a member back from a lost disk is aligned by a Snapshot below an entry it
 # acknowledged before the loss (found with compare-and-set appends in every seed).
-ALIGNED_BELOW_ACKNOWLEDGED_SEEDS = (187, 351)
+ALIGNED_BELOW_ACKNOWLEDGED_SEEDS = (187, 530)
 
 
 @pytest.mark.parametrize("seed", ALIGNED_BELOW_ACKNOWLEDGED_SEEDS)
@@ -46,3 +50,21 @@ def test_voting_on_an_entry_of_the_aligning_term_loses_a_committed_entry(seed: i
     fixed = run_seed(seed)
     assert fixed.ok, fixed.summary()
     assert fixed.disk_losses > 0
+
+
+# Seeds where a member fenced into a newer term loses its disk beside the deposed leader
+# (World._wipe_beside_a_deposed_leader): started at its empty log's term, it is aligned by
+# that leader, which commits with it entries the newer term's leader lacks.
+LOST_FENCE_SEEDS = (157, 443)
+
+
+@pytest.mark.parametrize("seed", LOST_FENCE_SEEDS)
+def test_a_lost_member_started_below_the_registers_term_loses_a_committed_entry(
+    seed: int,
+) -> None:
+    broken = run_seed(seed, rules=LostStartsAtItsLogTerm())
+    assert broken.violation is not None
+    assert broken.violation.invariant in ("leader completeness", "agreement")
+    fixed = run_seed(seed)
+    assert fixed.ok, fixed.summary()
+    assert fixed.deposed_wipes > 0

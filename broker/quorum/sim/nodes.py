@@ -91,12 +91,19 @@ class MemberNode:
         return self.member is not None
 
     def start(self) -> None:
+        world = self.world
         self.incarnation += 1
         self._check_replay()
-        self.member = Member(
-            self.name, self.log, self.config, self.rules, lost_state=self.disk_lost
-        )
-        self.member.on_stored(len(self.world.store))
+        self.member = Member(self.name, self.log, self.config, self.rules)
+        if self.disk_lost:
+            # As a broker's node does once it decided its member is lost: a nonce of this
+            # start, and the term register's current term, read after the loss (the broker
+            # reads the keyspace before it takes part; here the register is read directly).
+            world.nonces += 1
+            self.member.begin_lost(world.nonces, world.register.read().record.term)
+        self.member.on_stored(len(world.store))
+        if self.incarnation > 1:
+            world.net.replay_to(self.name)  # old messages re-delivered after a restart
         self._sync_scheduled = False
         self._tick_scheduled = False
 

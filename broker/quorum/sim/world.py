@@ -89,6 +89,10 @@ class SimResult:
     crashes: int
     trace: list[str] | None
     disk_losses: int = 0
+    # Disks wiped beside a deposed leader (_wipe_beside_a_deposed_leader), and messages
+    # re-delivered late (Network.late_p, replay_to).
+    deposed_wipes: int = 0
+    late_deliveries: int = 0
     # Compare-and-set appends whose check was verified against the committed registers, and
     # mismatch answers verified likewise.
     registers_verified: int = 0
@@ -121,6 +125,11 @@ class World:
             delay_max=rng.choice((1, 2, 4, 8)),
             drop_p=rng.choice((0.0, 0.02, 0.1, 0.25)),
             dup_p=rng.choice((0.0, 0.05, 0.2)),
+            late_rng=(late_rng := random.Random(f"late/{seed}")),
+            # Half the seeds re-deliver nothing late (and take the course they took before
+            # late copies existed); the rest re-deliver some messages up to 150 ticks late.
+            late_p=late_rng.choice((0.0, 0.0, 0.02, 0.08)),
+            late_ticks_max=60,
         )
         self.chaos_scale = rng.choice((0.5, 1.0, 2.0))
         # How often a new leader dies within a few ticks, its barrier and first appends on a
@@ -129,6 +138,12 @@ class World:
         # How often a member's crash also wipes its disk (one member at a time, never while
         # another wiped member is still unaligned: the mode tolerates one lost disk for R=3).
         self.disk_loss_p = rng.choice((0.0, 0.3, 0.6))
+        # How often the chaos wipes the disk of a member fenced into a newer term while the
+        # leader it followed, deposed, still leads, and cuts the two off from the rest: what
+        # a lost member's fence must survive. From a generator of its own: a seed that never
+        # takes this path takes the course it took before the path existed.
+        self.deposed_rng = random.Random(f"deposed/{seed}")
+        self.deposed_wipe_p = self.deposed_rng.choice((0.0, 0.6))
         # Small messages and windows make followers acknowledge an earlier term's entries
         # apart from the barrier after them (what Raft's figure 8 needs).
         quorum = replace(
@@ -164,6 +179,10 @@ class World:
         self.steps = 0
         self.crashes = 0
         self.disk_losses = 0
+        self.nonces = 0  # the last nonce given to a member back from a lost disk
+        self.deposed_wipes = 0
+        self.wiped: set[str] = set()  # members whose disk was wiped before
+        self.rewipe_p = self.deposed_rng.choice((0.0, 0.7))
         self.logs = {m.name: m.log for m in self.members}  # the disks (a wipe replaces one)
         self.live_from = -1  # the tick the faults stopped, once they did
         self.live_probe_end = -1  # the end of the first append acknowledged after that
@@ -257,12 +276,19 @@ class World:
     def _chaos(self) -> None:
         net, rng, config = self.net, self.net.rng, self.config
         r = rng.random() / self.chaos_scale
+        if self.deposed_wipe_p and self.deposed_rng.random() < self.deposed_wipe_p:
+            if self._wipe_beside_a_deposed_leader():
+                r = 1.0  # nothing else this time
         if r < 0.12:
             leader = self.register.read().record.leader
             self._crash(leader or rng.choice(self.ensemble))
         elif r < 0.27:
             name = rng.choice(self.ensemble)
             wipe = rng.random() < self.disk_loss_p and all(m.voter for m in self.members)
+            if wipe and self.wiped and self.deposed_rng.random() < self.rewipe_p:
+                # The same member again: the alignment that brought it back after its first
+                # loss may be re-delivered after its second (what its nonce is for).
+                name = self.deposed_rng.choice(sorted(self.wiped))
             self._crash(name, wipe)
         elif r < 0.34:
             self._crash(rng.choice(self.coordinator_names))
@@ -281,7 +307,33 @@ class World:
             self._note("heal partition")
         net.timer(rng.randint(1, 2 * config.chaos_every_ticks), CHAOS, None)
 
-    def _crash(self, name: str, wipe: bool = False) -> None:
+    def _wipe_beside_a_deposed_leader(self) -> bool:
+        """If a member still leads a term older than the register's, wipe the disk of a
+        member fenced into the register's term and leave the two alone together (the rest
+        on the other side of a partition): a fence the wiped member forgets would let the
+        deposed leader commit with it. One lost disk at a time, as elsewhere."""
+        term = self.register.read().record.term
+        deposed = [
+            m
+            for m in self.members
+            if m.member is not None and m.member.leader is not None and m.member.term < term
+        ]
+        fenced = [
+            m
+            for m in self.members
+            if m.member is not None and m.member.leader is None and m.member.term == term
+        ]
+        if not deposed or not fenced or not all(m.voter for m in self.members):
+            return False
+        leader, victim = deposed[0], self.deposed_rng.choice(fenced)
+        self._crash(victim.name, wipe=True, down_ticks_max=8)  # back while the leader leads
+        self.deposed_wipes += 1
+        names = (*self.ensemble, *self.coordinator_names, self.register_name)
+        self.net.groups = {n: int(n in (leader.name, victim.name)) for n in names}
+        self._note(f"partition {sorted((leader.name, victim.name))} (a deposed leader)")
+        return True
+
+    def _crash(self, name: str, wipe: bool = False, down_ticks_max: int = 0) -> None:
         node = self.nodes[name]
         if not isinstance(node, (MemberNode, CoordinatorNode)) or not node.up:
             return
@@ -290,13 +342,16 @@ class World:
             if wipe:
                 self.logs[name] = node.log
                 self.checker.on_disk_lost(name)
+                self.wiped.add(name)
                 self.disk_losses += 1
         else:
             node.crash()
         self.crashes += 1
         self._note(f"crash {name}" + (" and wipe its disk" if wipe else ""))
         self.net.timer(
-            self.net.rng.randint(1, self.config.down_ticks_max), name, (RESTART, node.incarnation)
+            self.net.rng.randint(1, down_ticks_max or self.config.down_ticks_max),
+            name,
+            (RESTART, node.incarnation),
         )
 
     def _heal_all(self) -> None:
@@ -305,6 +360,7 @@ class World:
         net.groups = {}
         net.drop_p = 0.0
         net.dup_p = 0.0
+        net.late_p = 0.0
         for node in self.startable:
             if not node.up:
                 node.start()
@@ -344,6 +400,8 @@ def run_seed(
         terms=world.register.read().record.term,
         crashes=world.crashes,
         disk_losses=world.disk_losses,
+        deposed_wipes=world.deposed_wipes,
+        late_deliveries=world.net.stats.late,
         registers_verified=world.checker.registers_verified,
         mismatches_verified=world.checker.mismatches_verified,
         trace=world.trace,

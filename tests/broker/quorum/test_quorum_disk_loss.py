@@ -29,7 +29,7 @@ def _after_m0_lost_its_disk(rules: Rules) -> Router:
     # "b" (entry 2.2) is committed: m0 and m1 hold it. m2 lags at 1.1. Then m0's disk is lost
     # and m1, the only other holder, is unreachable.
     members = {
-        "m0": Member("m0", ReplicaLog(), CONFIG, rules, lost_state=True),
+        "m0": Member("m0", ReplicaLog(), CONFIG, rules, lost_state=True, lost_nonce=1),
         "m1": Member("m1", make_log([(1, b"a"), (2, b"b")], term=2, commit=2), CONFIG, rules),
         "m2": Member("m2", make_log([(1, b"a")], term=2, commit=1), CONFIG, rules),
     }
@@ -83,7 +83,7 @@ def test_a_follower_that_lost_its_disk_mid_term_is_aligned_again() -> None:
     router.run()
     assert members["m0"].log.read(0, 2) == b"ab"
 
-    members["m0"] = Member("m0", ReplicaLog(), CONFIG, lost_state=True)
+    members["m0"] = Member("m0", ReplicaLog(), CONFIG, lost_state=True, lost_nonce=1)
     members["m1"].append(b"c", "t2", router.now)
     router.run()
     statuses = [m.status for s, d, m in router.delivered if s == "m0" and d == "m1"]
@@ -97,8 +97,8 @@ def test_two_lost_disks_of_three_block_the_election_with_a_reason() -> None:
     # m0 and m1 lost their disks; only m2 kept its log. No quorum of voters can ever form: the
     # coordinator says why (election_blocked) and elects no one, however long it runs.
     members = {
-        "m0": Member("m0", ReplicaLog(), CONFIG, lost_state=True),
-        "m1": Member("m1", ReplicaLog(), CONFIG, lost_state=True),
+        "m0": Member("m0", ReplicaLog(), CONFIG, lost_state=True, lost_nonce=1),
+        "m1": Member("m1", ReplicaLog(), CONFIG, lost_state=True, lost_nonce=1),
         "m2": Member("m2", make_log([(1, b"a")], term=2, commit=1), CONFIG),
     }
     register = MemoryCasRegister(TermRecord(0, "", ENSEMBLE))
@@ -143,7 +143,7 @@ def _snapshot_below_an_entry_it_acknowledged() -> tuple[dict[str, Member], Route
     assert m0.log.commit_index == x.index and members["m2"].log.has(x)
     m0.on_stored(stored)  # the store holds everything before X: m0 compacts below X
     assert m0.log.base.index < x.index
-    members["m2"] = Member("m2", ReplicaLog(), CONFIG, lost_state=True)
+    members["m2"] = Member("m2", ReplicaLog(), CONFIG, lost_state=True, lost_nonce=1)
     router.cut = lambda src, dst, msg: (
         "m1" in (src, dst) or (dst == "m2" and isinstance(msg, Replicate) and msg.entries != ())
     )
@@ -170,7 +170,7 @@ def test_the_catch_up_target_survives_a_restart() -> None:
     members, router, x = _snapshot_below_an_entry_it_acknowledged()
     m2 = members["m2"]
     # The broker restarts m2 from its log file (still marked lost: it had not caught up).
-    restarted = Member("m2", replay(snapshot(m2.log)), CONFIG, lost_state=True)
+    restarted = Member("m2", replay(snapshot(m2.log)), CONFIG, lost_state=True, lost_nonce=1)
     assert restarted.log.aligned_term == 1 and not restarted.voter
     members["m2"] = restarted
     router.cut = lambda src, dst, msg: "m1" in (src, dst)
@@ -183,7 +183,7 @@ def test_a_lost_member_that_joined_a_stale_term_joins_the_current_one() -> None:
     # late in the network, arrives first (m0 joins term 2, answers LOST), then the current
     # leader's message of term 5. m0 forgot term 5 just as it forgot term 2: it joins it
     # and answers LOST (never TermNotJoinedError), and that leader aligns it.
-    m0 = Member("m0", ReplicaLog(), CONFIG, lost_state=True)
+    m0 = Member("m0", ReplicaLog(), CONFIG, lost_state=True, lost_nonce=1)
     stale = Replicate(2, "m1", EntryId(2, 3), (), 3, 0)
     m0.handle(stale, 0)
     assert m0.term == 2

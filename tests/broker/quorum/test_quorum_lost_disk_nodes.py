@@ -117,12 +117,35 @@ async def test_a_restart_before_catching_up_stays_lost(cluster: Cluster) -> None
     c = cluster
     x, _, _ = await _lose_x_while_y_down(c, mark_lost=True)
     await c.until(lambda: c.live[x].node.joined.is_set(), "X joined")
+    first_nonce = c.live[x].node.member.lost_nonce
     await c.kill(x)  # before any leader caught it up: its log file now exists
     assert (c.data_dir(x) / "quorum" / J / "log").stat().st_size > 0
     xnode = await c.start(x)
     await c.until(lambda: xnode.joined.is_set(), "X joined again")
     assert xnode.join_decision is not None and xnode.join_decision.lost
     assert xnode.member.lost_state
+    assert 0 < xnode.member.lost_nonce != first_nonce  # a nonce of this start
+
+
+async def test_a_lost_member_starts_in_the_term_registers_term(cluster: Cluster) -> None:
+    # Its lost log forgot the term it was fenced into; the register holds it (or a later
+    # one). Started below it, a leader deposed before the loss could align it and commit
+    # with it. The term is in its log file before it takes part (a restart keeps it).
+    c = cluster
+    register = KeyspaceTermRegister(c.store.connect(), ROOT, J, NAMES, c.journal_revision)
+    for name in NAMES:
+        await c.start(name)
+    await append_all(c, "a", 3, bytearray())
+    x = "m0"
+    await c.kill(x)
+    c.lose_disk(x)
+    registered = (await register.read()).record.term  # X reads this one or a later one
+    xnode = await c.start(x)
+    await c.until(lambda: xnode.joined.is_set(), "X joined")
+    assert registered > 0 and xnode.member.term >= registered
+    assert xnode.member.lost_nonce > 0
+    await c.kill(x)
+    assert (await c.start(x)).member.term >= registered  # from its log file, before joining
 
 
 async def test_two_lost_disks_block_the_election_with_a_reason(cluster: Cluster) -> None:

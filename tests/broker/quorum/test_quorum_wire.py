@@ -43,6 +43,11 @@ MESSAGES = [
     Replicate(3, "m0", EntryId(3, 8), (Entry(3, 9, 0, 1, b"a", ()),), 8, 0),
     Snapshot(3, "m0", LogBase(2, 4, 64, (("a", "1"), ("b", "2"))), 8),
     ReplicaResponse(3, "m1", ReplyStatus.GAP, EntryId(3, 2)),
+    # A member back from a lost disk: its nonce, and a leader's alignment echoing it.
+    ReplicaResponse(3, "m1", ReplyStatus.LOST, EntryId(0, 0), 1 << 61),
+    NewTermResponse(3, "m1", "fenced", EntryId(0, 0), EntryId(0, 0), (), False, 12345),
+    Truncate(3, "m0", EntryId(0, 0), EntryId(3, 11), 1 << 61),
+    Snapshot(3, "m0", LogBase(2, 4, 64), 8, EntryId(3, 11), 12345),
 ]
 
 
@@ -88,6 +93,19 @@ def test_registers_are_left_out_at_their_default_and_defaulted_when_absent() -> 
     bad = raw.replace(b'"end":64', b'"end":64,"registers":[[1,2]]')
     with pytest.raises(WireDecodeError, match="registers"):
         decode_envelope(bad)
+
+
+def test_the_nonce_is_left_out_at_zero() -> None:
+    """Members that are not lost send no nonce: brokers without the field decode them."""
+    for message in (
+        Truncate(3, "m0", EntryId(2, 6), EntryId(3, 9)),
+        ReplicaResponse(3, "m1", ReplyStatus.OK, EntryId(3, 2)),
+        ANSWER,
+    ):
+        raw = encode_envelope(Envelope("j", "m1", message))
+        assert b"nonce" not in raw and decode_envelope(raw).message == message
+    raw = encode_envelope(Envelope("j", "m1", Truncate(3, "m0", EntryId(2, 6), nonce=7)))
+    assert b'"nonce":7' in raw
 
 
 def test_the_leaders_head_is_optional_on_the_wire() -> None:
