@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from broker.lazy_exports import lazy_getattr
+from gazette_consumer.sequencer.column_runs import ColumnRun
 from gazette_consumer.sequencer.sequencer import (
     RING_SIZE_MAX,
     OffsetRegressionError,
@@ -31,6 +32,7 @@ __all__ = [
     "FLAG_CONTINUE_TXN",
     "FLAG_OUTSIDE_TXN",
     "RING_SIZE_MAX",
+    "ColumnRun",
     "InvalidCheckpointError",
     "InvalidEnvelopeError",
     "JournalProducer",
