@@ -18,7 +18,8 @@ the batch (its `Partial`):
   ring, as a span that lost its start is (its ACK, in a later batch, replays it by columns).
 
 Such a producer's state after those rows follows, and is set as the one-by-one path would
-leave it (`Partial`: last ACK, largest clock, begin; `checkpoint()` reports the same). A
+leave it (`Partial`: last ACK, largest clock, begin; `checkpoint()` reports the same) by the
+Sequencer's `commit_columns`, given a few facts of the rows (`ColumnRun`). A
 producer's rows are so decided up to the first that is not certain (what a prefix decides does
 not depend on what follows it); from there on they go down the one-by-one path
 (`commit_pending`), in journal order: a duplicate or out-of-order clock (a re-sent message, a
