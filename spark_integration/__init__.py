@@ -15,8 +15,9 @@ and clocks), `sink_commit` (committing a streaming micro-batch once), `write` (t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from broker.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from spark_integration.journal_io import GazetteJournalError
@@ -41,11 +42,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spark_integration' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -27,7 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from broker.protocol import labels as gl
 from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT
+from gazette_consumer.message.protobuf_framing import HEADER_BYTES as PROTOBUF_HEADER_BYTES
 from gazette_consumer.message.uuid import Flag, ProducerID
 from spark_integration.raw_json import UUID_FIELD
 from spark_integration.rows import GazetteRowError
@@ -274,12 +276,27 @@ def content_lines(content: pa.Array, suffixes: pa.Array) -> pa.Array:
     return lines
 
 
-def check_sizes(lines: EncodedLines, bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT) -> None:
-    """Refuse a message that readers would refuse (longer than their framing's bound)."""
+# Per content type, how its readers name its framing, and the bytes of a frame around the
+# message they bound: a JSON line's and a CSV record's newline, a protobuf message's header.
+_FRAMING_OF: Final = {
+    gl.CONTENT_TYPE_JSON_LINES: ("JSON-lines", 1),
+    gl.CONTENT_TYPE_CSV: ("CSV", 1),
+    gl.CONTENT_TYPE_PROTO_FIXED: ("protobuf", PROTOBUF_HEADER_BYTES),
+}
+
+
+def check_sizes(
+    lines: EncodedLines,
+    content_type: str = gl.CONTENT_TYPE_JSON_LINES,
+    bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
+) -> None:
+    """Refuse a message that readers of a journal of `content_type` would refuse (longer
+    than their framing's bound, measured as they measure it), naming that framing."""
     if len(lines):
-        longest = int(np.max(np.diff(lines.offsets))) - 1
+        name, frame_bytes = _FRAMING_OF[content_type]
+        longest = int(np.max(np.diff(lines.offsets))) - frame_bytes
         if longest > bytes_max:
             raise GazetteRowError(
                 f"a row encodes to a message of {longest} bytes, above the {bytes_max} bytes"
-                " JSON-lines readers accept"
+                f" {name} readers accept"
             )

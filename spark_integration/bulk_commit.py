@@ -18,7 +18,8 @@ the batch (its `Partial`):
   ring, as a span that lost its start is (its ACK, in a later batch, replays it by columns).
 
 Such a producer's state after those rows follows, and is set as the one-by-one path would
-leave it (`Partial`: last ACK, largest clock, begin; `checkpoint()` reports the same). A
+leave it (`Partial`: last ACK, largest clock, begin; `checkpoint()` reports the same) by the
+Sequencer's `commit_columns`, given a few facts of the rows (`ColumnRun`). A
 producer's rows are so decided up to the first that is not certain (what a prefix decides does
 not depend on what follows it); from there on they go down the one-by-one path
 (`commit_pending`), in journal order: a duplicate or out-of-order clock (a re-sent message, a
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gazette_consumer.sequencer.ring import Partial
+from gazette_consumer.sequencer.column_runs import ColumnRun
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import FLAG_ACK_TXN, FLAG_CONTINUE_TXN, FLAG_OUTSIDE_TXN
 from spark_integration.message_batch import BatchRow, MessageBatch, ProducerIntern
@@ -75,10 +76,8 @@ class BulkSequencer(Sequencer[BatchRow]):
         """Decide rows [lo, hi) of `batch` in bulk where the module docstring says it is
         certain; None (nothing changed) if no row is so decided."""
         journal = batch.journal
-        if hi <= lo or self._emit is not None:
+        if hi <= lo:
             return None
-        if int(batch.begins[lo]) < self._read_through.get(journal, 0):
-            return None  # queue_trusted raises OffsetRegressionError: one by one.
         clocks = batch.clocks[lo:hi]
         flags = batch.flags[lo:hi]
         producers = batch.producers[lo:hi]
@@ -102,58 +101,43 @@ class BulkSequencer(Sequencer[BatchRow]):
         )
         closing = f != FLAG_CONTINUE_TXN
         sorted_at = np.arange(m)
-        # Each producer's rows are taken in bulk up to its first `bad` one (its `cut`), the
-        # rest one by one: what the prefix decides does not depend on what follows it.
-        cuts = np.minimum.reduceat(np.where(bad, sorted_at, m), starts) if m else starts
-        cuts = np.minimum(cuts, stops)
-        first_close = np.minimum.reduceat(np.where(closing, sorted_at, m), starts) if m else starts
-        last_close_so_far = np.maximum.accumulate(np.where(closing, sorted_at, -1))
-
-        begins = batch.begins[lo:hi]
-        partials = self._partials
-        keys = intern.objects(p[starts])
-        for g, producer in enumerate(keys):
-            start, stop = int(starts[g]), int(cuts[g])
-            key = (journal, producer)
-            partial = partials.get(key)
-            first_clock = int(c[start])
-            if partial is not None:
-                if first_clock <= partial.max_clock or (
-                    partial.begin != -1 and partial.ring_start != -1
-                ):
-                    stop = start  # A duplicate (or a rollback); or a span linked in the ring.
-                elif partial.begin != -1:
-                    # A span begun in an earlier batch: its ACK (or a message discarding it)
-                    # goes one by one, replaying the span's earlier part.
-                    stop = min(stop, int(first_close[g]))
-            if stop == start:
-                cuts[g] = start
-                continue
-            cuts[g] = stop
-            if partial is None:
-                partial = partials[key] = Partial(first_clock - 1, -1)
-                partial.presumed = True  # First sight, as queue_trusted records it.
-            close = int(last_close_so_far[stop - 1])
-            last_clock = int(c[stop - 1])
-            if close == stop - 1:
-                partial.reset(last_clock)  # Ends with its last commit: nothing pending.
-            elif close >= start:
-                partial.reset(int(c[close]))
-                partial.begin = int(begins[order[close + 1]])
-                partial.max_clock = last_clock
-                partial.unlinked = stop - 1 - close
-            elif partial.begin == -1:
-                partial.begin = int(begins[order[start]])
-                partial.max_clock = last_clock
-                partial.unlinked = stop - start
-            else:
-                partial.max_clock = last_clock
-                partial.unlinked += stop - start
-        in_bulk = sorted_at < cuts[group] if m else np.zeros(0, np.bool_)
         alone = np.flatnonzero(untracked & (flags == FLAG_OUTSIDE_TXN))
-        if not in_bulk.any() and not len(alone):
+        runs: list[tuple[bytes, ColumnRun]] = []
+        if m:
+            # Each producer's rows are certain up to its first `bad` one (its `cut`), the rest
+            # go one by one: what the prefix decides does not depend on what follows it.
+            cuts = np.minimum(np.minimum.reduceat(np.where(bad, sorted_at, m), starts), stops)
+            first_close = np.minimum(
+                np.minimum.reduceat(np.where(closing, sorted_at, m), starts), cuts
+            )
+            last_close = np.maximum.accumulate(np.where(closing, sorted_at, -1))
+            last = np.maximum(cuts - 1, starts)  # (A run of no rows: any row of its own.)
+            close = np.where(last_close[last] >= starts, last_close[last], -1)
+            begins = batch.begins[lo:hi]
+            runs = [
+                (producer, ColumnRun(*fields))
+                for producer, fields in zip(
+                    intern.objects(p[starts]),
+                    zip(
+                        (cuts - starts).tolist(),
+                        c[starts].tolist(),
+                        begins[order[starts]].tolist(),
+                        c[last].tolist(),
+                        (first_close - starts).tolist(),
+                        c[np.maximum(first_close - 1, starts)].tolist(),
+                        np.where(close >= 0, close - starts, -1).tolist(),
+                        c[np.maximum(close, 0)].tolist(),
+                        begins[order[np.minimum(close + 1, m - 1)]].tolist(),
+                        strict=True,
+                    ),
+                    strict=True,
+                )
+            ]
+        taken = self.commit_columns(journal, int(batch.begins[lo]), runs, len(alone))
+        if taken is None:
             return None
-        self._dequeued = None
+        cuts = starts + np.asarray(taken, np.intp)
+        in_bulk = sorted_at < cuts[group] if m else np.zeros(0, np.bool_)
 
         # A CONTINUE_TXN message is committed by the next closing message of its producer,
         # when there is one in its bulk prefix (an ACK: an OUTSIDE_TXN one after it is `bad`).
@@ -176,8 +160,3 @@ class BulkSequencer(Sequencer[BatchRow]):
             (commits[by_commit] + lo).astype(np.intp),
             (positions[fallback_rows] + lo).astype(np.intp),
         )
-
-    def read_through_to(self, journal: str, offset: int) -> None:
-        """End a batch whose rows were decided in bulk (and one by one): everything before
-        `offset` was queued, as queueing each row would record."""
-        self._read_through[journal] = max(self._read_through.get(journal, 0), offset)

@@ -224,7 +224,7 @@ def encode_routes(
             (batch, suffixes) if rows is None else (batch.take(rows), suffixes.take(rows))
         )
         encoded = lines_of(framings[journal].lines(shape, part, part_suffixes))
-        check_sizes(encoded)
+        check_sizes(encoded, framings[journal].content_type)
         out.append((journal, encoded))
     return out
 

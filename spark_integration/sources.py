@@ -31,30 +31,18 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
-from urllib.parse import unquote, urlsplit
 
-from broker.client.reader import (
-    Chunk,
-    FragmentContentReader,
-    missing_fragment_error,
-    open_url,
-)
+from broker.client.reader import Chunk, FragmentContentReader, missing_fragment_error
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
-from broker.fragment.stores.base import (
-    BlockingReader,
-    FragmentNotFoundError,
-    FragmentReader,
-    StoreError,
-    read_chunk_bytes_default,
-    run_to_completion,
-)
+from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader, StoreError
+from broker.fragment.stores.registry import open_url
 from broker.fragment.verify import DataLossError, FragmentIntegrityError
 from broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
-    # The registry module imports every store backend (boto3 among them, ~1 s): a Spark
-    # worker reading fragment files through signed file:// URLs needs none of them.
+    # (The registry imports a store's backend, boto3 for s3://, only when a URL of its scheme
+    # is first built: a worker reading signed file:// URLs imports none.)
     from broker.fragment.stores.registry import StoreRegistry
 
 # A fragment up to this size is decoded and verified whole before its first byte is handed out.
@@ -228,10 +216,8 @@ class JournalSource:
     ) -> FragmentContentReader:
         raw: FragmentReader
         try:
-            if ref.url.startswith("file:"):
-                raw = await _open_file_url(ref.url)
-            elif ref.url:
-                raw = await open_url(ref.url)
+            if ref.url:
+                raw = await open_url(ref.url, file_read_bytes_min=file_read_bytes_min)
             elif self._registry is not None:
                 raw = await self._registry.get(fragment.backing_store).open(fragment)
             else:
@@ -294,23 +280,3 @@ class JournalSource:
         raise GazetteDataLossError(
             self.journal, offset, offset, "lost content, and no fragment covers it to skip"
         )
-
-
-async def _open_file_url(url: str) -> FragmentReader:
-    """A reader of a signed file:// URL, as `open_url` opens it, without importing the store
-    registry that `open_url` does (see the imports above)."""
-    path = unquote(urlsplit(url).path)
-    try:
-        raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
-    except FileNotFoundError:
-        raise FragmentNotFoundError("file:///", path) from None
-    except OSError as err:
-        raise StoreError(f"opening {url}: {err}") from err
-    return _FileReader(raw)
-
-
-class _FileReader(BlockingReader):
-    """A local fragment file, read `file_read_bytes_min` at least at a time."""
-
-    async def read(self, size: int = read_chunk_bytes_default) -> bytes:
-        return await super().read(max(size, file_read_bytes_min))

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.task_dump",
             "broker.grpc_transport",
             "broker.durable_file",
+            "broker.lazy_exports",
         ),
     ),
     ("protocol", ("broker.protocol", "broker.auth", "broker.metrics", "broker.tls")),

@@ -2,6 +2,8 @@
 
 from typing import TYPE_CHECKING
 
+from broker.lazy_exports import lazy_getattr
+from gazette_consumer.sequencer.column_runs import ColumnRun
 from gazette_consumer.sequencer.sequencer import (
     RING_SIZE_MAX,
     OffsetRegressionError,
@@ -30,6 +32,7 @@ __all__ = [
     "FLAG_CONTINUE_TXN",
     "FLAG_OUTSIDE_TXN",
     "RING_SIZE_MAX",
+    "ColumnRun",
     "InvalidCheckpointError",
     "InvalidEnvelopeError",
     "JournalProducer",
@@ -55,17 +58,10 @@ if TYPE_CHECKING:
     from gazette_consumer.sequencer.read_iter import ReadCommittedIter, ReadIterClosedError
     from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 
-_LAZY = {
+_EXPORTS = {
     "ReadCommittedIter": "gazette_consumer.sequencer.read_iter",
     "ReadIterClosedError": "gazette_consumer.sequencer.read_iter",
     "ReadUncommittedIter": "gazette_consumer.sequencer.read_uncommitted",
 }
 
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -2,7 +2,7 @@
 background readers that queue their chunks undecoded (the iterator's asyncio shell).
 
 Chunks wait in a bounded `ReadChannel` as bytes and are decoded by the iterator only when their
-messages are needed (read_iter.DECODE_PIECE_BYTES says why): a `Chunk` carries its journal's
+messages are needed (read_pieces.DECODE_PIECE_BYTES says why): a `Chunk` carries its journal's
 decoder, which consumed chunks of one journal reach in order.
 """
 

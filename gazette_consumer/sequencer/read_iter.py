@@ -41,37 +41,13 @@ Signature::
     sources: Mapping[str, int]
     async close()                   (also an async context manager)
 
-One background reader per source journal (a blocking `RetryReader`, all in one TaskGroup
-owned by the iterator: read_ahead.py) queues the chunks it reads, at most `read_channel_size` chunks ahead in
-all. The caller's task decodes each chunk as it takes it (a piece of it at a time, see
-`decode.py`), feeds its envelopes to a `Sequencer` and returns what it dequeues: committed
-messages in per-producer order, without head-of-line blocking between producers. ACK messages
-are consumed, never returned. Messages without a UUID are returned as they are read
-(at-least-once). When an ACK commits a span that left the ring, the span is replayed from its
-journal by a separate bounded read (`replay.py`); or, if the iterator still holds the range's
-chunks (it keeps each journal's from its earliest pending span on, at most
-`replay_retained_bytes_max` bytes of them: `retained.py`), decoded again from memory.
-Such a span links nothing in the ring (`Sequencer.unlinked_span_clock`), so where a decoded
-piece continues it (a piece after one that ended inside it), the messages at the piece's front
-that do are decoded for their UUIDs only and counted (`ChunkDecoder.feed_continuing`,
-`Sequencer.skip_continuation`): each message of a long transaction is decoded whole once, by
-its replay. (A message so counted that does not decode whole is reported by the replay, or
-never if its transaction rolls back.) Or, within `replay_decoded_messages_max` (decoded.py),
-they are decoded whole and kept, and the replay hands them over as they are.
-
-Chunks wait in the channel as bytes and are decoded only when their messages are needed (see
-DECODE_PIECE_BYTES), so that decoded messages live from their decoding to their return, not
-through the read-ahead too: objects that live long are what make Python's garbage collector
-scan the whole heap, and a reader allocates several per message. A run of one producer's
-OUTSIDE_TXN messages with rising clocks is committed at once (`Sequencer.commit_alone_run`)
-and returned one by one: at the front of a decoded piece the decoder measured the run while
-building its envelopes (`ChunkDecoder.lead_run`); further in, wherever two such messages of one
-producer come next. Any other OUTSIDE_TXN message (or one without a UUID) goes through the
-Sequencer's `commit_alone` fast path; a transaction's messages are queued a span at a time
-(`queue_span`), and when its ACK commits them from the ring they are taken at once too
-(`Sequencer.dequeue_all`) and returned one by one, `in_sequence` until the last; a whole
-transaction in what was decoded (its messages, then its ACK) is committed at once without the
-ring (`Sequencer.commit_span_run`) and returned the same way.
+One background reader per source journal reads ahead (read_ahead.py); the caller's task
+decodes the chunks a piece at a time (read_pieces.py), feeds the envelopes to a `Sequencer` and
+returns what it dequeues: committed messages in per-producer order, each once, without
+head-of-line blocking between producers. ACKs are consumed, never returned; messages without a
+UUID are returned as read (at-least-once). A span that left the ring is replayed (replay.py,
+replays.py). How it stays fast (runs committed at once, pieces, replays from memory) is in
+docs/design/read-committed.md.
 
 `checkpoint()` is consistent with what was *returned*: per source journal the offset from which
 reading resumes (past every returned message, consumed ACK and skipped unreadable content), and
@@ -89,9 +65,6 @@ Errors: a reader that fails (a journal that does not exist or has no known conte
 non-retriable read error, a message that does not decode: `MessageDecodeError` naming journal
 and offsets) fails `next()`/`try_next()` with its error, once the messages read before it were
 returned, and every call after. Unreadable content is skipped and logged.
-
-To know `in_sequence`, the iterator steps the Sequencer one message past the one it returns,
-within that message's sequence; `checkpoint()` accounts for the message held back.
 
 Cancellation: `next()` may be cancelled at any await without losing a message: a message leaves
 the iterator only when returned. One task reads the iterator at a time; after `close()`, calls
@@ -115,6 +88,9 @@ from gazette_consumer.sequencer.decode import MessageTypeSource
 from gazette_consumer.sequencer.decoded import REPLAY_DECODED_MESSAGES_MAX_DEFAULT
 from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offsets
 from gazette_consumer.sequencer.read_channel import ReadChannel
+from gazette_consumer.sequencer.read_checkpoint import checkpoint_of
+from gazette_consumer.sequencer.read_pieces import ChunkPieces
+from gazette_consumer.sequencer.read_runs import REPLAY_RUN_MIN, SPAN_RUN_LOOK_MAX, run_next
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay
 from gazette_consumer.sequencer.replays import Replays
@@ -123,9 +99,6 @@ from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import (
     FLAG_ACK_TXN,
     FLAG_CONTINUE_TXN,
-    FLAG_OUTSIDE_TXN,
-    JournalProducer,
-    ProducerState,
     SequencerCheckpoint,
 )
 
@@ -147,41 +120,7 @@ READ_CHANNEL_SIZE_DEFAULT: Final = 16
 """Chunks (a Read chunk is at most 128 KiB) read ahead of the caller, across all source journals,
 held undecoded: with the ring and DECODE_PIECE_BYTES, what bounds the iterator's memory."""
 READ_CHANNEL_SIZE_MAX: Final = 4096
-DECODE_PIECE_BYTES: Final = 16 << 10
-"""A chunk is decoded this much at a time, as its messages are needed: the messages decoded and
-not yet returned are then a few dozen, not a chunk's worth. Decoding makes several objects per
-message for the garbage collector to track; kept this few, they are freed before a collection
-sees them (every 700 net allocations), where a whole chunk's would be promoted into the old
-generation and soon cost a scan of the whole heap. Measured: read-committed 50% faster."""
-
-
-SPAN_RUN_LOOK_MAX: Final = 32
-"""Messages of a transaction looked at for its ACK, to commit it at once (`commit_span_run`)
-before linking it into the ring: a longer one most often continues in the next piece, and the
-look would be wasted; through the ring it costs a little more per transaction. The iterator
-stops looking after a longer transaction, until a shorter one comes through the ring."""
-
-REPLAY_RUN_MIN: Final = 2
-"""Replayed messages held beyond which they are taken as a run (`Sequencer.dequeue_replayed`)
-rather than stepped one by one."""
-
 _NO_RUN: Final[list[Any]] = []  # Never appended to: `_run_all` when no run is held.
-
-
-def _run_next(pending: deque[Envelope[Any]]) -> bool:
-    """True if the next two pending messages may begin a run (`Sequencer.commit_alone_run`):
-    OUTSIDE_TXN messages of one producer. Checked before committing the first alone, so that
-    a run later in a piece is not taken one message at a time: a cheap test, where trying the
-    run costs more than `commit_alone` when the producers alternate message by message."""
-    if len(pending) < 2:
-        return False
-    first, second = pending[0], pending[1]
-    return bool(
-        first.flags == FLAG_OUTSIDE_TXN
-        and first.clock  # Without a UUID: commit_alone's, never a run's.
-        and second.flags == FLAG_OUTSIDE_TXN
-        and first.producer == second.producer
-    )
 
 
 class ReadIterClosedError(RuntimeError):
@@ -233,22 +172,14 @@ class ReadCommittedIter:
         # Per journal: offset through which every queued envelope was consumed (with content
         # skipped in between). Checkpoints take the larger of it and the Sequencer's offset.
         self._floors = dict(self._offsets)
-        self._pending: deque[Envelope[Any]] = deque()  # Of the chunk being consumed.
-        # The journal of the chunk being consumed, and the offset reading resumes from once
-        # `_pending` is consumed (past content skipped after its last envelope).
-        self._chunk_through: tuple[str, int] | None = None
-        # A message of a consumed chunk did not decode: raised once `_pending` is consumed.
-        self._decode_error: Exception | None = None
-        self._chunk: Chunk | None = None  # Taken from the channel, not wholly decoded yet.
-        self._chunk_lead_run: int | None = None  # Of the piece decoded last (_decode_piece).
+        self._pending: deque[Envelope[Any]] = deque()  # Of the piece being consumed.
         self._replay: Replay | None = None
-        # Per journal, the producer of the CONTINUE_TXN message that ended its last decoded
-        # piece: the next piece may continue its transaction (see `_decode_piece`).
-        self._continuing: dict[str, bytes] = {}
         # Where replays read from: the content kept for them, or the broker.
         self._replays = Replays(
             self._read_ahead, replay_retained_bytes_max, replay_decoded_messages_max
         )
+        # The chunks read ahead, decoded a piece at a time once `_pending` is consumed.
+        self._pieces = ChunkPieces(self._channel, self._replays, self._seq, self._floors)
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
         # follows in its sequence, for checkpoints taken while it is held (None only while
@@ -347,17 +278,17 @@ class ReadCommittedIter:
             # or one without a UUID), with no sequence in progress: nothing to look past.
             pending = self._pending
             if pending:
-                if not _run_next(pending) and self._commit_alone(pending[0]):
+                if not run_next(pending) and self._commit_alone(pending[0]):
                     return pending.popleft()
             elif self._replay is None and not self._seq.emitting and self._read_ahead.started:
                 # Nothing held anywhere: the next piece, and its leading run at once if it
                 # starts with one (the common case, once per piece), without the general
                 # stepping below; what `_step_to_message` would do, in fewer steps.
-                self._run_all = _NO_RUN  # Returned: not kept alive here (see DECODE_PIECE_BYTES).
-                envs = self._decode_piece()
+                self._run_all = _NO_RUN  # Returned: not kept alive here (see read_pieces.py).
+                envs = self._pieces.next()
                 if envs is None:
                     return None
-                length = self._seq.commit_alone_run(envs, self._chunk_lead_run)
+                length = self._seq.commit_alone_run(envs, self._pieces.lead_run)
                 if length:
                     if length < len(envs):
                         pending.extend(islice(envs, length, None))
@@ -428,12 +359,12 @@ class ReadCommittedIter:
                 self._ahead, self._ahead_after = env, None
                 return True
             self._replay = None  # Whatever was dequeued is done, any replay with it.
-            self._run_all = _NO_RUN  # Returned: not kept alive here (see DECODE_PIECE_BYTES).
+            self._run_all = _NO_RUN  # Returned: not kept alive here (see read_pieces.py).
             pending = self._pending
             if pending:
                 # A run further into a piece (after another producer's messages or a
                 # transaction): committed at once, as a piece's leading run is.
-                if _run_next(pending) and (run := seq.commit_alone_run(pending)):
+                if run_next(pending) and (run := seq.commit_alone_run(pending)):
                     return self._hold_run([pending.popleft() for _ in range(run)], None)
                 if seq.commit_alone(pending[0]):
                     env = pending.popleft()
@@ -456,13 +387,13 @@ class ReadCommittedIter:
                     elif self._take_span(committing):
                         return True
                 continue
-            envs = self._decode_piece()
+            envs = self._pieces.next()
             if envs is None:
                 return False
             # Commit the piece's leading run of one producer's OUTSIDE_TXN messages at once
             # (the decoder measured it), returning the first now and the rest from `_run`; the
             # rest go one by one.
-            run = seq.commit_alone_run(envs, self._chunk_lead_run)
+            run = seq.commit_alone_run(envs, self._pieces.lead_run)
             if run:
                 if run < len(envs):
                     pending.extend(islice(envs, run, None))
@@ -498,53 +429,6 @@ class ReadCommittedIter:
         self._ahead, self._ahead_after = envs[0], None
         return True
 
-    def _decode_piece(self) -> list[Envelope[Any]] | None:
-        """Decode the next piece of the next chunk (see DECODE_PIECE_BYTES), once every
-        envelope queued before it was consumed; None if no chunk is at hand. Its leading run,
-        as the decoder measured it, is left in `_chunk_lead_run`."""
-        if self._chunk_through is not None:
-            # Every envelope of the chunk was consumed: skipped content after the last one
-            # may be checkpointed as read too.
-            journal, through = self._chunk_through
-            floors = self._floors
-            if through > floors[journal]:
-                floors[journal] = through
-            self._chunk_through = None
-        if self._decode_error is not None:
-            raise self._decode_error  # Every call from now on.
-        chunk = self._chunk
-        if chunk is None:
-            chunk = self._chunk = self._channel.get_nowait()
-            if chunk is None:
-                return None
-            if self._replays.retained_bytes_max:
-                self._replays.retain(chunk, self._seq)
-        decoder, at, journal = chunk.decoder, chunk.at, chunk.journal
-        piece = chunk.content[at : at + DECODE_PIECE_BYTES]
-        chunk.at = at + len(piece)
-        if chunk.at == len(chunk.content):
-            self._chunk = None
-        offset = chunk.offset + at
-        producer = self._continuing.get(journal)
-        after = None if producer is None else self._seq.unlinked_span_clock(journal, producer)
-        if after is None:
-            envs = decoder.feed(piece, offset)
-        else:
-            # The piece likely continues a transaction that is only counted now and replayed
-            # whole at its ACK: see `Replays.feed_continuing`.
-            assert producer is not None
-            envs = self._replays.feed_continuing(self._seq, decoder, piece, offset, producer, after)
-        if envs:
-            last = envs[-1]
-            if last.flags == FLAG_CONTINUE_TXN and decoder.decodes_uuids:
-                self._continuing[journal] = last.producer
-            elif producer is not None:
-                del self._continuing[journal]
-        self._chunk_through = (journal, decoder.through)
-        self._decode_error = decoder.error
-        self._chunk_lead_run = decoder.lead_run
-        return envs
-
     def _start_replay(self, env: Envelope[Any]) -> None:
         """Serve the replay the Sequencer asks for, to commit the span `env` (an ACK) ends."""
         self._replay = self._replays.start(self._seq, env)
@@ -562,41 +446,16 @@ class ReadCommittedIter:
     def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
         """Offsets read through and producer states, consistent with the messages returned so
         far. `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`)."""
-        run_all, left = self._run_all, len(self._run)
-        # The last returned message of a run some of which is not returned yet.
-        held = run_all[len(run_all) - left - 1] if left else None
-        keep = None if held is None else (held.journal, held.producer)
-        seq_cp = self._seq.checkpoint(horizon_clock, keep=keep)
-        read_through = dict(self._floors)
-        for journal, offset in seq_cp.read_through.items():
-            read_through[journal] = max(read_through.get(journal, 0), offset)
-        producers = seq_cp.producers
-        if held is not None:
-            # Where committing the run's messages one by one, through `held`, would stand.
-            journal = held.journal
-            producers = dict(producers)
-            jp = JournalProducer(journal, held.producer)
-            span_through = self._span_through
-            if span_through is not None:
-                # Within one ACK's messages: its journal read up to the ACK, and the producer's
-                # span pending from the message after `held` (a restart replays it from there
-                # when it reads the ACK again). Never pruned: a pending span is not.
-                read_through[journal] = max(self._floors.get(journal, 0), span_through)
-                producers[jp] = ProducerState(last_ack=held.clock, begin=held.end)
-            elif held.clock < horizon_clock:
-                read_through[journal] = max(self._floors.get(journal, 0), held.end)
-                producers.pop(jp, None)  # Pruned, as Sequencer.checkpoint would prune it.
-            else:
-                read_through[journal] = max(self._floors.get(journal, 0), held.end)
-                producers[jp] = ProducerState(last_ack=held.clock, begin=-1)
-        ahead, after = self._ahead, self._ahead_after
-        if ahead is not None and after is not None and not left:
-            # Where stepping `after` (non-final, of the same producer) left the state.
-            producers = dict(producers)
-            producers[JournalProducer(ahead.journal, ahead.producer)] = ProducerState(
-                last_ack=after.clock, begin=after.end
-            )
-        return SequencerCheckpoint(read_through=read_through, producers=producers)
+        return checkpoint_of(
+            self._seq,
+            self._floors,
+            self._run_all,
+            len(self._run),
+            self._span_through,
+            self._ahead,
+            self._ahead_after,
+            horizon_clock,
+        )
 
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a transaction begun at or after the `since` offsets awaits its ACK (a reason

@@ -14,7 +14,7 @@ clocks above the last delivered one (`last_ack`, then each kept clock in turn) a
 exactly those the Sequencer returns, one per `step()`, in journal order.
 
 A chunk read is decoded a piece at a time (`REPLAY_PIECE_BYTES`), as its messages are needed,
-for the reason the iterator decodes its chunks so (read_iter.DECODE_PIECE_BYTES): the messages
+for the reason the iterator decodes its chunks so (read_pieces.DECODE_PIECE_BYTES): the messages
 decoded and not yet returned are then a few dozen, which die young, where a whole chunk's
 (hundreds) would outlive collections of the young generation, be promoted, and soon cost
 collections of the whole heap (measured: a shard reading transactions longer than the ring

@@ -49,13 +49,19 @@ decoders derive them from the framing and the UUID layout), and are what a reade
   one call (not while a replay serves it);
 - `commit_span_run(envs)`: a whole transaction at the front of `envs` (one producer's
   CONTINUE_TXN messages, then its ACK) committed at once, without the ring.
+- `commit_columns(journal, begin, runs)`: for a reader holding a batch as columns, each
+  producer's run of messages whose outcome is certain committed at once from a few facts of
+  it (`ColumnRun`), then `read_through_to(journal, offset)` once the rest went one by one
+  (column_runs.py; the same state, save that nothing is linked into the ring).
 
 They leave the Sequencer exactly as the general protocol above would (a property test holds
-them to it), so a caller may mix them freely.
+them to it; `commit_columns`, the ring aside, the differential test of spark_integration's
+bulk_commit.py), so a caller may mix them freely.
 """
 
 from __future__ import annotations
 
+from gazette_consumer.sequencer.column_runs import SequencerColumnRuns
 from gazette_consumer.sequencer.dequeue import SequencerDequeuing
 from gazette_consumer.sequencer.fast_paths import SequencerFastPaths
 from gazette_consumer.sequencer.state import (
@@ -75,11 +81,12 @@ __all__ = [
 ]
 
 
-class Sequencer(SequencerFastPaths[E], SequencerDequeuing[E]):
+class Sequencer(SequencerFastPaths[E], SequencerColumnRuns[E], SequencerDequeuing[E]):
     """Sequences read-uncommitted envelopes into read-committed ones. See the module docstring.
 
     Generic in the envelopes it is given (`SeqEnvelope`, or anything `Sequenced`), which it
     hands back unchanged when they are dequeued. Its parts, one concept per module:
     state.py (`SequencerState`), classify.py (the general path), fast_paths.py (a reader's
-    entry points), dequeue.py (dequeuing, replays, checkpoints).
+    entry points), column_runs.py (a columnar reader's), dequeue.py (dequeuing, replays,
+    checkpoints).
     """

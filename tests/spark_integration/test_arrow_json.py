@@ -13,9 +13,12 @@ import msgspec
 import pyarrow as pa
 import pytest
 
+from broker.protocol import labels as gl
+from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT
 from gazette_consumer.message.mapping import Partitions, modulo_mapping, rendezvous_choice
+from gazette_consumer.message.protobuf_framing import HEADER_BYTES
 from gazette_consumer.message.uuid import Flag, build_uuid, get_clock, get_flags, new_producer_id
-from spark_integration.arrow_json import EncodedLines, lines_of, uuid_suffixes
+from spark_integration.arrow_json import EncodedLines, check_sizes, lines_of, uuid_suffixes
 from spark_integration.publish import encode_batch
 from spark_integration.routing import RowShape, fnv1a32_each
 from spark_integration.rows import GazetteRowError, _jsonable
@@ -195,3 +198,43 @@ def test_shape_routing_by_key_keeps_the_key_in_the_message() -> None:
     assert [{k: v for k, v in m.items() if k != "UUID"} for m in got[JOURNALS[0]]] == [
         {"key": "a", "v": 1}
     ]
+
+
+PROTO_JOURNAL = "a/protobuf"
+
+
+def _protobuf_batch(text: str) -> tuple[RowShape, pa.RecordBatch]:
+    from tests.spark_integration.proto_testkit import PROTOBUF_CLASS
+
+    shape = RowShape(
+        False,
+        False,
+        PROTO_JOURNAL,
+        content_types=((PROTO_JOURNAL, gl.CONTENT_TYPE_PROTO_FIXED),),
+        protobuf_class=PROTOBUF_CLASS,
+    )
+    return shape, pa.record_batch({"text": [text], "n": [1]})
+
+
+def test_a_too_large_protobuf_message_is_refused_naming_its_framing() -> None:
+    shape, batch = _protobuf_batch("x" * MESSAGE_BYTES_MAX_DEFAULT)
+    with pytest.raises(GazetteRowError, match=r"above the \d+ bytes protobuf readers accept"):
+        encode_batch(shape, batch, PRODUCER, CLOCK)
+
+
+def test_sizes_are_checked_as_each_framing_s_readers_measure_them() -> None:
+    # A protobuf frame is an 8-byte header and the message, which readers bound; a JSON line's
+    # or CSV record's bound excludes its newline.
+    shape, batch = _protobuf_batch("some text")
+    ((_, frames),) = encode_batch(shape, batch, PRODUCER, CLOCK)
+    payload = len(frames.data) - HEADER_BYTES
+    check_sizes(frames, gl.CONTENT_TYPE_PROTO_FIXED, bytes_max=payload)
+    with pytest.raises(GazetteRowError, match=f"message of {payload} bytes, above the"):
+        check_sizes(frames, gl.CONTENT_TYPE_PROTO_FIXED, bytes_max=payload - 1)
+
+    lines = lines_of(pa.array(['{"a":1}\n'], pa.string()))
+    check_sizes(lines, gl.CONTENT_TYPE_JSON_LINES, bytes_max=7)
+    with pytest.raises(GazetteRowError, match="7 bytes, above the 6 bytes JSON-lines readers"):
+        check_sizes(lines, gl.CONTENT_TYPE_JSON_LINES, bytes_max=6)
+    with pytest.raises(GazetteRowError, match="7 bytes, above the 6 bytes CSV readers"):
+        check_sizes(lines, gl.CONTENT_TYPE_CSV, bytes_max=6)

@@ -1,6 +1,6 @@
 """What a Spark Python worker imports to read a partition: the module of the pickled reader
-(batch_read, stream_read) and what it needs, not the write side, not the driver's store
-registry with every store backend (boto3), not pandas. Each check runs in a fresh
+(batch_read, stream_read) and what it needs, not the write side, not the store backends (boto3:
+the store registry imports it only for an s3:// URL), not pandas. Each check runs in a fresh
 interpreter, as a worker starts."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ UNWANTED = (
     "pandas",
     "boto3",
     "botocore",
-    "broker.fragment.stores.registry",
     "broker.fragment.stores.s3_store",
     "spark_integration.source",
     "spark_integration.write",

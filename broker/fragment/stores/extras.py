@@ -30,17 +30,21 @@ class MissingStoreExtraError(StoreURLError):
         self.module = module
 
 
-def lazy_constructor(module: str, factory: str, extra: str) -> Callable[[StoreURL], FragmentStore]:
+def lazy_constructor(
+    module: str, factory: str, extra: str | None
+) -> Callable[[StoreURL], FragmentStore]:
     """A registry constructor that imports `module` when first called and builds the store
-    with its `factory`, raising MissingStoreExtraError if the SDK behind it is missing."""
+    with its `factory`, raising MissingStoreExtraError if the SDK behind it is missing. With
+    `extra` None the SDK is a dependency of the package itself (boto3 for s3://): only the
+    import is deferred, and a missing SDK is a broken install, its ImportError raised as is."""
 
     def build(url: StoreURL) -> FragmentStore:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:
             missing = err.name or "?"
-            if missing.split(".")[0] in _OUR_PACKAGES:
-                raise  # A bug of ours, not a missing extra.
+            if extra is None or missing.split(".")[0] in _OUR_PACKAGES:
+                raise  # A bug of ours (or a broken install), not a missing extra.
             raise MissingStoreExtraError(url.url, extra, missing) from None
         store: FragmentStore = getattr(mod, factory)(url)
         return store

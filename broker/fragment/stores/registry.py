@@ -4,6 +4,11 @@ Journal specs name their stores by URL; brokers and readers turn each URL into o
 store instance (clients and connection pools are per store, not per request), built by the
 constructor registered for the URL's scheme. Tests and the simulation register their own
 constructors (e.g. a fault-injecting wrapper) under the same schemes.
+
+The cloud stores' modules (s3://, gs://, azure://) are imported when a URL of their scheme is
+first built, not with this module: a process that only opens signed file:// URLs (a Spark
+worker) never imports boto3 or another cloud SDK (tests/broker/fragment/
+test_registry_lazy_stores.py).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from broker.fragment.stores.base import (
@@ -22,6 +28,7 @@ from broker.fragment.stores.base import (
     StoreError,
     StoreURL,
     StoreURLError,
+    read_chunk_bytes_default,
     run_to_completion,
 )
 from broker.fragment.stores.extras import lazy_constructor
@@ -32,7 +39,6 @@ from broker.fragment.stores.memory_store import (
     default_buckets,
     read_object_url,
 )
-from broker.fragment.stores.s3_store import S3Store
 from broker.protocol.validate import (
     FRAGMENT_STORE_SCHEMES,
     ValidationError,
@@ -93,7 +99,7 @@ def new_registry(
     return StoreRegistry(
         {
             "file": lambda url: FileStore(url, root=file_root),
-            "s3": S3Store,
+            "s3": lazy_constructor("broker.fragment.stores.s3_store", "S3Store", None),
             "memory": lambda url: MemoryStore(url, buckets=memory_buckets),
             "gs": lazy_constructor("broker.fragment.stores.gcs_store", "GCSStore", "gcs"),
             "azure": lazy_constructor(
@@ -111,10 +117,13 @@ async def open_url(
     *,
     timeout_s: float = url_timeout_s_default,
     memory_buckets: MemoryBuckets = default_buckets,
+    file_read_bytes_min: int = 0,
 ) -> FragmentReader:
     """A reader of the file a signed URL (from any built-in store's `signed_url`) names.
 
-    Bytes are returned as stored: no HTTP content decoding is requested or applied."""
+    Bytes are returned as stored: no HTTP content decoding is requested or applied. A file://
+    URL's reader reads at least `file_read_bytes_min` bytes at a time (each read is a hop to a
+    worker thread: a reader asking for small pieces of a large file may amortise the hops)."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return read_object_url(url, memory_buckets)
@@ -122,7 +131,7 @@ async def open_url(
         path = unquote(urlsplit(url).path)
         try:
             raw = await run_to_completion(lambda: open(path, "rb"), discard=lambda f: f.close())
-            return BlockingReader(raw)
+            return _FileURLReader(raw, file_read_bytes_min)
         except FileNotFoundError:
             raise FragmentNotFoundError("file:///", path) from None
         except OSError as err:
@@ -145,3 +154,14 @@ async def open_url(
             raise StoreError(f"fetching signed URL: {err}") from err
         return BlockingReader(resp)
     raise StoreURLError(f"unsupported signed URL scheme {scheme!r}")
+
+
+class _FileURLReader(BlockingReader):
+    """A local file, read at least `read_bytes_min` bytes at a time."""
+
+    def __init__(self, raw: BinaryIO, read_bytes_min: int) -> None:
+        super().__init__(raw)
+        self._read_bytes_min = read_bytes_min
+
+    async def read(self, size: int = read_chunk_bytes_default) -> bytes:
+        return await super().read(max(size, self._read_bytes_min))

@@ -13,7 +13,8 @@ import pytest
 from read_iter_testkit import ACK, CONTINUE, OUTSIDE, P1, P2, P3, Msg, broker_env, frames, msg
 
 from gazette_consumer.message import MessageDecodeError
-from gazette_consumer.sequencer.read_iter import DECODE_PIECE_BYTES, ReadCommittedIter
+from gazette_consumer.sequencer.read_iter import ReadCommittedIter
+from gazette_consumer.sequencer.read_pieces import DECODE_PIECE_BYTES
 
 TIMEOUT_S = 60.0
 

@@ -1,0 +1,68 @@
+"""The read-committed iterator's checkpoint: consistent with the messages it *returned*
+(sans-IO).
+
+The Sequencer's own checkpoint stands where it was stepped to, which may be past what the
+iterator returned: messages committed at once are held in a run and returned one by one, and
+to know `in_sequence` the iterator steps one message past the one it returns. `checkpoint_of`
+puts back where committing and returning them one by one would stand, so that a new iterator
+built from it returns exactly the messages not returned yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gazette_consumer.message.message import Envelope
+from gazette_consumer.sequencer.sequencer import Sequencer
+from gazette_consumer.sequencer.types import JournalProducer, ProducerState, SequencerCheckpoint
+
+
+def checkpoint_of(
+    seq: Sequencer[Envelope[Any]],
+    floors: Mapping[str, int],
+    run_all: Sequence[Envelope[Any]],
+    left: int,
+    span_through: int | None,
+    ahead: Envelope[Any] | None,
+    ahead_after: Envelope[Any] | None,
+    horizon_clock: int = 0,
+) -> SequencerCheckpoint:
+    """The checkpoint of an iterator over `seq`: `floors` (per journal, the offset through which
+    every queued envelope was consumed), the run committed at once `run_all` of which the last
+    `left` are not returned yet (`span_through`: for one ACK's messages, the offset of their
+    journal read up to the ACK; else None), and `ahead`, the message stepped to but not
+    returned, held after `ahead_after` of its sequence (None: nothing to look past).
+    `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`)."""
+    # The last returned message of a run some of which is not returned yet.
+    held = run_all[len(run_all) - left - 1] if left else None
+    keep = None if held is None else (held.journal, held.producer)
+    seq_cp = seq.checkpoint(horizon_clock, keep=keep)
+    read_through = dict(floors)
+    for journal, offset in seq_cp.read_through.items():
+        read_through[journal] = max(read_through.get(journal, 0), offset)
+    producers = seq_cp.producers
+    if held is not None:
+        # Where committing the run's messages one by one, through `held`, would stand.
+        journal = held.journal
+        producers = dict(producers)
+        jp = JournalProducer(journal, held.producer)
+        if span_through is not None:
+            # Within one ACK's messages: its journal read up to the ACK, and the producer's
+            # span pending from the message after `held` (a restart replays it from there
+            # when it reads the ACK again). Never pruned: a pending span is not.
+            read_through[journal] = max(floors.get(journal, 0), span_through)
+            producers[jp] = ProducerState(last_ack=held.clock, begin=held.end)
+        elif held.clock < horizon_clock:
+            read_through[journal] = max(floors.get(journal, 0), held.end)
+            producers.pop(jp, None)  # Pruned, as Sequencer.checkpoint would prune it.
+        else:
+            read_through[journal] = max(floors.get(journal, 0), held.end)
+            producers[jp] = ProducerState(last_ack=held.clock, begin=-1)
+    if ahead is not None and ahead_after is not None and not left:
+        # Where stepping `ahead_after` (non-final, of the same producer) left the state.
+        producers = dict(producers)
+        producers[JournalProducer(ahead.journal, ahead.producer)] = ProducerState(
+            last_ack=ahead_after.clock, begin=ahead_after.end
+        )
+    return SequencerCheckpoint(read_through=read_through, producers=producers)
