@@ -66,3 +66,7 @@ class BrokerConfig:
     peer_tls: ClientTls | None = None
     # When fragment stores are health-checked (fragment/store_health.py).
     store_health: HealthSchedule = field(default_factory=HealthSchedule)
+    # Bytes a quorum journal's leader may hold in its entry log beyond what the fragment store
+    # holds (QuorumConfig.log_bytes_max; None: its default, 64 MiB): appends past it are
+    # refused RESOURCE_EXHAUSTED, and the log compacts at half of it.
+    quorum_log_bytes_max: int | None = None

@@ -106,6 +106,60 @@ QUORUM_ELECTIONS_BLOCKED: Final = Gauge(
     " lost their disk (and are not caught up) than the ensemble can spare. The journal takes no"
     " appends until an operator acts (docs/design/quorum.md, Built (lost disks)).",
 )
+# Per quorum journal and member (the broker's own name: one per journal in a broker process;
+# tests that run several brokers in one process get one each). A node's series are removed
+# when it stops, so the label set is bounded by the quorum journals this broker is a member of.
+QUORUM_LABELS: Final = ("journal", "member")
+QUORUM_TERM: Final = Gauge(
+    "gazette_quorum_term",
+    "The term of this member's log (the last term it joined) per quorum journal.",
+    QUORUM_LABELS,
+)
+QUORUM_LEADING: Final = Gauge(
+    "gazette_quorum_leading",
+    "1 while this member leads its quorum journal's current term, else 0.",
+    QUORUM_LABELS,
+)
+QUORUM_COMMIT_LAG: Final = Gauge(
+    "gazette_quorum_commit_lag_bytes",
+    "Bytes this member's log holds beyond the commit offset it knows: on the leader, content"
+    " appended and not yet acknowledged by a quorum (appends waiting to commit).",
+    QUORUM_LABELS,
+)
+QUORUM_ELECTIONS_STARTED: Final = Counter(
+    "gazette_quorum_elections_started_total",
+    "Terms this member's coordinator claimed in the term register (elections it started).",
+    QUORUM_LABELS,
+)
+QUORUM_ELECTIONS_WON: Final = Counter(
+    "gazette_quorum_elections_won_total",
+    "Terms this member became the leader of.",
+    QUORUM_LABELS,
+)
+QUORUM_LOG_FULL: Final = Counter(
+    "gazette_quorum_log_full_total",
+    "Appends this member refused as leader because its entry log was full (log_bytes_max or"
+    " log_entries_max of entries not yet in the fragment store): answered RESOURCE_EXHAUSTED.",
+    QUORUM_LABELS,
+)
+QUORUM_SNAPSHOTS_SENT: Final = Counter(
+    "gazette_quorum_snapshots_sent_total",
+    "Snapshot messages this member sent as leader: a follower behind the leader's log base"
+    " (compacted away: the fragment store holds it) is caught up from the store.",
+    QUORUM_LABELS,
+)
+QUORUM_SNAPSHOTS_INSTALLED: Final = Counter(
+    "gazette_quorum_snapshots_installed_total",
+    "Snapshots this member took from its leader: its log was behind the leader's base, and now"
+    " starts at it (its spool rolls forward: what is before the base is read from the store).",
+    QUORUM_LABELS,
+)
+QUORUM_LOG_BASE: Final = Gauge(
+    "gazette_quorum_log_base_offset",
+    "The journal offset this member's entry log begins at: content before it was compacted"
+    " away (the fragment store holds it) or came by a Snapshot.",
+    QUORUM_LABELS,
+)
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",
     "Fragment files this broker uploaded to fragment stores.",

@@ -213,6 +213,15 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds an Append client may fall behind --min-append-rate before its append is"
         " rolled back",
     )
+    serve.add_argument(
+        "--quorum-log-bytes-max",
+        dest="quorum_log_bytes_max",
+        type=_positive_int,
+        default=None,
+        help="bytes a quorum journal's leader holds in its entry log beyond what the fragment"
+        " store holds: appends past it are refused (RESOURCE_EXHAUSTED) until uploads catch"
+        " up; the log compacts at half of it (default 64 MiB)",
+    )
     add_server_tls_options(serve)
     add_etcd_options(serve)
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
@@ -270,6 +279,7 @@ async def _serve(args: argparse.Namespace) -> None:
             lease_ttl_s=args.lease_ttl_s,
             min_append_rate_bytes_per_s=args.min_append_rate_bytes_per_s,
             flow_control_burst_s=args.flow_control_burst_s,
+            quorum_log_bytes_max=args.quorum_log_bytes_max,
         ),
         stores=new_registry(file_root=args.file_root),
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -68,6 +69,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import validate_broker_spec
 from broker.quorum_shell.journals import QuorumJournals
+from broker.quorum_shell.node_config import broker_quorum_config
 from broker.quorum_shell.pulse import quorum_pulse
 from broker.quorum_shell.status import status_handler
 from broker.quorum_shell.transport import deliver_handler
@@ -180,6 +182,10 @@ class Broker:
             data_dir=config.data_dir,
             fsync=config.fsync,
         )
+        if config.quorum_log_bytes_max is not None:
+            self.quorum.quorum_config = dataclasses.replace(
+                broker_quorum_config(), log_bytes_max=config.quorum_log_bytes_max
+            )
         self.ks.observers.append(self.quorum.observe)
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None

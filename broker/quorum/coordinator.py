@@ -150,6 +150,8 @@ class Coordinator:
         self._request: RegisterRead | RegisterCas | None = None
         self._request_retry = _Retry(0, self.config.request_timeout_ticks)
         self._deadline = 0  # fencing, monitoring or waiting deadline, by state
+        # Terms this coordinator claimed in the register (elections it started): for metrics.
+        self.terms_claimed = 0
         self._responses: dict[str, NewTermResponse] = {}  # Fenced answers of this term
         self._answered: set[str] = set()  # members that answered NewTerm in this term
         self._member_retry: dict[str, _Retry] = {}
@@ -225,6 +227,7 @@ class Coordinator:
         record = reply.current.record
         if self.state is CoordState.CLAIMING and record == self._claim:
             self._go(CoordEvent.CLAIMED)
+            self.terms_claimed += 1
             self._start_fencing(record, now)
         elif self.state is CoordState.APPOINTING and record == self._appoint:
             self._go(CoordEvent.APPOINTED)

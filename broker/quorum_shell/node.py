@@ -32,7 +32,8 @@ align the new log). It does not vote until a leader has caught it up; once `Memb
 latches (and the log that made it a voter is in its file) the node clears its `lost` mark. A
 coordinator that finds the election impossible (`Coordinator.election_blocked`: too many
 members lost their disk) is logged once per change and counted in
-`gazette_quorum_elections_blocked`; `election_blocked` tells the node's owner.
+`gazette_quorum_elections_blocked`; `election_blocked` tells the node's owner. The node's
+other metrics (term, commit lag, elections, refusals, Snapshots) are node_metrics.py's.
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from broker import metrics
 from broker.keyspace.backend import KeySpaceError
 from broker.logging import get_logger
-from broker.quorum.config import CoordinatorConfig, QuorumConfig
+from broker.quorum.config import QuorumConfig
 from broker.quorum.coordinator import REGISTER, Coordinator, ElectionBlocked
-from broker.quorum.errors import ProtocolError, QuorumError, QuorumInvariantError
+from broker.quorum.errors import LogFullError, ProtocolError, QuorumError, QuorumInvariantError
 from broker.quorum.leader import (
     AppendFailed,
     Committed,
@@ -69,33 +69,18 @@ from broker.quorum_shell.member_registry import (
     join_backoff_initial_s,
     join_backoff_max_s,
 )
+from broker.quorum_shell.node_config import (
+    broker_coordinator_config,
+    broker_quorum_config,
+    tick_interval_s,
+)
+from broker.quorum_shell.node_metrics import NodeMetrics
 from broker.quorum_shell.term_record import TermRecordDecodeError
 from broker.quorum_shell.wire import Envelope
 
 log = get_logger(__name__)
 
 COORDINATOR_SUFFIX = "!coordinator"
-# The core's clock tick is one millisecond; the loop advances it every `tick_interval_s`.
-tick_interval_s = 0.01
-
-
-def broker_quorum_config() -> QuorumConfig:
-    """The core's bounds with ticks in milliseconds: a silent follower is re-sent after
-    200 ms (doubling to 2 s); an idle leader tells followers and coordinators every 50 ms."""
-    return QuorumConfig(
-        ack_timeout_ticks=200, retry_backoff_max_ticks=2000, heartbeat_interval_ticks=50
-    )
-
-
-def broker_coordinator_config() -> CoordinatorConfig:
-    """A leader silent for 1.5 s is replaced; register requests are re-sent after 200 ms,
-    doubling to 2 s."""
-    return CoordinatorConfig(
-        leader_timeout_ticks=1500,
-        election_timeout_ticks=1000,
-        request_timeout_ticks=200,
-        retry_backoff_max_ticks=2000,
-    )
 
 
 class AppendOutcomeUnknownError(QuorumError):
@@ -171,7 +156,7 @@ class QuorumNode:
         self.joined = asyncio.Event()
         self.join_decision: Decision | None = None
         self._lost_marked = False  # the member's `lost` mark is on disk
-        self.election_blocked: ElectionBlocked | None = None
+        self.metrics = NodeMetrics(journal, name)
 
     # --- Lifecycle -------------------------------------------------------------------------
 
@@ -219,9 +204,7 @@ class QuorumNode:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_pending("the node stopped")
-        if self.election_blocked is not None:
-            metrics.QUORUM_ELECTIONS_BLOCKED.dec()
-            self.election_blocked = None
+        self.metrics.close()
         if self.log_file is not None:
             self.log_file.close()
 
@@ -256,6 +239,11 @@ class QuorumNode:
     def commit_offset(self) -> int:
         return self.member.read_limit
 
+    @property
+    def election_blocked(self) -> ElectionBlocked | None:
+        """Why the coordinator finds the election impossible (None: it does not)."""
+        return self.metrics.election_blocked
+
     def read_committed(self, begin: int = 0) -> bytes:
         """Committed content from `begin` (held in the log: not yet compacted)."""
         return self.member.log.read(begin, self.member.read_limit)
@@ -280,7 +268,11 @@ class QuorumNode:
         now = self.now()
         # NotLeaderError, LogFullError, EmptyRegisterUpdateError, what `update` raises: to the
         # caller, nothing changed. The check runs against the head here, synchronously.
-        self.member.append(data, token, now, check, update)
+        try:
+            self.member.append(data, token, now, check, update)
+        except LogFullError:
+            self.metrics.log_full()
+            raise
         future: asyncio.Future[Committed | RegistersMismatched]
         future = asyncio.get_running_loop().create_future()
         self._pending[token] = future
@@ -308,7 +300,9 @@ class QuorumNode:
             if envelope.to.endswith(COORDINATOR_SUFFIX):
                 self.coordinator.handle(msg, now)
             else:
+                base = self.member.log.base
                 self.member.handle(msg, now)
+                self.metrics.received(msg, base, self.member.log.base)
                 if self._persist():
                     self.member.sync(now)
         except ProtocolError as err:
@@ -344,7 +338,8 @@ class QuorumNode:
         if self._lost_marked and not self.member.lost_state:
             self._clear_lost_mark()
         if self.coordinator.election_blocked != self.election_blocked:
-            self._on_election_blocked(self.coordinator.election_blocked)
+            self.metrics.on_election_blocked(self.coordinator.election_blocked)
+        self.metrics.observe(self)
         self.progress.set()
         if self.leader_name:
             self.leader_known.set()
@@ -398,27 +393,8 @@ class QuorumNode:
         self._lost_marked = False
         log.info("quorum member caught up: votes again", journal=self.journal, node=self.name)
 
-    def _on_election_blocked(self, blocked: ElectionBlocked | None) -> None:
-        before, self.election_blocked = self.election_blocked, blocked
-        if blocked is not None and before is None:
-            metrics.QUORUM_ELECTIONS_BLOCKED.inc()
-        elif blocked is None and before is not None:
-            metrics.QUORUM_ELECTIONS_BLOCKED.dec()
-        if _blocked_key(blocked) == _blocked_key(before):
-            return  # the same members block a later term's election: said already
-        if blocked is not None:
-            log.error(
-                "quorum election blocked: not enough members can vote; acknowledged appends"
-                " may be held only by lost disks, so no leader is elected"
-                " (docs/design/quorum.md, Built (lost disks): what an operator does)",
-                journal=self.journal,
-                node=self.name,
-                reason=str(blocked),
-            )
-        else:
-            log.info("quorum election no longer blocked", journal=self.journal, node=self.name)
-
     def _deliver(self, envelope: Envelope) -> None:
+        self.metrics.sent(envelope.message)
         node = envelope.to.removesuffix(COORDINATOR_SUFFIX)
         if node == self.name:
             asyncio.get_running_loop().call_soon(self.receive, envelope)
@@ -463,7 +439,3 @@ class QuorumNode:
         for future in pending.values():
             if not future.done():
                 future.set_exception(AppendOutcomeUnknownError(reason))
-
-
-def _blocked_key(blocked: ElectionBlocked | None) -> tuple[object, ...] | None:
-    return None if blocked is None else (blocked.non_voters, blocked.voters_needed)

@@ -24,14 +24,26 @@ appends_per_round = 8
 # Attempts of the first append after a restart (the client backs off up to 1 s between).
 attempts_after_restart_max = 200
 retry_backoff_cap_s = 0.1
+# Reads of one whole-journal check that a broker may end before its end (read_until).
+read_resumes_max = 20
+read_backoff_initial_s = 0.05
+read_backoff_max_s = 0.5
 
 
 @contextlib.asynccontextmanager
-async def quorum_cluster(journal: str) -> AsyncIterator[ProcessCluster]:
+async def quorum_cluster(
+    journal: str,
+    *,
+    extra_args: Sequence[str] = (),
+    http_gateway: bool = False,
+    fragment_length: int = 1 << 20,
+) -> AsyncIterator[ProcessCluster]:
     """Three broker processes on etcd (two zones), and `journal` at R=3 in quorum mode, ready
-    on all three."""
-    async with ProcessCluster(THREE_BROKERS, lease_ttl_s=LEASE_TTL_S) as c:
-        spec = journal_spec(journal, 3, c.store_url)
+    on all three (`extra_args` for `gazette serve`, fragments of `fragment_length`)."""
+    async with ProcessCluster(
+        THREE_BROKERS, lease_ttl_s=LEASE_TTL_S, extra_args=extra_args, http_gateway=http_gateway
+    ) as c:
+        spec = journal_spec(journal, 3, c.store_url, length=fragment_length)
         spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
         await c.apply([spec])
         await c.wait_until(c.journals_ready([journal], 3, zones_min=2))
@@ -97,20 +109,51 @@ class Journal:
 
 
 async def read_until(
-    channels: ChannelPool, b: BrokerProcess, journal: str, end: int, *, timeout_s: float = 15
+    channels: ChannelPool,
+    b: BrokerProcess,
+    journal: str,
+    end: int,
+    *,
+    timeout_s: float = 15,
+    by_itself: bool = False,
 ) -> bytes:
     """The journal as broker `b` serves it, from 0 until `end` (a blocking read: a follower
-    applies a commit a heartbeat after the leader)."""
+    applies a commit a heartbeat after the leader). With `by_itself`, only content `b` serves
+    itself counts (each stream's header names it: not proxied), persisted fragments included;
+    just restarted, `b` may first proxy the read or answer NOT_JOURNAL_BROKER (it has not seen
+    itself assigned yet): such a stream is dropped and tried again. A
+    stream the broker ends (its replica went away: a restarted one setting its spool aside) is
+    read again from where it stopped, as a client does, after a backoff doubling up to
+    `read_backoff_max_s`, at most `read_resumes_max` times."""
     out = bytearray()
-    call = channels.stub(b.endpoint).Read(pb.ReadRequest(journal=journal, offset=0, block=True))
+    backoff = read_backoff_initial_s
     async with asyncio.timeout(timeout_s):
-        async for resp in call:
-            assert resp.status == pb.OK, pb.Status.Name(resp.status)
-            out += resp.content
+        for _ in range(read_resumes_max):
+            request = pb.ReadRequest(journal=journal, offset=len(out), block=True)
+            call = channels.stub(b.endpoint).Read(request)
+            first = True
+            async for resp in call:
+                if by_itself and first:
+                    # The stream's first response names who serves it: another broker (`b`
+                    # proxied it) or none (NOT_JOURNAL_BROKER) is tried again.
+                    assert resp.HasField("header"), resp
+                    if resp.header.process_id.suffix != b.suffix:
+                        break
+                first = False
+                assert resp.status == pb.OK, pb.Status.Name(resp.status)
+                if by_itself and resp.HasField("header"):
+                    assert resp.header.process_id.suffix == b.suffix, resp.header
+                if resp.content:
+                    assert resp.offset == len(out), (resp.offset, len(out))  # no gap, no overlap
+                out += resp.content
+                if len(out) >= end:
+                    break
+            call.cancel()
             if len(out) >= end:
-                break
-    call.cancel()
-    return bytes(out)
+                return bytes(out)
+            await asyncio.sleep(backoff)  # a client's backoff, not a synchronisation
+            backoff = min(backoff * 2, read_backoff_max_s)
+    raise AssertionError(f"{b.suffix}: {len(out)} of {end} bytes after {read_resumes_max} reads")
 
 
 async def read_all(channels: ChannelPool, b: BrokerProcess, journal: str, end: int) -> bytes:

@@ -15,6 +15,7 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.quorum_shell.node import broker_quorum_config
+from broker.serve_cli import _parse_args
 from tests.broker.quorum.test_quorum_append_dispatch import _leader_of
 
 LOG_BYTES_MAX = 4096
@@ -48,3 +49,17 @@ async def test_a_full_log_answers_resource_exhausted_at_once(cluster: Cluster) -
     assert accepted == LOG_BYTES_MAX // len(CHUNK)  # every append that fits was committed
     node = leader.quorum.nodes[spec.name]
     assert node.commit_offset == accepted * len(CHUNK)  # the refused one wrote nothing
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "x"])
+def test_serve_refuses_a_bad_quorum_log_bound(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse_args(["serve", "--quorum-log-bytes-max", value])
+    assert "argument --quorum-log-bytes-max:" in capsys.readouterr().err
+
+
+def test_serve_passes_the_quorum_log_bound() -> None:
+    assert _parse_args(["serve", "--quorum-log-bytes-max", "65536"]).quorum_log_bytes_max == 65536
+    assert _parse_args(["serve"]).quorum_log_bytes_max is None  # the core's default
