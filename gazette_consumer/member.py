@@ -24,9 +24,8 @@ elsewhere (its store fence would stop us anyway; stopping first is cleaner).
 
 Graceful stop (SIGTERM). ``stop()`` first *drains*: it re-announces the member as *exiting*
 (``ConsumerSpec.exiting``, its shard limit kept, as Gazette's consumers do), so the allocator
-moves its assignments away as far as the other members have room (broker.allocator.state.
-shed_capacity: a member whose capacity is needed keeps its shards), each primary only once a
-standby elsewhere is ready (STANDBY) to take over. The allocator returns once nothing is assigned here;
+gives it no new shard and moves every assignment away, each primary only once a standby
+elsewhere is ready (STANDBY) to take over. The allocator returns once nothing is assigned here;
 then the local shards stop, the lease is revoked and the server stops. Draining is bounded by
 ``drain_timeout_s`` (a lone member has nowhere to hand off to): past it the member stops anyway,
 and its lease revocation makes the allocator re-assign what it held.
@@ -311,7 +310,7 @@ class ConsumerMember:
         await asyncio.shield(self._task)
 
     async def drain(self) -> bool:
-        """Hand every local shard off to other members (announced exiting), waiting at most
+        """Hand every local shard off to other members (shard limit zero), waiting at most
         ``drain_timeout_s``; whether the member is drained."""
         if self._task is None:
             raise ConsumerStateError(f"{self!r}: not started")
