@@ -1,10 +1,8 @@
 """A broker's graceful exit: hand its journals off to other brokers before stopping.
 
-The exiting broker re-puts its BrokerSpec under its lease with ``exiting`` set and its
-``journal_limit`` kept, as Gazette's brokers do: the allocator sheds an exiting broker's capacity
-only as far as the other brokers have room (broker.allocator.state.shed_capacity), so a broker
-whose capacity is needed keeps its journals rather than leaving them short of replicas. Where
-there is room, the allocator moves every journal off it without letting one drop below its consistent replicas: it adds a replacement
+The exiting broker re-puts its BrokerSpec under its lease with ``journal_limit`` 0 and
+``exiting`` set (a Go allocator reads the former, ours either). The allocator then moves every
+journal off it without letting one drop below its consistent replicas: it adds a replacement
 first, the journal's primary (maybe the exiting broker) synchronises it and advertises the new
 route, and only then is the exiting broker's assignment removed (with a promotion in the same
 transaction if it was the primary). Appends meanwhile wait while the route has a surplus
@@ -51,6 +49,7 @@ async def hand_off(
     broker_id = spec.process_spec.id
     exiting = pb.BrokerSpec()
     exiting.CopyFrom(spec)
+    exiting.journal_limit = 0
     exiting.exiting = True
     header = await backend.put(member_key, exiting.SerializeToString(), lease=lease_id)
     log.info("broker exiting: handing off its journals", broker=broker)

@@ -65,7 +65,6 @@ from gazette_consumer.topology import (
     ConsumerMember as ConsumerMemberValue,
 )
 from gazette_consumer.topology import (
-    consumer_exiting,
     consumer_item_limit,
     member_key,
     new_keyspace,
@@ -266,7 +265,6 @@ class ConsumerMember:
                 is_consistent=shard_is_consistent,
                 replication_of=shard_replication,
                 item_limit_of=consumer_item_limit,
-                exiting_of=consumer_exiting,
                 idle_wake_s=self.config.allocator_idle_wake_s,
             )
         except MemberNotFoundError:

@@ -346,21 +346,13 @@ def shard_replication(entry: Entry[Any]) -> int:
 
 
 def consumer_item_limit(entry: Entry[Any]) -> int:
-    """A consumer's shard limit, as announced (zero if an operator set it so: it drains). Once
-    it is exiting (``consumer_exiting``), the allocator sheds its capacity only as far as
-    others have room (broker.allocator.state.shed_capacity, Gazette's ShedCapacity)."""
+    """A consumer's shard limit: zero once it announced it is exiting (Gazette's
+    ConsumerSpec.exiting), so that it gets nothing new and drains; zero too if an operator set
+    its limit so."""
     member = entry.decoded
     if not isinstance(member, ConsumerMember):
         raise TypeError(f"expected a ConsumerMember, got {type(member).__name__}")
-    return int(member.spec.shard_limit)
-
-
-def consumer_exiting(entry: Entry[Any]) -> bool:
-    """Whether a consumer announced that it is exiting (``ConsumerSpec.exiting``)."""
-    member = entry.decoded
-    if not isinstance(member, ConsumerMember):
-        raise TypeError(f"expected a ConsumerMember, got {type(member).__name__}")
-    return bool(member.spec.exiting)
+    return 0 if member.spec.exiting else member.spec.shard_limit
 
 
 def _status_or_none(value: bytes) -> cpb.ReplicaStatus | None:

@@ -109,20 +109,11 @@ def journal_replication(entry: Entry[Any]) -> int:
 
 
 def broker_item_limit(entry: Entry[Any]) -> int:
-    """A broker's journal limit, as announced (also once it is exiting: the allocator sheds an
-    exiting broker's capacity only as far as others have room, see ``state.shed_capacity``)."""
+    """A broker's journal limit; zero once it announces it is exiting, so that it drains."""
     decoded = entry.decoded
     if not isinstance(decoded, Member):
         raise TypeError(f"expected a broker Member, got {type(decoded).__name__}")
-    return int(decoded.spec.journal_limit)
-
-
-def broker_exiting(entry: Entry[Any]) -> bool:
-    """Whether a broker announced that it is exiting (``BrokerSpec.exiting``)."""
-    decoded = entry.decoded
-    if not isinstance(decoded, Member):
-        raise TypeError(f"expected a broker Member, got {type(decoded).__name__}")
-    return bool(decoded.spec.exiting)
+    return 0 if decoded.spec.exiting else decoded.spec.journal_limit
 
 
 def route_of(assignments: Sequence[Assignment]) -> pb.Route:
@@ -162,7 +153,6 @@ async def serve(
     is_consistent: IsConsistent,
     replication_of: Callable[[Entry[T]], int] = journal_replication,
     item_limit_of: Callable[[Entry[T]], int] = broker_item_limit,
-    exiting_of: Callable[[Entry[T]], bool] = broker_exiting,
     txn_ops_max: int = txn_ops_max_default,
     txn_failures_max: int = txn_failures_max_default,
     idle_wake_s: float = idle_wake_s_default,
@@ -187,17 +177,13 @@ async def serve(
             keyspace.kvs,
             replication_of=replication_of,
             item_limit_of=item_limit_of,
-            exiting_of=exiting_of,
         )
         local = state.members.get(member)
         if local is None:
             raise MemberNotFoundError(
                 f"member {member}: key not found at revision {state.revision}"
             )
-        # Exiting (or drained by a zero limit) with nothing left to serve: done, as Gazette's
-        # allocator is. An exiting member whose capacity is still needed keeps items, and so
-        # keeps allocating until others can take them.
-        if (local.exiting or local.item_limit == 0) and not state.local_assignments(member):
+        if local.item_limit == 0 and not state.local_assignments(member):
             log.info("allocator: member drained; exiting", member=str(member))
             return
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from broker.keyspace.backend import KeyValue
@@ -73,12 +73,9 @@ class Item:
 @dataclass(frozen=True, slots=True)
 class Member:
     id: MemberId
-    # Most items this member may be assigned (0 = drain it). For an exiting member, what is
-    # left of its announced limit once its shed capacity is taken off (``shed_capacity``).
+    # Most items this member may be assigned (0 = drain it).
     item_limit: int
     kv: KeyValue
-    # The member announced that it is exiting: it drains as far as others have room.
-    exiting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +279,6 @@ def build_state(
             if a.slot == 0:
                 primary[a.member] = primary.get(a.member, 0) + 1
 
-    member_map = shed_capacity(member_map, item_map.values())
     leader = min(member_map.values(), key=lambda m: (m.kv.create_revision, m.kv.key), default=None)
     return State(
         root=root,
@@ -298,42 +294,6 @@ def build_state(
     )
 
 
-def shed_capacity(
-    members: Mapping[MemberId, Member], items: Iterable[Item]
-) -> dict[MemberId, Member]:
-    """``members`` with the limits of exiting ones lowered by the capacity they may shed, as
-    Gazette's allocator does (its ShedCapacity): only the excess of the members' slots over
-    the items' replicas is shed (none when the cluster is overloaded), exiting members oldest
-    first (by member key creation), each at most its whole limit, and never more than
-    ``len(members) - max replication`` of them, so that enough members remain for the most
-    replicated item. An exiting member whose capacity is needed thus keeps its items until
-    others can take them (a member joins, or items go), rather than leaving them short of
-    replicas. Like Gazette, this counts slots, not zones."""
-    replication_max = 0
-    item_slots = 0
-    for item in items:
-        item_slots += item.replication
-        replication_max = max(replication_max, item.replication)
-    excess = max(0, sum(m.item_limit for m in members.values()) - item_slots)
-    shedding_max = max(0, len(members) - replication_max)
-    exiting = sorted(
-        (m for m in members.values() if m.exiting), key=lambda m: (m.kv.create_revision, m.kv.key)
-    )
-    out = dict(members)
-    for member in exiting[:shedding_max]:
-        if excess == 0:
-            break
-        shed = min(member.item_limit, excess)
-        excess -= shed
-        out[member.id] = replace(member, item_limit=member.item_limit - shed)
-    return out
-
-
-def _never_exiting(entry: Entry[T]) -> bool:
-    del entry
-    return False
-
-
 def parse_state(
     root: str,
     revision: int,
@@ -341,15 +301,12 @@ def parse_state(
     *,
     replication_of: Callable[[Entry[T]], int],
     item_limit_of: Callable[[Entry[T]], int],
-    exiting_of: Callable[[Entry[T]], bool] = _never_exiting,
 ) -> State:
     """Parse keyspace entries under ``root`` (as ``KeySpace.kvs`` holds them).
 
     ``replication_of`` and ``item_limit_of`` read an item's desired replication and a member's
     item limit from its entry (brokers: ``JournalSpec.replication`` and
-    ``BrokerSpec.journal_limit``; consumers: hot standbys + 1 and ``ConsumerSpec.shard_limit``);
-    ``exiting_of`` whether a member announced it is exiting (``BrokerSpec.exiting``,
-    ``ConsumerSpec.exiting``; see ``shed_capacity``).
+    ``BrokerSpec.journal_limit``; consumers: hot standbys + 1 and ``ConsumerSpec.shard_limit``).
     Keys under ``root`` outside the three allocator prefixes are not the allocator's and are
     ignored; allocator keys that do not parse, or whose value the rules reject (an exception or
     a negative number), are left out and listed in ``State.issues``.
@@ -377,8 +334,9 @@ def parse_state(
                 items.append(Item(item_id, _non_negative("replication", replication_of(entry)), kv))
             elif key.startswith(members_prefix):
                 member = parse_member_id(key[len(members_prefix) :])
-                limit = _non_negative("item limit", item_limit_of(entry))
-                members.append(Member(member, limit, kv, exiting=bool(exiting_of(entry))))
+                members.append(
+                    Member(member, _non_negative("item limit", item_limit_of(entry)), kv)
+                )
             elif key.startswith(assign_prefix):
                 item_id, member, slot = _parse_assignment_key(key[len(assign_prefix) :])
                 assignments.append(Assignment(item_id, member, slot, kv))

@@ -144,7 +144,7 @@ async def test_hand_off_moves_every_journal_keeping_synchronised_replicas(
         key = member_key(ROOT, victim.config.zone, victim.config.suffix).encode()
         (kv,) = (await cluster.admin.range(key)).kvs
         spec = pb.BrokerSpec.FromString(kv.value)
-        assert spec.exiting and spec.journal_limit > 0 and kv.lease == victim.lease_id
+        assert spec.exiting and spec.journal_limit == 0 and kv.lease == victim.lease_id
         await cluster.stop_broker(victim)
         gone = [victim.config.suffix]
         await wait_until(ks, journals_ready(ks, ROOT, names, 3, zones_min=2, exclude=gone), wait_s)

@@ -22,7 +22,6 @@ from gazette_consumer.topology import (
     ShardAssignment,
     ShardItem,
     TopologyDecodeError,
-    consumer_exiting,
     consumer_item_limit,
     local_assignments,
     make_decoder,
@@ -179,10 +178,6 @@ def test_replication_and_item_limits() -> None:
     assert shard_replication(item_entry(spec("s-01", hot_standbys=2, disable=True))) == 0
     member = ConsumerMember("z", "c-01", consumer("z", "c-01", limit=7))
     assert consumer_item_limit(Entry(kv("k"), member)) == 7
-    assert not consumer_exiting(Entry(kv("k"), member))
-    member.spec.exiting = True  # Its limit is kept: shed only as far as others have room.
-    assert consumer_item_limit(Entry(kv("k"), member)) == 7
-    assert consumer_exiting(Entry(kv("k"), member))
     with pytest.raises(TypeError):
         shard_replication(Entry(kv("k"), member))
     with pytest.raises(TypeError):

@@ -10,7 +10,6 @@ from broker.allocator import (
     Item,
     MemberId,
     assignment_key,
-    broker_exiting,
     broker_is_consistent,
     broker_item_limit,
     item_key,
@@ -60,11 +59,8 @@ def test_journal_replication() -> None:
 def test_broker_item_limit() -> None:
     spec = pb.BrokerSpec(journal_limit=42)
     assert broker_item_limit(entry(Member("zone-a", "aaaa", spec))) == 42
-    assert not broker_exiting(entry(Member("zone-a", "aaaa", spec)))
     spec.exiting = True
-    # Kept when exiting: the allocator sheds it only as far as others have room.
-    assert broker_item_limit(entry(Member("zone-a", "aaaa", spec))) == 42
-    assert broker_exiting(entry(Member("zone-a", "aaaa", spec)))
+    assert broker_item_limit(entry(Member("zone-a", "aaaa", spec))) == 0
     with pytest.raises(TypeError, match="expected a broker Member"):
         broker_item_limit(entry(JournalItem("a", pb.JournalSpec())))
 

@@ -348,7 +348,7 @@ async def test_draining_member_hands_over_only_consistent_replicas(embedded: Bac
         }
         assert on_a2
 
-        # The primaries stop advertising, then A2 announces it is exiting (its limit kept).
+        # The primaries stop advertising, then A2 announces it is exiting (limit zero).
         await stop_advertising()
         a2.gone = True  # Its allocator will return once drained.
         spec = broker_spec(a2.member, 100, exiting=True)
