@@ -160,6 +160,14 @@ QUORUM_LOG_BASE: Final = Gauge(
     " away (the fragment store holds it) or came by a Snapshot.",
     QUORUM_LABELS,
 )
+QUORUM_APPLY_ERRORS: Final = Counter(
+    "gazette_quorum_apply_errors_total",
+    "Failed tries of this member's commit applier: applying committed entries to the journal's"
+    " spool (what this broker's readers see), or telling the quorum how far the fragment store"
+    " holds the journal (what lets the log compact). Each is tried again after a backoff; a"
+    " count that keeps rising means committed content this broker does not serve.",
+    QUORUM_LABELS,
+)
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",
     "Fragment files this broker uploaded to fragment stores.",

@@ -30,6 +30,17 @@ compaction fraction: without it a leader's log fills (`log_bytes_max`) and appen
 A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
 quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
 on the applier and reported, and nothing more is applied until a later commit reaches it.
+
+Any other failure (the store or the disk, a spool refusing a commit, a misbehaving
+dependency, a bug) ends neither loop: only cancellation does, since a dead applier would hide
+committed content from this broker's readers without an error, and a dead `report_stored`
+would fill the leader's log. The failure is kept (`error` for applying, `stored_error` for
+reporting), counted (`gazette_quorum_apply_errors_total{journal,member}`), logged at error
+level with its traceback once per distinct error (not once per try), and the work is tried
+again after an exponential backoff (`apply_retry_backoff_initial_s` doubling up to
+`apply_retry_backoff_s_max`): a transient failure heals by itself (the error is cleared, and
+said, once a try succeeds), a lasting one stays visible. Content a failed try appended to the
+spool without committing it is rolled back by the next try, which applies it again.
 """
 
 from __future__ import annotations
@@ -52,6 +63,14 @@ apply_batch_bytes_max = 4 << 20
 # How often the fragment index's persisted end is told to the core (the index itself learns
 # of uploads by its own refresh interval and this broker's persister).
 stored_poll_interval_s = 1.0
+# The wait before trying again after a failure: doubling from the first, up to the max.
+apply_retry_backoff_initial_s = 0.05
+apply_retry_backoff_s_max = 5.0
+
+
+def apply_retry_delay_s(failures: int) -> float:
+    """The wait before the next try after `failures` (>= 1) consecutive failed ones."""
+    return min(apply_retry_backoff_initial_s * 2.0 ** (failures - 1), apply_retry_backoff_s_max)
 
 
 def persisted_end(fragments: Iterable[IndexedFragment], floor: int) -> int:
@@ -87,49 +106,105 @@ class CommitApplier:
         self._spec_of = spec_of
         self._clock = clock
         self.applied = 0
+        # The last failure to apply committed content (None once a try succeeds) and the
+        # last failure to report the store's progress: see the module docstring.
         self.error: Exception | None = None
-        self.changed = asyncio.Event()  # set after each applied batch (observers, tests)
+        self.stored_error: Exception | None = None
+        self.changed = asyncio.Event()  # set after each try, applied or failed (observers, tests)
 
     async def report_stored(self) -> None:
         """Tell the core how far the store holds the journal (see the module docstring)."""
-        node, told = self._node, -1
+        told, failures = -1, 0
         while True:
-            await asyncio.sleep(stored_poll_interval_s)
-            replica = self._replica_of(node.journal)
-            if replica is None or node.failure is not None:
+            wait_s = stored_poll_interval_s
+            if failures:
+                wait_s = max(wait_s, apply_retry_delay_s(failures))
+            await asyncio.sleep(wait_s)
+            try:
+                told = self._report_stored(told)
+            except Exception as err:  # kept, counted, logged: see the docstring
+                failures += 1
+                self._failed("store progress not reported", err, self.stored_error)
+                self.stored_error = err
                 continue
-            end = persisted_end(replica.index.snapshot(), node.member.log.base.end)
-            if end > told:
-                told = end
-                node.on_stored(end)
+            if self.stored_error is not None:
+                log.info("quorum: store progress reported again", journal=self._node.journal)
+            failures, self.stored_error = 0, None
+
+    def _report_stored(self, told: int) -> int:
+        node = self._node
+        replica = self._replica_of(node.journal)
+        if replica is None or node.failure is not None:
+            return told
+        end = persisted_end(replica.index.snapshot(), node.member.log.base.end)
+        if end > told:
+            node.on_stored(end)
+            return end
+        return told
 
     async def run(self) -> None:
-        node = self._node
+        node, failures = self._node, 0
         while True:
             await node.commit_changed.wait()
             node.commit_changed.clear()
-            replica = self._replica_of(node.journal)
-            if replica is None or node.commit_offset <= self.applied:
-                continue
-            spool = await replica.spool_slot.take(asyncio.Event())
             try:
-                if spool.recovery_pending and not await replica.settle_recovery(
-                    spool, None, asyncio.Event()
-                ):
-                    node.commit_changed.set()  # Try again.
-                    raise RecoveryNotSettledError(f"{node.journal}: no store listing in time")
-                self._apply(spool)
-            except (SpoolAheadError, RecoveryNotSettledError, OSError, ValueError) as err:
+                await self._apply_committed()
+            except (SpoolAheadError, RecoveryNotSettledError) as err:
+                # Waits for a later commit, or tries again at once (each try itself waits).
+                self._failed("committed content not applied", err, self.error)
                 self.error = err
-                log.error(
-                    "quorum: committed content not applied", journal=node.journal, error=str(err)
-                )
-            finally:
-                replica.spool_slot.put(spool)
+            except Exception as err:  # kept, counted, logged: see the docstring
+                failures += 1
+                self._failed("committed content not applied", err, self.error)
+                self.error = err
+                self.changed.set()
+                await asyncio.sleep(apply_retry_delay_s(failures))
+                node.commit_changed.set()  # Try again (a later commit may have come too).
+                continue
+            else:
+                if self.error is not None:
+                    log.info("quorum: committed content applied again", journal=node.journal)
+                failures, self.error = 0, None
             self.changed.set()
+
+    async def _apply_committed(self) -> None:
+        """Apply what is committed beyond `applied`, if this broker has the replica."""
+        node = self._node
+        replica = self._replica_of(node.journal)
+        if replica is None or node.commit_offset <= self.applied:
+            return
+        spool = await replica.spool_slot.take(asyncio.Event())
+        try:
+            if spool.recovery_pending and not await replica.settle_recovery(
+                spool, None, asyncio.Event()
+            ):
+                node.commit_changed.set()  # Try again.
+                raise RecoveryNotSettledError(f"{node.journal}: no store listing in time")
+            self._apply(spool)
+        finally:
+            replica.spool_slot.put(spool)
+
+    def _failed(self, what: str, err: Exception, before: Exception | None) -> None:
+        """Count a failure; log it (with its traceback) unless it repeats the one before."""
+        self._node.metrics.apply_error()
+        if before is not None and (type(before), str(before)) == (type(err), str(err)):
+            return
+        log.error(
+            f"quorum: {what}; trying again",
+            journal=self._node.journal,
+            error=f"{type(err).__name__}: {err}",
+            exc_info=err,
+        )
 
     def _apply(self, spool: Spool) -> None:
         node = self._node
+        if spool.delta:
+            # Content of a try that failed before its commit: dropped, or the next batch
+            # would follow it and be committed at offsets past the content's own.
+            spool.must_apply(
+                pb.ReplicateRequest(proposal=spool.fragment, registers=spool.registers),
+                primary=node.is_leader,
+            )
         base = node.member.log.base.end
         if spool.fragment.end < base:
             # The log no longer holds what the spool lacks; the store does: roll forward.

@@ -11,7 +11,8 @@ Counted from the cores' state, which stays sans-IO: elections started are the co
 `terms_claimed`, an election won is the member taking the leader role, a Snapshot sent is a
 message the node hands to its transport (re-sends included, and those to a member that is
 down), a Snapshot installed is one the member handled that moved its log's base, a log-full
-refusal is the `LogFullError` an append raised.
+refusal is the `LogFullError` an append raised, an apply error is a failed try of the node's
+commit applier (apply.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _SERIES = (
     metrics.QUORUM_SNAPSHOTS_SENT,
     metrics.QUORUM_SNAPSHOTS_INSTALLED,
     metrics.QUORUM_LOG_BASE,
+    metrics.QUORUM_APPLY_ERRORS,
 )
 
 
@@ -56,6 +58,7 @@ class NodeMetrics:
         self._snapshots = metrics.QUORUM_SNAPSHOTS_SENT.labels(*labels)
         self._installed = metrics.QUORUM_SNAPSHOTS_INSTALLED.labels(*labels)
         self._base = metrics.QUORUM_LOG_BASE.labels(*labels)
+        self._apply_errors = metrics.QUORUM_APPLY_ERRORS.labels(*labels)
         self._last: tuple[int, bool, int, int] = (-1, False, -1, -1)
         self._claimed = 0
         self.election_blocked: ElectionBlocked | None = None
@@ -94,6 +97,10 @@ class NodeMetrics:
 
     def log_full(self) -> None:
         self._log_full.inc()
+
+    def apply_error(self) -> None:
+        """A try of the node's commit applier failed (apply.py: it tries again)."""
+        self._apply_errors.inc()
 
     def on_election_blocked(self, blocked: ElectionBlocked | None) -> None:
         """The coordinator's `election_blocked` changed: the gauge, and a log line once per

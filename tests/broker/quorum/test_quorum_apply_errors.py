@@ -1,0 +1,223 @@
+"""A commit applier whose dependency fails unexpectedly keeps running (issue #16): the failure is
+kept on the applier, counted in `gazette_quorum_apply_errors_total`, logged once with its
+traceback (not once per try), and tried again with backoff, so that the committed content
+reaches the spool once the dependency recovers, and a Read of this member returns it.
+
+Three quorum nodes of one journal on loopback gRPC (quorum_nodes_testkit); the leader's applier
+is built through its public constructor over a real Replica (memory spool), with a `replica_of`
+that raises RuntimeError until the test lets it recover. The Read is the real ReadAPI over
+that replica's fragment index. Before the fix the first RuntimeError ended the applier's task:
+nothing was recorded, and the content never arrived (the bounded waits below failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from broker import metrics
+from broker.client.route_cache import ChannelPool
+from broker.fragment.spool_file import MemorySpoolFile
+from broker.fragment.stores.registry import new_registry
+from broker.keyspace.embedded import EmbeddedStore
+from broker.protocol import protocol_pb2 as pb
+from broker.quorum_shell.apply import CommitApplier
+from broker.read_api import ReadAPI
+from broker.replica import Replica, ReplicaEnv
+from tests.broker.quorum.quorum_nodes_testkit import NAMES, Cluster, J, wait_s
+from tests.broker.read_testkit import FakeResolver, Servicer, route_header, serving
+from tests.broker.read_testkit import Replica as ReadReplica
+
+# Failed tries seen before the dependency recovers: more than one, to see the backoff retry.
+FAILURES_MIN = 3
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path, EmbeddedStore())
+    yield c
+    for name in list(c.live):
+        await c.kill(name)
+
+
+class FlakyReplicas:
+    """`replica_of` of a broker whose replica lookup raises until `recover()`."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.failures = 0
+        self.failed = asyncio.Event()  # set on each raise
+        self.answered = asyncio.Event()  # set on each lookup that does not raise
+        self.healthy = False
+
+    def __call__(self, journal: str) -> Replica | None:
+        assert journal == J
+        if not self.healthy:
+            self.failures += 1
+            self.failed.set()
+            raise RuntimeError("replica lookup broke")
+        self.answered.set()
+        return self.replica
+
+
+def _memory_replica() -> Replica:
+    return Replica(
+        J,
+        ReplicaEnv(
+            lookup_spec=lambda _: None,
+            new_spool_file=MemorySpoolFile,
+            stores=None,
+            persister=None,
+            pulse=None,
+            clock=time.time,
+        ),
+    )
+
+
+async def _until_failures(flaky: FlakyReplicas, count: int) -> None:
+    async with asyncio.timeout(wait_s):
+        while flaky.failures < count:
+            flaky.failed.clear()
+            await flaky.failed.wait()
+
+
+def _logged(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    """The error lines of the applier's `event` (other components may log meanwhile)."""
+    return [e for e in logs if e["log_level"] == "error" and e["event"].startswith(event)]
+
+
+def _errors(member: str) -> float:
+    return metrics.value_of("gazette_quorum_apply_errors_total", {"journal": J, "member": member})
+
+
+async def _read(replica: Replica, end: int) -> bytes:
+    """Content [0, end) by a non-blocking Read RPC served from `replica`'s fragment index."""
+    resolver = FakeResolver(ReadReplica(replica.index))
+    channels = ChannelPool()
+    try:
+        async with serving(Servicer(ReadAPI(resolver, new_registry(), channels))) as endpoint:
+            resolver.header = route_header(endpoint)
+            stub: Any = channels.stub(endpoint)
+            out = bytearray()
+            async for resp in stub.Read(pb.ReadRequest(journal=J, offset=0, block=False)):
+                if resp.status != pb.OK:
+                    break
+                out += resp.content
+            return bytes(out[:end])
+    finally:
+        await channels.close()
+
+
+async def test_an_applier_that_fails_unexpectedly_retries_until_committed_content_arrives(
+    cluster: Cluster,
+) -> None:
+    for name in NAMES:
+        await cluster.start(name)
+    begin, end = await cluster.append(b"committed;")
+    assert begin == 0
+    leader = cluster.leader()
+    assert leader is not None and leader.commit_offset >= end
+
+    replica = _memory_replica()
+    flaky = FlakyReplicas(replica)
+    before = _errors(leader.name)
+    applier = CommitApplier(leader, flaky, lambda _: None, time.time)
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(applier.run())
+        try:
+            leader.commit_changed.set()
+            # It fails, is recorded and counted, and keeps trying (backoff, not one try).
+            await _until_failures(flaky, FAILURES_MIN)
+            assert not task.done()
+            assert isinstance(applier.error, RuntimeError)
+            assert _errors(leader.name) - before >= FAILURES_MIN
+            failed = _logged(logs, "quorum: committed content not applied")
+            assert len(failed) == 1, failed  # once per distinct error, not once per try
+            assert "replica lookup broke" in failed[0]["error"]
+            assert failed[0]["exc_info"] is not None  # with its traceback
+            assert applier.applied == 0
+
+            # The dependency recovers: the committed content reaches the spool.
+            flaky.healthy = True
+            async with asyncio.timeout(wait_s):
+                while applier.applied < end:
+                    applier.changed.clear()
+                    await applier.changed.wait()
+            assert applier.error is None
+            assert await _read(replica, end) == b"committed;"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_store_progress_reporting_survives_a_failing_dependency(cluster: Cluster) -> None:
+    """`report_stored` (what lets the leader's log compact) fails the same way: it keeps
+    polling, the failure is kept and counted, and cleared once a report succeeds."""
+    for name in NAMES:
+        await cluster.start(name)
+    await cluster.append(b"committed;")
+    leader = cluster.leader()
+    assert leader is not None
+    flaky = FlakyReplicas(_memory_replica())
+    before = _errors(leader.name)
+    applier = CommitApplier(leader, flaky, lambda _: None, time.time)
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(applier.report_stored())
+        try:
+            await _until_failures(flaky, 2)
+            assert not task.done()
+            assert isinstance(applier.stored_error, RuntimeError)
+            assert applier.error is None  # applying is a separate matter
+            assert _errors(leader.name) - before == 2
+            assert len(_logged(logs, "quorum: store progress not reported")) == 1
+
+            flaky.healthy = True
+            async with asyncio.timeout(wait_s):
+                await flaky.answered.wait()
+            # The report ran to its next poll without an await after the lookup: settled.
+            assert applier.stored_error is None and not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_content_a_failed_try_left_uncommitted_is_not_committed_with_the_next(
+    cluster: Cluster,
+) -> None:
+    """A try that failed between appending a batch to the spool and committing it leaves that
+    content pending; the next try rolls it back and applies the batch again, so every offset
+    holds the journal's byte (never the batch twice, shifted)."""
+    for name in NAMES:
+        await cluster.start(name)
+    _, end = await cluster.append(b"committed;")
+    leader = cluster.leader()
+    assert leader is not None
+    replica = _memory_replica()
+    spool = await replica.spool_slot.take(asyncio.Event())
+    spool.apply_content(b"committed;", 0)  # what a failed try appended, never committed
+    replica.spool_slot.put(spool)
+
+    applier = CommitApplier(leader, lambda _: replica, lambda _: None, time.time)
+    task = asyncio.create_task(applier.run())
+    try:
+        leader.commit_changed.set()
+        async with asyncio.timeout(wait_s):
+            while applier.applied < end:
+                applier.changed.clear()
+                await applier.changed.wait()
+        assert applier.error is None
+        spool = await replica.spool_slot.take(asyncio.Event())
+        try:
+            assert (spool.fragment.end, spool.delta) == (end, 0)
+        finally:
+            replica.spool_slot.put(spool)
+        assert await _read(replica, 2 * end) == b"committed;"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
