@@ -38,11 +38,8 @@ from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.message.publisher import Publisher
 from gazette_consumer.sequencer.decode import framing_of, new_chunk_decoder
 from gazette_consumer.sequencer.read_ahead import Chunk
-from gazette_consumer.sequencer.read_iter import (
-    DECODE_PIECE_BYTES,
-    READ_CHANNEL_SIZE_MAX,
-    ReadCommittedIter,
-)
+from gazette_consumer.sequencer.read_iter import READ_CHANNEL_SIZE_MAX, ReadCommittedIter
+from gazette_consumer.sequencer.read_pieces import DECODE_PIECE_BYTES
 from gazette_consumer.sequencer.types import FLAG_ACK_TXN, FLAG_CONTINUE_TXN, FLAG_OUTSIDE_TXN
 
 JOURNAL = "bench/read-paths"

@@ -32,7 +32,7 @@ from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, JSONMessage, Parti
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.decode import ChunkDecoder, new_chunk_decoder
 from gazette_consumer.sequencer.read_channel import ReadChannel
-from gazette_consumer.sequencer.read_iter import DECODE_PIECE_BYTES
+from gazette_consumer.sequencer.read_pieces import DECODE_PIECE_BYTES
 from gazette_consumer.sequencer.types import FLAG_ACK_TXN, SequencerCheckpoint
 from gazette_consumer.stores.base import OpFuture, ShardContext
 from gazette_consumer.stores.sql import SQLStore, create_checkpoints_table

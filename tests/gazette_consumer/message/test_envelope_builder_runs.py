@@ -14,7 +14,7 @@ from gazette_consumer.message.json_framing import JSONFraming, JSONMessage
 from gazette_consumer.message.message import Envelope, EnvelopeBuilder
 from gazette_consumer.message.uuid import NIL_UUID, Flag, ProducerID, build_uuid
 from gazette_consumer.sequencer.decode import ChunkDecoder
-from gazette_consumer.sequencer.read_iter import DECODE_PIECE_BYTES
+from gazette_consumer.sequencer.read_pieces import DECODE_PIECE_BYTES
 
 JOURNAL = "runs/journal"
 OUT, CONT, ACK = int(Flag.OUTSIDE_TXN), int(Flag.CONTINUE_TXN), int(Flag.ACK_TXN)
