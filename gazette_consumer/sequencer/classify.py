@@ -114,12 +114,17 @@ class SequencerQueueing(SequencerState[E]):
                 # start, of which only the tail was seen. Nothing regressed: no error.
                 return _ACK_ROLLBACK
             if clock < partial.min_clock:
-                # An upstream consumer restored a checkpoint older than its furthest progress and
-                # is re-sending its ACKs. Gazette accepts the older clock as the new bound rather
-                # than risk dropping genuinely new messages: exactly-once degrades to
-                # at-least-once for the messages in between.
-                _log.error(
-                    "ACK_TXN older than the last ACK (loss of exactly-once semantics)",
+                # Most often a copy: an append batch holding several of this producer's
+                # transactions was committed, its answer lost (its primary died), and the
+                # client appended it again. Gazette lowers the bound to the older clock here
+                # (for an upstream that restored an older checkpoint), which delivers the
+                # copy's later transactions a second time. Producers never reuse clocks (a
+                # restarted one has a new ProducerID, or clocks from the wall clock above its
+                # last), so the bound is kept: the pending span is discarded (what the older
+                # ACK says), nothing at or below the bound is delivered again (_apply).
+                _log.warning(
+                    "ACK_TXN older than the last ACK: a re-appended copy (or a producer that"
+                    " went back); its pending span is dropped and the bound kept",
                     journal=env.journal,
                     producer=env.producer.hex(),
                     clock=clock,
@@ -198,7 +203,12 @@ class SequencerQueueing(SequencerState[E]):
         ):
             self._read_through[env.journal] = env.end
         elif outcome is _ACK_ROLLBACK:
-            partial.reset(env.clock)
+            # An older ACK never lowers a known bound (_classify); a presumed one it may.
+            partial.reset(
+                env.clock
+                if partial.presumed or env.clock > partial.min_clock
+                else partial.min_clock
+            )
             self._read_through[env.journal] = env.end
         else:
             self._ring.add_at_head(env, partial)
