@@ -209,6 +209,7 @@ def messages_entries(runs: list[dict[str, Any]]) -> list[Entry]:
                     "pairs": len(pairs),
                     "cpu_ratio_median": statistics.median(cpu_ratios),
                     "rounds_cpu_ratio": [p["cpu_ratio"] for p in pairs],
+                    "rounds_load_1min": [x for r in runs for x in r.get("rounds_load_1min", [])],
                 },
                 rounds=ratios,
             )

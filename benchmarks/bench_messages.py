@@ -343,16 +343,19 @@ async def publish_committed(
 
         async def work() -> int:
             pool = len(messages)
-            batches: dict[int, AsyncAppend] = {}  # By identity: a batch takes many messages.
+            # A batch takes many messages, one after another (one journal): the loop notes a
+            # batch when it changes, as an application awaiting its batches would.
+            batches: list[AsyncAppend] = []
+            last: AsyncAppend | None = None
             for i in range(count):
                 appended = await publisher.publish_committed(mapping, messages[i % pool])
-                if id(appended) not in batches:
-                    batches[id(appended)] = appended
+                if appended is not last:
+                    batches.append(last := appended)
                     # A new batch (tens per phase): how many are unacknowledged with it.
-                    pending = sum(1 for batch in batches.values() if not batch.done())
+                    pending = sum(1 for batch in batches if not batch.done())
                     appends.unacknowledged_max = max(appends.unacknowledged_max, pending)
             published = time.perf_counter()
-            head[0] = await acknowledged(list(batches.values()))
+            head[0] = await acknowledged(batches)
             appends.tail_s = time.perf_counter() - published
             appends.count = len(batches)
             appends.messages_per_append = count / len(batches)
@@ -557,6 +560,7 @@ async def main() -> None:
     limits: list[Rate] = []
     rounds: list[dict[str, Rate]] = []
     appends_each: list[Appends] = []
+    loads: list[float] = []
 
     def limit() -> None:
         limits.append(msgspec_round_trips(messages, limit_count))
@@ -567,6 +571,7 @@ async def main() -> None:
             head = txn_head = 0
             limit()
             for _ in range(args.rounds):
+                loads.append(os.getloadavg()[0])  # Beside each round: was the machine quiet?
                 start, txn_start = head, txn_head
                 publish, head, appends = await publish_committed(
                     c, messages, per_round, profiles["publish"], cpu
@@ -623,7 +628,8 @@ async def main() -> None:
     row("read-committed of transactions", read_txn, "msg", READ_TARGET, vs_raw(read_txn, txn_head))
     print(
         "against msgspec encode+decode of the same message: each round's phase over the mean of "
-        "the measurements just before and just after it"
+        "the measurements just before and just after it (load average at the rounds' starts: "
+        f"{', '.join(f'{load:.1f}' for load in loads)} on {os.cpu_count()} cores)"
     )
     for phase, name, target in (
         ("publish", "publish, acknowledged", PUBLISH_RATIO_TARGET),
@@ -645,6 +651,7 @@ async def main() -> None:
             "msgspec_each": [rate_json(r) for r in limits],
             "raw_append_bytes": rate_json(raw),
             "rounds": [{phase: rate_json(r[phase]) for phase in PHASES} for r in rounds],
+            "rounds_load_1min": loads,
             "publish": rate_json(publish),
             "publish_appends": asdict(appends),
             "read_committed": rate_json(read),
