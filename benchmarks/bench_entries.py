@@ -102,23 +102,47 @@ def plural(n: int, noun: str) -> str:
 # --- bench_messages.py --------------------------------------------------------------------------
 
 
-# Each phase of bench_messages.py, and its msgspec measurements before and after it (the script
-# measures the limit before each phase and after the last: `msgspec_each`).
-MESSAGE_PHASES = {"publish": (0, 1), "read_committed": (1, 2), "txn_publish": (2, 3)}
-MESSAGE_PHASES["txn_read_committed"] = (3, 4)
+# The phases of a round of bench_messages.py, in order: the script measures the baseline
+# (msgspec) before a round's first phase and after every phase (`msgspec_each`: 4 x rounds + 1).
+MESSAGE_PHASES = ("publish", "read_committed", "txn_publish", "txn_read_committed")
+
+
+def message_pairs(run: dict[str, Any], figure: str) -> list[dict[str, float]]:
+    """Each round's `figure` of one bench_messages.py run, with its baseline: the mean of the
+    msgspec measurements just before and just after the phase. A run of an older script (no
+    "rounds") is one round."""
+    each = run["msgspec_each"]
+    rounds = run.get("rounds") or [{phase: run[phase] for phase in MESSAGE_PHASES}]
+    index = MESSAGE_PHASES.index(figure)
+    out = []
+    for n, phases in enumerate(rounds):
+        before, after = (
+            each[n * len(MESSAGE_PHASES) + index],
+            each[n * len(MESSAGE_PHASES) + index + 1],
+        )
+        rate = phases[figure]
+        wall = (before["per_wall_s"] + after["per_wall_s"]) / 2
+        cpu = (before["per_cpu_s"] + after["per_cpu_s"]) / 2
+        out.append(
+            {
+                "per_wall_s": rate["per_wall_s"],
+                "per_cpu_s": rate["per_cpu_s"],
+                "baseline_wall": wall,
+                "baseline_cpu": cpu,
+                "ratio": rate["per_wall_s"] / wall,
+                "cpu_ratio": rate["per_cpu_s"] / cpu,
+            }
+        )
+    return out
 
 
 def messages_entries(runs: list[dict[str, Any]]) -> list[Entry]:
-    """From one or more runs of bench_messages.py. Each figure's baseline is the mean of the
-    msgspec measurements just before and just after its phase (a shared CPU's speed moves within
-    seconds); of several runs, the one whose ratio is the median gives the entry."""
-
-    def baseline(run: dict[str, Any], figure: str, field: str) -> float:
-        before, after = MESSAGE_PHASES[figure]
-        each = run["msgspec_each"]
-        return float((each[before][field] + each[after][field]) / 2)
-
+    """From one or more runs of bench_messages.py. Every phase of every round is a pair: its
+    rate over its baseline (the msgspec measurements just before and after it; a shared CPU's
+    speed moves within seconds). The entry is the pair of the median ratio (of all runs'
+    rounds; of an even number, the lower middle), its interval that of all the pairs."""
     first = runs[0]
+    rounds = len(first.get("rounds") or [first])
     where = (
         "a separate `gazette serve`"
         if "broker_args" in first["conditions"]
@@ -127,14 +151,16 @@ def messages_entries(runs: list[dict[str, Any]]) -> list[Entry]:
     conditions = dict(
         first["conditions"],
         messages=f"{first['messages']:,} JSON messages of ~{first['message_bytes']:.0f} bytes",
-        runs=f"{len(runs)} (the run of the median ratio)",
+        runs=f"{len(runs)} of {plural(rounds, 'round')}, the baseline measured between every "
+        "two phases; each figure is the pair (phase, its baseline) of the median ratio",
         cpu="CPU seconds of the client process and the broker's",
         summary=f"{where}, durable spools; client process; {first['messages']:,} "
-        f"messages; {plural(len(runs), 'run')}",
+        f"messages a run; {plural(len(runs), 'run')} x {plural(rounds, 'round')}, "
+        "baseline between phases",
     )
     msgspec_title = (
         "msgspec encode+decode of the same message in the client process (the mean of one "
-        "measurement just before the phase and one just after)"
+        "measurement just before the phase and one just after; the pair of the median ratio)"
     )
     out = []
     targets = first["targets"]
@@ -162,21 +188,29 @@ def messages_entries(runs: list[dict[str, Any]]) -> list[Entry]:
             None,
         ),
     ):
-        ratios = [run[figure]["per_wall_s"] / baseline(run, figure, "per_wall_s") for run in runs]
-        run = runs[sorted(range(len(runs)), key=ratios.__getitem__)[len(runs) // 2]]
+        pairs = [pair for run in runs for pair in message_pairs(run, figure)]
+        ratios = [pair["ratio"] for pair in pairs]
+        pair = pairs[sorted(range(len(pairs)), key=ratios.__getitem__)[(len(pairs) - 1) // 2]]
+        cpu_ratios = sorted(p["cpu_ratio"] for p in pairs)
         out.append(
             entry(
                 name,
                 f"{label} / msgspec",
                 title,
-                run[figure]["per_wall_s"],
+                pair["per_wall_s"],
                 "msg/s",
                 msgspec_title,
-                baseline(run, figure, "per_wall_s"),
+                pair["baseline_wall"],
                 None if target is None else (target, f">= {target} x msgspec encode+decode"),
                 conditions,
-                cpu=(run[figure]["per_cpu_s"], baseline(run, figure, "per_cpu_s"), "msg/cpu-s"),
-                details={"runs_per_wall_s": [r[figure]["per_wall_s"] for r in runs]},
+                cpu=(pair["per_cpu_s"], pair["baseline_cpu"], "msg/cpu-s"),
+                details={
+                    "runs_per_wall_s": [r[figure]["per_wall_s"] for r in runs],
+                    "pairs": len(pairs),
+                    "cpu_ratio_median": statistics.median(cpu_ratios),
+                    "rounds_cpu_ratio": [p["cpu_ratio"] for p in pairs],
+                    "rounds_load_1min": [x for r in runs for x in r.get("rounds_load_1min", [])],
+                },
                 rounds=ratios,
             )
         )

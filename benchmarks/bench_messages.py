@@ -1,7 +1,7 @@
 """Message throughput through an R=1 broker, beside limits measured in the same run.
 
-    .venv/bin/python benchmarks/bench_messages.py [--messages N] [--quick] [--broker serve|in-process]
-        [--profile PHASE] [--json FILE]
+    .venv/bin/python benchmarks/bench_messages.py [--messages N] [--rounds R] [--quick]
+        [--broker serve|in-process] [--profile PHASE] [--json FILE]
 
 The broker (`--broker serve`, the default) is a separate `gazette serve` process as a user runs
 it: embedded keyspace, spools durable under `--data-dir` (benchmarks/serve_process.py); this
@@ -20,9 +20,15 @@ profiling the whole path with cProfile. Workloads, on ~200-byte JSON messages:
 - transactions: `publish_uncommitted` x 100 then `build_ack_intents` + `write_ack_intents`,
   repeatedly, to another journal, every batch awaited as above; then read-committed over it.
 
-Limits of the same run: SHA1 MB/s, and msgspec encode+decode of the same message per second
-(the floor of any JSON publish-then-read); publish and read-committed are also given as ratios
-of it, against the targets of issue #17. Every rate is per wall second and per CPU second of
+The four phases run in `--rounds` rounds of `--messages / R` messages each (a round's reads
+read what the round published), and msgspec encode+decode of the same message (the floor of any
+JSON publish-then-read) is measured before the first phase and after every phase, on as many
+messages as a phase: each phase of each round is divided by the mean of the measurements just
+before and just after it, and the headline ratio (against the targets of issue #17) is the
+median of those pair ratios, printed with their spread and a distribution-free 90% interval.
+A shared machine's CPU speed moves within seconds and by 2x between adjacent runs: a baseline
+measured apart from the figure it divides (once a run, or as a run's median) moves the ratio
+with it; a pair sees nearly the same machine. SHA1 MB/s is printed too. Every rate is per wall second and per CPU second of
 this process and the broker's (all threads of both). `--profile publish|read|txn|read-txn` runs
 that phase under cProfile (of this process) and prints its top entries. "gc" is the share of a
 phase's wall time spent in this process's cyclic garbage collector. `--json FILE` also writes
@@ -38,6 +44,7 @@ import cProfile
 import gc
 import os
 import pstats
+import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -48,6 +55,7 @@ import bench_kit
 import msgspec
 from bench_json import write_figures
 from bench_kit import assign_journals, gazette_serve, sha1_bytes_s
+from bench_stats import median_interval
 from google.protobuf.duration_pb2 import Duration
 
 from broker import client
@@ -78,6 +86,8 @@ READ_TARGET = 300_000
 PUBLISH_RATIO_TARGET = 0.4
 READ_RATIO_TARGET = 0.7
 MESSAGE_POOL = 1024
+# The phases of a round, in order; the baseline is measured before the first and after each.
+PHASES = ("publish", "read_committed", "txn_publish", "txn_read_committed")
 
 
 class Reading(JSONMessage, kw_only=True):
@@ -120,6 +130,16 @@ class Rate:
     @property
     def per_cpu_s(self) -> float:
         return self.count / max(self.cpu_s, 1e-9)
+
+
+def total(rates: list[Rate]) -> Rate:
+    """Several rounds' Rates as one (their counts and seconds summed)."""
+    return Rate(
+        sum(r.count for r in rates),
+        sum(r.wall_s for r in rates),
+        sum(r.cpu_s for r in rates),
+        sum(r.gc_s for r in rates),
+    )
 
 
 class GCTimer:
@@ -286,11 +306,23 @@ class Appends:
     unacknowledged_max: int = 0
     tail_s: float = 0.0
 
+    @classmethod
+    def of(cls, rounds: list[Appends]) -> Appends:
+        """The appends of several rounds' publish phases together."""
+        count = sum(a.count for a in rounds)
+        messages = sum(a.count * a.messages_per_append for a in rounds)
+        return cls(
+            count=count,
+            messages_per_append=messages / max(count, 1),
+            unacknowledged_max=max(a.unacknowledged_max for a in rounds),
+            tail_s=sum(a.tail_s for a in rounds) / len(rounds),
+        )
+
     def note(self) -> str:
         return (
             f"{self.count} appends of ~{self.messages_per_append:,.0f} messages, at most "
             f"{self.unacknowledged_max} unacknowledged at once; {self.tail_s:.2f} s after the "
-            "last publish"
+            "last publish (a round's mean)"
         )
 
 
@@ -311,16 +343,19 @@ async def publish_committed(
 
         async def work() -> int:
             pool = len(messages)
-            batches: dict[int, AsyncAppend] = {}  # By identity: a batch takes many messages.
+            # A batch takes many messages, one after another (one journal): the loop notes a
+            # batch when it changes, as an application awaiting its batches would.
+            batches: list[AsyncAppend] = []
+            last: AsyncAppend | None = None
             for i in range(count):
                 appended = await publisher.publish_committed(mapping, messages[i % pool])
-                if id(appended) not in batches:
-                    batches[id(appended)] = appended
+                if appended is not last:
+                    batches.append(last := appended)
                     # A new batch (tens per phase): how many are unacknowledged with it.
-                    pending = sum(1 for batch in batches.values() if not batch.done())
+                    pending = sum(1 for batch in batches if not batch.done())
                     appends.unacknowledged_max = max(appends.unacknowledged_max, pending)
             published = time.perf_counter()
-            head[0] = await acknowledged(list(batches.values()))
+            head[0] = await acknowledged(batches)
             appends.tail_s = time.perf_counter() - published
             appends.count = len(batches)
             appends.messages_per_append = count / len(batches)
@@ -368,13 +403,14 @@ async def publish_transactions(
 async def read_committed(
     c: client.JournalClient,
     journal: str,
+    offset: int,
     expect: int,
     profile: cProfile.Profile | None,
     other_cpu: Callable[[], float] = no_cpu,
 ) -> Rate:
-    """Read-committed from offset 0 until `expect` messages were returned; checks that they
-    are the published sequence (the pool's messages in order)."""
-    it = ReadCommittedIter(c, {journal: 0}, message_type=Reading)
+    """Read-committed from `offset` (where a round's publishing began) until `expect` messages
+    were returned; checks that they are the published sequence (the pool's messages in order)."""
+    it = ReadCommittedIter(c, {journal: offset}, message_type=Reading)
 
     async def work() -> int:
         count = 0
@@ -422,13 +458,38 @@ def print_profile(profile: cProfile.Profile, phase: str, sort: str) -> None:
         print(f"(whole profile written to {dump})")
 
 
-def ratio_line(name: str, rate: Rate, limit: Rate, target: float) -> str:
-    wall, cpu = rate.per_wall_s / limit.per_wall_s, rate.per_cpu_s / limit.per_cpu_s
-    verdict = "holds" if wall >= target else "MISSED"
-    return (
-        f"  {name:<34} {wall:5.2f} x wall  {cpu:5.2f} x cpu   target >= {target:.2f} x wall: "
-        f"{verdict}"
-    )
+def pair_ratios(
+    rounds: list[dict[str, Rate]], limits: list[Rate], phase: str
+) -> list[tuple[float, float]]:
+    """(wall, cpu) ratio of `phase` in each round to the mean of the baseline measured just
+    before it and just after it (`limits` holds one before the first phase and one after each)."""
+    out = []
+    index = PHASES.index(phase)
+    for n, rates in enumerate(rounds):
+        before, after = limits[n * len(PHASES) + index], limits[n * len(PHASES) + index + 1]
+        rate = rates[phase]
+        out.append(
+            (
+                rate.per_wall_s / ((before.per_wall_s + after.per_wall_s) / 2),
+                rate.per_cpu_s / ((before.per_cpu_s + after.per_cpu_s) / 2),
+            )
+        )
+    return out
+
+
+def pair_ratios_line(name: str, ratios: list[tuple[float, float]], target: float | None) -> str:
+    walls = [w for w, _ in ratios]
+    wall, cpu = statistics.median(walls), statistics.median(c for _, c in ratios)
+    interval = median_interval(walls)
+    spread = f"{min(walls):.2f}-{max(walls):.2f}"
+    line = f"  {name:<34} {wall:5.2f} x wall (pairs {spread}"
+    if interval is not None:
+        line += f", 90% {interval[0]:.2f}-{interval[1]:.2f}"
+    line += f")  {cpu:5.2f} x cpu"
+    if target is not None:
+        verdict = "holds" if wall >= target else "MISSED"
+        line += f"   target >= {target:.2f} x wall: {verdict}"
+    return line
 
 
 def rate_json(rate: Rate) -> dict[str, float]:
@@ -446,6 +507,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="20k messages, 1 s baselines")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="rounds of the four phases, each of --messages / ROUNDS messages, the baseline "
+        "measured between every two phases (default 5: the fewest with a 90%% interval)",
+    )
     parser.add_argument("--raw-seconds", type=float, default=3.0)
     parser.add_argument(
         "--broker",
@@ -465,6 +533,10 @@ async def main() -> None:
     count, raw_seconds = args.messages, args.raw_seconds
     if args.quick:
         count, raw_seconds = min(count, 20_000), 1.0
+    if args.rounds < 1 or count < args.rounds:
+        parser.error(f"--rounds: must be in [1, --messages] (got {args.rounds})")
+    per_round = count // args.rounds
+    count = per_round * args.rounds
     gazette_logging.configure("console", "warning")
     if not args.no_malloc_tuning:
         print(f"glibc malloc tuned for large buffers (as `gazette serve`): {tune_malloc()}")
@@ -480,10 +552,15 @@ async def main() -> None:
     print("limits (this process, this run):")
     sha1 = sha1_mb_s(raw_seconds)
     print(f"  {'SHA1':<34} {sha1:>11,.1f} MB/s")
-    # The msgspec limit is measured before each phase (a CPU's speed on a shared machine moves
-    # within seconds): its median is the baseline of every ratio.
-    limit_count = min(count, 200_000)
+    # The baseline (msgspec encode+decode) is measured between every two phases, so that each
+    # phase has one measurement just before it and one just after (a shared CPU's speed moves
+    # within seconds, and between adjacent runs by 2x): each phase of each round is divided by
+    # the mean of its two, and the headline ratio is the median of those pair ratios.
+    limit_count = min(per_round, 200_000)
     limits: list[Rate] = []
+    rounds: list[dict[str, Rate]] = []
+    appends_each: list[Appends] = []
+    loads: list[float] = []
 
     def limit() -> None:
         limits.append(msgspec_round_trips(messages, limit_count))
@@ -491,21 +568,44 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with message_broker(args.broker, Path(tmp), bench_journals()) as (c, cpu, where):
             raw = await raw_appends(c, raw_seconds, cpu)
+            head = txn_head = 0
             limit()
-            publish, head, appends = await publish_committed(
-                c, messages, count, profiles["publish"], cpu
-            )
-            limit()
-            read = await read_committed(c, COMMITTED_JOURNAL, count, profiles["read"], cpu)
-            limit()
-            txn, txn_head = await publish_transactions(c, messages, count, profiles["txn"], cpu)
-            limit()
-            read_txn = await read_committed(c, TXN_JOURNAL, count, profiles["read-txn"], cpu)
-            limit()
+            for _ in range(args.rounds):
+                loads.append(os.getloadavg()[0])  # Beside each round: was the machine quiet?
+                start, txn_start = head, txn_head
+                publish, head, appends = await publish_committed(
+                    c, messages, per_round, profiles["publish"], cpu
+                )
+                limit()
+                read = await read_committed(
+                    c, COMMITTED_JOURNAL, start, per_round, profiles["read"], cpu
+                )
+                limit()
+                txn, txn_head = await publish_transactions(
+                    c, messages, per_round, profiles["txn"], cpu
+                )
+                limit()
+                read_txn = await read_committed(
+                    c, TXN_JOURNAL, txn_start, per_round, profiles["read-txn"], cpu
+                )
+                limit()
+                rounds.append(
+                    {
+                        "publish": publish,
+                        "read_committed": read,
+                        "txn_publish": txn,
+                        "txn_read_committed": read_txn,
+                    }
+                )
+                appends_each.append(appends)
     walls = sorted(limits, key=lambda r: r.per_wall_s)
     round_trips = walls[len(walls) // 2]
     row(f"msgspec encode+decode (median of {len(limits)})", round_trips, "msg")
     print(f"    (each: {', '.join(f'{r.per_wall_s:,.0f}' for r in limits)} msg/s)")
+    totals = {phase: total([r[phase] for r in rounds]) for phase in PHASES}
+    publish, read = totals["publish"], totals["read_committed"]
+    txn, read_txn = totals["txn_publish"], totals["txn_read_committed"]
+    appends = Appends.of(appends_each)
 
     raw_mb_s = raw.per_wall_s / 1e6
     print(f"broker (R=1, {where['broker']}; spools: {where['spools']}):")
@@ -526,9 +626,18 @@ async def main() -> None:
         f"transactions of {TXN_MESSAGES} per ACK", txn, "msg", PUBLISH_TARGET, vs_raw(txn, txn_head)
     )
     row("read-committed of transactions", read_txn, "msg", READ_TARGET, vs_raw(read_txn, txn_head))
-    print("against msgspec encode+decode of the same message, this run:")
-    print(ratio_line("publish, acknowledged", publish, round_trips, PUBLISH_RATIO_TARGET))
-    print(ratio_line("read-committed", read, round_trips, READ_RATIO_TARGET))
+    print(
+        "against msgspec encode+decode of the same message: each round's phase over the mean of "
+        "the measurements just before and just after it (load average at the rounds' starts: "
+        f"{', '.join(f'{load:.1f}' for load in loads)} on {os.cpu_count()} cores)"
+    )
+    for phase, name, target in (
+        ("publish", "publish, acknowledged", PUBLISH_RATIO_TARGET),
+        ("read_committed", "read-committed", READ_RATIO_TARGET),
+        ("txn_publish", f"transactions of {TXN_MESSAGES} per ACK", None),
+        ("txn_read_committed", "read-committed of transactions", None),
+    ):
+        print(pair_ratios_line(name, pair_ratios(rounds, limits, phase), target))
     for phase, profile in profiles.items():
         if profile is not None:
             print_profile(profile, phase, args.profile_sort)
@@ -541,6 +650,8 @@ async def main() -> None:
             "msgspec": rate_json(round_trips),
             "msgspec_each": [rate_json(r) for r in limits],
             "raw_append_bytes": rate_json(raw),
+            "rounds": [{phase: rate_json(r[phase]) for phase in PHASES} for r in rounds],
+            "rounds_load_1min": loads,
             "publish": rate_json(publish),
             "publish_appends": asdict(appends),
             "read_committed": rate_json(read),

@@ -302,8 +302,16 @@ class AppendService:
         `data` (whole messages) to the journal's open batch and return the batch, if that needs
         no wait; else None, and nothing is written. The one call a publisher makes per message.
         """
-        queue = self._queue_if_free(journal)
-        if queue is None:
+        # `_queue_if_free`, inlined: this runs for every message a publisher appends.
+        queue = self._queues.get(journal)
+        budget = self.budget
+        if (
+            queue is None
+            or queue.holder is not None
+            or self._unyielded_bytes >= self._writer_yield_bytes
+            or self._run is not _RUNNING
+            or budget.memory_bytes + budget.spill_bytes >= budget.bytes_max
+        ):
             return None
         # Never held: nothing can run between taking the batch and releasing it.
         batch = queue.batches[-1] if queue.batches else None

@@ -39,9 +39,10 @@ may as well publish them when the transaction closes).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid as uuid_module
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar
 from uuid import UUID
 
@@ -156,11 +157,6 @@ _set_int: Final = _slot_setter("int")
 _set_is_safe: Final = _slot_setter("is_safe")
 
 
-async def _ready(value: A) -> A:
-    """An awaitable of a value already at hand (what a publish that needed no wait returns)."""
-    return value
-
-
 def _check_fast_uuid() -> Callable[[int], UUID]:
     probe = _uuid_int(0x0123456789AB, 0x1EDCBA98765432F, int(Flag.ACK_TXN))
     try:
@@ -173,6 +169,7 @@ def _check_fast_uuid() -> Callable[[int], UUID]:
 
 
 _make_uuid: Final = _check_fast_uuid()
+_FAST_UUID: Final = _make_uuid is _new_uuid
 
 
 class Publisher(Generic[A]):
@@ -209,6 +206,10 @@ class Publisher(Generic[A]):
         self._high_bits = 0
         self._message_bytes_max = message_bytes_max
         self._framings: dict[str, Framing] = {}
+        # What a publish that needed no wait returns: a resolved future of the batch it joined,
+        # one per batch (awaiting it is one C call, where a coroutine per message cost a frame).
+        self._ready_batch: A | None = None
+        self._ready: asyncio.Future[A] | None = None
         # Journal → (acknowledgement message, framing) of the open transaction, in first-publish
         # order.
         self._intents: dict[str, tuple[Message, Framing]] = {}
@@ -232,16 +233,16 @@ class Publisher(Generic[A]):
             self.update_clock()
         return _make_uuid(_uuid_int(self._node, self._clock.tick(), _checked_flags(flags)))
 
-    def publish_committed(
-        self, mapping: Callable[[Any], Partition], message: Any
-    ) -> Coroutine[Any, Any, A]:
+    def publish_committed(self, mapping: Callable[[Any], Partition], message: Any) -> Awaitable[A]:
         """Publish `message` to the journal `mapping` chooses, readable at once by
         read-committed readers: ``aa = await publisher.publish_committed(mapping, msg)``
         returns the batch it joined (await that to learn when it committed)."""
-        # A plain function returning a coroutine, rather than a coroutine: where the appender
-        # takes the message at once (the common case), all the work is done here and the
-        # coroutine only hands the batch back. Errors (mapping, marshalling) raise at the call,
-        # which `await publisher.publish_committed(...)` cannot tell apart.
+        # A plain function returning an awaitable, rather than a coroutine: where the appender
+        # takes the message at once (the common case), all the work is done here and what it
+        # returns is a resolved future of the batch (shared by the batch's messages; nothing
+        # to close if never awaited); else a coroutine that appends once it may. Errors
+        # (mapping, marshalling) raise at the call, which `await
+        # publisher.publish_committed(...)` cannot tell apart.
         journal, content_type = mapping(message)
         framing = self._framings.get(content_type) or self._framing(content_type)
         append_nowait = self._append_nowait
@@ -254,17 +255,20 @@ class Publisher(Generic[A]):
             before = clock.value
             appended = append_nowait(journal, self._sequence(message, framing, _OUTSIDE_TXN))
             if appended is not None:
-                return _ready(appended)
+                ready = self._ready
+                if ready is None or appended is not self._ready_batch:
+                    ready = self._resolved(appended)
+                return ready
             clock.value = before
         return self._append(journal, framing, message, _OUTSIDE_TXN)
 
     def publish_uncommitted(
         self, mapping: Callable[[Any], Partition], message: Any
-    ) -> Coroutine[Any, Any, A]:
+    ) -> Awaitable[A]:
         """Publish `message` as part of the open transaction; it is delivered to read-committed
         readers only after the ACK intent of `build_ack_intents` is appended:
         ``aa = await publisher.publish_uncommitted(mapping, msg)``."""
-        # A plain function returning a coroutine, as publish_committed and for the same reason
+        # A plain function returning an awaitable, as publish_committed and for the same reason
         # (an exactly-once shard publishing per message calls it per message); errors raise at
         # the call. The journal's ACK intent is noted once its message is appended.
         new_acknowledgement = getattr(message, "new_acknowledgement", None)
@@ -283,9 +287,19 @@ class Publisher(Generic[A]):
             if appended is not None:
                 if journal not in self._intents:
                     self._intents[journal] = (new_acknowledgement(journal), framing)
-                return _ready(appended)
+                ready = self._ready
+                if ready is None or appended is not self._ready_batch:
+                    ready = self._resolved(appended)
+                return ready
             clock.value = before
         return self._append_uncommitted(journal, framing, message, new_acknowledgement)
+
+    def _resolved(self, appended: A) -> asyncio.Future[A]:
+        """A resolved future of `appended`, kept for the next messages that join that batch."""
+        ready: asyncio.Future[A] = asyncio.get_running_loop().create_future()
+        ready.set_result(appended)
+        self._ready_batch, self._ready = appended, ready
+        return ready
 
     async def _append_uncommitted(
         self,
@@ -444,13 +458,19 @@ class Publisher(Generic[A]):
             # (with the producer and the version and variant bits) only then.
             self._high_clock = value >> 36
             self._high_bits = _uuid_int(self._node, value & ~0xF_FFFF_FFFF, 0)
-        set_uuid(
-            _make_uuid(
-                self._high_bits
-                | ((value >> 4) & 0xFFFF_FFFF) << 96
-                | (((value & 0xF) << 10) | flags) << 48
-            )
+        bits = (
+            self._high_bits
+            | ((value >> 4) & 0xFFFF_FFFF) << 96
+            | (((value & 0xF) << 10) | flags) << 48
         )
+        if _FAST_UUID:
+            # `_new_uuid`, inlined (a Python call less per message).
+            uuid = _new_object(UUID)
+            _set_int(uuid, bits)
+            _set_is_safe(uuid, _SAFE_UNKNOWN)
+        else:
+            uuid = _make_uuid(bits)
+        set_uuid(uuid)
         return framing.marshal(message)
 
     def _framing(self, content_type: str) -> Framing:

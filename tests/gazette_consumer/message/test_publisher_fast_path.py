@@ -19,7 +19,7 @@ from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from gazette_consumer.message.clock import CLOCK_MAX, Clock, ClockError
 from gazette_consumer.message.mapping import Partition
 from gazette_consumer.message.publisher import Publisher
-from gazette_consumer.message.uuid import get_clock, new_producer_id
+from gazette_consumer.message.uuid import ProducerID, get_clock, new_producer_id
 from tests.broker.broker_testkit import Cluster, journal_spec, local_content
 
 FAST, GENERAL = "test/fast", "test/general"
@@ -129,8 +129,8 @@ async def test_a_clock_that_cannot_tick_refuses_the_message(
 async def test_publish_uncommitted_appends_at_the_call_on_the_fast_path(
     env: tuple[Cluster, AppendService],
 ) -> None:
-    """The fast path does the whole publish in the call (the coroutine only hands the batch
-    back), noting the ACK intent with it; the general path, only once awaited. Either way the
+    """The fast path does the whole publish in the call (it returns the batch, resolved),
+    noting the ACK intent with it; the general path, only once awaited. Either way the
     journal and the intents are the same."""
     cluster, service = env
     producer, start = new_producer_id(), Clock.from_unix(1_700_000_000).value
@@ -140,10 +140,13 @@ async def test_publish_uncommitted_appends_at_the_call_on_the_fast_path(
     # Opens the journal's queue (until it idles): the fast path is open.
     await fast.publish_committed(to(FAST), Event(n=0))
     never_awaited = fast.publish_uncommitted(to(FAST), Event(n=1))
-    never_awaited.close()
+    # Already appended: what it returns is the batch, resolved (nothing to close or await).
+    assert asyncio.isfuture(never_awaited) and never_awaited.done()
+    assert never_awaited.result() is await fast.publish_committed(to(FAST), Event(n=2))
     pending = general.publish_uncommitted(to(GENERAL), Event(n=1))
     assert general.build_ack_intents() == {}  # Not appended yet: not awaited.
     await pending
+    await general.publish_committed(to(GENERAL), Event(n=2))
     await service.flush()
     assert content(cluster, FAST) == content(cluster, GENERAL) != b""
     fast_acks, general_acks = fast.build_ack_intents(), general.build_ack_intents()
@@ -178,3 +181,35 @@ async def test_publish_uncommitted_fast_path_matches_the_general_path_under_decl
     assert fast_out == general_out
     assert content(cluster, FAST) == content(cluster, GENERAL) != b""
     assert fast.clock == general.clock
+
+
+# A committed, an uncommitted and an ACK message, as a publisher with Gazette's TestUUIDBuilding
+# producer and clock (Unix 1567304621.981273734, see test_message_uuid.py) frames them: byte for
+# byte what the publisher wrote before its fast path built UUIDs inline and returned resolved
+# futures. The second message's UUID is Gazette's fixture time (two ticks) with flags 0.
+GOLDEN = (
+    b'{"n":1,"UUID":"83fc2f8b-cc5f-11e9-8000-010203040506"}\n'
+    b'{"n":2,"UUID":"83fc2f95-cc5f-11e9-8000-010203040506"}\n'
+    b'{"n":3,"UUID":"83fc2f9f-cc5f-11e9-8001-010203040506"}\n'
+    b'{"n":0,"UUID":"83fc2fa9-cc5f-11e9-8002-010203040506"}\n'
+)
+
+
+async def test_the_fast_path_frames_messages_byte_for_byte_as_before(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    cluster, service = env
+    publisher = Publisher(
+        service,
+        Clock.from_unix(1567304621, 981273734),
+        producer_id=ProducerID(bytes([1, 2, 3, 4, 5, 6])),
+    )
+    await publisher.publish_committed(to(FAST), Event(n=1))  # Opens the journal's queue.
+    committed = publisher.publish_committed(to(FAST), Event(n=2))
+    uncommitted = publisher.publish_uncommitted(to(FAST), Event(n=3))
+    # Both took the fast path: appended at the call, the batch handed back resolved.
+    assert asyncio.isfuture(committed) and asyncio.isfuture(uncommitted)
+    assert await committed is await uncommitted
+    await publisher.write_ack_intents(publisher.build_ack_intents())
+    await service.flush()
+    assert content(cluster, FAST) == GOLDEN
