@@ -127,12 +127,14 @@ class LeaderRole:
         # Appends waiting for the commit index to reach their entry.
         self._pending: deque[Committed | RegistersMismatched] = deque()
         self._heartbeat_due = 0
+        self.barrier_index = 0  # this term's barrier entry (start())
 
     # --- Term start and membership -------------------------------------------------------------
 
     def start(self, followers: Iterable[NewTermResponse], now: int) -> None:
         log = self.log
         log.append(Entry(self.term, log.head_index + 1, log.head_end, log.head_end, b""))
+        self.barrier_index = log.head_index
         for follower in followers:
             self.add_follower(follower, now)
         self.tick(now)
@@ -306,6 +308,7 @@ class LeaderRole:
                         self.commit_index,
                         self.log.head_index,
                         self.followers,
+                        0 < self.barrier_index <= self.commit_index,
                     ),
                 )
             )

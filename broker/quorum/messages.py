@@ -75,6 +75,9 @@ class Heartbeat:
     commit_index: int
     head_index: int
     followers: tuple[str, ...]  # the members it replicates to (aligned or being aligned)
+    # Its commit reached its barrier: the term established, and a record naming an ensemble
+    # change may be settled (coordinator.py).
+    established: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ _OPTIONAL_FIELDS = frozenset(
         ("ReplicaResponse", "nonce"),
         ("Truncate", "nonce"),
         ("Snapshot", "nonce"),
+        ("Heartbeat", "established"),
     }
 )
 
