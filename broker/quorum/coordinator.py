@@ -178,6 +178,11 @@ class Coordinator:
             f"Coordinator({self.name} {self.state.value} term={self.term} leader={self.leader!r})"
         )
 
+    @property
+    def record(self) -> TermRecord | None:
+        """The term register's record as this coordinator last read or wrote it."""
+        return self._known.record if self._known is not None else None
+
     # --- Inputs ---------------------------------------------------------------------------------
 
     def start(self, now: int) -> None:
