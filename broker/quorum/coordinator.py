@@ -331,7 +331,9 @@ class Coordinator:
         self.leader = record.leader
         if record.owner == self.name and self._responses:
             followers = tuple(r for m, r in sorted(self._responses.items()) if m != self.leader)
-            self._become_leader = BecomeLeader(self.term, self.name, self.ensemble, followers)
+            self._become_leader = BecomeLeader(
+                self.term, self.name, self.ensemble, followers, not record.settled
+            )
             self._answered.update(self._responses)
         self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
         self._resend_to_leader(now)

@@ -110,6 +110,8 @@ class LeaderRole:
         outbox: Outbox,
         notices: list[Notice],
         stored_end: int,
+        *,
+        changing: bool = False,
     ) -> None:
         self.name = name
         self.term = term
@@ -128,6 +130,7 @@ class LeaderRole:
         self._pending: deque[Committed | RegistersMismatched] = deque()
         self._heartbeat_due = 0
         self.barrier_index = 0  # this term's barrier entry (start())
+        self.changing = changing  # the term changes the ensemble (BecomeLeader.changing)
 
     # --- Term start and membership -------------------------------------------------------------
 
@@ -308,7 +311,7 @@ class LeaderRole:
                         self.commit_index,
                         self.log.head_index,
                         self.followers,
-                        0 < self.barrier_index <= self.commit_index,
+                        self.changing and 0 < self.barrier_index <= self.commit_index,
                     ),
                 )
             )

@@ -89,6 +89,7 @@ _OPTIONAL_FIELDS = frozenset(
         ("Truncate", "nonce"),
         ("Snapshot", "nonce"),
         ("Heartbeat", "established"),
+        ("BecomeLeader", "changing"),
     }
 )
 

@@ -10,6 +10,7 @@ from broker.quorum.config import CoordinatorConfig
 from broker.quorum.coordinator import Coordinator, CoordState
 from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
+from broker.quorum.messages import BecomeLeader, Heartbeat
 from broker.quorum.register import MemoryCasRegister, TermRecord
 from broker.quorum.rules import CORRECT_RULES, ensemble_step
 from broker.quorum.states import ReplicaState
@@ -18,6 +19,7 @@ from broker.quorum_shell.term_record import (
     decode_term_record,
     encode_term_record,
 )
+from broker.quorum_shell.wire import Envelope, decode_envelope, encode_envelope
 from tests.broker.quorum.quorum_testkit import CONFIG, Router
 from tests.sim.quorum_mutations import ChangeBeforeEstablished, ReplaceInOneStep
 
@@ -127,3 +129,17 @@ def test_a_member_replaced_holds_every_byte_and_counts_in_the_quorum() -> None:
     assert members["d"].log.read(0, end) == b"before after"
     assert members["d"].log.synced_index >= members[leader].log.commit_index
     assert members["a"].state is not ReplicaState.LEADER
+
+
+def test_only_a_changing_term_says_established_on_the_wire() -> None:
+    """Heartbeats and BecomeLeader of terms that change no ensemble are encoded as before
+    (older brokers refuse fields they do not know)."""
+    plain = Heartbeat(3, "a", 5, 6, ("b", "c"))
+    follower_free = BecomeLeader(3, "c0", ABC, ())
+    for msg in (plain, follower_free):
+        raw = encode_envelope(Envelope("j", "a", msg))
+        assert b"established" not in raw and b"changing" not in raw
+    changing = BecomeLeader(4, "c0", ("a", "b", "c", "d"), (), changing=True)
+    established = Heartbeat(4, "a", 7, 7, ("b", "c", "d"), established=True)
+    for msg in (changing, established):
+        assert decode_envelope(encode_envelope(Envelope("j", "a", msg))).message == msg

@@ -33,16 +33,14 @@ async def test_a_node_outside_the_ensemble_does_not_depose_the_leader(cluster: C
         await c.start(name)
     expected = bytearray()
     await append_all(c, "a", 3, expected)
-    leader = c.leader()
-    assert leader is not None
-    term = leader.member.term
     # The allocator assigned m3 with the route it sees; no one wants a change.
     m3 = await c.start("m3", ensemble=MOVED)
     start = m3.now()
     await c.until(lambda: m3.now() > start + quiet_ms, "m3 ran two leader timeouts")
     assert m3.coordinator.state is CoordState.MONITORING
-    assert leader.is_leader and leader.member.term == term, "the leader was deposed"
-    assert m3.coordinator.terms_claimed == 0
+    # m3 claimed no term (before: one every leader timeout, each deposing the leader). The
+    # members may still elect on their own (a starved machine delays heartbeats): not m3's.
+    assert m3.coordinator.terms_claimed == 0, "m3 deposed the leader"
     await append_all(c, "b", 2, expected)
 
 
