@@ -27,6 +27,7 @@ from broker.client.route_cache import ChannelPool
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.protocol.status import GazetteError
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.testing.cluster_state import Condition
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
@@ -82,7 +83,9 @@ class Appends:
             data = f"{tag}-{self.count:05d}\n".encode()
             try:
                 resp = await append(client, request, data, attempts_max=1)
-            except grpc.aio.AioRpcError:
+            except (grpc.aio.AioRpcError, GazetteError):
+                # UNAVAILABLE (outcome unknown), or a refusal during an election
+                # (NOT_/NO_JOURNAL_PRIMARY_BROKER): kept as unknown either way.
                 self.unknown.add(data)
                 await asyncio.sleep(delay)  # a client's backoff, not a synchronisation
                 delay = min(delay * 2, retry_backoff_max_s)
