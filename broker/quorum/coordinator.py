@@ -14,7 +14,8 @@ compare-and-swap makes each term owned by exactly one, and its leader appointed 
   MONITORING  the leader must send heartbeats; silence for leader_timeout_ticks: CLAIMING.
               We send BecomeLeader until the leader's first heartbeat, NewTerm to members that
               have not answered (a late or restarted member), and AddFollower for each Fenced
-              answer until the leader's heartbeat lists that follower.
+              answer until the leader's heartbeat lists that follower. The host wants another
+              ensemble (`wanted`) and the record is settled: CLAIMING (an ensemble change).
   WAITING     another coordinator's election is under way: wait (election_timeout_ticks plus
               jitter), then READING. If nothing changed meanwhile, that election stalled.
 
@@ -24,6 +25,13 @@ caught them up (Rules.may_vote), so once more of them answer than the ensemble c
 `election_blocked` holds an `ElectionBlocked` (the term, the non-voters, the voters needed)
 until a leader is appointed, so the shell can log it, count it and show it, rather than retry
 silently. It never elects anyway: a short log elected would lose acknowledged appends.
+
+Ensemble changes (Rules.next_ensemble). A claim's ensemble is the record's moved one member
+towards `wanted` (the host's wish: the allocator's route), and only from a settled record; the
+new term's record then names the ensemble it left (`previous`) until the change is known to
+have established: a leader's heartbeat says its barrier committed (`established`), and a
+monitoring coordinator CASes the record (same term, same leader) to settled. Until then every
+claim keeps the record's ensemble and `previous`.
 
 A lost CAS answers with the register's value, interpreted as a read. A register request
 unanswered for request_timeout_ticks is re-sent (doubling to retry_backoff_max_ticks); an
@@ -73,6 +81,7 @@ class CoordEvent(enum.Enum):
     APPOINTED = "appointed"
     LEADER_SILENT = "leader_silent"
     REGISTER_MOVED = "register_moved"  # a newer term was seen: re-read
+    ENSEMBLE_CHANGE = "ensemble_change"  # the host wants another ensemble: a new term
     WAIT_OVER = "wait_over"
 
 
@@ -94,6 +103,7 @@ COORDINATOR_TRANSITIONS: Final[dict[tuple[CoordState, CoordEvent], CoordState]] 
     (C.APPOINTING, V.ELECTION_IN_PROGRESS): C.WAITING,
     (C.MONITORING, V.LEADER_SILENT): C.CLAIMING,
     (C.MONITORING, V.REGISTER_MOVED): C.READING,
+    (C.MONITORING, V.ENSEMBLE_CHANGE): C.CLAIMING,
     (C.WAITING, V.WAIT_OVER): C.READING,
     (C.WAITING, V.REGISTER_MOVED): C.READING,
 }
@@ -145,6 +155,9 @@ class Coordinator:
         self._known: Versioned | None = None  # the register as last read or written
         self._claim: TermRecord | None = None
         self._appoint: TermRecord | None = None
+        self._settle: TermRecord | None = None  # the settled record being written
+        # The ensemble the host wants (None: keep the record's); see the module docstring.
+        self.wanted: tuple[str, ...] | None = None
         self._stalled_revision = -1
         self._request_id = 0
         self._request: RegisterRead | RegisterCas | None = None
@@ -164,6 +177,11 @@ class Coordinator:
         return (
             f"Coordinator({self.name} {self.state.value} term={self.term} leader={self.leader!r})"
         )
+
+    @property
+    def record(self) -> TermRecord | None:
+        """The term register's record as this coordinator last read or wrote it."""
+        return self._known.record if self._known is not None else None
 
     # --- Inputs ---------------------------------------------------------------------------------
 
@@ -191,6 +209,10 @@ class Coordinator:
         elif state is CoordState.MONITORING:
             if now >= self._deadline:
                 self._go(CoordEvent.LEADER_SILENT)
+                self._claim_next(now)
+                return
+            if self._wants_change():
+                self._go(CoordEvent.ENSEMBLE_CHANGE)
                 self._claim_next(now)
                 return
             self._resend_new_terms(now)
@@ -225,6 +247,13 @@ class Coordinator:
         self._request = None
         self._known = reply.current
         record = reply.current.record
+        if self.state is CoordState.MONITORING:
+            # The answer to a settling CAS (won, or lost to another's): still this term and
+            # leader, keep monitoring; else the register moved on.
+            self._settle = None
+            if record.term == self.term and record.leader == self.leader:
+                return
+            self._go(CoordEvent.REGISTER_MOVED)
         if self.state is CoordState.CLAIMING and record == self._claim:
             self._go(CoordEvent.CLAIMED)
             self.terms_claimed += 1
@@ -247,8 +276,33 @@ class Coordinator:
         known = self._known
         if known is None:
             raise IllegalTransitionError("coordinator", self.state, "claim without a read")
-        self._claim = TermRecord(known.record.term + 1, self.name, known.record.ensemble)
+        ensemble, previous = self.rules.next_ensemble(known.record, self.wanted)
+        self._claim = TermRecord(known.record.term + 1, self.name, ensemble, previous=previous)
         self._cas(known.revision, self._claim, now)
+
+    def _wants_change(self) -> bool:
+        """Monitoring a record whose ensemble the host wants changed (and the rules allow it
+        now), with no register request under way."""
+        known = self._known
+        if self.wanted is None or known is None or self._request is not None:
+            return False
+        record = known.record
+        if record.term != self.term or not record.leader:
+            return False
+        # Unsettled: next_ensemble keeps the record's ensemble (the rule is the Rules').
+        return self.rules.next_ensemble(record, self.wanted)[0] != record.ensemble
+
+    def _settle_if_established(self, now: int) -> None:
+        """The leader's barrier committed: write the record settled (see the module
+        docstring), once, unless a register request is under way."""
+        known = self._known
+        if known is None or self._request is not None:
+            return
+        record = known.record
+        if record.settled or record.term != self.term or record.leader != self.leader:
+            return
+        self._settle = replace(record, previous=())
+        self._cas(known.revision, self._settle, now)
 
     # --- Terms ----------------------------------------------------------------------------------
 
@@ -263,6 +317,7 @@ class Coordinator:
         }
         self._become_leader = None
         self._leader_followers = frozenset()
+        self._settle = None
 
     def _start_fencing(self, record: TermRecord, now: int) -> None:
         self._new_term_state(record)
@@ -276,7 +331,9 @@ class Coordinator:
         self.leader = record.leader
         if record.owner == self.name and self._responses:
             followers = tuple(r for m, r in sorted(self._responses.items()) if m != self.leader)
-            self._become_leader = BecomeLeader(self.term, self.name, self.ensemble, followers)
+            self._become_leader = BecomeLeader(
+                self.term, self.name, self.ensemble, followers, not record.settled
+            )
             self._answered.update(self._responses)
         self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
         self._resend_to_leader(now)
@@ -288,7 +345,12 @@ class Coordinator:
         self._answered.add(resp.member)
         if resp.state != ReplicaState.FENCED.value:
             return
-        if self.state is CoordState.FENCING:
+        if self.state is CoordState.APPOINTING:
+            # Kept for the BecomeLeader (its followers) once appointed: else a member that
+            # answers while the appointment is written, marked answered, would get neither
+            # NewTerm again nor AddFollower, and no leader would replicate to it all term.
+            self._responses[resp.member] = resp
+        elif self.state is CoordState.FENCING:
             self._responses[resp.member] = resp
             # Only voters elect (a member with a lost disk does not); the others still get
             # aligned as followers of the chosen leader.
@@ -329,6 +391,8 @@ class Coordinator:
             self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
             self._become_leader = None  # the leader is leading
             self._leader_followers = frozenset(hb.followers)
+            if hb.established:
+                self._settle_if_established(now)
 
     # --- Re-sending -------------------------------------------------------------------------------
 

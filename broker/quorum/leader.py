@@ -110,6 +110,8 @@ class LeaderRole:
         outbox: Outbox,
         notices: list[Notice],
         stored_end: int,
+        *,
+        changing: bool = False,
     ) -> None:
         self.name = name
         self.term = term
@@ -127,12 +129,15 @@ class LeaderRole:
         # Appends waiting for the commit index to reach their entry.
         self._pending: deque[Committed | RegistersMismatched] = deque()
         self._heartbeat_due = 0
+        self.barrier_index = 0  # this term's barrier entry (start())
+        self.changing = changing  # the term changes the ensemble (BecomeLeader.changing)
 
     # --- Term start and membership -------------------------------------------------------------
 
     def start(self, followers: Iterable[NewTermResponse], now: int) -> None:
         log = self.log
         log.append(Entry(self.term, log.head_index + 1, log.head_end, log.head_end, b""))
+        self.barrier_index = log.head_index
         for follower in followers:
             self.add_follower(follower, now)
         self.tick(now)
@@ -306,6 +311,7 @@ class LeaderRole:
                         self.commit_index,
                         self.log.head_index,
                         self.followers,
+                        self.changing and 0 < self.barrier_index <= self.commit_index,
                     ),
                 )
             )

@@ -242,6 +242,7 @@ class Member:
             self.outbox,
             self.notices,
             self.stored_end,
+            changing=msg.changing,
         )
         self.leader.start(msg.followers, now)
 

@@ -55,6 +55,10 @@ class BecomeLeader:
     coordinator: str
     ensemble: tuple[str, ...]
     followers: tuple[NewTermResponse, ...]
+    # The term changes the ensemble (its record is not settled): the leader then says in its
+    # heartbeats when its barrier committed (Heartbeat.established). False otherwise, so that
+    # other terms' heartbeats are as before on the wire.
+    changing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,9 @@ class Heartbeat:
     commit_index: int
     head_index: int
     followers: tuple[str, ...]  # the members it replicates to (aligned or being aligned)
+    # A term that changes the ensemble (BecomeLeader.changing) whose commit reached its
+    # barrier: established, so its record may be settled (coordinator.py).
+    established: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,17 @@ class TermRecord:
     owner: str  # the coordinator that claimed the term ("" for the initial record)
     ensemble: tuple[str, ...]
     leader: str = ""  # "" until the owner appoints one
+    # An ensemble change not yet established (Rules.next_ensemble): the ensemble of the last
+    # term known to have established (its barrier committed) when `ensemble` differs from it;
+    # () once a term of `ensemble` is known to have established (settled). While unsettled,
+    # committed entries may be held by a quorum of either (they differ by one member, so
+    # their quorums intersect): no further change until it settles (docs/design/quorum.md,
+    # "Ensemble changes").
+    previous: tuple[str, ...] = ()
+
+    @property
+    def settled(self) -> bool:
+        return not self.previous
 
 
 @dataclass(frozen=True, slots=True)

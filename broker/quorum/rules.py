@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from broker.quorum.log import ReplicaLog
 from broker.quorum.messages import NewTermResponse
+from broker.quorum.register import TermRecord
 
 
 class Rules:
@@ -76,12 +77,46 @@ class Rules:
         before the append has already changed."""
         return log.head_index
 
+    def next_ensemble(
+        self, record: TermRecord, wanted: tuple[str, ...] | None
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The ensemble (and `previous`, TermRecord) of the term claimed after `record`, the
+        host wanting `wanted` (None: no wish). One member added or removed per term, and only
+        from a settled record: every committed entry is then held by a quorum of the
+        record's ensemble, and a quorum of an ensemble one member larger or smaller always
+        shares a member with it (q(n) + q(n + 1) > n + 1), so the new term's election sees
+        every committed entry and fences the old leader. Replacing a member is two changes
+        (add, then remove): in one step, {A,B,C} -> {B,C,D} has the disjoint quorums {A,B}
+        and {C,D}. While a change is unsettled (its term may or may not have committed: the
+        register learns it only from the leader's heartbeat), the next term keeps the
+        record's ensemble and `previous`: committed entries lie in a quorum of either, and
+        both differ from it by at most one member."""
+        if wanted is None or not record.settled:
+            return record.ensemble, record.previous
+        step = ensemble_step(record.ensemble, wanted)
+        if step == record.ensemble:
+            return record.ensemble, ()
+        return step, record.ensemble
+
     def choose_leader(self, responses: Sequence[NewTermResponse]) -> NewTermResponse:
         """The coordinator's election among a majority of fenced members: the most up-to-date
         head (term, then index). Every committed entry is held by a majority, so by one of
         these members, and the most up-to-date head holds it too. Ties go to the first name,
         so that a re-run chooses the same."""
         return max(responses, key=lambda r: (r.head, _neg(r.member)))
+
+
+def ensemble_step(current: tuple[str, ...], wanted: tuple[str, ...]) -> tuple[str, ...]:
+    """`current` moved one member towards `wanted` (sorted): add one it lacks first (a
+    replacement keeps its fault tolerance while the old member lives), else remove one it
+    should not have; never below one member."""
+    add = sorted(set(wanted) - set(current))
+    remove = sorted(set(current) - set(wanted))
+    if add and (len(current) <= len(wanted) or not remove):
+        return tuple(sorted((*current, add[0])))
+    if remove and len(current) > 1:
+        return tuple(m for m in current if m != remove[0])
+    return current
 
 
 def _neg(name: str) -> tuple[int, ...]:

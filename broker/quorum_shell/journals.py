@@ -9,9 +9,17 @@ elected before) names this broker in its ensemble, whatever its route, so that a
 a live majority elects without waiting for the members still down (their endpoints are
 attached once they announce themselves, `_refresh_endpoints`); its ensemble is the route's members (`zone#suffix`, sorted) as first
 seen, and the node keeps it while the journal stays assigned here (a member whose lease
-expired is still in the ensemble). A journal no longer assigned here has its node stopped. Ensemble changes of a live node
-(the allocator moving a replica) are not followed yet: the node keeps its first ensemble
-(docs/design/quorum.md, "part two: built / remaining").
+expired is still in the ensemble). A journal no longer assigned here has its node stopped.
+
+Ensemble changes follow the allocator: a running node's `wanted` is its route's members when
+the route has exactly `replication` of them, else None (no change). So a route that shrinks for
+a moment (a broker draining during a rolling restart: its assignment goes, then comes back
+with the same broker) changes nothing, and a replica moved to another broker (the route
+whole again, with another member) is a replacement: the leader's coordinator adds the new
+member in one term and removes the old in the next (node.py, Rules.next_ensemble). Endpoints
+follow every member the node talks to (`QuorumNode.peers`), route or not. The removed
+member's broker stops its node once its assignment goes (its files stay, as for any journal
+no longer assigned: an operator removes them).
 
 Durability: with a data directory each node's member log is a file (log_file.py,
 `<data-dir>/quorum/<journal>/log`), replayed when the node starts. A journal's node is not
@@ -232,14 +240,21 @@ class QuorumJournals:
                 # (of the earlier journal) stops; the next one starts on fresh files.
                 continue
             self._revisions[journal] = revision
+            route = route_from_assignments(assignment_of(e) for e in entries)
+            attach_endpoints(route, ks, root)
             if journal in self.nodes:
                 # A running node stays while the journal is assigned here, whatever happens to
                 # the route: a member whose lease expired (stopped, partitioned) is still in
-                # the ensemble, and the majority keeps committing without it.
+                # the ensemble, and the majority keeps committing without it. A whole route
+                # is the ensemble it should have (see the module docstring).
                 wanted[journal] = self._routes[journal]
+                whole = len(route.members) == spec.replication
+                names = tuple(sorted(format_id(m) for m in route.members))
+                self.nodes[journal].wanted = names if whole else None
+                if whole and all(route.endpoints):
+                    self._routes[journal] = route  # the leader is named in the route it has
+                    wanted[journal] = route
                 continue
-            route = route_from_assignments(assignment_of(e) for e in entries)
-            attach_endpoints(route, ks, root)
             if len(route.members) >= spec.replication and all(route.endpoints):
                 wanted[journal] = route
                 continue
@@ -298,6 +313,12 @@ class QuorumJournals:
             if member is not None and member.spec.process_spec.endpoint:
                 route.endpoints[i] = member.spec.process_spec.endpoint
                 transport.endpoints[format_id(m)] = route.endpoints[i]
+        # Members an ensemble change brought in (outside the route the node started with).
+        for name in self.nodes[journal].peers:
+            zone, _, suffix = name.partition("#")
+            member = lookup_member(self._ks, self._root, zone, suffix)
+            if member is not None and member.spec.process_spec.endpoint:
+                transport.endpoints[name] = member.spec.process_spec.endpoint
 
     def _open_log(self, journal: str) -> tuple[QuorumLogFile, Joiner] | None:
         """The journal's log file and its member's joiner; None (the error kept) if the

@@ -34,6 +34,18 @@ coordinator that finds the election impossible (`Coordinator.election_blocked`: 
 members lost their disk) is logged once per change and counted in
 `gazette_quorum_elections_blocked`; `election_blocked` tells the node's owner. The node's
 other metrics (term, commit lag, elections, refusals, Snapshots) are node_metrics.py's.
+
+Ensemble changes. `ensemble` is the one the node started with (the route, or the term
+register's); the members it talks to (`peers`) also include the register's ensemble as its
+coordinator last read it and, while it leads, its term's ensemble, so that a member added or
+removed by an ensemble change (Rules.next_ensemble) hears the leader's heartbeats and
+replication. `wanted` (the owner's wish: the allocator's route) is handed to the coordinator
+only while this node leads: one proposer, so brokers whose views of the route differ for a
+moment do not move the ensemble back and forth. A node whose broker is outside the register's
+current ensemble does not tick its coordinator: it receives no heartbeats, and would otherwise
+claim a term every leader timeout, deposing a healthy leader each time (what a route change
+did before); it goes on once a change adds it (the new term's NewTerm reaches its member, the
+leader's heartbeats its coordinator).
 """
 
 from __future__ import annotations
@@ -157,6 +169,8 @@ class QuorumNode:
         self.join_decision: Decision | None = None
         self._lost_marked = False  # the member's `lost` mark is on disk
         self.metrics = NodeMetrics(journal, name)
+        # The ensemble the owner wants (see the module docstring); None: no change.
+        self.wanted: tuple[str, ...] | None = None
 
     # --- Lifecycle -------------------------------------------------------------------------
 
@@ -219,7 +233,10 @@ class QuorumNode:
                 continue
             now = self.now()
             self.member.tick(now)
-            self.coordinator.tick(now)
+            coordinator = self.coordinator
+            coordinator.wanted = self.wanted if self.is_leader else None
+            if self.name in coordinator.ensemble:
+                coordinator.tick(now)
             self._flush()
 
     # --- Appends and reads -----------------------------------------------------------------
@@ -234,6 +251,15 @@ class QuorumNode:
         if self.is_leader:
             return self.name
         return self.coordinator.leader or self.member.leader_hint
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The members this node sends to: see the module docstring."""
+        names = set(self.ensemble) | set(self.coordinator.ensemble)
+        leader = self.member.leader
+        if leader is not None:
+            names.update(leader.ensemble)
+        return tuple(sorted(names))
 
     @property
     def commit_offset(self) -> int:
@@ -349,16 +375,17 @@ class QuorumNode:
             self._commit_seen = self.member.read_limit
             self.commit_changed.set()
         member, coordinator = self.member, self.coordinator
+        peers = self.peers
         while member.outbox or coordinator.outbox or member.notices:
             # Emptied in place: the leader role holds these very lists.
             out = list(member.outbox)
             member.outbox.clear()
             for dest, msg in out:
                 if dest == COORDINATORS:
-                    for m in self.ensemble:
-                        self._deliver(Envelope(self.journal, m + COORDINATOR_SUFFIX, msg))
+                    for m in peers:
+                        self._deliver(Envelope(self.journal, m + COORDINATOR_SUFFIX, msg), peers)
                 else:
-                    self._deliver(Envelope(self.journal, dest, msg))
+                    self._deliver(Envelope(self.journal, dest, msg), peers)
             out = list(coordinator.outbox)
             coordinator.outbox.clear()
             for dest, msg in out:
@@ -366,7 +393,7 @@ class QuorumNode:
                     assert isinstance(msg, RegisterRead | RegisterCas)
                     self._spawn(self._ask_register(msg))
                 else:
-                    self._deliver(Envelope(self.journal, dest, msg))
+                    self._deliver(Envelope(self.journal, dest, msg), peers)
             notices = list(member.notices)
             member.notices.clear()
             for notice in notices:
@@ -393,12 +420,12 @@ class QuorumNode:
         self._lost_marked = False
         log.info("quorum member caught up: votes again", journal=self.journal, node=self.name)
 
-    def _deliver(self, envelope: Envelope) -> None:
+    def _deliver(self, envelope: Envelope, peers: tuple[str, ...]) -> None:
         self.metrics.sent(envelope.message)
         node = envelope.to.removesuffix(COORDINATOR_SUFFIX)
         if node == self.name:
             asyncio.get_running_loop().call_soon(self.receive, envelope)
-        elif isinstance(envelope.message, NewTermResponse | Heartbeat) or node in self.ensemble:
+        elif isinstance(envelope.message, NewTermResponse | Heartbeat) or node in peers:
             self._transport.send(node, envelope)
 
     async def _register_term(self) -> int:

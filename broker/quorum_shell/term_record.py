@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from broker.keyspace.backend import (
     Compare,
@@ -37,8 +38,9 @@ from broker.keyspace.backend import (
 from broker.quorum.register import CasResult, TermRecord, Versioned
 
 TERM_RECORD_FORMAT = 1
-# A record naming more members than this is malformed: the protocol caps replication at 5.
-ENSEMBLE_MEMBERS_MAX = 5
+# A record naming more members than this is malformed: the protocol caps replication at 5, and
+# replacing a member of five adds the new one before removing the old (Rules.next_ensemble).
+ENSEMBLE_MEMBERS_MAX = 6
 
 
 class TermRecordDecodeError(ValueError):
@@ -66,6 +68,8 @@ def encode_term_record(record: TermRecord, journal_revision: int = 0) -> bytes:
     }
     if journal_revision:
         doc["journal_revision"] = journal_revision
+    if record.previous:  # left out when settled: such records are as before ensemble changes
+        doc["previous"] = list(record.previous)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
@@ -93,19 +97,29 @@ def decode_term_record(value: bytes) -> TermRecord:
         raise TermRecordDecodeError(f"term record: term must be an integer >= 0 (got {term!r})")
     if not isinstance(owner, str) or not isinstance(leader, str):
         raise TermRecordDecodeError("term record: owner and leader must be strings")
-    if (
-        not isinstance(ensemble, list)
-        or not 1 <= len(ensemble) <= ENSEMBLE_MEMBERS_MAX
-        or not all(isinstance(m, str) and m for m in ensemble)
-        or len(set(ensemble)) != len(ensemble)
-    ):
+    if not _is_ensemble(ensemble):
         raise TermRecordDecodeError(
             f"term record: ensemble must be 1..{ENSEMBLE_MEMBERS_MAX} distinct member names"
             f" (got {ensemble!r})"
         )
     if leader and leader not in ensemble:
         raise TermRecordDecodeError(f"term record: leader {leader!r} is not in the ensemble")
-    return TermRecord(term, owner, tuple(ensemble), leader)
+    previous = doc.get("previous", [])
+    if previous != [] and not _is_ensemble(previous):
+        raise TermRecordDecodeError(
+            f"term record: previous must be 1..{ENSEMBLE_MEMBERS_MAX} distinct member names"
+            f" (got {previous!r})"
+        )
+    return TermRecord(term, owner, tuple(ensemble), leader, tuple(previous))
+
+
+def _is_ensemble(value: object) -> TypeGuard[list[str]]:
+    return (
+        isinstance(value, list)
+        and 1 <= len(value) <= ENSEMBLE_MEMBERS_MAX
+        and all(isinstance(m, str) and m for m in value)
+        and len(set(value)) == len(value)
+    )
 
 
 def initial_record(ensemble: Sequence[str]) -> Versioned:

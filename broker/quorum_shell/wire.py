@@ -88,6 +88,8 @@ _OPTIONAL_FIELDS = frozenset(
         ("ReplicaResponse", "nonce"),
         ("Truncate", "nonce"),
         ("Snapshot", "nonce"),
+        ("Heartbeat", "established"),
+        ("BecomeLeader", "changing"),
     }
 )
 

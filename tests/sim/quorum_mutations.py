@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from broker.quorum.log import ReplicaLog
 from broker.quorum.messages import NewTermResponse
-from broker.quorum.rules import Rules
+from broker.quorum.register import TermRecord
+from broker.quorum.rules import Rules, ensemble_step
 
 
 class CommitWithoutMajority(Rules):
@@ -93,6 +94,34 @@ class LostStartsAtItsLogTerm(Rules):
         return log_term
 
 
+class ReplaceInOneStep(Rules):
+    """An ensemble change replaces a member in one term ({A,B,C} -> {B,C,D}): the old and
+    new ensembles have disjoint quorums ({A,B} and {C,D})."""
+
+    def next_ensemble(
+        self, record: TermRecord, wanted: tuple[str, ...] | None
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if wanted is None or not record.settled or wanted == record.ensemble:
+            return record.ensemble, record.previous
+        return tuple(sorted(wanted)), record.ensemble
+
+
+class ChangeBeforeEstablished(Rules):
+    """An ensemble change goes on from a term not known to have established: two unsettled
+    single-member steps make a two-member change ({A,B,C} -> {A,B,C,D} -> {B,C,D}) while
+    committed entries may still lie in a quorum of the first ensemble only."""
+
+    def next_ensemble(
+        self, record: TermRecord, wanted: tuple[str, ...] | None
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if wanted is None:
+            return record.ensemble, record.previous
+        step = ensemble_step(record.ensemble, wanted)
+        if step == record.ensemble:
+            return record.ensemble, record.previous
+        return step, record.ensemble
+
+
 MUTATIONS = (
     CommitWithoutMajority,
     CommitPreviousTerm,
@@ -101,4 +130,6 @@ MUTATIONS = (
     LostDiskVotes,
     CheckCommittedRegisters,
     LostStartsAtItsLogTerm,
+    ReplaceInOneStep,
+    ChangeBeforeEstablished,
 )

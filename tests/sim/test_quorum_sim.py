@@ -29,6 +29,7 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     per_chunk = SEEDS // CHUNKS
     delivered: dict[str, int] = {}
     acked = crashes = disk_losses = checks = mismatches = deposed_wipes = late = 0
+    ensemble_changes = 0
     for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
         result = run_seed(seed)
         if not result.ok:
@@ -40,6 +41,7 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         late += result.late_deliveries
         checks += result.registers_verified
         mismatches += result.mismatches_verified
+        ensemble_changes += result.ensemble_changes
         for kind, count in result.delivered.items():
             delivered[kind] = delivered.get(kind, 0) + count
     # The seeds took every path of the protocol, not just the happy one.
@@ -64,6 +66,8 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     assert deposed_wipes > per_chunk // 50 and late > per_chunk, (deposed_wipes, late)
     # Compare-and-set appends passed and failed their register checks, and were verified.
     assert checks > per_chunk // 4 and mismatches > per_chunk // 4, (checks, mismatches)
+    # The register's ensemble moved (members added and removed, one per term).
+    assert ensemble_changes > per_chunk // 2, ensemble_changes
 
 
 def test_a_seed_replays_exactly() -> None:

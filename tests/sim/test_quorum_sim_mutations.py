@@ -36,8 +36,9 @@ def test_the_simulation_catches_the_mutation(mutation: type[Rules]) -> None:
 
 
 # Seeds where a member back from a lost disk is aligned by a Snapshot below an entry it
-# acknowledged before the loss (found with compare-and-set appends in every seed).
-ALIGNED_BELOW_ACKNOWLEDGED_SEEDS = (187, 530)
+# acknowledged before the loss (found with compare-and-set appends in every seed; 187 and
+# 530 until ensemble changes and the coordinator's appointment fix changed the seeds' courses).
+ALIGNED_BELOW_ACKNOWLEDGED_SEEDS = (431, 448)
 
 
 @pytest.mark.parametrize("seed", ALIGNED_BELOW_ACKNOWLEDGED_SEEDS)
@@ -55,7 +56,8 @@ def test_voting_on_an_entry_of_the_aligning_term_loses_a_committed_entry(seed: i
 # Seeds where a member fenced into a newer term loses its disk beside the deposed leader
 # (World._wipe_beside_a_deposed_leader): started at its empty log's term, it is aligned by
 # that leader, which commits with it entries the newer term's leader lacks.
-LOST_FENCE_SEEDS = (157, 443)
+# (157 and 443 until ensemble changes and the appointment fix changed the seeds' courses.)
+LOST_FENCE_SEEDS = (15, 213)
 
 
 @pytest.mark.parametrize("seed", LOST_FENCE_SEEDS)

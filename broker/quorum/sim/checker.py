@@ -7,8 +7,8 @@ with it byte for byte, and extends it. Checked after every step:
   agreement      every member's committed prefix agrees with `ref` (no offset written twice;
                  any two committed logs are prefixes of one another); the store holds only
                  `ref` content;
-  durable acks   the newest acknowledged append is held durably by a quorum of the ensemble
-                 (or compacted into the store), so no election can lose it; every
+  durable acks   the newest acknowledged append is held durably by a member of every quorum
+                 of the ensemble (or compacted into the store), so no election can lose it; every
                  acknowledged append's bytes are `ref`'s bytes at its offsets;
   reads          every read returned `ref`'s bytes: as `ref` never changes, no reader saw
                  content that was later truncated;
@@ -25,6 +25,11 @@ with it byte for byte, and extends it. Checked after every step:
                 and left the ones it was answered with (a check never passes against registers
                 later truncated away); a mismatch was answered with the registers committed
                 at its offset (never a value a new leader then truncated).
+
+"The ensemble" is the term register's current one, which ensemble changes move (the members
+are a pool, some outside it): whatever the rules, the next election fences a quorum of the
+register's ensemble, so every quorum of it must hold what was committed and acknowledged. The
+judge's quorum is its own (a majority of that ensemble), never the rules'.
 
 A member whose disk was wiped holds nothing and may not vote until a leader aligns it (the
 host's `voter`): "a quorum" above means a quorum of the voters, so with one disk lost of three
@@ -80,17 +85,16 @@ class Acked:
 
 
 class Checker:
-    def __init__(self, ensemble: tuple[str, ...], quorum: int) -> None:
-        self.ensemble = ensemble
-        self.quorum = quorum
+    def __init__(self, pool: tuple[str, ...]) -> None:
+        self.pool = pool  # every member, in the order of `check`'s logs and hosts
         self.ref = bytearray()
         # The registers as of each committed offset that ends an entry (0: the empty journal).
         self.ref_registers: dict[int, Registers] = {0: NO_REGISTERS}
         self.registers_verified = 0
         self.mismatches_verified = 0
         self._mismatches: list[tuple[int, Registers]] = []
-        self.commit_seen = dict.fromkeys(ensemble, 0)  # offsets
-        self.commit_index_seen = dict.fromkeys(ensemble, 0)
+        self.commit_seen = dict.fromkeys(pool, 0)  # offsets
+        self.commit_index_seen = dict.fromkeys(pool, 0)
         self.leader_of_term: dict[int, str] = {}
         self.store_checked = 0
         self.acked_count = 0
@@ -101,7 +105,7 @@ class Checker:
         # (max_acked, total drops of all logs) when a quorum last held max_acked: holding an
         # entry only stops through a drop, so the count is redone only after one.
         self._held_checked: tuple[object, ...] = (None, -1)
-        self._quorums = tuple(itertools.combinations(range(len(ensemble)), quorum))
+        self._quorums: dict[tuple[str, ...], tuple[tuple[int, ...], ...]] = {}
         self._electable_checked: tuple[object, ...] = ()
 
     # --- Observations (recorded during a step, checked after it) ---------------------------------
@@ -139,6 +143,7 @@ class Checker:
         logs: dict[str, ReplicaLog],
         members: Sequence[MemberHost],
         store: bytes | bytearray,
+        ensemble: tuple[str, ...],
     ) -> None:
         seen = self.commit_index_seen
         for name, log in logs.items():
@@ -186,31 +191,40 @@ class Checker:
                     self._registers_agree(end, registers, "a mismatch answer")
             self._mismatches = waiting
         voters = tuple(node.voter for node in members)
-        self._check_electable(list(logs.values()), voters)
+        quorums = self._quorums.get(ensemble)
+        if quorums is None:
+            index = tuple(self.pool.index(m) for m in ensemble)
+            quorums = tuple(itertools.combinations(index, len(ensemble) // 2 + 1))
+            self._quorums[ensemble] = quorums
+        self._check_electable(list(logs.values()), voters, quorums)
         newest = self.max_acked
         if newest is not None:
             drops = sum(log.drops for log in logs.values())
-            if self._held_checked == (newest, drops, voters):
+            if self._held_checked == (newest, drops, voters, ensemble):
                 return
-            self._held_checked = (newest, drops, voters)
-            # Every quorum of voters must include a holder.
-            need = sum(voters) - self.quorum + 1
-            held = sum(
-                1
-                for log, v in zip(logs.values(), voters, strict=True)
-                if v and log.holds_durably(newest)
-            )
+            self._held_checked = (newest, drops, voters, ensemble)
+            # Every quorum of voters of the ensemble must include a holder.
+            in_ensemble = [self.pool.index(m) for m in ensemble]
+            need = sum(voters[i] for i in in_ensemble) - (len(ensemble) // 2 + 1) + 1
+            all_logs = list(logs.values())
+            held = sum(1 for i in in_ensemble if voters[i] and all_logs[i].holds_durably(newest))
             if held < need:
                 raise Violation(
                     "acknowledged append lost",
                     f"{newest} is held durably by {held} voting members, fewer than the {need} every quorum of voters needs",
                 )
 
-    def _check_electable(self, logs: list[ReplicaLog], voters: tuple[bool, ...]) -> None:
+    def _check_electable(
+        self,
+        logs: list[ReplicaLog],
+        voters: tuple[bool, ...],
+        quorums: tuple[tuple[int, ...], ...],
+    ) -> None:
         # Durable heads and commits change only with these counters: skip unchanged steps.
         key = (
             *(x for log in logs for x in (log.commit_index, log.synced_index, log.drops)),
             *voters,
+            quorums,
         )
         if key == self._electable_checked:
             return
@@ -223,15 +237,15 @@ class Checker:
         if newest is None:
             return
         heads = [EntryId(log.term_at(log.synced_index) or 0, log.synced_index) for log in logs]
-        for quorum in self._quorums:
+        for quorum in quorums:
             if not all(voters[i] for i in quorum):
                 continue  # a quorum with a non-voter elects no one
             chosen = max(quorum, key=heads.__getitem__)
             if not logs[chosen].holds_durably(newest):
-                names = [self.ensemble[i] for i in quorum]
+                names = [self.pool[i] for i in quorum]
                 raise Violation(
                     "leader completeness",
-                    f"quorum {names} would elect {self.ensemble[chosen]} (head {heads[chosen]}), "
+                    f"quorum {names} would elect {self.pool[chosen]} (head {heads[chosen]}), "
                     f"which lacks committed entry {newest}",
                 )
 

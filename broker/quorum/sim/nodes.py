@@ -285,6 +285,7 @@ class CoordinatorNode:
         core = self.core
         if core is None:
             return
+        core.wanted = self.world.wanted
         core.handle(msg, self.world.net.now)
         self._flush(core)
 
@@ -297,6 +298,7 @@ class CoordinatorNode:
         core = self.core
         if core is None or incarnation != self.incarnation:
             return
+        core.wanted = self.world.wanted  # the allocator's route, as every broker sees it
         core.tick(self.world.net.now)
         self._flush(core)
         self.world.net.timer(

@@ -6,6 +6,12 @@ network whose loss, duplication and delay the seed chooses. LIVENESS: everything
 partition, loss or duplication; every crashed node restarts) and within `liveness_ticks_max` an
 append sent after the heal must be acknowledged and every member's commit offset must reach it.
 
+Ensemble changes. Half the seeds keep one spare member outside the ensemble and, now and then,
+want another ensemble (`wanted`, what every broker reads from the allocator's route): a member
+replaced by the spare, the spare added, or an added member removed. The coordinators move the
+term register's ensemble towards it one member per term (Rules.next_ensemble); the checker
+judges every step against the register's current ensemble.
+
 The checker runs after every step (one delivery or timer). A ProtocolError raised by a core
 (an illegal transition, a diverged log) fails the run like a broken invariant.
 """
@@ -89,6 +95,8 @@ class SimResult:
     crashes: int
     trace: list[str] | None
     disk_losses: int = 0
+    # Term register records whose ensemble differed from the one before (ensemble changes).
+    ensemble_changes: int = 0
     # Disks wiped beside a deposed leader (_wipe_beside_a_deposed_leader), and messages
     # re-delivered late (Network.late_p, replay_to).
     deposed_wipes: int = 0
@@ -109,7 +117,8 @@ class SimResult:
         return (
             f"seed {self.seed}: {outcome} ({self.members} members, {self.steps} steps, "
             f"t={self.time}, {self.acked} acked, {self.reads} reads, {self.terms} terms, "
-            f"{self.crashes} crashes, {self.disk_losses} disks lost)"
+            f"{self.crashes} crashes, {self.disk_losses} disks lost, "
+            f"{self.ensemble_changes} ensemble changes)"
         )
 
 
@@ -119,7 +128,16 @@ class World:
         self.config = config
         self.rules = rules
         members = 5 if rng.random() < 0.3 else 3
-        self.ensemble = tuple(f"m{i}" for i in range(members))
+        initial = tuple(f"m{i}" for i in range(members))
+        self.initial = initial
+        # Ensemble changes (see the module docstring), from a generator of their own: a seed
+        # without them takes the course it took before they existed.
+        self.change_rng = random.Random(f"ensemble/{seed}")
+        self.change_p = self.change_rng.choice((0.0, 0.0, 0.1, 0.25))
+        self.pool = (*initial, f"m{members}") if self.change_p else initial
+        self.wanted: tuple[str, ...] | None = None
+        self.ensemble_changes = 0
+        self._ensemble_seen = initial
         self.net = Network(
             rng,
             delay_max=rng.choice((1, 2, 4, 8)),
@@ -153,11 +171,11 @@ class World:
         )
         self.store = bytearray()
         self.register_name = "register"
-        self.register = MemoryCasRegister(TermRecord(0, "", self.ensemble))
+        self.register = MemoryCasRegister(TermRecord(0, "", initial))
         self.coordinator_names = tuple(f"c{i}" for i in range(config.coordinators))
-        self.members = [MemberNode(self, n, quorum, rules) for n in self.ensemble]
+        self.members = [MemberNode(self, n, quorum, rules) for n in self.pool]
         self.coordinators = [
-            CoordinatorNode(self, n, self.ensemble, config.coordinator, rules)
+            CoordinatorNode(self, n, initial, config.coordinator, rules)
             for n in self.coordinator_names
         ]
         # Compare-and-set appends (registers) in every seed: one append in three checks and
@@ -174,7 +192,7 @@ class World:
         self.nodes[self.register_name] = RegisterNode(self, self.register_name, self.register)
         # The checker's majority is its own, not the rules' under test (a mutation may change
         # the quorum the protocol uses; never the one it is judged by).
-        self.checker = Checker(self.ensemble, members // 2 + 1)
+        self.checker = Checker(self.pool)
         self.trace: list[str] | None = [] if trace else None
         self.steps = 0
         self.crashes = 0
@@ -187,6 +205,11 @@ class World:
         self.live_from = -1  # the tick the faults stopped, once they did
         self.live_probe_end = -1  # the end of the first append acknowledged after that
         self.delivered: dict[str, int] = {}
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        """The term register's current ensemble."""
+        return self.register.read().record.ensemble
 
     # --- Running -------------------------------------------------------------------------------
 
@@ -220,10 +243,15 @@ class World:
                 if self.trace is not None:
                     self.trace.append(f"{time:5d} {name} timer {payload}")
                 self.nodes[name].timer(payload)  # type: ignore[arg-type]
-            checker.check(logs, self.members, self.store)
+            ensemble = self.ensemble
+            if ensemble != self._ensemble_seen:
+                self._ensemble_seen = ensemble
+                self.ensemble_changes += 1
+                self._note(f"register ensemble {ensemble}")
+            checker.check(logs, self.members, self.store, ensemble)
             if self.live_from >= 0:
                 if self.live_probe_end >= 0 and all(
-                    log.end_at(log.commit_index) >= self.live_probe_end for log in logs.values()
+                    logs[m].end_at(logs[m].commit_index) >= self.live_probe_end for m in ensemble
                 ):
                     checker.check_final()
                     return
@@ -279,6 +307,8 @@ class World:
         if self.deposed_wipe_p and self.deposed_rng.random() < self.deposed_wipe_p:
             if self._wipe_beside_a_deposed_leader():
                 r = 1.0  # nothing else this time
+        if self.change_p and self.change_rng.random() < self.change_p:
+            self._want_another_ensemble()
         if r < 0.12:
             leader = self.register.read().record.leader
             self._crash(leader or rng.choice(self.ensemble))
@@ -293,7 +323,7 @@ class World:
         elif r < 0.34:
             self._crash(rng.choice(self.coordinator_names))
         elif r < 0.46:
-            names = (*self.ensemble, *self.coordinator_names, self.register_name)
+            names = (*self.pool, *self.coordinator_names, self.register_name)
             leader = self.register.read().record.leader
             if leader and rng.random() < 0.5:
                 # The leader alone: clients still reach it, so it gathers entries no one
@@ -306,6 +336,29 @@ class World:
             net.groups = {}
             self._note("heal partition")
         net.timer(rng.randint(1, 2 * config.chaos_every_ticks), CHAOS, None)
+
+    def _want_another_ensemble(self) -> None:
+        """Once the register settled on what was wanted: replace a member by one outside the
+        ensemble (the allocator moving a replica), add one, or remove one added before.
+        Never below the initial size: a smaller ensemble could not spare a lost disk."""
+        record, rng = self.register.read().record, self.change_rng
+        current = record.ensemble
+        if (self.wanted is not None and self.wanted != current) or not record.settled:
+            return  # a change is under way
+        outside = [m for m in self.pool if m not in current]
+        r = rng.random()
+        if outside and r < 0.6:
+            out = rng.choice(current)
+            wanted = tuple(sorted((*(m for m in current if m != out), rng.choice(outside))))
+        elif outside and r < 0.8:
+            wanted = tuple(sorted((*current, rng.choice(outside))))
+        elif len(current) > len(self.initial):
+            out = rng.choice(current)
+            wanted = tuple(m for m in current if m != out)
+        else:
+            return
+        self.wanted = wanted
+        self._note(f"want ensemble {wanted}")
 
     def _wipe_beside_a_deposed_leader(self) -> bool:
         """If a member still leads a term older than the register's, wipe the disk of a
@@ -328,7 +381,7 @@ class World:
         leader, victim = deposed[0], self.deposed_rng.choice(fenced)
         self._crash(victim.name, wipe=True, down_ticks_max=8)  # back while the leader leads
         self.deposed_wipes += 1
-        names = (*self.ensemble, *self.coordinator_names, self.register_name)
+        names = (*self.pool, *self.coordinator_names, self.register_name)
         self.net.groups = {n: int(n in (leader.name, victim.name)) for n in names}
         self._note(f"partition {sorted((leader.name, victim.name))} (a deposed leader)")
         return True
@@ -394,12 +447,13 @@ def run_seed(
         violation=violation,
         steps=world.steps,
         time=world.net.now,
-        members=len(world.ensemble),
+        members=len(world.initial),
         acked=world.checker.acked_count,
         reads=world.checker.read_count,
         terms=world.register.read().record.term,
         crashes=world.crashes,
         disk_losses=world.disk_losses,
+        ensemble_changes=world.ensemble_changes,
         deposed_wipes=world.deposed_wipes,
         late_deliveries=world.net.stats.late,
         registers_verified=world.checker.registers_verified,

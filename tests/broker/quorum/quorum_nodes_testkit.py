@@ -58,9 +58,12 @@ class Cluster:
     def endpoints(self) -> dict[str, str]:
         return {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
 
-    async def start(self, name: str, *, mark_lost: bool = True) -> QuorumNode:
+    async def start(
+        self, name: str, *, mark_lost: bool = True, ensemble: tuple[str, ...] = NAMES
+    ) -> QuorumNode:
         """Start `name`'s node on its data directory. `mark_lost=False` builds it as brokers
-        did before lost disks were marked: no joiner, so its member always votes."""
+        did before lost disks were marked: no joiner, so its member always votes. `ensemble`:
+        the one its broker would start it with (its route)."""
         server = grpc.aio.server()
         port = server.add_insecure_port(f"127.0.0.1:{self.ports.get(name, 0)}")
         self.ports[name] = port
@@ -72,8 +75,8 @@ class Cluster:
         node = QuorumNode(
             J,
             name,
-            NAMES,
-            KeyspaceTermRegister(backend, ROOT, J, NAMES, self.journal_revision),
+            ensemble,
+            KeyspaceTermRegister(backend, ROOT, J, ensemble, self.journal_revision),
             transport,
             seed=len(self.ports),
             log_file=log_file,

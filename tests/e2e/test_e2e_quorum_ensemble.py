@@ -1,0 +1,225 @@
+"""Ensemble changes on real broker processes over real etcd (docs/design/quorum.md, "Built
+(branch f16-ensemble)"): an R=3 quorum journal on four brokers, appends running; a member's
+broker is killed (-9) for good, its lease expires and the allocator moves its replica to the
+fourth broker. The term register's ensemble follows the route (the new member added, then the
+old one removed, each in its own term); the fourth broker then serves every acknowledged byte
+itself, and with a second original member stopped (SIGSTOP) appends still commit: the new
+member counts in the majority.
+
+Each append is tried once: one failing with an unknown outcome (the term changed under it)
+may or may not be committed, so it is not retried (a retry could commit it twice) but
+remembered. The journal must then hold every acknowledged append exactly at its offsets, each
+record at most once, and nothing but acknowledged and unknown-outcome records."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from e2e_workload import journal_spec, requires_etcd
+from quorum_e2e_kit import LEASE_TTL_S, quorum_cluster, read_all, read_until
+
+from broker.client.appender import append
+from broker.client.route_cache import ChannelPool
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
+from broker.protocol.status import GazetteError
+from broker.quorum_shell.term_record import QuorumTerm
+from broker.testing.cluster_state import Condition
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster
+from broker.topology import quorum_term_key
+
+pytestmark = [pytest.mark.etcd, requires_etcd]
+
+JOURNAL = "quorum/ensemble"
+FOUR_BROKERS = [
+    ("zone-a", "broker-a1"),
+    ("zone-a", "broker-a2"),
+    ("zone-b", "broker-b1"),
+    ("zone-b", "broker-b2"),
+]
+# Bound of the wait for the allocator and the ensemble change after the kill.
+move_timeout_s = 60.0
+# Appends that must be acknowledged after a fault (an election or a change in between).
+acked_wanted = 4
+attempts_max = 200
+retry_backoff_initial_s = 0.02
+retry_backoff_max_s = 0.2
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[ProcessCluster]:
+    async with ProcessCluster(FOUR_BROKERS, lease_ttl_s=LEASE_TTL_S) as c:
+        spec = journal_spec(JOURNAL, 3, c.store_url)
+        spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+        await c.apply([spec])
+        await c.wait_until(c.journals_ready([JOURNAL], 3, zones_min=2))
+        yield c
+
+
+@dataclass
+class Appends:
+    """Acknowledged records (with their offsets) and records of unknown outcome."""
+
+    cluster: ProcessCluster
+    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    unknown: set[bytes] = field(default_factory=set)
+    end: int = 0  # the end of the last acknowledged append
+    leader: str = ""
+    count: int = 0
+
+    async def round(self, via: BrokerProcess, tag: str) -> None:
+        """Append until `acked_wanted` records of this round are acknowledged, each tried
+        once, through `via` (any broker proxies to the leader)."""
+        client = self.cluster.client(via)
+        request = pb.AppendRequest(journal=JOURNAL)
+        done, delay = 0, retry_backoff_initial_s
+        for _ in range(attempts_max):
+            self.count += 1
+            data = f"{tag}-{self.count:05d}\n".encode()
+            try:
+                resp = await append(client, request, data, attempts_max=1)
+            except (grpc.aio.AioRpcError, GazetteError):
+                # UNAVAILABLE (outcome unknown), or a refusal during an election
+                # (NOT_/NO_JOURNAL_PRIMARY_BROKER): kept as unknown either way.
+                self.unknown.add(data)
+                await asyncio.sleep(delay)  # a client's backoff, not a synchronisation
+                delay = min(delay * 2, retry_backoff_max_s)
+                continue
+            assert resp.status == pb.OK, pb.Status.Name(resp.status)
+            # Offsets only grow: nothing written twice (unknown-outcome ones may lie between).
+            assert resp.commit.begin >= self.end, (data, resp.commit, self.end)
+            self.acked[data] = (resp.commit.begin, resp.commit.end)
+            self.end = resp.commit.end
+            route = resp.header.route
+            self.leader = route.members[route.primary].suffix
+            done, delay = done + 1, retry_backoff_initial_s
+            if done == acked_wanted:
+                return
+        raise AssertionError(f"{tag}: {done} of {acked_wanted} acknowledged")
+
+    def check(self, content: bytes, who: str) -> None:
+        """`content` (the whole journal as `who` serves it) holds every acknowledged record
+        at its offsets, each record once, and nothing else but unknown-outcome records."""
+        offset, seen = 0, set()
+        for line in content.splitlines(keepends=True):
+            assert line not in seen, (who, line)  # no record twice
+            seen.add(line)
+            if line in self.acked:
+                assert self.acked[line] == (offset, offset + len(line)), (who, line, offset)
+            else:
+                assert line in self.unknown, (who, line)
+            offset += len(line)
+        missing = [d for d in self.acked if d not in seen]
+        assert not missing, (who, missing[:3])
+
+
+def _name(b: BrokerProcess) -> str:
+    return f"{b.zone}#{b.suffix}"
+
+
+def _register_settled_on(c: ProcessCluster, members: tuple[str, ...]) -> Condition:
+    def condition() -> str | None:
+        entry = c.ks.get(quorum_term_key(c.root, JOURNAL))
+        term = entry.decoded if entry is not None else None
+        if not isinstance(term, QuorumTerm):
+            return "no term register"
+        r = term.record
+        if r.ensemble != members or not r.settled or not r.leader:
+            return f"term register {r}, want {members} settled with a leader"
+        return None
+
+    return condition
+
+
+async def _served(b: BrokerProcess, end: int, *, by_itself: bool = False) -> bytes:
+    channels = ChannelPool()
+    try:
+        if by_itself:
+            return await read_until(channels, b, JOURNAL, end, by_itself=True)
+        return await read_all(channels, b, JOURNAL, end)
+    finally:
+        await channels.close()
+
+
+async def test_a_moved_replica_joins_the_ensemble_and_counts(cluster: ProcessCluster) -> None:
+    c = cluster
+    appends = Appends(c)
+    route = c.route(JOURNAL)
+    members = [c.broker(m.suffix) for m in route.members]
+    (spare,) = [b for b in c.brokers if b not in members]
+    await appends.round(members[0], "before")
+    leader = c.broker(appends.leader)
+    gone = next(b for b in members if b is not leader)  # a follower lost for good
+
+    # Appends keep running through the move.
+    stop = asyncio.Event()
+
+    async def appending() -> int:
+        rounds = 0
+        while not stop.is_set():
+            await appends.round(leader, f"during{rounds}")
+            rounds += 1
+        return rounds
+
+    appender = asyncio.create_task(appending())
+    await c.kill(gone)
+    await c.wait_until(c.member_gone(gone), timeout_s=move_timeout_s)
+    moved = tuple(sorted(_name(b) for b in (*members, spare) if b is not gone))
+    await c.wait_until(_register_settled_on(c, moved), timeout_s=move_timeout_s)
+    stop.set()
+    assert await appender > 0
+    await appends.round(leader, "after")
+
+    # The new member serves every acknowledged byte itself.
+    appends.check(await _served(spare, appends.end, by_itself=True), spare.suffix)
+
+    # A second original member stopped: the leader needs the new member for a majority.
+    current = c.broker(appends.leader)
+    second = next(b for b in members if b not in (gone, current))
+    c.pause(second)
+    try:
+        await appends.round(current, "one-original-stopped")
+    finally:
+        c.resume(second)
+    for b in c.brokers:
+        if b is not gone:
+            appends.check(await _served(b, appends.end), b.suffix)
+
+
+async def test_a_rolling_restart_changes_no_ensemble() -> None:
+    """Three brokers restarted one by one with SIGTERM (each drains: its assignment goes and
+    the route shrinks to two for a moment, then comes back with the same broker): the term
+    register never names another ensemble, and every acknowledged append is kept."""
+    async with quorum_cluster(JOURNAL) as c:
+        appends = Appends(c)
+        original = tuple(sorted(_name(b) for b in c.brokers))
+        seen: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+
+        async def watch_register() -> None:
+            while True:
+                entry = c.ks.get(quorum_term_key(c.root, JOURNAL))
+                if entry is not None and isinstance(entry.decoded, QuorumTerm):
+                    record = entry.decoded.record
+                    seen.add((record.ensemble, record.previous))
+                await c.ks.wait_for_revision(c.ks.header.revision + 1, move_timeout_s)
+
+        watcher = asyncio.create_task(watch_register())
+        try:
+            await appends.round(c.brokers[0], "before")
+            for i, b in enumerate(c.brokers):
+                await c.terminate(b)
+                await c.start_broker(b)
+                await c.wait_until(c.journals_ready([JOURNAL], 3, zones_min=2))
+                other = c.brokers[(i + 1) % len(c.brokers)]
+                await appends.round(other, f"after-{b.suffix}")
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        assert seen == {(original, ())}, seen
+        for b in c.brokers:
+            appends.check(await _served(b, appends.end), b.suffix)
