@@ -208,6 +208,19 @@ class SoakContext:
             return
         record.restored_s = time.monotonic() - record.started_at
 
+    def report_failed_shards(self, record: FaultRecord, reported: set[str] | None = None) -> None:
+        """A finding for each shard with a FAILED assignment (not in `reported`, which it
+        extends): ``sequence violation`` if the summer's `SequenceViolation` failed it, else
+        ``shard failed``."""
+        reported = set() if reported is None else reported
+        for shard, errors in self.stack.failed_shards().items():
+            if shard in reported:
+                continue
+            reported.add(shard)
+            text = "; ".join(errors)
+            kind = "sequence violation" if "SequenceViolation" in text else "shard failed"
+            record.findings.append(Finding(kind, f"shard {shard} FAILED: {text}"))
+
     async def _wait_shards(self, record: FaultRecord, deadline: float) -> None:
         """Wait for the shards; a FAILED one is reported (once) and unassigned, so that it is
         started again, as an operator would."""
@@ -215,13 +228,7 @@ class SoakContext:
         while True:
             remaining = deadline - time.monotonic()
             failed = self.stack.failed_shards()
-            for shard, errors in failed.items():
-                if shard in reported:
-                    continue
-                reported.add(shard)
-                text = "; ".join(errors)
-                kind = "sequence violation" if "SequenceViolation" in text else "shard failed"
-                record.findings.append(Finding(kind, f"shard {shard} FAILED: {text}"))
+            self.report_failed_shards(record, reported)
             if failed:
                 try:
                     async with self.stack.shard_client() as shards:
