@@ -276,6 +276,8 @@ async def _barrier(ctx: SoakContext, journal: str) -> int:
     client = ctx.fresh_client()
     try:
         resp = await append(client, pb.AppendRequest(journal=journal), b"")
+    except Exception as err:  # The fault cannot go on: reported as such (run_fault).
+        raise RuntimeError(f"{journal}: no barrier append: {type(err).__name__}: {err}") from err
     finally:
         await client.close()
     return resp.commit.end
@@ -333,7 +335,17 @@ async def quorum_follower_stop(
         until = record.started_at + config.follower_stop_s
         try:
             while time.monotonic() < until:
-                stopped.append(await _timed_append(client, journal))
+                try:
+                    stopped.append(await _timed_append(client, journal))
+                except Exception as err:  # A failed append is a finding: the rest is not timed.
+                    record.findings.append(
+                        Finding(
+                            "append failed",
+                            f"{journal}: with {follower.suffix} stopped: {type(err).__name__}:"
+                            f" {err}",
+                        )
+                    )
+                    break
         finally:
             cluster.resume(follower)
         if cluster.member_gone(follower)() is None:
@@ -376,13 +388,16 @@ async def quorum_follower_stop(
 async def _timed_append(client: JournalClient, journal: str) -> float:
     """One empty append (a write barrier through the leader and its replication); seconds."""
     started = time.monotonic()
-    resp = await append(
-        client,
-        pb.AppendRequest(journal=journal),
-        b"",
-        attempts_max=stall_append_attempts_max,
-        backoff_cap_s=stall_append_backoff_cap_s,
-    )
+    try:
+        resp = await append(
+            client,
+            pb.AppendRequest(journal=journal),
+            b"",
+            attempts_max=stall_append_attempts_max,
+            backoff_cap_s=stall_append_backoff_cap_s,
+        )
+    except Exception as err:  # Typed for run_fault, which reports it.
+        raise RuntimeError(f"{journal}: append failed: {type(err).__name__}: {err}") from err
     if resp.status != pb.OK:
         raise RuntimeError(f"{journal}: append {pb.Status.Name(resp.status)}")
     return time.monotonic() - started
