@@ -57,6 +57,8 @@ __all__ = ["QUORUM_FAULTS", "quorum_leader"]
 leader_probe_attempt_s: Final = 1.0
 leader_probe_backoff_initial_s: Final = 0.05
 leader_probe_backoff_max_s: Final = 0.25
+# One attempt of a barrier append (the journal's commit offset before a zombie is resumed).
+barrier_attempt_s: Final = 5.0
 # Appends of the follower-stop fault: each is given this many attempts (a route change as the
 # stopped broker's lease expires redirects one), backing off at most this long.
 stall_append_attempts_max: Final = 20
@@ -272,15 +274,35 @@ async def quorum_leader_zombie(
 
 
 async def _barrier(ctx: SoakContext, journal: str) -> int:
-    """The journal's commit offset now: an empty append through a live broker."""
-    client = ctx.fresh_client()
+    """The journal's commit offset now: an empty append through a live broker (each attempt
+    bounded: one proxied to a stopped broker would otherwise wait for it forever), tried until
+    `Timeouts.append_s`."""
+    last = ["no attempt"]
+
+    async def attempts() -> int:
+        delay = leader_probe_backoff_initial_s
+        while True:
+            client = ctx.fresh_client()
+            try:
+                async with asyncio.timeout(barrier_attempt_s):
+                    resp = await append(
+                        client, pb.AppendRequest(journal=journal), b"", attempts_max=1
+                    )
+                if resp.status == pb.OK:
+                    return resp.commit.end
+                last[0] = pb.Status.Name(resp.status)
+            except Exception as err:  # Tried again until the bound (a timeout included).
+                last[0] = f"{type(err).__name__}: {err}"[:200]
+            finally:
+                await client.close()
+            await asyncio.sleep(delay)
+            delay = min(leader_probe_backoff_max_s, delay * 2)
+
     try:
-        resp = await append(client, pb.AppendRequest(journal=journal), b"")
-    except Exception as err:  # The fault cannot go on: reported as such (run_fault).
-        raise RuntimeError(f"{journal}: no barrier append: {type(err).__name__}: {err}") from err
-    finally:
-        await client.close()
-    return resp.commit.end
+        async with asyncio.timeout(ctx.timeouts.append_s):
+            return await attempts()
+    except TimeoutError:
+        raise RuntimeError(f"{journal}: no barrier append ({last[0]})") from None
 
 
 async def _append_through_zombie(
