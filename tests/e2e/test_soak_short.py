@@ -79,9 +79,10 @@ async def test_a_short_soak_of_every_fault_kind_finds_nothing() -> None:
         seed=SEED,
         chunks_per_s=30.0,
         sum_deadline_s=25.0,
-        # Healthy, the ten faults take about two minutes; failing ones wait out their bounds,
-        # and no fault starts after this, so that the report is printed within the budget.
-        faults_budget_s=160.0,
+        # Healthy, the twelve faults take about two and a half minutes; failing ones wait out
+        # their bounds, and no fault starts after this, so that the report is printed within
+        # the budget.
+        faults_budget_s=200.0,
         faults_config=FaultConfig(store_outage_s=8.0, restart_delay_s=4.0, follower_stop_s=5.0),
         timeouts=Timeouts(append_s=25.0, progress_s=30.0, restore_s=35.0, exit_s=25.0),
         stack=StackConfig(handoff_timeout_s=15.0, replication_mode="mixed"),

@@ -458,6 +458,12 @@ async def quorum_member_restarts(
         record.replication.update(step.replication)
         record.notes.extend(f"{b.suffix}: {note}" for note in step.notes)
         record.findings.extend(step.findings)
+        # As a supervisor would: one that exited since (e.g. its lease lost while starting) is
+        # started again before the next step waits for every journal.
+        for name in await ctx.stack.revive():
+            record.findings.append(
+                Finding("unexpected exit", f"{name}: restarted; log in {ctx.stack.dir}")
+            )
         await ctx.stack.wait_journals(ctx.timeouts.restore_s)
     await ctx.measure(record, record.started_at, (), all_shards(ctx))
     return []
