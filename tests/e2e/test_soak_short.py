@@ -1,6 +1,6 @@
 """A short soak inside the suite: the stream-sum workload on real processes (etcd, three brokers
 in two zones, three consumer processes, a durable PostgreSQL of its own, an S3 server), through
-every fault kind of the soak once but two quorum ones (twelve faults), with the soak's checks
+every fault kind of the soak once but three quorum ones (eleven faults), with the soak's checks
 after each: no sequence violation in any shard, every final sum verified once with the right
 value, every journal readable whole and identical through every broker over gRPC and HTTP,
 persisted fragments holding the journal's bytes, appends and consumers recovering within
@@ -58,16 +58,16 @@ FAULT_ORDER = (
     "broker-pair-kill",
     "broker-rolling-restart",
     "quorum-leader-zombie",
-    "quorum-follower-stop",
 )
-# The quorum faults the long soak adds, not run here (time): leader kill -9 (the zombie's
-# leader check is the same bound), members restarted in turn (the rolling restart's).
-NOT_HERE = ("quorum-leader-kill", "quorum-member-restarts")
+# The quorum faults only the long soak runs (time: each adds 20-30 s): leader kill -9 (the
+# zombie's leader check is the same bound), a follower stopped under appends, members
+# restarted in turn (the rolling restart's).
+NOT_HERE = ("quorum-leader-kill", "quorum-follower-stop", "quorum-member-restarts")
 
 
 @pytest.mark.timeout(295)
 async def test_a_short_soak_of_every_fault_kind_finds_nothing() -> None:
-    assert sorted((*FAULT_ORDER, *NOT_HERE)) == sorted(FAULTS) and len(FAULT_ORDER) >= 12
+    assert sorted((*FAULT_ORDER, *NOT_HERE)) == sorted(FAULTS) and len(FAULT_ORDER) >= 11
     lines: list[str] = []
 
     def out(line: str) -> None:
@@ -79,11 +79,11 @@ async def test_a_short_soak_of_every_fault_kind_finds_nothing() -> None:
         seed=SEED,
         chunks_per_s=30.0,
         sum_deadline_s=25.0,
-        # Healthy, the twelve faults take about two and a half minutes; failing ones wait out
-        # their bounds, and no fault starts after this, so that the report is printed within
-        # the budget.
-        faults_budget_s=200.0,
-        faults_config=FaultConfig(store_outage_s=8.0, restart_delay_s=4.0, follower_stop_s=5.0),
+        # Healthy, the eleven faults take about two minutes; failing ones wait out their
+        # bounds, and no fault starts after this, so that the report is printed within the
+        # budget.
+        faults_budget_s=180.0,
+        faults_config=FaultConfig(store_outage_s=8.0, restart_delay_s=4.0),
         timeouts=Timeouts(append_s=25.0, progress_s=30.0, restore_s=35.0, exit_s=25.0),
         stack=StackConfig(handoff_timeout_s=15.0, replication_mode="mixed"),
     )

@@ -233,16 +233,20 @@ async def quorum_leader_zombie(
     lease_gone = record.index % 2 == 0
 
     async def zombie() -> None:
+        ends: dict[str, int] = {}
         try:
             await cluster.wait_until(replaced, ctx.timeouts.append_s)
             if lease_gone:
                 await cluster.wait_until(cluster.member_gone(leader), ctx.timeouts.append_s)
                 await asyncio.sleep(config.zombie_extra_s)  # How long it stays a zombie.
-            # What the new leader(s) acknowledged so far: the zombie may not commit below.
-            ends = {j: await _barrier(ctx, j) for j in led}
+                # What the new leader(s) acknowledged so far: the zombie may not commit below.
+                ends = {j: await _barrier(ctx, j) for j in led}
         finally:
             alive = cluster.member_gone(leader)() is not None
             cluster.resume(leader)
+        if not lease_gone:
+            # Resumed at once (its lease may still be alive): the new leader's end now.
+            ends = {j: await _barrier(ctx, j) for j in led}
         record.notes.append(
             f"{leader.suffix} resumed {time.monotonic() - record.started_at:.1f}s after the"
             f" stop, its lease {'still alive' if alive else 'expired'}"
