@@ -56,7 +56,7 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum.config import QuorumConfig
 from broker.quorum.entry import Registers
-from broker.quorum.errors import LogFileCorruptError
+from broker.quorum.errors import LogFileCorruptError, NotLeaderError
 from broker.quorum.leader import RegisterCheck, RegistersMismatched, RegisterUpdate
 from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
@@ -412,7 +412,11 @@ class QuorumJournals:
     ) -> tuple[pb.Fragment | None, Registers]:
         """Append to the local node, which must lead: the committed fragment of `data` and
         the registers after it, or (None, the committed registers) if `check` failed."""
-        node = self.nodes[journal]
+        node = self.nodes.get(journal)
+        if node is None:
+            # Stopped since the append resolved it, while its content was read (this broker
+            # lost the journal's assignment): not the leader, so the client retries.
+            raise NotLeaderError(self.name)
         outcome = await node.append_checked(data, check, update)
         if isinstance(outcome, RegistersMismatched):
             return None, outcome.registers

@@ -6,7 +6,8 @@ broke, and nothing is reported when nothing broke.
 - `SumVerifier`: mismatched, duplicate, late and unexpected sums;
 - `ContentLedger`: brokers disagreeing, content lost or rewritten between checks, torn lines,
   for whole reads and for reads from near the end of what was verified;
-- the report's percentiles and summary table.
+- the report's percentiles and summary table;
+- the layout's replication modes (which journals the soak runs in quorum mode).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 
 import pytest
 
+from broker.protocol import labels
+from examples.stream_sum.layout import default_layout
 from examples.stream_sum.messages import Chunk, SequenceViolation, StreamState, Sum, fold
 from examples.stream_sum.soak import checks
 from examples.stream_sum.soak.checks import ContentLedger, Read
@@ -219,6 +222,13 @@ def test_percentiles_and_the_summary_table() -> None:
             standby={"s1": True},
             restored_s=9.5,
         ),
+        FaultRecord(
+            4,
+            "quorum-leader-kill",
+            leader_s={"q1": 2.5, "q2": 4.0},
+            stall_s={"q1": 0.2},
+            restored_s=5.0,
+        ),
     ]
     table = summary(records)
     lines = table.splitlines()
@@ -227,12 +237,43 @@ def test_percentiles_and_the_summary_table() -> None:
     # Progress with a standby: 2.0 (one fault); without: the second fault's worst, never.
     assert shard_kill.split() == [
         *("shard-kill", "2", "0", "-", "-", "2.0s", "/", "2.0s"),
-        *("never", "/", "never", "9.0s", "/", "never"),
+        *("never", "/", "never", "9.0s", "/", "never", "-", "-"),
     ]
     # Appends by replication: R=2 0.5, R=3 the worst of the fault's R=3 journals.
     assert broker_kill.split() == [
         *("broker-kill", "1", "0", "0.5s", "/", "0.5s", "8.0s", "/", "8.0s"),
-        *("1.0s", "/", "1.0s", "-", "9.5s", "/", "9.5s"),
+        *("1.0s", "/", "1.0s", "-", "9.5s", "/", "9.5s", "-", "-"),
+    ]
+    # Quorum journals: the worst kill-to-leader of the fault, and its longest append stall.
+    assert "leader (quorum)" in lines[0] and "stall (quorum)" in lines[0]
+    assert lines[5].split() == [
+        *("quorum-leader-kill", "1", "0", "-", "-", "-", "-", "5.0s", "/", "5.0s"),
+        *("4.0s", "/", "4.0s", "0.2s", "/", "0.2s"),
     ]
     line = records[1].line()
     assert "progress  never" in line and "restored   9.0s" in line
+
+
+def test_replication_modes_make_r3_journals_quorum_journals() -> None:
+    layout = default_layout(file_store="file:///f/", s3_store="s3://b/")
+    r3 = {s.name for s in layout.journal_specs() if s.replication == 3}
+    r2 = {s.name for s in layout.journal_specs() if s.replication == 2}
+    assert layout.with_replication_mode("all").journal_specs() == layout.journal_specs()
+    assert layout.quorum_journals() == []
+    # Every R=3 journal (chunks, sums, a recovery log); R=2 ones stay all-replicas.
+    quorum = layout.with_replication_mode("quorum")
+    assert set(quorum.quorum_journals()) == r3 and len(r3) == 4
+    for spec in quorum.journal_specs():
+        mode = labels.values_of(spec.labels, labels.REPLICATION_MODE)
+        assert mode == ([labels.REPLICATION_MODE_QUORUM] if spec.name in r3 else [])
+    # Mixed: a chunk journal and another shard's recovery log; the rest of R=3 stays.
+    mixed = layout.with_replication_mode("mixed")
+    assert mixed.quorum_journals() == [
+        "stream-sum/chunks/part-0",
+        "stream-sum/recovery/sum-rdb-0",
+    ]
+    assert r2.isdisjoint(mixed.quorum_journals())
+    # Capped below three brokers: no quorum journal left.
+    assert quorum.capped(2, 0).quorum_journals() == []
+    with pytest.raises(ValueError, match="unknown replication mode 'most'"):
+        layout.with_replication_mode("most")

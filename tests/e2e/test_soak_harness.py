@@ -1,7 +1,7 @@
 """The soak harness's process controls: brokers that keep their ports across restarts and serve
 their HTTP gateway, a broker paused past its lease (SIGSTOP) and resumed, consumer processes
 restarted under their identity, a durable PostgreSQL crashed and restarted with its data, an S3
-server paused and resumed with its objects."""
+server paused and resumed with its objects; a quorum member's read served by itself."""
 
 from __future__ import annotations
 
@@ -13,14 +13,20 @@ from pathlib import Path
 import aiohttp
 import pytest
 import sqlalchemy as sa
-from e2e_workload import requires_etcd
+from e2e_workload import journal_spec, requires_etcd
 
+from broker.client.appender import append
+from broker.client.route_cache import ChannelPool
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
 from broker.testing.consumer_process import ConsumerProcess
 from broker.testing.moto_server import MotoServer
 from broker.testing.pg_server import BIN_DIR, PgServer
 from broker.testing.ports import reserve_port
 from broker.testing.process_cluster import ProcessCluster
 from broker.topology import lookup_member
+from examples.stream_sum.soak.checks import ReadFailedError, read_member
 
 
 def test_reserved_ports_are_free_and_below_the_ephemeral_range() -> None:
@@ -129,3 +135,44 @@ def test_a_paused_s3_server_hangs_and_resumes_with_its_objects() -> None:
             moto.resume()
         assert client.get_object(Bucket="soak-harness", Key="k")["Body"].read() == b"v"
         client.close()
+
+
+@pytest.mark.etcd
+@requires_etcd
+async def test_a_member_read_is_served_by_the_member_itself_and_a_proxied_one_refused() -> None:
+    """The soak's `read_member` on a quorum journal (R=3 on four brokers): each member serves
+    the committed range itself, identical bytes; through the broker outside the route the read
+    is proxied, which a member read must refuse (it would only show the leader's bytes)."""
+    four = [
+        *(("zone-a", f"broker-a{i}") for i in (1, 2)),
+        *(("zone-b", f"broker-b{i}") for i in (1, 2)),
+    ]
+    journal = "soak/member-read"
+    async with ProcessCluster(four, lease_ttl_s=3) as cluster:
+        spec = journal_spec(journal, 3, cluster.store_url)
+        spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+        await cluster.apply([spec])
+        await cluster.wait_until(cluster.journals_ready([journal], 3, zones_min=2))
+        expected = b"".join(f"line-{i:03d}\n".encode() for i in range(20))
+        resp = await append(
+            cluster.client(), pb.AppendRequest(journal=journal), expected, attempts_max=50
+        )
+        assert resp.status == pb.OK and resp.commit.begin == 0
+        end = resp.commit.end
+        members = {m.suffix for m in cluster.route(journal).members}
+        outsider = next(b for b in cluster.brokers if b.suffix not in members)
+        channels = ChannelPool()
+        try:
+            for b in cluster.brokers:
+                if b is outsider:
+                    continue
+                got = await read_member(channels, b.endpoint, b.suffix, journal, 0, end)
+                assert got == expected, b.suffix
+                assert (
+                    await read_member(channels, b.endpoint, b.suffix, journal, 5, end)
+                    == expected[5:]
+                )
+            with pytest.raises(ReadFailedError, match=f"not by {outsider.suffix} itself"):
+                await read_member(channels, outsider.endpoint, outsider.suffix, journal, 0, end)
+        finally:
+            await channels.close()

@@ -2,6 +2,7 @@
 
     python -m examples.stream_sum.soak --duration 600          # every fault kind, for 10 min
     python -m examples.stream_sum.soak --faults etcd-restart,broker-zombie
+    python -m examples.stream_sum.soak --duration 900 --replication-mode quorum
     make soak DURATION=600
 
 Exits 0 if nothing was found, 1 on any violation or unrecovered fault (each is listed), 2 on
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from broker import logging as gazette_logging
+from examples.stream_sum.layout import REPLICATION_MODES
 from examples.stream_sum.soak.context import Timeouts
 from examples.stream_sum.soak.faults import FAULTS, FaultConfig
 from examples.stream_sum.soak.run import SoakConfig, run_soak
@@ -38,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=40.0, help="chunks published per second")
     p.add_argument("--store-outage", type=float, default=30.0, help="seconds a store is down")
     p.add_argument("--sum-deadline", type=float, default=120.0, help="seconds a sum may take")
+    p.add_argument(
+        "--replication-mode",
+        choices=REPLICATION_MODES,
+        default="all",
+        help="which R=3 journals are quorum journals: none (all, default), every one, or some",
+    )
     p.add_argument("--keep-dir", action="store_true", help="keep logs and data after the run")
     p.add_argument("--log-level", default="error", help="of this process (default error)")
     return p
@@ -56,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sum_deadline_s=args.sum_deadline,
             faults_config=FaultConfig(store_outage_s=args.store_outage),
             timeouts=Timeouts(),
-            stack=StackConfig(keep_dir=args.keep_dir or None),
+            stack=StackConfig(
+                keep_dir=args.keep_dir or None, replication_mode=args.replication_mode
+            ),
         )
     except ValueError as err:
         print(f"soak: {err}", file=sys.stderr)

@@ -15,6 +15,8 @@ and over both APIs, and never rewritten; appends possible again (and how soon).
   `overlap_bytes` verified. JSON-lines journals must hold whole, decodable lines with a UUID
   each. Persisted fragments (the Fragments RPC) must hold exactly the content at their offsets
   (`check_fragments`: each fragment once, when a read covers it).
+- `read_member` reads a quorum journal's committed range from one member, served by that
+  broker itself (not proxied to the leader): every member must hold identical bytes.
 - `probe_append` appends nothing (an empty append is a write barrier that still goes through
   the journal's primary and its replication pipeline) until one succeeds: how long appends to a
   journal were impossible.
@@ -50,6 +52,7 @@ __all__ = [
     "probe_append",
     "read_grpc",
     "read_http",
+    "read_member",
 ]
 
 # Attempts of one whole-journal read (through one broker, one API) before it is reported failed.
@@ -215,6 +218,55 @@ async def read_http(
 
     await _retrying(f"{journal} via {base} (HTTP)", once, last_error)
     return bytes(out)
+
+
+async def read_member(
+    channels: ChannelPool, endpoint: str, suffix: str, journal: str, start: int, end: int
+) -> bytes:
+    """`journal`'s content [start, end) as the broker `suffix` at `endpoint` serves it *itself*
+    (a quorum member's own committed content: a stream that broker proxied to another, or
+    answered NOT_JOURNAL_BROKER, is tried again; so is one ended early). Blocking reads: a
+    follower applies a commit a heartbeat after the leader. Raises ReadFailedError after
+    `read_attempts_max` attempts, ContentGapError on an offset jump."""
+    out = bytearray()
+    last_error: list[str] = []
+    where = f"{journal} via {suffix} (its own)"
+
+    async def once() -> bool:
+        at = start + len(out)
+        if at >= end:
+            return True
+        request = pb.ReadRequest(journal=journal, offset=at, block=True)
+        try:
+            call = channels.stub(endpoint).Read(request, timeout=read_rpc_timeout_s)
+            try:
+                async for resp in call:
+                    if resp.HasField("header") and resp.header.process_id.suffix != suffix:
+                        served = resp.header.process_id.suffix or "nobody"
+                        last_error[:] = [f"served by {served}, not by {suffix} itself"]
+                        return False
+                    if resp.status != pb.OK:
+                        last_error[:] = [pb.Status.Name(resp.status)]
+                        return False
+                    if resp.offset != start + len(out) and (
+                        resp.content or resp.HasField("fragment")
+                    ):
+                        raise ContentGapError(
+                            f"{where}: read at {start + len(out)} resolved to {resp.offset}"
+                        )
+                    out.extend(resp.content)
+                    if start + len(out) >= end:
+                        return True
+            finally:
+                call.cancel()
+        except grpc.aio.AioRpcError as err:
+            last_error[:] = [f"{err.code().name} {err.details()}"]
+            return False
+        last_error[:] = [f"the stream ended at offset {start + len(out)}, before {end}"]
+        return False
+
+    await _retrying(where, once, last_error)
+    return bytes(out[: end - start])
 
 
 def _below_head(offset: int, write_head: int) -> str:

@@ -9,8 +9,9 @@
   unless the fault expected it), wait until every journal and shard is served as specified,
   and report shards that parked in FAILED (as ``sequence violation`` if the summer's
   `SequenceViolation` failed them, else ``shard failed``), unassigning them so they restart;
-- `check`: read every journal through every running broker over gRPC and HTTP, compare with the
-  ledger, check persisted fragments, and collect the workload's own findings.
+- `check`: read every journal through every running broker over gRPC and HTTP (and a quorum
+  journal's committed range from each member itself), compare with the ledger, check persisted
+  fragments, and collect the workload's own findings.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from typing import Final
 
 import aiohttp
 
+from broker.client.appender import append
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
 from examples.stream_sum.chunker import Chunker
 from examples.stream_sum.soak.checks import (
     ContentGapError,
@@ -36,6 +39,7 @@ from examples.stream_sum.soak.checks import (
     probe_append,
     read_grpc,
     read_http,
+    read_member,
 )
 from examples.stream_sum.soak.report import FaultRecord
 from examples.stream_sum.soak.stack import SoakStack, StackError
@@ -120,7 +124,7 @@ class SoakContext:
     def client(self) -> JournalClient:
         return self.stack.client()
 
-    def _fresh_client(self) -> JournalClient:
+    def fresh_client(self) -> JournalClient:
         """A new client (closed by the caller) of a random running broker. The soak's own
         probes and reads use new channels, so that they measure the brokers, not a channel's
         reconnect back-off (the workload's long-lived clients have theirs, and it shows in
@@ -150,7 +154,7 @@ class SoakContext:
         async def append(journal: str) -> None:
             try:
                 record.append_s[journal] = await probe_append(
-                    self._fresh_client, journal, t0, self.timeouts.append_s
+                    self.fresh_client, journal, t0, self.timeouts.append_s
                 )
             except TimeoutError as err:
                 record.append_s[journal] = None
@@ -204,6 +208,19 @@ class SoakContext:
             return
         record.restored_s = time.monotonic() - record.started_at
 
+    def report_failed_shards(self, record: FaultRecord, reported: set[str] | None = None) -> None:
+        """A finding for each shard with a FAILED assignment (not in `reported`, which it
+        extends): ``sequence violation`` if the summer's `SequenceViolation` failed it, else
+        ``shard failed``."""
+        reported = set() if reported is None else reported
+        for shard, errors in self.stack.failed_shards().items():
+            if shard in reported:
+                continue
+            reported.add(shard)
+            text = "; ".join(errors)
+            kind = "sequence violation" if "SequenceViolation" in text else "shard failed"
+            record.findings.append(Finding(kind, f"shard {shard} FAILED: {text}"))
+
     async def _wait_shards(self, record: FaultRecord, deadline: float) -> None:
         """Wait for the shards; a FAILED one is reported (once) and unassigned, so that it is
         started again, as an operator would."""
@@ -211,13 +228,7 @@ class SoakContext:
         while True:
             remaining = deadline - time.monotonic()
             failed = self.stack.failed_shards()
-            for shard, errors in failed.items():
-                if shard in reported:
-                    continue
-                reported.add(shard)
-                text = "; ".join(errors)
-                kind = "sequence violation" if "SequenceViolation" in text else "shard failed"
-                record.findings.append(Finding(kind, f"shard {shard} FAILED: {text}"))
+            self.report_failed_shards(record, reported)
             if failed:
                 try:
                     async with self.stack.shard_client() as shards:
@@ -281,18 +292,21 @@ class SoakContext:
                 except ReadFailedError as err:
                     kind = "content gap" if isinstance(err, ContentGapError) else "unreadable"
                     record.findings.append(Finding(kind, str(err)))
+            if journal in quorum:
+                await self._read_members(record, journal, channels, reads)
             record.findings.extend(self.ledger.check(journal, reads))
             if reads:
                 # The furthest of the reads from the earliest offset.
                 widest = min(reads.values(), key=lambda r: (r.start, -r.end))
-                client = self._fresh_client()
+                client = self.fresh_client()
                 try:
                     verified = self._fragments.setdefault(journal, set())
                     record.findings.extend(await check_fragments(client, journal, widest, verified))
                 finally:
                     await client.close()
 
-        channels = ChannelPool(channels_max=len(brokers) + 1)  # Fresh: see _fresh_client.
+        quorum = set(self.stack.layout.quorum_journals())
+        channels = ChannelPool(channels_max=len(brokers) + 1)  # Fresh: see fresh_client.
         try:
             async with aiohttp.ClientSession() as session:
                 for index, journal in enumerate(journals):
@@ -300,6 +314,34 @@ class SoakContext:
         finally:
             await channels.close()
         record.findings.extend(self.take_findings())
+
+    async def _read_members(
+        self, record: FaultRecord, journal: str, channels: ChannelPool, reads: dict[str, Read]
+    ) -> None:
+        """A quorum journal's committed range (up to a barrier's commit offset), read straight
+        from each running member of its route, served by that broker itself: added to `reads`
+        (as ``<broker>/member``), so that the ledger compares them with every other read."""
+        client = self.fresh_client()
+        try:
+            barrier = await append(client, pb.AppendRequest(journal=journal), b"")
+        except Exception as err:  # A check that cannot run is a finding, not a crash.
+            record.findings.append(Finding("unreadable", f"{journal}: no barrier append: {err}"))
+            return
+        finally:
+            await client.close()
+        end = barrier.commit.end
+        start = self.ledger.read_start(journal)
+        members = {m.suffix for m in self.stack.cluster.route(journal).members}
+        for b in self.stack.cluster.brokers:
+            if b.suffix not in members or not b.running or b.paused:
+                continue
+            try:
+                content = await read_member(channels, b.endpoint, b.suffix, journal, start, end)
+            except ReadFailedError as err:
+                kind = "content gap" if isinstance(err, ContentGapError) else "unreadable"
+                record.findings.append(Finding(kind, f"member read: {err}"))
+                continue
+            reads[f"{b.suffix}/member"] = Read(start, content)
 
     def take_findings(self) -> list[Finding]:
         """The workload's findings not handed out yet (its lists only grow)."""

@@ -30,30 +30,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.status import GazetteError
-from broker.testing.process_cluster import BrokerProcess, ProcessClusterError
+from broker.testing.process_cluster import ProcessClusterError
 from examples.stream_sum.soak.context import SoakContext
+from examples.stream_sum.soak.fault_kit import (
+    Fault,
+    FaultConfig,
+    all_journals,
+    all_shards,
+    later,
+    measure_while,
+    pick_journal,
+    zombie_settles,
+)
+from examples.stream_sum.soak.quorum_faults import QUORUM_FAULTS
 from examples.stream_sum.soak.report import FaultRecord
 from examples.stream_sum.verifier import Finding
 
 __all__ = ["FAULTS", "FaultConfig", "run_fault"]
-
-
-@dataclass(frozen=True)
-class FaultConfig:
-    store_outage_s: float = 30.0
-    # A SIGSTOP'd broker stays stopped this long after its member key is gone.
-    zombie_extra_s: float = 1.0
-    # A killed process is started again this long after the kill, as by a supervisor: longer
-    # than the leases, so that the cluster has noticed (and failed over) by then.
-    restart_delay_s: float = 5.0
-
-
-Fault = Callable[[SoakContext, FaultRecord, FaultConfig], Awaitable[list[str]]]
 
 
 async def run_fault(ctx: SoakContext, index: int, kind: str, config: FaultConfig) -> FaultRecord:
@@ -69,53 +65,10 @@ async def run_fault(ctx: SoakContext, index: int, kind: str, config: FaultConfig
     return record
 
 
-def _all_journals(ctx: SoakContext) -> list[str]:
-    return ctx.stack.layout.journals()
-
-
-def _all_shards(ctx: SoakContext) -> list[str]:
-    return [p.shard for p in ctx.stack.layout.shards]
-
-
-def _pick_journal(ctx: SoakContext, record: FaultRecord) -> tuple[str, BrokerProcess]:
-    """A journal (rotating with the fault's index) and its primary broker."""
-    journals = _all_journals(ctx)
-    for i in range(len(journals)):
-        journal = journals[(record.index + i) % len(journals)]
-        primary = ctx.stack.cluster.primary(journal)
-        if primary is not None and primary.running:
-            return journal, primary
-    raise RuntimeError("no journal has a running primary broker")
-
-
-async def _later(delay_s: float, start: Callable[[], Awaitable[None]]) -> None:
-    await asyncio.sleep(delay_s)  # The supervisor's restart delay: part of the fault.
-    await start()
-
-
-async def _measure_while(
-    ctx: SoakContext,
-    record: FaultRecord,
-    journals: Sequence[str],
-    shards: Sequence[str],
-    *concurrently: Awaitable[None],
-) -> None:
-    """Measure from the record's start while `concurrently` run (heal steps); their failures
-    are raised once the measurement is done."""
-    results = await asyncio.gather(
-        ctx.measure(record, record.started_at, journals, shards),
-        *concurrently,
-        return_exceptions=True,
-    )
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-
-
 async def broker_primary_kill(
     ctx: SoakContext, record: FaultRecord, config: FaultConfig
 ) -> list[str]:
-    journal, b = _pick_journal(ctx, record)
+    journal, b = pick_journal(ctx, record)
     cluster = ctx.stack.cluster
     record.target = f"{b.suffix} (primary of {journal})"
     ctx.stack.held.add(b.suffix)
@@ -126,19 +79,19 @@ async def broker_primary_kill(
         ctx.stack.held.discard(b.suffix)
         await cluster.start_broker(b)
 
-    await _measure_while(
+    await measure_while(
         ctx,
         record,
-        _all_journals(ctx),
-        _all_shards(ctx),
-        _later(config.restart_delay_s, restart),
+        all_journals(ctx),
+        all_shards(ctx),
+        later(config.restart_delay_s, restart),
     )
     return []
 
 
 async def broker_pair_kill(ctx: SoakContext, record: FaultRecord, config: FaultConfig) -> list[str]:
     cluster = ctx.stack.cluster
-    journals = _all_journals(ctx)
+    journals = all_journals(ctx)
     survivors = [
         b
         for b in cluster.brokers
@@ -161,14 +114,14 @@ async def broker_pair_kill(ctx: SoakContext, record: FaultRecord, config: FaultC
             ctx.stack.held.discard(b.suffix)
         await asyncio.gather(*(cluster.start_broker(b) for b in victims))
 
-    await _measure_while(
-        ctx, record, journals, _all_shards(ctx), _later(config.restart_delay_s, restart)
+    await measure_while(
+        ctx, record, journals, all_shards(ctx), later(config.restart_delay_s, restart)
     )
     return []
 
 
 async def broker_zombie(ctx: SoakContext, record: FaultRecord, config: FaultConfig) -> list[str]:
-    journal, b = _pick_journal(ctx, record)
+    journal, b = pick_journal(ctx, record)
     cluster = ctx.stack.cluster
     record.target = f"{b.suffix} (primary of {journal})"
 
@@ -186,7 +139,7 @@ async def broker_zombie(ctx: SoakContext, record: FaultRecord, config: FaultConf
             await asyncio.sleep(config.zombie_extra_s)  # How long it stays a zombie: the fault.
         finally:
             cluster.resume(b)
-        await _zombie_settles(ctx, b)
+        await zombie_settles(ctx, b)
         if not b.running:
             # As a supervisor would, at once.
             code = b.process.returncode if b.process is not None else None
@@ -196,37 +149,10 @@ async def broker_zombie(ctx: SoakContext, record: FaultRecord, config: FaultConf
     record.started_at = time.monotonic()
     cluster.pause(b)
     try:
-        await _measure_while(ctx, record, _all_journals(ctx), _all_shards(ctx), zombie())
+        await measure_while(ctx, record, all_journals(ctx), all_shards(ctx), zombie())
     finally:
         cluster.resume(b)
     return []
-
-
-async def _zombie_settles(ctx: SoakContext, b: BrokerProcess) -> None:
-    """Wait until a resumed zombie has either exited (a supervisor restarts it) or announced
-    itself again under a new lease: whichever it does, bounded."""
-    cluster = ctx.stack.cluster
-    proc = b.process
-    if proc is None:
-        return
-    exited = asyncio.ensure_future(proc.wait())
-    back = asyncio.ensure_future(
-        cluster.wait_until(
-            lambda: "still gone" if cluster.member_gone(b)() is None else None,
-            ctx.timeouts.exit_s,
-        )
-    )
-    done, pending = await asyncio.wait(
-        {exited, back}, timeout=ctx.timeouts.exit_s, return_when=asyncio.FIRST_COMPLETED
-    )
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    if not done:
-        raise TimeoutError(
-            f"{b.suffix}: resumed zombie neither exited nor re-announced itself within"
-            f" {ctx.timeouts.exit_s:.0f}s"
-        )
 
 
 async def broker_rolling_restart(
@@ -238,7 +164,7 @@ async def broker_rolling_restart(
     cluster = ctx.stack.cluster
     record.target = "every broker, in turn"
     for b in list(cluster.brokers):
-        journals = [j for j in _all_journals(ctx) if cluster.primary(j) is b]
+        journals = [j for j in all_journals(ctx) if cluster.primary(j) is b]
         step = FaultRecord(index=record.index, kind=record.kind, started_at=time.monotonic())
         ctx.stack.held.add(b.suffix)
         try:
@@ -256,7 +182,7 @@ async def broker_rolling_restart(
                     f" (hand-off timeout {ctx.stack.config.handoff_timeout_s:.0f}s)",
                 )
             )
-        await _measure_while(ctx, step, journals, (), cluster.start_broker(b))
+        await measure_while(ctx, step, journals, (), cluster.start_broker(b))
         for journal, value in step.append_s.items():
             prior = record.append_s.get(journal, 0.0)
             worst = None if value is None or prior is None else max(prior, value)
@@ -264,7 +190,7 @@ async def broker_rolling_restart(
         record.replication.update(step.replication)
         record.findings.extend(step.findings)
         await ctx.stack.wait_journals(ctx.timeouts.restore_s)
-    await ctx.measure(record, record.started_at, (), _all_shards(ctx))
+    await ctx.measure(record, record.started_at, (), all_shards(ctx))
     return []
 
 
@@ -291,7 +217,7 @@ async def _shard_kill(
         ctx.stack.held.discard(consumer.suffix)
         await consumer.start()
 
-    await _measure_while(ctx, record, (), hosted, _later(config.restart_delay_s, restart))
+    await measure_while(ctx, record, (), hosted, later(config.restart_delay_s, restart))
     return []
 
 
@@ -320,7 +246,7 @@ async def etcd_restart(ctx: SoakContext, record: FaultRecord, _: FaultConfig) ->
     record.started_at = time.monotonic()
     await etcd.kill()
     await etcd.start()
-    await ctx.measure(record, record.started_at, _all_journals(ctx), _all_shards(ctx))
+    await ctx.measure(record, record.started_at, all_journals(ctx), all_shards(ctx))
     return []
 
 
@@ -346,7 +272,7 @@ async def s3_outage(ctx: SoakContext, record: FaultRecord, config: FaultConfig) 
     moto.pause()
     try:
         await asyncio.gather(
-            ctx.measure(record, record.started_at, _all_journals(ctx), _all_shards(ctx)),
+            ctx.measure(record, record.started_at, all_journals(ctx), all_shards(ctx)),
             asyncio.sleep(config.store_outage_s),  # The outage's length: the fault itself.
         )
     finally:
@@ -364,7 +290,7 @@ async def file_store_outage(
     root.rename(away)
     try:
         await asyncio.gather(
-            ctx.measure(record, record.started_at, _all_journals(ctx), _all_shards(ctx)),
+            ctx.measure(record, record.started_at, all_journals(ctx), all_shards(ctx)),
             asyncio.sleep(config.store_outage_s),  # The outage's length: the fault itself.
         )
     finally:
@@ -383,4 +309,5 @@ FAULTS: dict[str, Fault] = {
     "postgres-restart": postgres_restart,
     "s3-outage": s3_outage,
     "file-store-outage": file_store_outage,
+    **QUORUM_FAULTS,
 }

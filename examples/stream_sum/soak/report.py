@@ -36,6 +36,11 @@ class FaultRecord:
     # The replication of each journal whose appends were measured: journals of replication 2
     # fail over when a broker dies, those of replication 3 (on three brokers) wait for it.
     replication: dict[str, int] = field(default_factory=dict)
+    # Quorum journals whose leader the fault took away: seconds from the fault to the first
+    # append a leader served again (None: none in time).
+    leader_s: dict[str, float | None] = field(default_factory=dict)
+    # Quorum journals appended to while a follower was stopped: the longest single append.
+    stall_s: dict[str, float] = field(default_factory=dict)
     # Seconds from the fault until every process, journal and shard was back as specified.
     restored_s: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -123,13 +128,17 @@ _COLUMNS: Final = (
     ("progress (standby)", 19),
     ("progress (none)", 16),
     ("restored", 15),
+    ("leader (quorum)", 16),
+    ("stall (quorum)", 15),
 )
 
 
 def summary(records: Sequence[FaultRecord]) -> str:
     """The table printed at the end: per fault kind, how many, how many failed, and p50 / max
     of kill-to-append (the worst journal of each fault, by replication), kill-to-progress (the
-    worst shard of each fault, with and without a hot standby) and everything restored."""
+    worst shard of each fault, with and without a hot standby), everything restored, and on
+    quorum journals kill-to-leader (a new leader serving appends) and the longest append with
+    a follower stopped."""
     header = f"{'fault':<22} {'n':>3} {'failed':>6}" + "".join(
         f"  {name:>{width}}" for name, width in _COLUMNS
     )
@@ -148,6 +157,8 @@ def summary(records: Sequence[FaultRecord]) -> str:
             _stats(_worst_each(rs, lambda r: _progress(r, standby=True))),
             _stats(_worst_each(rs, lambda r: _progress(r, standby=False))),
             _stats([r.restored_s if r.restored_s is not None else math.inf for r in rs]),
+            _stats(_worst_each(rs, lambda r: list(r.leader_s.values()))),
+            _stats(_worst_each(rs, lambda r: list(r.stall_s.values()))),
         ]
         failed = sum(1 for r in rs if not r.ok)
         row = f"{kind:<22} {len(rs):>3} {failed:>6}" + "".join(

@@ -141,6 +141,9 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
                 await publishing
                 final = FaultRecord(index=index, kind="final", started_at=time.monotonic())
                 await _drain(verifier, tracker, config.sum_deadline_s, final)
+                # A shard that FAILED after the last fault's restore is reported here (no
+                # restore follows to find it; its sums are only late otherwise).
+                ctx.report_failed_shards(final)
                 await ctx.check(final, whole=True)
                 if publishing.done() and (err := publishing.exception()) is not None:
                     final.findings.append(Finding("chunker failed", repr(err)))

@@ -35,7 +35,7 @@ from broker.testing.consumer_process import ConsumerProcess
 from broker.testing.moto_server import MotoServer, credentials_env
 from broker.testing.pg_server import PgServer
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
-from examples.stream_sum.layout import Layout, default_layout
+from examples.stream_sum.layout import REPLICATION_MODES, Layout, default_layout
 from examples.stream_sum.summer import PG_URL_ENV
 from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_client import upsert as shard_upsert
@@ -85,6 +85,15 @@ class StackConfig:
     postgres: bool = True
     # Keep logs and data after close (None: if $GAZETTE_TEST_KEEP_CLUSTER_DIR is set).
     keep_dir: bool | None = None
+    # Which R=3 journals are quorum journals: "all" (none), "quorum" (every one), "mixed"
+    # (some): Layout.with_replication_mode.
+    replication_mode: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.replication_mode not in REPLICATION_MODES:
+            raise ValueError(
+                f"unknown replication mode {self.replication_mode!r}; known: {REPLICATION_MODES}"
+            )
 
 
 class SoakStack:
@@ -128,7 +137,7 @@ class SoakStack:
         s3 = self.moto.store_url(BUCKET, "fragments/") if self.moto is not None else None
         self.layout = default_layout(
             file_store=self.cluster.store_url, s3_store=s3, postgres=self.pg is not None
-        )
+        ).with_replication_mode(self.config.replication_mode)
         await self.cluster.apply(self.layout.journal_specs())
         await self.wait_journals(timeout_s=60.0)
         self._admin = EtcdBackend([self.cluster.etcd.endpoint])

@@ -15,6 +15,7 @@ from broker.fragment.naming import sum_from_digest
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.quorum.errors import NotLeaderError
 from broker.server import Broker
 from broker.topology import assignment_key
 
@@ -140,3 +141,28 @@ async def test_a_node_stops_when_its_journal_leaves_the_broker(cluster: Cluster)
             assert b.quorum.nodes[spec.name].ensemble == node.ensemble
     resp = await cluster.append(leader, spec.name, [b"+more"])
     assert resp.status == pb.OK and resp.commit.begin == 4
+
+
+async def test_an_append_whose_node_stopped_meanwhile_is_refused_as_not_leader(
+    cluster: Cluster,
+) -> None:
+    """An Append RPC resolves the journal's node, then reads the client's content; if the node
+    stops meanwhile (the broker lost the journal's assignment: its lease expired while it was
+    stopped, as the soak's quorum-leader-zombie found), committing must refuse it as not the
+    leader (the client retries against the route), not fail with a bare KeyError (grpc's
+    UNKNOWN "Unexpected KeyError", which a recorder takes as final: its shard FAILED)."""
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    spec = journal_spec("mode/stopped", replication=3)
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    leader = await _leader_of(brokers, spec.name)
+    assert (await cluster.append(leader, spec.name, [b"kept"])).status == pb.OK
+    slot = brokers.index(leader)
+    key = assignment_key(ROOT, spec.name, leader.config.zone, leader.config.suffix, slot)
+    header, deleted = await cluster.admin.delete(key.encode())
+    assert deleted == 1
+    await cluster.sync(header.revision)
+    assert spec.name not in leader.quorum.nodes
+    # The step after the content is read, with the node gone.
+    with pytest.raises(NotLeaderError):
+        await leader.quorum.append(spec.name, b"late", spec.fragment.compression_codec)
