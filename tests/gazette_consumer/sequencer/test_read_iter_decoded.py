@@ -162,3 +162,34 @@ def _env(m: Msg, begin: int) -> Any:
     from gazette_consumer.message.message import Envelope
 
     return Envelope.of("j", begin, begin + 10, m)
+
+
+async def test_the_collection_hold_follows_what_is_kept() -> None:
+    async with broker_env() as env:
+        journal = await env.journal("decoded/gc-hold")
+        await write_journal(env, journal)
+        # A span kept and replayed, then more to decode after its replay.
+        await env.append_messages(journal, span(P2, 70_000, 100, "s"))
+        await env.append_messages(journal, span(P2, 70_100, 300, "t"))
+        await env.append_messages(journal, [msg(P2, 71_000, ACK)])
+        # More than a piece (DECODE_PIECE_BYTES) after it.
+        after = [msg(MARKER, 2 + i, OUTSIDE, f"y{i}:{FILLER}") for i in range(200)]
+        await env.append_messages(journal, [*after, msg(MARKER, 1000, OUTSIDE, "z")])
+        it = new_iter(env, journal, REPLAY_DECODED_MESSAGES_MAX_DEFAULT)
+        hold = it._replays.gc_hold
+        assert hold.objects == 2 * REPLAY_DECODED_MESSAGES_MAX_DEFAULT
+        held_while_kept = released_after = 0
+        async with asyncio.timeout(TIMEOUT_S):
+            while True:
+                env_ = it.try_next() or await it.next()
+                kept = it._replays.decoded.messages
+                if kept:
+                    held_while_kept += 1
+                    assert hold.held  # Never keeping without holding.
+                elif not hold.held:
+                    released_after += 1
+                if env_.message.text == "z":
+                    break
+        assert held_while_kept and released_after
+        await it.close()
+        assert not hold.held
