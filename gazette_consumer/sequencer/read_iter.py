@@ -36,8 +36,8 @@ Signature::
                       replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
-    in_sequence: bool               replays: int    replays_from_memory: int
-    replays_from_decoded: int
+    in_sequence: bool               take_sequence(limit) -> list[Envelope]
+    replays: int    replays_from_memory: int    replays_from_decoded: int
     sources: Mapping[str, int]
     async close()                   (also an async context manager)
 
