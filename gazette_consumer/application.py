@@ -112,6 +112,11 @@ class MessageSource(Protocol):
     messages returned so far (a source rebuilt from it returns exactly the ones not returned);
     the shard takes it only once `try_next()` returned None and `in_sequence` is False, so that
     one upstream ACK's messages stay in one transaction.
+
+    Optionally, a source may also offer `take_sequence(limit) -> list[Envelope]`: the next
+    messages `try_next` would return (at most `limit`), only ones after each of which
+    `in_sequence` stays True, leaving a sequence's last to `try_next`. The shard then takes an
+    ACK's messages in batches (`ReadCommittedIter.take_sequence`; see txn_driver.py).
     """
 
     async def next(self) -> Envelope[Any]:

@@ -16,9 +16,13 @@ rising (what the first read counted as the span's continuation), so a replay kee
 found by bisection rather than testing each message (`Replay`). Runs that touch are merged: a
 transaction continued piece after piece is one run.
 
-What this costs: the envelopes (with their messages and UUIDs: about three objects the garbage
+What this costs: the envelopes (with their messages and UUIDs: two objects the garbage
 collector tracks per message) live from the first read to the ACK, a transaction's length, where
-otherwise they die young. Round nine of docs/benchmarks.md measured it.
+otherwise they die young. Round nine of docs/benchmarks.md measured it: young collections found
+them alive and every older generation's collection scanned them again (11-15 % of a shard's
+CPU). So while a reader keeps messages, it holds the collector's young collections off
+(`broker.gc_tuning.YoungCollectionHold`, by TRACKED_OBJECTS_PER_KEPT_MESSAGE per message of its
+budget): they then die at the replay, by reference counts, unscanned (round ten).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ docstring): a one-second transaction of the benchmark's ~200-byte messages is ~4
 such message kept is ~600 bytes in memory (envelope, message, UUID): ~40 MB at most."""
 REPLAY_DECODED_MESSAGES_MAX: Final = 1 << 22
 """Upper bound on what a reader may be configured to keep (`messages_max`)."""
+TRACKED_OBJECTS_PER_KEPT_MESSAGE: Final = 2
+"""Objects the garbage collector tracks per message kept: the message (a msgspec Struct holding
+a `uuid.UUID` is tracked) and its UUID; the `Envelope` is not (gc=False). What a reader defers
+young collections by while it keeps messages (`broker.gc_tuning.YoungCollectionHold`)."""
 
 
 class DecodedRun:

@@ -81,6 +81,9 @@ class ChunkPieces:
                 return None
             if self._replays.retained_bytes_max:
                 self._replays.retain(chunk, self._seq)
+        replays = self._replays
+        if replays.gc_hold.held:
+            replays.release_gc_hold()
         decoder, at, journal = chunk.decoder, chunk.at, chunk.journal
         piece = chunk.content[at : at + DECODE_PIECE_BYTES]
         chunk.at = at + len(piece)
@@ -95,7 +98,7 @@ class ChunkPieces:
             # The piece likely continues a transaction that is only counted now and replayed
             # whole at its ACK: see `Replays.feed_continuing`.
             assert producer is not None
-            envs = self._replays.feed_continuing(self._seq, decoder, piece, offset, producer, after)
+            envs = replays.feed_continuing(self._seq, decoder, piece, offset, producer, after)
         if envs:
             last = envs[-1]
             if last.flags == FLAG_CONTINUE_TXN and decoder.decodes_uuids:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.gc_tuning import YoungCollectionHold
 from broker.protocol.validate import ValidationError
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.decode import ChunkDecoder
 from gazette_consumer.sequencer.decoded import (
     REPLAY_DECODED_MESSAGES_MAX,
+    TRACKED_OBJECTS_PER_KEPT_MESSAGE,
     DecodedRun,
     DecodedSpans,
 )
@@ -42,6 +44,11 @@ class Replays:
         # Decoded messages are only of use with the bytes around them kept.
         self.decoded = DecodedSpans(decoded_messages_max if retained_bytes_max else 0)
         """Spans' messages kept decoded (`feed_continuing`)."""
+        self.gc_hold = YoungCollectionHold(
+            self.decoded.messages_max * TRACKED_OBJECTS_PER_KEPT_MESSAGE
+        )
+        """Held from the first message kept decoded until none is and their replay was
+        delivered (see decoded.py): the collector's young collections wait meanwhile."""
         self.count = 0
         """Replays started."""
         self.from_memory = 0
@@ -65,6 +72,14 @@ class Replays:
             retained.trim(chunk.offset if begin is None else min(begin, chunk.offset))
             if self.decoded.messages:
                 self.decoded.trim(journal, lambda producer: seq.span_begin(journal, producer))
+
+    def release_gc_hold(self) -> None:
+        """Release the hold on young collections if no message is kept decoded: called before
+        each piece is decoded, which happens only once the replay of what was kept was
+        delivered (the reader decodes no piece while a replay serves it) and the reader let
+        go of its messages (see read_pieces.py): they are gone by then."""
+        if self.gc_hold.held and not self.decoded.messages:
+            self.gc_hold.release()
 
     def feed_continuing(
         self,
@@ -90,6 +105,7 @@ class Replays:
             invariant(skipped, "a span's continuation was declined")
             if continuing is not None:
                 self.decoded.add(journal, producer, seq.span_begin(journal, producer), continuing)
+                self.gc_hold.acquire()
         return envs
 
     def _keeps_decoded(self, seq: Sequencer[Envelope[Any]], journal: str, producer: bytes) -> bool:
@@ -160,3 +176,4 @@ class Replays:
     def clear(self) -> None:
         self._retained.clear()
         self.decoded.clear()
+        self.gc_hold.release()

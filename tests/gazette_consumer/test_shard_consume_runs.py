@@ -187,3 +187,60 @@ async def test_an_application_failing_inside_a_run_names_its_message(tmp_path: P
 def _failed(finishes: list[OpFuture]) -> bool:
     """The begun transaction was reported as failed, and none committed."""
     return len(finishes) == 1 and finishes[0].done() and finishes[0].exception() is not None
+
+
+class SequenceTakingSource(ReadySource):
+    """A ReadySource that also hands out the messages a sequence certainly goes on after at
+    once (`take_sequence`, as ReadCommittedIter does), counting those it handed out."""
+
+    def __init__(self, count: int, sequence: int = 1, fail_at: int | None = None) -> None:
+        super().__init__(count, sequence, fail_at)
+        self.taken = 0
+
+    def take_sequence(self, limit: int) -> list[Envelope[Any]]:
+        if not self.in_sequence:
+            return []
+        sequence_end = min((self._offset // self._sequence + 1) * self._sequence, self.count)
+        # The sequence's last is left to try_next, which ends the sequence.
+        count = min(limit, sequence_end - 1 - self._offset)
+        taken = []
+        for _ in range(max(count, 0)):
+            envelope = self.try_next()
+            assert envelope is not None and self.in_sequence
+            taken.append(envelope)
+        self.taken += len(taken)
+        return taken
+
+
+async def test_a_sequence_taken_at_once_closes_transactions_where_one_by_one_would(
+    tmp_path: Path,
+) -> None:
+    # Sequences of 5, and sequences longer than a run (the timer comes due inside them): the
+    # transactions are those of the message-by-message path, but most messages came in batches.
+    for sequence, count in ((SEQUENCE, 6 * SEQUENCE), (CONSUME_RUN_MAX + 7, 3 * CONSUME_RUN_MAX)):
+        (tmp_path / f"a{sequence}").mkdir()
+        (tmp_path / f"b{sequence}").mkdir()
+        one_by_one = await _run(tmp_path / f"a{sequence}", ReadySource(count, sequence=sequence))
+        source = SequenceTakingSource(count, sequence=sequence)
+        taking = await _run(tmp_path / f"b{sequence}", source)
+        assert taking.txns == one_by_one.txns
+        assert [text for txn in taking.txns for text in txn] == [f"m-{i}" for i in range(count)]
+        assert taking.counts == {"k": count}
+        assert source.taken >= count // 2  # The batches were used.
+    # A sequence longer than a run: the transaction reads on to its end, past its maximum.
+    assert [len(txn) for txn in taking.txns] == [CONSUME_RUN_MAX + 7] * 2 + [
+        count - 2 * (CONSUME_RUN_MAX + 7)
+    ]
+
+
+async def test_an_application_failing_inside_a_taken_sequence_names_its_message(
+    tmp_path: Path,
+) -> None:
+    source = SequenceTakingSource(40, sequence=20)
+    app = await _run(tmp_path, source, poison_at=7)
+    status = app.status
+    assert status is not None and status.code == cpb.ReplicaStatus.FAILED
+    assert f"app.consume_message ({VIRTUAL} offset 7): PoisonError" in status.errors[0]
+    assert source.taken > 0
+    assert app.counts == {}
+    assert _failed(app.finishes)

@@ -162,3 +162,84 @@ def _env(m: Msg, begin: int) -> Any:
     from gazette_consumer.message.message import Envelope
 
     return Envelope.of("j", begin, begin + 10, m)
+
+
+async def read_taking(
+    it: ReadCommittedIter, until: str, limits: list[int]
+) -> tuple[list[tuple[str, bool, SequencerCheckpoint | None]], int]:
+    """As `read`, but taking what `take_sequence` hands out (at most each of `limits` in turn)
+    after every message: each message's text, `in_sequence` after it, and the checkpoint after
+    it (None within a batch taken: only after a batch's last can one be taken); and how many
+    messages came in batches."""
+    got: list[tuple[str, bool, SequencerCheckpoint | None]] = []
+    batched = 0
+    async with asyncio.timeout(TIMEOUT_S):
+        while not got or got[-1][0] != until:
+            env = it.try_next() or await it.next()
+            got.append((env.message.text, it.in_sequence, it.checkpoint()))
+            taken = it.take_sequence(limits[len(got) % len(limits)])
+            if taken:
+                # The sequence goes on after each of them, so no transaction closes there.
+                assert it.in_sequence and it.in_sequence == it._sequence_state()
+                got.extend((e.message.text, True, None) for e in taken[:-1])
+                got.append((taken[-1].message.text, True, it.checkpoint()))
+                batched += len(taken)
+    return got, batched
+
+
+@pytest.mark.parametrize("decoded_max", [0, REPLAY_DECODED_MESSAGES_MAX_DEFAULT])
+async def test_taking_sequences_at_once_delivers_as_message_by_message(decoded_max: int) -> None:
+    """`take_sequence` (the transaction loop's batches inside an ACK's messages) against
+    `try_next` alone: the same messages, the same `in_sequence` after each, the same
+    checkpoint after each batch's last; and while it keeps messages decoded, the reader holds
+    young collections off, releasing the hold once their replay was delivered and on close."""
+    async with broker_env() as env:
+        journal = await env.journal("decoded/take-sequence")
+        await write_journal(env, journal)
+        general = new_iter(env, journal, decoded_max)
+        expected = await read(general, "m")
+        await general.close()
+
+        it = new_iter(env, journal, decoded_max)
+        got, batched = await read_taking(it, "m", [1, 7, 512, 3, 10_000])
+        assert not it._replays.gc_hold.held or decoded_max  # Never held when keeping nothing.
+        await it.close()
+        assert [g[0] for g in got] == [e[0] for e in expected]
+        assert [g[1] for g in got] == [e[1] for e in expected]
+        assert [g[2] for g in got if g[2] is not None] == [
+            e[2] for e, g in zip(expected, got, strict=True) if g[2] is not None
+        ]
+        assert batched > 1000  # Most of the spans' messages.
+        assert not it._replays.gc_hold.held  # Released on close.
+        assert it.take_sequence(100) == []
+
+
+async def test_the_collection_hold_follows_what_is_kept() -> None:
+    async with broker_env() as env:
+        journal = await env.journal("decoded/gc-hold")
+        await write_journal(env, journal)
+        # A span kept and replayed, then more to decode after its replay.
+        await env.append_messages(journal, span(P2, 70_000, 100, "s"))
+        await env.append_messages(journal, span(P2, 70_100, 300, "t"))
+        await env.append_messages(journal, [msg(P2, 71_000, ACK)])
+        # More than a piece (DECODE_PIECE_BYTES) after it.
+        after = [msg(MARKER, 2 + i, OUTSIDE, f"y{i}:{FILLER}") for i in range(200)]
+        await env.append_messages(journal, [*after, msg(MARKER, 1000, OUTSIDE, "z")])
+        it = new_iter(env, journal, REPLAY_DECODED_MESSAGES_MAX_DEFAULT)
+        hold = it._replays.gc_hold
+        assert hold.objects == 2 * REPLAY_DECODED_MESSAGES_MAX_DEFAULT
+        held_while_kept = released_after = 0
+        async with asyncio.timeout(TIMEOUT_S):
+            while True:
+                env_ = it.try_next() or await it.next()
+                kept = it._replays.decoded.messages
+                if kept:
+                    held_while_kept += 1
+                    assert hold.held  # Never keeping without holding.
+                elif not hold.held:
+                    released_after += 1
+                if env_.message.text == "z":
+                    break
+        assert held_while_kept and released_after
+        await it.close()
+        assert not hold.held
