@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -34,16 +33,6 @@ from broker.protocol.validate import ValidationError
 from tests.broker.broker_testkit import Cluster, journal_spec, local_content
 
 J = "test/errors"
-
-
-@pytest.fixture
-async def client(cluster: Cluster) -> AsyncIterator[JournalClient]:
-    broker = await cluster.start_broker("zone-a", "broker-a")
-    out = JournalClient(broker.endpoint)
-    try:
-        yield out
-    finally:
-        await out.close()
 
 
 class GatedSleep:

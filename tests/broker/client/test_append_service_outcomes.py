@@ -79,16 +79,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         await c.close()
 
 
-@pytest.fixture
-async def client(cluster: Cluster) -> AsyncIterator[JournalClient]:
-    broker = await cluster.start_broker("zone-a", "broker-a")
-    out = JournalClient(broker.endpoint)
-    try:
-        yield out
-    finally:
-        await out.close()
-
-
 async def refusing_journal(cluster: Cluster, name: str) -> None:
     """A journal whose store holds a fragment its broker never took part in (written by a broker
     that is gone, as after a restart without its spool): it answers every append with
