@@ -609,7 +609,9 @@ class AppendService:
 def _unobserved(future: asyncio.Future[pb.AppendResponse]) -> bool:
     """Whether no writer has seen the failure on `future`: its exception was never retrieved
     (not awaited, nor `result()`/`exception()` called, which is what asyncio's own "exception
-    was never retrieved" tracks), or a writer cancelled it before the failure was stored."""
+    was never retrieved" tracks), or a writer cancelled it before the failure was stored.
+    A failure that a dependent batch's sending awaited counts as seen: it travels on as the
+    cause of that batch's DependencyFailedError, which is itself awaited or reported."""
     return future.cancelled() or future._log_traceback
 
 
