@@ -48,9 +48,10 @@ Call order and concurrency (one event loop; nothing here is thread-safe):
   batches it waited on, and leaving the `async with` block normally raises AppendsFailedError
   (naming the journals and counts) for the failed batches that nobody observed that way (fire
   and forget, or a future a writer cancelled). A failure a writer awaited and handled is not
-  raised a second time at the exit. A failed batch also stays in `pending_except` (the last one
-  per journal), so that what depends on "every pending append" (a consumer's checkpoint commit)
-  fails too rather than commit past it.
+  raised a second time at the exit (past `failed_kept_max` failed batches kept to tell, later
+  ones are reported at the exit even if awaited: twice rather than never). A failed batch also
+  stays in `pending_except` (the last one per journal), so that what depends on "every pending
+  append" (a consumer's checkpoint commit) fails too rather than commit past it.
 - Retries make appends at-least-once: a commit whose response was lost is appended again.
   Messages carry UUIDs (the Publisher) so that readers drop the duplicates.
 - A batch that nobody wrote to (every writer aborted) and that has no preconditions is not
@@ -139,6 +140,10 @@ writer_yield_bytes_default: Final = 256 << 10
 # writer observed; those observed are dropped whenever the list doubles past this length, so
 # that a long-lived service whose writers handle their failures holds few of them.
 _failed_prune_len_min: Final = 64
+# At most this many failed batches are kept to learn whether they are observed (a fire-and-forget writer of a failed
+# journal fails every batch of it); past it, a failure is counted as unobserved at once (the
+# exit reports it even if a writer awaits it later: reported twice rather than never).
+failed_kept_max_default: Final = 10_000
 
 
 class _Run(enum.Enum):
@@ -171,6 +176,7 @@ class AppendService:
         append_timeout_s: float = append_timeout_s_default,
         chunk_bytes_max: int = chunk_bytes_max_default,
         writer_yield_bytes: int = writer_yield_bytes_default,
+        failed_kept_max: int = failed_kept_max_default,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -178,6 +184,7 @@ class AppendService:
             ("batch_bytes_max", batch_bytes_max),
             ("chunk_bytes_max", chunk_bytes_max),
             ("writer_yield_bytes", writer_yield_bytes),
+            ("failed_kept_max", failed_kept_max),
         ):
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1 (got {value})")
@@ -214,6 +221,10 @@ class AppendService:
             tuple[str, asyncio.Future[pb.AppendResponse], BaseException]
         ] = []
         self._failed_prune_len = _failed_prune_len_min
+        self._failed_kept_max = failed_kept_max
+        # Failures past `failed_kept_max`, per journal, and the first of them.
+        self._failed_overflow: dict[str, int] = {}
+        self._failed_overflow_first: BaseException | None = None
         # The first failure of each journal: later batches of it are not sent (sticky).
         self._journal_failed: dict[str, BaseException] = {}
         self._budget_waiters: list[asyncio.Future[None]] = []
@@ -281,7 +292,9 @@ class AppendService:
             if not future.cancelled():
                 future.exception()
         self._failed_futures.clear()
-        return counts, first
+        for journal, n in self._failed_overflow.items():  # Later than every kept one.
+            counts[journal] = counts.get(journal, 0) + n
+        return counts, first or self._failed_overflow_first
 
     # --- writers -----------------------------------------------------------------------------
 
@@ -583,12 +596,19 @@ class AppendService:
         self, journal: str, future: asyncio.Future[pb.AppendResponse], err: BaseException
     ) -> None:
         """Keep a failed batch's future until the block ends; drop the observed ones each time
-        the list doubles (amortised O(1) per failure)."""
+        the list doubles (amortised O(1) per failure). Past `failed_kept_max` kept, count the
+        failure as unobserved instead (and retrieve it, so that asyncio does not log it)."""
         failed = self._failed_futures
-        failed.append((journal, future, err))
         if len(failed) >= self._failed_prune_len:
             failed[:] = [entry for entry in failed if _unobserved(entry[1])]
             self._failed_prune_len = max(_failed_prune_len_min, 2 * len(failed))
+        if len(failed) < self._failed_kept_max:
+            failed.append((journal, future, err))
+            return
+        self._failed_overflow[journal] = self._failed_overflow.get(journal, 0) + 1
+        self._failed_overflow_first = self._failed_overflow_first or err
+        if not future.cancelled():
+            future.exception()
 
     def _cancel(self, batch: AsyncAppend) -> None:
         """Fail `batch` because the service stops. In flight (sent at least once) means it may

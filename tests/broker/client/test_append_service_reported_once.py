@@ -93,3 +93,25 @@ async def test_a_mix_raises_naming_only_the_unobserved_failures(
     assert failure.value.__cause__ is not seen.value
     assert isinstance(failure.value.__cause__, JournalFailedError | JournalNotFoundError)
     assert service.failures == {MISSING: 2, OTHER_MISSING: 1}
+
+
+async def test_past_failed_kept_max_a_failure_is_reported_at_exit_even_if_awaited(
+    cluster: Cluster, client: JournalClient
+) -> None:
+    # The service keeps at most `failed_kept_max` failed batches to learn whether a writer
+    # observes them; past it, a failure is reported at the exit whatever happens to it (twice
+    # rather than never).
+    service = AppendService(client, failed_kept_max=1)
+    with pytest.raises(AppendsFailedError) as failure:
+        async with service:
+            kept = await append_line(service, MISSING, b"kept\n")
+            with pytest.raises(JournalNotFoundError):
+                await kept
+            past = await append_line(service, MISSING, b"past the bound\n")
+            with pytest.raises(JournalFailedError):
+                await past
+    assert failure.value.failed == {MISSING: 1}
+    assert isinstance(failure.value.__cause__, JournalFailedError)
+    assert service.failures == {MISSING: 2}
+    with pytest.raises(ValueError, match="failed_kept_max"):
+        AppendService(client, failed_kept_max=0)
