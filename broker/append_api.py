@@ -286,26 +286,21 @@ class AppendApi:
                 await context.abort(code, f"append: {detail}")
                 raise AssertionError("not reached") from err
             etcd, local = res.header.etcd, res.local_id
-            try:
-                return await quorum_append(
-                    quorum,
-                    local,
-                    etcd,
-                    first,
-                    spec,
-                    stream,
-                    context,
-                    told=res.header.route,
-                    proxy=proxy,
-                )
-            except RetryProxyError as retry:
-                # Nothing of the client's was consumed: try again once the keyspace moves.
-                with contextlib.suppress(TimeoutError, WatchStoppedError):
-                    await resolver.ks.wait_for_revision(res.revision + 1, retry.wait_s)
-            except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), f"append (proxied): {exc.details()}")
-            except PeerError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"append (proxy): {exc}")
+            appended = quorum_append(
+                quorum,
+                local,
+                etcd,
+                first,
+                spec,
+                stream,
+                context,
+                told=res.header.route,
+                proxy=proxy,
+            )
+            # A leader that failed before reading the stream: again once the keyspace moves.
+            response = await _proxy_once(self.env, appended, res.revision, context)
+            if response is not None:
+                return response
 
     async def append(
         self, request_iterator: AsyncIterator[AppendMessage], context: grpc.aio.ServicerContext
@@ -344,17 +339,11 @@ class AppendApi:
             res = fsm.resolved
             if fsm.state is not State.PROXY or res is None:
                 break
-            try:
-                return await proxy_append(self.env, first, res.header, stream, attempts)
-            except RetryProxyError as retry:
-                # Nothing of the client's was consumed: resolve (and run) the append again
-                # once the route changes, or after the wait.
-                with contextlib.suppress(TimeoutError, WatchStoppedError):
-                    await self.env.resolver.ks.wait_for_revision(res.revision + 1, retry.wait_s)
-            except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), f"append (proxied): {exc.details()}")
-            except PeerError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"append (proxy): {exc}")
+            proxied_append = proxy_append(self.env, first, res.header, stream, attempts)
+            # Resolve (and run) the append again once the route changes, or after the wait.
+            response = await _proxy_once(self.env, proxied_append, res.revision, context)
+            if response is not None:
+                return response
         if fsm.state is State.FINISHED and res is not None and fsm.client_fragment is not None:
             metrics.record_append(pb.OK, fsm.client_fragment.end - fsm.client_fragment.begin)
             return pb.AppendResponse(
@@ -382,6 +371,30 @@ class AppendApi:
             await read_to_end(stream)
         await context.abort(code, f"append: {detail}")
         raise AssertionError("not reached")  # context.abort raises.
+
+
+async def _proxy_once(
+    env: AppendEnv,
+    append: Awaitable[pb.AppendResponse],
+    revision: int,
+    context: grpc.aio.ServicerContext,
+) -> pb.AppendResponse | None:
+    """One try of an append that may be proxied (``proxy_append``, directly or through the
+    quorum leader's routing): its response; or None, to try again, when the proxied call
+    failed before anything of the client's was consumed (RetryProxyError), after waiting for
+    the keyspace to move past ``revision`` for at most the retry's wait. A proxied call that
+    failed otherwise aborts the RPC with its status (a PeerError: UNAVAILABLE)."""
+    try:
+        return await append
+    except RetryProxyError as retry:
+        with contextlib.suppress(TimeoutError, WatchStoppedError):
+            await env.resolver.ks.wait_for_revision(revision + 1, retry.wait_s)
+        return None
+    except grpc.aio.AioRpcError as exc:
+        await context.abort(exc.code(), f"append (proxied): {exc.details()}")
+    except PeerError as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"append (proxy): {exc}")
+    raise AssertionError("not reached")  # context.abort raises.
 
 
 def _grpc_error(err: BaseException | None) -> tuple[grpc.StatusCode, str]:

@@ -26,6 +26,9 @@ other client:
   ``PERMISSION_DENIED`` 403, ...); malformed requests are 400 with the field named.
 - The ``Authorization`` header of a request travels with its RPCs (see `broker.auth`), so a
   broker requiring tokens requires them of HTTP clients too.
+- ``GET /debug/journals?selector=...``: the journals as JSON, each quorum journal with its
+  quorum state (term, leader, electing or a blocked election), as `gazctl journals list`
+  (``broker.http_journals``).
 - ``/debug/metrics``: Prometheus text. ``/debug/ready``: 200 once the broker serves, 503 while
   it starts or stops (``ready``); its body then lists each fragment store the broker checks and
   its health (``store_health``: a store's error does not make the broker unready, since every
@@ -64,10 +67,13 @@ from broker.client.reader import (
 from broker.client.rerouting_reader import ReroutingReader
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.fragment.naming import content_name, digest_of_sum
+from broker.http_journals import LISTING_PATH, journal_listing
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.selector import parse_selector
 from broker.protocol.status import GazetteError, OffsetNotYetAvailableError
-from broker.protocol.validate import ValidationError
+from broker.protocol.validate import ValidationError, at
+from broker.quorum_shell.status import StatusDecodeError
 from broker.tls import ClientTls, ServerTls
 
 log = get_logger(__name__)
@@ -253,6 +259,7 @@ class HttpGateway:
         self.app = web.Application(middlewares=[_count_requests])
         self.app.router.add_get("/debug/metrics", self._metrics)
         self.app.router.add_get("/debug/ready", self._readiness)
+        self.app.router.add_get(LISTING_PATH, self._list_journals)
         self.app.router.add_route("*", "/{journal:.+}", self._journal)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -313,6 +320,32 @@ class HttpGateway:
         if self._ready():
             return _text(200, "ready" + stores)
         return _text(503, "not ready: the broker is starting or stopping" + stores)
+
+    async def _list_journals(self, request: web.Request) -> web.Response:
+        client = self.client
+        if client is None:
+            return _text(503, "not ready: the broker is starting")
+        try:
+            query = _query(request, ("selector",))
+            with at("selector"):
+                selector = parse_selector(query.get("selector", ""))
+        except ValidationError as err:
+            return _text(400, str(err))
+        token = auth.forward_authorization(request.headers.get("Authorization"))
+        try:
+            listing = await journal_listing(client, selector)
+        except GazetteError as err:
+            return _failed(err.status, {})
+        except StatusDecodeError as err:
+            log.warning("http gateway: quorum status answer rejected", error=str(err))
+            return _text(502, f"bad answer from the broker: {err}")
+        except BaseException as err:
+            if (failed := _rpc_failure(err)) is None:
+                raise
+            return failed
+        finally:
+            auth.forwarded_authorization.reset(token)
+        return web.json_response(listing, dumps=json.dumps)
 
     # --- Journals ---
 

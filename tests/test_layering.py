@@ -85,6 +85,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.service_handlers",
             "broker.journal_service",
             "broker.http_gateway",
+            "broker.http_journals",
+            "broker.quorum_states",
             "broker.quorum_shell",
         ),
     ),

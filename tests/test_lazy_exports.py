@@ -5,14 +5,11 @@ AttributeError naming the package, and nothing is imported before a name is used
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.fresh_interpreter import run_fresh
+
 PACKAGES = ("broker.client", "gazette_consumer.sequencer", "spark_integration")
 
 
@@ -39,12 +36,4 @@ def test_a_lazy_name_is_imported_only_when_used() -> None:
         "s.ReadCommittedIter\n"
         "print(before, 'gazette_consumer.sequencer.read_iter' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert out.stdout.strip() == "False True"
+    assert run_fresh(code) == "False True"

@@ -139,9 +139,10 @@ class AppendRetriesExhaustedError(RuntimeError):
 
 
 class AppendsFailedError(RuntimeError):
-    """Appends of an AppendService failed: raised when leaving `async with AppendService(...)`
-    (or by `flush`) if any batch failed, whether or not its writers looked. `failed` counts the
-    failed batches per journal; the first failure is the `__cause__`."""
+    """Appends of an AppendService failed: raised by `flush` for the failed batches it waited
+    on, and when leaving `async with AppendService(...)` for the failed batches that no writer
+    observed (never awaited, nor their result or exception retrieved: fire and forget). `failed`
+    counts those batches per journal; the first of them is the `__cause__`."""
 
     def __init__(self, failed: Mapping[str, int], first: BaseException) -> None:
         counts = ", ".join(f"{journal}: {n}" for journal, n in sorted(failed.items()))

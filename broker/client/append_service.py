@@ -42,11 +42,16 @@ Call order and concurrency (one event loop; nothing here is thread-safe):
   of that journal fails with JournalFailedError instead of being sent, so that nothing commits
   after a hole (a reader would otherwise see later messages without the failed ones). Other
   journals go on; append to the failed one through a new service once the cause is fixed.
-- No failure is only a log line: besides the batch's future, a failed batch makes `flush()`
-  raise, and leaving the `async with` block normally raises AppendsFailedError (naming the
-  journals and counts), even if no writer awaited the batch (fire and forget). A failed batch
-  also stays in `pending_except` (the last one per journal), so that what depends on "every
-  pending append" (a consumer's checkpoint commit) fails too rather than commit past it.
+- No failure is only a log line, and each is reported once, to whoever looks first (as
+  Kafka's producer and Gazette's AppendService do): a failed batch's future raises for every
+  writer that awaits it (or retrieves its `exception()`/`result()`), `flush()` raises for the
+  batches it waited on, and leaving the `async with` block normally raises AppendsFailedError
+  (naming the journals and counts) for the failed batches that nobody observed that way (fire
+  and forget, or a future a writer cancelled). A failure a writer awaited and handled is not
+  raised a second time at the exit (past `failed_kept_max` failed batches kept to tell, later
+  ones are reported at the exit even if awaited: twice rather than never). A failed batch also
+  stays in `pending_except` (the last one per journal), so that what depends on "every pending
+  append" (a consumer's checkpoint commit) fails too rather than commit past it.
 - Retries make appends at-least-once: a commit whose response was lost is appended again.
   Messages carry UUIDs (the Publisher) so that readers drop the duplicates.
 - A batch that nobody wrote to (every writer aborted) and that has no preconditions is not
@@ -131,6 +136,14 @@ append_timeout_s_default: Final = 60.0
 # A writer that never awaits anything else would starve the tasks that send its batches; after
 # this many released bytes, `start_append` gives the event loop a turn.
 writer_yield_bytes_default: Final = 256 << 10
+# The futures of failed batches are kept until the block ends, to learn which failures no
+# writer observed; those observed are dropped whenever the list doubles past this length, so
+# that a long-lived service whose writers handle their failures holds few of them.
+_failed_prune_len_min: Final = 64
+# At most this many failed batches are kept to learn whether they are observed (a fire-and-forget writer of a failed
+# journal fails every batch of it); past it, a failure is counted as unobserved at once (the
+# exit reports it even if a writer awaits it later: reported twice rather than never).
+failed_kept_max_default: Final = 10_000
 
 
 class _Run(enum.Enum):
@@ -163,6 +176,7 @@ class AppendService:
         append_timeout_s: float = append_timeout_s_default,
         chunk_bytes_max: int = chunk_bytes_max_default,
         writer_yield_bytes: int = writer_yield_bytes_default,
+        failed_kept_max: int = failed_kept_max_default,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -170,6 +184,7 @@ class AppendService:
             ("batch_bytes_max", batch_bytes_max),
             ("chunk_bytes_max", chunk_bytes_max),
             ("writer_yield_bytes", writer_yield_bytes),
+            ("failed_kept_max", failed_kept_max),
         ):
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1 (got {value})")
@@ -200,6 +215,16 @@ class AppendService:
         self._failures: dict[str, int] = {}
         self._first_failure: BaseException | None = None
         self._failed_last: dict[str, AsyncAppend] = {}
+        # The failed batches (journal, future, error) until the block ends: those that no
+        # writer observed then are what AppendsFailedError reports (see `_unobserved`).
+        self._failed_futures: list[
+            tuple[str, asyncio.Future[pb.AppendResponse], BaseException]
+        ] = []
+        self._failed_prune_len = _failed_prune_len_min
+        self._failed_kept_max = failed_kept_max
+        # Failures past `failed_kept_max`, per journal, and the first of them.
+        self._failed_overflow: dict[str, int] = {}
+        self._failed_overflow_first: BaseException | None = None
         # The first failure of each journal: later batches of it are not sent (sticky).
         self._journal_failed: dict[str, BaseException] = {}
         self._budget_waiters: list[asyncio.Future[None]] = []
@@ -245,11 +270,31 @@ class AppendService:
             for queue in list(self._queues.values()):
                 self._cancel_queue(queue)
             self._queues.clear()
-        if exc is None and self._first_failure is not None:
+        unobserved, first = self._take_unobserved()
+        if exc is None and first is not None:
             # Nothing may be dropped unseen: a writer that never awaited its append (fire and
-            # forget) learns here that it failed.
-            raise AppendsFailedError(self._failures, self._first_failure) from self._first_failure
+            # forget) learns here that it failed. Failures a writer already observed (awaited
+            # and handled) are not reported twice.
+            raise AppendsFailedError(unobserved, first) from first
         return None
+
+    def _take_unobserved(self) -> tuple[dict[str, int], BaseException | None]:
+        """The failed batches no writer observed (count per journal, and the first one's
+        error), now reported by the caller: their futures are marked retrieved so that asyncio
+        does not log them again when they are collected."""
+        counts: dict[str, int] = {}
+        first: BaseException | None = None
+        for journal, future, error in self._failed_futures:
+            if not _unobserved(future):
+                continue
+            counts[journal] = counts.get(journal, 0) + 1
+            first = first or error
+            if not future.cancelled():
+                future.exception()
+        self._failed_futures.clear()
+        for journal, n in self._failed_overflow.items():  # Later than every kept one.
+            counts[journal] = counts.get(journal, 0) + n
+        return counts, first or self._failed_overflow_first
 
     # --- writers -----------------------------------------------------------------------------
 
@@ -548,12 +593,30 @@ class AppendService:
         self._failed_last[journal] = batch
         self._journal_failed.setdefault(journal, err)
         if not batch._future.done():  # Not cancelled by a writer (see _commit).
+            # Not retrieved here: whether a writer retrieves it tells the block's exit whether
+            # to report it (`_take_unobserved`, which then retrieves it for asyncio).
             batch._future.set_exception(err)
-            # Retrieved here: the service itself reports it (flush, leaving the block), so
-            # asyncio need not warn if no writer ever looks (fire and forget).
-            batch._future.exception()
+        self._keep_failed(journal, batch._future, err)
         if not isinstance(err, JournalFailedError):  # Its first failure was logged already.
             log.warning("append failed", journal=journal, error=str(err) or type(err).__name__)
+
+    def _keep_failed(
+        self, journal: str, future: asyncio.Future[pb.AppendResponse], err: BaseException
+    ) -> None:
+        """Keep a failed batch's future until the block ends; drop the observed ones each time
+        the list doubles (amortised O(1) per failure). Past `failed_kept_max` kept, count the
+        failure as unobserved instead (and retrieve it, so that asyncio does not log it)."""
+        failed = self._failed_futures
+        if len(failed) >= self._failed_prune_len:
+            failed[:] = [entry for entry in failed if _unobserved(entry[1])]
+            self._failed_prune_len = max(_failed_prune_len_min, 2 * len(failed))
+        if len(failed) < self._failed_kept_max:
+            failed.append((journal, future, err))
+            return
+        self._failed_overflow[journal] = self._failed_overflow.get(journal, 0) + 1
+        self._failed_overflow_first = self._failed_overflow_first or err
+        if not future.cancelled():
+            future.exception()
 
     def _cancel(self, batch: AsyncAppend) -> None:
         """Fail `batch` because the service stops. In flight (sent at least once) means it may
@@ -569,6 +632,15 @@ class AppendService:
         if not batch._future.done():
             batch._future.set_exception(err)
             batch._future.exception()
+
+
+def _unobserved(future: asyncio.Future[pb.AppendResponse]) -> bool:
+    """Whether no writer has seen the failure on `future`: its exception was never retrieved
+    (not awaited, nor `result()`/`exception()` called, which is what asyncio's own "exception
+    was never retrieved" tracks), or a writer cancelled it before the failure was stored.
+    A failure that a dependent batch's sending awaited counts as seen: it travels on as the
+    cause of that batch's DependencyFailedError, which is itself awaited or reported."""
+    return future.cancelled() or future._log_traceback
 
 
 def _request_key(request: pb.AppendRequest) -> tuple[str, pb.AppendRequest | None, object]:

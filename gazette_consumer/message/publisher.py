@@ -17,7 +17,8 @@ Publishing appends through an *appender*, normally an `AppendService`: the messa
 whole into the journal's current batch, and the batch's AsyncAppend is returned; await it to
 learn when the message committed, or ignore it (fire and forget) and `flush` the service later.
 A message whose batch fails is never dropped silently: its AsyncAppend raises the typed error,
-and so do the service's `flush()` and the end of its `async with` block (AppendsFailedError).
+and so does the service's `flush()`; the end of its `async with` block raises AppendsFailedError
+for the failed batches that no writer awaited (each failure is reported once).
 
 The UUID is assigned after `start_append` returns, with no await before the write: the
 appender serializes writers of a journal, so clocks reach each journal in increasing order

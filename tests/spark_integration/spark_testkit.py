@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,84 @@ def committed_texts(broker: str, journal: str) -> list[str]:
     return [
         str(b.get("text")) for b in committed(journal, [(uuid.UUID(b["UUID"]), b) for b in bodies])
     ]
+
+
+def write_batch(df: Any, broker: str, journal: str, **options: str) -> None:
+    """`df` written to `journal` by the data source in one batch write (mode append)."""
+    writer = df.write.format("gazette").mode("append").option("broker", broker)
+    writer.option("journal", journal).options(**options).save()
+
+
+def framed(framing: Any, broker: str, journal: str) -> list[Any]:
+    """Every frame of the journal (ACKs included) by `framing` (a consumer framework Framing),
+    which must frame all of it: a frame it cannot parse fails the test."""
+    from gazette_consumer.message.framing import Frame
+
+    events = framing.unpack(journal, 0, read_all(broker, journal))
+    assert all(isinstance(e, Frame) for e in events), events
+    return list(events)
+
+
+class TextSource:
+    """A source journal of JSON messages {"text", "n": len(text)} by one producer, each
+    outside a transaction, with increasing clocks: what a streaming copy reads."""
+
+    def __init__(self, broker: str, journal: str) -> None:
+        from gazette_consumer.message.clock import clock_from_unix_nanos
+
+        self.broker, self.journal = broker, journal
+        self._producer = producer()
+        self._clock = clock_from_unix_nanos(time.time_ns())
+
+    def add(self, texts: Sequence[str]) -> list[str]:
+        """Append `texts` in one append; return them."""
+        messages = []
+        for text in texts:
+            self._clock += 1
+            messages.append(
+                Msg(self._producer, self._clock, OUTSIDE, {"text": text, "n": len(text)})
+            )
+        append_messages(self.broker, self.journal, messages, together=True)
+        return list(texts)
+
+
+def start_copy(
+    spark: Any, broker: str, source: str, sink: str, checkpoint: Path, **options: str
+) -> Any:
+    """A streaming query copying the (text, n) rows of `source` to `sink` through the data
+    source (with `options` for the sink), checkpointed at `checkpoint`: started."""
+    return (
+        spark.readStream.format("gazette")
+        .option("broker", broker)
+        .option("journals", source)
+        .schema("text STRING, n LONG")
+        .load()
+        .writeStream.format("gazette")
+        .option("broker", broker)
+        .option("journal", sink)
+        .options(**options)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
+def copy_with_micro_batch_0_twice(
+    start: Callable[[], Any], checkpoint: Path, more: Callable[[], None]
+) -> None:
+    """Run the query `start()` starts until idle; delete Spark's record of micro-batch 0 (as a
+    driver that died after the sink's commit leaves it) and start it again, so that micro-batch
+    0 runs twice; then `more()` adds input, which the restarted query processes too."""
+    query = start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    for record in ("0", ".0.crc"):  # Spark's record of micro-batch 0, and its checksum.
+        (checkpoint / "commits" / record).unlink()
+    query = start()
+    try:
+        query.processAllAvailable()  # Micro-batch 0 again: rolled back.
+        more()
+        query.processAllAvailable()
+    finally:
+        query.stop()

@@ -6,7 +6,6 @@ source's own read path."""
 
 from __future__ import annotations
 
-import time
 import uuid
 import warnings
 from pathlib import Path
@@ -15,21 +14,20 @@ from typing import Any
 import pytest
 
 from broker.protocol import labels
-from gazette_consumer.message.clock import clock_from_unix_nanos
 from gazette_consumer.message.csv_framing import CSVFraming, parse_record
-from gazette_consumer.message.framing import Frame
 from gazette_consumer.message.uuid import get_flags
 from spark_integration.journal_io import GazetteJournalError
 from tests.spark_integration.spark_testkit import (
-    OUTSIDE,
-    Msg,
-    append_messages,
+    TextSource,
     committed,
+    copy_with_micro_batch_0_twice,
     create_journals,
-    producer,
+    framed,
     read_all,
     reader,
+    start_copy,
     unique,
+    write_batch,
 )
 
 pytestmark = pytest.mark.spark
@@ -39,9 +37,8 @@ TRICKY = ["plain", "comma, inside", 'say "hi"', " leading space", "new\nline", "
 
 def csv_records(broker: str, journal: str) -> list[list[str]]:
     """Every record of the journal, framed by Gazette's CSV framing (ACKs included)."""
-    events = CSVFraming().unpack(journal, 0, read_all(broker, journal))
-    assert all(isinstance(e, Frame) for e in events), events
-    return [parse_record(e.data.decode().removesuffix("\n")) for e in events]  # type: ignore[union-attr]
+    events = framed(CSVFraming(), broker, journal)
+    return [parse_record(e.data.decode().removesuffix("\n")) for e in events]
 
 
 def committed_csv(broker: str, journal: str) -> list[list[str]]:
@@ -77,9 +74,7 @@ def test_a_batch_write_to_a_csv_journal_reads_back_exactly_once(
     rows = [(TRICKY[i % len(TRICKY)], i, i % 2 == 0) for i in range(40)]
     df = spark.createDataFrame(rows, "key STRING, n LONG, ok BOOLEAN").repartition(2)
 
-    df.write.format("gazette").mode("append").option("broker", broker).option(
-        "journal", journal
-    ).save()
+    write_batch(df, broker, journal)
 
     expected = sorted(rows, key=lambda r: r[1])
     assert sorted(committed_csv(broker, journal), key=lambda r: int(r[1])) == [
@@ -123,9 +118,7 @@ def test_a_task_that_fails_once_writes_its_csv_rows_once(spark: Any, broker: str
     batch_rows = "spark.sql.execution.arrow.maxRecordsPerBatch"
     spark.conf.set(batch_rows, "20")
     try:
-        df.write.format("gazette").mode("append").option("broker", broker).option(
-            "journal", journal
-        ).save()
+        write_batch(df, broker, journal)
     finally:
         spark.conf.unset(batch_rows)
 
@@ -146,46 +139,14 @@ def test_a_streaming_write_to_a_csv_journal_commits_each_micro_batch_once(
     source, sink = unique("spark/csv-src"), unique("spark/csv-sink")
     create_journals(broker, [source])
     create_journals(broker, [sink], content_type=CSV)
-    who, clock = producer(), clock_from_unix_nanos(time.time_ns())
-
-    def add(texts: list[str]) -> list[str]:
-        nonlocal clock
-        messages = []
-        for text in texts:
-            clock += 1
-            messages.append(Msg(who, clock, OUTSIDE, {"text": text, "n": len(text)}))
-        append_messages(broker, source, messages, together=True)
-        return texts
+    texts = TextSource(broker, source)
 
     def start() -> Any:
-        return (
-            spark.readStream.format("gazette")
-            .option("broker", broker)
-            .option("journals", source)
-            .schema("text STRING, n LONG")
-            .load()
-            .writeStream.format("gazette")
-            .option("broker", broker)
-            .option("journal", sink)
-            .option("checkpointLocation", str(tmp_path / "cp"))
-            .start()
-        )
+        return start_copy(spark, broker, source, sink, tmp_path / "cp")
 
-    expected = add([f"a-{i}" for i in range(30)] + TRICKY[:-2])
-    query = start()
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
-    for record in ("0", ".0.crc"):  # Spark's record of micro-batch 0, and its checksum.
-        (tmp_path / "cp" / "commits" / record).unlink()
-    query = start()
-    try:
-        query.processAllAvailable()  # Micro-batch 0 again: rolled back.
-        expected += add([f"b-{i}" for i in range(20)])
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    expected = texts.add([f"a-{i}" for i in range(30)] + TRICKY[:-2])
+    more = [f"b-{i}" for i in range(20)]
+    copy_with_micro_batch_0_twice(start, tmp_path / "cp", lambda: expected.extend(texts.add(more)))
 
     want = sorted((t, len(t)) for t in expected)
     assert sorted((t, int(n)) for t, n in committed_csv(broker, sink)) == want

@@ -6,7 +6,6 @@ nothing committed."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,21 +13,20 @@ from typing import Any
 import pytest
 
 from broker.protocol import labels
-from gazette_consumer.message.clock import clock_from_unix_nanos
-from gazette_consumer.message.framing import Frame
 from gazette_consumer.message.protobuf_framing import FixedFraming
 from spark_integration.arrow_protobuf import GazetteColumnError
 from tests.spark_integration.proto_testkit import PROTOBUF_CLASS, TALLY_CLASS, Event, Tally
 from tests.spark_integration.spark_testkit import (
-    OUTSIDE,
-    Msg,
-    append_messages,
+    TextSource,
     committed,
+    copy_with_micro_batch_0_twice,
     create_journals,
-    producer,
+    framed,
     read_all,
     reader,
+    start_copy,
     unique,
+    write_batch,
 )
 
 pytestmark = pytest.mark.spark
@@ -39,9 +37,7 @@ def messages(broker: str, journal: str, cls: Any = Event) -> list[Any]:
     """Every message of the journal (ACKs included), by Gazette's fixed protobuf framing."""
     framing = FixedFraming()
     decoder = framing.new_decoder(cls)
-    events = framing.unpack(journal, 0, read_all(broker, journal))
-    assert all(isinstance(e, Frame) for e in events), events
-    return [decoder.decode(e) for e in events]  # type: ignore[arg-type]
+    return [decoder.decode(e) for e in framed(framing, broker, journal)]
 
 
 def committed_events(broker: str, journal: str) -> list[tuple[str, int]]:
@@ -63,9 +59,7 @@ def test_a_batch_write_to_a_protobuf_journal_reads_back_exactly_once(
     rows = [(f"t-{i}", i * 7 - 20) for i in range(50)] + [("", 0)]
     df = spark.createDataFrame(rows, "text STRING, n LONG")  # Two partitions (local[2]).
 
-    df.write.format("gazette").mode("append").option("broker", broker).option(
-        "journal", journal
-    ).option("protobufClass", PROTOBUF_CLASS).save()
+    write_batch(df, broker, journal, protobufClass=PROTOBUF_CLASS)
 
     assert sorted(committed_events(broker, journal)) == sorted(rows)
     assert read_back(spark, broker, journal) == sorted(rows)
@@ -83,47 +77,18 @@ def test_a_streaming_write_to_a_protobuf_journal_commits_each_micro_batch_once(
     source, sink = unique("spark/proto-src"), unique("spark/proto-sink")
     create_journals(broker, [source])
     create_journals(broker, [sink], content_type=PROTO)
-    who, clock = producer(), clock_from_unix_nanos(time.time_ns())
+    texts = TextSource(broker, source)
 
-    def add(texts: list[str]) -> list[tuple[str, int]]:
-        nonlocal clock
-        out = []
-        for text in texts:
-            clock += 1
-            out.append(Msg(who, clock, OUTSIDE, {"text": text, "n": len(text)}))
-        append_messages(broker, source, out, together=True)
-        return [(t, len(t)) for t in texts]
+    def add(more: list[str]) -> list[tuple[str, int]]:
+        return [(t, len(t)) for t in texts.add(more)]
 
     def start() -> Any:
-        return (
-            spark.readStream.format("gazette")
-            .option("broker", broker)
-            .option("journals", source)
-            .schema("text STRING, n LONG")
-            .load()
-            .writeStream.format("gazette")
-            .option("broker", broker)
-            .option("journal", sink)
-            .option("protobufClass", PROTOBUF_CLASS)
-            .option("checkpointLocation", str(tmp_path / "cp"))
-            .start()
-        )
+        cp = tmp_path / "cp"
+        return start_copy(spark, broker, source, sink, cp, protobufClass=PROTOBUF_CLASS)
 
     expected = add([f"a-{i}" for i in range(30)])
-    query = start()
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
-    for record in ("0", ".0.crc"):  # Spark's record of micro-batch 0, and its checksum.
-        (tmp_path / "cp" / "commits" / record).unlink()
-    query = start()
-    try:
-        query.processAllAvailable()  # Micro-batch 0 again: rolled back.
-        expected += add([f"b-{i}" for i in range(20)])
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    more = [f"b-{i}" for i in range(20)]
+    copy_with_micro_batch_0_twice(start, tmp_path / "cp", lambda: expected.extend(add(more)))
 
     assert len(messages(broker, sink)) > len(expected) + 30  # Micro-batch 0's rows twice.
     assert sorted(committed_events(broker, sink)) == sorted(expected)
@@ -161,9 +126,7 @@ def test_a_value_the_message_cannot_hold_fails_the_write_naming_the_column(
     rows = [(f"k-{i}", i) for i in range(40)] + [("bad", -1)]
     df = spark.createDataFrame(rows, "key STRING, count LONG")  # Two partitions.
     with pytest.raises(Exception, match=r"GazetteColumnError: column 'count': value -1"):
-        df.write.format("gazette").mode("append").option("broker", broker).option(
-            "journal", tallies
-        ).option("protobufClass", TALLY_CLASS).save()
+        write_batch(df, broker, tallies, protobufClass=TALLY_CLASS)
 
     written = [(uuid.UUID(m.uuid), m.key) for m in messages(broker, tallies, Tally)]
     assert committed(tallies, written) == []

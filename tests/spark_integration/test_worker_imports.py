@@ -5,14 +5,9 @@ interpreter, as a worker starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.fresh_interpreter import imported_of
 
 # Not needed to read a partition (each pulls in hundreds of modules, or a second of imports).
 UNWANTED = (
@@ -44,19 +39,8 @@ DRIVER_UNWANTED = tuple(m for m in UNWANTED if m != "spark_integration.source")
     ],
 )
 def test_a_worker_imports_only_what_reading_needs(module: str, unwanted: tuple[str, ...]) -> None:
-    code = (
-        f"import sys; import {module}\n"
-        f"print(','.join(m for m in {unwanted!r} if m in sys.modules))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+    _, loaded = imported_of(f"import {module}", unwanted)
+    assert loaded == [], f"{module} imports {','.join(loaded)}"
 
 
 def test_the_package_still_exports_its_names() -> None:

@@ -4,12 +4,9 @@ in a fresh interpreter, as a worker starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.fresh_interpreter import imported_of, run_fresh
 
 # The cloud stores' modules and SDKs (each hundreds of modules, up to a second of imports).
 CLOUD_MODULES = (
@@ -24,23 +21,11 @@ CLOUD_MODULES = (
 )
 
 
-def _run(code: str, **env: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env},
-    )
-    return out.stdout.strip()
-
-
 def test_opening_a_file_url_imports_no_cloud_store(tmp_path: Path) -> None:
     path = tmp_path / "fragment"
     path.write_bytes(b"hello, fragment\n")
     code = (
-        "import asyncio, sys\n"
+        "import asyncio\n"
         "from broker.fragment.stores.registry import new_registry, open_url\n"
         "async def main():\n"
         f"    reader = await open_url({path.as_uri()!r})\n"
@@ -50,10 +35,9 @@ def test_opening_a_file_url_imports_no_cloud_store(tmp_path: Path) -> None:
         "        await reader.aclose()\n"
         "    new_registry().get('file:///tmp/')\n"
         "    return data\n"
-        "data = asyncio.run(main())\n"
-        f"print(repr(data), ','.join(m for m in {CLOUD_MODULES!r} if m in sys.modules))\n"
+        "print(repr(asyncio.run(main())))\n"
     )
-    assert _run(code) == "b'hello, fragment\\n'"  # and no module named after it
+    assert imported_of(code, CLOUD_MODULES) == ("b'hello, fragment\\n'", [])
 
 
 def test_an_s3_url_imports_its_store_on_first_use() -> None:
@@ -68,4 +52,4 @@ def test_an_s3_url_imports_its_store_on_first_use() -> None:
     )
     # Building the store makes a client (no request): any credentials will do.
     keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    assert _run(code, **keys) == "False S3Store True"
+    assert run_fresh(code, **keys) == "False S3Store True"
