@@ -334,7 +334,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         if not self.opts.committed:
             return JournalOffset.at(journal, end, entry.origin)
         splits = tuple((at, cp) for at, cp in sorted(stops.items()) if at < end)
-        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits)
+        reached = {at: walk.reached_at[at] for at, _ in splits if walk.reached_at.get(at)}
+        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits, reached)
 
     @staticmethod
     def _fragments_of(
@@ -390,6 +391,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                         floor=info.fragments.begin,
                         deliver_from=lo if i else None,
                         read_end=stop,
+                        reached=tuple(end_entry.reached.get(lo, {}).items()) if i else (),
                     )
                 )
         return parts
