@@ -83,6 +83,9 @@ class JournalRange(InputPartition):  # type: ignore[misc]
     read_end: int = 0
     # Read-committed, a later partition: the transactions open at `origin` (origin_open.py).
     open_at_origin: tuple[OpenAtOrigin, ...] = ()
+    # Streaming, a later partition of a micro-batch: the clock each transaction pending at
+    # `begin` reached before it, as the planner's walk saw (offsets.JournalOffset.reached).
+    reached: tuple[tuple[bytes, int], ...] = ()
 
 
 async def _position(
@@ -242,6 +245,7 @@ async def committed_range(ctx: ReadContext, part: JournalRange) -> CommittedRang
         new_decoder=new_decoder,
         deliver_from=part.deliver_from,
         read_end=part.read_end or None,
+        reached=dict(part.reached),
     )
 
 

@@ -70,6 +70,16 @@ class BulkSequencer(Sequencer[BatchRow]):
     feeds the fallback rows to `commit_pending` in journal order, and ends the batch with
     `read_through_to`. Between the two, only the fallback producers' rows may be queued."""
 
+    def pending_clocks(self, journal: str, since: int) -> dict[bytes, int]:
+        """The largest clock of each pending transaction of `journal` that began at or after
+        `since` (what a walk from `since` saw whole): a later partition's replay of it needs
+        that clock, which a checkpoint does not hold (stream_read.py)."""
+        return {
+            producer: partial.max_clock
+            for (j, producer), partial in self._partials.items()
+            if j == journal and partial.begin >= since
+        }
+
     def commit_bulk(
         self, batch: MessageBatch, lo: int, hi: int, intern: ProducerIntern
     ) -> BulkPlan | None:

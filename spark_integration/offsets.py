@@ -26,7 +26,7 @@ import base64
 import binascii
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gazette_consumer.sequencer.types import (
@@ -55,6 +55,10 @@ class JournalOffset:
     # The checkpoints at offsets inside the micro-batch that ends here, where its partitions
     # are cut (stream_read.py); ignored as a start.
     splits: tuple[tuple[int, SequencerCheckpoint], ...] = ()
+    # At a split, the largest clock each transaction pending there (and begun within the
+    # micro-batch) reached: the partition starting there needs it for that transaction's
+    # replay, and would otherwise scan the transaction's earlier part to learn it (range_read.py).
+    reached: Mapping[int, Mapping[bytes, int]] = field(default_factory=dict)
 
     @classmethod
     def at(cls, journal: str, offset: int, origin: int = 0) -> JournalOffset:
@@ -88,9 +92,17 @@ def to_json(offsets: Mapping[str, JournalOffset]) -> JournalOffsets:
         encoded["producers"] = _packed(journal, entry.checkpoint)
         if entry.splits:
             encoded["splits"] = [
-                {"offset": at, "producers": _packed(journal, cp)} for at, cp in entry.splits
+                _split_json(at, _packed(journal, cp), entry.reached.get(at))
+                for at, cp in entry.splits
             ]
         out[journal] = encoded
+    return out
+
+
+def _split_json(at: int, producers: str, reached: Mapping[bytes, int] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"offset": at, "producers": producers}
+    if reached:
+        out["reached"] = pack_clocks(reached)
     return out
 
 
@@ -113,12 +125,15 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
             raise ValueError(f"{name} must be an integer >= 0 (got {value!r})")
     checkpoint = _checkpoint(journal, offset, entry.get("producers", ""))
     splits = []
+    reached: dict[int, dict[bytes, int]] = {}
     for split in entry.get("splits", ()):
         at = split["offset"]
         if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= offset:
             raise ValueError(f"splits: offset must be an integer in [0, {offset}] (got {at!r})")
         splits.append((at, _checkpoint(journal, at, split["producers"])))
-    return JournalOffset(checkpoint, origin, tuple(splits))
+        if "reached" in split:  # Absent from offsets written before it was kept.
+            reached[at] = unpack_clocks(split["reached"])
+    return JournalOffset(checkpoint, origin, tuple(splits), reached)
 
 
 def _checkpoint(journal: str, offset: int, producers: Any) -> SequencerCheckpoint:
@@ -168,6 +183,15 @@ def unpack_producers(text: str) -> list[tuple[bytes, ProducerState]]:
         clock += delta
         out.append((producer, ProducerState(last_ack=clock, begin=begin - 1)))
     return out
+
+
+def pack_clocks(clocks: Mapping[bytes, int]) -> str:
+    """Producers' clocks, packed as producer states are (the clock as the last ACK)."""
+    return pack_producers([(p, ProducerState(last_ack=c, begin=-1)) for p, c in clocks.items()])
+
+
+def unpack_clocks(text: str) -> dict[bytes, int]:
+    return {producer: state.last_ack for producer, state in unpack_producers(text)}
 
 
 def _varint(out: bytearray, value: int) -> None:

@@ -51,7 +51,7 @@ commits it, never delivered in part (range_start.py says how the reader knows).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from typing import Final
 
 import numpy as np
@@ -115,6 +115,7 @@ class CommittedRange:
         deliver_from: int | None = None,
         read_end: int | None = None,
         bulk: bool = True,
+        reached: Mapping[bytes, int] | None = None,
     ) -> None:
         journal = source.journal
         if checkpoint is None:
@@ -127,6 +128,11 @@ class CommittedRange:
         self._new_decoder = new_decoder
         self._scan_decoder = scan_decoder_of(new_decoder)
         self._deliver_from = deliver_from
+        # Per producer, the clock its transaction pending at `deliver_from` reached before it,
+        # when the planner knew it (else the part before `deliver_from` is scanned: _replay).
+        self._reached = {int.from_bytes(p, "big"): c for p, c in (reached or {}).items()}
+        # At each stop of `scan`: the clocks its transactions pending there reached (`reached`).
+        self.reached_at: dict[int, dict[bytes, int]] = {}
         self._read_end = end if read_end is None else max(end, read_end)
         # The walk's recent batches, which replays pick their rows from (see _replay_batches).
         self._cache: deque[MessageBatch] = deque()
@@ -139,6 +145,7 @@ class CommittedRange:
         # transaction begun there; the bulk path never skips one: one by one then.
         self._bulk = bulk and (begin >= origin or not replay)
         self.replays = 0
+        self.clock_scans = 0  # Replays that scanned the part before `deliver_from` (_replay).
         self.bulk_rows = 0  # Rows decided by columns, and rows decided one by one.
         self.single_rows = 0
 
@@ -261,6 +268,7 @@ class CommittedRange:
                         pass
                     at = cut
                     out[stop] = self.checkpoint_at(stop, horizon_clock)
+                    self.reached_at[stop] = self._seq.pending_clocks(self._journal, self._begin)
                 async for _ in self._commit_range(batch, at, take):
                     pass
                 walked += take
@@ -360,8 +368,16 @@ class CommittedRange:
         begin, end = required.begin, min(required.end, self._end)
         if self._deliver_from is not None and begin < self._deliver_from:
             # Messages before deliver_from are another range's to deliver: only the clock
-            # they bring the producer to is needed here.
-            last = await self._clock_through(producer, last, ack.clock, begin, self._deliver_from)
+            # they bring the producer to is needed here. The planner's walk saw them: the
+            # largest is the one it reached, if that is within the commit (else an ACK of a
+            # lower clock: only the messages up to it count, which a scan finds).
+            reached = self._reached.get(producer)
+            if reached is not None and reached <= ack.clock:
+                last = max(last, reached)
+            else:
+                last = await self._clock_through(
+                    producer, last, ack.clock, begin, self._deliver_from
+                )
             begin = self._deliver_from
         async for batch in self._replay_batches(begin, end) if begin < end else no_batches():
             # The producer's messages with clocks above the last kept and up to the ACK's,
@@ -398,6 +414,7 @@ class CommittedRange:
     ) -> int:
         """The clock a replay of `producer`'s span up to `ack_clock` reaches through [begin,
         end): its largest clock there (not above the ACK's), or `last`."""
+        self.clock_scans += 1
         async for batch in decoded(self._source, begin, end, self._scan_decoder):
             clocks = batch.clocks[(batch.producers == producer) & (batch.clocks <= ack_clock)]
             if len(clocks):

@@ -25,7 +25,10 @@ otherwise. The walk reads persisted fragments straight from their store (sources
 takes the checkpoints at the fragment boundaries where the micro-batch is cut into partitions
 (`maxPartitionBytes`, `minPartitions`: a large catch-up is read by many tasks): they are kept
 in the end offset (`splits`), so each partition starts from the exact state at its start, and
-the partitions of a re-run micro-batch are the same.
+the partitions of a re-run micro-batch are the same. With each split, the largest clock each
+transaction pending there (and begun within the micro-batch) reached (`reached`): a checkpoint
+does not hold it, and the partition starting there would otherwise scan that transaction's
+earlier part again to learn it when its ACK comes (range_read.py, `_replay`).
 
 Rate limits: option maxBytesPerTrigger / maxMessagesPerTrigger (Spark's ReadMaxBytes /
 ReadMaxRows, its default read limit) bound a micro-batch: the budget is shared among the
@@ -334,7 +337,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         if not self.opts.committed:
             return JournalOffset.at(journal, end, entry.origin)
         splits = tuple((at, cp) for at, cp in sorted(stops.items()) if at < end)
-        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits)
+        reached = {at: walk.reached_at[at] for at, _ in splits if walk.reached_at.get(at)}
+        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits, reached)
 
     @staticmethod
     def _fragments_of(
@@ -390,6 +394,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                         floor=info.fragments.begin,
                         deliver_from=lo if i else None,
                         read_end=stop,
+                        reached=tuple(end_entry.reached.get(lo, {}).items()) if i else (),
                     )
                 )
         return parts

@@ -1,7 +1,10 @@
 """One local SparkSession and one real broker process for every Spark test.
 
 The JVM takes 10-20 s to start, so the session is shared (session scope); each test uses journals
-of its own. The broker is `gazette serve` on loopback with its embedded keyspace. Spark's Python
+of its own. It is started before the first test runs (`pytest_runtestloop`), when any selected
+test uses it, under its own budget (`spark_start_s_max`; past it the run ends with every thread's
+traceback, a hang shown, not hidden): a start-up on a loaded machine (a minute or more at load 8)
+is then not charged to the first test's 120 s timeout. The broker is `gazette serve` on loopback with its embedded keyspace. Spark's Python
 workers are separate processes: they find the repository through PYTHONPATH and run the venv's
 interpreter. The master, local[2,3], runs two tasks at a time and gives a failed task three
 attempts, as a cluster would retry it (test_spark_sink.py fails a task once on purpose).
@@ -9,11 +12,12 @@ attempts, as a cluster would retry it (test_spark_sink.py fails a task once on p
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import pytest
 
@@ -55,8 +59,39 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
+# Spark's start-up, before the tests: its budget (see the module docstring).
+spark_start_s_max: Final = 600.0
+# The session started before the tests, or why it could not start (raised to each test using it).
+_started: dict[str, object] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not any(
+        "spark" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        return
+    faulthandler.dump_traceback_later(spark_start_s_max, exit=True)
+    try:
+        _started["session"] = _start_spark()
+    except (Exception, pytest.skip.Exception) as err:  # A skip too: each test gets it.
+        _started["error"] = err
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
+    if "error" in _started:
+        raise _started["error"]  # type: ignore[misc]
+    session = _started.pop("session", None) or _start_spark()
+    try:
+        yield session
+    finally:
+        session.stop()  # type: ignore[attr-defined]
+
+
+def _start_spark() -> object:
     pyspark_sql = pytest.importorskip("pyspark.sql")
     if subprocess.run(["java", "-version"], capture_output=True, check=False).returncode != 0:
         pytest.skip("Java is not installed: run `make system-deps`")
@@ -88,7 +123,4 @@ def spark() -> Iterator[object]:
     from spark_integration import GazetteDataSource
 
     session.dataSource.register(GazetteDataSource)
-    try:
-        yield session
-    finally:
-        session.stop()
+    return session
