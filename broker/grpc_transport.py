@@ -26,6 +26,10 @@ CORE_SEND_FAILED: Final = "Internal error from Core"
 # answered by gRPC's core, not the peer's event loop, so a busy broker is not taken for dead.
 peer_keepalive_time_s: Final = 2.0
 peer_keepalive_timeout_s: Final = 3.0
+# How long a new connection to a peer may take to complete its HTTP/2 handshake (gRPC's core
+# calls it the minimum connect timeout, set by `grpc.min_reconnect_backoff_ms`: the reconnect
+# backoff itself is `grpc.initial_reconnect_backoff_ms` .. `grpc.max_reconnect_backoff_ms`).
+peer_connect_timeout_s: Final = 5.0
 PEER_KEEPALIVE_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     ("grpc.keepalive_time_ms", int(peer_keepalive_time_s * 1000)),
     ("grpc.keepalive_timeout_ms", int(peer_keepalive_timeout_s * 1000)),
@@ -37,6 +41,9 @@ PEER_KEEPALIVE_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     # Keep pinging a call that sends and receives nothing for long (a proxied append waiting
     # for its commit, an idle Replicate stream): by default gRPC stops after two such pings.
     ("grpc.http2.max_pings_without_data", 0),
+    # A new connection to a stopped peer: TCP connects (its kernel answers), the HTTP/2
+    # handshake never completes; gRPC's core gives up after this (20 s by default).
+    ("grpc.min_reconnect_backoff_ms", int(peer_connect_timeout_s * 1000)),
 )
 # The shortest interval between a client's pings the broker's server accepts: below the peers'
 # keepalive time (with room for timer jitter), or the server answers GOAWAY "too_many_pings"
