@@ -22,12 +22,11 @@ member's broker stops its node once its assignment goes (its files stay, as for 
 no longer assigned: an operator removes them).
 
 Durability: with a data directory each node's member log is a file (log_file.py,
-`<data-dir>/quorum/<journal>/log`), replayed when the node starts, in a worker thread (a
+`<data-dir>/quorum/<journal>/log`), replayed before the node starts, in a worker thread (a
 broker starting many nodes must not stall its event loop: its lease refresh is due every
-TTL/3). A journal's node is not
-started again until its previous node (and file) is closed; a log file that cannot be
-replayed (LogFileCorruptError, OSError) is kept in `errors` and the journal gets no node on
-this broker until it restarts.
+TTL/3). A journal's node is not started again until its previous node (and file) is closed; a
+log file that cannot be replayed (LogFileCorruptError, OSError) is kept in `errors` and the
+journal gets no node on this broker until it restarts.
 
 Lost disks (member_dir.py, member_registry.py): with a data directory the broker has an
 incarnation id, and each node first *joins*: a new log file gets a `joining` mark before it is
@@ -365,6 +364,10 @@ class QuorumJournals:
             except (LogFileCorruptError, MemberDirError, OSError) as err:
                 self.errors[journal] = err
                 log.error("quorum log not opened: no node", journal=journal, error=str(err))
+                return
+            except Exception as err:  # a bug: kept and logged, as the observer raised it before
+                self.errors[journal] = err
+                log.exception("quorum log not opened: no node", journal=journal)
                 return
             finally:
                 self._opening.pop(journal, None)
