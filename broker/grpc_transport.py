@@ -8,12 +8,62 @@ safe as after UNAVAILABLE (an append that was not acknowledged is sent again who
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any, Final
 
 import grpc
 import grpc.aio
 
 CORE_SEND_FAILED: Final = "Internal error from Core"
+
+# HTTP/2 keepalive of broker-to-broker channels (proxied appends and reads, the all-replicas
+# pipeline's Replicate streams). Without it a call to a peer that stopped without closing its
+# sockets (SIGSTOP, a hung host, a partition that drops packets) waits forever: nothing ever
+# arrives and nothing times out (Gazette's broker has no keepalive either). While a call is in
+# flight the channel pings the peer every `peer_keepalive_time_s`; a ping not acknowledged
+# within `peer_keepalive_timeout_s` closes the connection, and every call on it fails
+# UNAVAILABLE (retried by clients): a stopped peer is noticed within their sum. The pings are
+# answered by gRPC's core, not the peer's event loop, so a busy broker is not taken for dead.
+peer_keepalive_time_s: Final = 2.0
+peer_keepalive_timeout_s: Final = 3.0
+# How long a new connection to a peer may take to complete its HTTP/2 handshake (gRPC's core
+# calls it the minimum connect timeout, set by `grpc.min_reconnect_backoff_ms`: the reconnect
+# backoff itself is `grpc.initial_reconnect_backoff_ms` .. `grpc.max_reconnect_backoff_ms`).
+peer_connect_timeout_s: Final = 5.0
+PEER_KEEPALIVE_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    ("grpc.keepalive_time_ms", int(peer_keepalive_time_s * 1000)),
+    ("grpc.keepalive_timeout_ms", int(peer_keepalive_timeout_s * 1000)),
+    # gRPC's core (1.5x) times a ping's acknowledgement with this, 60 s by default, whatever
+    # the keepalive timeout says: without it a stopped peer is noticed after a minute.
+    ("grpc.http2.ping_timeout_ms", int(peer_keepalive_timeout_s * 1000)),
+    # Only while calls are in flight: an idle channel's next call starts the pings anyway.
+    ("grpc.keepalive_permit_without_calls", 0),
+    # Keep pinging a call that sends and receives nothing for long (a proxied append waiting
+    # for its commit, an idle Replicate stream): by default gRPC stops after two such pings.
+    ("grpc.http2.max_pings_without_data", 0),
+    # A new connection to a stopped peer: TCP connects (its kernel answers), the HTTP/2
+    # handshake never completes; gRPC's core gives up after this (20 s by default).
+    ("grpc.min_reconnect_backoff_ms", int(peer_connect_timeout_s * 1000)),
+)
+# The shortest interval between a client's pings the broker's server accepts: below the peers'
+# keepalive time (with room for timer jitter), or the server answers GOAWAY "too_many_pings"
+# after two early pings and drops every call on the connection.
+server_ping_interval_min_s: Final = peer_keepalive_time_s / 2
+PEER_KEEPALIVE_SERVER_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    ("grpc.http2.min_ping_interval_without_data_ms", int(server_ping_interval_min_s * 1000)),
+    # A ping racing the end of the last call on a connection is not a strike.
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+
+
+def with_options(
+    base: Iterable[tuple[str, object]], overrides: Iterable[tuple[str, object]]
+) -> list[tuple[str, object]]:
+    """`base`'s gRPC options with `overrides` in place of the same keys (a key given twice
+    would leave which one applies to the core)."""
+    overrides = list(overrides)
+    replaced = {key for key, _ in overrides}
+    return [(k, v) for k, v in base if k not in replaced] + overrides
 
 
 def send_failed(err: BaseException) -> bool:

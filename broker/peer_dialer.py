@@ -14,10 +14,12 @@ from typing import Any
 import grpc
 
 from broker.client.route_cache import (
+    CHANNEL_OPTIONS,
     ChannelPool,
     reconnect_backoff_initial_ms,
     reconnect_backoff_max_ms,
 )
+from broker.grpc_transport import PEER_KEEPALIVE_CHANNEL_OPTIONS, with_options
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pbg
 from broker.protocol.content_wire import passthrough_serializer
@@ -36,7 +38,12 @@ _CHANNEL_OPTIONS = [
     # A peer back on the same endpoint (restarted) is reachable again within seconds.
     ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
     ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
+    # A call to a peer that stopped answering (SIGSTOP, a hung host) fails within seconds.
+    *PEER_KEEPALIVE_CHANNEL_OPTIONS,
 ]
+# The read path's channels to peers (proxied reads, fragment listings): a client's, with the
+# keepalive of peer channels.
+PEER_READ_CHANNEL_OPTIONS = with_options(CHANNEL_OPTIONS, PEER_KEEPALIVE_CHANNEL_OPTIONS)
 _REPLICATE_METHOD = "/protocol.Journal/Replicate"
 _REPLICATE_SERIALIZER = passthrough_serializer(pb.ReplicateRequest.SerializeToString)
 _APPEND_METHOD = "/protocol.Journal/Append"

@@ -57,6 +57,7 @@ from broker.fragment.spool_file import SpoolFile, TempSpoolFile
 from broker.fragment.store_health import StoreHealthMonitor
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI, StoreHealthAPI
+from broker.grpc_transport import PEER_KEEPALIVE_SERVER_OPTIONS, with_options
 from broker.hand_off import hand_off, handoff_wait_s_default
 from broker.journal_service import SERVER_OPTIONS, JournalService
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
@@ -64,6 +65,7 @@ from broker.keyspace.keyspace import KeySpace
 from broker.keyspace.lease import keep_lease_alive
 from broker.list_apply_api import ListApplyAPI
 from broker.logging import get_logger
+from broker.peer_dialer import PEER_READ_CHANNEL_OPTIONS
 from broker.pipeline import Dialer
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import is_quorum_journal
@@ -127,7 +129,9 @@ class Broker:
         signing = client_interceptors(KeyedAuthorizer(self.auth) if self.auth else None)
         self.dialer = Dialer(signing, tls=config.peer_tls)
         # Channels of the read path (proxied reads and fragment listings).
-        self.channels = ChannelPool(interceptors=signing, tls=config.peer_tls)
+        self.channels = ChannelPool(
+            interceptors=signing, tls=config.peer_tls, options=PEER_READ_CHANNEL_OPTIONS
+        )
         self.resolver = Resolver(
             self.ks,
             config.root,
@@ -288,7 +292,9 @@ class Broker:
         cfg = self.config
         auth = [AuthInterceptor(self.auth, ResolverScope(self.resolver))] if self.auth else []
         # The gate first: a broker that is not ready answers before checking anything else.
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[self.gate, *auth])
+        # Peers ping their calls here (grpc_transport.py): accept their rate.
+        options = with_options(SERVER_OPTIONS, PEER_KEEPALIVE_SERVER_OPTIONS)
+        server = grpc.aio.server(options=options, interceptors=[self.gate, *auth])
         registry = self.store_health.registry
         service = JournalService(
             AppendApi(

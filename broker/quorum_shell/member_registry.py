@@ -35,10 +35,15 @@ from broker.quorum_shell.member_dir import Mark, clear_mark, write_mark
 from broker.quorum_shell.members_record import (
     MembersRecord,
     MembersRecordDecodeError,
+    MembersRecordFullError,
     decode_members_record,
     encode_members_record,
+    members_recorded_max,
     quorum_members_key,
+    with_member,
 )
+from broker.quorum_shell.term_record import TermRecordDecodeError, versioned_of
+from broker.topology import quorum_term_key
 
 log = get_logger(__name__)
 
@@ -54,21 +59,36 @@ class Decision:
     reason: str
 
 
-def decide(*, log_new: bool, mark: Mark | None, recorded: str | None, incarnation: str) -> Decision:
+_PRUNED: Final = "not recorded, but the record pruned members: it may have joined before"
+
+
+def decide(
+    *,
+    log_new: bool,
+    mark: Mark | None,
+    recorded: str | None,
+    incarnation: str,
+    pruned: bool = False,
+) -> Decision:
     """Whether a member starts lost. `log_new`: its log file was new at this start; `mark`: the
     mark found beside it; `recorded`: the incarnation the keyspace records it joined with (None:
-    never joined this journal); `incarnation`: this broker's."""
+    not recorded); `incarnation`: this broker's; `pruned`: the record pruned members
+    (members_record.py), so that "not recorded" no longer means "never joined"."""
     if mark is Mark.LOST:
         return Decision(True, "lost its disk before and is not caught up yet (mark)")
     if mark is Mark.JOINING:
         # A start that wrote the mark, then stopped before it was cleared: the member answered
         # nothing since. Recorded with this very disk: it recorded itself, then stopped.
-        if recorded is None or recorded == incarnation:
+        if recorded == incarnation or (recorded is None and not pruned):
             return Decision(False, "joins (first time)")
+        if recorded is None:
+            return Decision(True, _PRUNED)
         return Decision(True, f"joined with disk {recorded}; this disk is {incarnation}")
     if not log_new:
         return Decision(False, "has its log")
     if recorded is None:
+        if pruned:
+            return Decision(True, _PRUNED)
         return Decision(False, "joins (first time)")
     if recorded == incarnation:
         return Decision(True, "joined with this disk, but its log file is gone")
@@ -81,6 +101,7 @@ class MemberRegistry:
     def __init__(self, backend: Backend, root: str, journal: str, journal_revision: int) -> None:
         self._backend = backend
         self.key = quorum_members_key(root, journal).encode()
+        self._term_key = quorum_term_key(root, journal).encode()
         self.journal_revision = journal_revision
 
     async def read(self) -> tuple[MembersRecord, int]:
@@ -98,14 +119,31 @@ class MemberRegistry:
     async def record(
         self, current: MembersRecord, expect_revision: int, member: str, incarnation: str
     ) -> bool:
-        """Record `member` with `incarnation` in `current` (as read at `expect_revision`);
-        False if the key moved meanwhile."""
-        members = dict(current.members)
-        members[member] = incarnation
-        value = encode_members_record(MembersRecord(self.journal_revision, members))
+        """Record `member` with `incarnation` in `current` (as read at `expect_revision`),
+        pruning members the term register no longer names if the record is full
+        (members_record.py); False if the key moved meanwhile."""
+        keep: frozenset[str] = frozenset()
+        if member not in current.members and len(current.members) >= members_recorded_max:
+            keep = await self._register_members()
+        updated = with_member(current, member, incarnation, keep)
+        if updated.pruned != current.pruned:
+            log.info(
+                "quorum members record pruned",
+                key=self.key.decode(),
+                pruned=updated.pruned - current.pruned,
+                kept=len(updated.members),
+            )
+        value = encode_members_record(updated)
         compare = Compare(self.key, CompareTarget.MOD, CompareResult.EQUAL, expect_revision)
         resp = await self._backend.txn([compare], [OpPut(self.key, value)], [OpGet(self.key)])
         return resp.succeeded
+
+    async def _register_members(self) -> frozenset[str]:
+        """The members the journal's term register names: its ensemble and `previous` (none
+        if it has no term yet)."""
+        resp = await self._backend.range(self._term_key)
+        record = versioned_of(resp.kvs, (), self.journal_revision).record
+        return frozenset(record.ensemble) | frozenset(record.previous)
 
 
 @dataclass
@@ -129,7 +167,12 @@ class Joiner:
         while True:
             try:
                 decision = await self._attempt()
-            except (KeySpaceError, MembersRecordDecodeError) as err:
+            except (
+                KeySpaceError,
+                MembersRecordDecodeError,
+                MembersRecordFullError,
+                TermRecordDecodeError,
+            ) as err:
                 self.last_error = err
                 log.warning(
                     "quorum member registry", key=self.registry.key.decode(), error=str(err)
@@ -148,6 +191,7 @@ class Joiner:
             mark=self.mark_found,
             recorded=recorded,
             incarnation=self.incarnation,
+            pruned=record.pruned > 0,
         )
         if decision.lost and self.mark is not Mark.LOST:
             write_mark(self.member_dir, Mark.LOST)  # before the keyspace forgets the old disk

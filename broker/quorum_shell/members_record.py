@@ -5,11 +5,23 @@ The value is JSON, versioned (`etcdctl get` shows it): the journal's identity, t
 revision of its spec key (a journal deleted and re-created under the same name has another, so
 its record of the earlier journal counts as empty), and, per member name (`zone#suffix`), the
 incarnation (member_dir.py) of the disk it joined with.
+
+Bounded: every replica move (ensemble change) brings a member the record did not name, so a
+long-lived journal's record would outgrow `members_recorded_max`. A member recorded past it
+first prunes the members the term register no longer names (neither its ensemble nor its
+`previous`), and the record counts them in `pruned` (written only once non-zero: records of
+journals that never pruned are byte for byte as before). Safe whatever is pruned, because a
+record that pruned anything no longer vouches for an unrecorded member being new:
+`member_registry.decide` then starts a member whose log is new and who is not recorded *lost*
+(no vote until a leader caught it up), as for a member recorded with another disk. A pruned
+member back with its log is unaffected (its log is its own). The ensemble filter only keeps
+the record exact for the members that are likely to come back soon.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -24,6 +36,10 @@ class MembersRecordDecodeError(ValueError):
     """A `quorum-members` value that is not a valid, known-format record."""
 
 
+class MembersRecordFullError(ValueError):
+    """A member cannot be recorded: the members to keep alone exceed `members_recorded_max`."""
+
+
 def quorum_members_key(root: str, journal: str) -> str:
     return root + QUORUM_MEMBERS + journal
 
@@ -32,14 +48,37 @@ def quorum_members_key(root: str, journal: str) -> str:
 class MembersRecord:
     journal_revision: int  # the create revision of the journal's spec key
     members: dict[str, str] = field(default_factory=dict)  # name -> incarnation
+    # Members pruned over the record's lifetime (0: never; see the module docstring).
+    pruned: int = 0
+
+
+def with_member(
+    record: MembersRecord, member: str, incarnation: str, keep: Collection[str]
+) -> MembersRecord:
+    """`record` with `member` recorded with `incarnation`. Past `members_recorded_max`, every
+    member but `member` and those in `keep` (the term register's ensemble and `previous`) is
+    pruned first, and counted in `pruned`. Raises MembersRecordFullError if that is not
+    enough, changing nothing."""
+    members = dict(record.members)
+    members[member] = incarnation
+    if len(members) <= members_recorded_max:
+        return MembersRecord(record.journal_revision, members, record.pruned)
+    kept = {name: inc for name, inc in members.items() if name == member or name in keep}
+    if len(kept) > members_recorded_max:
+        raise MembersRecordFullError(
+            f"quorum members record: {len(kept)} members to keep exceed {members_recorded_max}"
+        )
+    return MembersRecord(record.journal_revision, kept, record.pruned + len(members) - len(kept))
 
 
 def encode_members_record(record: MembersRecord) -> bytes:
-    doc = {
+    doc: dict[str, object] = {
         "format": MEMBERS_RECORD_FORMAT,
         "journal_revision": record.journal_revision,
         "members": dict(sorted(record.members.items())),
     }
+    if record.pruned:
+        doc["pruned"] = record.pruned
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
@@ -66,7 +105,12 @@ def decode_members_record(value: bytes) -> MembersRecord:
             f"quorum members record: members must map at most {members_recorded_max} names to"
             f" incarnations (got {str(members)[:120]})"
         )
-    return MembersRecord(revision, dict(members))
+    pruned = doc.get("pruned", 0)
+    if not isinstance(pruned, int) or isinstance(pruned, bool) or pruned < 0:
+        raise MembersRecordDecodeError(
+            f"quorum members record: pruned must be an integer >= 0 (got {pruned!r})"
+        )
+    return MembersRecord(revision, dict(members), pruned)
 
 
 @dataclass(frozen=True, slots=True)
