@@ -99,7 +99,10 @@ class ReplaceInOneStep(Rules):
     new ensembles have disjoint quorums ({A,B} and {C,D})."""
 
     def next_ensemble(
-        self, record: TermRecord, wanted: tuple[str, ...] | None
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is None or not record.settled or wanted == record.ensemble:
             return record.ensemble, record.previous
@@ -112,11 +115,14 @@ class ChangeBeforeEstablished(Rules):
     committed entries may still lie in a quorum of the first ensemble only."""
 
     def next_ensemble(
-        self, record: TermRecord, wanted: tuple[str, ...] | None
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is None:
             return record.ensemble, record.previous
-        step = ensemble_step(record.ensemble, wanted)
+        step = ensemble_step(record.ensemble, wanted, doubtful)
         if step == record.ensemble:
             return record.ensemble, record.previous
         return step, record.ensemble
