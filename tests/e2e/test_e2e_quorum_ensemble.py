@@ -307,3 +307,61 @@ async def test_a_rolling_restart_changes_no_ensemble() -> None:
         assert seen == {(original, ())}, seen
         for b in c.brokers:
             appends.check(await _served(b, appends.end), b.suffix)
+
+
+async def test_the_leader_killed_mid_move_is_replaced_and_the_move_completes(
+    cluster: ProcessCluster,
+) -> None:
+    """A follower is killed for good and the allocator moves its replica; as soon as the term
+    register names the new member in a change not yet settled, the leader is killed (-9)
+    too. The two live members (an original one and the new one) elect a leader that serves
+    appends within the lease TTL + 3 s, the register settles on the moved ensemble, and both
+    serve every acknowledged append at its offsets, none twice."""
+    c = cluster
+    appends = Appends(c)
+    members = [c.broker(m.suffix) for m in c.route(JOURNAL).members]
+    (spare,) = [b for b in c.brokers if b not in members]
+    await appends.round(members[0], "before")
+    leader = c.broker(appends.leader)
+    gone = next(b for b in members if b is not leader)
+    survivor = next(b for b in members if b not in (leader, gone))
+    moved = tuple(sorted(_name(b) for b in (*members, spare) if b is not gone))
+    killed: list[tuple[float, TermRecord]] = []
+
+    async def kill_leader_mid_move() -> None:
+        while True:
+            record = _record(c)
+            if record is not None and _name(spare) in record.ensemble and not record.settled:
+                await c.kill(leader)
+                killed.append((time.monotonic(), record))
+                return
+            await c.ks.wait_for_revision(c.ks.header.revision + 1, move_timeout_s)
+
+    stop = asyncio.Event()
+
+    async def appending() -> None:
+        rounds = 0
+        while not stop.is_set():
+            await appends.round(survivor, f"during{rounds}")  # proxied to the leader
+            rounds += 1
+
+    killer = asyncio.create_task(kill_leader_mid_move())
+    appender = asyncio.create_task(appending())
+    await c.kill(gone)
+    await asyncio.wait_for(killer, move_timeout_s)
+    (killed_at, record) = killed[0]
+    assert record.previous and _name(leader) in record.ensemble, record  # mid-move
+    await c.wait_until(_register_settled_on(c, moved), timeout_s=move_timeout_s)
+    after = [t for t in appends.acked_at if t > killed_at]
+    if not after:  # the move settled before an append after the kill was acknowledged
+        await c.wait_until(lambda: None if appends.acked_at[-1] > killed_at else "no ack yet")
+        after = [t for t in appends.acked_at if t > killed_at]
+    stop.set()
+    await appender
+    served_after_s = after[0] - killed_at
+    print(f"a new leader served an append {served_after_s:.2f} s after the kill")
+    assert served_after_s < LEASE_TTL_S + 3.0, served_after_s
+    final = _record(c)
+    assert final is not None and final.leader in (_name(survivor), _name(spare)), final
+    for b in (survivor, spare):
+        appends.check(await _served(b, appends.end), b.suffix)
