@@ -131,8 +131,7 @@ class LeaderRole:
         self._heartbeat_due = 0
         self.barrier_index = 0  # this term's barrier entry (start())
         self.changing = changing  # the term changes the ensemble (BecomeLeader.changing)
-        # When each follower last answered in this term (see silent()); the term's start
-        # stands for a follower not heard from yet.
+        # When each follower last answered in this term (see doubtful()).
         self._heard: dict[str, int] = {}
         self._started = 0
 
@@ -184,13 +183,10 @@ class LeaderRole:
             return None
         doubtful = set()
         for m in self.ensemble:
-            heard = self._heard.get(m)
             if m == self.name:
                 continue
-            if heard is None:
-                silent = True
-            else:
-                silent = now - heard >= config.silent_after_ticks
+            heard = self._heard.get(m)
+            silent = heard is None or now - heard >= config.silent_after_ticks
             if silent or (m in self.cursors and self.cursors[m].nonce != 0):
                 doubtful.add(m)
         return frozenset(doubtful)

@@ -119,9 +119,8 @@ def ensemble_step(
     the ensemble keeps its fault tolerance while the new one catches up (the larger ensemble
     commits without it: 3 of {A,B,C,D} are live). Doubtful (LeaderRole.doubtful: silent, the
     usual reason the allocator moves a replica), and the only doubtful member: remove it
-    first. Adding first would need 3
-    acknowledgements of {A,B,C,D} with C dead, i.e. the new, empty D caught up before any
-    append commits; {A,B} needs A and B, which a dead C required already, and then {A,B,D}
+    first. Adding first would need 3 acknowledgements of {A,B,C,D} with C dead, i.e. the
+    new, empty D caught up before any append commits; {A,B} needs A and B, which a dead C required already, and then {A,B,D}
     commits with A and B while D catches up. With another member doubtful too (silent, or
     back from a lost disk and perhaps not voting yet), removing first could leave {A,B}
     unable to elect for good; adding first keeps the chance that C comes back. Either order
@@ -131,7 +130,7 @@ def ensemble_step(
     add = sorted(set(wanted) - set(current))
     remove = sorted(set(current) - set(wanted), key=lambda m: (m not in doubtful, m))
     dead_first = (
-        bool(remove) and remove[0] in doubtful and not doubtful & set(current) - {remove[0]}
+        bool(remove) and remove[0] in doubtful and not doubtful & (set(current) - {remove[0]})
     )
     replacing = len(current) == len(wanted)
     if add and (len(current) < len(wanted) or not remove or (replacing and not dead_first)):
