@@ -31,6 +31,10 @@ class QuorumConfig:
     retry_backoff_max_ticks: int = 320
     # An idle leader tells followers (commit offset) and coordinators (liveness) this often.
     heartbeat_interval_ticks: int = 10
+    # A follower the leader has not heard from (any answer of its term, or the term's start
+    # if none) for this long is *silent* (LeaderRole.silent): an ensemble change replacing it
+    # removes it before adding its successor (Rules.next_ensemble).
+    silent_after_ticks: int = 60
 
     def __post_init__(self) -> None:
         for f in fields(self):

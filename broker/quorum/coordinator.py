@@ -27,7 +27,8 @@ until a leader is appointed, so the shell can log it, count it and show it, rath
 silently. It never elects anyway: a short log elected would lose acknowledged appends.
 
 Ensemble changes (Rules.next_ensemble). A claim's ensemble is the record's moved one member
-towards `wanted` (the host's wish: the allocator's route), and only from a settled record; the
+towards `wanted` (the host's wish: the allocator's route; `doubtful`, the members the
+leader cannot count on, orders a replacement's two steps), and only from a settled record; the
 new term's record then names the ensemble it left (`previous`) until the change is known to
 have established: a leader's heartbeat says its barrier committed (`established`), and a
 monitoring coordinator CASes the record (same term, same leader) to settled. Until then every
@@ -158,6 +159,10 @@ class Coordinator:
         self._settle: TermRecord | None = None  # the settled record being written
         # The ensemble the host wants (None: keep the record's); see the module docstring.
         self.wanted: tuple[str, ...] | None = None
+        # Members the leader cannot count on (LeaderRole.doubtful), from the host with
+        # `wanted`: a replacement of the only one removes it first (ensemble_step). None: no
+        # leader can tell yet (none here, or its term is too young), and `wanted` waits.
+        self.doubtful: frozenset[str] | None = None
         self._stalled_revision = -1
         self._request_id = 0
         self._request: RegisterRead | RegisterCas | None = None
@@ -276,7 +281,10 @@ class Coordinator:
         known = self._known
         if known is None:
             raise IllegalTransitionError("coordinator", self.state, "claim without a read")
-        ensemble, previous = self.rules.next_ensemble(known.record, self.wanted)
+        doubtful, wanted = self.doubtful, self.wanted
+        if doubtful is None:  # no leader can tell which members are silent: change nothing
+            doubtful, wanted = frozenset(), None
+        ensemble, previous = self.rules.next_ensemble(known.record, wanted, doubtful)
         self._claim = TermRecord(known.record.term + 1, self.name, ensemble, previous=previous)
         self._cas(known.revision, self._claim, now)
 
@@ -284,13 +292,14 @@ class Coordinator:
         """Monitoring a record whose ensemble the host wants changed (and the rules allow it
         now), with no register request under way."""
         known = self._known
-        if self.wanted is None or known is None or self._request is not None:
+        doubtful = self.doubtful
+        if self.wanted is None or doubtful is None or known is None or self._request is not None:
             return False
         record = known.record
         if record.term != self.term or not record.leader:
             return False
         # Unsettled: next_ensemble keeps the record's ensemble (the rule is the Rules').
-        return self.rules.next_ensemble(record, self.wanted)[0] != record.ensemble
+        return self.rules.next_ensemble(record, self.wanted, doubtful)[0] != record.ensemble
 
     def _settle_if_established(self, now: int) -> None:
         """The leader's barrier committed: write the record settled (see the module

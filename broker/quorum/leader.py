@@ -131,10 +131,14 @@ class LeaderRole:
         self._heartbeat_due = 0
         self.barrier_index = 0  # this term's barrier entry (start())
         self.changing = changing  # the term changes the ensemble (BecomeLeader.changing)
+        # When each follower last answered in this term (see doubtful()).
+        self._heard: dict[str, int] = {}
+        self._started = 0
 
     # --- Term start and membership -------------------------------------------------------------
 
     def start(self, followers: Iterable[NewTermResponse], now: int) -> None:
+        self._started = now
         log = self.log
         log.append(Entry(self.term, log.head_index + 1, log.head_end, log.head_end, b""))
         self.barrier_index = log.head_index
@@ -163,6 +167,29 @@ class LeaderRole:
     @property
     def followers(self) -> tuple[str, ...]:
         return tuple(sorted(self.cursors))
+
+    def doubtful(self, now: int) -> frozenset[str] | None:
+        """The ensemble's other members this leader cannot count on: *silent* ones (no
+        answer of this term, any status, for `silent_after_ticks`; or none at all since the
+        term started `ack_timeout_ticks` ago, a live member answering its alignment within a
+        round trip: a leader elected after a member died finds it silent at once) and
+        members back from a lost disk in this term (aligned with a nonce: they may not vote
+        yet, Rules.may_vote). Deterministic in `now`, so the simulation and the broker
+        decide alike; what it decides is only the order of a replacement's two steps
+        (ensemble_step), never what commits. None while the term is younger than
+        `ack_timeout_ticks`: too young to tell (a coordinator changes nothing meanwhile)."""
+        config = self.config
+        if now - self._started < config.ack_timeout_ticks:
+            return None
+        doubtful = set()
+        for m in self.ensemble:
+            if m == self.name:
+                continue
+            heard = self._heard.get(m)
+            silent = heard is None or now - heard >= config.silent_after_ticks
+            if silent or (m in self.cursors and self.cursors[m].nonce != 0):
+                doubtful.add(m)
+        return frozenset(doubtful)
 
     # --- Appends -----------------------------------------------------------------------------
 
@@ -258,6 +285,7 @@ class LeaderRole:
         cursor = self.cursors.get(resp.member)
         if resp.term != self.term or cursor is None:
             return 0
+        self._heard[resp.member] = now
         if resp.status is ReplyStatus.LOST:
             # Whatever this follower acknowledged is gone: align it again from its new log
             # (acknowledgements already counted stay counted: that disk loss is the one the

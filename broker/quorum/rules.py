@@ -78,22 +78,26 @@ class Rules:
         return log.head_index
 
     def next_ensemble(
-        self, record: TermRecord, wanted: tuple[str, ...] | None
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The ensemble (and `previous`, TermRecord) of the term claimed after `record`, the
-        host wanting `wanted` (None: no wish). One member added or removed per term, and only
-        from a settled record: every committed entry is then held by a quorum of the
-        record's ensemble, and a quorum of an ensemble one member larger or smaller always
-        shares a member with it (q(n) + q(n + 1) > n + 1), so the new term's election sees
-        every committed entry and fences the old leader. Replacing a member is two changes
-        (add, then remove): in one step, {A,B,C} -> {B,C,D} has the disjoint quorums {A,B}
+        host wanting `wanted` (None: no wish), the leader unable to count on `doubtful`
+        (LeaderRole.doubtful). One member added or removed per term, and only from a settled
+        record: every committed entry is then held by a quorum of the record's ensemble, and
+        a quorum of an ensemble one member larger or smaller always shares a member with it
+        (q(n) + q(n + 1) > n + 1), so the new term's election sees every committed entry and
+        fences the old leader. Replacing a member is two changes (ensemble_step chooses their
+        order from `doubtful`): in one step, {A,B,C} -> {B,C,D} has the disjoint quorums {A,B}
         and {C,D}. While a change is unsettled (its term may or may not have committed: the
         register learns it only from the leader's heartbeat), the next term keeps the
         record's ensemble and `previous`: committed entries lie in a quorum of either, and
         both differ from it by at most one member."""
         if wanted is None or not record.settled:
             return record.ensemble, record.previous
-        step = ensemble_step(record.ensemble, wanted)
+        step = ensemble_step(record.ensemble, wanted, doubtful)
         if step == record.ensemble:
             return record.ensemble, ()
         return step, record.ensemble
@@ -106,16 +110,35 @@ class Rules:
         return max(responses, key=lambda r: (r.head, _neg(r.member)))
 
 
-def ensemble_step(current: tuple[str, ...], wanted: tuple[str, ...]) -> tuple[str, ...]:
-    """`current` moved one member towards `wanted` (sorted): add one it lacks first (a
-    replacement keeps its fault tolerance while the old member lives), else remove one it
-    should not have; never below one member."""
+def ensemble_step(
+    current: tuple[str, ...], wanted: tuple[str, ...], doubtful: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
+    """`current` moved one member towards `wanted` (sorted); never below one member.
+
+    A replacement's order depends on the outgoing member. Live: add the new member first, so
+    the ensemble keeps its fault tolerance while the new one catches up (the larger ensemble
+    commits without it: 3 of {A,B,C,D} are live). Doubtful (LeaderRole.doubtful: silent, the
+    usual reason the allocator moves a replica), and the only doubtful member: remove it
+    first. Adding first would need 3 acknowledgements of {A,B,C,D} with C dead, i.e. the
+    new, empty D caught up before any append commits; {A,B} needs A and B, which a dead C required already, and then {A,B,D}
+    commits with A and B while D catches up. With another member doubtful too (silent, or
+    back from a lost disk and perhaps not voting yet), removing first could leave {A,B}
+    unable to elect for good; adding first keeps the chance that C comes back. Either order
+    is single-member steps from settled records (Rules.next_ensemble), so the choice is one
+    of availability only: `doubtful` may be wrong (a slow member) without harm to safety.
+    """
     add = sorted(set(wanted) - set(current))
-    remove = sorted(set(current) - set(wanted))
-    if add and (len(current) <= len(wanted) or not remove):
+    remove = sorted(set(current) - set(wanted), key=lambda m: (m not in doubtful, m))
+    dead_first = (
+        bool(remove) and remove[0] in doubtful and not doubtful & (set(current) - {remove[0]})
+    )
+    replacing = len(current) == len(wanted)
+    if add and (len(current) < len(wanted) or not remove or (replacing and not dead_first)):
         return tuple(sorted((*current, add[0])))
     if remove and len(current) > 1:
         return tuple(m for m in current if m != remove[0])
+    if add:
+        return tuple(sorted((*current, add[0])))
     return current
 
 

@@ -41,7 +41,9 @@ coordinator last read it and, while it leads, its term's ensemble, so that a mem
 removed by an ensemble change (Rules.next_ensemble) hears the leader's heartbeats and
 replication. `wanted` (the owner's wish: the allocator's route) is handed to the coordinator
 only while this node leads: one proposer, so brokers whose views of the route differ for a
-moment do not move the ensemble back and forth. A node whose broker is outside the register's
+moment do not move the ensemble back and forth; with it, the members its leader cannot count on
+(`LeaderRole.doubtful`: silent lately), so that a dead member is removed before its successor is
+added (no append stall while the successor catches up: Rules.next_ensemble). A node whose broker is outside the register's
 current ensemble does not tick its coordinator: it receives no heartbeats, and would otherwise
 claim a term every leader timeout, deposing a healthy leader each time (what a route change
 did before); it goes on once a change adds it (the new term's NewTerm reaches its member, the
@@ -234,7 +236,9 @@ class QuorumNode:
             now = self.now()
             self.member.tick(now)
             coordinator = self.coordinator
-            coordinator.wanted = self.wanted if self.is_leader else None
+            leader = self.member.leader
+            coordinator.wanted = self.wanted if leader is not None else None
+            coordinator.doubtful = leader.doubtful(now) if leader is not None else None
             if self.name in coordinator.ensemble:
                 coordinator.tick(now)
             self._flush()

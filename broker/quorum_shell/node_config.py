@@ -13,9 +13,14 @@ tick_interval_s = 0.01
 
 def broker_quorum_config() -> QuorumConfig:
     """The core's bounds with ticks in milliseconds: a silent follower is re-sent after
-    200 ms (doubling to 2 s); an idle leader tells followers and coordinators every 50 ms."""
+    200 ms (doubling to 2 s); an idle leader tells followers and coordinators every 50 ms; a
+    follower that has not answered for 1.5 s (30 heartbeats: as long as a silent leader is
+    tolerated) is silent, and removed before its successor is added."""
     return QuorumConfig(
-        ack_timeout_ticks=200, retry_backoff_max_ticks=2000, heartbeat_interval_ticks=50
+        ack_timeout_ticks=200,
+        retry_backoff_max_ticks=2000,
+        heartbeat_interval_ticks=50,
+        silent_after_ticks=1500,
     )
 
 

@@ -99,7 +99,10 @@ class ReplaceInOneStep(Rules):
     new ensembles have disjoint quorums ({A,B} and {C,D})."""
 
     def next_ensemble(
-        self, record: TermRecord, wanted: tuple[str, ...] | None
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is None or not record.settled or wanted == record.ensemble:
             return record.ensemble, record.previous
@@ -112,14 +115,35 @@ class ChangeBeforeEstablished(Rules):
     committed entries may still lie in a quorum of the first ensemble only."""
 
     def next_ensemble(
-        self, record: TermRecord, wanted: tuple[str, ...] | None
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is None:
             return record.ensemble, record.previous
-        step = ensemble_step(record.ensemble, wanted)
+        step = ensemble_step(record.ensemble, wanted, doubtful)
         if step == record.ensemble:
             return record.ensemble, record.previous
         return step, record.ensemble
+
+
+class ReplaceDeadInOneStep(Rules):
+    """A doubtful (dead-looking) member is replaced in one term ({A,B,C} -> {A,B,D}), on the
+    tempting argument that a dead member votes for nothing anyway: it may only be slow or cut
+    off, and {A,C} and {B,D} are disjoint quorums of the two ensembles."""
+
+    def next_ensemble(
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if wanted is not None and record.settled and len(wanted) == len(record.ensemble):
+            leaving = set(record.ensemble) - set(wanted)
+            if leaving and leaving <= doubtful:
+                return tuple(sorted(wanted)), record.ensemble
+        return super().next_ensemble(record, wanted, doubtful)
 
 
 MUTATIONS = (
@@ -132,4 +156,5 @@ MUTATIONS = (
     LostStartsAtItsLogTerm,
     ReplaceInOneStep,
     ChangeBeforeEstablished,
+    ReplaceDeadInOneStep,
 )

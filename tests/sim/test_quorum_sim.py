@@ -29,7 +29,7 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     per_chunk = SEEDS // CHUNKS
     delivered: dict[str, int] = {}
     acked = crashes = disk_losses = checks = mismatches = deposed_wipes = late = 0
-    ensemble_changes = 0
+    ensemble_changes = removed_first = 0
     for seed in range(chunk * per_chunk, (chunk + 1) * per_chunk):
         result = run_seed(seed)
         if not result.ok:
@@ -42,6 +42,7 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
         checks += result.registers_verified
         mismatches += result.mismatches_verified
         ensemble_changes += result.ensemble_changes
+        removed_first += result.removed_first
         for kind, count in result.delivered.items():
             delivered[kind] = delivered.get(kind, 0) + count
     # The seeds took every path of the protocol, not just the happy one.
@@ -68,6 +69,8 @@ def test_invariants_hold_and_progress_resumes(chunk: int) -> None:
     assert checks > per_chunk // 4 and mismatches > per_chunk // 4, (checks, mismatches)
     # The register's ensemble moved (members added and removed, one per term).
     assert ensemble_changes > per_chunk // 2, ensemble_changes
+    # Some replacements of a crashed member removed it first (ensemble_step).
+    assert removed_first > 0, removed_first
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -286,6 +286,7 @@ class CoordinatorNode:
         if core is None:
             return
         core.wanted = self.world.wanted
+        core.doubtful = self.world.doubtful()
         core.handle(msg, self.world.net.now)
         self._flush(core)
 
@@ -299,6 +300,7 @@ class CoordinatorNode:
         if core is None or incarnation != self.incarnation:
             return
         core.wanted = self.world.wanted  # the allocator's route, as every broker sees it
+        core.doubtful = self.world.doubtful()  # as the broker's leader tells its coordinator
         core.tick(self.world.net.now)
         self._flush(core)
         self.world.net.timer(

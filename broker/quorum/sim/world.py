@@ -70,6 +70,7 @@ class SimConfig:
             ack_timeout_ticks=8,
             retry_backoff_max_ticks=32,
             heartbeat_interval_ticks=6,
+            silent_after_ticks=30,
         )
     )
     coordinator: CoordinatorConfig = field(
@@ -97,6 +98,8 @@ class SimResult:
     disk_losses: int = 0
     # Term register records whose ensemble differed from the one before (ensemble changes).
     ensemble_changes: int = 0
+    # Replacements whose first step removed the old member (it was silent: ensemble_step).
+    removed_first: int = 0
     # Disks wiped beside a deposed leader (_wipe_beside_a_deposed_leader), and messages
     # re-delivered late (Network.late_p, replay_to).
     deposed_wipes: int = 0
@@ -137,6 +140,8 @@ class World:
         self.pool = (*initial, f"m{members}") if self.change_p else initial
         self.wanted: tuple[str, ...] | None = None
         self.ensemble_changes = 0
+        self.removed_first = 0
+        self.down_since: dict[str, int] = {}  # when each member last crashed
         self._ensemble_seen = initial
         self.net = Network(
             rng,
@@ -211,6 +216,17 @@ class World:
         """The term register's current ensemble."""
         return self.register.read().record.ensemble
 
+    def doubtful(self) -> frozenset[str] | None:
+        """The members the leader of the register's term cannot count on
+        (LeaderRole.doubtful), as a broker's leader hands them to its own coordinator; None
+        (no change now) while no live member leads that term."""
+        term, now = self.register.read().record.term, self.net.now
+        for node in self.members:
+            member = node.member
+            if member is not None and member.leader is not None and member.term == term:
+                return member.leader.doubtful(now)
+        return None
+
     # --- Running -------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -245,6 +261,9 @@ class World:
                 self.nodes[name].timer(payload)  # type: ignore[arg-type]
             ensemble = self.ensemble
             if ensemble != self._ensemble_seen:
+                if len(ensemble) < len(self._ensemble_seen) and self.wanted is not None:
+                    if len(self.wanted) > len(ensemble):
+                        self.removed_first += 1  # a replacement that removed first
                 self._ensemble_seen = ensemble
                 self.ensemble_changes += 1
                 self._note(f"register ensemble {ensemble}")
@@ -314,7 +333,13 @@ class World:
             self._crash(leader or rng.choice(self.ensemble))
         elif r < 0.27:
             name = rng.choice(self.ensemble)
-            wipe = rng.random() < self.disk_loss_p and all(m.voter for m in self.members)
+            # Never below the initial size (a replacement that removed first): an ensemble
+            # of two cannot spare a lost disk, and neither could the one it replaces.
+            wipe = (
+                rng.random() < self.disk_loss_p
+                and all(m.voter for m in self.members)
+                and self._may_lose_a_disk()
+            )
             if wipe and self.wiped and self.deposed_rng.random() < self.rewipe_p:
                 # The same member again: the alignment that brought it back after its first
                 # loss may be re-delivered after its second (what its nonce is for).
@@ -345,9 +370,33 @@ class World:
         current = record.ensemble
         if (self.wanted is not None and self.wanted != current) or not record.settled:
             return  # a change is under way
+        if not all(m.voter for m in self.members):
+            # One fault at a time, as for disk losses: a member back from a lost disk and not
+            # yet voting, and another replaced (dead: removed first, ensemble_step), leave
+            # two members one of whom cannot vote until the other leads it. The sim restarts
+            # every crashed member, so an order that depends on the dead one coming back would
+            # pass here and fail on brokers, where a replaced broker does not come back.
+            return
         outside = [m for m in self.pool if m not in current]
         r = rng.random()
-        if outside and r < 0.6:
+        # Down as long as a leader takes to find it silent: as brokers replace a member only
+        # after its lease expired, long after.
+        since = self.net.now - self.config.quorum.silent_after_ticks
+        down = [
+            m.name
+            for m in self.members
+            if m.name in current and not m.up and self.down_since.get(m.name, since + 1) <= since
+        ]
+        if outside and down and r < 0.3:
+            # A crashed member replaced (the allocator's usual move, after its lease expired):
+            # kept down a while longer, so that the leader finds it silent and removes it
+            # first (ensemble_step). Its pending restart is dropped (a new incarnation).
+            out = rng.choice(down)
+            node = cast(MemberNode, self.nodes[out])
+            node.incarnation += 1
+            self.net.timer(rng.randint(40, 120), out, (RESTART, node.incarnation))
+            wanted = tuple(sorted((*(m for m in current if m != out), rng.choice(outside))))
+        elif outside and r < 0.6:
             out = rng.choice(current)
             wanted = tuple(sorted((*(m for m in current if m != out), rng.choice(outside))))
         elif outside and r < 0.8:
@@ -359,6 +408,22 @@ class World:
             return
         self.wanted = wanted
         self._note(f"want ensemble {wanted}")
+
+    def _may_lose_a_disk(self) -> bool:
+        """Never below the initial size, nor while a member wanted out is down or doubtful
+        to the leader (it may be removed first, ensemble_step): an ensemble of two cannot
+        spare a lost disk, and neither could the three it replaces with one member gone (the
+        sim brings every member back, which a removed one no longer helps). One fault at a
+        time, as for disk losses everywhere in the sim."""
+        current = self.ensemble
+        if len(current) < len(self.initial):
+            return False
+        wanted = self.wanted
+        if wanted is None:
+            return True
+        leaving = {m for m in current if m not in wanted}
+        doubtful = self.doubtful() or frozenset()
+        return not leaving & doubtful and all(m.up for m in self.members if m.name in leaving)
 
     def _wipe_beside_a_deposed_leader(self) -> bool:
         """If a member still leads a term older than the register's, wipe the disk of a
@@ -378,6 +443,8 @@ class World:
         ]
         if not deposed or not fenced or not all(m.voter for m in self.members):
             return False
+        if not self._may_lose_a_disk():
+            return False
         leader, victim = deposed[0], self.deposed_rng.choice(fenced)
         self._crash(victim.name, wipe=True, down_ticks_max=8)  # back while the leader leads
         self.deposed_wipes += 1
@@ -392,6 +459,7 @@ class World:
             return
         if isinstance(node, MemberNode):
             node.crash(wipe)
+            self.down_since[name] = self.net.now
             if wipe:
                 self.logs[name] = node.log
                 self.checker.on_disk_lost(name)
@@ -454,6 +522,7 @@ def run_seed(
         crashes=world.crashes,
         disk_losses=world.disk_losses,
         ensemble_changes=world.ensemble_changes,
+        removed_first=world.removed_first,
         deposed_wipes=world.deposed_wipes,
         late_deliveries=world.net.stats.late,
         registers_verified=world.checker.registers_verified,

@@ -33,6 +33,23 @@ def test_a_replacement_is_an_addition_then_a_removal() -> None:
     assert ensemble_step(("a",), ()) == ("a",)  # never below one member
 
 
+def test_a_dead_member_is_removed_before_its_successor_is_added() -> None:
+    dead = frozenset({"a"})
+    assert ensemble_step(ABC, ("b", "c", "d"), dead) == ("b", "c")
+    assert ensemble_step(("b", "c"), ("b", "c", "d"), dead) == ("b", "c", "d")
+    # Another doubtful member: removing first could leave two that cannot elect; add first.
+    assert ensemble_step(ABC, ("b", "c", "d"), frozenset({"a", "b"})) == ("a", "b", "c", "d")
+    # A doubtful member that stays: the live one leaving is replaced add first.
+    assert ensemble_step(ABC, ("b", "c", "d"), frozenset({"b"})) == ("a", "b", "c", "d")
+    # Shrinking removes a doubtful member before a live one.
+    assert ensemble_step(("a", "b", "c", "d"), ("b", "c"), frozenset({"d"})) == ("a", "b", "c")
+    assert ensemble_step(("a",), ("d",), frozenset({"a"})) == ("a", "d")  # never below one
+    assert CORRECT_RULES.next_ensemble(TermRecord(4, "c0", ABC, "b"), ("b", "c", "d"), dead) == (
+        ("b", "c"),
+        ABC,
+    )
+
+
 def test_only_a_settled_record_changes_and_the_change_names_what_it_left() -> None:
     rules = CORRECT_RULES
     settled = TermRecord(4, "c0", ABC, "a")
@@ -75,6 +92,18 @@ def _coordinator() -> Coordinator:
     return Coordinator("c0", ABC, random.Random(1), config)
 
 
+def _tick(router: Router, coordinator: Coordinator) -> None:
+    """One tick, the coordinator told what the register's leader cannot count on, as a
+    broker's node tells its own coordinator (node.py)."""
+    record = router.register.read().record
+    member = router.members.get(record.leader)
+    leader = member.leader if member is not None else None
+    coordinator.doubtful = leader.doubtful(router.now) if leader is not None else None
+    router.tick()
+    for member in router.members.values():
+        member.sync(router.now)
+
+
 def _commit(router: Router, leader: str, data: bytes) -> tuple[int, int]:
     member = router.members[leader]
     member.append(data, data, router.now)
@@ -104,9 +133,7 @@ def test_a_member_replaced_holds_every_byte_and_counts_in_the_quorum() -> None:
     seen = [(before.ensemble, before.previous)]
     coordinator.wanted = ("b", "c", "d")
     for _ in range(400):
-        router.tick()
-        for member in members.values():
-            member.sync(router.now)
+        _tick(router, coordinator)
         record = register.read().record
         if seen[-1] != (record.ensemble, record.previous):
             seen.append((record.ensemble, record.previous))
@@ -143,3 +170,50 @@ def test_only_a_changing_term_says_established_on_the_wire() -> None:
     established = Heartbeat(4, "a", 7, 7, ("b", "c", "d"), established=True)
     for msg in (changing, established):
         assert decode_envelope(encode_envelope(Envelope("j", "a", msg))).message == msg
+
+
+def test_a_dead_member_is_replaced_without_waiting_for_its_successor() -> None:
+    """A follower dies and d, its successor, cannot catch up yet (cut off too): the ensemble
+    goes {a,b,c} -> the two others -> them and d, and they commit all along. Adding d first
+    needs 3 of {a,b,c,d}: with one dead and d not caught up, nothing would commit (nor
+    elect). (The leader's own view says who is silent: it is the one that stays.)"""
+    members = {n: Member(n, ReplicaLog(), CONFIG) for n in (*ABC, "d")}
+    register = MemoryCasRegister(TermRecord(0, "", ABC))
+    coordinator = _coordinator()
+    router = Router(members, {"c0": coordinator}, register)
+    coordinator.start(0)
+    router.tick(40)
+    leader = register.read().record.leader
+    assert leader
+    _commit(router, leader, b"before ")
+    dead = next(m for m in ABC if m != leader)
+    live = tuple(m for m in ABC if m != dead)
+    wanted = tuple(sorted((*live, "d")))
+    cut = {dead, "d"}
+    router.cut = lambda src, dst, msg: src in cut or dst in cut
+    # The allocator moves a replica once its broker's lease expired: long after it fell silent.
+    for _ in range(CONFIG.silent_after_ticks):
+        _tick(router, coordinator)
+    coordinator.wanted = wanted
+    seen = [register.read().record.ensemble]
+    for _ in range(600):
+        _tick(router, coordinator)
+        record = register.read().record
+        if seen[-1] != record.ensemble:
+            seen.append(record.ensemble)
+        if record.ensemble == wanted and record.leader in members:
+            if members[record.leader].leader is not None:
+                break
+    else:
+        raise AssertionError(f"the change did not complete: {seen} {register.read()}")
+    assert seen == [ABC, live, wanted], seen
+    leader = register.read().record.leader
+    assert leader in live
+    _, end = _commit(router, leader, b"during")  # d not caught up: b and c commit
+    assert members["d"].log.head_end == 0
+    router.cut = lambda src, dst, msg: dead in (src, dst)  # d reachable: it catches up
+    for _ in range(200):
+        _tick(router, coordinator)
+        if members["d"].log.commit_index >= members[leader].log.commit_index > 0:
+            break
+    assert members["d"].log.read(0, end) == b"before during"
