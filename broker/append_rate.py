@@ -108,7 +108,10 @@ class MinRateCredit:
     """A client's credit under the minimum rate (see the module docstring). Times are seconds
     of a monotonic clock; the first call starts the clock."""
 
-    __slots__ = ("_at", "_capacity", "_credit", "_rate")
+    # The credit is kept in seconds of the minimum rate, not bytes: a full credit is then
+    # exactly `burst_s`, and a chunk arriving exactly one window after the credit was full is
+    # admitted (bytes * rate / rate loses the last bit of the window to rounding).
+    __slots__ = ("_at", "_burst_s", "_credit_s", "_rate")
 
     def __init__(self, min_rate_bytes_per_s: int, *, burst_s: float) -> None:
         if min_rate_bytes_per_s <= 0 or burst_s <= 0:
@@ -117,17 +120,17 @@ class MinRateCredit:
                 f" (got {min_rate_bytes_per_s}, {burst_s})"
             )
         self._rate = float(min_rate_bytes_per_s)
-        self._capacity = self._rate * burst_s
-        self._credit = self._capacity
+        self._burst_s = float(burst_s)
+        self._credit_s = self._burst_s
         self._at: float | None = None
 
     @property
     def credit_bytes(self) -> float:
-        return self._credit
+        return self._credit_s * self._rate
 
     def _drain_to(self, now: float) -> None:
         if self._at is not None and now > self._at:
-            self._credit = max(0.0, self._credit - (now - self._at) * self._rate)
+            self._credit_s = max(0.0, self._credit_s - (now - self._at))
         if self._at is None or now > self._at:
             # A clock that went backwards drains nothing, and is not taken as the new time.
             self._at = now
@@ -136,14 +139,14 @@ class MinRateCredit:
         """Seconds from ``now`` the client has to deliver its next chunk; 0.0 means its credit
         is gone, and the append must be cut."""
         self._drain_to(now)
-        return self._credit / self._rate
+        return self._credit_s
 
     def on_chunk(self, size: int, now: float) -> None:
         """A chunk of ``size`` bytes arrived at ``now``."""
         if size < 0:
             raise ValueError(f"size: must be >= 0 (got {size})")
         self._drain_to(now)
-        self._credit = min(self._capacity, self._credit + size)
+        self._credit_s = min(self._burst_s, self._credit_s + size / self._rate)
 
     def resume(self, now: float) -> None:
         """The broker held the stream until ``now`` (to honour a maximum rate): that time was

@@ -138,3 +138,11 @@ def test_any_client_keeping_up_over_the_window_is_admitted(
     assert cut_at(credit, chunks) is None
     # And the credit never covers more than one window of stall.
     assert credit.wait_s(times[-1]) <= window + 1e-9
+
+
+def test_a_chunk_exactly_one_window_after_a_full_credit_is_admitted() -> None:
+    """Hypothesis found it: with the credit kept in bytes, rate * window / rate rounded below
+    the window, and a client on the boundary was cut."""
+    window = 2.2920130744700393
+    credit = MinRateCredit(1000, burst_s=window)
+    assert cut_at(credit, [(0.0, 2293), (window, 1147)]) is None
