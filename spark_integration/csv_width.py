@@ -11,15 +11,37 @@ and both column counts). An empty journal takes the width of its first write.
 
 The look costs one read of the journal's first record: on the driver for the journals it knows
 (option `journal`, the journals of `keyColumn` routing), in the task, before its first append to
-the journal, for journals named by a `journal` column.
+the journal, for journals named by a `journal` column. The driver remembers a width it found
+(`known_fields`, per broker and journal, in its process): a streaming query builds a writer per
+micro-batch (twice: to plan it and to commit it), and the width of a journal with records never
+changes, so once known it is not looked up again. Deleting and re-creating a journal can change
+it: the remembered width is then only a hint, the fence below still holds, and a write refused
+by a remembered width looks again before it raises.
+
+The race. Two writers of different widths (two queries, a batch write and a stream) can both
+find a journal empty, and both append: records of two widths, and no reader can read the
+journal. (An expected offset cannot guard the first append: AppendRequest.offset 0 means "no
+check".) So every append of CSV rows is fenced on the journal's width register
+(`WIDTH_REGISTER`, `width_fence`): it requires the register to hold the width it checked, or to
+be absent if it found the journal without one, and sets it to the rows' width. The first
+writer's append sets it; the other's is refused by the broker (REGISTER_MISMATCH) with nothing
+appended, and that writer looks again (`refence`): the same width, it appends under the new
+fence; another, it fails with GazetteCSVWidthError naming both. The register is set by rows'
+appends only, so an ACK or rollback (appended after the rows they close) needs no fence. A
+journal whose registers are all lost (Gazette resets them when etcd loses consensus) matches
+any fence (Gazette's rule for an empty register set): the next append sets the register again.
+Writers that do not use the register (gazctl, other producers) are not fenced.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
 
 from broker.client import RetryReader
 from broker.client.route_cache import JournalClient
+from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.csv_framing import CSVFraming, CSVSyntaxError, parse_record
 from gazette_consumer.message.framing import Frame
@@ -27,6 +49,10 @@ from spark_integration.journal_io import GazetteJournalError, write_head
 
 # A first record longer than this is not looked for further: the framing's own bound.
 first_record_bytes_max: Final = CSVFraming().message_bytes_max
+# The register holding the number of fields (the UUID's included) of a CSV journal's records.
+WIDTH_REGISTER: Final = "gazette.csv/fields"
+# Widths a process remembers (`known_fields`); past this many journals it forgets them all.
+known_widths_max: Final = 4096
 
 
 class GazetteCSVWidthError(GazetteJournalError):
@@ -44,11 +70,99 @@ class GazetteCSVWidthError(GazetteJournalError):
         )
 
 
+class GazetteCSVWidthRaceError(GazetteCSVWidthError):
+    """Another writer fixed the width of a CSV journal that this write found empty, to another
+    number of columns than this write's (`refence`)."""
+
+    def __init__(self, journal: str, expected: int, given: int, columns: list[str]) -> None:
+        super().__init__(journal, expected, given, columns)
+        self.args = (
+            f"{self.args[0]} (the journal was empty when this write looked; another write of"
+            f" {expected} columns appended first, and fixed its width)",
+        )
+
+
 def check_width(journal: str, existing_fields: int, fields: int, columns: list[str]) -> None:
     """Refuse records of `fields` fields (UUID included) in a journal whose records have
     `existing_fields` (0: no record yet)."""
     if existing_fields and existing_fields != fields:
         raise GazetteCSVWidthError(journal, existing_fields - 1, fields - 1, columns)
+
+
+@dataclass(frozen=True)
+class WidthFence:
+    """What an append of CSV records of `fields` fields requires of the journal's width
+    register: to hold `expected` fields, or (0) to be absent; it sets the register to `fields`."""
+
+    expected: int
+    fields: int
+
+    def include(self) -> list[pb.Label]:
+        return [pb.Label(name=WIDTH_REGISTER, value=str(self.expected))] if self.expected else []
+
+    def exclude(self) -> list[pb.Label]:
+        return [] if self.expected else [pb.Label(name=WIDTH_REGISTER)]
+
+    def union(self) -> pb.Label:
+        return pb.Label(name=WIDTH_REGISTER, value=str(self.fields))
+
+
+def registered_fields(journal: str, registers: pb.LabelSet) -> int:
+    """The width the journal's register holds (0: none)."""
+    value = gl.value_of(registers, WIDTH_REGISTER)
+    if not value:
+        return 0
+    if not value.isdigit() or int(value) < 1:
+        raise GazetteJournalError(
+            f"journal {journal!r}: register {WIDTH_REGISTER}={value!r} is not a number of CSV"
+            " fields, as this data source sets it: nothing was written"
+        )
+    return int(value)
+
+
+async def refence(
+    client: JournalClient,
+    journal: str,
+    registers: pb.LabelSet,
+    fields: int,
+    columns: list[str],
+) -> WidthFence:
+    """The fence of an append of `fields`-wide records whose fence the broker refused, given
+    the journal's registers read since: raise GazetteCSVWidthRaceError if another writer
+    fixed another width meanwhile."""
+    existing = registered_fields(journal, registers)
+    if existing:
+        if existing != fields:
+            raise GazetteCSVWidthRaceError(journal, existing - 1, fields - 1, columns)
+        return WidthFence(existing, fields)
+    # No register: the journal's records say (registers lost, or written by others).
+    check_width(journal, await first_record_fields(client, journal), fields, columns)
+    return WidthFence(0, fields)
+
+
+_known: dict[tuple[str, str], int] = {}
+
+
+async def known_fields(
+    broker: str,
+    journal: str,
+    probe: Callable[[str], Coroutine[Any, Any, int]],
+    *,
+    fresh: bool = False,
+) -> int:
+    """The width of `journal` at `broker`: remembered, or `probe(journal)` (and remembered
+    unless 0: an empty journal's width is fixed by its first write)."""
+    key = (broker, journal)
+    if not fresh and key in _known:
+        return _known[key]
+    fields = await probe(journal)
+    if fields:
+        if len(_known) >= known_widths_max:
+            _known.clear()
+        _known[key] = fields
+    else:
+        _known.pop(key, None)
+    return fields
 
 
 async def first_record_fields(client: JournalClient, journal: str) -> int:

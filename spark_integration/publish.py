@@ -51,7 +51,7 @@ from spark_integration.arrow_json import (
     lines_of,
     uuid_suffixes,
 )
-from spark_integration.csv_width import check_width, first_record_fields
+from spark_integration.csv_width import WidthFence, check_width, first_record_fields, refence
 from spark_integration.journal_io import GazetteJournalError, run_with_client
 from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
@@ -64,6 +64,11 @@ from spark_integration.write_framing import WriteFraming, write_content_type
 # together are flushed, largest first, once they hold `publish_buffers_bytes_max`.
 publish_buffer_bytes_max: Final = 1 << 20
 publish_buffers_bytes_max: Final = 8 << 20
+# Appends of a buffer whose CSV width fence the broker refused, the first included: each refusal
+# means the journal's width register moved since it was read (csv_width.py).
+width_fence_attempts_max: Final = 4
+width_fence_backoff_initial_s: Final = 0.02
+width_fence_backoff_max_s: Final = 0.5
 # Rows given one by one (`publish_rows`) are encoded this many at a time.
 row_batch_rows_max: Final = 4096
 
@@ -135,14 +140,20 @@ def fenced_request(journal: str, register: str, registers: pb.LabelSet) -> pb.Ap
 
 
 class _Buffers:
-    """Framed messages per journal, appended a buffer at a time (fenced when streaming)."""
+    """Framed messages per journal, appended a buffer at a time: fenced on the query's register
+    when streaming, and on the width register in CSV journals (csv_width.py)."""
 
     def __init__(self, client: JournalClient, task: TaskIdentity) -> None:
         self._client = client
         self._task = task
         self._register = register_name(task.query) if task.streaming else ""
-        # The request of each journal appended to so far (with its fence, streaming).
+        # The request of each journal appended to so far (with its fences).
         self.requests: dict[str, pb.AppendRequest] = {}
+        # The query's register in each journal, as read before the first append (streaming).
+        self.query_values: dict[str, str] = {}
+        # The width fence of each CSV journal, and the columns its records carry.
+        self.widths: dict[str, WidthFence] = {}
+        self.columns: dict[str, list[str]] = {}
         self.pending: dict[str, bytearray] = {}
         self.size = 0
 
@@ -166,12 +177,38 @@ class _Buffers:
     async def request(self, journal: str) -> pb.AppendRequest:
         request = self.requests.get(journal)
         if request is None:
-            request = pb.AppendRequest(journal=journal)
             if self._register:
                 registers = await read_registers(self._client, journal)
-                check_not_stale(self._task, journal, gl.value_of(registers, self._register))
-                request = fenced_request(journal, self._register, registers)
-            self.requests[journal] = request
+                value = gl.value_of(registers, self._register)
+                check_not_stale(self._task, journal, value)
+                self.query_values[journal] = value
+            request = self.requests[journal] = self._fenced(journal)
+        return request
+
+    def _fenced(self, journal: str) -> pb.AppendRequest:
+        include: list[pb.Label] = []
+        exclude: list[pb.Label] = []
+        if self._register:
+            value = self.query_values[journal]
+            if value:
+                include.append(pb.Label(name=self._register, value=value))
+            else:
+                exclude.append(pb.Label(name=self._register))
+        request = pb.AppendRequest(journal=journal)
+        width = self.widths.get(journal)
+        if width is not None:
+            include += width.include()
+            exclude += width.exclude()
+            request.union_registers.CopyFrom(pb.LabelSet(labels=[width.union()]))
+        if include or exclude:
+            check = pb.LabelSelector()
+            if include:
+                include.sort(key=_label_key)
+                check.include.CopyFrom(pb.LabelSet(labels=include))
+            if exclude:
+                exclude.sort(key=_label_key)
+                check.exclude.CopyFrom(pb.LabelSet(labels=exclude))
+            request.check_registers.CopyFrom(check)
         return request
 
     async def flush(self, journal: str) -> None:
@@ -179,7 +216,37 @@ class _Buffers:
         if not buffer:
             return
         self.size -= len(buffer)
-        await append(self._client, await self.request(journal), bytes(buffer))
+        content = bytes(buffer)
+        delay = width_fence_backoff_initial_s
+        for attempt in range(1, width_fence_attempts_max + 1):
+            try:
+                await append(self._client, await self.request(journal), content)
+                return
+            except RegisterMismatchError:
+                # Nothing was appended. The width register moved (another writer's first
+                # append to the journal: look again), or the query's (raise, as before).
+                if journal not in self.widths or attempt == width_fence_attempts_max:
+                    raise
+                if not await self._refence(journal):
+                    raise
+            if attempt > 1:  # A register that keeps moving: the journal re-created meanwhile?
+                await asyncio.sleep(delay)
+                delay = min(width_fence_backoff_max_s, delay * 2)
+
+    async def _refence(self, journal: str) -> bool:
+        """After a refused fence: False if the query's register moved; else the width fence
+        taken again (csv_width.refence: GazetteCSVWidthError if the width is another)."""
+        registers = await read_registers(self._client, journal)
+        if self._register and gl.value_of(registers, self._register) != self.query_values.get(
+            journal
+        ):
+            return False
+        fence = self.widths[journal]
+        self.widths[journal] = await refence(
+            self._client, journal, registers, fence.fields, self.columns[journal]
+        )
+        self.requests[journal] = self._fenced(journal)
+        return True
 
     async def flush_largest(self) -> None:
         await self.flush(max(self.pending, key=lambda j: len(self.pending[j])))
@@ -187,6 +254,10 @@ class _Buffers:
     async def flush_all(self) -> None:
         for journal in list(self.pending):
             await self.flush(journal)
+
+
+def _label_key(label: pb.Label) -> tuple[str, str]:
+    return (label.name, label.value)
 
 
 async def _roll_back(
@@ -267,10 +338,11 @@ async def journal_content_type(
 
 async def task_framing(
     client: JournalClient, shape: RowShape, journal: str, batch: pa.RecordBatch
-) -> WriteFraming:
+) -> tuple[WriteFraming, int]:
     """The framing of `journal`, met by a task in `batch` before it appends anything there: by
     the content-type the driver resolved or listed, else the journal's spec; the width of a CSV
-    journal's records checked against the rows' (csv_width.py) unless the driver did."""
+    journal's records checked against the rows' (csv_width.py) unless the driver did. With it,
+    the width found (of a CSV journal; 0 if empty, or not CSV): what appends are fenced on."""
     known = dict(shape.content_types)
     labels = dict(shape.journal_labels)
     if journal in known:
@@ -284,14 +356,15 @@ async def task_framing(
             client, journal, shape.content_type, shape.protobuf_class
         )
     framing = WriteFraming.of(journal, content_type, shape, batch.schema.names, batch.schema)
+    existing = 0
     if framing.content_type == gl.CONTENT_TYPE_CSV:
         checked = dict(shape.csv_fields)
-        existing = checked[journal] if journal in checked else None
-        if existing is None:
-            existing = await first_record_fields(client, journal)
+        existing = (
+            checked[journal] if journal in checked else await first_record_fields(client, journal)
+        )
         columns = shape.message_columns(batch.schema.names)
         check_width(journal, existing, framing.csv_fields, columns)
-    return framing
+    return framing, existing
 
 
 def batches_of_rows(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
@@ -327,7 +400,11 @@ async def publish_batches(
             routes = route(shape, batch)
             for journal, _ in routes:
                 if journal not in framings:
-                    framings[journal] = await task_framing(client, shape, journal, batch)
+                    framing, existing = await task_framing(client, shape, journal, batch)
+                    framings[journal] = framing
+                    if framing.content_type == gl.CONTENT_TYPE_CSV:
+                        buffers.widths[journal] = WidthFence(existing, framing.csv_fields)
+                        buffers.columns[journal] = shape.message_columns(batch.schema.names)
             for journal, lines in encode_routes(
                 shape, batch, routes, producer, clock + 1, framings
             ):

@@ -27,11 +27,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType
 
-from spark_integration.batch_read import GazetteBatchReader, GazetteFilteringReader, sample_schema
 from spark_integration.options import GazetteOptionError, parse_write_options
 from spark_integration.read_options import ReadOptions, parse_read_options
 from spark_integration.rows import LABELS_COLUMN, LABELS_FIELD, META_SCHEMA
-from spark_integration.stream_read import GazetteStreamReader
+
+# The readers and writers are imported by the method that builds them. Spark calls each method
+# in a Python process of its own kind (the look-up that asks `schema()`, the planning of a read,
+# of a write, the driver's process of a streaming query), started on first use in a session:
+# the look-up needs none of them, and importing the readers there (pyarrow, the broker client:
+# ~0.5 s of CPU) was paid by every session's first read.
 
 
 def default_schema(opts: ReadOptions) -> StructType:
@@ -78,6 +82,8 @@ class GazetteDataSource(DataSource):  # type: ignore[misc]
         # Called only when the user gave no schema.
         opts = parse_read_options(self.options)
         if opts.json_fields:
+            from spark_integration.batch_read import sample_schema
+
             sampled = sample_schema(opts)
             if opts.include_labels:
                 sampled = StructType([*sampled.fields, LABELS_FIELD])
@@ -85,6 +91,8 @@ class GazetteDataSource(DataSource):  # type: ignore[misc]
         return default_schema(opts)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        from spark_integration.batch_read import GazetteBatchReader, GazetteFilteringReader
+
         opts = parse_read_options(self.options, "batch")
         check_schema(schema)
         if opts.filter_pushdown:
@@ -92,11 +100,10 @@ class GazetteDataSource(DataSource):  # type: ignore[misc]
         return GazetteBatchReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from spark_integration.stream_read import GazetteStreamReader
+
         check_schema(schema)
         return GazetteStreamReader(parse_read_options(self.options, "stream"), schema)
-
-    # The write side is imported by the writers only: the driver's process of a streaming read
-    # (one per query) and the planning of a batch read import this module, and need none of it.
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark_integration.write import GazetteBatchWriter

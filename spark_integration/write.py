@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,7 +51,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration.arrow_protobuf import uuid_field
-from spark_integration.csv_width import check_width, first_record_fields
+from spark_integration.csv_width import check_width, first_record_fields, known_fields
 from spark_integration.journal_io import GazetteJournalError, resolve_journals, run_with_client
 from spark_integration.options import GazetteOptionError, WriteOptions, journals_max
 from spark_integration.publish import PublishedTxn, append_acks, publish_partition
@@ -127,10 +127,11 @@ def row_shape(opts: WriteOptions, schema: StructType) -> RowShape:
     csv = [j for j, f in framings.items() if f.content_type == gl.CONTENT_TYPE_CSV]
     if not csv:
         return shape
-    widths = run_with_client(opts.broker, lambda client: _csv_fields(client, csv))
     columns = shape.message_columns(names)
-    for journal, existing in widths:
-        check_width(journal, existing, framings[journal].csv_fields, columns)
+    wanted = {j: framings[j].csv_fields for j in csv}
+    widths = run_with_client(
+        opts.broker, lambda client: _csv_fields(client, opts.broker, wanted, columns)
+    )
     return replace(shape, csv_fields=widths)
 
 
@@ -172,8 +173,25 @@ async def _plan(client: JournalClient, opts: WriteOptions) -> _Plan:
     )
 
 
-async def _csv_fields(client: JournalClient, journals: list[str]) -> tuple[tuple[str, int], ...]:
-    widths = await asyncio.gather(*(first_record_fields(client, j) for j in journals))
+async def _csv_fields(
+    client: JournalClient, broker: str, wanted: dict[str, int], columns: list[str]
+) -> tuple[tuple[str, int], ...]:
+    """The width of each CSV journal (remembered once known: csv_width.known_fields), checked
+    against the write's (`wanted`, per journal); a remembered width that refuses the write is
+    looked up again first (the journal may have been re-created since)."""
+
+    async def one(journal: str) -> int:
+        def probe(j: str) -> Coroutine[Any, Any, int]:
+            return first_record_fields(client, j)
+
+        existing = await known_fields(broker, journal, probe)
+        if existing and existing != wanted[journal]:
+            existing = await known_fields(broker, journal, probe, fresh=True)
+        check_width(journal, existing, wanted[journal], columns)
+        return existing
+
+    journals = sorted(wanted)
+    widths = await asyncio.gather(*(one(j) for j in journals))
     return tuple(zip(journals, widths, strict=True))
 
 
