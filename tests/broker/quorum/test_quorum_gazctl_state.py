@@ -46,15 +46,27 @@ async def _listed(broker: Broker, capsys: pytest.CaptureFixture[str]) -> dict[st
     return {d["name"]: d for d in docs}
 
 
+def _routed_to_leader(doc: dict[str, Any]) -> bool:
+    """The listed route names the quorum state's leader as its primary. The two come from
+    different sources: the state from the members' coordinators (Status), the route from the
+    listing broker's mirror of the term register (List), which learns an appointment one etcd
+    watch later; until then it reports the assigned route."""
+    return f"{doc['quorum']['leader']}*" in doc["route"]
+
+
 async def _until_listed(
     broker: Broker, capsys: pytest.CaptureFixture[str], election: str
 ) -> dict[str, dict[str, Any]]:
-    """The listing of J once gazctl shows `election` (polled: the state comes from brokers'
-    coordinators, which offer the test no event; each poll is a whole gazctl run)."""
+    """The listing of J once gazctl shows `election` and, with a leader, routes to it (polled:
+    the state comes from brokers' coordinators, which offer the test no event; each poll is a
+    whole gazctl run)."""
     async with asyncio.timeout(wait_s):
         while True:
             listed = await _listed(broker, capsys)
-            if listed[J]["quorum"]["election"] == election:
+            doc = listed[J]
+            if doc["quorum"]["election"] == election and (
+                election != "leader" or _routed_to_leader(doc)
+            ):
                 return listed
             await asyncio.sleep(0.2)
 
@@ -77,7 +89,7 @@ async def test_gazctl_shows_term_leader_and_a_blocked_election(
     state = listed[J]["quorum"]
     leader = next(b for b in brokers if _name(b) == state["leader"])
     assert state["term"] >= 1
-    assert listed[J]["route"].count("*") == 1 and f"{state['leader']}*" in listed[J]["route"]
+    assert listed[J]["route"].count("*") == 1
     assert "quorum" not in listed[PLAIN]
     assert (await cluster.append(leader, J, [b"kept"])).status == pb.OK
     table = await _gazctl(brokers[0], capsys)
