@@ -62,7 +62,7 @@ from broker.hand_off import hand_off, handoff_wait_s_default
 from broker.journal_service import SERVER_OPTIONS, JournalService
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.keyspace import KeySpace
-from broker.keyspace.lease import keep_lease_alive
+from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
 from broker.list_apply_api import ListApplyAPI
 from broker.logging import get_logger
 from broker.peer_dialer import PEER_READ_CHANNEL_OPTIONS
@@ -198,6 +198,8 @@ class Broker:
         # Set once the gRPC port is bound (``endpoint`` known), before the broker is ready.
         self.bound = asyncio.Event()
         self.lease_id = 0
+        # The lease's refresh loop, from the grant on (keep_lease_alive_from_grant).
+        self._keepalive: asyncio.Task[None] | None = None
         self.endpoint = ""
         # The BrokerSpec announced under the lease (set by start()).
         self.spec = pb.BrokerSpec()
@@ -274,9 +276,9 @@ class Broker:
         await self._recover_spools()
         server = await self._bind()
         try:
-            announced, ttl_s = await self._announce()
+            announced = await self._announce()
             await self._load_keyspace(announced)
-            self._task = asyncio.create_task(self._run(ttl_s), name=f"{self!r}")
+            self._task = asyncio.create_task(self._run(), name=f"{self!r}")
             await self._until_serving(self._task)
         except BaseException:
             # Not serving: release the port (and the member key) rather than hold them as a
@@ -326,8 +328,9 @@ class Broker:
         self.bound.set()
         return server
 
-    async def _announce(self) -> tuple[int, int]:
-        """Grant the lease and put the member key under it: (revision of the put, lease TTL)."""
+    async def _announce(self) -> int:
+        """Grant the lease, start keeping it alive (through the rest of the start and the
+        run), and put the member key under it: the revision of the put."""
         cfg = self.config
         spec = pb.BrokerSpec(
             process_spec=pb.ProcessSpec(id=self.id, endpoint=self.endpoint),
@@ -336,12 +339,17 @@ class Broker:
         validate_broker_spec(spec)
         self.spec = spec
         self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
+        self._keepalive = keep_lease_alive_from_grant(self.backend, self.lease_id, ttl_s)
         # A predecessor with this ID (crashed, its lease not yet expired) still holds the key
         # and its assignments: wait for them to go rather than take them as ours.
-        revision = await announce(
-            self.backend, self._member_key(), spec.SerializeToString(), self.lease_id, ttl_s
+        return await announce(
+            self.backend,
+            self._member_key(),
+            spec.SerializeToString(),
+            self.lease_id,
+            ttl_s,
+            keepalive=self._keepalive,
         )
-        return revision, ttl_s
 
     async def _load_keyspace(self, announced: int) -> None:
         """Load the mirror; it must show this broker's own announcement."""
@@ -360,6 +368,11 @@ class Broker:
             raise BrokerStateError(f"{self!r}: stopped while starting")
 
     async def _abandon_start(self, server: grpc.aio.Server) -> None:
+        keepalive, self._keepalive = self._keepalive, None
+        if keepalive is not None:
+            keepalive.cancel()
+            with contextlib.suppress(BaseException):
+                await keepalive
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -382,13 +395,14 @@ class Broker:
     def _member_key(self) -> bytes:
         return member_key(self.config.root, self.config.zone, self.config.suffix).encode()
 
-    async def _run(self, ttl_s: int) -> None:
+    async def _run(self) -> None:
         persister = self.persister
+        assert self._keepalive is not None  # Started by _announce.
         try:
             async with asyncio.TaskGroup() as tg:
                 daemons = [
                     tg.create_task(self.ks.watch(self.backend)),
-                    tg.create_task(keep_lease_alive(self.backend, self.lease_id, ttl_s)),
+                    tg.create_task(lease_kept(self._keepalive)),
                     tg.create_task(self.store_health.run()),
                 ]
                 if persister is not None:

@@ -47,7 +47,7 @@ from broker.allocator.announce import announce
 from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, message_bytes_max
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
-from broker.keyspace.lease import keep_lease_alive
+from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import consumer_pb2_grpc as cpbg
@@ -199,24 +199,36 @@ class ConsumerMember:
         self._server = server
         self.endpoint = f"{scheme}://{cfg.host}:{port}"
         self.bound.set()
+        keepalive: asyncio.Task[None] | None = None
         try:
             spec = self._spec()
             self.lease_id, ttl_s = await self.backend.lease_grant(cfg.lease_ttl_s)
+            # Refreshed from the grant on, through the mirror's load and the run.
+            keepalive = keep_lease_alive_from_grant(self.backend, self.lease_id, ttl_s)
             # A predecessor with this ID (crashed, its lease not yet expired) still holds the
             # key and its assignments: wait for them to go rather than take them as ours.
             announced = await announce(
-                self.backend, self._key(), spec.SerializeToString(), self.lease_id, ttl_s
+                self.backend,
+                self._key(),
+                spec.SerializeToString(),
+                self.lease_id,
+                ttl_s,
+                keepalive=keepalive,
             )
             await self.ks.load(self.backend)
             check_own_member(self.ks, self._key(), self.lease_id, announced)
         except BaseException:
             self._server = None
+            if keepalive is not None:
+                keepalive.cancel()
+                with contextlib.suppress(BaseException):
+                    await keepalive
             await server.stop(0)
             if self.lease_id:
                 with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
                     await self.backend.lease_revoke(self.lease_id)
             raise
-        self._task = asyncio.create_task(self._run(ttl_s), name=repr(self))
+        self._task = asyncio.create_task(self._run(keepalive), name=repr(self))
         self.gate.open()
 
     def is_ready(self) -> bool:
@@ -228,12 +240,12 @@ class ConsumerMember:
     def _key(self) -> bytes:
         return member_key(self.config.root, self.config.zone, self.config.suffix).encode()
 
-    async def _run(self, ttl_s: int) -> None:
+    async def _run(self, keepalive: asyncio.Task[None]) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
                 daemons = [
                     tg.create_task(self._watch()),
-                    tg.create_task(keep_lease_alive(self.backend, self.lease_id, ttl_s)),
+                    tg.create_task(lease_kept(keepalive)),
                     tg.create_task(self._allocate()),
                 ]
                 await self.local.run()

@@ -45,17 +45,22 @@ async def announce(
     ttl_s: float,
     *,
     wait_s: float = announce_wait_s_max,
+    keepalive: asyncio.Future[Any] | None = None,
 ) -> int:
     """Put ``key`` = ``value`` under ``lease`` (granted just now with ``ttl_s``) once the key is
     absent, keeping the lease alive meanwhile; returns the revision of the put. Raises
-    AnnounceTimeoutError if another lease holds the key for ``wait_s``."""
-    keepalive = asyncio.ensure_future(keep_lease_alive(backend, lease, ttl_s))
-    try:
+    AnnounceTimeoutError if another lease holds the key for ``wait_s``. ``keepalive``: the
+    lease's refresh loop, started by the caller at the grant and left running (otherwise one
+    is run for the announcement only)."""
+    if keepalive is not None:
         return await _announce(backend, key, value, lease, wait_s, keepalive)
+    own = asyncio.ensure_future(keep_lease_alive(backend, lease, ttl_s))
+    try:
+        return await _announce(backend, key, value, lease, wait_s, own)
     finally:
-        keepalive.cancel()
+        own.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await keepalive
+            await own
 
 
 async def _announce(

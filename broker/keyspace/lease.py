@@ -54,3 +54,25 @@ async def keep_lease_alive(
         # The new TTL counts from when etcd handled the refresh, which is after it was sent.
         expires_at = sent_at + ttl_s
         interval_s = ttl_s / refreshes_per_ttl
+
+
+def keep_lease_alive_from_grant(
+    backend: Backend, lease_id: int, ttl_s: float
+) -> asyncio.Task[None]:
+    """Start refreshing a lease granted just now, as a task of its own.
+
+    A process announces itself under the lease, loads its keyspace mirror, and only then runs
+    the task group whose keep-alive would otherwise start refreshing: a refresh loop started
+    there assumes a lease refreshed just now, while the last refresh was before the mirror's
+    load (seconds, for a large keyspace or a slow etcd). So the one loop starts at the grant
+    and runs through the start; the run awaits it (`lease_kept`). Cancel it if the start
+    fails."""
+    return asyncio.ensure_future(keep_lease_alive(backend, lease_id, ttl_s))
+
+
+async def lease_kept(keepalive: asyncio.Task[None]) -> NoReturn:
+    """Await a keep-alive started at the grant (`keep_lease_alive_from_grant`): raises what
+    ended it (the lease lost, or etcd unreachable past the lease's expiry). Cancelling the
+    awaiting task cancels the keep-alive too."""
+    await keepalive
+    raise AssertionError("keep_lease_alive returned")  # It never returns.
