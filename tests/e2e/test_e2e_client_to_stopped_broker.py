@@ -23,12 +23,17 @@ SIGSTOPped: its sockets stay open, so no connection is refused or reset and noth
 
 Before client keepalive, the first check waited forever (the test fails at its bound); without
 the connect timeout, the second took gRPC's 20 s.
+
+The same at the consumer's level: a shard (the counting app, SQLite store, in this process)
+whose source journal's broker is SIGSTOPped while the shard waits at its write head consumes
+a message appended after the journal moved, within the same bound. Before, it never did.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -47,15 +52,28 @@ from broker.grpc_transport import (
     client_keepalive_time_s,
     client_keepalive_timeout_s,
 )
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
-from broker.testing.process_cluster import ProcessCluster
+from broker.testing.process_cluster import BrokerProcess, ProcessCluster
+from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
+from gazette_consumer.shard_runner import ShardRunner
+from tests.gazette_consumer.consumer_testkit import Group
+from tests.gazette_consumer.shard_testkit import (
+    CountingApp,
+    Producer,
+    read_counts,
+    shard_spec,
+    sqlite_engine,
+)
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
 T = TypeVar("T")
 
 JOURNAL = "client/stopped"
+SHARD = "shard-of-stopped"
 TWO_BROKERS = [("zone-a", "broker-a1"), ("zone-b", "broker-b1")]
 LEASE_TTL_S = 3
 # Scheduling on a shared machine, an etcd round trip or two.
@@ -235,3 +253,66 @@ async def test_readers_and_appends_fail_over_from_a_stopped_broker(
         f"stalled read failed after {stalled_s:.1f} s; new-connection append {fresh_s:.1f} s;"
         f" delivered {delivered_s:.1f} s after the stop"
     )
+
+
+async def _learn_route(client: JournalClient, stopped: BrokerProcess) -> None:
+    """`client` (whose default broker is not `stopped`) learns the journal's route, naming
+    `stopped`, from a non-blocking read its default broker proxies; then it connects to it."""
+    with pytest.raises(OffsetNotYetAvailableError):
+        await Reader(client, pb.ReadRequest(journal=JOURNAL, block=False)).read_chunk()
+    assert client.endpoint_for(JOURNAL, require_primary=False) == stopped.endpoint
+    await asyncio.wait_for(client.channels.get(stopped.endpoint).channel_ready(), connect_wait_s)
+
+
+async def test_a_shard_keeps_consuming_after_its_sources_broker_is_stopped(
+    cluster: ProcessCluster, tmp_path: Path
+) -> None:
+    source = journal_spec(JOURNAL, 1, cluster.store_url)
+    source.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
+    await cluster.apply([source])
+    await cluster.wait_until(cluster.journals_ready([JOURNAL], 1))
+    stopped = cluster.primary(JOURNAL)
+    assert stopped is not None
+    survivor = next(b for b in cluster.brokers if b is not stopped)
+    loop = asyncio.get_running_loop()
+    # The consumer's client reads the source straight from A (as once it learnt the route).
+    client = cluster.client(survivor)
+    await _learn_route(client, stopped)
+    group = await Group.open()
+    try:
+        async with sqlite_engine(tmp_path) as engine:
+            app = CountingApp(engine)
+            async with ShardRunner(app, client, root="/test/stopped-source") as runner:
+                await group.join("zone-a", "consumer-a", start_shard=runner.start_shard)
+                await group.put_shard(shard_spec(SHARD, [JOURNAL]))
+
+                def serving() -> str | None:
+                    status = runner.statuses().get(SHARD)
+                    code = status.code if status is not None else None
+                    return None if code == cpb.ReplicaStatus.PRIMARY else f"{SHARD}: {status}"
+
+                # Primary: reading its source from offset 0, the empty journal's write head.
+                await group.until(serving)
+                cluster.pause(stopped)
+                stopped_at = loop.time()
+                try:
+                    # A producer whose client has no route: its default broker proxies, then
+                    # (once the journal moved to it) serves.
+                    async with AppendService(cluster.client(survivor)) as appends:
+                        await (await Producer(appends, "p").committed(JOURNAL, "after-the-stop"))
+                    await _within(
+                        "the shard consuming the message",
+                        failover_bound_s - (loop.time() - stopped_at),
+                        app.events.until(lambda: bool(app.consumed_total and app.finishes)),
+                    )
+                    await app.finishes[0]
+                    consumed_s = loop.time() - stopped_at
+                finally:
+                    cluster.resume(stopped)
+                assert await read_counts(engine, SHARD) == {"after-the-stop": 1}
+                status = runner.statuses().get(SHARD)
+                assert status is not None and status.code == cpb.ReplicaStatus.PRIMARY, status
+                await group.nodes[0].member.stop(graceful=False)
+    finally:
+        await group.close()
+    print(f"the shard consumed the message {consumed_s:.1f} s after the stop")
