@@ -23,6 +23,15 @@ unreachable too, another broker the client learned of from a route). Channels re
 with a bounded back-off (``reconnect_backoff_max_ms``, not gRPC's two minutes), so a broker back
 on the same endpoint is reachable again within half a second; a channel whose endpoint stays
 unreachable is closed and dropped after ``unreachable_channel_ttl_s``.
+
+A broker that stops answering without closing its sockets (SIGSTOP, a hung host, a partition
+that drops packets) refuses nothing and resets nothing. Channels therefore ping the broker
+while calls are in flight (HTTP/2 keepalive, ``broker.grpc_transport``: every
+``client_keepalive_time_s``, acknowledged within ``client_keepalive_timeout_s``), so that a
+call stalled on it (a blocking Read at the write head, an append awaiting its commit) fails
+UNAVAILABLE within seconds, and a new connection's handshake gives up after
+``client_connect_timeout_s``: the caller drops the route, as above, and reaches the journal
+through the default broker once it has moved.
 """
 
 from __future__ import annotations
