@@ -115,9 +115,10 @@ async def cluster() -> AsyncIterator[ProcessCluster]:
 
 
 async def _within(what: str, bound_s: float, awaitable: Awaitable[T]) -> T:
-    """`awaitable`'s result, failing the test (rather than hanging) after `bound_s`."""
+    """`awaitable`'s result, failing the test (rather than hanging) after `bound_s` (what is
+    left of a bound: at once if it is spent)."""
     try:
-        return await asyncio.wait_for(awaitable, bound_s)
+        return await asyncio.wait_for(awaitable, max(0.0, bound_s))
     except TimeoutError:
         pytest.fail(f"{what}: still waiting after {bound_s:.1f} s")
 
