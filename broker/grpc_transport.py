@@ -30,25 +30,66 @@ peer_keepalive_timeout_s: Final = 3.0
 # calls it the minimum connect timeout, set by `grpc.min_reconnect_backoff_ms`: the reconnect
 # backoff itself is `grpc.initial_reconnect_backoff_ms` .. `grpc.max_reconnect_backoff_ms`).
 peer_connect_timeout_s: Final = 5.0
-PEER_KEEPALIVE_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
-    ("grpc.keepalive_time_ms", int(peer_keepalive_time_s * 1000)),
-    ("grpc.keepalive_timeout_ms", int(peer_keepalive_timeout_s * 1000)),
-    # gRPC's core (1.5x) times a ping's acknowledgement with this, 60 s by default, whatever
-    # the keepalive timeout says: without it a stopped peer is noticed after a minute.
-    ("grpc.http2.ping_timeout_ms", int(peer_keepalive_timeout_s * 1000)),
-    # Only while calls are in flight: an idle channel's next call starts the pings anyway.
-    ("grpc.keepalive_permit_without_calls", 0),
-    # Keep pinging a call that sends and receives nothing for long (a proxied append waiting
-    # for its commit, an idle Replicate stream): by default gRPC stops after two such pings.
-    ("grpc.http2.max_pings_without_data", 0),
-    # A new connection to a stopped peer: TCP connects (its kernel answers), the HTTP/2
-    # handshake never completes; gRPC's core gives up after this (20 s by default).
-    ("grpc.min_reconnect_backoff_ms", int(peer_connect_timeout_s * 1000)),
+
+
+def keepalive_channel_options(
+    time_s: float, timeout_s: float, connect_timeout_s: float
+) -> tuple[tuple[str, int], ...]:
+    """gRPC channel options that ping the other end every `time_s` while calls are in flight,
+    close the connection (failing its calls UNAVAILABLE) when a ping is not acknowledged within
+    `timeout_s`, and give up on a new connection's handshake after `connect_timeout_s`."""
+    return (
+        ("grpc.keepalive_time_ms", int(time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(timeout_s * 1000)),
+        # gRPC's core (1.5x) times a ping's acknowledgement with this, 60 s by default,
+        # whatever the keepalive timeout says: without it a stopped peer is noticed after a
+        # minute.
+        ("grpc.http2.ping_timeout_ms", int(timeout_s * 1000)),
+        # Only while calls are in flight: an idle channel's next call starts the pings anyway.
+        ("grpc.keepalive_permit_without_calls", 0),
+        # Keep pinging a call that sends and receives nothing for long (a blocking read of a
+        # quiet journal, a proxied append waiting for its commit, an idle Replicate stream): by
+        # default gRPC stops after two such pings.
+        ("grpc.http2.max_pings_without_data", 0),
+        # A new connection to a stopped peer: TCP connects (its kernel answers), the HTTP/2
+        # handshake never completes; gRPC's core gives up after this (20 s by default).
+        ("grpc.min_reconnect_backoff_ms", int(connect_timeout_s * 1000)),
+    )
+
+
+PEER_KEEPALIVE_CHANNEL_OPTIONS: Final = keepalive_channel_options(
+    peer_keepalive_time_s, peer_keepalive_timeout_s, peer_connect_timeout_s
 )
-# The shortest interval between a client's pings the broker's server accepts: below the peers'
-# keepalive time (with room for timer jitter), or the server answers GOAWAY "too_many_pings"
-# after two early pings and drops every call on the connection.
-server_ping_interval_min_s: Final = peer_keepalive_time_s / 2
+
+# HTTP/2 keepalive of client channels to brokers (route_cache.CHANNEL_OPTIONS: every
+# JournalClient, so consumer shards' readers and appenders, gazctl, Spark executors and drivers,
+# the HTTP gateway's client). Without it a client's blocking Read from a broker that stopped
+# without closing its sockets waits forever, even after the broker's lease expired and the
+# journal moved: no error reaches the reader, so it never re-resolves the route (Gazette's
+# clients have the same flaw). With it the stalled call fails UNAVAILABLE within
+# `client_keepalive_time_s` + `client_keepalive_timeout_s`, which every reader and appender
+# retries through a fresh route. The same values as the peers': our brokers' servers accept
+# pings every `server_ping_interval_min_s`, and a ping is a few bytes a connection (not a
+# call) every 2 s while calls are in flight. A Go (Gazette) broker's server accepts a ping only
+# every 5 minutes unless it sent data since the last one: a few pings into a quiet call (a
+# blocking read of an idle journal, a long append) it answers GOAWAY `too_many_pings`; the
+# calls on that connection fail UNAVAILABLE and are retried, and gRPC's core doubles its
+# keepalive time to that broker each time (4, 8, ... 512 s), so that after eight such cuts at
+# most it pings no faster than the Go server allows (docs/architecture.md).
+client_keepalive_time_s: Final = 2.0
+client_keepalive_timeout_s: Final = 3.0
+# How long a new connection to a broker may take to complete its HTTP/2 handshake (see
+# `peer_connect_timeout_s`): a stopped broker's kernel accepts the TCP connection, and a call
+# waiting for it would otherwise fail only after gRPC's default 20 s.
+client_connect_timeout_s: Final = 5.0
+CLIENT_KEEPALIVE_CHANNEL_OPTIONS: Final = keepalive_channel_options(
+    client_keepalive_time_s, client_keepalive_timeout_s, client_connect_timeout_s
+)
+
+# The shortest interval between pings the broker's server accepts: below the peers' and the
+# clients' keepalive times (with room for timer jitter), or the server answers GOAWAY
+# "too_many_pings" after two early pings and drops every call on the connection.
+server_ping_interval_min_s: Final = min(peer_keepalive_time_s, client_keepalive_time_s) / 2
 PEER_KEEPALIVE_SERVER_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     ("grpc.http2.min_ping_interval_without_data_ms", int(server_ping_interval_min_s * 1000)),
     # A ping racing the end of the last call on a connection is not a strike.

@@ -46,6 +46,7 @@ from broker.allocator import serve as allocate
 from broker.allocator.announce import announce
 from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, message_bytes_max
+from broker.grpc_transport import PEER_KEEPALIVE_SERVER_OPTIONS
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
 from broker.logging import get_logger
@@ -88,6 +89,10 @@ allocator_idle_wake_s_default = 30.0
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", message_bytes_max),
     ("grpc.max_receive_message_length", message_bytes_max),
+    # Clients' channels (ChannelPool: other members proxying, ShardClient, gazctl) ping while
+    # calls are in flight, as the brokers' servers accept; by gRPC's default a call that waits
+    # long without data (a Stat waiting to read through) would be cut "too_many_pings".
+    *PEER_KEEPALIVE_SERVER_OPTIONS,
 ]
 
 

@@ -23,6 +23,15 @@ unreachable too, another broker the client learned of from a route). Channels re
 with a bounded back-off (``reconnect_backoff_max_ms``, not gRPC's two minutes), so a broker back
 on the same endpoint is reachable again within half a second; a channel whose endpoint stays
 unreachable is closed and dropped after ``unreachable_channel_ttl_s``.
+
+A broker that stops answering without closing its sockets (SIGSTOP, a hung host, a partition
+that drops packets) refuses nothing and resets nothing. Channels therefore ping the broker
+while calls are in flight (HTTP/2 keepalive, ``broker.grpc_transport``: every
+``client_keepalive_time_s``, acknowledged within ``client_keepalive_timeout_s``), so that a
+call stalled on it (a blocking Read at the write head, an append awaiting its commit) fails
+UNAVAILABLE within seconds, and a new connection's handshake gives up after
+``client_connect_timeout_s``: the caller drops the route, as above, and reaches the journal
+through the default broker once it has moved.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import grpc
 import grpc.aio
 
 from broker.auth import client_interceptors_from_env
+from broker.grpc_transport import CLIENT_KEEPALIVE_CHANNEL_OPTIONS
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validate import ValidationError
@@ -72,12 +82,17 @@ unreachable_channel_ttl_s: Final = 60.0
 # its state).
 unreachable_sweep_interval_s: Final = 5.0
 
-# Options of every client channel to a broker (the broker's own peer channels use them too).
+# Options of every client channel to a broker (the broker's own peer channels use them too,
+# with the peers' keepalive in place of the clients').
 CHANNEL_OPTIONS: Final = (
     ("grpc.max_receive_message_length", message_bytes_max),
     ("grpc.max_send_message_length", message_bytes_max),
     ("grpc.initial_reconnect_backoff_ms", reconnect_backoff_initial_ms),
     ("grpc.max_reconnect_backoff_ms", reconnect_backoff_max_ms),
+    # A call to a broker that stopped answering (SIGSTOP, a hung host, a partition that drops
+    # packets) fails UNAVAILABLE within seconds, and a new connection to one gives up after
+    # `client_connect_timeout_s` (see the module docstring).
+    *CLIENT_KEEPALIVE_CHANNEL_OPTIONS,
 )
 
 
