@@ -19,6 +19,8 @@ from typing import Final, TextIO
 frames_max: Final = 12
 
 DUMP_SIGNAL: Final = signal.SIGUSR1
+# The dump's last line (what a waiting reader of the log looks for).
+END_MARKER: Final = "--- end of task dump ---"
 
 
 def install(loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -35,7 +37,7 @@ def dump_tasks(out: TextIO | None = None) -> int:
         buf.write(f"- {task.get_name()}: {task!r:.300}\n")
         for line in _stack_lines(task):
             buf.write(f"    {line}\n")
-    buf.write("--- end of task dump ---\n")
+    buf.write(f"{END_MARKER}\n")
     stream = out if out is not None else sys.stderr
     stream.write(buf.getvalue())
     stream.flush()

@@ -29,11 +29,17 @@ from pathlib import Path
 from typing import IO, Final
 
 import broker
+from broker import task_dump
 
 # Bytes of a process's log quoted in errors.
 log_tail_bytes: Final = 4000
 # A SIGTERM'd process still running after this long is killed, and terminate() raises.
 exit_timeout_s_default: Final = 60.0
+# Before that kill, the process is asked for a dump of its asyncio tasks (SIGUSR1,
+# broker/task_dump.py), so that its log says what its stop was waiting on; the dump's end is
+# awaited at most this long, polling the log this often (a file's growth has no event).
+task_dump_wait_s_max: Final = 5.0
+task_dump_poll_s: Final = 0.05
 # Put on the children's PYTHONPATH: the directory holding the ``broker`` package (and the
 # ``examples`` package beside it).
 PACKAGE_PARENT: Final = str(Path(broker.__file__).resolve().parent.parent)
@@ -146,12 +152,34 @@ class ServedProcess:
             async with asyncio.timeout(timeout_s):
                 code = await proc.wait()
         except TimeoutError:
+            dumped = await self._dump_tasks()
             await self.kill()
+            where = f"its tasks dumped in {self.log_path}" if dumped else "no task dump"
             raise ServedProcessError(
-                f"{self.name} still running {timeout_s}s after SIGTERM:\n{self.log_tail()}"
+                f"{self.name} still running {timeout_s}s after SIGTERM ({where}):\n"
+                f"{self.log_tail()}"
             ) from None
         await self._reap()
         return code
+
+    async def _dump_tasks(self) -> bool:
+        """Ask the running process for its task dump and wait (bounded) until its log holds
+        the dump's end; whether it does. A process without the handler dies of SIGUSR1: it
+        is being killed anyway."""
+        proc = self.process
+        if proc is None or proc.returncode is not None:
+            return False
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        proc.send_signal(task_dump.DUMP_SIGNAL)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + task_dump_wait_s_max
+        while proc.returncode is None and loop.time() < deadline:
+            with self.log_path.open("rb") as log:
+                log.seek(start)
+                if task_dump.END_MARKER.encode() in log.read():
+                    return True
+            await asyncio.sleep(task_dump_poll_s)
+        return False
 
     def pause(self) -> None:
         """SIGSTOP: it answers nothing (its sockets stay open), and does not know."""
