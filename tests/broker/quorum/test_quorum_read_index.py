@@ -70,7 +70,7 @@ async def test_a_follower_learns_the_leaders_commit_and_concurrent_reads_share_o
     leader = await _registered_leader(c)
     follower = c.live[next(n for n in NAMES if n != leader)].node
 
-    begin, end = await c.append(b"the last append;")
+    _, end = await c.append(b"the last append;")
     assert end == len(expected) + len(b"the last append;")
     # At once, through the follower: its own commit may still be behind, the read index not.
     asks = follower.reads.asks
@@ -108,7 +108,7 @@ async def test_a_deposed_leader_does_not_answer(
     assert (await register.compare_and_swap(current.revision, newer)).ok
     monkeypatch.setattr(read_barrier, "read_index_wait_s", short_wait_s)
     started = time.monotonic()
-    with pytest.raises(QuorumReadUnavailableError, match="not confirmed|no leader"):
+    with pytest.raises(QuorumReadUnavailableError, match=r"not confirmed|no leader"):
         await leader.reads.read_index()
     assert time.monotonic() - started < short_wait_s + 2.0  # bounded
 
