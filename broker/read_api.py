@@ -31,6 +31,13 @@ DATA_LOSS rather than a new protocol.Status: an in-band status would need a valu
 clients do not know, while every gRPC client knows DATA_LOSS, and Gazette's own read it as an
 error rather than as the journal's end. Other store failures stay UNAVAILABLE (retriable).
 
+Quorum journals (label `gazette.dev/replication-mode=quorum`): a member serves what it has
+applied of its own commit offset, which may trail the leader's by a message. So a non-blocking
+read first passes the read barrier (quorum_shell/read_barrier.py: learn the leader's commit
+offset, wait until this broker applied it), and a read started after an append was acknowledged
+sees it through any member; past the barrier's bound it is answered UNAVAILABLE. Blocking reads
+wait for their content as they always do.
+
 A hole: a blocking read at an offset below the write head that no fragment covers (a former
 primary's fragment not yet listed, or one that will never come) waits like a read at the head,
 since a listing may still fill it; the index jumps it only once the fragment after it is hours
