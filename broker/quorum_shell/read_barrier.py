@@ -172,6 +172,8 @@ class ReadBarrier:
         node = self._node
         try:
             offset = await self._confirmed()
+        except QuorumReadUnavailableError:  # the node stopped meanwhile
+            offset = None
         except Exception:  # a bug: refused (the asker retries), and said
             log.exception("quorum read index not confirmed", journal=node.journal)
             offset = None

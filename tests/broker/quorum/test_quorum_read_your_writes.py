@@ -11,19 +11,24 @@ the read right after the append found OFFSET_NOT_YET_AVAILABLE and an older writ
 from __future__ import annotations
 
 import asyncio
+import time
 
+import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec
 
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.quorum_shell import read_barrier
 from broker.server import Broker
 
 wait_s = 15.0
 # Appends, each followed at once by a read through every member: enough that a follower
 # learning the commit a heartbeat later is caught every time, not by luck.
 appends = 200
+# The read barrier's bound in the test that waits it out (the broker's is longer).
+short_wait_s = 0.5
 
 
 async def _leader(brokers: list[Broker], journal: str) -> Broker:
@@ -101,3 +106,35 @@ async def test_the_write_head_reported_at_once_covers_the_append(cluster: Cluste
         request = pb.ReadRequest(journal=journal, offset=-1, block=False, metadata_only=True)
         heads = [r.write_head async for r in cluster.stub(follower).Read(request)]
         assert heads and max(heads) >= resp.commit.end, (i, heads, resp.commit.end)
+
+
+@pytest.mark.timeout(60)
+async def test_a_member_that_cannot_learn_the_read_index_answers_unavailable(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never the stale content it holds: UNAVAILABLE (clients retry it), naming why, within
+    the bound; a blocking read is not refused."""
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    journal = await _quorum_journal(cluster, "ryw/unavailable", brokers)
+    leader = await _leader(brokers, journal)
+    resp = await cluster.append(leader, journal, [b"acknowledged;"])
+    assert resp.status == pb.OK, pb.Status.Name(resp.status)
+    survivor = next(b for b in brokers if b is not leader)
+    # Read through it while it can: it has then applied the append (the barrier waited).
+    assert (await _read_now(cluster, survivor, journal, 0))[0] == b"acknowledged;"
+    for broker in [b for b in brokers if b is not survivor]:
+        await cluster.stop_broker(broker)  # the leader among them: no majority is left
+    monkeypatch.setattr(read_barrier, "read_index_wait_s", short_wait_s)
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _read_now(cluster, survivor, journal, 0)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "ryw/unavailable" in (refused.value.details() or ""), refused.value.details()
+    assert time.monotonic() - started < short_wait_s + 5.0
+    # A blocking read of what the member applied still streams it (no barrier).
+    request = pb.ReadRequest(journal=journal, offset=0, end_offset=resp.commit.end, block=True)
+    content = bytearray()
+    async with asyncio.timeout(wait_s):
+        async for r in cluster.stub(survivor).Read(request):
+            content += r.content
+    assert bytes(content) == b"acknowledged;"
