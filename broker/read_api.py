@@ -31,6 +31,13 @@ DATA_LOSS rather than a new protocol.Status: an in-band status would need a valu
 clients do not know, while every gRPC client knows DATA_LOSS, and Gazette's own read it as an
 error rather than as the journal's end. Other store failures stay UNAVAILABLE (retriable).
 
+Quorum journals (label `gazette.dev/replication-mode=quorum`): a member serves what it has
+applied of its own commit offset, which may trail the leader's by a message. So a non-blocking
+read first passes the read barrier (quorum_shell/read_barrier.py: learn the leader's commit
+offset, wait until this broker applied it), and a read started after an append was acknowledged
+sees it through any member; past the barrier's bound it is answered UNAVAILABLE. Blocking reads
+wait for their content as they always do.
+
 A hole: a blocking read at an offset below the write head that no fragment covers (a former
 primary's fragment not yet listed, or one that will never come) waits like a read at the head,
 since a listing may still fill it; the index jumps it only once the fragment after it is hours
@@ -74,8 +81,10 @@ from broker.fragment.stores.registry import StoreRegistry
 from broker.fragment.verify import FragmentIntegrityError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import ValidationError, at
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
+from broker.quorum_shell.read_barrier import QuorumReadUnavailableError
 from broker.read_hole import hole_wait_warning_s_default, wait_covered
 from broker.resolve_errors import ResolverStoppedError
 from broker.topology import validate_header
@@ -125,6 +134,12 @@ class Resolution(Protocol):
 
     @property
     def is_local(self) -> bool: ...
+
+
+class QuorumReads(Protocol):
+    """The broker's quorum journals (quorum_shell/journals.py), as reads use them."""
+
+    async def read_barrier(self, journal: str) -> None: ...
 
 
 class Resolver(Protocol):
@@ -335,6 +350,7 @@ class ReadAPI:
         zone: str = "",
         chunk_bytes_max: int = chunk_bytes_max_default,
         hole_wait_warning_s: float = hole_wait_warning_s_default,
+        quorum: QuorumReads | None = None,
     ) -> None:
         if chunk_bytes_max < 1:
             raise ValueError(f"chunk_bytes_max: must be >= 1 (got {chunk_bytes_max})")
@@ -346,6 +362,8 @@ class ReadAPI:
         self._zone = zone
         self._chunk_bytes_max = chunk_bytes_max
         self._hole_wait_warning_s = hole_wait_warning_s
+        # Quorum journals' read barrier (None: served as all-replicas journals are).
+        self._quorum = quorum
 
     async def read(
         self, request: pb.ReadRequest, context: Context
@@ -378,6 +396,22 @@ class ReadAPI:
         if status != pb.OK or replica is None:
             yield pb.ReadResponse(status=status, header=resolution.header)
             return
+        spec = resolution.spec
+        if (
+            not request.block
+            and self._quorum is not None
+            and spec is not None
+            and is_quorum_journal(spec.labels)
+        ):
+            # Read-your-writes through any member: learn how far the journal is committed
+            # before answering at (or reporting) a write head (quorum_shell/read_barrier.py).
+            try:
+                await self._quorum.read_barrier(request.journal)
+            except QuorumReadUnavailableError as err:
+                log.info("quorum read refused", journal=request.journal, error=str(err))
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"reading {request.journal}: {err}"
+                )
         responses = serve_read(
             request,
             resolution.header,

@@ -306,7 +306,7 @@ class Broker:
                 quorum=self.quorum,
             ),
             ReplicateApi(self.resolver),
-            ReadAPI(self.resolver, registry, self.channels, zone=cfg.zone),
+            ReadAPI(self.resolver, registry, self.channels, zone=cfg.zone, quorum=self.quorum),
             FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),
             StoreHealthAPI(self.store_health, self._unrouted_header),

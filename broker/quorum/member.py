@@ -15,7 +15,8 @@ crash. A restarted member is rebuilt from its log alone (`Member(name, log, ...)
 persisted term (NotMember if it never joined one), with no leader role and no pending appends.
 
 Reads: `read_limit` is the commit offset. Content below it is committed and never changes;
-content above it is not served.
+content above it is not served. A follower's trails the leader's by a message: read_index.py is
+how a read through it still sees every acknowledged append.
 """
 
 from __future__ import annotations

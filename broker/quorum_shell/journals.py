@@ -75,6 +75,11 @@ from broker.quorum_shell.member_dir import (
 )
 from broker.quorum_shell.member_registry import Joiner, MemberRegistry
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
+from broker.quorum_shell.read_barrier import (
+    QuorumReadUnavailableError,
+    read_index_wait_s,
+    wait_applied,
+)
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
@@ -442,6 +447,31 @@ class QuorumJournals:
         await asyncio.gather(*self._opening.values(), return_exceptions=True)
         for journal in list(self._opened):
             self._discard_opened(journal)
+
+    # --- Reads ---------------------------------------------------------------------------
+
+    async def read_barrier(self, journal: str) -> None:
+        """Return once a non-blocking read of `journal` served here sees every append
+        acknowledged before this call (read_barrier.py); QuorumReadUnavailableError if that
+        cannot be known within `read_index_wait_s`."""
+        node, applier = self.nodes.get(journal), self.appliers.get(journal)
+        if node is None or applier is None:
+            raise QuorumReadUnavailableError(
+                f"no quorum node of {journal!r} on this broker (not started yet, or stopping):"
+                " it cannot tell how far the journal is committed"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + read_index_wait_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                # (A round already in flight is not joined: this call waits for the next.)
+                offset = await node.reads.read_index()
+        except TimeoutError:
+            raise QuorumReadUnavailableError(
+                f"the read index of {journal!r} not learned within {read_index_wait_s} s"
+                " (read_index_wait_s)"
+            ) from None
+        await wait_applied(applier, offset, max(deadline - loop.time(), 0.0))
 
     # --- Appends -------------------------------------------------------------------------
 

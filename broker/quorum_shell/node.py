@@ -74,6 +74,7 @@ from broker.quorum.leader import (
 from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
 from broker.quorum.messages import COORDINATORS, Heartbeat, NewTermResponse
+from broker.quorum.read_index import ReadIndexAnswer, ReadIndexAsk
 from broker.quorum.register import RegisterCas, RegisterRead, RegisterReply
 from broker.quorum_shell.log_file import QuorumLogFile
 from broker.quorum_shell.member_dir import clear_mark
@@ -89,6 +90,7 @@ from broker.quorum_shell.node_config import (
     tick_interval_s,
 )
 from broker.quorum_shell.node_metrics import NodeMetrics
+from broker.quorum_shell.read_barrier import ReadBarrier
 from broker.quorum_shell.term_record import TermRecordDecodeError
 from broker.quorum_shell.wire import Envelope
 
@@ -173,6 +175,8 @@ class QuorumNode:
         self.metrics = NodeMetrics(journal, name)
         # The ensemble the owner wants (see the module docstring); None: no change.
         self.wanted: tuple[str, ...] | None = None
+        # Read-your-writes: the read index non-blocking reads wait for (read_barrier.py).
+        self.reads = ReadBarrier(self)
 
     # --- Lifecycle -------------------------------------------------------------------------
 
@@ -326,6 +330,9 @@ class QuorumNode:
             return  # not joined yet: the senders re-send
         now = self.now()
         msg = envelope.message
+        if isinstance(msg, ReadIndexAsk | ReadIndexAnswer):
+            self.reads.receive(msg)  # no core state changes: nothing to persist
+            return
         try:
             if envelope.to.endswith(COORDINATOR_SUFFIX):
                 self.coordinator.handle(msg, now)
@@ -464,6 +471,17 @@ class QuorumNode:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # For read_barrier.py: tasks cancelled with the node, messages to other members, the
+    # term register.
+    spawn = _spawn
+
+    def send(self, member: str, msg: object) -> None:
+        self._deliver(Envelope(self.journal, member, msg), self.peers)
+
+    @property
+    def register(self) -> Register:
+        return self._register
 
     def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}

@@ -16,6 +16,12 @@ the protocol's own value types (a fixed table: nothing is instantiated by name b
 raises `WireDecodeError` naming what was wrong. A protobuf service would be leaner; JSON keeps
 this slice small, and the envelope carries a format number so that a later encoding can
 replace it.
+
+The read index's two messages (`ReadIndexAsk`, `ReadIndexAnswer`: broker/quorum/read_index.py)
+are types a broker without them refuses (INVALID_ARGUMENT, counted as dropped by the sender):
+a non-blocking read through a newer follower of an older leader then waits out its bound and
+is answered UNAVAILABLE, so upgrade every broker of a quorum journal before relying on reads
+through followers. Replication itself is unaffected.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from broker.quorum.messages import (
     Snapshot,
     Truncate,
 )
+from broker.quorum.read_index import ReadIndexAnswer, ReadIndexAsk
 
 WIRE_FORMAT = 1
 SERVICE = "gazette.quorum.Replica"
@@ -58,6 +65,8 @@ _TYPES: dict[str, type] = {
         LogBase,
         NewTerm,
         NewTermResponse,
+        ReadIndexAnswer,
+        ReadIndexAsk,
         ReplicaResponse,
         Replicate,
         Snapshot,
@@ -70,6 +79,8 @@ MESSAGE_TYPES = (
     Heartbeat,
     NewTerm,
     NewTermResponse,
+    ReadIndexAnswer,
+    ReadIndexAsk,
     ReplicaResponse,
     Replicate,
     Snapshot,

@@ -18,6 +18,7 @@ from broker.quorum.messages import (
     Snapshot,
     Truncate,
 )
+from broker.quorum.read_index import REFUSED, ReadIndexAnswer, ReadIndexAsk
 from broker.quorum_shell.wire import (
     ENVELOPE_BYTES_MAX,
     Envelope,
@@ -48,6 +49,10 @@ MESSAGES = [
     NewTermResponse(3, "m1", "fenced", EntryId(0, 0), EntryId(0, 0), (), False, 12345),
     Truncate(3, "m0", EntryId(0, 0), EntryId(3, 11), 1 << 61),
     Snapshot(3, "m0", LogBase(2, 4, 64), 8, EntryId(3, 11), 12345),
+    # The read index (read-your-writes through followers).
+    ReadIndexAsk(3, "m1", 17),
+    ReadIndexAnswer(3, "m0", 17, 1 << 40),
+    ReadIndexAnswer(4, "m2", 17, REFUSED),
 ]
 
 
