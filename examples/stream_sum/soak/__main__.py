@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from broker import logging as gazette_logging
 from examples.stream_sum.layout import REPLICATION_MODES
@@ -71,8 +72,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"soak: {err}", file=sys.stderr)
         return 2
-    result = asyncio.run(run_soak(config, out=lambda line: print(line, flush=True)))
-    return 0 if result.ok else 1
+    try:
+        ok = asyncio.run(_until_terminated(config, out=lambda line: print(line, flush=True)))
+    except asyncio.CancelledError:
+        print("soak: terminated (SIGTERM); its processes were stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    return 0 if ok else 1
+
+
+async def _until_terminated(config: SoakConfig, out: Callable[[str], None]) -> bool:
+    """Run the soak; SIGTERM cancels it as Ctrl-C does, so that its stack (etcd, PostgreSQL,
+    S3, brokers, consumers) is stopped on the way out rather than left running orphaned."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return (await run_soak(config, out=out)).ok
 
 
 if __name__ == "__main__":
