@@ -146,6 +146,22 @@ class ReplaceDeadInOneStep(Rules):
         return super().next_ensemble(record, wanted, doubtful)
 
 
+class KeepABlockedChange(Rules):
+    """An unsettled ensemble change is kept while it cannot elect (the rule before
+    f16-live): {A,B,C} -> {A,B} with B back from a lost disk has one voter and never
+    settles, so no leader is elected again. A liveness mutation, caught on the seeds of
+    tests/sim/test_quorum_sim_blocked_change.py (not in MUTATIONS: those catch safety)."""
+
+    def next_ensemble(
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
+        blocked: bool = False,
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return super().next_ensemble(record, wanted, doubtful)
+
+
 MUTATIONS = (
     CommitWithoutMajority,
     CommitPreviousTerm,
