@@ -104,9 +104,9 @@ class Rules:
         Unless `blocked`: then the next term goes back to `previous`, naming the unsettled
         ensemble as its `previous` in turn. A remove-first step ({A,B,C} -> {A,B}) decided
         before the leader knew that B lost its disk (B had just crashed, or the claim reached
-        the register long after it was decided) leaves {A,B} with one voter, B votes only
-        once a leader aligned it, and kept for ever the change never elects again; {A,B,C}
-        elects with A and C. Safe, whatever `blocked` says: the invariant of an unsettled
+        the register long after it was decided) leaves {A,B} with one voter (B votes only
+        once a leader aligned it): kept, the change never elects again; {A,B,C} elects
+        with A and C. Safe, whatever `blocked` says: the invariant of an unsettled
         record (every committed entry is held by a quorum of `ensemble` or of `previous`, and
         the two differ by one member) is symmetric in the two, so the swapped record keeps it;
         an election in either sees every committed entry and fences a quorum of both (their
