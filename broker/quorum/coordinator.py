@@ -25,6 +25,10 @@ caught them up (Rules.may_vote), so once more of them answer than the ensemble c
 `election_blocked` holds an `ElectionBlocked` (the term, the non-voters, the voters needed)
 until a leader is appointed, so the shell can log it, count it and show it, rather than retry
 silently. It never elects anyway: a short log elected would lose acknowledged appends.
+Only while an ensemble change is unsettled is there a way out: the next claim goes back to
+the ensemble the change left (Rules.next_ensemble, `blocked`), which may still have a quorum
+of voters (a remove-first step decided before the leader knew a remaining member had lost its
+disk). A settled ensemble that is blocked needs an operator.
 
 Ensemble changes (Rules.next_ensemble). A claim's ensemble is the record's moved one member
 towards `wanted` (the host's wish: the allocator's route; `doubtful`, the members the
@@ -114,7 +118,9 @@ COORDINATOR_TRANSITIONS: Final[dict[tuple[CoordState, CoordEvent], CoordState]] 
 class ElectionBlocked:
     """Why a journal cannot elect: `non_voters` (members back from a lost disk, not yet caught
     up) answered NewTerm of `term`, leaving fewer than `voters_needed` possible voters in the
-    ensemble. Only an operator can unblock it (docs/design/quorum.md, "Built (lost disks)")."""
+    ensemble. Only an operator can unblock it (docs/design/quorum.md, "Built (lost disks)"),
+    unless `ensemble` is an unsettled change: the next claim then goes back to the ensemble it
+    left (Rules.next_ensemble)."""
 
     term: int
     non_voters: tuple[str, ...]
@@ -284,8 +290,16 @@ class Coordinator:
         doubtful, wanted = self.doubtful, self.wanted
         if doubtful is None:  # no leader can tell which members are silent: change nothing
             doubtful, wanted = frozenset(), None
-        ensemble, previous = self.rules.next_ensemble(known.record, wanted, doubtful)
-        self._claim = TermRecord(known.record.term + 1, self.name, ensemble, previous=previous)
+        record, blocked = known.record, self.election_blocked
+        # This coordinator's own election in the record's term found its ensemble blocked:
+        # an unsettled change then goes back to the ensemble it left (Rules.next_ensemble).
+        found_blocked = (
+            blocked is not None
+            and blocked.term == record.term
+            and blocked.ensemble == record.ensemble
+        )
+        ensemble, previous = self.rules.next_ensemble(record, wanted, doubtful, found_blocked)
+        self._claim = TermRecord(record.term + 1, self.name, ensemble, previous=previous)
         self._cas(known.revision, self._claim, now)
 
     def _wants_change(self) -> bool:

@@ -82,20 +82,48 @@ class Rules:
         record: TermRecord,
         wanted: tuple[str, ...] | None,
         doubtful: frozenset[str] = frozenset(),
+        blocked: bool = False,
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The ensemble (and `previous`, TermRecord) of the term claimed after `record`, the
         host wanting `wanted` (None: no wish), the leader unable to count on `doubtful`
-        (LeaderRole.doubtful). One member added or removed per term, and only from a settled
-        record: every committed entry is then held by a quorum of the record's ensemble, and
-        a quorum of an ensemble one member larger or smaller always shares a member with it
+        (LeaderRole.doubtful), `blocked`: an election in `record`'s ensemble found it unable
+        to elect (Coordinator.election_blocked: more members back from a lost disk than it
+        can spare, so no quorum of voters can form while no leader catches them up).
+
+        One member added or removed per term, and only from a settled record: every
+        committed entry is then held by a quorum of the record's ensemble, and a quorum of an
+        ensemble one member larger or smaller always shares a member with it
         (q(n) + q(n + 1) > n + 1), so the new term's election sees every committed entry and
         fences the old leader. Replacing a member is two changes (ensemble_step chooses their
         order from `doubtful`): in one step, {A,B,C} -> {B,C,D} has the disjoint quorums {A,B}
         and {C,D}. While a change is unsettled (its term may or may not have committed: the
         register learns it only from the leader's heartbeat), the next term keeps the
         record's ensemble and `previous`: committed entries lie in a quorum of either, and
-        both differ from it by at most one member."""
-        if wanted is None or not record.settled:
+        both differ from it by at most one member.
+
+        Unless `blocked`: then the next term goes back to `previous`, naming the unsettled
+        ensemble as its `previous` in turn. A remove-first step ({A,B,C} -> {A,B}) decided
+        before the leader knew that B lost its disk (B had just crashed, or the claim reached
+        the register long after it was decided) leaves {A,B} with one voter (B votes only
+        once a leader aligned it): kept, the change never elects again; {A,B,C} elects
+        with A and C. Safe, whatever `blocked` says: the invariant of an unsettled
+        record (every committed entry is held by a quorum of `ensemble` or of `previous`, and
+        the two differ by one member) is symmetric in the two, so the swapped record keeps it;
+        an election in either sees every committed entry and fences a quorum of both (their
+        quorums intersect). Entries committed in a term of the swapped record are held by a
+        quorum of its ensemble, one of the two again. It settles as any change does: once a
+        term of it establishes (its barrier committed on a quorum of its ensemble, after
+        every entry committed before it), which a coordinator writes only for the record's
+        own term, so a settled record still means "everything committed is held by a quorum
+        of `ensemble`". Bounded: a term goes back only when the term before it found its
+        ensemble blocked, which stays so until a leader is elected (a member back from a
+        lost disk votes only after a leader aligned it); and with both ensembles blocked the
+        terms alternate, one per election, as claims already did."""
+        if not record.settled:
+            if blocked:
+                return record.previous, record.ensemble
+            return record.ensemble, record.previous
+        if wanted is None:
             return record.ensemble, record.previous
         step = ensemble_step(record.ensemble, wanted, doubtful)
         if step == record.ensemble:

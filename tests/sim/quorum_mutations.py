@@ -103,9 +103,10 @@ class ReplaceInOneStep(Rules):
         record: TermRecord,
         wanted: tuple[str, ...] | None,
         doubtful: frozenset[str] = frozenset(),
+        blocked: bool = False,
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is None or not record.settled or wanted == record.ensemble:
-            return record.ensemble, record.previous
+            return super().next_ensemble(record, wanted, doubtful, blocked)
         return tuple(sorted(wanted)), record.ensemble
 
 
@@ -119,12 +120,13 @@ class ChangeBeforeEstablished(Rules):
         record: TermRecord,
         wanted: tuple[str, ...] | None,
         doubtful: frozenset[str] = frozenset(),
+        blocked: bool = False,
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is None:
-            return record.ensemble, record.previous
+            return super().next_ensemble(record, wanted, doubtful, blocked)
         step = ensemble_step(record.ensemble, wanted, doubtful)
         if step == record.ensemble:
-            return record.ensemble, record.previous
+            return super().next_ensemble(record, wanted, doubtful, blocked)
         return step, record.ensemble
 
 
@@ -138,11 +140,28 @@ class ReplaceDeadInOneStep(Rules):
         record: TermRecord,
         wanted: tuple[str, ...] | None,
         doubtful: frozenset[str] = frozenset(),
+        blocked: bool = False,
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if wanted is not None and record.settled and len(wanted) == len(record.ensemble):
             leaving = set(record.ensemble) - set(wanted)
             if leaving and leaving <= doubtful:
                 return tuple(sorted(wanted)), record.ensemble
+        return super().next_ensemble(record, wanted, doubtful, blocked)
+
+
+class KeepABlockedChange(Rules):
+    """An unsettled ensemble change is kept while it cannot elect (the rule before
+    f16-live): {A,B,C} -> {A,B} with B back from a lost disk has one voter and never
+    settles, so no leader is elected again. A liveness mutation, caught on the seeds of
+    tests/sim/test_quorum_sim_blocked_change.py (not in MUTATIONS: those catch safety)."""
+
+    def next_ensemble(
+        self,
+        record: TermRecord,
+        wanted: tuple[str, ...] | None,
+        doubtful: frozenset[str] = frozenset(),
+        blocked: bool = False,
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return super().next_ensemble(record, wanted, doubtful)
 
 

@@ -100,6 +100,11 @@ class SimResult:
     ensemble_changes: int = 0
     # Replacements whose first step removed the old member (it was silent: ensemble_step).
     removed_first: int = 0
+    # Disks wiped just as a remove-first step reached the register (_wipe_after_remove_first),
+    # and unsettled changes that went back to the ensemble they left (Rules.next_ensemble,
+    # blocked).
+    removed_then_lost: int = 0
+    fallbacks: int = 0
     # Disks wiped beside a deposed leader (_wipe_beside_a_deposed_leader), and messages
     # re-delivered late (Network.late_p, replay_to).
     deposed_wipes: int = 0
@@ -141,6 +146,14 @@ class World:
         self.wanted: tuple[str, ...] | None = None
         self.ensemble_changes = 0
         self.removed_first = 0
+        self.fallbacks = 0
+        # How often a remove-first step reaching the register also wipes the disk of a member
+        # that remains (_wipe_after_remove_first). From a generator of its own: a seed that
+        # never takes this path takes the course it took before the path existed.
+        self.double_rng = random.Random(f"double/{seed}")
+        self.removed_then_lost_p = self.double_rng.choice((0.0, 0.5))
+        self.removed_then_lost = 0
+        self._record_seen = TermRecord(0, "", initial)
         self.down_since: dict[str, int] = {}  # when each member last crashed
         self._ensemble_seen = initial
         self.net = Network(
@@ -259,14 +272,24 @@ class World:
                 if self.trace is not None:
                     self.trace.append(f"{time:5d} {name} timer {payload}")
                 self.nodes[name].timer(payload)  # type: ignore[arg-type]
-            ensemble = self.ensemble
+            record = self.register.read().record
+            ensemble = record.ensemble
             if ensemble != self._ensemble_seen:
-                if len(ensemble) < len(self._ensemble_seen) and self.wanted is not None:
+                seen = self._record_seen
+                if not seen.settled and (record.ensemble, record.previous) == (
+                    seen.previous,
+                    seen.ensemble,
+                ):
+                    self.fallbacks += 1
+                    self._note(f"register back to {ensemble} (a blocked change)")
+                elif len(ensemble) < len(self._ensemble_seen) and self.wanted is not None:
                     if len(self.wanted) > len(ensemble):
                         self.removed_first += 1  # a replacement that removed first
+                        self._wipe_after_remove_first(ensemble)
                 self._ensemble_seen = ensemble
                 self.ensemble_changes += 1
                 self._note(f"register ensemble {ensemble}")
+            self._record_seen = record
             checker.check(logs, self.members, self.store, ensemble)
             if self.live_from >= 0:
                 if self.live_probe_end >= 0 and all(
@@ -453,6 +476,24 @@ class World:
         self._note(f"partition {sorted((leader.name, victim.name))} (a deposed leader)")
         return True
 
+    def _wipe_after_remove_first(self, ensemble: tuple[str, ...]) -> None:
+        """Now and then, as a remove-first step ({A,B,C} -> {A,B}) reaches the register, wipe
+        the disk of a member that remains: what happens on brokers when the leader decided
+        the step before it knew (B had just crashed, or the claim reached the register long
+        after it was decided). {A,B} then has one voter, and must go back to {A,B,C}
+        (Rules.next_ensemble, blocked) to elect. A second fault on purpose, unlike the
+        chaos's other disk losses: still one lost disk at a time, and the removed member
+        comes back (else nothing could elect)."""
+        if self.live_from >= 0 or not self.removed_then_lost_p:
+            return
+        if self.double_rng.random() >= self.removed_then_lost_p:
+            return
+        up = [m.name for m in self.members if m.name in ensemble and m.up]
+        if not up or not all(m.voter for m in self.members):
+            return
+        self._crash(self.double_rng.choice(up), wipe=True, down_ticks_max=8)
+        self.removed_then_lost += 1
+
     def _crash(self, name: str, wipe: bool = False, down_ticks_max: int = 0) -> None:
         node = self.nodes[name]
         if not isinstance(node, (MemberNode, CoordinatorNode)) or not node.up:
@@ -523,6 +564,8 @@ def run_seed(
         disk_losses=world.disk_losses,
         ensemble_changes=world.ensemble_changes,
         removed_first=world.removed_first,
+        removed_then_lost=world.removed_then_lost,
+        fallbacks=world.fallbacks,
         deposed_wipes=world.deposed_wipes,
         late_deliveries=world.net.stats.late,
         registers_verified=world.checker.registers_verified,

@@ -10,9 +10,9 @@ from broker.quorum.config import CoordinatorConfig
 from broker.quorum.coordinator import Coordinator, CoordState
 from broker.quorum.log import ReplicaLog
 from broker.quorum.member import Member
-from broker.quorum.messages import BecomeLeader, Heartbeat
+from broker.quorum.messages import BecomeLeader, Heartbeat, NewTerm
 from broker.quorum.register import MemoryCasRegister, TermRecord
-from broker.quorum.rules import CORRECT_RULES, ensemble_step
+from broker.quorum.rules import CORRECT_RULES, Rules, ensemble_step
 from broker.quorum.states import ReplicaState
 from broker.quorum_shell.term_record import (
     TermRecordDecodeError,
@@ -21,7 +21,11 @@ from broker.quorum_shell.term_record import (
 )
 from broker.quorum_shell.wire import Envelope, decode_envelope, encode_envelope
 from tests.broker.quorum.quorum_testkit import CONFIG, Router
-from tests.sim.quorum_mutations import ChangeBeforeEstablished, ReplaceInOneStep
+from tests.sim.quorum_mutations import (
+    ChangeBeforeEstablished,
+    KeepABlockedChange,
+    ReplaceInOneStep,
+)
 
 ABC = ("a", "b", "c")
 
@@ -68,6 +72,107 @@ def test_only_a_settled_record_changes_and_the_change_names_what_it_left() -> No
     )
 
 
+def test_a_blocked_unsettled_change_goes_back_to_the_ensemble_it_left() -> None:
+    rules = CORRECT_RULES
+    removed_first = TermRecord(5, "c0", ("a", "b"), "", previous=ABC)
+    # Found blocked (b lost its disk and votes only once a leader aligned it): back to ABC,
+    # naming the blocked ensemble as what it left; whatever the host wants meanwhile.
+    for wanted in (None, ("a", "b", "d")):
+        assert rules.next_ensemble(removed_first, wanted, frozenset(), True) == (
+            ABC,
+            ("a", "b"),
+        )
+    assert rules.next_ensemble(removed_first, ("a", "b", "d"), frozenset(), False) == (
+        ("a", "b"),
+        ABC,
+    )
+    # The way back is itself unsettled: kept until it establishes, or swapped again if blocked.
+    back = TermRecord(6, "c0", ABC, "", previous=("a", "b"))
+    assert rules.next_ensemble(back, ("a", "b", "d")) == (ABC, ("a", "b"))
+    assert rules.next_ensemble(back, None, frozenset(), True) == (("a", "b"), ABC)
+    # A settled ensemble has nothing to go back to: blocked, it waits for an operator.
+    settled = TermRecord(5, "c0", ABC, "")
+    assert rules.next_ensemble(settled, None, frozenset(), True) == (ABC, ())
+    assert KeepABlockedChange().next_ensemble(removed_first, None, frozenset(), True) == (
+        ("a", "b"),
+        ABC,
+    )
+
+
+def _remove_first_then_lose_a_disk(rules: Rules) -> tuple[Router, list[tuple[str, ...]], bytes]:
+    """A follower falls silent and the allocator moves its replica to d: the leader removes
+    it first. Just as the register names the two that remain, the other one loses its disk
+    (its NewTerm of the new term reaches an empty log); the silent member was only slow and
+    comes back. Returns the router, the ensembles the register named, and what committed."""
+    members = {n: Member(n, ReplicaLog(), CONFIG, rules) for n in (*ABC, "d")}
+    register = MemoryCasRegister(TermRecord(0, "", ABC))
+    coordinator = _coordinator(rules)
+    router = Router(members, {"c0": coordinator}, register)
+    coordinator.start(0)
+    router.tick(40)
+    leader = register.read().record.leader
+    assert leader
+    _commit(router, leader, b"before ")
+    silent = next(m for m in ABC if m != leader)
+    live = tuple(m for m in ABC if m != silent)
+    lost = next(m for m in live if m != leader)
+    wiped = False
+
+    def cut(src: str, dst: str, msg: object) -> bool:
+        nonlocal wiped
+        if not wiped and dst == lost and isinstance(msg, NewTerm) and msg.ensemble == live:
+            wiped = True
+            member = Member(lost, ReplicaLog(), CONFIG, rules)  # its disk is new
+            member.begin_lost(1, register.read().record.term)
+            members[lost] = member
+            router.cut = lambda src, dst, msg: False  # and the silent one is back
+            return False
+        return silent in (src, dst) or "d" in (src, dst)
+
+    router.cut = cut
+    for _ in range(CONFIG.silent_after_ticks):
+        _tick(router, coordinator)
+    coordinator.wanted = tuple(sorted((*live, "d")))
+    seen = [register.read().record.ensemble]
+    for _ in range(600):
+        _tick(router, coordinator)
+        record = register.read().record
+        if seen[-1] != record.ensemble:
+            seen.append(record.ensemble)
+        if record.ensemble == coordinator.wanted and record.settled and record.leader:
+            break
+    assert wiped, seen
+    return router, seen, b"before "
+
+
+def test_a_remove_first_step_blocked_by_a_lost_disk_goes_back_and_completes() -> None:
+    """{a,b,c} -> {a,b} with b's disk lost as the step lands: {a,b} has one voter. The next
+    term goes back to {a,b,c} (c was only slow), elects, catches b up, and the move then
+    completes (add first: no member is doubtful any more), every committed byte kept."""
+    router, seen, committed = _remove_first_then_lose_a_disk(CORRECT_RULES)
+    record = router.register.read().record
+    assert record.settled and record.leader and record.ensemble == seen[-1], (seen, record)
+    live = seen[1]
+    assert seen[:3] == [ABC, live, ABC], seen  # removed first, then back
+    assert len(live) == 2 and len(seen[-1]) == 3 and "d" in seen[-1]
+    leader = router.members[record.leader]
+    _, end = _commit(router, record.leader, b"after")
+    for name in record.ensemble:
+        member = router.members[name]
+        if member.log.commit_index >= leader.log.commit_index:
+            assert member.log.read(0, end) == committed + b"after", name
+    assert all(router.members[m].voter for m in record.ensemble)
+
+
+def test_keeping_the_blocked_step_never_elects_again() -> None:
+    """The rule before the fix (a mutation): every term keeps {a,b}, whose one voter cannot
+    elect, for good."""
+    router, seen, _ = _remove_first_then_lose_a_disk(KeepABlockedChange())
+    record = router.register.read().record
+    assert len(seen) == 2 and len(seen[1]) == 2, seen
+    assert not record.leader and not record.settled and record.term > 10, record
+
+
 def test_the_register_value_keeps_an_unsettled_change_and_settled_ones_are_unchanged() -> None:
     settled = TermRecord(3, "c0", ABC, "a")
     assert b"previous" not in encode_term_record(settled)  # as before ensemble changes
@@ -82,14 +187,14 @@ def test_the_register_value_keeps_an_unsettled_change_and_settled_ones_are_uncha
         raise AssertionError("a malformed previous ensemble decoded")
 
 
-def _coordinator() -> Coordinator:
+def _coordinator(rules: Rules = CORRECT_RULES) -> Coordinator:
     config = CoordinatorConfig(
         leader_timeout_ticks=20,
         election_timeout_ticks=10,
         request_timeout_ticks=4,
         retry_backoff_max_ticks=16,
     )
-    return Coordinator("c0", ABC, random.Random(1), config)
+    return Coordinator("c0", ABC, random.Random(1), config, rules)
 
 
 def _tick(router: Router, coordinator: Coordinator) -> None:
