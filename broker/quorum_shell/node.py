@@ -92,6 +92,7 @@ from broker.quorum_shell.node_config import (
 from broker.quorum_shell.node_metrics import NodeMetrics
 from broker.quorum_shell.read_barrier import ReadBarrier
 from broker.quorum_shell.term_record import TermRecordDecodeError
+from broker.quorum_shell.transport import SendOutcome
 from broker.quorum_shell.wire import Envelope
 
 log = get_logger(__name__)
@@ -109,7 +110,7 @@ class LogWriteError(QuorumError):
 
 
 class Transport(Protocol):
-    def send(self, node: str, envelope: Envelope) -> None: ...
+    def send(self, node: str, envelope: Envelope) -> asyncio.Future[SendOutcome]: ...
 
 
 class Register(Protocol):
@@ -431,13 +432,18 @@ class QuorumNode:
         self._lost_marked = False
         log.info("quorum member caught up: votes again", journal=self.journal, node=self.name)
 
-    def _deliver(self, envelope: Envelope, peers: tuple[str, ...]) -> None:
+    def _deliver(
+        self, envelope: Envelope, peers: tuple[str, ...]
+    ) -> asyncio.Future[SendOutcome] | None:
+        """Send `envelope`: its outcome (transport.py), None if not sent over the transport
+        (to this node itself, or to a node that is not a peer)."""
         self.metrics.sent(envelope.message)
         node = envelope.to.removesuffix(COORDINATOR_SUFFIX)
         if node == self.name:
             asyncio.get_running_loop().call_soon(self.receive, envelope)
         elif isinstance(envelope.message, NewTermResponse | Heartbeat) or node in peers:
-            self._transport.send(node, envelope)
+            return self._transport.send(node, envelope)
+        return None
 
     async def _register_term(self) -> int:
         """The term register's current term, for a member back from a lost disk: read
@@ -476,8 +482,8 @@ class QuorumNode:
     # term register.
     spawn = _spawn
 
-    def send(self, member: str, msg: object) -> None:
-        self._deliver(Envelope(self.journal, member, msg), self.peers)
+    def send(self, member: str, msg: object) -> asyncio.Future[SendOutcome] | None:
+        return self._deliver(Envelope(self.journal, member, msg), self.peers)
 
     @property
     def register(self) -> Register:

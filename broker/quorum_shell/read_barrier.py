@@ -45,6 +45,19 @@ a retryable status is honest in both cases, costs the leader nothing, and Gazett
 (and ours, RetryReader) retry UNAVAILABLE, re-resolving the route. It never answers with what
 this member has applied so far: that is exactly the silent stale read this barrier removes.
 
+A leader that predates the read index (a rolling upgrade: this broker runs the new code, the
+leader's does not yet) refuses the ask as a type its decoder does not know, INVALID_ARGUMENT
+"unknown type 'ReadIndexAsk'", which the transport reports as the send's typed outcome
+(`TypeRefused`: wire.py, transport.py). Waiting out the bound would make every non-blocking
+read through this follower fail for as long as the upgrade lasts, so instead the follower
+remembers that leader and term (`predates`: one pair per node) and serves non-blocking reads
+up to its own commit offset, as before the read index: committed content only, but not
+read-your-writes (an append acknowledged a moment ago may not show yet). It says so once per
+term in a warning. Only that explicit refusal counts: an ask dropped, unanswered, refused
+with another status or answered late is asked again, never downgraded. The next term's leader
+is asked afresh (a restarted leader, upgraded, leads a newer term: its own leadership does not
+survive the restart), and the pair is forgotten once a leader answers.
+
 Cost: a non-blocking read through a follower pays one round trip to the leader, plus the
 leader's register read (shared by every read and ask in flight), plus the wait until its own
 applier catches up (normally the leader's next message, which it sends at once when the
@@ -55,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from broker.keyspace.backend import KeySpaceError
@@ -67,6 +81,7 @@ from broker.quorum.read_index import (
 )
 from broker.quorum.register import RegisterRead
 from broker.quorum_shell.term_record import TermRecordDecodeError
+from broker.quorum_shell.transport import SendOutcome, TypeRefused
 
 if TYPE_CHECKING:
     from broker.quorum_shell.apply import CommitApplier
@@ -149,6 +164,10 @@ class ReadBarrier:
         self._answer: asyncio.Future[int] | None = None
         self._answering = 0  # followers' asks being answered
         self.register_error: Exception | None = None  # the last failed register read
+        # (term, leader) of a leader that refused the ask as an unknown type: it predates the
+        # read index, and reads through this follower are served up to its own commit offset
+        # while it leads that term (see the module docstring). One pair: bounded.
+        self.predates: tuple[int, str] | None = None
 
     # --- Messages ----------------------------------------------------------------------------
 
@@ -218,9 +237,15 @@ class ReadBarrier:
                 if self.register_error is not None:
                     why += f"; term register: {self.register_error}"
             elif leader and leader != node.name:
+                term = node.member.term
+                if self.predates == (term, leader):
+                    # As before the read index: what this member knows is committed.
+                    return node.commit_offset
                 answer: asyncio.Future[int] = loop.create_future()
                 self._answer = answer
-                node.send(leader, ReadIndexAsk(node.member.term, node.name, self.asks))
+                sent = node.send(leader, ReadIndexAsk(term, node.name, self.asks))
+                if sent is not None:
+                    sent.add_done_callback(partial(self._sent, term, leader, answer))
                 try:
                     async with asyncio.timeout(wait_s):
                         answered = await answer
@@ -228,16 +253,57 @@ class ReadBarrier:
                     why = f"no answer from the leader {leader}"
                 else:
                     if answered != REFUSED:
+                        self._answered(leader)
                         return answered
                     why = f"{leader} did not confirm it leads this member's term"
                 finally:
                     self._answer = None
+                if self.predates == (term, leader):
+                    return node.commit_offset
             else:
                 why = "no leader known (an election)"
             rest = wait_s - (loop.time() - started)
             if rest > 0:
                 await asyncio.sleep(rest)
             backoff = min(backoff * 2, read_index_retry_max_s)
+
+    def _sent(
+        self,
+        term: int,
+        leader: str,
+        answer: asyncio.Future[int],
+        outcome: asyncio.Future[SendOutcome],
+    ) -> None:
+        """An ask's send ended: a leader that refused it as an unknown type predates the read
+        index (only that refusal: see the module docstring)."""
+        if outcome.cancelled() or outcome.exception() is not None:
+            return
+        if outcome.result() != TypeRefused(ReadIndexAsk.__name__):
+            return
+        if self.predates != (term, leader):
+            self.predates = (term, leader)
+            log.warning(
+                "quorum leader predates the read index: non-blocking reads through this"
+                " member are served up to its own commit offset, not read-your-writes, until"
+                " the leader is upgraded",
+                journal=self._node.journal,
+                node=self._node.name,
+                leader=leader,
+                term=term,
+            )
+        if not answer.done():
+            answer.set_result(REFUSED)  # wakes its question: it serves as before
+
+    def _answered(self, leader: str) -> None:
+        if self.predates is not None:
+            self.predates = None
+            log.info(
+                "quorum leader answers the read index: reads through this member are"
+                " read-your-writes again",
+                journal=self._node.journal,
+                node=self._node.name,
+                leader=leader,
+            )
 
     async def _confirm(self) -> int | None:
         """This leader's commit offset, if it may answer (read_index.leader_read_index) and

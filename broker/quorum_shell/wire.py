@@ -17,11 +17,16 @@ raises `WireDecodeError` naming what was wrong. A protobuf service would be lean
 this slice small, and the envelope carries a format number so that a later encoding can
 replace it.
 
-The read index's two messages (`ReadIndexAsk`, `ReadIndexAnswer`: broker/quorum/read_index.py)
-are types a broker without them refuses (INVALID_ARGUMENT, counted as dropped by the sender):
-a non-blocking read through a newer follower of an older leader then waits out its bound and
-is answered UNAVAILABLE, so upgrade every broker of a quorum journal before relying on reads
-through followers. Replication itself is unaffected.
+Types a receiver does not know. A broker of an earlier version refuses a message of a type
+added since with INVALID_ARGUMENT "quorum deliver: unknown type '<name>'" (`UnknownTypeError`,
+the wording every version has used); the sender's transport recognises exactly that refusal
+(`refused_type`) and reports it to the sender as a typed outcome, apart from a lost message.
+The read index's two messages (`ReadIndexAsk`, `ReadIndexAnswer`: broker/quorum/read_index.py,
+`READ_INDEX_TYPES`) are such types during a rolling upgrade: an upgraded follower whose ask an
+older leader refuses serves non-blocking reads, for that leader's term, up to its own commit
+offset as before the read index (committed content, not read-your-writes), and says so once
+per term in a warning (quorum_shell/read_barrier.py). Replication itself is unaffected.
+`decode_envelope(raw, unknown=...)` decodes as such an older broker does (tests).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +115,29 @@ class WireDecodeError(ValueError):
     """An envelope that is not a valid quorum message."""
 
 
+class UnknownTypeError(WireDecodeError):
+    """A value of a type this decoder does not know (a sender of a later version)."""
+
+    def __init__(self, type_name: object) -> None:
+        super().__init__(f"unknown type {type_name!r}")
+        self.type_name = type_name
+
+
+# The types the read index added (a broker of an earlier version refuses them).
+READ_INDEX_TYPES = frozenset({ReadIndexAsk.__name__, ReadIndexAnswer.__name__})
+# How the receiving broker's Deliver handler words a refused envelope (transport.py), and the
+# refusal of an unknown type within it: what `refused_type` recognises.
+REFUSAL_PREFIX = "quorum deliver: "
+_UNKNOWN_TYPE_REFUSAL = re.compile(re.escape(REFUSAL_PREFIX) + r"unknown type '(\w+)'")
+
+
+def refused_type(details: str) -> str | None:
+    """The type named by a receiver's INVALID_ARGUMENT refusal `details` if it refused a type
+    its decoder does not know (see the module docstring); None for any other refusal."""
+    match = _UNKNOWN_TYPE_REFUSAL.fullmatch(details)
+    return match.group(1) if match else None
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     journal: str
@@ -139,23 +168,24 @@ def _encode_value(value: Any) -> Any:
     raise TypeError(f"not a quorum wire value: {value!r}")
 
 
-def _decode_value(doc: Any) -> Any:
+def _decode_value(doc: Any, unknown: frozenset[str]) -> Any:
     if isinstance(doc, list):
-        return tuple(_decode_value(v) for v in doc)
+        return tuple(_decode_value(v, unknown) for v in doc)
     if isinstance(doc, dict):
         if "@b" in doc:
             return base64.b64decode(doc["@b"], validate=True)
         if "@s" in doc:
             return ReplyStatus(doc["@s"])
-        cls = _TYPES.get(doc.get("@", ""))
+        name = doc.get("@", "")
+        cls = None if name in unknown else _TYPES.get(name)
         if cls is None:
-            raise WireDecodeError(f"unknown type {doc.get('@')!r}")
+            raise UnknownTypeError(doc.get("@"))
         names = {f.name for f in dataclasses.fields(cls)}
         optional = {n for n in names if (cls.__name__, n) in _OPTIONAL_FIELDS}
         given = set(doc) - {"@"}
         if not names - optional <= given <= names:
             raise WireDecodeError(f"{cls.__name__}: fields {sorted(given)} (want {sorted(names)})")
-        value = cls(**{k: _decode_value(v) for k, v in doc.items() if k != "@"})
+        value = cls(**{k: _decode_value(v, unknown) for k, v in doc.items() if k != "@"})
         registers = getattr(value, "registers", None)
         if registers is not None and not _is_registers(registers):
             raise WireDecodeError(f"{cls.__name__}: registers must be [name, value] strings")
@@ -184,7 +214,9 @@ def encode_envelope(envelope: Envelope) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_envelope(raw: bytes) -> Envelope:
+def decode_envelope(raw: bytes, *, unknown: frozenset[str] = frozenset()) -> Envelope:
+    """The envelope `raw` holds; WireDecodeError naming what was wrong. `unknown`: type names
+    decoded as a broker without them does (refused with UnknownTypeError)."""
     if len(raw) > ENVELOPE_BYTES_MAX:
         raise WireDecodeError(f"envelope of {len(raw)} bytes (max {ENVELOPE_BYTES_MAX})")
     try:
@@ -197,7 +229,7 @@ def decode_envelope(raw: bytes) -> Envelope:
     if not isinstance(journal, str) or not isinstance(to, str):
         raise WireDecodeError("envelope: journal and to must be strings")
     try:
-        message = _decode_value(doc.get("message"))
+        message = _decode_value(doc.get("message"), unknown)
     except (TypeError, ValueError) as err:
         if isinstance(err, WireDecodeError):
             raise

@@ -59,11 +59,17 @@ class Cluster:
         return {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
 
     async def start(
-        self, name: str, *, mark_lost: bool = True, ensemble: tuple[str, ...] = NAMES
+        self,
+        name: str,
+        *,
+        mark_lost: bool = True,
+        ensemble: tuple[str, ...] = NAMES,
+        unknown: frozenset[str] = frozenset(),
     ) -> QuorumNode:
         """Start `name`'s node on its data directory. `mark_lost=False` builds it as brokers
         did before lost disks were marked: no joiner, so its member always votes. `ensemble`:
-        the one its broker would start it with (its route)."""
+        the one its broker would start it with (its route). `unknown`: message types its
+        server refuses as a broker of an earlier version, without them, does."""
         server = grpc.aio.server()
         port = server.add_insecure_port(f"127.0.0.1:{self.ports.get(name, 0)}")
         self.ports[name] = port
@@ -87,7 +93,7 @@ class Cluster:
             ok = journal == J and to.removesuffix(COORDINATOR_SUFFIX) == name
             return node.receive if ok else None
 
-        server.add_generic_rpc_handlers([deliver_handler(route)])
+        server.add_generic_rpc_handlers([deliver_handler(route, unknown=unknown)])
         await server.start()
         for other in self.live.values():  # its port may be new to them
             other.transport.endpoints[name] = self.endpoints()[name]

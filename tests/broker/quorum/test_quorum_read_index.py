@@ -131,3 +131,5 @@ async def test_a_member_without_a_leader_fails_typed_within_its_bound(
     with pytest.raises(QuorumReadUnavailableError, match="read_index_wait_s"):
         await c.live[follower].node.reads.read_index()
     assert time.monotonic() - started < short_wait_s + 2.0
+    # An unreachable leader is not one that predates the read index (no stale serving).
+    assert c.live[follower].node.reads.predates is None
