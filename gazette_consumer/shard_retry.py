@@ -141,11 +141,14 @@ def classify(err: BaseException) -> Transience:
 @dataclass(frozen=True, slots=True)
 class ShardRetryPolicy:
     """How a replica retries transient failures (see the module docstring). The defaults give
-    up after about two and a half minutes of failing attempts."""
+    up after about two and a half minutes of failing attempts. The back-off's cap is also how
+    late a shard may resume after its cause went away (a database back from a restart): kept
+    short, with the attempts to fill the same budget. It was 30 s, and a PostgreSQL whose
+    crash recovery took 25 s under load left its shards waiting up to 30 s more."""
 
     initial_s: float = 0.1
-    max_s: float = 30.0
-    attempts_max: int = 12
+    max_s: float = 5.0
+    attempts_max: int = 36
     healthy_s: float = 60.0
 
     def __post_init__(self) -> None:

@@ -272,3 +272,18 @@ def test_retries_back_off_give_up_and_start_afresh_after_serving() -> None:
 def test_a_bad_retry_policy_is_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ShardRetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+def test_the_default_policy_resumes_soon_after_an_outage_and_gives_up_in_minutes() -> None:
+    """However long a cause lasts (a database restarting under load took 25 s), a shard tries
+    again at most 5 s after it went away: no back-off in the default policy is longer. A cause
+    that persists is given up after two to three minutes of back-off, not retried for ever."""
+    retries = ShardRetries(ShardRetryPolicy())
+    delays = []
+    while not isinstance(
+        decision := retries.on_failure(ConnectionResetError("server closed"), served_s=None),
+        GiveUp,
+    ):
+        delays.append(decision.delay_s)
+    assert max(delays) <= 5.0
+    assert 120.0 <= sum(delays) == retries.failing_s <= 180.0
