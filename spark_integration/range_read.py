@@ -51,7 +51,7 @@ commits it, never delivered in part (range_start.py says how the reader knows).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping, Sequence
 from typing import Final
 
 import numpy as np
@@ -116,6 +116,7 @@ class CommittedRange:
         read_end: int | None = None,
         bulk: bool = True,
         reached: Mapping[bytes, int] | None = None,
+        resolving: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         journal = source.journal
         if checkpoint is None:
@@ -133,6 +134,14 @@ class CommittedRange:
         self._reached = {int.from_bytes(p, "big"): c for p, c in (reached or {}).items()}
         # At each stop of `scan`: the clocks its transactions pending there reached (`reached`).
         self.reached_at: dict[int, dict[bytes, int]] = {}
+        # At each stop of `scan`: the messages after it that resolve the transactions pending
+        # there, [begin, end) each (see `_note_resolving`), and the producers still unresolved.
+        self.resolving_at: dict[int, list[tuple[int, int]]] = {}
+        self._unresolved: dict[int, dict[int, int]] = {}
+        # Given (a partition of a planned micro-batch): those messages after `end`, which the
+        # look-ahead reads instead of scanning [end, read_end) (None: it scans).
+        self._resolving = None if resolving is None else sorted(resolving)
+        self.look_ahead_bytes = 0  # Content the look-ahead decoded.
         self._read_end = end if read_end is None else max(end, read_end)
         # The walk's recent batches, which replays pick their rows from (see _replay_batches).
         self._cache: deque[MessageBatch] = deque()
@@ -208,9 +217,14 @@ class CommittedRange:
         watched = self._pending_producers()
         if not watched:
             return
-        batches = decoded(self._source, self._end, self._read_end, self._scan_decoder)
+        batches = (
+            self._resolving_batches(self._resolving)
+            if self._resolving is not None
+            else decoded(self._source, self._end, self._read_end, self._scan_decoder)
+        )
         try:
             async for batch in batches:
+                self.look_ahead_bytes += batch.end - int(batch.begins[0])
                 keys = np.fromiter(watched, np.uint64, len(watched))
                 picked = np.flatnonzero(
                     np.isin(batch.producers, keys) & (batch.flags != FLAG_CONTINUE_TXN)
@@ -224,6 +238,20 @@ class CommittedRange:
                     return
         finally:
             await batches.aclose()
+
+    async def _resolving_batches(
+        self, ranges: Sequence[tuple[int, int]]
+    ) -> AsyncGenerator[MessageBatch, None]:
+        """The messages the planner found resolving the transactions pending at `end`, in
+        journal order: all the look-ahead needs of [end, read_end) (see `_note_resolving`)."""
+        for begin, end in ranges:
+            if self._end <= begin < end <= self._read_end:
+                batches = decoded(self._source, begin, end, self._scan_decoder)
+                try:
+                    async for batch in batches:
+                        yield batch
+                finally:
+                    await batches.aclose()
 
     def _pending_producers(self) -> set[int]:
         """Producers with a transaction pending that began at or after the origin."""
@@ -266,11 +294,16 @@ class CommittedRange:
                     cut = int(np.searchsorted(batch.begins[:take], stop))
                     async for _ in self._commit_range(batch, at, cut):
                         pass
+                    self._note_resolving(batch, at, cut)
                     at = cut
                     out[stop] = self.checkpoint_at(stop, horizon_clock)
                     self.reached_at[stop] = self._seq.pending_clocks(self._journal, self._begin)
+                    self.resolving_at[stop] = []
+                    if unresolved := self._seq.pending_acks(self._journal):
+                        self._unresolved[stop] = unresolved
                 async for _ in self._commit_range(batch, at, take):
                     pass
+                self._note_resolving(batch, at, take)
                 walked += take
                 if take:
                     through = int(batch.ends[take - 1])
@@ -279,6 +312,37 @@ class CommittedRange:
         finally:
             await batches.aclose()
         return out, self._end
+
+    def _note_resolving(self, batch: MessageBatch, lo: int, hi: int) -> None:
+        """Of rows [lo, hi) of `batch`, note those resolving a transaction pending at a stop
+        (`resolving_at`): the partition ending there reads only them ahead, not the rest.
+
+        A partition's look-ahead feeds its Sequencer the messages of the producers pending at
+        its end that are not CONTINUE_TXN, in order, until each is resolved (`_look_ahead`).
+        For a producer P with a transaction pending, whose last ACK clock was A there, the
+        first such message resolving it is the first ACK_TXN (a commit, or a rollback: every
+        ACK ends the pending span), or the first other message with a clock above A (it
+        commits alone, dropping the span); those before it have clocks at or below A: already
+        acknowledged, they change nothing (classify.py). Which message it is depends on A
+        only, the same at the partition's end as here (its walk reaches the stop's state)."""
+        if not self._unresolved or hi <= lo:
+            return
+        producers = batch.producers[lo:hi]
+        keys = np.fromiter({p for watched in self._unresolved.values() for p in watched}, np.uint64)
+        candidates = np.flatnonzero(
+            np.isin(producers, keys) & (batch.flags[lo:hi] != FLAG_CONTINUE_TXN)
+        )
+        for i in (candidates + lo).tolist():
+            producer, clock = int(batch.producers[i]), int(batch.clocks[i])
+            ack = int(batch.flags[i]) == FLAG_ACK_TXN
+            for stop, watched in list(self._unresolved.items()):
+                last_ack = watched.get(producer)
+                if last_ack is None or not (ack or clock > last_ack):
+                    continue
+                self.resolving_at[stop].append((int(batch.begins[i]), int(batch.ends[i])))
+                del watched[producer]
+                if not watched:
+                    del self._unresolved[stop]
 
     async def _commit_range(
         self, batch: MessageBatch, lo: int, hi: int

@@ -338,7 +338,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             return JournalOffset.at(journal, end, entry.origin)
         splits = tuple((at, cp) for at, cp in sorted(stops.items()) if at < end)
         reached = {at: walk.reached_at[at] for at, _ in splits if walk.reached_at.get(at)}
-        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits, reached)
+        resolving = {at: tuple(walk.resolving_at[at]) for at, _ in splits}
+        return JournalOffset(
+            walk.checkpoint_at(end, horizon), entry.origin, splits, reached, resolving
+        )
 
     @staticmethod
     def _fragments_of(
@@ -395,6 +398,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                         deliver_from=lo if i else None,
                         read_end=stop,
                         reached=tuple(end_entry.reached.get(lo, {}).items()) if i else (),
+                        resolving=end_entry.resolving.get(hi) if hi < stop else None,
                     )
                 )
         return parts
