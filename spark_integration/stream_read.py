@@ -28,7 +28,12 @@ in the end offset (`splits`), so each partition starts from the exact state at i
 the partitions of a re-run micro-batch are the same. With each split, the largest clock each
 transaction pending there (and begun within the micro-batch) reached (`reached`): a checkpoint
 does not hold it, and the partition starting there would otherwise scan that transaction's
-earlier part again to learn it when its ACK comes (range_read.py, `_replay`).
+earlier part again to learn it when its ACK comes (range_read.py, `_replay`). And the messages
+after each split that resolve the transactions pending there (`resolving`: an ACK, or a
+producer's next message outside a transaction): the partition ending at the split reads only
+those ahead, where it would otherwise scan on to the micro-batch's end for them (range_read.py,
+`_note_resolving`). The walk reads the UUIDs from the lines' tails where it can, without
+decoding the JSON (uuid_tails.py).
 
 Rate limits: option maxBytesPerTrigger / maxMessagesPerTrigger (Spark's ReadMaxBytes /
 ReadMaxRows, its default read limit) bound a micro-batch: the budget is shared among the
