@@ -61,7 +61,7 @@ class JournalOffset:
     reached: Mapping[int, Mapping[bytes, int]] = field(default_factory=dict)
     # At a split, the messages after it (within the micro-batch) that resolve the transactions
     # pending there, [begin, end) each: the partition ending there reads only them ahead
-    # (range_read.py, `_note_resolving`). A split absent here was not planned so: it scans.
+    # (resolving.py). A split absent here was not planned so: it scans.
     resolving: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @classmethod

@@ -76,6 +76,7 @@ from spark_integration.range_decode import (
 from spark_integration.range_decode import (
     read_uncommitted as read_uncommitted,  # Re-exported: its callers read ranges from here.
 )
+from spark_integration.resolving import Resolutions
 from spark_integration.sources import JournalSource
 
 # Journal bytes of a walk's decoded batches kept for replays (a transaction longer than the
@@ -135,9 +136,9 @@ class CommittedRange:
         # At each stop of `scan`: the clocks its transactions pending there reached (`reached`).
         self.reached_at: dict[int, dict[bytes, int]] = {}
         # At each stop of `scan`: the messages after it that resolve the transactions pending
-        # there, [begin, end) each (see `_note_resolving`), and the producers still unresolved.
-        self.resolving_at: dict[int, list[tuple[int, int]]] = {}
-        self._unresolved: dict[int, dict[int, int]] = {}
+        # there, [begin, end) each (resolving.py).
+        self._resolutions = Resolutions()
+        self.resolving_at = self._resolutions.at
         # Given (a partition of a planned micro-batch): those messages after `end`, which the
         # look-ahead reads instead of scanning [end, read_end) (None: it scans).
         self._resolving = None if resolving is None else sorted(resolving)
@@ -243,7 +244,7 @@ class CommittedRange:
         self, ranges: Sequence[tuple[int, int]]
     ) -> AsyncGenerator[MessageBatch, None]:
         """The messages the planner found resolving the transactions pending at `end`, in
-        journal order: all the look-ahead needs of [end, read_end) (see `_note_resolving`)."""
+        journal order: all the look-ahead needs of [end, read_end) (resolving.py)."""
         for begin, end in ranges:
             if self._end <= begin < end <= self._read_end:
                 batches = decoded(self._source, begin, end, self._scan_decoder)
@@ -294,16 +295,14 @@ class CommittedRange:
                     cut = int(np.searchsorted(batch.begins[:take], stop))
                     async for _ in self._commit_range(batch, at, cut):
                         pass
-                    self._note_resolving(batch, at, cut)
+                    self._resolutions.note(batch, at, cut)
                     at = cut
                     out[stop] = self.checkpoint_at(stop, horizon_clock)
                     self.reached_at[stop] = self._seq.pending_clocks(self._journal, self._begin)
-                    self.resolving_at[stop] = []
-                    if unresolved := self._seq.pending_acks(self._journal):
-                        self._unresolved[stop] = unresolved
+                    self._resolutions.watch(stop, self._seq.pending_acks(self._journal))
                 async for _ in self._commit_range(batch, at, take):
                     pass
-                self._note_resolving(batch, at, take)
+                self._resolutions.note(batch, at, take)
                 walked += take
                 if take:
                     through = int(batch.ends[take - 1])
@@ -312,37 +311,6 @@ class CommittedRange:
         finally:
             await batches.aclose()
         return out, self._end
-
-    def _note_resolving(self, batch: MessageBatch, lo: int, hi: int) -> None:
-        """Of rows [lo, hi) of `batch`, note those resolving a transaction pending at a stop
-        (`resolving_at`): the partition ending there reads only them ahead, not the rest.
-
-        A partition's look-ahead feeds its Sequencer the messages of the producers pending at
-        its end that are not CONTINUE_TXN, in order, until each is resolved (`_look_ahead`).
-        For a producer P with a transaction pending, whose last ACK clock was A there, the
-        first such message resolving it is the first ACK_TXN (a commit, or a rollback: every
-        ACK ends the pending span), or the first other message with a clock above A (it
-        commits alone, dropping the span); those before it have clocks at or below A: already
-        acknowledged, they change nothing (classify.py). Which message it is depends on A
-        only, the same at the partition's end as here (its walk reaches the stop's state)."""
-        if not self._unresolved or hi <= lo:
-            return
-        producers = batch.producers[lo:hi]
-        keys = np.fromiter({p for watched in self._unresolved.values() for p in watched}, np.uint64)
-        candidates = np.flatnonzero(
-            np.isin(producers, keys) & (batch.flags[lo:hi] != FLAG_CONTINUE_TXN)
-        )
-        for i in (candidates + lo).tolist():
-            producer, clock = int(batch.producers[i]), int(batch.clocks[i])
-            ack = int(batch.flags[i]) == FLAG_ACK_TXN
-            for stop, watched in list(self._unresolved.items()):
-                last_ack = watched.get(producer)
-                if last_ack is None or not (ack or clock > last_ack):
-                    continue
-                self.resolving_at[stop].append((int(batch.begins[i]), int(batch.ends[i])))
-                del watched[producer]
-                if not watched:
-                    del self._unresolved[stop]
 
     async def _commit_range(
         self, batch: MessageBatch, lo: int, hi: int

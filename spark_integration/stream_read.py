@@ -31,8 +31,8 @@ does not hold it, and the partition starting there would otherwise scan that tra
 earlier part again to learn it when its ACK comes (range_read.py, `_replay`). And the messages
 after each split that resolve the transactions pending there (`resolving`: an ACK, or a
 producer's next message outside a transaction): the partition ending at the split reads only
-those ahead, where it would otherwise scan on to the micro-batch's end for them (range_read.py,
-`_note_resolving`). The walk reads the UUIDs from the lines' tails where it can, without
+those ahead, where it would otherwise scan on to the micro-batch's end for them
+(resolving.py). The walk reads the UUIDs from the lines' tails where it can, without
 decoding the JSON (uuid_tails.py).
 
 Rate limits: option maxBytesPerTrigger / maxMessagesPerTrigger (Spark's ReadMaxBytes /
