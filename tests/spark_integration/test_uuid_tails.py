@@ -5,8 +5,8 @@ First piece by piece, against `bulk_batch` on random mixes of the writers' lines
 built to mislead a tail reader (duplicate and escaped "UUID" keys, UUIDs nested or inside
 strings, other spacings, non-canonical UUIDs); then whole planning walks (`CommittedRange.scan`,
 what the streaming planner runs) against the same walks decoding every line, over seeded
-random journals read from fragment files: the same end checkpoint, split checkpoints and
-reached clocks.
+random journals read from fragment files: the same end checkpoint, split checkpoints, reached
+clocks and resolving messages.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ async def plan(
     horizon: int,
     *,
     tails: bool,
-) -> tuple[dict[int, SequencerCheckpoint], int, SequencerCheckpoint, dict[int, Any]]:
+) -> tuple[dict[int, SequencerCheckpoint], int, SequencerCheckpoint, Any, Any]:
     """A planning walk as stream_read._walk runs it, by the tails or decoding every line (a
     decoder factory other than json_decoder scans with the full decode)."""
     source = JournalSource(JOURNAL, refs, client=None, registry=None, fail_on_data_loss=True)
@@ -183,7 +183,7 @@ async def plan(
         new_decoder=json_decoder if tails else (lambda j, o: JSONLinesDecoder(j, o)),
     )
     out, end = await walk.scan(stops, horizon)
-    return out, end, walk.checkpoint_at(end, horizon), walk.reached_at
+    return out, end, walk.checkpoint_at(end, horizon), walk.reached_at, walk.resolving_at
 
 
 @pytest.mark.parametrize("seed", range(12))
