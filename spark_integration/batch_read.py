@@ -86,6 +86,10 @@ class JournalRange(InputPartition):  # type: ignore[misc]
     # Streaming, a later partition of a micro-batch: the clock each transaction pending at
     # `begin` reached before it, as the planner's walk saw (offsets.JournalOffset.reached).
     reached: tuple[tuple[bytes, int], ...] = ()
+    # Streaming, a partition of a micro-batch but its last: the messages after `end` resolving
+    # the transactions pending there, as the planner's walk found them (offsets.JournalOffset
+    # .resolving), which its look-ahead reads instead of scanning up to `read_end`.
+    resolving: tuple[tuple[int, int], ...] | None = None
 
 
 async def _position(
@@ -246,6 +250,7 @@ async def committed_range(ctx: ReadContext, part: JournalRange) -> CommittedRang
         deliver_from=part.deliver_from,
         read_end=part.read_end or None,
         reached=dict(part.reached),
+        resolving=part.resolving,
     )
 
 

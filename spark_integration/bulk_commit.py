@@ -80,6 +80,16 @@ class BulkSequencer(Sequencer[BatchRow]):
             if j == journal and partial.begin >= since
         }
 
+    def pending_acks(self, journal: str) -> dict[int, int]:
+        """The last ACK clock of each producer of `journal` with a transaction pending (by
+        ProducerID as an integer): which later message of the producer resolves that
+        transaction depends only on it (range_read.py, `CommittedRange.resolving_at`)."""
+        return {
+            int.from_bytes(producer, "big"): partial.min_clock
+            for (j, producer), partial in self._partials.items()
+            if j == journal and partial.begin != -1
+        }
+
     def commit_bulk(
         self, batch: MessageBatch, lo: int, hi: int, intern: ProducerIntern
     ) -> BulkPlan | None:

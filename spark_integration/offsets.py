@@ -59,6 +59,10 @@ class JournalOffset:
     # micro-batch) reached: the partition starting there needs it for that transaction's
     # replay, and would otherwise scan the transaction's earlier part to learn it (range_read.py).
     reached: Mapping[int, Mapping[bytes, int]] = field(default_factory=dict)
+    # At a split, the messages after it (within the micro-batch) that resolve the transactions
+    # pending there, [begin, end) each: the partition ending there reads only them ahead
+    # (resolving.py). A split absent here was not planned so: it scans.
+    resolving: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @classmethod
     def at(cls, journal: str, offset: int, origin: int = 0) -> JournalOffset:
@@ -92,17 +96,26 @@ def to_json(offsets: Mapping[str, JournalOffset]) -> JournalOffsets:
         encoded["producers"] = _packed(journal, entry.checkpoint)
         if entry.splits:
             encoded["splits"] = [
-                _split_json(at, _packed(journal, cp), entry.reached.get(at))
+                _split_json(
+                    at, _packed(journal, cp), entry.reached.get(at), entry.resolving.get(at)
+                )
                 for at, cp in entry.splits
             ]
         out[journal] = encoded
     return out
 
 
-def _split_json(at: int, producers: str, reached: Mapping[bytes, int] | None) -> dict[str, Any]:
+def _split_json(
+    at: int,
+    producers: str,
+    reached: Mapping[bytes, int] | None,
+    resolving: tuple[tuple[int, int], ...] | None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"offset": at, "producers": producers}
     if reached:
         out["reached"] = pack_clocks(reached)
+    if resolving is not None:
+        out["resolving"] = [[begin, end] for begin, end in resolving]
     return out
 
 
@@ -126,6 +139,7 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
     checkpoint = _checkpoint(journal, offset, entry.get("producers", ""))
     splits = []
     reached: dict[int, dict[bytes, int]] = {}
+    resolving: dict[int, tuple[tuple[int, int], ...]] = {}
     for split in entry.get("splits", ()):
         at = split["offset"]
         if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= offset:
@@ -133,7 +147,23 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
         splits.append((at, _checkpoint(journal, at, split["producers"])))
         if "reached" in split:  # Absent from offsets written before it was kept.
             reached[at] = unpack_clocks(split["reached"])
-    return JournalOffset(checkpoint, origin, tuple(splits), reached)
+        if "resolving" in split:  # Likewise.
+            resolving[at] = _ranges(split["resolving"], at, offset)
+    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving)
+
+
+def _ranges(value: Any, low: int, high: int) -> tuple[tuple[int, int], ...]:
+    """Message ranges [begin, end) within [low, high], as a split's `resolving` lists them."""
+    out = []
+    for pair in value:
+        begin, end = pair
+        for bound in (begin, end):
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise ValueError(f"resolving: offsets must be integers (got {pair!r})")
+        if not low <= begin < end <= high:
+            raise ValueError(f"resolving: [{begin}, {end}) is not within [{low}, {high}]")
+        out.append((begin, end))
+    return tuple(out)
 
 
 def _checkpoint(journal: str, offset: int, producers: Any) -> SequencerCheckpoint:

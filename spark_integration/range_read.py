@@ -51,7 +51,7 @@ commits it, never delivered in part (range_start.py says how the reader knows).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator, Mapping, Sequence
 from typing import Final
 
 import numpy as np
@@ -76,6 +76,7 @@ from spark_integration.range_decode import (
 from spark_integration.range_decode import (
     read_uncommitted as read_uncommitted,  # Re-exported: its callers read ranges from here.
 )
+from spark_integration.resolving import Resolutions
 from spark_integration.sources import JournalSource
 
 # Journal bytes of a walk's decoded batches kept for replays (a transaction longer than the
@@ -116,6 +117,7 @@ class CommittedRange:
         read_end: int | None = None,
         bulk: bool = True,
         reached: Mapping[bytes, int] | None = None,
+        resolving: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         journal = source.journal
         if checkpoint is None:
@@ -133,6 +135,14 @@ class CommittedRange:
         self._reached = {int.from_bytes(p, "big"): c for p, c in (reached or {}).items()}
         # At each stop of `scan`: the clocks its transactions pending there reached (`reached`).
         self.reached_at: dict[int, dict[bytes, int]] = {}
+        # At each stop of `scan`: the messages after it that resolve the transactions pending
+        # there, [begin, end) each (resolving.py).
+        self._resolutions = Resolutions()
+        self.resolving_at = self._resolutions.at
+        # Given (a partition of a planned micro-batch): those messages after `end`, which the
+        # look-ahead reads instead of scanning [end, read_end) (None: it scans).
+        self._resolving = None if resolving is None else sorted(resolving)
+        self.look_ahead_bytes = 0  # Content the look-ahead decoded.
         self._read_end = end if read_end is None else max(end, read_end)
         # The walk's recent batches, which replays pick their rows from (see _replay_batches).
         self._cache: deque[MessageBatch] = deque()
@@ -208,9 +218,14 @@ class CommittedRange:
         watched = self._pending_producers()
         if not watched:
             return
-        batches = decoded(self._source, self._end, self._read_end, self._scan_decoder)
+        batches = (
+            self._resolving_batches(self._resolving)
+            if self._resolving is not None
+            else decoded(self._source, self._end, self._read_end, self._scan_decoder)
+        )
         try:
             async for batch in batches:
+                self.look_ahead_bytes += batch.end - int(batch.begins[0])
                 keys = np.fromiter(watched, np.uint64, len(watched))
                 picked = np.flatnonzero(
                     np.isin(batch.producers, keys) & (batch.flags != FLAG_CONTINUE_TXN)
@@ -224,6 +239,20 @@ class CommittedRange:
                     return
         finally:
             await batches.aclose()
+
+    async def _resolving_batches(
+        self, ranges: Sequence[tuple[int, int]]
+    ) -> AsyncGenerator[MessageBatch, None]:
+        """The messages the planner found resolving the transactions pending at `end`, in
+        journal order: all the look-ahead needs of [end, read_end) (resolving.py)."""
+        for begin, end in ranges:
+            if self._end <= begin < end <= self._read_end:
+                batches = decoded(self._source, begin, end, self._scan_decoder)
+                try:
+                    async for batch in batches:
+                        yield batch
+                finally:
+                    await batches.aclose()
 
     def _pending_producers(self) -> set[int]:
         """Producers with a transaction pending that began at or after the origin."""
@@ -266,11 +295,14 @@ class CommittedRange:
                     cut = int(np.searchsorted(batch.begins[:take], stop))
                     async for _ in self._commit_range(batch, at, cut):
                         pass
+                    self._resolutions.note(batch, at, cut)
                     at = cut
                     out[stop] = self.checkpoint_at(stop, horizon_clock)
                     self.reached_at[stop] = self._seq.pending_clocks(self._journal, self._begin)
+                    self._resolutions.watch(stop, self._seq.pending_acks(self._journal))
                 async for _ in self._commit_range(batch, at, take):
                     pass
+                self._resolutions.note(batch, at, take)
                 walked += take
                 if take:
                     through = int(batch.ends[take - 1])

@@ -28,7 +28,12 @@ in the end offset (`splits`), so each partition starts from the exact state at i
 the partitions of a re-run micro-batch are the same. With each split, the largest clock each
 transaction pending there (and begun within the micro-batch) reached (`reached`): a checkpoint
 does not hold it, and the partition starting there would otherwise scan that transaction's
-earlier part again to learn it when its ACK comes (range_read.py, `_replay`).
+earlier part again to learn it when its ACK comes (range_read.py, `_replay`). And the messages
+after each split that resolve the transactions pending there (`resolving`: an ACK, or a
+producer's next message outside a transaction): the partition ending at the split reads only
+those ahead, where it would otherwise scan on to the micro-batch's end for them
+(resolving.py). The walk reads the UUIDs from the lines' tails where it can, without
+decoding the JSON (uuid_tails.py).
 
 Rate limits: option maxBytesPerTrigger / maxMessagesPerTrigger (Spark's ReadMaxBytes /
 ReadMaxRows, its default read limit) bound a micro-batch: the budget is shared among the
@@ -338,7 +343,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             return JournalOffset.at(journal, end, entry.origin)
         splits = tuple((at, cp) for at, cp in sorted(stops.items()) if at < end)
         reached = {at: walk.reached_at[at] for at, _ in splits if walk.reached_at.get(at)}
-        return JournalOffset(walk.checkpoint_at(end, horizon), entry.origin, splits, reached)
+        resolving = {at: tuple(walk.resolving_at[at]) for at, _ in splits}
+        return JournalOffset(
+            walk.checkpoint_at(end, horizon), entry.origin, splits, reached, resolving
+        )
 
     @staticmethod
     def _fragments_of(
@@ -395,6 +403,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                         deliver_from=lo if i else None,
                         read_end=stop,
                         reached=tuple(end_entry.reached.get(lo, {}).items()) if i else (),
+                        resolving=end_entry.resolving.get(hi) if hi < stop else None,
                     )
                 )
         return parts

@@ -49,6 +49,7 @@ from tests.spark_integration.spark_testkit import (
     producer,
     unique,
 )
+from tests.spark_integration.test_bulk_commit import history as bulk_history
 from tests.spark_integration.test_range_read import history, source, texts
 
 # How long the broker may take to persist the fragments it closed, and the polling backoff.
@@ -83,22 +84,28 @@ async def split_texts(
     exact: bool,
     planned: bool = False,
     clock_scans: list[int] | None = None,
+    resolving: bool = False,
+    look_ahead_bytes: list[int] | None = None,
 ) -> list[str]:
     """The texts the partitions [0, c1), [c1, c2), ... [cn, head) deliver, each from the state
     at its start: exact (a scan from 0), `planned` (one scan from 0 stopping at every cut, its
     checkpoints and reached clocks handed to the partitions, as streaming plans) or learned by a
     look-back (as batch reads do; here one reaching back to 0). `clock_scans` gets each
-    partition's scans of the part of a transaction before it."""
+    partition's scans of the part of a transaction before it. Planned and `resolving`, each
+    partition's look-ahead reads only the messages the planner found resolving what is pending
+    at its end; `look_ahead_bytes` gets what each look-ahead decoded."""
     out: list[str] = []
     bounds = [0, *cuts, head]
     stops: dict[int, SequencerCheckpoint] = {}
     reached: dict[int, dict[bytes, int]] = {}
+    resolved: dict[int, list[tuple[int, int]]] = {}
     if planned:
         plan = CommittedRange(
             source(env.client, journal), 0, head, ring_size=ring_size, replay=False
         )
         stops, _ = await plan.scan(cuts)
         reached = plan.reached_at
+        resolved = plan.resolving_at
     for lo, hi in pairwise(bounds):
         if planned:
             cp = stops[lo] if lo else SequencerCheckpoint(read_through={journal: 0})
@@ -124,10 +131,13 @@ async def split_texts(
             deliver_from=lo if lo else None,
             read_end=head,
             reached=reached.get(lo),
+            resolving=resolved[hi] if resolving and hi < head else None,
         )
         out += await texts(walk)
         if clock_scans is not None:
             clock_scans.append(walk.clock_scans)
+        if look_ahead_bytes is not None:
+            look_ahead_bytes.append(walk.look_ahead_bytes)
     return out
 
 
@@ -190,6 +200,50 @@ async def test_planned_clocks_deliver_what_one_walk_does(seed: int, ring_size: i
         assert unplanned_scans > 0, "no partition started inside a committed transaction: no test"
         # Left to scan: only a rolled-back part (an ACK below the clock the planner saw).
         assert planned_scans <= unplanned_scans / 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ring_size", [4, 8192])
+async def test_planned_look_aheads_read_only_what_resolves(seed: int, ring_size: int) -> None:
+    """Partitions whose look-ahead reads only the messages the planner's walk found resolving
+    the transactions pending at their end (as a streaming micro-batch's do: offsets'
+    `resolving`), rather than scanning on to the read's end: the same messages as one walk,
+    for far fewer bytes read ahead. Appends are cut anywhere (transactions, re-sent messages,
+    rollbacks and older ACKs straddle the cuts; odd seeds: test_bulk_commit's histories, with
+    re-sent ACKs older than the last and messages without a UUID)."""
+    rng = random.Random(seed)
+    appends = history(seed) if seed % 2 == 0 else bulk_history(seed, old_acks=True)
+    flat = [m for batch in appends for m in batch]
+    async with broker_env() as env:
+        journal = await env.journal(f"split/resolving-s{seed}-r{ring_size}")
+        bounds = [0]
+        at = 0
+        while at < len(flat):
+            step = rng.randint(1, 12)
+            bounds.append((await env.append_messages(journal, flat[at : at + step]))[1])
+            at += step
+        head = bounds[-1]
+        expected = await reference(env, journal, head, ring_size)
+        inner = bounds[1:-1]
+        read_ahead = {False: 0, True: 0}
+        for cuts in [inner, inner[::2], inner[::3], inner[1::4]]:
+            for resolving in (False, True):
+                ahead: list[int] = []
+                got = await split_texts(
+                    env,
+                    journal,
+                    cuts,
+                    head,
+                    ring_size,
+                    exact=True,
+                    planned=True,
+                    resolving=resolving,
+                    look_ahead_bytes=ahead,
+                )
+                assert sorted(got) == sorted(expected), f"cuts {cuts}, resolving {resolving}"
+                read_ahead[resolving] += sum(ahead)
+        assert read_ahead[False] > 0, "no partition looked ahead: no test"
+        assert read_ahead[True] < read_ahead[False] / 4
 
 
 @pytest.mark.parametrize("bulk", [True, False])
