@@ -43,7 +43,7 @@ from spark_integration.journal_io import GazetteJournalError
 from spark_integration.message_batch import MessageBatch, batch_of_envelopes
 from spark_integration.raw_json import UUID_FIELD, RawLine, new_decoder
 from spark_integration.uuid_columns import UUID_TEXT_BYTES, parse_texts
-from spark_integration.uuid_tails import tail_batch
+from spark_integration.uuid_tails import content_less_batch, tail_batch, uuid_text_array
 
 # Content decoded at once: big enough that per-piece costs vanish, small enough to keep a
 # partition's memory flat.
@@ -102,27 +102,12 @@ def bulk_batch(
     parts = parse_texts(matrix)
     if not np.all(parts.parsed | parts.nil | ~with_uuid):
         return None  # Not a Gazette UUID: the general path names it.
-    has_uuid = parts.parsed
     text_offsets = np.zeros(n + 1, np.int32)
     np.cumsum(lengths, out=text_offsets[1:])
     # Rows without a UUID (none, or the nil UUID) are null.
-    validity = None
-    if not bool(np.all(has_uuid)):
-        validity = pa.py_buffer(np.packbits(has_uuid, bitorder="little"))
-    uuids = pa.StringArray.from_buffers(
-        n, pa.py_buffer(text_offsets), pa.py_buffer(text_bytes), validity
-    )
+    uuids = uuid_text_array(parts, text_offsets, text_bytes)
     if not content:
-        return MessageBatch(
-            journal,
-            starts + offset,
-            newlines.astype(np.int64) + (offset + 1),
-            parts.producers,
-            parts.clocks,
-            parts.flags,
-            uuids,
-            pa.nulls(n, pa.string()),
-        )
+        return content_less_batch(journal, offset, starts, newlines, parts, uuids)
     # The content: each line with its newline, checked to be UTF-8, then without it (the
     # newline is one byte: a slice of code units drops it).
     value_offsets = np.empty(n + 1, np.int32)

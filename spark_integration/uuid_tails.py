@@ -31,11 +31,12 @@ from __future__ import annotations
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from spark_integration.message_batch import MessageBatch
 from spark_integration.raw_json import UUID_FIELD
-from spark_integration.uuid_columns import UUID_TEXT_BYTES, parse_texts
+from spark_integration.uuid_columns import UUID_TEXT_BYTES, UUIDColumns, parse_texts
 
 _KEY: Final = f'"{UUID_FIELD}":"'.encode()  # The member's key, its colon, the value's quote.
 _CLOSE: Final = b'"}'
@@ -76,13 +77,33 @@ def tail_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
     if not bool(np.all(parts.parsed | parts.nil)):
         return None  # Not a Gazette UUID: the full decode names it.
     # As bulk_batch builds them: the texts, null where the UUID is nil.
+    text_offsets = np.arange(0, (n + 1) * UUID_TEXT_BYTES, UUID_TEXT_BYTES, dtype=np.int32)
+    uuids = uuid_text_array(parts, text_offsets, texts)
+    return content_less_batch(journal, offset, starts, newlines, parts, uuids)
+
+
+def uuid_text_array(
+    parts: UUIDColumns, text_offsets: npt.NDArray[np.int32], texts: npt.NDArray[np.uint8] | bytes
+) -> pa.StringArray:
+    """The UUID texts of lines (`text_offsets` into `texts`), null where none parsed (no UUID,
+    or the nil UUID)."""
     validity = None
     if not bool(np.all(parts.parsed)):
         validity = pa.py_buffer(np.packbits(parts.parsed, bitorder="little"))
-    text_offsets = np.arange(0, (n + 1) * UUID_TEXT_BYTES, UUID_TEXT_BYTES, dtype=np.int32)
-    uuids = pa.StringArray.from_buffers(
-        n, pa.py_buffer(text_offsets), pa.py_buffer(texts), validity
-    )
+    n = len(text_offsets) - 1
+    return pa.StringArray.from_buffers(n, pa.py_buffer(text_offsets), pa.py_buffer(texts), validity)
+
+
+def content_less_batch(
+    journal: str,
+    offset: int,
+    starts: npt.NDArray[np.int64],
+    newlines: npt.NDArray[np.intp],
+    parts: UUIDColumns,
+    uuids: pa.StringArray,
+) -> MessageBatch:
+    """A scan's MessageBatch of the lines starting at `starts` and ending at `newlines` of a
+    piece at `offset`: their UUID columns and texts, no content."""
     return MessageBatch(
         journal,
         starts + offset,
@@ -91,5 +112,5 @@ def tail_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
         parts.clocks,
         parts.flags,
         uuids,
-        pa.nulls(n, pa.string()),
+        pa.nulls(len(newlines), pa.string()),
     )
