@@ -128,14 +128,35 @@ _REQUEST_SIDE_FINISHED: Final = (
     grpc.aio.UsageError,
 )
 # Calls whose request side `close_stream_call_soon` is finishing (a task must be referenced).
-_closing: Final[set[asyncio.Task[None]]] = set()
+_closing: Final[set[asyncio.Future[None]]] = set()
+
+
+# How long closing a stream call waits for its request side to finish. It normally takes no
+# time; CI once saw it never finish (an etcd Watch cancelled while it was being opened: grpc's
+# request-consuming task and the call's status both pending after cancel()), which held a
+# broker asked to exit while it started for good. Past it the call, cancelled already, is left
+# to finish on its own (its task kept referenced in `_closing`).
+stream_close_wait_s: Final = 2.0
 
 
 async def close_stream_call(call: Any) -> None:
     """End ``call`` (a grpc.aio stream-request call using the write() API) on every exit path:
     cancel it if it still runs (the peer rolls back what it did not commit), then finish its
-    request side, which lets grpc's request-consuming task end. Idempotent."""
+    request side, which lets grpc's request-consuming task end (waiting at most
+    `stream_close_wait_s`). Idempotent."""
     call.cancel()
+    finishing = asyncio.ensure_future(_finish_request_side(call))
+    try:
+        await asyncio.wait({finishing}, timeout=stream_close_wait_s)
+    finally:
+        if not finishing.done():
+            _closing.add(finishing)
+            finishing.add_done_callback(_closing.discard)
+    if finishing.done():
+        finishing.result()
+
+
+async def _finish_request_side(call: Any) -> None:
     try:
         await call.done_writing()
     except _REQUEST_SIDE_FINISHED:

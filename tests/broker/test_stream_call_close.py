@@ -12,6 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from broker import grpc_transport
 from broker.auth import ForwardingAuthorizer, client_interceptors
 from broker.grpc_transport import close_stream_call, close_stream_call_soon
 from tests.broker.stream_call_testkit import (
@@ -84,3 +85,37 @@ async def test_closing_an_ended_call_leaves_nothing(target: str, soon: bool) -> 
             assert running.cancelled()
             del calls, running, call
             await assert_nothing_left(reports)
+
+
+class _StuckRequestSide:
+    """A stream call whose request side never finishes once cancelled: what CI saw of an etcd
+    Watch cancelled while it was being opened (grpc's own call, not reproducible at will)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.finishing = asyncio.Event()
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    async def done_writing(self) -> None:
+        self.finishing.set()
+        await asyncio.Event().wait()  # Never finishes.
+
+
+async def test_closing_a_call_whose_request_side_never_finishes_is_bounded() -> None:
+    """A broker asked to exit while its start waited on a watch stayed for good: closing the
+    watch's call waited for ever. The close is now bounded; the call is cancelled all the same
+    and its finishing is left running, referenced."""
+    call = _StuckRequestSide()
+    before = set(grpc_transport._closing)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await close_stream_call(call)
+    took_s = loop.time() - started
+    assert call.cancelled and call.finishing.is_set()
+    assert grpc_transport.stream_close_wait_s <= took_s < grpc_transport.stream_close_wait_s + 1.0
+    left = [f for f in grpc_transport._closing - before if not f.done()]
+    assert len(left) == 1
+    left[0].cancel()
