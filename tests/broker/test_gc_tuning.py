@@ -19,7 +19,9 @@ def test_objects_alive_at_freeze_are_frozen_and_later_ones_are_not() -> None:
     try:
         frozen = freeze_startup_heap()
         assert frozen > 0
-        assert gc.get_freeze_count() == frozen
+        # Frozen objects may still be freed (another thread of the suite dropping one), so the
+        # count can only have fallen since (CI once saw one fewer).
+        assert 0 < gc.get_freeze_count() <= frozen
         # The list made before is frozen: no generation holds it any more.
         assert not any(obj is before for obj in gc.get_objects())
         later: list[object] = [before]
