@@ -43,7 +43,7 @@ from spark_integration.journal_io import GazetteJournalError
 from spark_integration.message_batch import MessageBatch, batch_of_envelopes
 from spark_integration.raw_json import UUID_FIELD, RawLine, new_decoder
 from spark_integration.uuid_columns import UUID_TEXT_BYTES, parse_texts
-from spark_integration.uuid_tails import content_less_batch, tail_batch, uuid_text_array
+from spark_integration.uuid_tails import lines_batch, tail_batch, uuid_text_array
 
 # Content decoded at once: big enough that per-piece costs vanish, small enough to keep a
 # partition's memory flat.
@@ -107,7 +107,7 @@ def bulk_batch(
     # Rows without a UUID (none, or the nil UUID) are null.
     uuids = uuid_text_array(parts, text_offsets, text_bytes)
     if not content:
-        return content_less_batch(journal, offset, starts, newlines, parts, uuids)
+        return lines_batch(journal, offset, starts, newlines, parts, uuids)
     # The content: each line with its newline, checked to be UTF-8, then without it (the
     # newline is one byte: a slice of code units drops it).
     value_offsets = np.empty(n + 1, np.int32)
@@ -122,16 +122,7 @@ def bulk_batch(
         except UnicodeDecodeError:
             return None  # Not UTF-8: the general path replaces what is not.
     content = pc.utf8_slice_codeunits(lines, 0, -1)
-    return MessageBatch(
-        journal,
-        starts + offset,
-        newlines.astype(np.int64) + (offset + 1),
-        parts.producers,
-        parts.clocks,
-        parts.flags,
-        uuids,
-        content,
-    )
+    return lines_batch(journal, offset, starts, newlines, parts, uuids, content)
 
 
 def general_batch(journal: str, offset: int, piece: bytes, *, final: bool) -> MessageBatch:

@@ -79,7 +79,7 @@ def tail_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
     # As bulk_batch builds them: the texts, null where the UUID is nil.
     text_offsets = np.arange(0, (n + 1) * UUID_TEXT_BYTES, UUID_TEXT_BYTES, dtype=np.int32)
     uuids = uuid_text_array(parts, text_offsets, texts)
-    return content_less_batch(journal, offset, starts, newlines, parts, uuids)
+    return lines_batch(journal, offset, starts, newlines, parts, uuids)
 
 
 def uuid_text_array(
@@ -94,16 +94,17 @@ def uuid_text_array(
     return pa.StringArray.from_buffers(n, pa.py_buffer(text_offsets), pa.py_buffer(texts), validity)
 
 
-def content_less_batch(
+def lines_batch(
     journal: str,
     offset: int,
     starts: npt.NDArray[np.int64],
     newlines: npt.NDArray[np.intp],
     parts: UUIDColumns,
     uuids: pa.StringArray,
+    content: pa.Array | None = None,
 ) -> MessageBatch:
-    """A scan's MessageBatch of the lines starting at `starts` and ending at `newlines` of a
-    piece at `offset`: their UUID columns and texts, no content."""
+    """The MessageBatch of the lines starting at `starts` and ending at `newlines` of a piece
+    at `offset`: their UUID columns and texts, and `content` (None: a scan's, no content)."""
     return MessageBatch(
         journal,
         starts + offset,
@@ -112,5 +113,5 @@ def content_less_batch(
         parts.clocks,
         parts.flags,
         uuids,
-        pa.nulls(len(newlines), pa.string()),
+        pa.nulls(len(newlines), pa.string()) if content is None else content,
     )
