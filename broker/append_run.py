@@ -20,7 +20,7 @@ from broker.append_state import FSMStateError, State
 from broker.fragment.store_health import StoreHealthMonitor
 from broker.keyspace.backend import Backend
 from broker.peer_dialer import Dialer
-from broker.pipeline import Pipeline
+from broker.pipeline import Pipeline, pipeline_close_wait_s_default
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
 from broker.replica import Replica
@@ -46,6 +46,8 @@ class AppendEnv:
     store_health: StoreHealthMonitor | None = None
     peer_response_timeout_s: float = 30.0
     peer_send_timeout_s: float = 30.0
+    # How long a torn-down pipeline waits for its peers to end their streams (pipeline.py).
+    pipeline_close_wait_s: float = pipeline_close_wait_s_default
 
 
 # A content message arrives as a ContentChunk when it carries content alone (content_wire.py).

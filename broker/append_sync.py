@@ -76,6 +76,7 @@ class SyncPhase(AppendRun):
             self.env.dialer,
             response_timeout_s=self.env.peer_response_timeout_s,
             send_timeout_s=self.env.peer_send_timeout_s,
+            close_wait_s=self.env.pipeline_close_wait_s,
         )
         self.pln.assignment_creations = creations
         self.state = State.SEND_PIPELINE_SYNC

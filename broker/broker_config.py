@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.fragment.store_health import HealthSchedule
+from broker.pipeline import pipeline_close_wait_s_default
 from broker.replica import pulse_interval_s_default, shutdown_wait_s_default
 from broker.resolver import revision_wait_s_default
 from broker.tls import ClientTls, ServerTls
@@ -58,6 +59,7 @@ class BrokerConfig:
     stop_grace_s: float = stop_grace_s_default
     persist_drain_s: float = persist_drain_s_default
     peer_response_timeout_s: float = 30.0
+    pipeline_close_wait_s: float = pipeline_close_wait_s_default
     # Pre-shared keys (base64, comma/space separated; see broker.auth); "": no authorization.
     auth_keys: str = field(default="", repr=False)
     # Serve TLS (advertising https://) with this certificate (broker.tls); None: in the clear.

@@ -42,6 +42,10 @@ from broker.grpc_transport import close_stream_call_soon
 from broker.logging import get_logger
 from broker.peer_dialer import Dialer as Dialer
 from broker.peer_dialer import message_bytes_max as message_bytes_max
+from broker.pipeline_sync import PeerError as PeerError
+from broker.pipeline_sync import SyncResult as SyncResult
+from broker.pipeline_sync import brief as _brief
+from broker.pipeline_sync import judge_sync
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import (
     BytesLike,
@@ -57,6 +61,11 @@ log = get_logger(__name__)
 # generous; a peer past it is treated as failed and the pipeline is rebuilt.
 peer_response_timeout_s_default = 30.0
 peer_send_timeout_s_default = 30.0
+# How long tearing a pipeline down (``finish_shutdown``) waits, in all, for its readers' last
+# acknowledgements and its peers' ends of stream before it cancels the streams that remain. A
+# replica's stop waits for it, and so does a broker's: without this one bound its phases took a
+# peer timeout each, one peer after another, from a peer that is alive but does not answer.
+pipeline_close_wait_s_default = 10.0
 # Content chunks at least this large are applied to the primary's spool on a worker thread while
 # they are sent to peers (see ``Pipeline.scatter_content``). Below it, the hand-off costs more
 # than the overlap saves.
@@ -102,28 +111,13 @@ class PipelineInvariantError(AssertionError):
     """The local spool refused a request the pipeline derived from it: a bug."""
 
 
-class PeerError(Exception):
-    """A peer's stream failed, or answered something it should not have."""
-
-
-@dataclass
-class SyncResult:
-    """What synchronisation asks of the primary next (all zero: the pipeline is in sync)."""
-
-    # A peer holds content through this offset (or must start a new fragment here): roll every
-    # spool forward to an empty fragment at it.
-    roll_to_offset: int = 0
-    # The registers that go with the content through roll_to_offset, when a peer was ahead.
-    roll_to_registers: pb.LabelSet | None = None
-    # A peer resolved a different route at this later revision: re-resolve at it.
-    read_through_rev: int = 0
-
-
 @dataclass
 class _Peer:
     member: pb.ProcessSpec.ID
     call: Any = None  # grpc.aio.StreamStreamCall; None for the primary's own spool.
     header_sent: bool = False
+    # Its end of stream was read (after close_send): the peer closed its side cleanly.
+    ended: bool = False
     send_err: BaseException | None = None
     recv_err: BaseException | None = None
     last: pb.ReplicateResponse = field(default_factory=pb.ReplicateResponse)
@@ -143,6 +137,7 @@ class Pipeline:
         *,
         response_timeout_s: float = peer_response_timeout_s_default,
         send_timeout_s: float = peer_send_timeout_s_default,
+        close_wait_s: float = pipeline_close_wait_s_default,
         local_offload: bool = False,
     ) -> None:
         route = header.route
@@ -153,6 +148,7 @@ class Pipeline:
         self._spool_slot = spool_slot
         self._response_timeout_s = response_timeout_s
         self._send_timeout_s = send_timeout_s
+        self._close_wait_s = close_wait_s
         # Whether large chunks go to the local spool on a worker thread while the peers'
         # sends proceed (see scatter_content): off, as measured not to pay.
         self._local_offload = local_offload
@@ -177,6 +173,7 @@ class Pipeline:
         *,
         response_timeout_s: float = peer_response_timeout_s_default,
         send_timeout_s: float = peer_send_timeout_s_default,
+        close_wait_s: float = pipeline_close_wait_s_default,
     ) -> Pipeline:
         """A pipeline around ``spool`` (owned by the caller, and from now on by the pipeline),
         with a Replicate stream opened to every other member of ``header.route``."""
@@ -186,6 +183,7 @@ class Pipeline:
             spool_slot,
             response_timeout_s=response_timeout_s,
             send_timeout_s=send_timeout_s,
+            close_wait_s=close_wait_s,
         )
         route = header.route
         for index, peer in enumerate(pln._peers):
@@ -397,16 +395,17 @@ class Pipeline:
 
     async def close_send(self) -> None:
         """Roll back any partial content of the local spool, give the spool back, and close the
-        send side of every stream (peers then roll back theirs and end their streams)."""
+        send side of every stream (peers then roll back theirs and end their streams), of
+        all at once: a stuck peer holds the close for one send timeout, not one each."""
         self.release_spool()
-        for index, peer in enumerate(self._peers):
-            if index == self._primary or peer.call is None or peer.send_err is not None:
-                continue
-            try:
-                async with asyncio.timeout(self._send_timeout_s):
-                    await peer.call.done_writing()
-            except _SEND_ERRORS as exc:
-                peer.send_err = exc
+        await _each([self._close_send(peer) for peer in self._sending_peers()])
+
+    async def _close_send(self, peer: _Peer) -> None:
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                await peer.call.done_writing()
+        except _SEND_ERRORS as exc:
+            peer.send_err = exc
 
     def release_spool(self) -> None:
         """Roll back the local spool's pending content and return it to its slot (once)."""
@@ -435,8 +434,17 @@ class Pipeline:
 
     async def _read(self, peer: _Peer) -> pb.ReplicateResponse | None:
         """The peer's next response; None at a clean end of stream."""
-        async with asyncio.timeout(self._response_timeout_s):
-            msg = await peer.call.read()
+        try:
+            async with asyncio.timeout(self._response_timeout_s):
+                msg = await peer.call.read()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # grpc raises CancelledError from a read of a call cancelled locally: the streams
+            # were aborted under this reader (finish_shutdown's bound passed). That is the
+            # peer's failure for the reader's append, not a cancellation of the reader.
+            raise PeerError("stream cancelled by the pipeline's teardown") from None
         if msg is grpc.aio.EOF:
             return None
         if not isinstance(msg, pb.ReplicateResponse):
@@ -478,53 +486,37 @@ class Pipeline:
         """gather the answers to a synchronising proposal (see the module docstring)."""
         metrics.PIPELINE_SYNCS.inc()
         await self.gather()
-        out = SyncResult()
-        end = self.spool.fragment.end
-        for index, peer in enumerate(self._peers):
-            if index == self._primary or peer.call is None or peer.recv_err is not None:
-                continue
-            resp = peer.last
-            if resp.status == pb.OK:
-                continue
-            if resp.status == pb.WRONG_ROUTE:
-                later = resp.header.etcd.revision > self.header.etcd.revision
-                if later and not routes_equivalent(resp.header.route, self.header.route):
-                    out.read_through_rev = max(out.read_through_rev, resp.header.etcd.revision)
-                else:
-                    peer.recv_err = PeerError(f"unexpected WRONG_ROUTE: {resp.header}")
-            elif resp.status == pb.PROPOSAL_MISMATCH:
-                theirs = resp.fragment
-                if theirs.end > end:
-                    # The peer took part in commits we did not see: everything up to its end
-                    # is (possibly) committed, so we must continue from there, never below.
-                    if theirs.end > out.roll_to_offset:
-                        out.roll_to_offset = theirs.end
-                        out.roll_to_registers = resp.registers
-                elif theirs.end == end and theirs.begin == theirs.end:
-                    # The peer is at our end but cannot extend our fragment (it has none of
-                    # its content): start a new, empty fragment here that all can extend.
-                    out.roll_to_offset = max(out.roll_to_offset, end)
-                else:
-                    peer.recv_err = PeerError(
-                        f"unexpected PROPOSAL_MISMATCH: [{theirs.begin}, {theirs.end}) "
-                        f"registers {resp.registers}"
-                    )
-            else:
-                peer.recv_err = PeerError(f"unexpected response {_brief(resp)}")
+        answers = {
+            index: peer.last
+            for index, peer in enumerate(self._peers)
+            if index != self._primary and peer.call is not None and peer.recv_err is None
+        }
+        out, errors = judge_sync(self.header, self.spool.fragment.end, answers)
+        for index, err in errors.items():
+            self._peers[index].recv_err = err
         return out
 
     async def gather_eof(self) -> None:
-        """Read the expected end of every healthy peer's stream (after close_send)."""
-        for index, peer in enumerate(self._peers):
-            if index == self._primary or peer.call is None or peer.recv_err is not None:
-                continue
-            try:
-                resp = await self._read(peer)
-            except (grpc.RpcError, PeerError, TimeoutError, asyncio.InvalidStateError) as exc:
-                peer.recv_err = exc
-                continue
-            if resp is not None:
-                peer.recv_err = PeerError(f"expected end of stream, got {_brief(resp)}")
+        """Read the expected end of every healthy peer's stream (after close_send), from all
+        at once."""
+        await _each(
+            [
+                self._read_eof(peer)
+                for index, peer in enumerate(self._peers)
+                if index != self._primary and peer.call is not None and peer.recv_err is None
+            ]
+        )
+
+    async def _read_eof(self, peer: _Peer) -> None:
+        try:
+            resp = await self._read(peer)
+        except (grpc.RpcError, PeerError, TimeoutError, asyncio.InvalidStateError) as exc:
+            peer.recv_err = exc
+            return
+        if resp is not None:
+            peer.recv_err = PeerError(f"expected end of stream, got {_brief(resp)}")
+        else:
+            peer.ended = True
 
     def recv_err(self) -> BaseException | None:
         for peer in self._peers:
@@ -540,21 +532,46 @@ class Pipeline:
         self.release_spool()
 
     async def finish_shutdown(self, *, expect_err: bool) -> None:
-        """Close every stream gracefully, after the readers still owed responses are done."""
+        """Close every stream gracefully, after the readers still owed responses are done;
+        once ``close_wait_s`` has passed, cancel every stream, whatever remains.
+
+        Cancelling loses nothing acknowledged: an append is acknowledged to its client only
+        once every peer acknowledged its commit, and a reader cut short fails its append
+        instead (the peers, their streams cancelled, roll back what they hold uncommitted)."""
         wait_for, close_after = self.barrier()
         try:
-            await self.close_send()
-            if not expect_err and self.send_err() is not None:
-                log.warning("tearing down pipeline: close failed", error=str(self.send_err()))
-            await wait_for.wait()
-            await self.gather_eof()
+            async with asyncio.timeout(self._close_wait_s):
+                await self.close_send()
+                if not expect_err and self.send_err() is not None:
+                    log.warning("tearing down pipeline: close failed", error=str(self.send_err()))
+                await wait_for.wait()
+                await self.gather_eof()
             if not expect_err and self.recv_err() is not None:
                 log.warning(
                     "tearing down pipeline: streams ended badly", error=str(self.recv_err())
                 )
+        except TimeoutError:
+            log.warning(
+                "tearing down pipeline: peers did not end their streams in time; cancelled",
+                journal=self.spool.journal,
+                peers=[format_id(peer.member) for peer in self._unended_peers()],
+                readers_done=wait_for.is_set(),
+                close_wait_s=self._close_wait_s,
+            )
         finally:
             close_after.set()
             self.abort_streams()
+
+    def _unended_peers(self) -> list[_Peer]:
+        """The peers whose stream neither ended cleanly nor failed: they did not answer."""
+        return [
+            peer
+            for index, peer in enumerate(self._peers)
+            if index != self._primary
+            and peer.call is not None
+            and not peer.ended
+            and peer.recv_err is None
+        ]
 
     def abort_streams(self) -> None:
         """Cancel every peer stream (peers roll back whatever was not committed)."""
@@ -572,7 +589,3 @@ def _describe(peer: _Peer, err: BaseException, verb: str) -> PeerError:
     out = PeerError(f"{verb} {format_id(peer.member)}: {detail}")
     out.__cause__ = err
     return out
-
-
-def _brief(resp: pb.ReplicateResponse) -> str:
-    return f"{pb.Status.Name(resp.status)} {resp.fragment.begin}-{resp.fragment.end}"

@@ -151,6 +151,7 @@ class Broker:
             clock=clock,
             store_health=self.store_health if stores is not None else None,
             peer_response_timeout_s=config.peer_response_timeout_s,
+            pipeline_close_wait_s=config.pipeline_close_wait_s,
         )
         self.persister: Persister | None = None
         if stores is not None:
