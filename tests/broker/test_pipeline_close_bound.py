@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
 import grpc
@@ -113,7 +113,9 @@ async def _synchronise(pln: Pipeline, peer: MutePeer) -> None:
         await peer.received.wait()
 
 
-def _teardown_warnings(logs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def _teardown_warnings(
+    logs: list[MutableMapping[str, Any]],
+) -> Iterator[MutableMapping[str, Any]]:
     return (e for e in logs if e["log_level"] == "warning" and e.get("journal") == J)
 
 
