@@ -51,10 +51,12 @@ async def hand_off(
     exiting.CopyFrom(spec)
     exiting.journal_limit = 0
     exiting.exiting = True
-    header = await backend.put(member_key, exiting.SerializeToString(), lease=lease_id)
-    log.info("broker exiting: handing off its journals", broker=broker)
     try:
+        # The announcement too is bounded by the hand-off's timeout: a hung etcd would
+        # otherwise hold it for a request timeout before the stop could begin.
         async with asyncio.timeout(timeout_s):
+            header = await backend.put(member_key, exiting.SerializeToString(), lease=lease_id)
+            log.info("broker exiting: handing off its journals", broker=broker)
             revision = header.revision
             while True:
                 await ks.wait_for_revision(revision, timeout_s)

@@ -45,6 +45,7 @@ from broker.security_flags import (
     peer_tls_of,
     server_tls_of,
 )
+from broker.serve_watchdog import StopWatchdog, stop_wait_s_default
 from broker.server import Broker
 from broker.topology import DEFAULT_ROOT
 
@@ -198,6 +199,15 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds an exiting broker waits for its journals to move before it stops anyway",
     )
     serve.add_argument(
+        "--stop-timeout",
+        dest="stop_timeout_s",
+        type=_positive_float,
+        default=stop_wait_s_default,
+        help="seconds an exiting broker may take to stop after its hand-off; past them it"
+        " logs where it is stuck (thread stacks, asyncio tasks) and exits at once with"
+        " status 70",
+    )
+    serve.add_argument(
         "--min-append-rate",
         dest="min_append_rate_bytes_per_s",
         type=_positive_int,
@@ -291,6 +301,8 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
     task_dump.install(loop)  # SIGUSR1: what every task waits on, to the log.
+    # Bounds the stop, from its first step to the process's exit (serve_watchdog.py).
+    watchdog = StopWatchdog(args.stop_timeout_s, loop)
     # The HTTP gateway listens first, so that /debug/ready answers (503) while the broker starts.
     gateway = (
         HttpGateway(ready=broker.is_ready, store_health=broker.store_health.report)
@@ -303,6 +315,7 @@ async def _serve(args: argparse.Namespace) -> None:
         # Asked to exit while starting (waiting out a predecessor's lease, say): the start was
         # abandoned (port and lease released); exit now rather than serve first.
         log.info("broker stopped while starting", broker=repr(broker))
+        watchdog.start()
         if gateway is not None:
             await gateway.stop()
         await backend.close()
@@ -335,6 +348,7 @@ async def _serve(args: argparse.Namespace) -> None:
     try:
         await _serve_until_exit(broker, allocator, stop, hurry, args.handoff_timeout_s)
     finally:
+        watchdog.start()
         if allocator is not None:
             allocator.cancel()
             await asyncio.gather(allocator, return_exceptions=True)

@@ -107,6 +107,8 @@ class EtcdServer(AsyncLifecycle):
         self._tls = tls
         # The root user's password once enable_auth() ran (the readiness probe then signs in).
         self._root_password = ""
+        # True between pause() (SIGSTOP) and resume() (SIGCONT).
+        self._paused = False
 
     @property
     def data_dir(self) -> Path:
@@ -152,11 +154,29 @@ class EtcdServer(AsyncLifecycle):
                 if attempt == attempts:
                     raise
 
+    def pause(self) -> None:
+        """SIGSTOP etcd: the kernel still accepts connections, but no request is answered
+        (clients time out, as against a hung etcd) until `resume()`."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            raise EtcdServerError("etcd server: not running")
+        proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused etcd (a no-op if it is not running)."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGCONT)
+        self._paused = False
+
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL if etcd has not exited within the stop timeout."""
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
+        if self._paused:
+            self.resume()  # A stopped process would not act on SIGTERM.
         proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
