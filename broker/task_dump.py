@@ -13,10 +13,13 @@ import io
 import linecache
 import signal
 import sys
+from types import FrameType
 from typing import Final, TextIO
 
 # Frames printed per task (its innermost ones): enough to see what it waits on.
 frames_max: Final = 12
+# Coroutines followed down a task's await chain (a bound on a malformed, cyclic chain).
+chain_depth_max: Final = 256
 
 DUMP_SIGNAL: Final = signal.SIGUSR1
 # The dump's last line (what a waiting reader of the log looks for).
@@ -45,10 +48,15 @@ def dump_tasks(out: TextIO | None = None) -> int:
 
 
 def _stack_lines(task: asyncio.Task[object]) -> list[str]:
-    """Where ``task`` is, outermost frame first. (Not Task.print_stack: it fails on frames
-    without a line number, which compiled coroutines, grpc's among them, have.)"""
+    """Where ``task`` is, outermost frame first: down the chain of coroutines it awaits (a
+    suspended task's own stack is its outermost coroutine's frame alone, which says only that
+    it awaits something). (Not Task.print_stack: it fails on frames without a line number,
+    which compiled coroutines, grpc's among them, have.)"""
+    frames, innermost = _await_chain(task)
+    if not frames:
+        frames = task.get_stack(limit=frames_max)
     lines = []
-    for frame in task.get_stack(limit=frames_max):
+    for frame in frames[-frames_max:]:
         code, lineno = frame.f_code, frame.f_lineno
         where = f"{code.co_filename}:{lineno if lineno is not None else '?'} in {code.co_name}"
         if lineno is not None:
@@ -56,4 +64,31 @@ def _stack_lines(task: asyncio.Task[object]) -> list[str]:
             if source:
                 where += f": {source}"
         lines.append(where)
+    if lines and innermost:
+        lines.append(f"awaiting {innermost}")
     return lines or ["(no frames: not started, or done)"]
+
+
+def _await_chain(task: asyncio.Task[object]) -> tuple[list[FrameType], str]:
+    """The frames of the coroutines (generators, async generators) ``task`` is suspended in,
+    outermost first, and what the innermost one awaits if that has no frame (a future, a
+    compiled coroutine), by its type's name ("" if nothing)."""
+    frames: list[FrameType] = []
+    obj: object = task.get_coro()
+    for _ in range(chain_depth_max):
+        frame = _first_attr(obj, ("cr_frame", "gi_frame", "ag_frame"))
+        if not isinstance(frame, FrameType):
+            return frames, type(obj).__qualname__ if frames and obj is not None else ""
+        frames.append(frame)
+        obj = _first_attr(obj, ("cr_await", "gi_yieldfrom", "ag_await"))
+        if obj is None:
+            break
+    return frames, ""
+
+
+def _first_attr(obj: object, names: tuple[str, ...]) -> object:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None

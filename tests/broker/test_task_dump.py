@@ -39,6 +39,37 @@ async def test_a_dump_names_each_task_and_where_it_waits() -> None:
     assert text.startswith("--- task dump") and text.endswith("--- end of task dump ---\n")
 
 
+async def _innermost_wait(event: asyncio.Event) -> None:
+    await event.wait()
+
+
+async def _outer_wait(event: asyncio.Event) -> None:
+    await _innermost_wait(event)
+
+
+async def test_a_dump_follows_the_await_chain_to_the_innermost_wait() -> None:
+    """A suspended task's own stack is its outermost frame alone: "awaits something". The
+    dump shows the coroutine it is stuck in, several awaits down (a broker's stop: `_serve`
+    awaiting `broker.stop()` awaiting a lease revoke awaiting etcd)."""
+    event = asyncio.Event()
+    stuck = asyncio.create_task(_outer_wait(event), name="stuck-stop")
+    await asyncio.sleep(0)
+    out = io.StringIO()
+    try:
+        task_dump.dump_tasks(out)
+    finally:
+        event.set()
+        await stuck
+    text = out.getvalue()
+    section = text.split("- stuck-stop:")[1].split("\n- ")[0]
+    lines = section.splitlines()
+    where = [i for i, line in enumerate(lines) if "in _outer_wait" in line]
+    inner = [i for i, line in enumerate(lines) if "in _innermost_wait" in line]
+    assert where and inner and where[0] < inner[0], section
+    assert "locks.py" in section and "in wait" in section, section
+    assert "awaiting " in section, section
+
+
 async def test_sigusr1_dumps_the_tasks_and_the_process_goes_on(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
