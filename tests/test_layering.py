@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "broker.replica",
             "broker.pipeline",
+            "broker.pipeline_sync",
             "broker.peer_dialer",
             # The append machine: its driver, state object, and one module per phase.
             "broker.append_fsm",
@@ -125,6 +126,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "spark_integration",
             "broker.cli",
             "broker.serve_cli",
+            "broker.serve_watchdog",
             "broker.demo",
             "broker.testing",
             "gazette_consumer.demo",
