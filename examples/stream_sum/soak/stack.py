@@ -80,6 +80,10 @@ class StackConfig:
     lease_ttl_s: int = 3  # Brokers'.
     # A SIGTERM'd broker waits this long at most for its journals to move, then exits anyway.
     handoff_timeout_s: float = 20.0
+    # Then its stop (journals torn down, lease revoked) at most this long: past it the broker
+    # logs its threads' stacks and tasks and exits 70 (an "unclean exit" finding), before the
+    # harness's own bound (Timeouts.exit_s, 60 s) would kill it with nothing in its log.
+    stop_timeout_s: float = 30.0
     consumer_lease_ttl_s: int = 3
     s3: bool = True
     postgres: bool = True
@@ -106,7 +110,12 @@ class SoakStack:
         self.cluster = ProcessCluster(
             config.brokers,
             lease_ttl_s=config.lease_ttl_s,
-            extra_args=["--handoff-timeout", str(config.handoff_timeout_s)],
+            extra_args=[
+                "--handoff-timeout",
+                str(config.handoff_timeout_s),
+                "--stop-timeout",
+                str(config.stop_timeout_s),
+            ],
             keep_dir=config.keep_dir,
             http_gateway=True,
             keep_ports=True,
