@@ -90,10 +90,25 @@ CLIENT_KEEPALIVE_CHANNEL_OPTIONS: Final = keepalive_channel_options(
 # clients' keepalive times (with room for timer jitter), or the server answers GOAWAY
 # "too_many_pings" after two early pings and drops every call on the connection.
 server_ping_interval_min_s: Final = min(peer_keepalive_time_s, client_keepalive_time_s) / 2
+# The server's own keepalive: it pings each client connection every `server_keepalive_time_s`
+# and closes one whose ping is not acknowledged within `server_keepalive_timeout_s`, ending
+# its calls. Without it a call from a client that stopped without closing its sockets (SIGSTOP,
+# a hung host) is served for ever: above all a Replicate stream from a stopped primary, which
+# holds its peer's spool for its whole life (replicate_api.py), so that the journal's next
+# primary, once the allocator moved it, could build no pipeline to that peer and append
+# nothing until the stopped one woke (tests/e2e/test_e2e_stopped_primary.py). Clients, Go's
+# included, acknowledge pings without limit: a server's pings are not subject to a policy.
+server_keepalive_time_s: Final = 2.0
+server_keepalive_timeout_s: Final = 3.0
 PEER_KEEPALIVE_SERVER_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     ("grpc.http2.min_ping_interval_without_data_ms", int(server_ping_interval_min_s * 1000)),
     # A ping racing the end of the last call on a connection is not a strike.
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.keepalive_time_ms", int(server_keepalive_time_s * 1000)),
+    ("grpc.keepalive_timeout_ms", int(server_keepalive_timeout_s * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(server_keepalive_timeout_s * 1000)),
+    # Keep pinging a connection whose calls send nothing for long (an idle Replicate stream).
+    ("grpc.http2.max_pings_without_data", 0),
 )
 
 
