@@ -40,7 +40,7 @@ from broker.quorum.register import TermRecord
 from broker.quorum.rules import CORRECT_RULES
 from broker.quorum_shell.log_file import log_path
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
-from broker.quorum_shell.status import journal_status
+from broker.quorum_shell.status import decode_response, encode_response, journal_status
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.server import Broker
@@ -222,6 +222,7 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
         assert metrics.value_of("gazette_quorum_kept_unassigned", labels) == 1
         status = journal_status(b_x.ks, ROOT, J, node_x)
         assert status.member == x and status.kept
+        assert decode_response(encode_response([status]))[J].kept  # as Status answers it
 
         # The way back elects: appends through any broker the journal is assigned to commit
         # again, after every byte acknowledged before (X may lead: not in the assigned route,
