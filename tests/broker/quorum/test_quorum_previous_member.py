@@ -1,6 +1,7 @@
 """The way back of a blocked ensemble change on real brokers (docs/design/quorum.md, "Built
 (branch f16-prev)"): four in-process brokers over loopback gRPC, each with its data directory,
-on one embedded keyspace; assignments are written as the allocator writes them.
+on one keyspace (embedded, and a real etcd server); assignments are written as the allocator
+writes them.
 
 The double fault the simulation survives since f16-live: a remove-first step {L,X,Y} -> {L,Y}
 is claimed (X silent, its replica moved to a fourth broker), and before its election Y, which
@@ -22,16 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 from broker_testkit import Cluster, journal_spec
 
 from broker import metrics
 from broker.client.appender import append
 from broker.client.route_cache import JournalClient
+from broker.keyspace.backend import prefix_end
+from broker.keyspace.etcd import EtcdBackend
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
@@ -44,7 +49,61 @@ from broker.quorum_shell.status import decode_response, encode_response, journal
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.server import Broker
-from broker.topology import DEFAULT_ROOT, format_id, lookup_item, quorum_term_key
+from broker.testing.etcd_server import EtcdServer
+from broker.topology import DEFAULT_ROOT, assignment_key, format_id, lookup_item, quorum_term_key
+
+
+class EtcdStore:
+    """What a test Cluster needs of its store, on a real etcd: a backend per connection."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def connect(self) -> EtcdBackend:
+        return EtcdBackend([self.endpoint], dial_timeout_s=5, request_timeout_s=5)
+
+
+class AnyCluster(Cluster):
+    """broker_testkit's Cluster on any keyspace backend (its `assign` reads the embedded
+    store's revision)."""
+
+    async def assign(
+        self, journal: str, members: Sequence[Broker], *, value: pb.Route | None = None
+    ) -> int:
+        prefix = f"{ROOT}/assign/{journal}#".encode()
+        existing = await self.admin.range(prefix, prefix_end(prefix))
+        wanted = {
+            assignment_key(ROOT, journal, b.config.zone, b.config.suffix, slot).encode(): b
+            for slot, b in enumerate(members)
+        }
+        revision = existing.header.revision
+        for key in sorted({kv.key for kv in existing.kvs} - set(wanted)):
+            header, _ = await self.admin.delete(key)
+            revision = header.revision
+        for key, broker in wanted.items():
+            if key not in {kv.key for kv in existing.kvs}:
+                header = await self.admin.put(key, b"", lease=broker.lease_id)
+                revision = header.revision
+        await self.sync(revision)
+        return revision
+
+
+@pytest.fixture(params=["embedded", pytest.param("etcd", marks=pytest.mark.etcd)])
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    """In-process brokers on the embedded keyspace, or on a real etcd server."""
+    async with AsyncExitStack() as stack:
+        if request.param == "embedded":
+            c = AnyCluster()
+        else:
+            if shutil.which("etcd") is None:
+                pytest.skip("etcd not installed")
+            server = await stack.enter_async_context(EtcdServer())
+            c = AnyCluster(store=EtcdStore(server.endpoint))  # type: ignore[arg-type]
+        try:
+            yield c
+        finally:
+            await c.close()
+
 
 J = "quorum/previous"
 ROOT = DEFAULT_ROOT
