@@ -45,7 +45,11 @@ def registered_route(
 class Registered(NamedTuple):
     """A journal's term register naming a member (registered_journals)."""
 
-    route: pb.Route  # every member the record names, with the endpoints of those announced
+    # The record's ensemble (not `previous`), with the endpoints of those announced: a node
+    # started with it ticks its coordinator only if its member is in it (node.py), so a
+    # member only in `previous` claims no term it is not in (its election would stall: an
+    # outsider's coordinator does not tick), and answers the way back's NewTerm when it comes.
+    route: pb.Route
     revision: int  # the journal's identity: its spec key's create revision
     settled: bool  # no ensemble change under way (TermRecord.settled)
 
@@ -71,8 +75,8 @@ def registered_journals(ks: KeySpace[Decoded], root: str, name: str) -> dict[str
         revision = item.kv.create_revision
         if term.journal_revision and term.journal_revision != revision:
             continue  # the register of an earlier journal of this name
-        members = set(record.ensemble) | set(record.previous)
-        out[term.journal] = Registered(_members_route(ks, root, members), revision, record.settled)
+        route = _members_route(ks, root, record.ensemble)
+        out[term.journal] = Registered(route, revision, record.settled)
     return out
 
 
