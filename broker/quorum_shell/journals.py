@@ -347,12 +347,12 @@ class QuorumJournals:
                 wanted[journal] = registered.route
             kept.add(journal)
         for journal in kept & set(self.nodes):
-            spec = lookup_item(ks, root, journal)
-            assert spec is not None and isinstance(spec.decoded, JournalItem)
+            item = lookup_item(ks, root, journal)  # there: registered_journals found it
+            assert item is not None and isinstance(item.decoded, JournalItem)
             assigned = route_from_assignments(
                 assignment_of(e) for e in journal_assignments(ks, root, journal)
             )
-            whole = len(assigned.members) == spec.decoded.spec.replication
+            whole = len(assigned.members) == item.decoded.spec.replication
             names = tuple(sorted(format_id(m) for m in assigned.members))
             self.nodes[journal].wanted = names if whole else None
         return kept
