@@ -168,6 +168,14 @@ QUORUM_APPLY_ERRORS: Final = Counter(
     " count that keeps rising means committed content this broker does not serve.",
     QUORUM_LABELS,
 )
+QUORUM_KEPT_UNASSIGNED: Final = Gauge(
+    "gazette_quorum_kept_unassigned",
+    "1 while this member's node of a quorum journal runs though the journal is not assigned to"
+    " this broker, because the term register names the member: in the ensemble, or in the one"
+    " an ensemble change not yet settled left (which it may have to go back to). It stops once"
+    " a settled ensemble no longer names it; its files stay.",
+    QUORUM_LABELS,
+)
 FRAGMENTS_PERSISTED: Final = Counter(
     "gazette_fragments_persisted_total",
     "Fragment files this broker uploaded to fragment stores.",

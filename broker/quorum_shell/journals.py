@@ -9,7 +9,24 @@ elected before) names this broker in its ensemble, whatever its route, so that a
 a live majority elects without waiting for the members still down (their endpoints are
 attached once they announce themselves, `_refresh_endpoints`); its ensemble is the route's members (`zone#suffix`, sorted) as first
 seen, and the node keeps it while the journal stays assigned here (a member whose lease
-expired is still in the ensemble). A journal no longer assigned here has its node stopped.
+expired is still in the ensemble).
+
+A journal no longer assigned here has its node stopped, unless its term register holds an
+ensemble change not yet settled that names this broker, in its ensemble or in `previous` (the
+ensemble the change left, or gave up): then the node stays (or starts), and once started so
+it stays while the register names this broker at all (`registered_journals`,
+`_keep_registered`; `kept`, `QuorumNode.kept_unassigned`, the `gazette_quorum_kept_unassigned`
+gauge and the Status answer's `kept` say so). Why: an unsettled change may have to go back to
+`previous` (Rules.next_ensemble, `blocked`: a remove-first step {A,B,C} -> {A,B} whose
+remaining B lost its disk), and that election needs the removed member C, whose replica the
+allocator moved away; and once the way back {A,B,C} settles (its barrier committed on A and
+C), B may not be caught up yet, so C stopping then could leave no quorum of voters for good.
+Such a node's wish is the allocator's route, as an assigned node's, so if it leads it moves
+the ensemble on itself (C live: the new member added first, then C removed); appends reach it
+through the route the members tell (`leader_route` adds a leader outside the route). Once the
+register no longer names this broker, the node stops; its files stay, as any unassigned
+journal's. A node of a settled ensemble that loses its assignment stops as before (its
+leader's coordinator replaces it), and so does a kept one after its broker restarts.
 
 Ensemble changes follow the allocator: a running node's `wanted` is its route's members when
 the route has exactly `replication` of them, else None (no change). So a route that shrinks for
@@ -18,8 +35,8 @@ with the same broker) changes nothing, and a replica moved to another broker (th
 whole again, with another member) is a replacement: the leader's coordinator adds the new
 member in one term and removes the old in the next (node.py, Rules.next_ensemble). Endpoints
 follow every member the node talks to (`QuorumNode.peers`), route or not. The removed
-member's broker stops its node once its assignment goes (its files stay, as for any journal
-no longer assigned: an operator removes them).
+member's broker stops its node once the register no longer names it (above; its files stay,
+as for any journal no longer assigned: an operator removes them).
 
 Durability: with a data directory each node's member log is a file (log_file.py,
 `<data-dir>/quorum/<journal>/log`), replayed before the node starts, in a worker thread (a
@@ -80,7 +97,7 @@ from broker.quorum_shell.read_barrier import (
     read_index_wait_s,
     wait_applied,
 )
-from broker.quorum_shell.term_record import QuorumTerm
+from broker.quorum_shell.registered import registered_journals, registered_route
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver
 from broker.replica import Replica
@@ -90,10 +107,10 @@ from broker.topology import (
     assignment_of,
     attach_endpoints,
     format_id,
+    journal_assignments,
     local_journals,
     lookup_item,
     lookup_member,
-    quorum_term_key,
     route_from_assignments,
 )
 
@@ -154,28 +171,6 @@ def open_member_log(
     log_file = QuorumLogFile(path, fsync=fsync)
     joiner = Joiner(registry, member, incarnation, member_dir, log_new, mark_found, mark)
     return log_file, joiner
-
-
-def registered_route(
-    ks: KeySpace[Decoded], root: str, journal: str, revision: int, name: str
-) -> pb.Route | None:
-    """The route of the ensemble `journal`'s term register names (endpoints of the members
-    announced, "" for the others), if a term was claimed for this journal (the spec key's
-    create revision `revision`) and it names member `name`; else None."""
-    entry = ks.get(quorum_term_key(root, journal))
-    term = entry.decoded if entry is not None else None
-    if not isinstance(term, QuorumTerm) or term.record.term == 0:
-        return None
-    if term.journal_revision and term.journal_revision != revision:
-        return None  # the register of an earlier journal of this name
-    if name not in term.record.ensemble:
-        return None
-    route = pb.Route(primary=-1)
-    for member in sorted(term.record.ensemble):
-        zone, _, suffix = member.partition("#")
-        route.members.append(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
-    attach_endpoints(route, ks, root)
-    return route
 
 
 class QuorumJournals:
@@ -279,6 +274,7 @@ class QuorumJournals:
                 # A journal that elected before: its members are in its term register, and a
                 # live majority of them elects without waiting for the others to come back.
                 wanted[journal] = registered
+        kept = self._keep_registered(wanted)
         for journal in list(self.nodes):
             if journal not in wanted:
                 self._close_later(journal)
@@ -325,6 +321,47 @@ class QuorumJournals:
             self._applier_tasks[journal] = asyncio.get_running_loop().create_task(
                 _gather(applier.run(), applier.report_stored())
             )
+        for journal, node in self.nodes.items():
+            node.keep_unassigned(journal in kept)
+
+    def _keep_registered(self, wanted: dict[str, pb.Route]) -> set[str]:
+        """Add to `wanted` the journals not assigned here (or without a whole route) that keep
+        or get a node here for their term register, and return them (see the module
+        docstring): one whose unsettled change names this broker; and one whose node was kept
+        so, while the register names this broker at all. Such a node's wish is the
+        allocator's route, as an assigned one's."""
+        kept: set[str] = set()
+        ks, root = self._ks, self._root
+        for journal, registered in registered_journals(ks, root, self.name).items():
+            if journal in wanted:
+                continue  # assigned here: its node runs anyway
+            node = self.nodes.get(journal)
+            if registered.settled and (node is None or not node.kept_unassigned):
+                continue  # a settled ensemble: an unassigned journal's node stops, as ever
+            if node is not None:
+                if self._revisions.get(journal) != registered.revision:
+                    continue  # a node of an earlier journal of this name: it stops
+                wanted[journal] = self._routes[journal]
+            else:
+                self._revisions[journal] = registered.revision
+                wanted[journal] = registered.route
+            kept.add(journal)
+        for journal in kept & set(self.nodes):
+            item = lookup_item(ks, root, journal)  # there: registered_journals found it
+            assert item is not None and isinstance(item.decoded, JournalItem)
+            assigned = route_from_assignments(
+                assignment_of(e) for e in journal_assignments(ks, root, journal)
+            )
+            whole = len(assigned.members) == item.decoded.spec.replication
+            names = tuple(sorted(format_id(m) for m in assigned.members))
+            self.nodes[journal].wanted = names if whole else None
+        return kept
+
+    @property
+    def kept(self) -> frozenset[str]:
+        """Journals whose node runs here only because their term register names this broker
+        (not assigned here, or without a whole route)."""
+        return frozenset(j for j, node in self.nodes.items() if node.kept_unassigned)
 
     def _refresh_endpoints(self, journal: str) -> None:
         """Members' endpoints as their BrokerSpecs say now: a member that was down when the
@@ -476,7 +513,9 @@ class QuorumJournals:
     # --- Appends -------------------------------------------------------------------------
 
     def leader_route(self, journal: str) -> pb.Route | None:
-        """The journal's route with the term's leader (as this node knows it) as primary."""
+        """The journal's route with the term's leader (as this node knows it) as primary. A
+        leader outside the route (a member the register names whose broker no longer has the
+        journal assigned: `kept`) is added to it, with its endpoint, so that appends reach it."""
         node, route = self.nodes.get(journal), self._routes.get(journal)
         if node is None or route is None:
             return None
@@ -484,6 +523,17 @@ class QuorumJournals:
         out = pb.Route()
         out.CopyFrom(route)
         out.primary = next((i for i, m in enumerate(route.members) if format_id(m) == leader), -1)
+        endpoint = self._transports[journal].endpoints.get(leader, "") if leader else ""
+        if out.primary < 0 and endpoint:
+            zone, _, suffix = leader.partition("#")
+            members = [*route.members, pb.ProcessSpec.ID(zone=zone, suffix=suffix)]
+            endpoints = [*route.endpoints, endpoint]
+            order = sorted(range(len(members)), key=lambda i: (members[i].zone, members[i].suffix))
+            out = pb.Route(
+                members=[members[i] for i in order],
+                endpoints=[endpoints[i] for i in order],
+                primary=order.index(len(members) - 1),
+            )
         return out
 
     async def append(

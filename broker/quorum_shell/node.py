@@ -176,6 +176,10 @@ class QuorumNode:
         self.metrics = NodeMetrics(journal, name)
         # The ensemble the owner wants (see the module docstring); None: no change.
         self.wanted: tuple[str, ...] | None = None
+        # Set by the owner while the node runs only because the term register names this
+        # member, the journal not being assigned to its broker (journals.py): a member of the
+        # ensemble, or of the one an unsettled change left, which may have to go back to it.
+        self.kept_unassigned = False
         # Read-your-writes: the read index non-blocking reads wait for (read_barrier.py).
         self.reads = ReadBarrier(self)
 
@@ -218,6 +222,24 @@ class QuorumNode:
             reason=decision.reason,
         )
         self._begin()
+
+    def keep_unassigned(self, kept: bool) -> None:
+        """The owner keeps (True) this node only because the term register names this member
+        (`kept_unassigned`), or no longer only for that: logged and exported once per change
+        (gazette_quorum_kept_unassigned)."""
+        if kept == self.kept_unassigned:
+            return
+        self.kept_unassigned = kept
+        self.metrics.kept_unassigned(kept)
+        if kept:
+            log.info(
+                "quorum node kept: the term register names this member, though the journal"
+                " is not assigned here (it stops once a settled ensemble no longer names it)",
+                journal=self.journal,
+                node=self.name,
+            )
+        else:
+            log.info("quorum node assigned here again", journal=self.journal, node=self.name)
 
     async def stop(self) -> None:
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]

@@ -41,6 +41,7 @@ _SERIES = (
     metrics.QUORUM_SNAPSHOTS_INSTALLED,
     metrics.QUORUM_LOG_BASE,
     metrics.QUORUM_APPLY_ERRORS,
+    metrics.QUORUM_KEPT_UNASSIGNED,
 )
 
 
@@ -59,10 +60,12 @@ class NodeMetrics:
         self._installed = metrics.QUORUM_SNAPSHOTS_INSTALLED.labels(*labels)
         self._base = metrics.QUORUM_LOG_BASE.labels(*labels)
         self._apply_errors = metrics.QUORUM_APPLY_ERRORS.labels(*labels)
+        self._kept = metrics.QUORUM_KEPT_UNASSIGNED.labels(*labels)
         self._last: tuple[int, bool, int, int] = (-1, False, -1, -1)
         self._claimed = 0
         self.election_blocked: ElectionBlocked | None = None
         self._leading.set(0)
+        self._kept.set(0)
 
     def observe(self, node: QuorumNode) -> None:
         member = node.member
@@ -97,6 +100,11 @@ class NodeMetrics:
 
     def log_full(self) -> None:
         self._log_full.inc()
+
+    def kept_unassigned(self, kept: bool) -> None:
+        """The node runs only because the term register names its member, the journal not
+        being assigned here (or no longer only for that): QuorumNode.kept_unassigned."""
+        self._kept.set(1 if kept else 0)
 
     def apply_error(self) -> None:
         """A try of the node's commit applier failed (apply.py: it tries again)."""

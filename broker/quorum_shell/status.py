@@ -9,9 +9,11 @@ at most `status_journals_max` journals; the answer holds, per journal:
   the leader it names ("" while electing) and the ensemble. Every broker answers the same at
   one revision, member or not.
 - from the broker's own node of the journal, if it has one: whether this member is *lost* (back
-  from a lost disk, not caught up: no vote) and whether its coordinator found the election
+  from a lost disk, not caught up: no vote), whether its coordinator found the election
   *blocked* (ElectionBlocked: too many members lost their disk; only an operator can unblock
-  it). Only a member knows these, so a client asks every member (gazctl does).
+  it), and whether the node is *kept* only because the term register names this member, the
+  journal not being assigned here (journals.py). Only a member knows these, so
+  a client asks every member (gazctl asks the route's).
 
 Sans-IO codec and view here; `status_handler` serves it, `fetch_status` calls it.
 """
@@ -64,6 +66,9 @@ class JournalStatus:
     member: str = ""  # this broker's member name, if it runs a node of the journal
     lost: bool = False  # this member is back from a lost disk and not caught up
     blocked: Blocked | None = None  # this member's coordinator found the election blocked
+    # The node runs only because the term register names this member, the journal not being
+    # assigned to this broker (QuorumNode.kept_unassigned).
+    kept: bool = False
 
 
 def journal_status(
@@ -94,6 +99,7 @@ def journal_status(
         member=node.name,
         lost=node.member.lost_state,
         blocked=None if blocked is None else _blocked(blocked),
+        kept=node.kept_unassigned,
     )
 
 
@@ -139,6 +145,8 @@ def encode_response(statuses: Sequence[JournalStatus]) -> bytes:
         if s.member:
             doc["member"] = s.member
             doc["lost"] = s.lost
+            if s.kept:  # left out otherwise: answers as before this field existed
+                doc["kept"] = True
         if s.blocked is not None:
             b = s.blocked
             doc["blocked"] = {
@@ -167,6 +175,7 @@ def decode_response(raw: bytes) -> dict[str, JournalStatus]:
                 ensemble=tuple(_typed(m, str) for m in d["ensemble"]),
                 member=_typed(d.get("member", ""), str),
                 lost=_typed(d.get("lost", False), bool),
+                kept=_typed(d.get("kept", False), bool),
                 blocked=None
                 if blocked is None
                 else Blocked(

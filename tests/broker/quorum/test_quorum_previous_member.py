@@ -1,0 +1,334 @@
+"""The way back of a blocked ensemble change on real brokers (docs/design/quorum.md, "Built
+(branch f16-prev)"): four in-process brokers over loopback gRPC, each with its data directory,
+on one keyspace (embedded, and a real etcd server); assignments are written as the allocator
+writes them.
+
+The double fault the simulation survives since f16-live: a remove-first step {L,X,Y} -> {L,Y}
+is claimed (X silent, its replica moved to a fourth broker), and before its election Y, which
+stays, loses its disk. {L,Y} then has one voter, so the next claim goes back to {L,X,Y}, which
+elects with L and X, but only if X's broker runs a node of the journal, though the journal is
+no longer assigned to it. Before this branch it ran none (a broker ran nodes only for its
+assigned journals): the journal never elected again. Now X's node runs while the register
+names X (the way back settles on {L,X,Y} with X in it), its wish is the allocator's route, and
+the move completes ({L,X,Y,spare}, then {L,Y,spare}); then X's node stops, its files kept.
+
+The claim is written into the term register as the leader's coordinator computes it
+(`Rules.next_ensemble`) with the three members' brokers down: the state a coordinator leaves
+when its broker crashes right after the claim. With the brokers up the same state arises only
+through a race (the step decided before Y's loss is known: seeds 5533, 7949, 9439), which a
+test cannot order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from broker_testkit import Cluster, journal_spec
+
+from broker import metrics
+from broker.client.appender import append
+from broker.client.route_cache import JournalClient
+from broker.keyspace.backend import prefix_end
+from broker.keyspace.etcd import EtcdBackend
+from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import label_set
+from broker.protocol.status import GazetteError
+from broker.quorum.register import TermRecord
+from broker.quorum.rules import CORRECT_RULES
+from broker.quorum_shell.log_file import log_path
+from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
+from broker.quorum_shell.status import decode_response, encode_response, journal_status
+from broker.quorum_shell.term_record import QuorumTerm
+from broker.quorum_shell.term_register import KeyspaceTermRegister
+from broker.server import Broker
+from broker.testing.etcd_server import EtcdServer
+from broker.topology import DEFAULT_ROOT, assignment_key, format_id, lookup_item, quorum_term_key
+
+
+class EtcdStore:
+    """What a test Cluster needs of its store, on a real etcd: a backend per connection."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def connect(self) -> EtcdBackend:
+        return EtcdBackend([self.endpoint], dial_timeout_s=5, request_timeout_s=5)
+
+
+class AnyCluster(Cluster):
+    """broker_testkit's Cluster on any keyspace backend (its `assign` reads the embedded
+    store's revision)."""
+
+    async def assign(
+        self, journal: str, members: Sequence[Broker], *, value: pb.Route | None = None
+    ) -> int:
+        prefix = f"{ROOT}/assign/{journal}#".encode()
+        existing = await self.admin.range(prefix, prefix_end(prefix))
+        wanted = {
+            assignment_key(ROOT, journal, b.config.zone, b.config.suffix, slot).encode(): b
+            for slot, b in enumerate(members)
+        }
+        revision = existing.header.revision
+        for key in sorted({kv.key for kv in existing.kvs} - set(wanted)):
+            header, _ = await self.admin.delete(key)
+            revision = header.revision
+        for key, broker in wanted.items():
+            if key not in {kv.key for kv in existing.kvs}:
+                header = await self.admin.put(key, b"", lease=broker.lease_id)
+                revision = header.revision
+        await self.sync(revision)
+        return revision
+
+
+@pytest.fixture(params=["embedded", pytest.param("etcd", marks=pytest.mark.etcd)])
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    """In-process brokers on the embedded keyspace, or on a real etcd server."""
+    async with AsyncExitStack() as stack:
+        if request.param == "embedded":
+            c = AnyCluster()
+        else:
+            if shutil.which("etcd") is None:
+                pytest.skip("etcd not installed")
+            server = await stack.enter_async_context(EtcdServer())
+            c = AnyCluster(store=EtcdStore(server.endpoint))  # type: ignore[arg-type]
+        try:
+            yield c
+        finally:
+            await c.close()
+
+
+J = "quorum/previous"
+ROOT = DEFAULT_ROOT
+# Bound of each wait for the cluster (elections take a few 1-s election timeouts).
+wait_s = 30.0
+# Attempts of one append while the journal elects, the backoff doubling up to the max.
+append_attempts_max = 200
+append_backoff_initial_s = 0.02
+append_backoff_max_s = 0.2
+
+
+def _name(b: Broker) -> str:
+    return f"{b.config.zone}#{b.config.suffix}"
+
+
+def _record(b: Broker) -> TermRecord | None:
+    entry = b.ks.get(quorum_term_key(ROOT, J))
+    term = entry.decoded if entry is not None else None
+    return term.record if isinstance(term, QuorumTerm) else None
+
+
+async def _until(what: str, condition: Callable[[], bool]) -> None:
+    """Wait (bounded) for a condition of brokers' nodes and mirrors, which offer no single
+    event to await: checked every 20 ms."""
+    try:
+        async with asyncio.timeout(wait_s):
+            while not condition():  # noqa: ASYNC110 -- no event spans every broker's nodes.
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"not within {wait_s} s: {what}") from None
+
+
+async def _watch_register(
+    b: Broker,
+    seen: list[tuple[tuple[str, ...], tuple[str, ...]]],
+    records: list[TermRecord],
+) -> None:
+    """Append each (ensemble, previous) the term register takes, in order, as `b` mirrors it
+    (every revision: a register write is one), and each record naming a leader."""
+    while True:
+        record = _record(b)
+        if record is not None and (not seen or seen[-1] != (record.ensemble, record.previous)):
+            seen.append((record.ensemble, record.previous))
+        if record is not None and record.leader and (not records or records[-1] != record):
+            records.append(record)
+        await b.ks.wait_for_revision(b.ks.header.revision + 1, wait_s)
+
+
+@dataclass
+class Appends:
+    """Acknowledged records with their offsets, and records of unknown outcome (an attempt
+    that failed: it may still commit, so it is not retried, a retry could commit it twice)."""
+
+    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    unknown: set[bytes] = field(default_factory=set)
+    end: int = 0  # the end of the last acknowledged append
+    count: int = 0
+    served_by: list[str] = field(default_factory=list)  # the leader each ack's header names
+
+    async def one(self, via: Broker, tag: str) -> None:
+        """Append one record of `tag` as a client of broker `via` (any broker: the append is
+        proxied to the leader, or the client follows the route it is answered), each attempt
+        a new record, until one is acknowledged (an election may be under way)."""
+        client = JournalClient(via.endpoint)
+        delay = append_backoff_initial_s
+        try:
+            for _ in range(append_attempts_max):
+                self.count += 1
+                data = f"{tag}-{self.count:04d}\n".encode()
+                try:
+                    resp = await append(client, pb.AppendRequest(journal=J), data, attempts_max=1)
+                except (grpc.aio.AioRpcError, GazetteError):
+                    self.unknown.add(data)
+                    await asyncio.sleep(delay)  # a client's backoff, not a synchronisation
+                    delay = min(delay * 2, append_backoff_max_s)
+                    continue
+                assert resp.status == pb.OK, pb.Status.Name(resp.status)
+                # Offsets only grow (unknown-outcome records may lie between).
+                assert resp.commit.begin >= self.end, (data, resp.commit, self.end)
+                self.acked[data] = (resp.commit.begin, resp.commit.end)
+                self.end = resp.commit.end
+                route = resp.header.route
+                self.served_by.append(format_id(route.members[route.primary]))
+                return
+        finally:
+            await client.close()
+        raise AssertionError(f"{tag}: not acknowledged in {append_attempts_max} attempts")
+
+    def check(self, content: bytes, who: str) -> None:
+        """`content` (the whole journal as `who` holds it) holds every acknowledged record at
+        its offsets, each record once, and nothing else but unknown-outcome records."""
+        offset, seen = 0, set()
+        for line in content.splitlines(keepends=True):
+            assert line not in seen, (who, line)  # no record twice
+            seen.add(line)
+            if line in self.acked:
+                assert self.acked[line] == (offset, offset + len(line)), (who, line, offset)
+            else:
+                assert line in self.unknown, (who, line)
+            offset += len(line)
+        assert not [d for d in self.acked if d not in seen], who
+
+
+async def test_a_removed_member_keeps_its_node_for_the_way_back(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    def start(i: int) -> asyncio.Future[Broker]:
+        return asyncio.ensure_future(
+            cluster.start_broker(f"zone-{i}", f"broker-{i}", data_dir=str(tmp_path / f"b{i}"))
+        )
+
+    brokers = [await start(i) for i in range(4)]
+    spare = brokers[3]
+    spec = journal_spec(J, replication=3)
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers[:3])
+    appends = Appends()
+    for b in brokers[:3]:
+        await appends.one(b, "before")
+    await _until(
+        "the register settled with a leader",
+        lambda: (r := _record(spare)) is not None and bool(r.leader) and r.settled,
+    )
+    settled = _record(spare)
+    assert settled is not None
+    index = {_name(b): i for i, b in enumerate(brokers)}
+    # X is removed, Y loses its disk, L claimed the change. X has the first name: with a log
+    # as long as L's it wins the way back's election (ties go to the first name), so the
+    # leader is then usually a broker the journal is not assigned to, which appends must
+    # still reach and which must move the ensemble on itself.
+    x, leader, y = (_name(b) for b in brokers[:3])
+    item = lookup_item(spare.ks, ROOT, J)
+    assert item is not None
+    revision = item.kv.create_revision
+
+    # The three members' brokers go down; L's coordinator, leading, had just claimed the
+    # remove-first step (X silent, its replica moved to the spare).
+    for name in (leader, x, y):
+        await cluster.stop_broker(brokers[index[name]])
+    wanted = tuple(sorted((leader, y, _name(spare))))
+    ensemble, previous = CORRECT_RULES.next_ensemble(settled, wanted, frozenset({x}))
+    assert (ensemble, previous) == (tuple(sorted((leader, y))), settled.ensemble)
+    register = KeyspaceTermRegister(cluster.admin, ROOT, J, settled.ensemble, revision)
+    current = await register.read()
+    claim = TermRecord(current.record.term + 1, leader + COORDINATOR_SUFFIX, ensemble, "", previous)
+    assert (await register.compare_and_swap(current.revision, claim)).ok
+    # ... and Y lost its disk.
+    shutil.rmtree(tmp_path / f"b{index[y]}")
+    for name in (leader, x, y):
+        brokers[index[name]] = await start(index[name])
+    b_leader, b_x, b_y = (brokers[index[n]] for n in (leader, x, y))
+    seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+    leaders: list[TermRecord] = []
+    watcher = asyncio.create_task(_watch_register(spare, seen, leaders))
+    try:
+        await cluster.assign(J, [b_leader, b_y, spare])  # X's replica moved to the spare
+        assert J not in b_x.resolver.replicas  # not assigned to X's broker
+
+        # {L,Y} cannot elect (Y is back from a lost disk: no vote until caught up): the next
+        # claim goes back to {L,X,Y}, which needs X's node.
+        await _until(
+            "the register went back to the ensemble the change left",
+            lambda: (
+                (r := _record(spare)) is not None
+                and r.ensemble == settled.ensemble
+                and r.previous == ensemble
+            ),
+        )
+        await _until(
+            f"{x}'s broker runs a node of {J}, though not assigned", lambda: J in b_x.quorum.nodes
+        )
+        node_x = b_x.quorum.nodes[J]
+        assert J in b_x.quorum.kept
+        labels = {"journal": J, "member": x}
+        assert metrics.value_of("gazette_quorum_kept_unassigned", labels) == 1
+        status = journal_status(b_x.ks, ROOT, J, node_x)
+        assert status.member == x and status.kept
+        assert decode_response(encode_response([status]))[J].kept  # as Status answers it
+
+        # The way back elects: appends through any broker the journal is assigned to commit
+        # again, after every byte acknowledged before (X may lead: not in the assigned route,
+        # it is added to the route the members tell, so appends reach it).
+        for b in (b_leader, b_y, spare):
+            await appends.one(b, f"after-the-way-back-via-{_name(b)}")
+        way_back_leader = next(
+            (r.leader for r in leaders if r.ensemble == settled.ensemble and r.leader), ""
+        )
+        if way_back_leader == x:
+            # X led while the appends ran (not only once the move had moved the leadership
+            # to a broker in the route): an append through an assigned broker reached X.
+            assert x in appends.served_by[-3:], (appends.served_by, leaders)
+
+        # The move then completes (the spare in, X out: X is live, so the spare is added first),
+        # X's node stops once the register no longer names X, and X's member files stay (an
+        # operator removes them).
+        moved = tuple(sorted((leader, y, _name(spare))))
+        await _until(
+            "the register settled on the moved ensemble",
+            lambda: (r := _record(spare)) is not None and r.ensemble == moved and r.settled,
+        )
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    # The change went back, then the move went on, one member per term, never a third
+    # ensemble beside two that must meet.
+    went_back = (settled.ensemble, ensemble)
+    assert seen[0] == (ensemble, previous) and went_back in seen, seen
+    assert all(set(e) <= {*settled.ensemble, _name(spare)} for e, _ in seen), seen
+    assert all(len(set(e) ^ set(p)) == 1 for e, p in seen if p), seen
+    # Its series go once the node has stopped (after it left `nodes`).
+    await _until(
+        f"{x}'s node stopped",
+        lambda: (
+            J not in b_x.quorum.nodes
+            and metrics.value_of("gazette_quorum_kept_unassigned", labels) == 0
+        ),
+    )
+    assert J not in b_x.quorum.kept
+    assert log_path(str(tmp_path / f"b{index[x]}"), J).exists()
+    await appends.one(spare, "after-the-move")
+    for b in (b_leader, b_y, spare):
+        node = b.quorum.nodes[J]
+
+        def knows_commit(n: QuorumNode = node) -> bool:
+            return n.commit_offset >= appends.end
+
+        await _until(f"{_name(b)} knows the commit", knows_commit)
+        appends.check(node.read_committed(0), _name(b))
