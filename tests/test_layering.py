@@ -78,6 +78,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "broker.append_api",
             "broker.read_api",
+            "broker.read_resolve",
+            "broker.read_serve",
             "broker.read_hole",
             "broker.replicate_api",
             "broker.fragments_api",
