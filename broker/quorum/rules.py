@@ -90,25 +90,56 @@ class Rules:
         to elect (Coordinator.election_blocked: more members back from a lost disk than it
         can spare, so no quorum of voters can form while no leader catches them up).
 
+        Built from three steps, each a rule of its own (and a hook a mutation overrides):
+        whether a change may start from `record` (`may_change`), the one step towards
+        `wanted` (`step_towards`), and, for an unsettled record, whether the next term goes
+        back to the ensemble the change left (`goes_back`). Without a change, the next term
+        keeps the record's ensemble; a settled record's `previous` is then cleared."""
+        if wanted is not None and self.may_change(record):
+            step = self.step_towards(record.ensemble, wanted, doubtful)
+            if step != record.ensemble:
+                return step, record.ensemble
+        if not record.settled:
+            if self.goes_back(blocked):
+                return record.previous, record.ensemble
+            return record.ensemble, record.previous
+        if wanted is None:
+            return record.ensemble, record.previous
+        return record.ensemble, ()
+
+    def may_change(self, record: TermRecord) -> bool:
+        """Whether the next term may change the ensemble of `record`: only a settled one.
+
         One member added or removed per term, and only from a settled record: every
         committed entry is then held by a quorum of the record's ensemble, and a quorum of an
         ensemble one member larger or smaller always shares a member with it
         (q(n) + q(n + 1) > n + 1), so the new term's election sees every committed entry and
-        fences the old leader. Replacing a member is two changes (ensemble_step chooses their
-        order from `doubtful`): in one step, {A,B,C} -> {B,C,D} has the disjoint quorums {A,B}
-        and {C,D}. While a change is unsettled (its term may or may not have committed: the
-        register learns it only from the leader's heartbeat), the next term keeps the
-        record's ensemble and `previous`: committed entries lie in a quorum of either, and
-        both differ from it by at most one member.
+        fences the old leader. While a change is unsettled (its term may or may not have
+        committed: the register learns it only from the leader's heartbeat), the next term
+        keeps the record's ensemble and `previous`: committed entries lie in a quorum of
+        either, and both differ from it by at most one member."""
+        return record.settled
 
-        Unless `blocked`: then the next term goes back to `previous`, naming the unsettled
-        ensemble as its `previous` in turn. A remove-first step ({A,B,C} -> {A,B}) decided
-        before the leader knew that B lost its disk (B had just crashed, or the claim reached
-        the register long after it was decided) leaves {A,B} with one voter (B votes only
-        once a leader aligned it): kept, the change never elects again; {A,B,C} elects
-        with A and C. Safe, whatever `blocked` says: the invariant of an unsettled
-        record (every committed entry is held by a quorum of `ensemble` or of `previous`, and
-        the two differ by one member) is symmetric in the two, so the swapped record keeps it;
+    def step_towards(
+        self, current: tuple[str, ...], wanted: tuple[str, ...], doubtful: frozenset[str]
+    ) -> tuple[str, ...]:
+        """The ensemble of a change from `current` towards `wanted`: one member added or
+        removed (`ensemble_step`). Replacing a member is two changes (ensemble_step chooses
+        their order from `doubtful`): in one step, {A,B,C} -> {B,C,D} has the disjoint
+        quorums {A,B} and {C,D}."""
+        return ensemble_step(current, wanted, doubtful)
+
+    def goes_back(self, blocked: bool) -> bool:
+        """Whether the term after an unsettled record goes back to its `previous` ensemble,
+        naming the unsettled ensemble as its `previous` in turn: when `blocked`.
+
+        A remove-first step ({A,B,C} -> {A,B}) decided before the leader knew that B lost its
+        disk (B had just crashed, or the claim reached the register long after it was decided)
+        leaves {A,B} with one voter (B votes only once a leader aligned it): kept, the change
+        never elects again; {A,B,C} elects with A and C. Safe, whatever `blocked` says: the
+        invariant of an unsettled record (every committed entry is held by a quorum of
+        `ensemble` or of `previous`, and the two differ by one member) is symmetric in the
+        two, so the swapped record keeps it;
         an election in either sees every committed entry and fences a quorum of both (their
         quorums intersect). Entries committed in a term of the swapped record are held by a
         quorum of its ensemble, one of the two again. It settles as any change does: once a
@@ -119,16 +150,7 @@ class Rules:
         ensemble blocked, which stays so until a leader is elected (a member back from a
         lost disk votes only after a leader aligned it); and with both ensembles blocked the
         terms alternate, one per election, as claims already did."""
-        if not record.settled:
-            if blocked:
-                return record.previous, record.ensemble
-            return record.ensemble, record.previous
-        if wanted is None:
-            return record.ensemble, record.previous
-        step = ensemble_step(record.ensemble, wanted, doubtful)
-        if step == record.ensemble:
-            return record.ensemble, ()
-        return step, record.ensemble
+        return blocked
 
     def choose_leader(self, responses: Sequence[NewTermResponse]) -> NewTermResponse:
         """The coordinator's election among a majority of fenced members: the most up-to-date
@@ -152,7 +174,7 @@ def ensemble_step(
     commits with A and B while D catches up. With another member doubtful too (silent, or
     back from a lost disk and perhaps not voting yet), removing first could leave {A,B}
     unable to elect for good; adding first keeps the chance that C comes back. Either order
-    is single-member steps from settled records (Rules.next_ensemble), so the choice is one
+    is single-member steps from settled records (Rules.may_change), so the choice is one
     of availability only: `doubtful` may be wrong (a slow member) without harm to safety.
     """
     add = sorted(set(wanted) - set(current))

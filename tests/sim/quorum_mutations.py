@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from broker.quorum.log import ReplicaLog
 from broker.quorum.messages import NewTermResponse
 from broker.quorum.register import TermRecord
-from broker.quorum.rules import Rules, ensemble_step
+from broker.quorum.rules import Rules
 
 
 class CommitWithoutMajority(Rules):
@@ -98,16 +98,10 @@ class ReplaceInOneStep(Rules):
     """An ensemble change replaces a member in one term ({A,B,C} -> {B,C,D}): the old and
     new ensembles have disjoint quorums ({A,B} and {C,D})."""
 
-    def next_ensemble(
-        self,
-        record: TermRecord,
-        wanted: tuple[str, ...] | None,
-        doubtful: frozenset[str] = frozenset(),
-        blocked: bool = False,
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        if wanted is None or not record.settled or wanted == record.ensemble:
-            return super().next_ensemble(record, wanted, doubtful, blocked)
-        return tuple(sorted(wanted)), record.ensemble
+    def step_towards(
+        self, current: tuple[str, ...], wanted: tuple[str, ...], doubtful: frozenset[str]
+    ) -> tuple[str, ...]:
+        return tuple(sorted(wanted))
 
 
 class ChangeBeforeEstablished(Rules):
@@ -115,19 +109,8 @@ class ChangeBeforeEstablished(Rules):
     single-member steps make a two-member change ({A,B,C} -> {A,B,C,D} -> {B,C,D}) while
     committed entries may still lie in a quorum of the first ensemble only."""
 
-    def next_ensemble(
-        self,
-        record: TermRecord,
-        wanted: tuple[str, ...] | None,
-        doubtful: frozenset[str] = frozenset(),
-        blocked: bool = False,
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        if wanted is None:
-            return super().next_ensemble(record, wanted, doubtful, blocked)
-        step = ensemble_step(record.ensemble, wanted, doubtful)
-        if step == record.ensemble:
-            return super().next_ensemble(record, wanted, doubtful, blocked)
-        return step, record.ensemble
+    def may_change(self, record: TermRecord) -> bool:
+        return True
 
 
 class ReplaceDeadInOneStep(Rules):
@@ -135,18 +118,13 @@ class ReplaceDeadInOneStep(Rules):
     tempting argument that a dead member votes for nothing anyway: it may only be slow or cut
     off, and {A,C} and {B,D} are disjoint quorums of the two ensembles."""
 
-    def next_ensemble(
-        self,
-        record: TermRecord,
-        wanted: tuple[str, ...] | None,
-        doubtful: frozenset[str] = frozenset(),
-        blocked: bool = False,
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        if wanted is not None and record.settled and len(wanted) == len(record.ensemble):
-            leaving = set(record.ensemble) - set(wanted)
-            if leaving and leaving <= doubtful:
-                return tuple(sorted(wanted)), record.ensemble
-        return super().next_ensemble(record, wanted, doubtful, blocked)
+    def step_towards(
+        self, current: tuple[str, ...], wanted: tuple[str, ...], doubtful: frozenset[str]
+    ) -> tuple[str, ...]:
+        leaving = set(current) - set(wanted)
+        if len(wanted) == len(current) and leaving and leaving <= doubtful:
+            return tuple(sorted(wanted))
+        return super().step_towards(current, wanted, doubtful)
 
 
 class KeepABlockedChange(Rules):
@@ -155,14 +133,8 @@ class KeepABlockedChange(Rules):
     settles, so no leader is elected again. A liveness mutation, caught on the seeds of
     tests/sim/test_quorum_sim_blocked_change.py (not in MUTATIONS: those catch safety)."""
 
-    def next_ensemble(
-        self,
-        record: TermRecord,
-        wanted: tuple[str, ...] | None,
-        doubtful: frozenset[str] = frozenset(),
-        blocked: bool = False,
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return super().next_ensemble(record, wanted, doubtful)
+    def goes_back(self, blocked: bool) -> bool:
+        return False
 
 
 MUTATIONS = (

@@ -6,7 +6,7 @@ remaining members had just lost its disk (the leader's knowledge of it lagged, o
 reached the register long after it was decided): {A,B} has one voter, the change never
 settles, and every later claim kept {A,B}, so no leader was elected again. Found on main
 with 3 failures in 20,000 seeds. The simulation now also provokes it on purpose
-(World._wipe_after_remove_first), so that keeping a blocked change fails within the seeds
+(double_faults.wipe_after_remove_first), so that keeping a blocked change fails within the seeds
 `make test` runs.
 """
 

@@ -54,7 +54,7 @@ def test_voting_on_an_entry_of_the_aligning_term_loses_a_committed_entry(seed: i
 
 
 # Seeds where a member fenced into a newer term loses its disk beside the deposed leader
-# (World._wipe_beside_a_deposed_leader): started at its empty log's term, it is aligned by
+# (double_faults.wipe_beside_a_deposed_leader): started at its empty log's term, it is aligned by
 # that leader, which commits with it entries the newer term's leader lacks.
 # (157 and 443 until ensemble changes and the appointment fix changed the seeds' courses.)
 LOST_FENCE_SEEDS = (15, 213)

@@ -1,4 +1,5 @@
-"""One simulated run: the world, its faults, its phases, and `run_seed`.
+"""One simulated run: the world, its phases, its step loop, and `run_seed`. Its faults are in
+chaos.py (the chaos timer), faults.py (crashes, lost disks, the heal) and double_faults.py.
 
 Phases. FAULTS (`fault_ticks`): clients append and read while a chaos timer crashes members
 (the leader more often than others) and coordinators, partitions and heals the network, on a
@@ -27,18 +28,18 @@ from broker.quorum.errors import QuorumError, QuorumInvariantError
 from broker.quorum.messages import ReplicaResponse
 from broker.quorum.register import MemoryCasRegister, TermRecord
 from broker.quorum.rules import CORRECT_RULES, Rules
+from broker.quorum.sim import faults
+from broker.quorum.sim.chaos import CHAOS, chaos
 from broker.quorum.sim.checker import Acked, Checker, Violation
+from broker.quorum.sim.double_faults import wipe_after_remove_first
 from broker.quorum.sim.network import DELIVER, Network
 from broker.quorum.sim.nodes import (
     CRASH,
-    RESTART,
     ClientNode,
     CoordinatorNode,
     MemberNode,
     RegisterNode,
 )
-
-CHAOS = "chaos"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +101,12 @@ class SimResult:
     ensemble_changes: int = 0
     # Replacements whose first step removed the old member (it was silent: ensemble_step).
     removed_first: int = 0
-    # Disks wiped just as a remove-first step reached the register (_wipe_after_remove_first),
+    # Disks wiped just as a remove-first step reached the register (double_faults.py),
     # and unsettled changes that went back to the ensemble they left (Rules.next_ensemble,
     # blocked).
     removed_then_lost: int = 0
     fallbacks: int = 0
-    # Disks wiped beside a deposed leader (_wipe_beside_a_deposed_leader), and messages
+    # Disks wiped beside a deposed leader (double_faults.py), and messages
     # re-delivered late (Network.late_p, replay_to).
     deposed_wipes: int = 0
     late_deliveries: int = 0
@@ -148,7 +149,7 @@ class World:
         self.removed_first = 0
         self.fallbacks = 0
         # How often a remove-first step reaching the register also wipes the disk of a member
-        # that remains (_wipe_after_remove_first). From a generator of its own: a seed that
+        # that remains (double_faults.py). From a generator of its own: a seed that
         # never takes this path takes the course it took before the path existed.
         self.double_rng = random.Random(f"double/{seed}")
         self.removed_then_lost_p = self.double_rng.choice((0.0, 0.5))
@@ -254,11 +255,11 @@ class World:
                 raise Violation("liveness", "nothing left to happen")
             time, _, kind, name, payload = event
             if self.live_from < 0 and time >= config.fault_ticks:
-                self._heal_all()
+                faults.heal_all(self)
             self.steps += 1
             if name == CHAOS:
                 if self.live_from < 0:
-                    self._chaos()
+                    chaos(self)
             elif kind == DELIVER:
                 src, msg = cast(tuple[str, object], payload)
                 kind_name = type(msg).__name__
@@ -281,14 +282,14 @@ class World:
                     seen.ensemble,
                 ):
                     self.fallbacks += 1
-                    self._note(f"register back to {ensemble} (a blocked change)")
+                    self.note(f"register back to {ensemble} (a blocked change)")
                 elif len(ensemble) < len(self._ensemble_seen) and self.wanted is not None:
                     if len(self.wanted) > len(ensemble):
                         self.removed_first += 1  # a replacement that removed first
-                        self._wipe_after_remove_first(ensemble)
+                        wipe_after_remove_first(self, ensemble)
                 self._ensemble_seen = ensemble
                 self.ensemble_changes += 1
-                self._note(f"register ensemble {ensemble}")
+                self.note(f"register ensemble {ensemble}")
             self._record_seen = record
             checker.check(logs, self.members, self.store, ensemble)
             if self.live_from >= 0:
@@ -332,7 +333,7 @@ class World:
         data += node.log.read(max(offset, base_end), end) if end > base_end else b""
         self.checker.on_read(name, offset, data)
 
-    # --- Faults --------------------------------------------------------------------------------
+    # --- Faults (chaos.py, faults.py, double_faults.py) -----------------------------------------
 
     def on_new_leader(self, node: MemberNode) -> None:
         rng = self.net.rng
@@ -341,194 +342,10 @@ class World:
 
     def crash(self, name: str) -> None:
         if self.live_from < 0:
-            self._crash(name)
+            faults.crash(self, name)
 
-    def _chaos(self) -> None:
-        net, rng, config = self.net, self.net.rng, self.config
-        r = rng.random() / self.chaos_scale
-        if self.deposed_wipe_p and self.deposed_rng.random() < self.deposed_wipe_p:
-            if self._wipe_beside_a_deposed_leader():
-                r = 1.0  # nothing else this time
-        if self.change_p and self.change_rng.random() < self.change_p:
-            self._want_another_ensemble()
-        if r < 0.12:
-            leader = self.register.read().record.leader
-            self._crash(leader or rng.choice(self.ensemble))
-        elif r < 0.27:
-            name = rng.choice(self.ensemble)
-            # Never below the initial size (a replacement that removed first): an ensemble
-            # of two cannot spare a lost disk, and neither could the one it replaces.
-            wipe = (
-                rng.random() < self.disk_loss_p
-                and all(m.voter for m in self.members)
-                and self._may_lose_a_disk()
-            )
-            if wipe and self.wiped and self.deposed_rng.random() < self.rewipe_p:
-                # The same member again: the alignment that brought it back after its first
-                # loss may be re-delivered after its second (what its nonce is for).
-                name = self.deposed_rng.choice(sorted(self.wiped))
-            self._crash(name, wipe)
-        elif r < 0.34:
-            self._crash(rng.choice(self.coordinator_names))
-        elif r < 0.46:
-            names = (*self.pool, *self.coordinator_names, self.register_name)
-            leader = self.register.read().record.leader
-            if leader and rng.random() < 0.5:
-                # The leader alone: clients still reach it, so it gathers entries no one
-                # else holds while the others elect another leader.
-                net.groups = {n: int(n == leader) for n in names}
-            else:
-                net.groups = {n: rng.randrange(2) for n in names}
-            self._note(f"partition {sorted(n for n, g in net.groups.items() if g)}")
-        elif r < 0.58:
-            net.groups = {}
-            self._note("heal partition")
-        net.timer(rng.randint(1, 2 * config.chaos_every_ticks), CHAOS, None)
-
-    def _want_another_ensemble(self) -> None:
-        """Once the register settled on what was wanted: replace a member by one outside the
-        ensemble (the allocator moving a replica), add one, or remove one added before.
-        Never below the initial size: a smaller ensemble could not spare a lost disk."""
-        record, rng = self.register.read().record, self.change_rng
-        current = record.ensemble
-        if (self.wanted is not None and self.wanted != current) or not record.settled:
-            return  # a change is under way
-        if not all(m.voter for m in self.members):
-            # One fault at a time, as for disk losses: a member back from a lost disk and not
-            # yet voting, and another replaced (dead: removed first, ensemble_step), leave
-            # two members one of whom cannot vote until the other leads it. The sim restarts
-            # every crashed member, so an order that depends on the dead one coming back would
-            # pass here and fail on brokers, where a replaced broker does not come back.
-            return
-        outside = [m for m in self.pool if m not in current]
-        r = rng.random()
-        # Down as long as a leader takes to find it silent: as brokers replace a member only
-        # after its lease expired, long after.
-        since = self.net.now - self.config.quorum.silent_after_ticks
-        down = [
-            m.name
-            for m in self.members
-            if m.name in current and not m.up and self.down_since.get(m.name, since + 1) <= since
-        ]
-        if outside and down and r < 0.3:
-            # A crashed member replaced (the allocator's usual move, after its lease expired):
-            # kept down a while longer, so that the leader finds it silent and removes it
-            # first (ensemble_step). Its pending restart is dropped (a new incarnation).
-            out = rng.choice(down)
-            node = cast(MemberNode, self.nodes[out])
-            node.incarnation += 1
-            self.net.timer(rng.randint(40, 120), out, (RESTART, node.incarnation))
-            wanted = tuple(sorted((*(m for m in current if m != out), rng.choice(outside))))
-        elif outside and r < 0.6:
-            out = rng.choice(current)
-            wanted = tuple(sorted((*(m for m in current if m != out), rng.choice(outside))))
-        elif outside and r < 0.8:
-            wanted = tuple(sorted((*current, rng.choice(outside))))
-        elif len(current) > len(self.initial):
-            out = rng.choice(current)
-            wanted = tuple(m for m in current if m != out)
-        else:
-            return
-        self.wanted = wanted
-        self._note(f"want ensemble {wanted}")
-
-    def _may_lose_a_disk(self) -> bool:
-        """Never below the initial size, nor while a member wanted out is down or doubtful
-        to the leader (it may be removed first, ensemble_step): an ensemble of two cannot
-        spare a lost disk, and neither could the three it replaces with one member gone (the
-        sim brings every member back, which a removed one no longer helps). One fault at a
-        time, as for disk losses everywhere in the sim."""
-        current = self.ensemble
-        if len(current) < len(self.initial):
-            return False
-        wanted = self.wanted
-        if wanted is None:
-            return True
-        leaving = {m for m in current if m not in wanted}
-        doubtful = self.doubtful() or frozenset()
-        return not leaving & doubtful and all(m.up for m in self.members if m.name in leaving)
-
-    def _wipe_beside_a_deposed_leader(self) -> bool:
-        """If a member still leads a term older than the register's, wipe the disk of a
-        member fenced into the register's term and leave the two alone together (the rest
-        on the other side of a partition): a fence the wiped member forgets would let the
-        deposed leader commit with it. One lost disk at a time, as elsewhere."""
-        term = self.register.read().record.term
-        deposed = [
-            m
-            for m in self.members
-            if m.member is not None and m.member.leader is not None and m.member.term < term
-        ]
-        fenced = [
-            m
-            for m in self.members
-            if m.member is not None and m.member.leader is None and m.member.term == term
-        ]
-        if not deposed or not fenced or not all(m.voter for m in self.members):
-            return False
-        if not self._may_lose_a_disk():
-            return False
-        leader, victim = deposed[0], self.deposed_rng.choice(fenced)
-        self._crash(victim.name, wipe=True, down_ticks_max=8)  # back while the leader leads
-        self.deposed_wipes += 1
-        names = (*self.pool, *self.coordinator_names, self.register_name)
-        self.net.groups = {n: int(n in (leader.name, victim.name)) for n in names}
-        self._note(f"partition {sorted((leader.name, victim.name))} (a deposed leader)")
-        return True
-
-    def _wipe_after_remove_first(self, ensemble: tuple[str, ...]) -> None:
-        """Now and then, as a remove-first step ({A,B,C} -> {A,B}) reaches the register, wipe
-        the disk of a member that remains: what happens on brokers when the leader decided
-        the step before it knew (B had just crashed, or the claim reached the register long
-        after it was decided). {A,B} then has one voter, and must go back to {A,B,C}
-        (Rules.next_ensemble, blocked) to elect. A second fault on purpose, unlike the
-        chaos's other disk losses: still one lost disk at a time, and the removed member
-        comes back (else nothing could elect)."""
-        if self.live_from >= 0 or not self.removed_then_lost_p:
-            return
-        if self.double_rng.random() >= self.removed_then_lost_p:
-            return
-        up = [m.name for m in self.members if m.name in ensemble and m.up]
-        if not up or not all(m.voter for m in self.members):
-            return
-        self._crash(self.double_rng.choice(up), wipe=True, down_ticks_max=8)
-        self.removed_then_lost += 1
-
-    def _crash(self, name: str, wipe: bool = False, down_ticks_max: int = 0) -> None:
-        node = self.nodes[name]
-        if not isinstance(node, (MemberNode, CoordinatorNode)) or not node.up:
-            return
-        if isinstance(node, MemberNode):
-            node.crash(wipe)
-            self.down_since[name] = self.net.now
-            if wipe:
-                self.logs[name] = node.log
-                self.checker.on_disk_lost(name)
-                self.wiped.add(name)
-                self.disk_losses += 1
-        else:
-            node.crash()
-        self.crashes += 1
-        self._note(f"crash {name}" + (" and wipe its disk" if wipe else ""))
-        self.net.timer(
-            self.net.rng.randint(1, down_ticks_max or self.config.down_ticks_max),
-            name,
-            (RESTART, node.incarnation),
-        )
-
-    def _heal_all(self) -> None:
-        net = self.net
-        self.live_from = net.now
-        net.groups = {}
-        net.drop_p = 0.0
-        net.dup_p = 0.0
-        net.late_p = 0.0
-        for node in self.startable:
-            if not node.up:
-                node.start()
-        self._note("faults stop: healed, every node up")
-
-    def _note(self, what: str) -> None:
+    def note(self, what: str) -> None:
+        """A line of the trace for what the chaos did."""
         if self.trace is not None:
             self.trace.append(f"{self.net.now:5d} CHAOS {what}")
 

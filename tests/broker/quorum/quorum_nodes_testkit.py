@@ -1,7 +1,8 @@
 """Quorum nodes of one journal as a broker hosts them, in-process: each on its own loopback
 gRPC server and data directory (member log files, the broker's incarnation, member marks),
 joining through the member registry, with the term register in an embedded keyspace. Nodes are
-started and killed by name; a lost disk is its data directory deleted."""
+started and killed by name; a lost disk is its data directory deleted. The tests take a
+`Cluster` from the `quorum_nodes` fixture (conftest.py)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,11 @@ class Cluster:
 
     async def kill(self, name: str) -> None:
         await self.live.pop(name).kill()
+
+    async def close(self) -> None:
+        """Kill every live node (the end of a test)."""
+        for name in list(self.live):
+            await self.kill(name)
 
     def member_dir(self, name: str) -> Path:
         return self.data_dir(name) / "quorum" / J

@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import structlog
 
 from broker import metrics
 from broker.client.route_cache import ChannelPool
 from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.registry import new_registry
-from broker.keyspace.embedded import EmbeddedStore
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.apply import CommitApplier
 from broker.read_api import ReadAPI
@@ -36,14 +32,6 @@ from tests.broker.read_testkit import Replica as ReadReplica
 
 # Failed tries seen before the dependency recovers: more than one, to see the backoff retry.
 FAILURES_MIN = 3
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, EmbeddedStore())
-    yield c
-    for name in list(c.live):
-        await c.kill(name)
 
 
 class FlakyReplicas:
@@ -115,13 +103,13 @@ async def _read(replica: Replica, end: int) -> bytes:
 
 
 async def test_an_applier_that_fails_unexpectedly_retries_until_committed_content_arrives(
-    cluster: Cluster,
+    quorum_nodes: Cluster,
 ) -> None:
     for name in NAMES:
-        await cluster.start(name)
-    begin, end = await cluster.append(b"committed;")
+        await quorum_nodes.start(name)
+    begin, end = await quorum_nodes.append(b"committed;")
     assert begin == 0
-    leader = cluster.leader()
+    leader = quorum_nodes.leader()
     assert leader is not None and leader.commit_offset >= end
 
     replica = _memory_replica()
@@ -156,13 +144,15 @@ async def test_an_applier_that_fails_unexpectedly_retries_until_committed_conten
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_store_progress_reporting_survives_a_failing_dependency(cluster: Cluster) -> None:
+async def test_store_progress_reporting_survives_a_failing_dependency(
+    quorum_nodes: Cluster,
+) -> None:
     """`report_stored` (what lets the leader's log compact) fails the same way: it keeps
     polling, the failure is kept and counted, and cleared once a report succeeds."""
     for name in NAMES:
-        await cluster.start(name)
-    await cluster.append(b"committed;")
-    leader = cluster.leader()
+        await quorum_nodes.start(name)
+    await quorum_nodes.append(b"committed;")
+    leader = quorum_nodes.leader()
     assert leader is not None
     flaky = FlakyReplicas(_memory_replica())
     before = _errors(leader.name)
@@ -188,15 +178,15 @@ async def test_store_progress_reporting_survives_a_failing_dependency(cluster: C
 
 
 async def test_content_a_failed_try_left_uncommitted_is_not_committed_with_the_next(
-    cluster: Cluster,
+    quorum_nodes: Cluster,
 ) -> None:
     """A try that failed between appending a batch to the spool and committing it leaves that
     content pending; the next try rolls it back and applies the batch again, so every offset
     holds the journal's byte (never the batch twice, shifted)."""
     for name in NAMES:
-        await cluster.start(name)
-    _, end = await cluster.append(b"committed;")
-    leader = cluster.leader()
+        await quorum_nodes.start(name)
+    _, end = await quorum_nodes.append(b"committed;")
+    leader = quorum_nodes.leader()
     assert leader is not None
     replica = _memory_replica()
     spool = await replica.spool_slot.take(asyncio.Event())

@@ -5,12 +5,6 @@ a replacement wanted by the route completes: the new member holds every byte and
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
-from broker.keyspace.embedded import EmbeddedStore
 from broker.quorum.coordinator import CoordState
 from tests.broker.quorum.quorum_nodes_testkit import NAMES, Cluster, append_all
 
@@ -19,16 +13,10 @@ MOVED = ("m1", "m2", "m3")  # m0's replica moved to m3
 quiet_ms = 6000
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, EmbeddedStore())
-    yield c
-    for name in list(c.live):
-        await c.kill(name)
-
-
-async def test_a_node_outside_the_ensemble_does_not_depose_the_leader(cluster: Cluster) -> None:
-    c = cluster
+async def test_a_node_outside_the_ensemble_does_not_depose_the_leader(
+    quorum_nodes: Cluster,
+) -> None:
+    c = quorum_nodes
     for name in NAMES:
         await c.start(name)
     expected = bytearray()
@@ -44,8 +32,8 @@ async def test_a_node_outside_the_ensemble_does_not_depose_the_leader(cluster: C
     await append_all(c, "b", 2, expected)
 
 
-async def test_a_replaced_member_is_caught_up_and_counts(cluster: Cluster) -> None:
-    c = cluster
+async def test_a_replaced_member_is_caught_up_and_counts(quorum_nodes: Cluster) -> None:
+    c = quorum_nodes
     for name in NAMES:
         await c.start(name)
     expected = bytearray()

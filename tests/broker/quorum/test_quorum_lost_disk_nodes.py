@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,6 @@ from tests.broker.quorum.quorum_nodes_testkit import (
 )
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    store = EmbeddedStore()
-    c = Cluster(tmp_path, store)
-    yield c
-    for name in list(c.live):
-        await c.kill(name)
-
-
 async def _lose_x_while_y_down(c: Cluster, *, mark_lost: bool) -> tuple[str, str, bytearray]:
     """A entries everywhere, B entries on X and Y only; then X loses its disk, Y is down,
     and X and m2 are started. Returns (X, Y, acknowledged content)."""
@@ -78,8 +68,8 @@ async def _lose_x_while_y_down(c: Cluster, *, mark_lost: bool) -> tuple[str, str
     return x, y, expected
 
 
-async def test_a_lost_disk_does_not_vote_until_caught_up(cluster: Cluster) -> None:
-    c = cluster
+async def test_a_lost_disk_does_not_vote_until_caught_up(quorum_nodes: Cluster) -> None:
+    c = quorum_nodes
     x, y, expected = await _lose_x_while_y_down(c, mark_lost=True)
     xnode, m2 = c.live[x].node, c.live["m2"].node
     await c.until(lambda: xnode.joined.is_set(), "X joined")
@@ -102,19 +92,19 @@ async def test_a_lost_disk_does_not_vote_until_caught_up(cluster: Cluster) -> No
 
 
 async def test_with_the_marking_disabled_the_acknowledged_appends_are_lost(
-    cluster: Cluster,
+    quorum_nodes: Cluster,
 ) -> None:
     """The scenario's power: X's node built without its joiner (as before) votes with its empty
     log, and X and m2 elect m2: the next append lands where B began."""
-    c = cluster
+    c = quorum_nodes
     _, _, expected = await _lose_x_while_y_down(c, mark_lost=False)
     a_end = expected.index(b"b0;")
     begin, _ = await c.append(b"after;")
     assert begin == a_end < len(expected)
 
 
-async def test_a_restart_before_catching_up_stays_lost(cluster: Cluster) -> None:
-    c = cluster
+async def test_a_restart_before_catching_up_stays_lost(quorum_nodes: Cluster) -> None:
+    c = quorum_nodes
     x, _, _ = await _lose_x_while_y_down(c, mark_lost=True)
     await c.until(lambda: c.live[x].node.joined.is_set(), "X joined")
     first_nonce = c.live[x].node.member.lost_nonce
@@ -127,11 +117,11 @@ async def test_a_restart_before_catching_up_stays_lost(cluster: Cluster) -> None
     assert 0 < xnode.member.lost_nonce != first_nonce  # a nonce of this start
 
 
-async def test_a_lost_member_starts_in_the_term_registers_term(cluster: Cluster) -> None:
+async def test_a_lost_member_starts_in_the_term_registers_term(quorum_nodes: Cluster) -> None:
     # Its lost log forgot the term it was fenced into; the register holds it (or a later
     # one). Started below it, a leader deposed before the loss could align it and commit
     # with it. The term is in its log file before it takes part (a restart keeps it).
-    c = cluster
+    c = quorum_nodes
     register = KeyspaceTermRegister(c.store.connect(), ROOT, J, NAMES, c.journal_revision)
     for name in NAMES:
         await c.start(name)
@@ -148,8 +138,8 @@ async def test_a_lost_member_starts_in_the_term_registers_term(cluster: Cluster)
     assert (await c.start(x)).member.term >= registered  # from its log file, before joining
 
 
-async def test_two_lost_disks_block_the_election_with_a_reason(cluster: Cluster) -> None:
-    c = cluster
+async def test_two_lost_disks_block_the_election_with_a_reason(quorum_nodes: Cluster) -> None:
+    c = quorum_nodes
     x, y, _ = await _lose_x_while_y_down(c, mark_lost=True)
     await c.kill("m2")
     c.lose_disk(y)  # Y's disk too: only m2 (lagging) kept its log
@@ -181,10 +171,10 @@ async def test_two_lost_disks_block_the_election_with_a_reason(cluster: Cluster)
     )
 
 
-async def test_a_fresh_journal_elects_with_a_late_starter(cluster: Cluster) -> None:
+async def test_a_fresh_journal_elects_with_a_late_starter(quorum_nodes: Cluster) -> None:
     """Members joining a fresh journal are not lost, the late one included (its new log is not
     a lost disk: it never joined), and the first election does not wait for it."""
-    c = cluster
+    c = quorum_nodes
     await c.start("m0")
     await c.start("m1")
     expected = bytearray()

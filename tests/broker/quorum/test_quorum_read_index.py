@@ -9,12 +9,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from broker.keyspace.embedded import EmbeddedStore
 from broker.quorum.register import TermRecord
 from broker.quorum_shell import read_barrier
 from broker.quorum_shell.read_barrier import QuorumReadUnavailableError
@@ -32,14 +29,6 @@ from tests.broker.quorum.quorum_nodes_testkit import (
 readers = 50
 # The read index's bound in the tests that wait it out (the broker's is longer).
 short_wait_s = 0.5
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, EmbeddedStore())
-    yield c
-    for name in list(c.live):
-        await c.kill(name)
 
 
 async def _registered_leader(c: Cluster) -> str:
@@ -60,9 +49,9 @@ async def _registered_leader(c: Cluster) -> str:
 
 
 async def test_a_follower_learns_the_leaders_commit_and_concurrent_reads_share_one_ask(
-    cluster: Cluster,
+    quorum_nodes: Cluster,
 ) -> None:
-    c = cluster
+    c = quorum_nodes
     for name in NAMES:
         await c.start(name)
     expected = bytearray()
@@ -84,9 +73,9 @@ async def test_a_follower_learns_the_leaders_commit_and_concurrent_reads_share_o
 
 
 async def test_a_deposed_leader_does_not_answer(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    quorum_nodes: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c = cluster
+    c = quorum_nodes
     for name in NAMES:
         await c.start(name)
     expected = bytearray()
@@ -114,9 +103,9 @@ async def test_a_deposed_leader_does_not_answer(
 
 
 async def test_a_member_without_a_leader_fails_typed_within_its_bound(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    quorum_nodes: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c = cluster
+    c = quorum_nodes
     for name in NAMES:
         await c.start(name)
     expected = bytearray()

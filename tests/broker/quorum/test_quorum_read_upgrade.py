@@ -10,13 +10,11 @@ lasted."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from broker.keyspace.embedded import EmbeddedStore
 from broker.quorum.read_index import ReadIndexAnswer, ReadIndexAsk
 from broker.quorum_shell import read_barrier
 from broker.quorum_shell.node import QuorumNode
@@ -41,14 +39,6 @@ from tests.broker.quorum.quorum_nodes_testkit import NAMES, Cluster, J, append_a
 prompt_s = read_barrier.read_index_wait_s / 5
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, EmbeddedStore())
-    yield c
-    for name in list(c.live):
-        await c.kill(name)
-
-
 async def _caught_up(c: Cluster, node: QuorumNode, end: int) -> None:
     """Until `node` knows a leader and its own commit offset reached `end`."""
 
@@ -59,9 +49,9 @@ async def _caught_up(c: Cluster, node: QuorumNode, end: int) -> None:
 
 
 async def test_an_upgraded_follower_of_an_older_leader_serves_reads_at_once(
-    cluster: Cluster,
+    quorum_nodes: Cluster,
 ) -> None:
-    c = cluster
+    c = quorum_nodes
     old, new = NAMES[:2], NAMES[2]
     for name in old:  # a majority of the previous version: one of them leads
         await c.start(name, unknown=READ_INDEX_TYPES)
@@ -99,10 +89,10 @@ async def test_an_upgraded_follower_of_an_older_leader_serves_reads_at_once(
         assert node.reads.predates is None
 
 
-async def test_only_the_unknown_type_refusal_counts(cluster: Cluster) -> None:
+async def test_only_the_unknown_type_refusal_counts(quorum_nodes: Cluster) -> None:
     """A send's outcome: TypeRefused only for the unknown-type refusal; a node that is not
     there (NOT_FOUND), a malformed envelope, a broker that is down: dropped, nothing learned."""
-    c = cluster
+    c = quorum_nodes
     await c.start(NAMES[0], unknown=READ_INDEX_TYPES)
     await c.start(NAMES[1])
     transport = GrpcTransport(c.endpoints() | {"down": "http://127.0.0.1:1"})

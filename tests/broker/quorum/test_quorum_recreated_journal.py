@@ -5,10 +5,7 @@ member record: they start fresh, and the new journal's first append lands at off
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from broker import metrics
 from broker.keyspace.embedded import EmbeddedStore
@@ -35,16 +32,8 @@ from tests.broker.quorum.quorum_nodes_testkit import (
 RECREATED_REVISION = JOURNAL_REVISION + 100
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, EmbeddedStore())
-    yield c
-    for name in list(c.live):
-        await c.kill(name)
-
-
-async def test_a_recreated_journal_starts_fresh(cluster: Cluster) -> None:
-    c = cluster
+async def test_a_recreated_journal_starts_fresh(quorum_nodes: Cluster) -> None:
+    c = quorum_nodes
     for name in NAMES:
         await c.start(name)
     old = bytearray()
