@@ -108,7 +108,7 @@ async def main() -> None:
             finally:
                 await c.channels.close()
             out = Path(args.keep or tmp)
-            out.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
             counts = []
             for count in (args.messages, 0):
                 counts.append(
