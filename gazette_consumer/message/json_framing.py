@@ -9,7 +9,8 @@ it is several times faster than the stdlib ``json`` here, and this is the hot pa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, count
+from operator import add as _ADD
 from operator import attrgetter
 from typing import Generic, Self, TypeVar
 from uuid import UUID
@@ -30,7 +31,7 @@ from gazette_consumer.message.framing import (
     UnpackEvent,
     check_message_size,
 )
-from gazette_consumer.message.message import UUIDOf, message_uuid
+from gazette_consumer.message.message import UUID_ATTRIBUTE, UUIDOf, message_uuid
 from gazette_consumer.message.uuid import NIL_UUID
 
 T = TypeVar("T")
@@ -107,7 +108,7 @@ class JSONDecoder(Generic[T]):
         self.decode_uuids: Callable[[Iterable[bytes]], Iterator[UUID]] | None = None
         if isinstance(message_type, type) and issubclass(message_type, JSONMessage):
             if message_type.get_uuid is JSONMessage.get_uuid:
-                self.uuid_of = attrgetter("uuid")
+                self.uuid_of = UUID_ATTRIBUTE
                 self.decode_uuids = _uuid_only_decoder(message_type)
 
     def decode_payloads(self, payloads: list[bytes]) -> list[T]:
@@ -189,12 +190,16 @@ class JSONUnpacker(Unpacker):
         rest = payloads.pop()
         if not payloads:
             return None  # No newline yet: `feed` buffers the chunk.
-        lengths = list(map(len, payloads))
         bytes_max = self.message_bytes_max
-        if len(rest) > bytes_max or max(lengths) > bytes_max:
+        # No line is longer than all of them (a piece is far below any sensible bound): only a
+        # longer source is looked into, line by line.
+        if len(source) > bytes_max and (
+            len(rest) > bytes_max or max(map(len, payloads)) > bytes_max
+        ):
             return None  # `feed` reports (and skips) the over-long line.
-        # Frame i spans its payload and newline: offsets are a running sum of length + 1.
-        offsets = list(accumulate(map((1).__add__, lengths), initial=self._buf_begin))
+        # Frame i spans its payload and newline: offsets are the running sum of the payloads'
+        # lengths, plus i newlines (`operator.add` is one C call; `(1).__add__` took two).
+        offsets = list(map(_ADD, accumulate(map(len, payloads), initial=self._buf_begin), count()))
         self._buf = bytearray(rest)
         self._buf_begin = offsets[-1]
         self._search_from = len(rest)

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 from gazette_consumer.message.framing import Frame, UnpackEvent
 from gazette_consumer.message.json_framing import JSONFraming, JSONMessage
-from gazette_consumer.message.message import Envelope, EnvelopeBuilder, message_uuid
+from gazette_consumer.message.message import (
+    UUID_ATTRIBUTE,
+    Envelope,
+    EnvelopeBuilder,
+    message_uuid,
+)
 from gazette_consumer.message.uuid import (
     NIL_UUID,
     ProducerID,
@@ -71,9 +76,13 @@ def test_builder_builds_what_envelope_of_builds(uuids: list[UUID | None]) -> Non
         Envelope.of(JOURNAL, b, e, m)
         for m, (b, e) in zip(messages, itertools.pairwise(offsets), strict=True)
     ]
-    for uuid_of in (message_uuid, JSONFraming().new_decoder(Event).uuid_of):
+    # The JSON decoder's getter is UUID_ATTRIBUTE: the builder reads the attribute inline.
+    assert JSONFraming().new_decoder(Event).uuid_of is UUID_ATTRIBUTE
+    for uuid_of in (message_uuid, UUID_ATTRIBUTE):
         # Tiny caches: entries are evicted (the caches cleared) all the time.
         for builder in (EnvelopeBuilder(uuid_of), EnvelopeBuilder(uuid_of, cache_entries_max=1)):
+            assert builder.build(JOURNAL, offsets, messages) == expected
+            # Again, from the parts cached the first time (clocks from the cached bases).
             assert builder.build(JOURNAL, offsets, messages) == expected
 
 
