@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -172,7 +172,7 @@ class JournalSource:
             reason,
         )
 
-    async def chunks(self, begin: int, end: int) -> AsyncIterator[Chunk]:
+    async def chunks(self, begin: int, end: int) -> AsyncGenerator[Chunk, None]:
         """The content of [begin, end), in order; offsets jump over skipped lost content."""
         at = begin
         wanted = [ref for ref in self._fragments if ref.end > at and ref.begin < end]

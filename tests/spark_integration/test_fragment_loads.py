@@ -7,8 +7,10 @@ early leaves no load running."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,12 +24,12 @@ JOURNAL = "loads/j"
 
 
 def fragment_files(
-    folder: Path, content: bytes, cuts: list[int], codec: int = pb.NONE
+    folder: Path, content: bytes, cuts: list[int], codec: Any = pb.NONE
 ) -> list[FragmentRef]:
     """`content` cut at `cuts` into fragment files in `folder`, stored with `codec`."""
     refs = []
     bounds = [0, *cuts, len(content)]
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         piece = content[lo:hi]
         path = folder / f"{lo:016x}-{hi:016x}"
         path.write_bytes(codecs.compress(codec, piece))
@@ -65,7 +67,7 @@ def source_of(refs: list[FragmentRef], *, fail: bool = True) -> JournalSource:
 
 
 @pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP, pb.SNAPPY, pb.ZSTANDARD])
-async def test_ranges_read_exactly_the_content(codec: int, tmp_path: Path) -> None:
+async def test_ranges_read_exactly_the_content(codec: Any, tmp_path: Path) -> None:
     rng = random.Random(codec)
     content, bounds = journal_content(rng, 3_000)
     cuts = sorted(rng.sample(bounds[:-1], 40))
@@ -85,26 +87,28 @@ async def test_a_large_fragment_is_handed_out_in_pieces(tmp_path: Path, monkeypa
     assert await read(source_of(refs), bounds[10], len(content)) == content[bounds[10] :]
 
 
-def corrupt(ref: FragmentRef) -> None:
+def damage(ref: FragmentRef, how: str) -> None:
     path = Path(ref.url.removeprefix("file://"))
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 1  # Same length, another SHA1.
-    path.write_bytes(bytes(data))
+    data = path.read_bytes()
+    if how == "corrupt":
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 1  # Same length, another SHA1.
+        path.write_bytes(bytes(flipped))
+    elif how == "missing":
+        path.unlink()
+    elif how == "long":
+        path.write_bytes(data * 2)  # Decodes to more than the fragment.
+    else:  # More than a fragment's file can hold: not read to its end.
+        path.write_bytes(data * 4 + bytes(sources.stored_slack_bytes))
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing", "long"])
-async def test_a_bad_fragment_is_reported_at_its_turn(damage: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["corrupt", "missing", "long", "huge"])
+async def test_a_bad_fragment_is_reported_at_its_turn(how: str, tmp_path: Path) -> None:
     content, bounds = journal_content(random.Random(2), 2_000)
     cuts = bounds[99:1999:100]  # 20 fragments, every one loaded ahead of its turn.
     refs = fragment_files(tmp_path, content, cuts)
     bad = refs[7]
-    path = Path(bad.url.removeprefix("file://"))
-    if damage == "corrupt":
-        corrupt(bad)
-    elif damage == "missing":
-        path.unlink()
-    else:
-        path.write_bytes(path.read_bytes() * 2)  # More than a fragment's file can hold.
+    damage(bad, how)
 
     got = bytearray()
     with pytest.raises(GazetteDataLossError) as failed:

@@ -54,8 +54,8 @@ PLANNER = (
     "import spark_integration.source, spark_integration.stream_read;"
     " from spark_integration.json_lines import scan_decoder;"
     " d = scan_decoder('a/j', 0);"
-    f" tails = b'{{\"a\":1,\"UUID\":\"{_V1}\"}}\\n' * 3;"
-    f" bulk = b'{{\"UUID\":\"{_V1}\",\"a\":1}}\\n' * 3;"
+    f' tails = b\'{{"a":1,"UUID":"{_V1}"}}\\n\' * 3;'
+    f' bulk = b\'{{"UUID":"{_V1}","a":1}}\\n\' * 3;'
     " assert sum(len(b) for b in d.feed(tails, 0) + d.flush()) == 3;"
     " d = scan_decoder('a/j', 0);"
     " assert sum(len(b) for b in d.feed(bulk, 0) + d.flush()) == 3"
