@@ -229,8 +229,9 @@ _ALGORITHMS: Final = ("HS256", "HS384")
 
 @functools.cache
 def _jws() -> PyJWS:
-    """The token codec, built on first use: PyJWT imports `cryptography` (~0.1-0.25 s), which
-    a client without keys (a Spark task, a streaming query's source process) never needs."""
+    """The token codec, built when keys are first given (KeyedAuth): PyJWT imports
+    `cryptography` (~0.1-0.25 s), which a process without keys (a Spark task, a streaming
+    query's source process) never needs."""
     from jwt import PyJWS
     from jwt.algorithms import HMACAlgorithm
 
@@ -279,6 +280,7 @@ class KeyedAuth:
         if not keys or any(not key for key in keys):
             raise AuthKeysError("at least one non-empty key is required", "auth_keys")
         self._keys = tuple(keys)
+        _jws()  # Built with the keys: the first request does not pay for PyJWT's import.
         self.allow_missing = allow_missing
         self._leeway_s = leeway_s
         self._clock = clock
