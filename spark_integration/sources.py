@@ -27,10 +27,10 @@ it the same way.
 Whole fragments, read ahead. A fragment up to `fragment_verify_bytes_max` is loaded whole: its
 file read in as few thread hops as the store allows, then decompressed and verified (SHA1) in a
 worker thread, where hashing and decompression run without the GIL. While the reader decodes
-one fragment, the next one it will read is loaded (`fragment_read_ahead_max`, at most
-`read_ahead_bytes_max`): a planner's walk or a partition then decodes while the next file is
-read and hashed on the other core, instead of in turn on one (the driver's walk, 1M rows: SHA1
-0.16 s and the streaming reader's 32 KiB steps ~0.15 s of its ~0.9 s CPU were on its loop).
+one fragment, the next ones it will read are loaded (up to `read_ahead_bytes_max` of them): a
+planner's walk or a partition then decodes while the next files are read and hashed on the
+other core, instead of in turn on one (the driver's walk, 1M rows: SHA1 0.16 s and the
+streaming reader's 32 KiB steps ~0.15 s of its ~0.9 s CPU were on its loop).
 Larger fragments stream through `FragmentContentReader`, verified at their end.
 """
 
