@@ -35,23 +35,24 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import grpc
 import grpc.aio
-from jwt import PyJWS
-from jwt.algorithms import HMACAlgorithm
-from jwt.exceptions import InvalidSignatureError, PyJWTError
 
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at, validate_label_selector
+
+if TYPE_CHECKING:
+    from jwt import PyJWS
 
 log = get_logger(__name__)
 
@@ -223,17 +224,27 @@ def _label_fields(label: Any, side: str, index: int) -> tuple[str, str, bool]:
 # --- Signing and verifying ------------------------------------------------------------------
 
 
-class _HMAC(HMACAlgorithm):
-    def check_key_length(self, key: bytes) -> str | None:
-        return None  # Weak keys are reported once, when parsed: see KeyedAuth.parse.
-
-
 _ALGORITHMS: Final = ("HS256", "HS384")
-_JWS: Final = PyJWS(algorithms=list(_ALGORITHMS))
-_JWS.unregister_algorithm("HS256")
-_JWS.unregister_algorithm("HS384")
-_JWS.register_algorithm("HS256", _HMAC(HMACAlgorithm.SHA256))
-_JWS.register_algorithm("HS384", _HMAC(HMACAlgorithm.SHA384))
+
+
+@functools.cache
+def _jws() -> PyJWS:
+    """The token codec, built when keys are first given (KeyedAuth): PyJWT imports
+    `cryptography` (~0.1-0.25 s), which a process without keys (a Spark task, a streaming
+    query's source process) never needs."""
+    from jwt import PyJWS
+    from jwt.algorithms import HMACAlgorithm
+
+    class _HMAC(HMACAlgorithm):
+        def check_key_length(self, key: bytes) -> str | None:
+            return None  # Weak keys are reported once, when parsed: see KeyedAuth.parse.
+
+    jws = PyJWS(algorithms=list(_ALGORITHMS))
+    jws.unregister_algorithm("HS256")
+    jws.unregister_algorithm("HS384")
+    jws.register_algorithm("HS256", _HMAC(HMACAlgorithm.SHA256))
+    jws.register_algorithm("HS384", _HMAC(HMACAlgorithm.SHA384))
+    return jws
 
 
 def decode_keys(text: str) -> tuple[list[bytes], bool]:
@@ -269,6 +280,7 @@ class KeyedAuth:
         if not keys or any(not key for key in keys):
             raise AuthKeysError("at least one non-empty key is required", "auth_keys")
         self._keys = tuple(keys)
+        _jws()  # Built with the keys: the first request does not pay for PyJWT's import.
         self.allow_missing = allow_missing
         self._leeway_s = leeway_s
         self._clock = clock
@@ -291,7 +303,7 @@ class KeyedAuth:
             expires_at = min(expires_at, claims.expires_at)
         payload = replace(claims, issued_at=now, expires_at=expires_at).to_payload()
         body = json.dumps(payload, separators=(",", ":")).encode()
-        return _JWS.encode(body, self._keys[0], algorithm="HS256", headers={"typ": "JWT"})
+        return _jws().encode(body, self._keys[0], algorithm="HS256", headers={"typ": "JWT"})
 
     def verify(self, authorization: str | None, require: int) -> Claims:
         """The claims of an ``authorization`` header value, which must grant `require`.
@@ -310,11 +322,14 @@ class KeyedAuth:
         return claims
 
     def _decode(self, token: str) -> Claims:
+        from jwt.exceptions import InvalidSignatureError, PyJWTError
+
+        jws = _jws()
         payload: bytes | None = None
         try:
             for key in self._keys:
                 try:
-                    decoded = _JWS.decode_complete(token, key, algorithms=list(_ALGORITHMS))
+                    decoded = jws.decode_complete(token, key, algorithms=list(_ALGORITHMS))
                 except InvalidSignatureError:
                     continue
                 payload = decoded["payload"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
@@ -33,7 +33,6 @@ from pyspark.sql.types import StructType
 
 from broker.protocol import labels as gl
 from spark_integration import pushdown
-from spark_integration.arrow_rows import RecordBatchBuilder
 from spark_integration.fragment_plan import split_ranges, target_bytes
 from spark_integration.framings import decoder_factory, protobuf_fields
 from spark_integration.journal_io import GazetteJournalError
@@ -55,6 +54,11 @@ from spark_integration.read_plan import (
 )
 from spark_integration.rows import infer_samples_max, infer_schema
 from spark_integration.sources import FragmentRef
+
+if TYPE_CHECKING:
+    # Imported where batches are built (executors): it imports pyarrow.compute, whose first
+    # import (~0.3 s of CPU) the driver's planning, a streaming query's among it, never needs.
+    from spark_integration.arrow_rows import RecordBatchBuilder
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ async def _with_open_at_origin(
 
 
 def batch_builder(opts: ReadOptions, schema: StructType, part: JournalRange) -> RecordBatchBuilder:
+    from spark_integration.arrow_rows import RecordBatchBuilder
+
     payload = {gl.CONTENT_TYPE_CSV: "csv", gl.CONTENT_TYPE_PROTO_FIXED: "protobuf"}.get(
         part.content_type, "json"
     )

@@ -23,21 +23,41 @@ the read fails whatever `failOnDataLoss` says (its bytes were delivered).
 In broker mode a fragment whose file cannot be opened here (a store this host cannot reach, an
 expired signed URL) is read through the broker instead, which reads the same file and verifies
 it the same way.
+
+Whole fragments, read ahead. A fragment up to `fragment_verify_bytes_max` is loaded whole: its
+file read in as few thread hops as the store allows, then decompressed and verified (SHA1) in a
+worker thread, where hashing and decompression run without the GIL. While the reader decodes
+one fragment, the next ones it will read are loaded (up to `read_ahead_bytes_max` of them): a
+planner's walk or a partition then decodes while the next files are read and hashed on the
+other core, instead of in turn on one (the driver's walk, 1M rows: SHA1 0.16 s and the
+streaming reader's 32 KiB steps ~0.15 s of its ~0.9 s CPU were on its loop).
+Larger fragments stream through `FragmentContentReader`, verified at their end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from broker.client.reader import Chunk, FragmentContentReader, missing_fragment_error
+from broker.client.reader import (
+    Chunk,
+    FragmentContentReader,
+    missing_fragment_error,
+    raw_chunk_bytes_max,
+)
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader, StoreError
 from broker.fragment.stores.registry import open_url
-from broker.fragment.verify import DataLossError, FragmentIntegrityError
+from broker.fragment.verify import (
+    DataLossError,
+    FragmentIntegrityError,
+    IntegrityFailure,
+    VerifyingDecoder,
+)
 from broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
@@ -53,6 +73,15 @@ fragment_chunk_bytes_max: Final = 4 << 20
 # and the content reader asks for pieces sized for a broker's streamed responses (32 KiB), a
 # hop each (a thousand hops a 32 MiB of file, ~0.1 s of the driver's planning walk per 60 MB).
 file_read_bytes_min: Final = 1 << 20
+# Content of the fragments loaded ahead of the one being handed out (module docstring): a read
+# holds at most this much more (and their stored bytes while they load). A larger fragment is
+# loaded when its turn comes.
+read_ahead_bytes_max: Final = 16 << 20
+# A fragment's stored file may be larger than its content (a codec's framing of incompressible
+# content): by at most this fraction of it, plus `stored_slack_bytes`. A larger file is not the
+# fragment's (IntegrityFailure.LONG), and is not read further.
+stored_growth_max: Final = 0.25
+stored_slack_bytes: Final = 1 << 16
 
 _log = logging.getLogger(__name__)
 
@@ -143,35 +172,109 @@ class JournalSource:
             reason,
         )
 
-    async def chunks(self, begin: int, end: int) -> AsyncIterator[Chunk]:
+    async def chunks(self, begin: int, end: int) -> AsyncGenerator[Chunk, None]:
         """The content of [begin, end), in order; offsets jump over skipped lost content."""
         at = begin
-        for ref in self._fragments:
-            if ref.end <= at or ref.begin >= end:
-                continue
-            if ref.begin > at:
-                # Not among the fragments given: a broker knows what became of it (and skips
-                # it as lost if it was removed); without one, it is lost.
-                if self._client is not None:
-                    async for chunk in self._broker_chunks(at, ref.begin):
+        wanted = [ref for ref in self._fragments if ref.end > at and ref.begin < end]
+        # Whole fragments being loaded, by their index in `wanted` (the module docstring).
+        loads: dict[int, asyncio.Task[bytes]] = {}
+        try:
+            for i, ref in enumerate(wanted):
+                if ref.end <= at:
+                    continue
+                if ref.begin > at:
+                    # Not among the fragments given: a broker knows what became of it (and
+                    # skips it as lost if it was removed); without one, it is lost.
+                    if self._client is not None:
+                        async for chunk in self._broker_chunks(at, ref.begin):
+                            yield chunk
+                    else:
+                        self.lost(at, ref.begin, "no fragment holds it (removed by retention?)")
+                    at = ref.begin
+                stop = min(end, ref.end)
+                if not ref.persisted:
+                    async for chunk in self._broker_chunks(at, stop):
                         yield chunk
+                elif _loads_whole(ref):
+                    if i not in loads:
+                        loads[i] = asyncio.ensure_future(self._load(ref))
+                    _read_ahead(wanted, i, loads, self._load)
+                    async for chunk in self._whole_chunks(ref, loads[i], at, stop):
+                        yield chunk
+                    del loads[i]
                 else:
-                    self.lost(at, ref.begin, "no fragment holds it (removed by retention?)")
-                at = ref.begin
-            stop = min(end, ref.end)
-            if ref.persisted:
-                async for chunk in self._fragment_chunks(ref, at, stop):
-                    yield chunk
-            else:
-                async for chunk in self._broker_chunks(at, stop):
-                    yield chunk
-            at = stop
+                    async for chunk in self._fragment_chunks(ref, at, stop):
+                        yield chunk
+                at = stop
+        finally:
+            for load in loads.values():
+                load.cancel()
+            await asyncio.gather(*loads.values(), return_exceptions=True)
         if at < end:
             if self._client is None:
                 self.lost(at, end, "no persisted fragment holds it, and no broker was given")
                 return
             async for chunk in self._broker_chunks(at, end):
                 yield chunk
+
+    async def _load(self, ref: FragmentRef) -> bytes:
+        """A persisted fragment's whole content, verified (the module docstring). Failing to
+        open its file raises `_Unopened`; a file that does not hold the fragment's content,
+        FragmentIntegrityError."""
+        fragment = ref.fragment()
+        try:
+            raw = await self._open_raw(ref, fragment)
+        except (FragmentIntegrityError, StoreError) as err:
+            raise _Unopened(err) from err
+        span = fragment.end - fragment.begin
+        stored_max = span + int(span * stored_growth_max) + stored_slack_bytes
+        pieces: list[bytes] = []
+        held = 0
+        try:
+            while piece := await raw.read(max(1, stored_max + 1 - held)):
+                pieces.append(piece)
+                held += len(piece)
+                if held > stored_max:
+                    raise FragmentIntegrityError(
+                        fragment,
+                        fragment.backing_store,
+                        IntegrityFailure.LONG,
+                        f"its file holds more than {stored_max} bytes for a fragment of {span}",
+                    )
+        finally:
+            await raw.aclose()
+        stored = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return await asyncio.to_thread(_verified_content, fragment, stored)
+
+    async def _whole_chunks(
+        self, ref: FragmentRef, load: asyncio.Future[bytes], begin: int, end: int
+    ) -> AsyncIterator[Chunk]:
+        """[begin, end) of a fragment loaded whole, in pieces of `fragment_chunk_bytes_max`;
+        a fragment that cannot be read is handled as `_fragment_chunks` handles it."""
+        try:
+            content = await load
+        except _Unopened as unopened:
+            err = unopened.error
+            if self._client is None and isinstance(err, StoreError):
+                raise err from None
+            if self._client is None:
+                self.lost(begin, end, str(err))  # Its file is missing.
+                return
+            if isinstance(err, StoreError):
+                _log.info("gazette: reading %s through a broker: %s", self.journal, err)
+            async for chunk in self._broker_chunks(begin, end):
+                yield chunk
+            return
+        except FragmentIntegrityError as err:
+            self.lost(begin, end, str(err))  # No byte of it was handed out.
+            return
+        lo, hi = begin - ref.begin, end - ref.begin
+        if lo == 0 and hi == len(content) and hi <= fragment_chunk_bytes_max:
+            yield Chunk(begin, content)  # The common case: the whole fragment, no copy.
+            return
+        view = memoryview(content)
+        for at in range(lo, hi, fragment_chunk_bytes_max):
+            yield Chunk(ref.begin + at, bytes(view[at : min(hi, at + fragment_chunk_bytes_max)]))
 
     async def _fragment_chunks(
         self, ref: FragmentRef, begin: int, end: int
@@ -211,19 +314,21 @@ class JournalSource:
         finally:
             await reader.aclose()
 
+    async def _open_raw(self, ref: FragmentRef, fragment: pb.Fragment) -> FragmentReader:
+        """The fragment's stored file (FragmentIntegrityError if it is missing)."""
+        try:
+            if ref.url:
+                return await open_url(ref.url, file_read_bytes_min=file_read_bytes_min)
+            if self._registry is not None:
+                return await self._registry.get(fragment.backing_store).open(fragment)
+            raise StoreError(f"no way to open fragment of {fragment.backing_store}")
+        except FragmentNotFoundError as err:
+            raise missing_fragment_error(fragment, err) from err
+
     async def _open(
         self, ref: FragmentRef, fragment: pb.Fragment, offset: int
     ) -> FragmentContentReader:
-        raw: FragmentReader
-        try:
-            if ref.url:
-                raw = await open_url(ref.url, file_read_bytes_min=file_read_bytes_min)
-            elif self._registry is not None:
-                raw = await self._registry.get(fragment.backing_store).open(fragment)
-            else:
-                raise StoreError(f"no way to open fragment of {fragment.backing_store}")
-        except FragmentNotFoundError as err:
-            raise missing_fragment_error(fragment, err) from err
+        raw = await self._open_raw(ref, fragment)
         try:
             return FragmentContentReader(
                 raw,
@@ -280,3 +385,51 @@ class JournalSource:
         raise GazetteDataLossError(
             self.journal, offset, offset, "lost content, and no fragment covers it to skip"
         )
+
+
+class _Unopened(Exception):
+    """A fragment's file could not be opened: `error` says why (missing, or a store error)."""
+
+    def __init__(self, error: FragmentIntegrityError | StoreError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _loads_whole(ref: FragmentRef) -> bool:
+    return ref.end - ref.begin <= fragment_verify_bytes_max
+
+
+def _read_ahead(
+    wanted: Sequence[FragmentRef],
+    current: int,
+    loads: dict[int, asyncio.Task[bytes]],
+    load: Callable[[FragmentRef], Coroutine[Any, Any, bytes]],
+) -> None:
+    """Start loading the persisted fragments after `wanted[current]`, in order, as long as
+    their content stays within `read_ahead_bytes_max` (the module docstring)."""
+    held = sum(wanted[j].end - wanted[j].begin for j in loads if j > current)
+    for j in range(current + 1, len(wanted)):
+        ref = wanted[j]
+        if j in loads:
+            continue
+        if not ref.persisted or held + ref.end - ref.begin > read_ahead_bytes_max:
+            return
+        loads[j] = asyncio.ensure_future(load(ref))
+        held += ref.end - ref.begin
+
+
+def _verified_content(fragment: pb.Fragment, stored: bytes) -> bytes:
+    """A fragment's content from its whole stored file, verified against its name (in a worker
+    thread: decompression and SHA1 release the GIL). Compressed content is decoded in steps of
+    `raw_chunk_bytes_max`, so that a file decoding to more than the fragment stops early."""
+    decoder = VerifyingDecoder(fragment, fragment.backing_store)
+    if fragment.compression_codec == pb.NONE:
+        out = [decoder.feed(stored)]
+    else:
+        view = memoryview(stored)
+        out = [
+            decoder.feed(bytes(view[at : at + raw_chunk_bytes_max]))
+            for at in range(0, len(stored), raw_chunk_bytes_max)
+        ]
+    out.append(decoder.finish())
+    return out[0] if len(out) == 2 and not out[1] else b"".join(out)
