@@ -66,6 +66,12 @@ def test_every_marked_block_is_found() -> None:
     assert stopped and stopped == list(range(stopped[0], len(found)))
 
 
+# Every example runs one or more Spark jobs: the test's bound grows with their number (the
+# suite's 120 s is for one test doing one thing; at load ~15 the examples took 175 s together).
+EXAMPLE_TIMEOUT_S = 25
+
+
+@pytest.mark.timeout(60 + EXAMPLE_TIMEOUT_S * len(examples(DOC.read_text())))
 def test_docs_examples_run_as_written(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
