@@ -149,8 +149,12 @@ class Coordinator:
         rng: random.Random,
         config: CoordinatorConfig | None = None,
         rules: Rules = CORRECT_RULES,
+        member: str = "",
     ) -> None:
         self.name = name
+        # The member whose broker hosts this coordinator ("": a coordinator of its own, as
+        # the simulation's, which every leader's heartbeats reach): see `outsider`.
+        self.member = member
         self.ensemble = ensemble
         self.config = config or CoordinatorConfig()
         self.rules = rules
@@ -196,6 +200,15 @@ class Coordinator:
 
     # --- Inputs ---------------------------------------------------------------------------------
 
+    @property
+    def outsider(self) -> bool:
+        """Hosted by a member outside the ensemble of the term it elects or monitors. Such a
+        coordinator hears no leader's heartbeats (a leader tells its ensemble's coordinators),
+        so it takes no part: it would find every leader silent and claim a term each leader
+        timeout, deposing a healthy leader each time. It goes on once a change adds its
+        member (a newer term's heartbeat then reaches it)."""
+        return bool(self.member) and self.member not in self.ensemble
+
     def start(self, now: int) -> None:
         self._read(now)
 
@@ -208,6 +221,8 @@ class Coordinator:
             self._on_heartbeat(msg, now)
 
     def tick(self, now: int) -> None:
+        if self.outsider:
+            return
         state = self.state
         if self._request is not None and now >= self._request_retry.deadline:
             self._send_request(self._request, now, retry=True)

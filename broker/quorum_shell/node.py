@@ -150,6 +150,7 @@ class QuorumNode:
             ensemble,
             random.Random(f"{journal}/{name}/{seed}"),
             broker_coordinator_config(),
+            member=name,
         )
         self._pending: dict[object, asyncio.Future[Committed | RegistersMismatched]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -266,8 +267,7 @@ class QuorumNode:
             leader = self.member.leader
             coordinator.wanted = self.wanted if leader is not None else None
             coordinator.doubtful = leader.doubtful(now) if leader is not None else None
-            if self.name in coordinator.ensemble:
-                coordinator.tick(now)
+            coordinator.tick(now)  # an outsider's does nothing (Coordinator.outsider)
             self._flush()
 
     # --- Appends and reads -----------------------------------------------------------------
