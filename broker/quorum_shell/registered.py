@@ -51,7 +51,6 @@ class Registered(NamedTuple):
     # NewTerm when it comes.
     route: pb.Route
     revision: int  # the journal's identity: its spec key's create revision
-    settled: bool  # no ensemble change under way (TermRecord.settled)
 
 
 def registered_journals(ks: KeySpace[Decoded], root: str, name: str) -> dict[str, Registered]:
@@ -76,7 +75,7 @@ def registered_journals(ks: KeySpace[Decoded], root: str, name: str) -> dict[str
         if term.journal_revision and term.journal_revision != revision:
             continue  # the register of an earlier journal of this name
         route = _members_route(ks, root, record.ensemble)
-        out[term.journal] = Registered(route, revision, record.settled)
+        out[term.journal] = Registered(route, revision)
     return out
 
 
