@@ -2,11 +2,14 @@
 `/debug/journals` show it: for each quorum journal, the term, the leader, and whether the
 election is blocked, with the lost members.
 
-The term and leader are the term register's, as the broker asked mirrors it. Whether
+The term, leader and ensemble are the term register's, as the broker asked mirrors it. Whether
 an election is blocked (too many members back from a lost disk to elect: only an operator can
 unblock it, docs/design/quorum.md) is known only to the members' coordinators, so every
 member broker of a listed quorum journal is asked too (`gazette.quorum.Replica/Status`,
-quorum_shell/status.py), concurrently, each within `status_timeout_s`. A member that does not
+quorum_shell/status.py), concurrently, each within `status_timeout_s`: the route's members,
+and the members the register names outside the route (a node kept for the register, its
+journal not assigned to its broker: listed under `kept`), at the endpoints the asked broker's
+mirror has for them. A member that does not
 answer is named under `unanswered` (its view is unknown: it may be down); the listing still
 succeeds. A broker that does not serve Status at all (a Go broker) answers UNIMPLEMENTED: its
 journals show no quorum state beyond the route.
@@ -51,10 +54,17 @@ async def quorum_states(
     asked: dict[str, list[str]] = {}
     member_of: dict[str, str] = {}
     for j in quorum:
-        for member, ep in zip(j.route.members, j.route.endpoints, strict=False):
+        members = {
+            format_id(m): ep for m, ep in zip(j.route.members, j.route.endpoints, strict=False)
+        }
+        register = registers.get(j.spec.name)
+        if register is not None:  # the register's members outside the route
+            for member, ep in register.endpoints:
+                members.setdefault(member, ep)
+        for member, ep in members.items():
             if ep:
                 asked.setdefault(ep, []).append(j.spec.name)
-                member_of[ep] = format_id(member)
+                member_of[ep] = member
     endpoints = list(asked)
     answers = await asyncio.gather(
         *(
@@ -87,12 +97,17 @@ async def quorum_states(
 def state_of(
     register: JournalStatus | None, members: Sequence[JournalStatus], unanswered: Sequence[str]
 ) -> dict[str, Any]:
-    """One journal's state: the register's term and leader; `election` is "leader" (one is
-    appointed), "electing" (none yet) or "blocked" (a member's coordinator found too many
-    members lost), with the blocked term, lost members and voters needed."""
+    """One journal's state: the register's term, leader and ensemble (and `previous` while a
+    change is not settled); `election` is "leader" (one is appointed), "electing" (none yet)
+    or "blocked" (a member's coordinator found too many members lost), with the blocked term,
+    lost members and voters needed; `kept`: members whose node runs only for the register."""
     term = register.term if register is not None else 0
     leader = register.leader if register is not None else ""
     state: dict[str, Any] = {"term": term, "leader": leader}
+    if register is not None and register.ensemble:
+        state["ensemble"] = sorted(register.ensemble)
+        if register.previous:
+            state["previous"] = sorted(register.previous)
     # The newest blocked election any member reports; a leader appointed since ends it.
     blocked = max(
         (m.blocked for m in members if m.blocked is not None),
@@ -113,6 +128,9 @@ def state_of(
         state["election"] = "electing"
     if lost:
         state["lost"] = lost
+    kept = sorted({m.member for m in members if m.kept})
+    if kept:
+        state["kept"] = kept
     if unanswered:
         state["unanswered"] = sorted(unanswered)
     return state

@@ -23,7 +23,8 @@ Errors are printed as one line naming what was wrong, with exit status 2 for bad
 a failed request, and 3 for data loss (content of a journal that is lost or corrupt).
 
 ``journals list`` shows, for a quorum journal, its term, leader and election (a blocked
-election with the lost members): a ``QUORUM`` column, or a ``quorum`` mapping in YAML/JSON
+election with the lost members), and members kept for the term register outside the route: a
+``QUORUM`` column, or a ``quorum`` mapping in YAML/JSON with the register's ensemble
 (broker/cli/quorum_state.py).
 
 ``journals read`` exits 0 only once it has written everything up to the write head (a

@@ -18,6 +18,8 @@ def state_text(state: dict[str, Any]) -> str:
         text = f"term {state['term']} ELECTION BLOCKED lost {','.join(state['blocked']['lost'])}"
     else:
         text = f"term {state['term']} electing"
+    if state.get("kept"):
+        text += f" kept {','.join(state['kept'])}"
     if state.get("unanswered"):
         text += f" (unanswered {','.join(state['unanswered'])})"
     return text

@@ -38,6 +38,13 @@ have established: a leader's heartbeat says its barrier committed (`established`
 monitoring coordinator CASes the record (same term, same leader) to settled. Until then every
 claim keeps the record's ensemble and `previous`.
 
+Hosted coordinators (`member`: a broker runs one per member of each journal). A leader tells
+its ensemble's coordinators, so one whose member is outside the ensemble of its term (an
+*outsider*: a leader whose change removes its own member claims such a term) hears no
+heartbeats and takes no initiative; it only carries through the election it started, until
+the leader it appointed leads or leader_timeout_ticks pass (`takes_part`): then the
+ensemble's coordinators, which hear that leader, have the term.
+
 A lost CAS answers with the register's value, interpreted as a read. A register request
 unanswered for request_timeout_ticks is re-sent (doubling to retry_backoff_max_ticks); an
 answer to an older request is ignored. A crashed coordinator restarts in READING with nothing
@@ -149,8 +156,12 @@ class Coordinator:
         rng: random.Random,
         config: CoordinatorConfig | None = None,
         rules: Rules = CORRECT_RULES,
+        member: str = "",
     ) -> None:
         self.name = name
+        # The member whose broker hosts this coordinator ("": a coordinator of its own, as
+        # the simulation's, which every leader's heartbeats reach): see `outsider`.
+        self.member = member
         self.ensemble = ensemble
         self.config = config or CoordinatorConfig()
         self.rules = rules
@@ -183,6 +194,10 @@ class Coordinator:
         self._leader_followers: frozenset[str] = frozenset()
         # Set while no quorum of voters can form (see the module docstring).
         self.election_blocked: ElectionBlocked | None = None
+        # This coordinator's own election is under way: from its claim until another's record
+        # is seen or, monitoring the leader it appointed, until it hands the term over
+        # (`takes_part`).
+        self._carrying = False
 
     def __repr__(self) -> str:
         return (
@@ -196,6 +211,26 @@ class Coordinator:
 
     # --- Inputs ---------------------------------------------------------------------------------
 
+    @property
+    def outsider(self) -> bool:
+        """Hosted by a member outside the ensemble of the term it elects or monitors: a
+        leader removing its own member claims such a term. See `takes_part`."""
+        return bool(self.member) and self.member not in self.ensemble
+
+    @property
+    def takes_part(self) -> bool:
+        """Whether ticks move this coordinator. An outsider hears no leader's heartbeats (a
+        leader tells its ensemble's coordinators), so it takes no initiative: it would find
+        every leader silent and claim a term each leader timeout, deposing a healthy leader
+        each time. It still carries its own election through (`_carrying`): it claimed the
+        term, so it alone re-sends its NewTerms, times out its fencing, retries its
+        appointment, and re-sends its BecomeLeader until the leader's first heartbeat, or,
+        unheard, until leader_timeout_ticks have passed; then it hands the term over to the
+        ensemble's coordinators, which the leader's heartbeats reach (they settle it, and
+        replace a silent leader). It goes on once a change adds its member (a newer term's
+        heartbeat then reaches it)."""
+        return not self.outsider or self._carrying
+
     def start(self, now: int) -> None:
         self._read(now)
 
@@ -208,6 +243,8 @@ class Coordinator:
             self._on_heartbeat(msg, now)
 
     def tick(self, now: int) -> None:
+        if not self.takes_part:
+            return
         state = self.state
         if self._request is not None and now >= self._request_retry.deadline:
             self._send_request(self._request, now, retry=True)
@@ -218,6 +255,11 @@ class Coordinator:
                 return
             self._resend_new_terms(now)
         elif state is CoordState.MONITORING:
+            if now >= self._deadline and self.outsider:
+                # Unheard is not silent: the leader tells the ensemble's coordinators, whose
+                # own timeouts replace it if it is silent. Its term is theirs now.
+                self._carrying = False
+                return
             if now >= self._deadline:
                 self._go(CoordEvent.LEADER_SILENT)
                 self._claim_next(now)
@@ -310,8 +352,8 @@ class Coordinator:
         if self.wanted is None or doubtful is None or known is None or self._request is not None:
             return False
         record = known.record
-        if record.term != self.term or not record.leader:
-            return False
+        if record.term != self.term or not record.leader or self.outsider:
+            return False  # an outsider starts no change: it would not carry it (takes_part)
         # Unsettled: next_ensemble keeps the record's ensemble (the rule is the Rules').
         return self.rules.next_ensemble(record, self.wanted, doubtful)[0] != record.ensemble
 
@@ -358,6 +400,9 @@ class Coordinator:
                 self.term, self.name, self.ensemble, followers, not record.settled
             )
             self._answered.update(self._responses)
+        # Our own election goes on while the leader we appointed has its BecomeLeader to
+        # come (takes_part); another's appointment is not ours to carry.
+        self._carrying = self._become_leader is not None
         self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
         self._resend_to_leader(now)
         self._resend_new_terms(now)
@@ -413,6 +458,7 @@ class Coordinator:
         ):
             self._deadline = now + self._jittered(self.config.leader_timeout_ticks)
             self._become_leader = None  # the leader is leading
+            self._carrying = False  # and its heartbeats reach the ensemble's coordinators
             self._leader_followers = frozenset(hb.followers)
             if hb.established:
                 self._settle_if_established(now)
@@ -457,6 +503,12 @@ class Coordinator:
             self.state = COORDINATOR_TRANSITIONS[(self.state, event)]
         except KeyError:
             raise IllegalTransitionError("coordinator", self.state, event) from None
+        # A claim starts an election of our own; reading or waiting means another's record
+        # was seen (monitoring decides in _start_monitoring).
+        if self.state is CoordState.CLAIMING:
+            self._carrying = True
+        elif self.state in (CoordState.READING, CoordState.WAITING):
+            self._carrying = False
 
     def _jittered(self, ticks: int) -> int:
         return ticks + self._rng.randrange(ticks)

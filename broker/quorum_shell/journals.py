@@ -11,22 +11,22 @@ attached once they announce themselves, `_refresh_endpoints`); its ensemble is t
 seen, and the node keeps it while the journal stays assigned here (a member whose lease
 expired is still in the ensemble).
 
-A journal no longer assigned here has its node stopped, unless its term register holds an
-ensemble change not yet settled that names this broker, in its ensemble or in `previous` (the
-ensemble the change left, or gave up): then the node stays (or starts), and once started so
-it stays while the register names this broker at all (`registered_journals`,
+A journal no longer assigned here keeps its node (or gets one, after a restart) while its
+term register names this broker: in its ensemble, or in `previous` while a change is not
+settled (the ensemble the change left, or gave up) (`registered_journals`,
 `_keep_registered`; `kept`, `QuorumNode.kept_unassigned`, the `gazette_quorum_kept_unassigned`
-gauge and the Status answer's `kept` say so). Why: an unsettled change may have to go back to
-`previous` (Rules.next_ensemble, `blocked`: a remove-first step {A,B,C} -> {A,B} whose
-remaining B lost its disk), and that election needs the removed member C, whose replica the
-allocator moved away; and once the way back {A,B,C} settles (its barrier committed on A and
-C), B may not be caught up yet, so C stopping then could leave no quorum of voters for good.
-Such a node's wish is the allocator's route, as an assigned node's, so if it leads it moves
-the ensemble on itself (C live: the new member added first, then C removed); appends reach it
-through the route the members tell (`leader_route` adds a leader outside the route). Once the
-register no longer names this broker, the node stops; its files stay, as any unassigned
-journal's. A node of a settled ensemble that loses its assignment stops as before (its
-leader's coordinator replaces it), and so does a kept one after its broker restarts.
+gauge and the Status answer's `kept` say so). Why: the ensemble's quorum counts this member's
+vote and acknowledgements until a change removes it. Stopped at once, a settled {A,B,C} whose
+C lost its assignment (no successor yet, or one still catching up) runs on two members, and
+one more failure stops it: if B is back from a lost disk (no vote until caught up), A alone
+never elects again. An unsettled change may also have to go back to `previous`
+(Rules.next_ensemble, `blocked`: a remove-first step {A,B,C} -> {A,B} whose remaining B lost
+its disk), and that election needs the removed member C. Such a node's wish is the
+allocator's route, as an assigned node's, so if it leads it moves the ensemble on itself (C
+live: the new member added first, then C removed, its coordinator carrying that election
+through though outside the new ensemble: Coordinator.takes_part); appends reach it through
+the route the members tell (`leader_route` adds a leader outside the route). Once the register
+no longer names this broker, the node stops; its files stay, as any unassigned journal's.
 
 Ensemble changes follow the allocator: a running node's `wanted` is its route's members when
 the route has exactly `replication` of them, else None (no change). So a route that shrinks for
@@ -325,19 +325,16 @@ class QuorumJournals:
             node.keep_unassigned(journal in kept)
 
     def _keep_registered(self, wanted: dict[str, pb.Route]) -> set[str]:
-        """Add to `wanted` the journals not assigned here (or without a whole route) that keep
-        or get a node here for their term register, and return them (see the module
-        docstring): one whose unsettled change names this broker; and one whose node was kept
-        so, while the register names this broker at all. Such a node's wish is the
-        allocator's route, as an assigned one's."""
+        """Add to `wanted` the journals not assigned here (or without a whole route) whose
+        term register names this broker (registered_journals), and return them: they keep or
+        get a node here (see the module docstring). Such a node's wish is the allocator's
+        route, as an assigned one's."""
         kept: set[str] = set()
         ks, root = self._ks, self._root
         for journal, registered in registered_journals(ks, root, self.name).items():
             if journal in wanted:
                 continue  # assigned here: its node runs anyway
             node = self.nodes.get(journal)
-            if registered.settled and (node is None or not node.kept_unassigned):
-                continue  # a settled ensemble: an unassigned journal's node stops, as ever
             if node is not None:
                 if self._revisions.get(journal) != registered.revision:
                     continue  # a node of an earlier journal of this name: it stops

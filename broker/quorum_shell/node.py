@@ -43,11 +43,13 @@ replication. `wanted` (the owner's wish: the allocator's route) is handed to the
 only while this node leads: one proposer, so brokers whose views of the route differ for a
 moment do not move the ensemble back and forth; with it, the members its leader cannot count on
 (`LeaderRole.doubtful`: silent lately), so that a dead member is removed before its successor is
-added (no append stall while the successor catches up: Rules.next_ensemble). A node whose broker is outside the register's
-current ensemble does not tick its coordinator: it receives no heartbeats, and would otherwise
-claim a term every leader timeout, deposing a healthy leader each time (what a route change
-did before); it goes on once a change adds it (the new term's NewTerm reaches its member, the
-leader's heartbeats its coordinator).
+added (no append stall while the successor catches up: Rules.next_ensemble). A node whose
+broker is outside the register's current ensemble receives no heartbeats: its coordinator
+(told its member) takes no initiative there, as it would otherwise claim a term every leader
+timeout, deposing a healthy leader each time (what a route change did before), but carries
+through an election it started, such as its own leader's change removing this member
+(Coordinator.takes_part); it goes on once a change adds it (the new term's NewTerm reaches
+its member, the leader's heartbeats its coordinator).
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ class QuorumNode:
             ensemble,
             random.Random(f"{journal}/{name}/{seed}"),
             broker_coordinator_config(),
+            member=name,
         )
         self._pending: dict[object, asyncio.Future[Committed | RegistersMismatched]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -266,8 +269,7 @@ class QuorumNode:
             leader = self.member.leader
             coordinator.wanted = self.wanted if leader is not None else None
             coordinator.doubtful = leader.doubtful(now) if leader is not None else None
-            if self.name in coordinator.ensemble:
-                coordinator.tick(now)
+            coordinator.tick(now)  # an outsider's does nothing (Coordinator.outsider)
             self._flush()
 
     # --- Appends and reads -----------------------------------------------------------------

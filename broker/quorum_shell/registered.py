@@ -46,12 +46,11 @@ class Registered(NamedTuple):
     """A journal's term register naming a member (registered_journals)."""
 
     # The record's ensemble (not `previous`), with the endpoints of those announced: a node
-    # started with it ticks its coordinator only if its member is in it (node.py), so a
-    # member only in `previous` claims no term it is not in (its election would stall: an
-    # outsider's coordinator does not tick), and answers the way back's NewTerm when it comes.
+    # started with it takes no initiative if its member is not in it (Coordinator.outsider),
+    # so a member only in `previous` claims no term it is not in, and answers the way back's
+    # NewTerm when it comes.
     route: pb.Route
     revision: int  # the journal's identity: its spec key's create revision
-    settled: bool  # no ensemble change under way (TermRecord.settled)
 
 
 def registered_journals(ks: KeySpace[Decoded], root: str, name: str) -> dict[str, Registered]:
@@ -76,7 +75,7 @@ def registered_journals(ks: KeySpace[Decoded], root: str, name: str) -> dict[str
         if term.journal_revision and term.journal_revision != revision:
             continue  # the register of an earlier journal of this name
         route = _members_route(ks, root, record.ensemble)
-        out[term.journal] = Registered(route, revision, record.settled)
+        out[term.journal] = Registered(route, revision)
     return out
 
 

@@ -6,14 +6,16 @@ One unary call, JSON both ways (`etcdctl`-readable, like the term register): the
 at most `status_journals_max` journals; the answer holds, per journal:
 
 - from the broker's keyspace mirror, the term register (`<root>/quorum/<journal>`): the term,
-  the leader it names ("" while electing) and the ensemble. Every broker answers the same at
-  one revision, member or not.
+  the leader it names ("" while electing), the ensemble and `previous` (while a change is not
+  settled), with the endpoints of the members these name, from their BrokerSpecs (a member
+  outside the journal's route, kept for the register, is found so). Every broker answers the
+  same at one revision, member or not.
 - from the broker's own node of the journal, if it has one: whether this member is *lost* (back
   from a lost disk, not caught up: no vote), whether its coordinator found the election
   *blocked* (ElectionBlocked: too many members lost their disk; only an operator can unblock
   it), and whether the node is *kept* only because the term register names this member, the
   journal not being assigned here (journals.py). Only a member knows these, so
-  a client asks every member (gazctl asks the route's).
+  a client asks every member (gazctl asks the route's and the register's).
 
 Sans-IO codec and view here; `status_handler` serves it, `fetch_status` calls it.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import grpc
@@ -34,7 +36,7 @@ from broker.quorum.coordinator import ElectionBlocked
 from broker.quorum_shell.node import QuorumNode
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.wire import SERVICE
-from broker.topology import Decoded, JournalItem, lookup_item, quorum_term_key
+from broker.topology import Decoded, JournalItem, lookup_item, lookup_member, quorum_term_key
 
 STATUS_METHOD: Final = f"/{SERVICE}/Status"
 STATUS_FORMAT: Final = 1
@@ -69,6 +71,10 @@ class JournalStatus:
     # The node runs only because the term register names this member, the journal not being
     # assigned to this broker (QuorumNode.kept_unassigned).
     kept: bool = False
+    previous: tuple[str, ...] = ()  # the register's, while an ensemble change is not settled
+    # (member, endpoint) of the members the register names, as their BrokerSpecs announce
+    # them (those not announced are left out).
+    endpoints: tuple[tuple[str, str], ...] = ()
 
 
 def journal_status(
@@ -84,23 +90,37 @@ def journal_status(
         record = term.record
         # The register of an earlier journal of this name: its term goes on, no leader.
         status = JournalStatus(
-            journal, record.term, "" if stale else record.leader, record.ensemble
+            journal,
+            record.term,
+            "" if stale else record.leader,
+            record.ensemble,
+            previous=record.previous,
+            endpoints=_endpoints(ks, root, (*record.ensemble, *record.previous)),
         )
     else:
         status = JournalStatus(journal, 0, "", ())
     if node is None:
         return status
     blocked = node.election_blocked
-    return JournalStatus(
-        status.journal,
-        status.term,
-        status.leader,
-        status.ensemble,
+    return replace(
+        status,
         member=node.name,
         lost=node.member.lost_state,
         blocked=None if blocked is None else _blocked(blocked),
         kept=node.kept_unassigned,
     )
+
+
+def _endpoints(
+    ks: KeySpace[Decoded], root: str, members: Sequence[str]
+) -> tuple[tuple[str, str], ...]:
+    out = []
+    for name in sorted(set(members)):
+        zone, _, suffix = name.partition("#")
+        member = lookup_member(ks, root, zone, suffix)
+        if member is not None and member.spec.process_spec.endpoint:
+            out.append((name, member.spec.process_spec.endpoint))
+    return tuple(out)
 
 
 def _blocked(b: ElectionBlocked) -> Blocked:
@@ -142,6 +162,11 @@ def encode_response(statuses: Sequence[JournalStatus]) -> bytes:
             "leader": s.leader,
             "ensemble": list(s.ensemble),
         }
+        # Left out when empty: answers as before these fields existed.
+        if s.previous:
+            doc["previous"] = list(s.previous)
+        if s.endpoints:
+            doc["endpoints"] = dict(s.endpoints)
         if s.member:
             doc["member"] = s.member
             doc["lost"] = s.lost
@@ -176,6 +201,11 @@ def decode_response(raw: bytes) -> dict[str, JournalStatus]:
                 member=_typed(d.get("member", ""), str),
                 lost=_typed(d.get("lost", False), bool),
                 kept=_typed(d.get("kept", False), bool),
+                previous=tuple(_typed(m, str) for m in d.get("previous", ())),
+                endpoints=tuple(
+                    (_typed(m, str), _typed(e, str))
+                    for m, e in sorted(_typed(d.get("endpoints", {}), dict).items())
+                ),
                 blocked=None
                 if blocked is None
                 else Blocked(

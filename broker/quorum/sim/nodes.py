@@ -210,8 +210,11 @@ class MemberNode:
         world, net = self.world, self.world.net
         for dst, msg in member.outbox:
             if dst == COORDINATORS:
+                leader = member.leader
+                ensemble = leader.ensemble if leader is not None else ()
                 for coordinator in world.coordinator_names:
-                    net.send(self.name, coordinator, msg)
+                    if world.hears(coordinator, ensemble):
+                        net.send(self.name, coordinator, msg)
             else:
                 net.send(self.name, dst, msg)
         member.outbox.clear()
@@ -254,12 +257,14 @@ class CoordinatorNode:
         ensemble: tuple[str, ...],
         config: CoordinatorConfig,
         rules: Rules,
+        member: str = "",
     ) -> None:
         self.world = world
         self.name = name
         self.ensemble = ensemble
         self.config = config
         self.rules = rules
+        self.member = member  # the member hosting it ("": none; World.hosts)
         self.core: Coordinator | None = None
         self.incarnation = 0
 
@@ -270,7 +275,9 @@ class CoordinatorNode:
     def start(self) -> None:
         self.incarnation += 1
         rng = random.Random(self.world.net.rng.getrandbits(32))
-        self.core = Coordinator(self.name, self.ensemble, rng, self.config, self.rules)
+        self.core = Coordinator(
+            self.name, self.ensemble, rng, self.config, self.rules, member=self.member
+        )
         self.core.start(self.world.net.now)
         self._flush(self.core)
         self.world.net.timer(
@@ -301,6 +308,8 @@ class CoordinatorNode:
             return
         core.wanted = self.world.wanted  # the allocator's route, as every broker sees it
         core.doubtful = self.world.doubtful()  # as the broker's leader tells its coordinator
+        if core.outsider and core.takes_part:
+            self.world.outsider_ticks += 1
         core.tick(self.world.net.now)
         self._flush(core)
         self.world.net.timer(

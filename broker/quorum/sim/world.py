@@ -106,6 +106,9 @@ class SimResult:
     # blocked).
     removed_then_lost: int = 0
     fallbacks: int = 0
+    # Coordinator ticks at which a coordinator hosted by a member outside its term's ensemble
+    # still carried its own election (Coordinator.takes_part), and terms it appointed so.
+    outsider_ticks: int = 0
     # Disks wiped beside a deposed leader (double_faults.py), and messages
     # re-delivered late (Network.late_p, replay_to).
     deposed_wipes: int = 0
@@ -192,9 +195,18 @@ class World:
         self.register_name = "register"
         self.register = MemoryCasRegister(TermRecord(0, "", initial))
         self.coordinator_names = tuple(f"c{i}" for i in range(config.coordinators))
+        # In the seeds with ensemble changes, c0 is hosted by a member, as every coordinator
+        # is on brokers: a leader's heartbeats reach it only while that member is in the
+        # leader's ensemble (`hears`), and outside the ensemble it takes part only in its own
+        # election (Coordinator.outsider); c1 stays a coordinator of its own. From a
+        # generator of its own: a seed that never takes this path takes the course it took
+        # before the path existed.
+        host = random.Random(f"hosted/{seed}").choice(self.pool)
+        self.hosts: dict[str, str] = {self.coordinator_names[0]: host} if self.change_p else {}
+        self.outsider_ticks = 0
         self.members = [MemberNode(self, n, quorum, rules) for n in self.pool]
         self.coordinators = [
-            CoordinatorNode(self, n, initial, config.coordinator, rules)
+            CoordinatorNode(self, n, initial, config.coordinator, rules, self.hosts.get(n, ""))
             for n in self.coordinator_names
         ]
         # Compare-and-set appends (registers) in every seed: one append in three checks and
@@ -229,6 +241,13 @@ class World:
     def ensemble(self) -> tuple[str, ...]:
         """The term register's current ensemble."""
         return self.register.read().record.ensemble
+
+    def hears(self, coordinator: str, ensemble: tuple[str, ...]) -> bool:
+        """Whether a leader of `ensemble` tells `coordinator` (its heartbeats): every
+        coordinator of its own; a hosted one only if its member is in that ensemble (a broker's
+        node tells its peers' coordinators)."""
+        host = self.hosts.get(coordinator)
+        return host is None or host in ensemble
 
     def doubtful(self) -> frozenset[str] | None:
         """The members the leader of the register's term cannot count on
@@ -383,6 +402,7 @@ def run_seed(
         removed_first=world.removed_first,
         removed_then_lost=world.removed_then_lost,
         fallbacks=world.fallbacks,
+        outsider_ticks=world.outsider_ticks,
         deposed_wipes=world.deposed_wipes,
         late_deliveries=world.net.stats.late,
         registers_verified=world.checker.registers_verified,

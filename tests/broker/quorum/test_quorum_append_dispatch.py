@@ -17,7 +17,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.quorum.errors import NotLeaderError
 from broker.server import Broker
-from broker.topology import assignment_key
+from broker.topology import assignment_key, item_key
 
 wait_s = 15.0
 
@@ -116,50 +116,58 @@ async def _read(cluster: Cluster, broker: Broker, journal: str) -> bytes:
     return bytes(out)
 
 
-async def test_a_node_stops_when_its_journal_leaves_the_broker(cluster: Cluster) -> None:
-    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+async def test_a_node_stays_while_the_register_names_it_and_stops_after(
+    cluster: Cluster,
+) -> None:
+    """The allocator takes a replica from a broker: its node stays while the term register
+    names its member (the ensemble's quorum counts it), and stops once the leader has moved
+    the ensemble to the allocator's route (the replica's new broker added, it removed)."""
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(4)]
     spec = journal_spec("mode/moving", replication=3)
     spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-    await cluster.create(spec, brokers)
-    leader = await _leader_of(brokers, spec.name)
+    await cluster.create(spec, brokers[:3])
+    leader = await _leader_of(brokers[:3], spec.name)
     assert (await cluster.append(leader, spec.name, [b"kept"])).status == pb.OK
-    leaving = next(b for b in brokers if b is not leader)
+    leaving = next(b for b in brokers[:3] if b is not leader)
     node = leaving.quorum.nodes[spec.name]
-    # The route shrinks (the allocator would then add another broker): the leaving broker's
-    # node is forgotten at once and stopped; the others keep theirs and their ensemble.
+    # The route shrinks (no successor yet: no ensemble change is wanted): the leaving
+    # broker's node stays, kept for the register.
     slot = brokers.index(leaving)
     key = assignment_key(ROOT, spec.name, leaving.config.zone, leaving.config.suffix, slot)
     header, deleted = await cluster.admin.delete(key.encode())
     assert deleted == 1
     await cluster.sync(header.revision)
-    assert spec.name not in leaving.quorum.nodes
+    assert leaving.quorum.nodes[spec.name] is node and spec.name in leaving.quorum.kept
+    resp = await cluster.append(leader, spec.name, [b"+more"])
+    assert resp.status == pb.OK and resp.commit.begin == 4
+    # The successor is assigned: the leader adds it, then removes the leaving member, whose
+    # node stops once the register no longer names it.
+    stay = [b for b in brokers[:3] if b is not leaving]
+    await cluster.assign(spec.name, [*stay, brokers[3]])
     async with asyncio.timeout(wait_s):
         assert node._loop_task is not None
         await asyncio.gather(node._loop_task, return_exceptions=True)  # Stopped: cancelled.
-    for b in brokers:
-        if b is not leaving:
-            assert b.quorum.nodes[spec.name].ensemble == node.ensemble
-    resp = await cluster.append(leader, spec.name, [b"+more"])
-    assert resp.status == pb.OK and resp.commit.begin == 4
+    assert spec.name not in leaving.quorum.nodes
+    resp = await cluster.append(stay[0], spec.name, [b"!"])
+    assert resp.status == pb.OK and resp.commit.begin == 9
 
 
 async def test_an_append_whose_node_stopped_meanwhile_is_refused_as_not_leader(
     cluster: Cluster,
 ) -> None:
     """An Append RPC resolves the journal's node, then reads the client's content; if the node
-    stops meanwhile (the broker lost the journal's assignment: its lease expired while it was
-    stopped, as the soak's quorum-leader-zombie found), committing must refuse it as not the
-    leader (the client retries against the route), not fail with a bare KeyError (grpc's
-    UNKNOWN "Unexpected KeyError", which a recorder takes as final: its shard FAILED)."""
+    stops meanwhile (the soak's quorum-leader-zombie found it: the broker lost the journal
+    while it was stopped; here its spec is deleted, which stops every node of it at once),
+    committing must refuse it as not the leader (the client retries against the route), not
+    fail with a bare KeyError (grpc's UNKNOWN "Unexpected KeyError", which a recorder takes as
+    final: its shard FAILED)."""
     brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
     spec = journal_spec("mode/stopped", replication=3)
     spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
     await cluster.create(spec, brokers)
     leader = await _leader_of(brokers, spec.name)
     assert (await cluster.append(leader, spec.name, [b"kept"])).status == pb.OK
-    slot = brokers.index(leader)
-    key = assignment_key(ROOT, spec.name, leader.config.zone, leader.config.suffix, slot)
-    header, deleted = await cluster.admin.delete(key.encode())
+    header, deleted = await cluster.admin.delete(item_key(ROOT, spec.name).encode())
     assert deleted == 1
     await cluster.sync(header.revision)
     assert spec.name not in leader.quorum.nodes

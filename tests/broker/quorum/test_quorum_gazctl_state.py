@@ -122,6 +122,43 @@ async def test_gazctl_shows_term_leader_and_a_blocked_election(
     assert f"ELECTION BLOCKED lost {','.join(names)}"[:40] in row
 
 
+async def test_gazctl_shows_a_kept_member_outside_the_route(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A member the term register names whose broker no longer has the journal assigned runs
+    a node kept for the register (quorum_shell/journals.py): outside the route, it is asked
+    too (its endpoint from the listing broker's mirror of its BrokerSpec) and listed as kept,
+    with the register's ensemble."""
+
+    def start(i: int) -> asyncio.Future[Broker]:
+        return asyncio.ensure_future(
+            cluster.start_broker(f"zone-{i}", f"broker-{i}", data_dir=str(tmp_path / f"b{i}"))
+        )
+
+    brokers = [await start(i) for i in range(3)]
+    spec = journal_spec(J, replication=3)
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    state = (await _until_listed(brokers[0], capsys, "leader"))[J]["quorum"]
+    x = next(b for b in brokers if _name(b) != state["leader"])
+    # X's replica taken away, no successor yet: the register still names X, whose node stays.
+    await cluster.assign(J, [b for b in brokers if b is not x])
+    async with asyncio.timeout(wait_s):
+        while J not in x.quorum.kept:  # noqa: ASYNC110 -- the observer offers no event.
+            await asyncio.sleep(0.02)
+    via = next(b for b in brokers if b is not x)
+    listed = await _listed(via, capsys)
+    state = listed[J]["quorum"]
+    assert _name(x) not in listed[J]["route"]
+    assert state["ensemble"] == sorted(_name(b) for b in brokers)
+    assert state["kept"] == [_name(x)]
+    assert "unanswered" not in state
+    row = next(r for r in (await _gazctl(via, capsys)).splitlines() if r.startswith(J))
+    assert row.endswith(f"kept {_name(x)}"), row
+    as_json = json.loads(await _gazctl(via, capsys, "--format", "json"))
+    assert next(d for d in as_json if d["name"] == J)["quorum"] == state
+
+
 async def test_a_malformed_status_request_is_refused(cluster: Cluster) -> None:
     broker = await cluster.start_broker("zone-0", "broker-0")
     call = broker.channels.get(broker.endpoint).unary_unary(
