@@ -91,7 +91,12 @@ from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offse
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_checkpoint import checkpoint_of
 from gazette_consumer.sequencer.read_pieces import ChunkPieces
-from gazette_consumer.sequencer.read_runs import REPLAY_RUN_MIN, SPAN_RUN_LOOK_MAX, run_next
+from gazette_consumer.sequencer.read_runs import (
+    REPLAY_RUN_MIN,
+    SPAN_RUN_LOOK_MAX,
+    alone_next,
+    run_next,
+)
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay
 from gazette_consumer.sequencer.replays import Replays
@@ -206,6 +211,9 @@ class ReadCommittedIter:
         # iterator over `_run_all` (past its first), which `try_next` reads in C; None if not
         # held or once found exhausted.
         self._alone: Iterator[Envelope[Any]] | None = None
+        # For such a run of several producers' messages: each one's last ACK before it (see
+        # `Sequencer.commit_alone_mixed`), for checkpoints within it; else None.
+        self._run_before: dict[tuple[str, bytes], int | None] | None = None
         # Bound once (calling `_next_at_hand` through an attribute would bind it per call), and
         # what `try_next` is when no such run is held. `_after_alone` calls it per `next()` and
         # never ends: what `try_next` goes on to in C once the run it hands out is exhausted.
@@ -309,7 +317,7 @@ class ReadCommittedIter:
             # or one without a UUID), with no sequence in progress: nothing to look past.
             pending = self._pending
             if pending:
-                if not run_next(pending) and self._commit_alone(pending[0]):
+                if not alone_next(pending) and self._commit_alone(pending[0]):
                     return pending.popleft()
             elif self._replay is None and not self._seq.emitting and self._read_ahead.started:
                 # Nothing held anywhere: the next piece, and its leading run at once if it
@@ -344,6 +352,7 @@ class ReadCommittedIter:
             # the replay holds but one, which the look past the run's last takes below).
             if envs := seq.dequeue_replayed(replay.held - 1):
                 self._run_all, self._run = [env, *envs], envs[::-1]
+                self._run_before = None
                 self._span_through = seq.read_through(replay.required.journal)
         dequeue = seq.dequeue
         while (after := dequeue()) is not None:  # At most past the ACK, which ends it.
@@ -411,6 +420,14 @@ class ReadCommittedIter:
                 # transaction): committed at once, as a piece's leading run is.
                 if run_next(pending) and (run := seq.commit_alone_run(pending)):
                     return self._hold_run([pending.popleft() for _ in range(run)], None)
+                if alone_next(pending):
+                    # Producers alternating: their run committed in one pass all the same.
+                    before: dict[tuple[str, bytes], int | None] = {}
+                    if (run := seq.commit_alone_mixed(pending, before)) > 1:
+                        return self._hold_run([pending.popleft() for _ in range(run)], None, before)
+                    if run:
+                        self._ahead, self._ahead_after = pending.popleft(), None
+                        return True
                 if seq.commit_alone(pending[0]):
                     env = pending.popleft()
                     self._ahead, self._ahead_after = env, None  # Nothing to look past.
@@ -463,21 +480,31 @@ class ReadCommittedIter:
         # of its own.
         return self._hold_run(envs, through if committing.flags == FLAG_ACK_TXN else None)
 
-    def _hold_run(self, envs: list[Envelope[Any]], span_through: int | None) -> bool:
+    def _hold_run(
+        self,
+        envs: list[Envelope[Any]],
+        span_through: int | None,
+        before: dict[tuple[str, bytes], int | None] | None = None,
+    ) -> bool:
         """Hold `envs`, committed at once, to return one by one: the first in `_ahead` (with
         nothing to look past), the rest from `_run`. `span_through`: for one ACK's messages,
         the offset of their journal read up to the ACK, where checkpoints within the run stand
         (`in_sequence` holds until the last; see `checkpoint`); None for messages that each
-        commit alone."""
+        commit alone (`before`: of several producers, see `_run_before`)."""
         if span_through is None:
-            self._hold_alone(envs)
+            self._hold_alone(envs, before)
         else:
             self._run_all, self._run = envs, envs[:0:-1]
             self._span_through = span_through
+            self._run_before = None
         self._ahead, self._ahead_after = envs[0], None
         return True
 
-    def _hold_alone(self, envs: list[Envelope[Any]]) -> None:
+    def _hold_alone(
+        self,
+        envs: list[Envelope[Any]],
+        before: dict[tuple[str, bytes], int | None] | None = None,
+    ) -> None:
         """Hold `envs`, messages that each commit alone (committed at once), whose first the
         caller returns: the rest are handed out by `try_next` made a C callable over them
         (the `__next__` of a `chain` of their iterator and `_after_alone`, which never ends),
@@ -487,6 +514,7 @@ class ReadCommittedIter:
         it), and checkpoints count what the iterator has not handed out (`length_hint`)."""
         self._run_all = envs
         self._span_through = None
+        self._run_before = before
         if len(envs) > 1:
             alone = iter(envs)
             next(alone)  # The caller's.
@@ -519,6 +547,7 @@ class ReadCommittedIter:
             self._ahead,
             self._ahead_after,
             horizon_clock,
+            self._run_before,
         )
 
     def _run_left(self) -> int:

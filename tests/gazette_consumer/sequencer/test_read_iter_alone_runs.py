@@ -1,7 +1,8 @@
 """ReadCommittedIter hands out a run of messages that each commit alone from a C callable
 (`try_next` while the run is held): random histories of several producers (OUTSIDE_TXN runs
 long and short, producers alternating, transactions committed and rolled back, re-appended
-duplicates, messages without a UUID, a transaction left pending) deliver what the general
+duplicates, messages without a UUID, a transaction left pending; producers alternating are
+committed a run at once too, `Sequencer.commit_alone_mixed`) deliver what the general
 protocol of a plain Sequencer delivers, with `in_sequence` and the checkpoint after every
 returned message one of that protocol's own, however `try_next` is called (read afresh, or a
 callable a caller kept, as the shard's transaction loop keeps one, across runs and after the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -59,8 +60,8 @@ def history(rng: random.Random) -> list[list[Msg]]:
     def outside(p: ProducerID) -> Msg:
         return msg(p, tick(p), OUTSIDE, f"m{next(label)}")
 
-    for _ in range(rng.randint(4, 9)):
-        kind = rng.choice(["run", "run", "mixed", "txn", "rollback", "dup", "nil"])
+    kinds = [rng.choice(["run", "run", "mixed", "txn", "rollback", "dup", "nil"]) for _ in range(8)]
+    for kind in [*rng.sample(kinds, rng.randint(3, 8)), "mixed"]:
         p = rng.choice(PRODUCERS)
         if kind == "run":  # One producer's run, often longer than a decoded piece.
             written += [outside(p) for _ in range(rng.choice([1, 2, 30, 150, 400]))]
@@ -121,6 +122,11 @@ def general_protocol(envelopes: list[Envelope[Any]]) -> tuple[list[str], list[se
     return texts, points
 
 
+def texts(envelopes: Iterable[Envelope[Any]]) -> list[str]:
+    """The texts of the messages among `envelopes` (not of ACKs)."""
+    return [e.message.text for e in envelopes if e.flags != FLAG_ACK_TXN]
+
+
 async def read_all(journal: str, client: Any, end: int) -> list[Envelope[Any]]:
     reader = RetryReader(client, pb.ReadRequest(journal=journal, offset=0, end_offset=end))
     it = ReadUncommittedIter(reader, Msg)
@@ -147,7 +153,7 @@ async def test_random_histories_deliver_and_checkpoint_as_the_general_protocol(s
         kept: Callable[[], Any] = it.try_next  # As a caller keeping it across runs would.
         got: list[str] = []
         checkpoints: list[SequencerCheckpoint] = []
-        alone_runs = 0
+        alone_runs = mixed_runs = 0
         async with asyncio.timeout(TIMEOUT_S):
             while len(got) < len(expected):
                 how = rng.random()
@@ -160,13 +166,15 @@ async def test_random_histories_deliver_and_checkpoint_as_the_general_protocol(s
                     if e is None:
                         e = await it.next()
                 alone_runs += it._alone is not None
+                mixed_runs += it._alone is not None and it._run_before is not None
                 got.append(e.message.text)
                 cp = it.checkpoint()
                 checkpoints.append(cp)
                 assert (it.in_sequence, frozen(cp)) in points[len(got)], (seed, len(got), got[-1])
         assert got == expected
         assert it.try_next() is None and kept() is None
-        assert alone_runs > 0  # The C path was taken.
+        assert alone_runs > 0  # The C path was taken,
+        assert mixed_runs > 0  # for several producers' runs too.
 
         for n in sorted(rng.sample(range(1, len(expected)), 3)):
             rest = ReadCommittedIter(
@@ -193,3 +201,54 @@ async def test_close_inside_a_run_ends_what_a_caller_kept() -> None:
         for try_next in (kept, it.try_next):
             with pytest.raises(ReadIterClosedError):
                 try_next()
+
+
+async def test_a_horizon_inside_a_mixed_run_prunes_as_the_general_protocol() -> None:
+    # P2 known from long ago; then P1 and P3 alternating (a run of several producers, P2 once
+    # near its end), duplicates of all three, and a marker.
+    old = [msg(P2, 10, OUTSIDE, "old")]
+    mixed = [msg(P1 if i % 2 else P3, 1000 + i, OUTSIDE, f"m{i}") for i in range(60)]
+    mixed.insert(55, msg(P2, 2000, OUTSIDE, "p2"))
+    stream = [*old, msg(P1, 500, CONTINUE, "t"), msg(P1, 501, ACK), *mixed]
+    stream += [*mixed[10:14], old[0], msg(MARKER, 5, OUTSIDE, "end")]
+    async with broker_env() as env:
+        journal = await env.journal("alone/horizon")
+        end = (await env.append(journal, frames(*stream))).commit.end
+        envelopes = await read_all(journal, env.client, end)
+        for cut, horizon in ((20, 1010), (20, 1030), (40, 5000), (3, 1000), (58, 1057)):
+            it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
+            async with asyncio.timeout(TIMEOUT_S):
+                got = [await it.next() for _ in range(cut)]
+            assert it._run_before is not None and it._run_left() > 0  # Inside a mixed run.
+            # The general protocol, fed up to the same message, checkpointed with the horizon.
+            reference: Sequencer[Envelope[Any]] = Sequencer(RING_SIZE_DEFAULT)
+            for e in envelopes:
+                reference.queue_trusted(e)
+                while reference.dequeue() is not None:
+                    pass
+                if e.begin == got[-1].begin:
+                    break
+            cp = it.checkpoint(horizon)
+            assert frozen(cp) == frozen(reference.checkpoint(horizon)), (cut, horizon)
+            # Pruned alike, they go on alike: every producer of the run has messages left in
+            # it, which make its state anew (so its duplicates after the run are dropped).
+            went_on = []
+            for e in envelopes:
+                if e.begin > got[-1].begin:
+                    reference.queue_trusted(e)
+                    went_on += texts(iter(reference.dequeue, None))
+            async with asyncio.timeout(TIMEOUT_S):
+                assert [(await it.next()).message.text for _ in went_on] == went_on
+            # A restart from it returns the rest as the general protocol's restart would.
+            rest = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, checkpoint=cp)
+            restarted = Sequencer(RING_SIZE_DEFAULT, cp)
+            expected: list[str] = []
+            for e in envelopes:
+                if e.begin >= cp.read_through[journal]:
+                    restarted.queue_trusted(e)
+                    expected += texts(iter(restarted.dequeue, None))
+            async with asyncio.timeout(TIMEOUT_S):
+                tail = [(await rest.next()).message.text for _ in range(len(expected))]
+            assert tail == expected and tail[-1] == "end"
+            await rest.close()
+            await it.close()
