@@ -10,6 +10,7 @@ worth waiting for.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from itertools import islice
 
 from gazette_consumer.sequencer.ring import invariant
@@ -259,7 +260,11 @@ class SequencerDequeuing(SequencerState[E]):
     # -- checkpoints ---------------------------------------------------------------------------
 
     def checkpoint(
-        self, horizon_clock: int = 0, *, keep: tuple[str, bytes] | None = None
+        self,
+        horizon_clock: int = 0,
+        *,
+        keep: tuple[str, bytes] | None = None,
+        keep_all: AbstractSet[tuple[str, bytes]] = frozenset(),
     ) -> SequencerCheckpoint:
         """Snapshot read-through offsets and producer states, to construct a Sequencer from.
 
@@ -268,7 +273,7 @@ class SequencerDequeuing(SequencerState[E]):
         producer's duplicates be read later, they are delivered again, so the horizon must
         comfortably exceed how long a producer may go quiet. `keep` names a (journal, producer)
         never pruned: a reader holding messages `commit_alone_run` delivered ahead of its caller
-        accounts for that producer itself.
+        accounts for that producer itself (`keep_all`: those of `commit_alone_mixed`).
         """
         if isinstance(horizon_clock, bool) or not isinstance(horizon_clock, int):
             raise ValueError(f"horizon_clock: must be an int (got {horizon_clock!r})")
@@ -277,7 +282,7 @@ class SequencerDequeuing(SequencerState[E]):
         stale = [
             key
             for key, p in self._partials.items()
-            if p.begin == -1 and p.min_clock < horizon_clock and key != keep
+            if p.begin == -1 and p.min_clock < horizon_clock and key != keep and key not in keep_all
         ]
         for key in stale:
             del self._partials[key]

@@ -9,7 +9,7 @@ and the property tests that hold them to the general path.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 from gazette_consumer.sequencer.classify import SequencerQueueing
@@ -104,6 +104,61 @@ class SequencerFastPaths(SequencerQueueing[E]):
         self._ring.pass_slots(n)
         read_through[journal] = last.end
         self._dequeued = None
+        return n
+
+    def commit_alone_mixed(
+        self, envs: Iterable[E], before: dict[tuple[str, bytes], int | None]
+    ) -> int:
+        """Deliver at once the longest run at the front of `envs` that `commit_alone` would
+        deliver one by one, of any producers of one journal, and return its length (0: nothing
+        changed): what `commit_alone_run` does for one producer, where producers alternate.
+
+        Each message is OUTSIDE_TXN with a UUID (one without ends the run: `commit_alone` takes
+        it), newer than its producer's last ACK (or than the message before it in the run), of
+        a producer without a pending span, beginning at or after the end of the one before.
+        The Sequencer is left exactly as those `commit_alone` calls would leave it. `before`
+        is given, for each (journal, producer) of the run, the clock of its last ACK before the
+        run, or None if the Sequencer had no state for it: what a reader returning the run one
+        by one needs for its checkpoints (read_checkpoint.py). Trusts `envs` as `queue_trusted`
+        does."""
+        if self._emit is not None:
+            return 0
+        partials, outside = self._partials, FLAG_OUTSIDE_TXN
+        journal: str | None = None
+        through = 0
+        n = 0
+        for env in envs:
+            clock = env.clock
+            if env.flags != outside or not clock:
+                break
+            if journal is None:
+                journal = env.journal
+                through = self._read_through.get(journal, 0)
+            elif env.journal is not journal and env.journal != journal:
+                break
+            if env.begin < through:
+                break  # queue_trusted raises OffsetRegressionError.
+            key = (journal, env.producer)
+            partial = partials.get(key)
+            if partial is None:
+                # As commit_alone creates it (and it was absent before the run: it would exist
+                # had the run committed one of this producer's messages already).
+                before[key] = None
+                partials[key] = Partial(clock, -1)
+            elif partial.begin != -1 or clock <= partial.min_clock:
+                break  # A pending span to discard, or a duplicate: queue_trusted's.
+            else:
+                if key not in before:
+                    before[key] = partial.min_clock
+                partial.min_clock = partial.max_clock = clock
+            through = env.end
+            n += 1
+        if n:
+            assert journal is not None
+            # Each message would have used up the head slot (evicting its entry), left free.
+            self._ring.pass_slots(n)
+            self._read_through[journal] = through
+            self._dequeued = None
         return n
 
     def commit_span_run(self, envs: Sequence[E], limit: int | None = None) -> int:

@@ -27,15 +27,20 @@ def checkpoint_of(
     ahead: Envelope[Any] | None,
     ahead_after: Envelope[Any] | None,
     horizon_clock: int = 0,
+    before: Mapping[tuple[str, bytes], int | None] | None = None,
 ) -> SequencerCheckpoint:
     """The checkpoint of an iterator over `seq`: `floors` (per journal, the offset through which
     every queued envelope was consumed), the run committed at once `run_all` of which the last
     `left` are not returned yet (`span_through`: for one ACK's messages, the offset of their
     journal read up to the ACK; else None), and `ahead`, the message stepped to but not
     returned, held after `ahead_after` of its sequence (None: nothing to look past).
-    `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`)."""
+    `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`). `before`, for a run
+    of several producers' messages that each commit alone (`Sequencer.commit_alone_mixed`):
+    each one's last ACK before the run (None: it had no state)."""
     # The last returned message of a run some of which is not returned yet.
     held = run_all[len(run_all) - left - 1] if left else None
+    if held is not None and before is not None:
+        return _mixed_checkpoint(seq, floors, run_all[: len(run_all) - left], before, horizon_clock)
     keep = None if held is None else (held.journal, held.producer)
     seq_cp = seq.checkpoint(horizon_clock, keep=keep)
     read_through = dict(floors)
@@ -65,4 +70,35 @@ def checkpoint_of(
         producers[JournalProducer(ahead.journal, ahead.producer)] = ProducerState(
             last_ack=ahead_after.clock, begin=ahead_after.end
         )
+    return SequencerCheckpoint(read_through=read_through, producers=producers)
+
+
+def _mixed_checkpoint(
+    seq: Sequencer[Envelope[Any]],
+    floors: Mapping[str, int],
+    returned: Sequence[Envelope[Any]],
+    before: Mapping[tuple[str, bytes], int | None],
+    horizon_clock: int,
+) -> SequencerCheckpoint:
+    """`checkpoint_of` within a run of several producers' messages that each commit alone, of
+    which `returned` were returned: each producer of the run stands at its last returned
+    message, or where it stood before the run if none of its messages was returned (absent if
+    it had no state), pruned as `Sequencer.checkpoint` would prune it there; the Sequencer
+    itself prunes none of them (it is past the run)."""
+    seq_cp = seq.checkpoint(horizon_clock, keep_all=before.keys())
+    held = returned[-1]
+    read_through = dict(floors)
+    for journal, offset in seq_cp.read_through.items():
+        read_through[journal] = max(read_through.get(journal, 0), offset)
+    read_through[held.journal] = max(floors.get(held.journal, 0), held.end)
+    last: dict[tuple[str, bytes], int | None] = dict(before)
+    for env in returned:  # A checkpoint is rare: a pass over a piece's messages at most.
+        last[(env.journal, env.producer)] = env.clock
+    producers = dict(seq_cp.producers)
+    for (journal, producer), clock in last.items():
+        jp = JournalProducer(journal, producer)
+        if clock is None or clock < horizon_clock:
+            producers.pop(jp, None)
+        else:
+            producers[jp] = ProducerState(last_ack=clock, begin=-1)
     return SequencerCheckpoint(read_through=read_through, producers=producers)

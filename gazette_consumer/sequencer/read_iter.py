@@ -75,8 +75,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from itertools import islice
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from itertools import chain, islice
+from operator import length_hint
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -90,7 +91,12 @@ from gazette_consumer.sequencer.read_ahead import Chunk, ReadAhead, source_offse
 from gazette_consumer.sequencer.read_channel import ReadChannel
 from gazette_consumer.sequencer.read_checkpoint import checkpoint_of
 from gazette_consumer.sequencer.read_pieces import ChunkPieces
-from gazette_consumer.sequencer.read_runs import REPLAY_RUN_MIN, SPAN_RUN_LOOK_MAX, run_next
+from gazette_consumer.sequencer.read_runs import (
+    REPLAY_RUN_MIN,
+    SPAN_RUN_LOOK_MAX,
+    alone_next,
+    run_next,
+)
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay
 from gazette_consumer.sequencer.replays import Replays
@@ -121,6 +127,7 @@ READ_CHANNEL_SIZE_DEFAULT: Final = 16
 held undecoded: with the ring and DECODE_PIECE_BYTES, what bounds the iterator's memory."""
 READ_CHANNEL_SIZE_MAX: Final = 4096
 _NO_RUN: Final[list[Any]] = []  # Never appended to: `_run_all` when no run is held.
+_NEVER: Final = object()  # Never returned by `_next_at_hand`: its callable iterator never ends.
 
 
 class ReadIterClosedError(RuntimeError):
@@ -129,6 +136,14 @@ class ReadIterClosedError(RuntimeError):
 
 class ReadCommittedIter:
     """Read-committed Envelopes of several journals. See the module docstring."""
+
+    try_next: Callable[[], Envelope[Any] | None]
+    """The next committed message if one is at hand without waiting, else None.
+
+    An attribute, not a method: while a run of messages that each commit alone is held, a
+    callable made in C (`_hold_alone`) that returns them without a Python frame (the per-message
+    cost of a reader's loop), then calls `_next_at_hand`; else `_next_at_hand` itself. A caller
+    may keep whichever it read, across runs: each returns what the other would."""
 
     def __init__(
         self,
@@ -192,6 +207,19 @@ class ReadCommittedIter:
         # one left them.
         self._run_all: list[Envelope[Any]] = _NO_RUN
         self._run: list[Envelope[Any]] = []
+        # A run of messages that each commit alone (`_span_through` None) is held instead as an
+        # iterator over `_run_all` (past its first), which `try_next` reads in C; None if not
+        # held or once found exhausted.
+        self._alone: Iterator[Envelope[Any]] | None = None
+        # For such a run of several producers' messages: each one's last ACK before it (see
+        # `Sequencer.commit_alone_mixed`), for checkpoints within it; else None.
+        self._run_before: dict[tuple[str, bytes], int | None] | None = None
+        # Bound once (calling `_next_at_hand` through an attribute would bind it per call), and
+        # what `try_next` is when no such run is held. `_after_alone` calls it per `next()` and
+        # never ends: what `try_next` goes on to in C once the run it hands out is exhausted.
+        self._at_hand = self._next_at_hand
+        self._after_alone = iter(self._at_hand, _NEVER)
+        self.try_next = self._at_hand
         # Set if the run is one ACK's messages (`_take_span`): the offset of their journal the
         # Sequencer had read through before the ACK, where checkpoints taken within the run
         # stand. None for a run of messages that each commit alone.
@@ -260,12 +288,23 @@ class ReadCommittedIter:
                     raise ReadIterClosedError("the iterator was closed") from err
                 raise
 
-    def try_next(self) -> Envelope[Any] | None:
-        """The next committed message if one is at hand without waiting, else None."""
+    def _next_at_hand(self) -> Envelope[Any] | None:
+        """What `try_next` returns, in Python: the next committed message if one is at hand
+        without waiting, else None."""
+        alone = self._alone
+        if alone is not None:
+            # Called by a `try_next` read before the run was held, or once the run is
+            # exhausted (by `_after_alone`): `try_next` is the Python path again from now on.
+            env = next(alone, None)
+            if env is not None:
+                return env
+            self._alone = None
+            self.try_next = self._at_hand
         run = self._run
         if run:
-            # The fastest path: a message of a run committed at once (nothing held once
-            # closed). `in_sequence` holds until the run's last is returned.
+            # A message of one ACK's run, committed at once (nothing held once closed; runs of
+            # messages that each commit alone are `_alone`'s). `in_sequence` holds until the
+            # run's last is returned.
             popped = run.pop()
             if not run:
                 self.in_sequence = self._ahead is not None
@@ -278,7 +317,7 @@ class ReadCommittedIter:
             # or one without a UUID), with no sequence in progress: nothing to look past.
             pending = self._pending
             if pending:
-                if not run_next(pending) and self._commit_alone(pending[0]):
+                if not alone_next(pending) and self._commit_alone(pending[0]):
                     return pending.popleft()
             elif self._replay is None and not self._seq.emitting and self._read_ahead.started:
                 # Nothing held anywhere: the next piece, and its leading run at once if it
@@ -293,8 +332,7 @@ class ReadCommittedIter:
                     if length < len(envs):
                         pending.extend(islice(envs, length, None))
                         del envs[length:]
-                    self._run_all, self._run = envs, envs[:0:-1]
-                    self._span_through = None
+                    self._hold_alone(envs)
                     return envs[0]
                 pending.extend(envs)
             self._read_ahead.start()
@@ -314,6 +352,7 @@ class ReadCommittedIter:
             # the replay holds but one, which the look past the run's last takes below).
             if envs := seq.dequeue_replayed(replay.held - 1):
                 self._run_all, self._run = [env, *envs], envs[::-1]
+                self._run_before = None
                 self._span_through = seq.read_through(replay.required.journal)
         dequeue = seq.dequeue
         while (after := dequeue()) is not None:  # At most past the ACK, which ends it.
@@ -381,6 +420,14 @@ class ReadCommittedIter:
                 # transaction): committed at once, as a piece's leading run is.
                 if run_next(pending) and (run := seq.commit_alone_run(pending)):
                     return self._hold_run([pending.popleft() for _ in range(run)], None)
+                if alone_next(pending):
+                    # Producers alternating: their run committed in one pass all the same.
+                    before: dict[tuple[str, bytes], int | None] = {}
+                    if (run := seq.commit_alone_mixed(pending, before)) > 1:
+                        return self._hold_run([pending.popleft() for _ in range(run)], None, before)
+                    if run:
+                        self._ahead, self._ahead_after = pending.popleft(), None
+                        return True
                 if seq.commit_alone(pending[0]):
                     env = pending.popleft()
                     self._ahead, self._ahead_after = env, None  # Nothing to look past.
@@ -433,16 +480,46 @@ class ReadCommittedIter:
         # of its own.
         return self._hold_run(envs, through if committing.flags == FLAG_ACK_TXN else None)
 
-    def _hold_run(self, envs: list[Envelope[Any]], span_through: int | None) -> bool:
+    def _hold_run(
+        self,
+        envs: list[Envelope[Any]],
+        span_through: int | None,
+        before: dict[tuple[str, bytes], int | None] | None = None,
+    ) -> bool:
         """Hold `envs`, committed at once, to return one by one: the first in `_ahead` (with
         nothing to look past), the rest from `_run`. `span_through`: for one ACK's messages,
         the offset of their journal read up to the ACK, where checkpoints within the run stand
         (`in_sequence` holds until the last; see `checkpoint`); None for messages that each
-        commit alone."""
-        self._run_all, self._run = envs, envs[:0:-1]
-        self._span_through = span_through
+        commit alone (`before`: of several producers, see `_run_before`)."""
+        if span_through is None:
+            self._hold_alone(envs, before)
+        else:
+            self._run_all, self._run = envs, envs[:0:-1]
+            self._span_through = span_through
+            self._run_before = None
         self._ahead, self._ahead_after = envs[0], None
         return True
+
+    def _hold_alone(
+        self,
+        envs: list[Envelope[Any]],
+        before: dict[tuple[str, bytes], int | None] | None = None,
+    ) -> None:
+        """Hold `envs`, messages that each commit alone (committed at once), whose first the
+        caller returns: the rest are handed out by `try_next` made a C callable over them
+        (the `__next__` of a `chain` of their iterator and `_after_alone`, which never ends),
+        ~300 instructions a message fewer than a Python call (cachegrind, bench_messages.py's
+        read loop). Nothing else is kept per message: `in_sequence`
+        stays False through such a run (nothing is held ahead of it, no ACK's messages are in
+        it), and checkpoints count what the iterator has not handed out (`length_hint`)."""
+        self._run_all = envs
+        self._span_through = None
+        self._run_before = before
+        if len(envs) > 1:
+            alone = iter(envs)
+            next(alone)  # The caller's.
+            self._alone = alone
+            self.try_next = chain(alone, self._after_alone).__next__
 
     def _start_replay(self, env: Envelope[Any]) -> None:
         """Serve the replay the Sequencer asks for, to commit the span `env` (an ACK) ends."""
@@ -465,12 +542,18 @@ class ReadCommittedIter:
             self._seq,
             self._floors,
             self._run_all,
-            len(self._run),
+            self._run_left(),
             self._span_through,
             self._ahead,
             self._ahead_after,
             horizon_clock,
+            self._run_before,
         )
+
+    def _run_left(self) -> int:
+        """How many messages of the run held (`_run_all`) are not returned yet."""
+        alone = self._alone
+        return len(self._run) if alone is None else length_hint(alone)
 
     def has_pending(self, since: Mapping[str, int]) -> bool:
         """True if a transaction begun at or after the `since` offsets awaits its ACK (a reason
@@ -484,6 +567,10 @@ class ReadCommittedIter:
         another task raises `ReadIterClosedError`."""
         self._closed = True
         self._run_all, self._run = _NO_RUN, []
+        alone, self._alone = self._alone, None
+        if alone is not None:
+            deque(alone, maxlen=0)  # Exhausted: a `try_next` kept by a caller hands out no more.
+        self.try_next = self._at_hand
         self.in_sequence = self._sequence_state()
         self._replays.clear()
         self._channel.wake()

@@ -1,5 +1,6 @@
 """What the read-committed iterator commits at once, to return one by one: a run of one
-producer's OUTSIDE_TXN messages (`Sequencer.commit_alone_run`), a whole transaction in what was
+producer's OUTSIDE_TXN messages (`Sequencer.commit_alone_run`) or of several producers'
+(`commit_alone_mixed`), a whole transaction in what was
 decoded (`commit_span_run`), a replay's messages (`dequeue_replayed`); when it tries, and the
 bounds on looking (sans-IO).
 """
@@ -36,4 +37,19 @@ def run_next(pending: deque[Envelope[Any]]) -> bool:
         and first.clock  # Without a UUID: commit_alone's, never a run's.
         and second.flags == FLAG_OUTSIDE_TXN
         and first.producer == second.producer
+    )
+
+
+def alone_next(pending: deque[Envelope[Any]]) -> bool:
+    """True if the next two pending messages are OUTSIDE_TXN messages with UUIDs, of any
+    producers: they may begin a run of several producers' (`Sequencer.commit_alone_mixed`),
+    committed in one pass rather than a `commit_alone` (and a `try_next` frame) each."""
+    if len(pending) < 2:
+        return False
+    first, second = pending[0], pending[1]
+    return bool(
+        first.flags == FLAG_OUTSIDE_TXN
+        and first.clock
+        and second.flags == FLAG_OUTSIDE_TXN
+        and second.clock
     )

@@ -41,6 +41,9 @@ decoders derive them from the framing and the UUID layout), and are what a reade
 - `commit_alone_run(envs)`: `commit_alone` for the longest run at the front of a decoded
   piece that it would deliver one by one (one producer's OUTSIDE_TXN messages, clocks
   rising), in one call;
+- `commit_alone_mixed(envs, before)`: the same for a run of several producers' OUTSIDE_TXN
+  messages of one journal (producers alternating), naming each one's last ACK before the run
+  for a reader's checkpoints within it;
 - `queue_span(pending)`: `queue_trusted` for each envelope of a deque, up to one that commits
   (a transaction's messages are linked into the ring without per-message outcomes, a
   producer's run of them into free slots at once);

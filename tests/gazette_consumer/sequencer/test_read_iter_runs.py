@@ -46,7 +46,7 @@ async def test_checkpoints_inside_a_run_are_per_message_ones() -> None:
         cuts = set(random.Random(3).sample(range(1, len(expected)), 6)) | {1, 150, 299}
         for n in range(1, len(expected) + 1):
             got.append(await take(it))
-            longest_run = max(longest_run, len(it._run))
+            longest_run = max(longest_run, it._run_left())
             last = got[-1]
             if last.producer != P1:
                 continue
@@ -101,7 +101,7 @@ async def test_a_transaction_taken_at_once_is_returned_as_if_stepped_one_by_one(
         longest_run = 0
         for n in range(1, len(expected) + 1):
             got.append(await take(it))
-            longest_run = max(longest_run, len(it._run))
+            longest_run = max(longest_run, it._run_left())
             last = got[-1]
             text = last.message.text
             assert it.in_sequence == (text[0] in "tuvw" and text not in ends_of_txns), text
@@ -137,7 +137,7 @@ async def test_pruning_inside_a_run_keeps_dropping_its_duplicates() -> None:
         await env.append(journal, frames(*run[50:60], marker))
         it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
         got = [await take(it) for _ in range(10)]
-        assert len(it._run) > 10  # Inside a run.
+        assert it._run_left() > 10  # Inside a run.
         jp = JournalProducer(journal, P1)
         assert it.checkpoint(1009).producers == {jp: ProducerState(1009, -1)}
         # A horizon past the last returned message prunes the producer, as one taken between
@@ -157,7 +157,7 @@ async def test_close_inside_a_run_ends_it() -> None:
         await env.append(journal, frames(*(msg(P1, 10 + i, OUTSIDE, f"r{i}") for i in range(50))))
         it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
         assert [(await take(it)).message.text for _ in range(5)] == [f"r{i}" for i in range(5)]
-        assert len(it._run) > 5  # Inside a run.
+        assert it._run_left() > 5  # Inside a run.
         await it.close()
         with pytest.raises(ReadIterClosedError):
             it.try_next()
@@ -188,7 +188,7 @@ async def test_runs_form_anywhere_in_a_piece() -> None:
             last = got[-1]
             if last.producer not in longest:
                 continue
-            longest[last.producer] = max(longest[last.producer], len(it._run))
+            longest[last.producer] = max(longest[last.producer], it._run_left())
             cp = it.checkpoint()
             assert cp.read_through[journal] == last.end
             jp = JournalProducer(journal, last.producer)

@@ -520,6 +520,90 @@ def test_commit_alone_run_is_commit_alone_per_message(
         assert_same(reference, tested)
 
 
+MIXED_MSGS = st.builds(
+    Msg,
+    st.sampled_from([0, 1, 2]),
+    st.sampled_from([1] * 12 + [2, 3, 0, -1]),
+    st.sampled_from([OUT] * 20 + [CONT, ACK]),
+    st.sampled_from([0, 0, 3]),
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    prefix=st.lists(MSGS, max_size=30),
+    candidates=st.lists(MIXED_MSGS, min_size=1, max_size=40),
+    ring_size=st.one_of(st.integers(1, 4), st.integers(1, 64)),
+    zero_every=st.sampled_from([0, 0, 7]),
+    regress=st.booleans(),
+)
+def test_commit_alone_mixed_is_commit_alone_per_message(
+    prefix: list[Msg], candidates: list[Msg], ring_size: int, zero_every: int, regress: bool
+) -> None:
+    """From any state, `commit_alone_mixed` commits exactly the leading envelopes `commit_alone`
+    would take one by one, producers alternating (up to one without a UUID), leaves the
+    Sequencer, ring included, exactly as those calls do, and names each producer's state from
+    before the run."""
+    with structlog.testing.capture_logs():
+        journals = journals_of([prefix + candidates], zero_every)
+        envs = journals["test/j0"]
+        if regress and len(envs) > len(prefix) + 1:  # A run whose offsets go back.
+            i, e = len(prefix) + 1, envs[len(prefix) + 1]
+            back = envs[i - 1]
+            envs[i] = SeqEnvelope(e.journal, back.begin, back.end, e.producer, e.clock, e.flags)
+        head, tail = envs[: len(prefix)], envs[len(prefix) :]
+        reference: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        tested: Sequencer[SeqEnvelope] = Sequencer(ring_size)
+        assert general(reference, journals, head) == general(tested, journals, head)
+        states = {
+            (k.journal, k.producer): p.last_ack for k, p in tested.checkpoint().producers.items()
+        }
+        expected, expected_before = 0, {}
+        for env in tail:
+            if env.clock == 0:
+                break  # commit_alone's alone.
+            key = (env.journal, env.producer)
+            prior = states.get(key) if reference._partials.get(key) is not None else None
+            if not reference.commit_alone(env):
+                break
+            expected_before.setdefault(key, prior)
+            expected += 1
+        before: dict[tuple[str, bytes], int | None] = {}
+        got = tested.commit_alone_mixed(deque(tail), before)
+        event(f"mixed run of {min(got, 3)}{'+' if got > 3 else ''}")
+        event(f"producers {len(before)}")
+        assert got == expected
+        assert before == expected_before
+        assert ring_state(tested) == ring_state(reference)
+        assert_same(reference, tested)
+        # And they go on alike.
+        through, rest = tested.checkpoint().read_through.get("test/j0", 0), []
+        for env in tail[got:]:
+            if env.begin >= through:  # Not the regressed one (the general path raises).
+                rest.append(env)
+                through = env.end
+        assert general(reference, journals, rest) == general(tested, journals, rest)
+        assert_same(reference, tested)
+
+
+def test_commit_alone_mixed_declines_and_changes_nothing() -> None:
+    gen = Gen()
+    seq: Sequencer[SeqEnvelope] = Sequencer(8)
+    before: dict[tuple[str, bytes], int | None] = {}
+    assert seq.commit_alone_mixed([], before) == 0
+    a5 = gen(A, 5, OUT)
+    assert seq.commit_alone_mixed([a5, gen(B, 3, OUT), gen(A, 5, OUT), gen(B, 4, OUT)], before) == 2
+    assert before == {(J, A): None, (J, B): None}
+    before = {}
+    assert seq.commit_alone_mixed([gen(A, 6, OUT), gen(bytes(6), 0, OUT)], before) == 1
+    assert before == {(J, A): 5}
+    assert seq.commit_alone_mixed([gen(B, 2, OUT)], {}) == 0  # A duplicate.
+    assert seq.commit_alone_mixed([SeqEnvelope(J, 0, 10, B, 9, OUT)], {}) == 0  # Went back.
+    assert seq.commit_alone_mixed([gen(A, 9, CONT)], {}) == 0
+    assert seq.queue_uncommitted(gen(A, 10, CONT)) is not None
+    assert seq.commit_alone_mixed([gen(A, 11, OUT)], {}) == 0  # Would discard the span.
+
+
 def own_run(envs: list[SeqEnvelope]) -> int:
     """The run the envelopes form among themselves, as a decoder measures it: OUTSIDE_TXN
     messages with a UUID, of the first one's producer, clocks rising, offsets not going back."""
