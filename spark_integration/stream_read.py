@@ -152,6 +152,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         self._available_now: dict[str, int] | None = None
         # The journals planned by the last latestOffset (partitions of that micro-batch).
         self._infos: dict[str, JournalInfo] = {}
+        # The first answer of initialOffset, given again: Spark asks a new query's twice (to
+        # plan micro-batch 0, then for its partitions), and with startingOffsets latest (or a
+        # timestamp) a second look would start after content the first plan covers, which
+        # would then be read by no partition (as Kafka's source keeps its initial offsets).
+        self._initial: dict[str, Any] | None = None
 
     # -- planning (driver) -------------------------------------------------------------------
 
@@ -167,7 +172,9 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def initialOffset(self) -> dict[str, Any]:
         """Where the query starts reading each journal: its origin. Starting elsewhere than the
         journal's first offset, read-committed, the offset also holds the producers open there
-        (range_start.py), whose transactions are skipped."""
+        (range_start.py), whose transactions are skipped. Asked again, the same answer."""
+        if self._initial is not None:
+            return self._initial
 
         async def plan(ctx: ReadContext) -> dict[str, JournalOffset]:
             infos = await journal_infos(ctx)
@@ -176,7 +183,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             starts = {info.name: functools.partial(self._start, ctx, info) for info in infos}
             return await gather_bounded(starts, planning_walks_max)
 
-        return offsets.to_json(run_in_context(self.opts, plan))
+        self._initial = offsets.to_json(run_in_context(self.opts, plan))
+        return self._initial
 
     async def _start(self, ctx: ReadContext, info: JournalInfo) -> JournalOffset:
         opts = self.opts

@@ -166,3 +166,29 @@ def test_micro_batches_across_stored_and_spooled_content(tmp_path: Path) -> None
     assert sum(t.startswith("early") for t in first + second) == 20
     assert sorted(first + second) == sorted(expected)
     assert len(set(first + second)) == len(first + second)  # Each text is sent once, then again.
+
+
+def test_initial_offset_is_the_same_each_time_spark_asks(broker: str) -> None:
+    """Spark asks a new query's `initialOffset` twice: for the start of micro-batch 0's
+    planning (latestOffset), then for its partitions. Starting at `latest`, rows appended
+    between the two calls are after the start the query planned from: the second answer
+    must be the first (as Kafka's source keeps its initial offsets), else they are lost (the
+    partitions would start at the new head, at or past micro-batch 0's end)."""
+    journal = unique("spark/stream-plan")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    p = producer()
+    append_in_groups(broker, journal, [Msg(p, 1, OUTSIDE, {"text": "before"})])
+    options = {"broker": broker, "journals": journal, "startingOffsets": "latest"}
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    start = reader.initialOffset()
+    appended = [Msg(p, 2 + i, OUTSIDE, {"text": f"after-{i}"}) for i in range(3)]
+    append_in_groups(broker, journal, appended)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert reader.initialOffset() == start
+    got = [
+        json.loads(content)["text"]
+        for part in reader.partitions(reader.initialOffset(), end)
+        for batch in reader.read(part)
+        for content in batch.column("content").to_pylist()
+    ]
+    assert got == ["after-0", "after-1", "after-2"]
