@@ -20,19 +20,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
 import pytest
 from e2e_workload import journal_spec, requires_etcd
 from quorum_e2e_kit import LEASE_TTL_S, quorum_cluster, read_all, read_until
 
-from broker.client.appender import append
-from broker.client.route_cache import ChannelPool
+from broker.client.route_cache import ChannelPool, JournalClient
 from broker.protocol import labels as gl
-from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
-from broker.protocol.status import GazetteError
 from broker.quorum.register import TermRecord
 from broker.quorum_shell.term_record import QuorumTerm
+from broker.testing.append_ledger import AppendLedger
 from broker.testing.cluster_state import Condition
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 from broker.topology import quorum_term_key
@@ -78,74 +75,45 @@ async def cluster() -> AsyncIterator[ProcessCluster]:
 
 
 @dataclass
-class Appends:
-    """Acknowledged records (with their offsets) and records of unknown outcome."""
+class Appends(AppendLedger):
+    """The ledger (each append tried once), when each was acknowledged, and the leader the
+    last acknowledgement's header named."""
 
-    cluster: ProcessCluster
-    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    unknown: set[bytes] = field(default_factory=set)
-    end: int = 0  # the end of the last acknowledged append
+    cluster: ProcessCluster | None = None
     leader: str = ""
-    count: int = 0
     acked_at: list[float] = field(default_factory=list)  # time.monotonic() of each ack
+
+    def _client(self, via: BrokerProcess) -> JournalClient:
+        assert self.cluster is not None
+        return self.cluster.client(via)
 
     async def bulk(self, via: BrokerProcess) -> None:
         """`bulk_records` records of `bulk_record_bytes` each, acknowledged in turn."""
-        client = self.cluster.client(via)
-        request = pb.AppendRequest(journal=JOURNAL)
+        client = self._client(via)
         for i in range(bulk_records):
             data = f"bulk-{i:05d}-".encode().ljust(bulk_record_bytes - 1, b"x") + b"\n"
-            resp = await append(client, request, data, attempts_max=1)
-            assert resp.status == pb.OK, pb.Status.Name(resp.status)
-            assert resp.commit.begin >= self.end, (resp.commit, self.end)
-            self.acked[data] = (resp.commit.begin, resp.commit.end)
-            self.end = resp.commit.end
+            assert await self.try_once(client, data) is not None, data[:16]
 
     async def round(self, via: BrokerProcess, tag: str) -> None:
         """Append until `acked_wanted` records of this round are acknowledged, each tried
         once, through `via` (any broker proxies to the leader)."""
-        client = self.cluster.client(via)
-        request = pb.AppendRequest(journal=JOURNAL)
+        client = self._client(via)
         done, delay = 0, retry_backoff_initial_s
         for _ in range(attempts_max):
-            self.count += 1
-            data = f"{tag}-{self.count:05d}\n".encode()
-            try:
-                resp = await append(client, request, data, attempts_max=1)
-            except (grpc.aio.AioRpcError, GazetteError):
-                # UNAVAILABLE (outcome unknown), or a refusal during an election
-                # (NOT_/NO_JOURNAL_PRIMARY_BROKER): kept as unknown either way.
-                self.unknown.add(data)
+            # UNAVAILABLE (outcome unknown), or a refusal during an election
+            # (NOT_/NO_JOURNAL_PRIMARY_BROKER): kept as unknown either way.
+            resp = await self.try_once(client, self.next_record(tag))
+            if resp is None:
                 await asyncio.sleep(delay)  # a client's backoff, not a synchronisation
                 delay = min(delay * 2, retry_backoff_max_s)
                 continue
-            assert resp.status == pb.OK, pb.Status.Name(resp.status)
-            # Offsets only grow: nothing written twice (unknown-outcome ones may lie between).
-            assert resp.commit.begin >= self.end, (data, resp.commit, self.end)
-            self.acked[data] = (resp.commit.begin, resp.commit.end)
             self.acked_at.append(time.monotonic())
-            self.end = resp.commit.end
             route = resp.header.route
             self.leader = route.members[route.primary].suffix
             done, delay = done + 1, retry_backoff_initial_s
             if done == acked_wanted:
                 return
         raise AssertionError(f"{tag}: {done} of {acked_wanted} acknowledged")
-
-    def check(self, content: bytes, who: str) -> None:
-        """`content` (the whole journal as `who` serves it) holds every acknowledged record
-        at its offsets, each record once, and nothing else but unknown-outcome records."""
-        offset, seen = 0, set()
-        for line in content.splitlines(keepends=True):
-            assert line not in seen, (who, line)  # no record twice
-            seen.add(line)
-            if line in self.acked:
-                assert self.acked[line] == (offset, offset + len(line)), (who, line, offset)
-            else:
-                assert line in self.unknown, (who, line)
-            offset += len(line)
-        missing = [d for d in self.acked if d not in seen]
-        assert not missing, (who, missing[:3])
 
 
 def _name(b: BrokerProcess) -> str:
@@ -203,7 +171,7 @@ async def _served(b: BrokerProcess, end: int, *, by_itself: bool = False) -> byt
 
 async def test_a_moved_replica_joins_the_ensemble_and_counts(cluster: ProcessCluster) -> None:
     c = cluster
-    appends = Appends(c)
+    appends = Appends(JOURNAL, cluster=c)
     route = c.route(JOURNAL)
     members = [c.broker(m.suffix) for m in route.members]
     (spare,) = [b for b in c.brokers if b not in members]
@@ -280,7 +248,7 @@ async def test_a_rolling_restart_changes_no_ensemble() -> None:
     the route shrinks to two for a moment, then comes back with the same broker): the term
     register never names another ensemble, and every acknowledged append is kept."""
     async with quorum_cluster(JOURNAL) as c:
-        appends = Appends(c)
+        appends = Appends(JOURNAL, cluster=c)
         original = tuple(sorted(_name(b) for b in c.brokers))
         seen: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
 
@@ -318,7 +286,7 @@ async def test_the_leader_killed_mid_move_is_replaced_and_the_move_completes(
     appends within the lease TTL + 3 s, the register settles on the moved ensemble, and both
     serve every acknowledged append at its offsets, none twice."""
     c = cluster
-    appends = Appends(c)
+    appends = Appends(JOURNAL, cluster=c)
     members = [c.broker(m.suffix) for m in c.route(JOURNAL).members]
     (spare,) = [b for b in c.brokers if b not in members]
     await appends.round(members[0], "before")

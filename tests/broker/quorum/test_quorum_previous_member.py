@@ -28,19 +28,16 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec
 
 from broker import metrics
-from broker.client.appender import append
 from broker.client.route_cache import JournalClient
 from broker.keyspace.backend import prefix_end
 from broker.keyspace.etcd import EtcdBackend
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
-from broker.protocol.status import GazetteError
 from broker.quorum.register import TermRecord
 from broker.quorum.rules import CORRECT_RULES
 from broker.quorum_shell.log_file import log_path
@@ -49,6 +46,7 @@ from broker.quorum_shell.status import decode_response, encode_response, journal
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.server import Broker
+from broker.testing.append_ledger import AppendLedger
 from broker.testing.etcd_server import EtcdServer
 from broker.topology import DEFAULT_ROOT, assignment_key, format_id, lookup_item, quorum_term_key
 
@@ -153,15 +151,11 @@ async def _watch_register(
 
 
 @dataclass
-class Appends:
-    """Acknowledged records with their offsets, and records of unknown outcome (an attempt
-    that failed: it may still commit, so it is not retried, a retry could commit it twice)."""
+class Appends(AppendLedger):
+    """The ledger (each attempt a new record, tried once: a failed one may still commit, and a
+    retry could commit it twice), and the leader each acknowledgement's header names."""
 
-    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    unknown: set[bytes] = field(default_factory=set)
-    end: int = 0  # the end of the last acknowledged append
-    count: int = 0
-    served_by: list[str] = field(default_factory=list)  # the leader each ack's header names
+    served_by: list[str] = field(default_factory=list)
 
     async def one(self, via: Broker, tag: str) -> None:
         """Append one record of `tag` as a client of broker `via` (any broker: the append is
@@ -171,40 +165,17 @@ class Appends:
         delay = append_backoff_initial_s
         try:
             for _ in range(append_attempts_max):
-                self.count += 1
-                data = f"{tag}-{self.count:04d}\n".encode()
-                try:
-                    resp = await append(client, pb.AppendRequest(journal=J), data, attempts_max=1)
-                except (grpc.aio.AioRpcError, GazetteError):
-                    self.unknown.add(data)
+                resp = await self.try_once(client, self.next_record(tag, width=4))
+                if resp is None:
                     await asyncio.sleep(delay)  # a client's backoff, not a synchronisation
                     delay = min(delay * 2, append_backoff_max_s)
                     continue
-                assert resp.status == pb.OK, pb.Status.Name(resp.status)
-                # Offsets only grow (unknown-outcome records may lie between).
-                assert resp.commit.begin >= self.end, (data, resp.commit, self.end)
-                self.acked[data] = (resp.commit.begin, resp.commit.end)
-                self.end = resp.commit.end
                 route = resp.header.route
                 self.served_by.append(format_id(route.members[route.primary]))
                 return
         finally:
             await client.close()
         raise AssertionError(f"{tag}: not acknowledged in {append_attempts_max} attempts")
-
-    def check(self, content: bytes, who: str) -> None:
-        """`content` (the whole journal as `who` holds it) holds every acknowledged record at
-        its offsets, each record once, and nothing else but unknown-outcome records."""
-        offset, seen = 0, set()
-        for line in content.splitlines(keepends=True):
-            assert line not in seen, (who, line)  # no record twice
-            seen.add(line)
-            if line in self.acked:
-                assert self.acked[line] == (offset, offset + len(line)), (who, line, offset)
-            else:
-                assert line in self.unknown, (who, line)
-            offset += len(line)
-        assert not [d for d in self.acked if d not in seen], who
 
 
 async def test_a_removed_member_keeps_its_node_for_the_way_back(
@@ -220,7 +191,7 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
     spec = journal_spec(J, replication=3)
     spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
     await cluster.create(spec, brokers[:3])
-    appends = Appends()
+    appends = Appends(J)
     for b in brokers[:3]:
         await appends.one(b, "before")
     await _until(
