@@ -6,11 +6,14 @@ sees what `gazctl journals list -o json` shows, quorum state included:
     {"journals": [{"name": "a/journal", "replication": 3,
                    "route": {"members": ["zone-a#b1", ...], "primary": 0},
                    "mod_revision": 12,
-                   "quorum": {"term": 2, "leader": "zone-a#b1", "election": "leader"}}, ...]}
+                   "quorum": {"term": 2, "leader": "zone-a#b1",
+                              "ensemble": ["zone-a#b1", ...], "election": "leader"}}, ...]}
 
 ``quorum`` is present for quorum journals only (broker/quorum_states.py: the term register's
-term and leader as the broker mirrors it; "electing"; or "blocked" with the lost members, as the
-members' coordinators report it; members that did not answer under ``unanswered``). An
+term, leader and ensemble as the broker mirrors it, with ``previous`` while a change is not
+settled; "electing"; or "blocked" with the lost members, as the members' coordinators report
+it; members whose node runs only for the register, their journal not assigned to their broker,
+under ``kept``; members that did not answer under ``unanswered``). An
 all-replicas journal's entry has no such field, and the gateway's Gazette-compatible answers
 (GET, HEAD, PUT of a journal) are unchanged for every journal.
 """
