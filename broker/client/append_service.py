@@ -369,9 +369,22 @@ class AppendService:
         ):
             # The open batch cannot take it (or _open_batch must weigh the spill budget).
             batch = self._open_batch(queue, None, journal, _NO_DEPENDENCIES)
-        batch._buffer.write_released(data)  # An OSError leaves the batch as it was.
+        # `AppendBuffer.write_released`, its in-memory case inlined (a Python call less per
+        # message); anything else (spilled, short of memory) goes through it.
+        buffer = batch._buffer
+        size = len(data)
+        if (
+            not buffer.spilled
+            and not buffer._closed
+            and budget.memory_bytes + size <= budget.memory_bytes_max
+        ):
+            buffer._memory += data
+            budget.memory_bytes += size
+            buffer.size = buffer._mark = buffer.size + size
+        else:
+            buffer.write_released(data)  # An OSError leaves the batch as it was.
         self.stats.releases += 1
-        self._unyielded_bytes += len(data)
+        self._unyielded_bytes += size
         if queue.waiters:
             notify(queue.waiters)
         return batch

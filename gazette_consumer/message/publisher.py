@@ -62,6 +62,7 @@ from gazette_consumer.message.framing import (
     FramingConfigError,
     framing_for_content_type,
 )
+from gazette_consumer.message.json_framing import uuid_slot_setter
 from gazette_consumer.message.mapping import Partition
 from gazette_consumer.message.message import Message
 from gazette_consumer.message.uuid import Flag, ProducerID, new_producer_id
@@ -207,6 +208,9 @@ class Publisher(Generic[A]):
         self._high_bits = 0
         self._message_bytes_max = message_bytes_max
         self._framings: dict[str, Framing] = {}
+        # Message type → its UUID slot's setter (`uuid_slot_setter`), or None to call its
+        # `set_uuid`: one entry per message type published.
+        self._uuid_slots: dict[type, Callable[[Any, UUID], None] | None] = {}
         # What a publish that needed no wait returns: a resolved future of the batch it joined,
         # one per batch (awaiting it is one C call, where a coroutine per message cost a frame).
         self._ready_batch: A | None = None
@@ -438,11 +442,18 @@ class Publisher(Generic[A]):
     def _sequence(self, message: Any, framing: Framing, flags: int) -> bytes:
         """Set the next UUID (of `flags`) on `message`, and return its frame. Call right
         before appending the frame, with no await in between."""
-        set_uuid = getattr(message, "set_uuid", None)
-        if set_uuid is None:
-            raise InvalidMessageError(
-                f"{type(message).__name__} is not a Message: it has no set_uuid"
-            )
+        kind = type(message)
+        set_slot = self._uuid_slots.get(kind)
+        set_uuid = None
+        if set_slot is None:
+            if kind not in self._uuid_slots:
+                set_slot = self._uuid_slots[kind] = uuid_slot_setter(kind)
+            if set_slot is None:
+                set_uuid = getattr(message, "set_uuid", None)
+                if set_uuid is None:
+                    raise InvalidMessageError(
+                        f"{kind.__name__} is not a Message: it has no set_uuid"
+                    )
         # Clock.update and Clock.tick, inlined: this runs for every message.
         clock = self._clock
         value = clock.value
@@ -471,7 +482,10 @@ class Publisher(Generic[A]):
             _set_is_safe(uuid, _SAFE_UNKNOWN)
         else:
             uuid = _make_uuid(bits)
-        set_uuid(uuid)
+        if set_uuid is None:
+            set_slot(message, uuid)  # type: ignore[misc]  # Checked above.
+        else:
+            set_uuid(uuid)
         return framing.marshal(message)
 
     def _framing(self, content_type: str) -> Framing:
