@@ -476,14 +476,15 @@ class Publisher(Generic[A]):
         # Of the UUID's bits, only the time_low field (clock bits 4..35, at bits 96..127) moves
         # from one message to the next: the rest (the clock's bits from 36 up and its low 4,
         # the flags, the producer, version and variant) changes every ~7 minutes, or with the
-        # flags. While it does not, the UUID is the clock shifted into place plus a constant
-        # (`_uuid_offset`: the clock bits above time_low, shifted out with it, subtracted):
-        # three operations on big ints where the fields took nine.
+        # flags. While it does not, the UUID is the clock shifted into place (time_low at bit 96)
+        # plus a constant (`_uuid_offset`: what the shift carried beyond time_low, its bits
+        # above and the 4 below, subtracted): two operations on big ints where the fields
+        # took nine.
         key = value & _UUID_KEY_MASK
         if key != self._uuid_key or flags != self._uuid_flags:
             self._uuid_key, self._uuid_flags = key, flags
-            self._uuid_offset = _uuid_int(self._node, value, flags) - ((value >> 4) << 96)
-        bits = ((value >> 4) << 96) + self._uuid_offset
+            self._uuid_offset = _uuid_int(self._node, value, flags) - (value << 92)
+        bits = (value << 92) + self._uuid_offset
         if _FAST_UUID:
             # `_new_uuid`, inlined (a Python call less per message).
             uuid = _new_object(UUID)
