@@ -12,7 +12,8 @@ publishing `--messages` ~200-byte JSON messages with bench_messages.py's `publis
 once publishing none (the same start-up, the service and publisher built and closed). The
 difference of the two counts over `--messages` is the instructions per message: mapping,
 sequencing, framing, the AppendService, the batches' Append RPCs and the caller's loop,
-start-up cancelled. The broker's CPU per message is the difference of its CPU time (all its
+start-up cancelled (bytecode is cached outside the tree by one run outside valgrind first, so
+that neither counted run compiles modules). The broker's CPU per message is the difference of its CPU time (all its
 threads, in nanoseconds from /proc/<pid>/task/*/schedstat) over the two runs, over
 `--messages`: what it spent receiving, checksumming and spooling them (its idle work during
 the longer run, a few heartbeats, is counted in: the figure is an upper bound). `--tool
