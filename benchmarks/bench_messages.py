@@ -358,7 +358,7 @@ async def publish_committed(
             head[0] = await acknowledged(batches)
             appends.tail_s = time.perf_counter() - published
             appends.count = len(batches)
-            appends.messages_per_append = count / len(batches)
+            appends.messages_per_append = count / max(len(batches), 1)
             return count
 
         rate = await timed(work, profile, other_cpu)

@@ -347,18 +347,44 @@ class AppendService:
         `data` (whole messages) to the journal's open batch and return the batch, if that needs
         no wait; else None, and nothing is written. The one call a publisher makes per message.
         """
-        # `_queue_if_free`, inlined: this runs for every message a publisher appends.
+        # `_queue_if_free` and `AppendBuffer.write_released`, inlined, each field read once:
+        # this runs for every message a publisher appends. Anything but the common case (the
+        # open batch of this journal, in memory, with room) goes to `_append_nowait_other`.
         queue = self._queues.get(journal)
-        budget = self.budget
-        if (
-            queue is None
-            or queue.holder is not None
-            or self._unyielded_bytes >= self._writer_yield_bytes
-            or self._run is not _RUNNING
-            or budget.memory_bytes + budget.spill_bytes >= budget.bytes_max
-        ):
+        if queue is None or queue.holder is not None or self._run is not _RUNNING:
             return None
-        # Never held: nothing can run between taking the batch and releasing it.
+        budget = self.budget
+        memory = budget.memory_bytes
+        unyielded = self._unyielded_bytes
+        if unyielded >= self._writer_yield_bytes or memory + budget.spill_bytes >= budget.bytes_max:
+            return None
+        size = len(data)
+        batches = queue.batches
+        if batches:
+            # Never held: nothing can run between taking the batch and releasing it.
+            batch = batches[-1]
+            buffer = batch._buffer
+            if (
+                batch._state is _OPEN
+                and batch._key == journal
+                and not buffer.spilled
+                and buffer.size < self._batch_bytes_max
+                and memory + size <= budget.memory_bytes_max
+                and not buffer._closed
+            ):
+                buffer._memory += data
+                budget.memory_bytes = memory + size
+                buffer.size = buffer._mark = buffer.size + size
+                self.stats.releases += 1
+                self._unyielded_bytes = unyielded + size
+                if queue.waiters:
+                    notify(queue.waiters)
+                return batch
+        return self._append_nowait_other(queue, journal, data)
+
+    def _append_nowait_other(self, queue: JournalQueue, journal: str, data: bytes) -> AsyncAppend:
+        """`append_nowait` where the open batch cannot take `data` in memory as it is: a new
+        batch (or the spilled one, as `_open_batch` weighs), written through the buffer."""
         batch = queue.batches[-1] if queue.batches else None
         if (
             batch is None

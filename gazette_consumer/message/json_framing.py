@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate, count
 from operator import add as _ADD
 from operator import attrgetter
-from typing import Generic, Self, TypeVar
+from typing import Any, Final, Generic, Self, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -66,6 +66,29 @@ class JSONMessage(msgspec.Struct, kw_only=True):
                 f"{type(self).__name__} has required fields, so it must override "
                 f"new_acknowledgement (needed to acknowledge messages of journal {journal})"
             ) from err
+
+
+# The C setter of JSONMessage's UUID slot (a member descriptor: msgspec fields are slots).
+_UUID_SLOT: Final = JSONMessage.__dict__["uuid"]
+_set_uuid_slot: Final[Callable[[Any, UUID], None]] = _UUID_SLOT.__set__
+
+
+def uuid_slot_setter(kind: type) -> Callable[[Any, UUID], None] | None:
+    """For a JSONMessage type whose `set_uuid` is the base one (it stores the UUID in the
+    ``uuid`` field), the field's slot setter, which does the same without a Python call: a
+    publisher sets one UUID per message. None for any other type (call its `set_uuid`).
+
+    A frozen struct is excluded (its `set_uuid` raises, and the slot would not). msgspec's own
+    attribute setting also starts tracking an untracked struct in the garbage collector when
+    the value may hold references; the slot setter does not, which is safe for a UUID: it
+    holds an int and an enum member, so it closes no reference cycle through the message."""
+    if not (isinstance(kind, type) and issubclass(kind, JSONMessage)):
+        return None
+    if kind.set_uuid is not JSONMessage.set_uuid or kind.__struct_config__.frozen:
+        return None
+    if getattr(kind, "uuid", None) is not _UUID_SLOT:  # A subclass redefining the field.
+        return None
+    return _set_uuid_slot
 
 
 def _uuid_only_decoder(

@@ -62,6 +62,7 @@ from gazette_consumer.message.framing import (
     FramingConfigError,
     framing_for_content_type,
 )
+from gazette_consumer.message.json_framing import uuid_slot_setter
 from gazette_consumer.message.mapping import Partition
 from gazette_consumer.message.message import Message
 from gazette_consumer.message.uuid import Flag, ProducerID, new_producer_id
@@ -130,6 +131,10 @@ def _uuid_int(node: int, clock: int, flags: int) -> int:
         | node
     )
 
+
+# The clock's bits that stay in a UUID's constant part (see `Publisher._sequence`): all but
+# time_low's 4..35.
+_UUID_KEY_MASK: Final = ~(0xFFFF_FFFF << 4)
 
 _SAFE_UNKNOWN: Final = uuid_module.SafeUUID.unknown
 _new_object: Final = object.__new__
@@ -205,8 +210,15 @@ class Publisher(Generic[A]):
         self._node = int.from_bytes(self._producer, "big")
         self._high_clock = -1  # Clock bits above the low 36 that `_high_bits` was built for.
         self._high_bits = 0
+        # `_sequence`'s UUID constant, for the clock bits outside time_low and the flags.
+        self._uuid_key = -1
+        self._uuid_flags = -1
+        self._uuid_offset = 0
         self._message_bytes_max = message_bytes_max
         self._framings: dict[str, Framing] = {}
+        # Message type → its UUID slot's setter (`uuid_slot_setter`), or None to call its
+        # `set_uuid`: one entry per message type published.
+        self._uuid_slots: dict[type, Callable[[Any, UUID], None] | None] = {}
         # What a publish that needed no wait returns: a resolved future of the batch it joined,
         # one per batch (awaiting it is one C call, where a coroutine per message cost a frame).
         self._ready_batch: A | None = None
@@ -438,11 +450,18 @@ class Publisher(Generic[A]):
     def _sequence(self, message: Any, framing: Framing, flags: int) -> bytes:
         """Set the next UUID (of `flags`) on `message`, and return its frame. Call right
         before appending the frame, with no await in between."""
-        set_uuid = getattr(message, "set_uuid", None)
-        if set_uuid is None:
-            raise InvalidMessageError(
-                f"{type(message).__name__} is not a Message: it has no set_uuid"
-            )
+        kind = type(message)
+        set_slot = self._uuid_slots.get(kind)
+        set_uuid = None
+        if set_slot is None:
+            if kind not in self._uuid_slots:
+                set_slot = self._uuid_slots[kind] = uuid_slot_setter(kind)
+            if set_slot is None:
+                set_uuid = getattr(message, "set_uuid", None)
+                if set_uuid is None:
+                    raise InvalidMessageError(
+                        f"{kind.__name__} is not a Message: it has no set_uuid"
+                    )
         # Clock.update and Clock.tick, inlined: this runs for every message.
         clock = self._clock
         value = clock.value
@@ -454,16 +473,18 @@ class Publisher(Generic[A]):
         if value > CLOCK_MAX:  # Nothing changed: the clock is not moved.
             raise ClockError(f"clock: {clock.value} cannot tick past the uint64 range")
         clock.value = value
-        if value >> 36 != self._high_clock:
-            # The UUID bits above the clock's low 36 change every ~7 minutes: rebuild them
-            # (with the producer and the version and variant bits) only then.
-            self._high_clock = value >> 36
-            self._high_bits = _uuid_int(self._node, value & ~0xF_FFFF_FFFF, 0)
-        bits = (
-            self._high_bits
-            | ((value >> 4) & 0xFFFF_FFFF) << 96
-            | (((value & 0xF) << 10) | flags) << 48
-        )
+        # Of the UUID's bits, only the time_low field (clock bits 4..35, at bits 96..127) moves
+        # from one message to the next: the rest (the clock's bits from 36 up and its low 4,
+        # the flags, the producer, version and variant) changes every ~7 minutes, or with the
+        # flags. While it does not, the UUID is the clock shifted into place (time_low at bit 96)
+        # plus a constant (`_uuid_offset`: what the shift carried beyond time_low, its bits
+        # above and the 4 below, subtracted): two operations on big ints where the fields
+        # took nine.
+        key = value & _UUID_KEY_MASK
+        if key != self._uuid_key or flags != self._uuid_flags:
+            self._uuid_key, self._uuid_flags = key, flags
+            self._uuid_offset = _uuid_int(self._node, value, flags) - (value << 92)
+        bits = (value << 92) + self._uuid_offset
         if _FAST_UUID:
             # `_new_uuid`, inlined (a Python call less per message).
             uuid = _new_object(UUID)
@@ -471,7 +492,10 @@ class Publisher(Generic[A]):
             _set_is_safe(uuid, _SAFE_UNKNOWN)
         else:
             uuid = _make_uuid(bits)
-        set_uuid(uuid)
+        if set_uuid is None:
+            set_slot(message, uuid)  # type: ignore[misc]  # Checked above.
+        else:
+            set_uuid(uuid)
         return framing.marshal(message)
 
     def _framing(self, content_type: str) -> Framing:

@@ -87,6 +87,29 @@ async def test_append_nowait_declines_when_full_or_closed(
     assert service.append_nowait(J, b"x\n") is None  # Closed.
 
 
+async def test_append_nowait_spills_within_the_open_batch_once_memory_is_short(
+    env: tuple[Cluster, JournalClient], tmp_path: Path
+) -> None:
+    # The in-memory write is append_nowait's own; a write memory cannot take goes to the
+    # batch's spill file, in order after what is in memory, and the batch stays one RPC.
+    cluster, client = env
+    service = AppendService(client, memory_bytes_max=10, spill_bytes_max=100, spill_dir=tmp_path)
+    async with service:
+        first = await service.start_append(J)
+        first.write(b"one\n")
+        first.release()
+        assert service.append_nowait(J, b"two\n") is first  # 8 bytes: still in memory.
+        assert not first._buffer.spilled and service.budget.memory_bytes == 8
+        assert service.append_nowait(J, b"three\n") is first  # 14 > 10: spilled.
+        assert first._buffer.spilled and service.budget.spill_bytes == 6
+        assert service.append_nowait(J, b"four\n") is first  # Spilled stays spilled.
+        assert (service.budget.memory_bytes, service.budget.spill_bytes) == (8, 11)
+        response = await first
+        assert (response.commit.begin, response.commit.end) == (0, 19)
+        assert service.stats.batches == 1 and service.stats.releases == 4
+    assert content_from_start(cluster, J) == b"one\ntwo\nthree\nfour\n"
+
+
 def test_write_released_marks_the_bytes_released_in_memory_and_spilled(tmp_path: Path) -> None:
     budget = BufferBudget(memory_bytes_max=6, spill_bytes_max=100, spill_dir=tmp_path)
     buffer = budget.new_buffer()

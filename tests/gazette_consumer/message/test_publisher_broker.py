@@ -17,6 +17,7 @@ from gazette_consumer.message import (
     Flag,
     JSONFraming,
     JSONMessage,
+    MessageEncodeError,
     MessageTooLargeError,
     UnknownContentTypeError,
     decode_envelope,
@@ -157,6 +158,33 @@ async def test_an_oversized_message_is_refused_and_nothing_is_appended(env: Env)
     assert env.service.stats.committed_bytes == len(JSONFraming().marshal(fits))
     # Refused before the journal's batch was even taken: no abort was needed.
     assert (env.service.stats.aborts, env.service.stats.releases) == (0, 1)
+
+
+class Loose(JSONMessage):
+    anything: object = None
+
+
+async def test_a_message_exactly_at_the_bound_is_published_and_one_past_is_refused(
+    env: Env,
+) -> None:
+    # The bound is on the document, the newline aside.
+    framing = JSONFraming()
+    size = len(framing.marshal(Event(key=""))) - 1  # The document of an empty key.
+    publisher = Publisher(env.service, message_bytes_max=size + 10)
+    at_bound = Event(key="k" * 10)
+    await (await publisher.publish_committed(to(JOURNALS[0]), at_bound))
+    with pytest.raises(MessageTooLargeError, match=f"message_bytes_max {size + 10}"):
+        publisher.publish_committed(to(JOURNALS[0]), Event(key="k" * 11))
+    assert [e.message for e in env.envelopes(JOURNALS[0])] == [at_bound]
+
+
+async def test_a_message_json_cannot_encode_is_refused_with_a_typed_error(env: Env) -> None:
+    publisher = Publisher(env.service)
+    with pytest.raises(MessageEncodeError, match="Loose message is not JSON-encodable"):
+        publisher.publish_committed(to(JOURNALS[0]), Loose(anything=object()))
+    fine = Loose(anything=[1, "two"])
+    await (await publisher.publish_committed(to(JOURNALS[0]), fine))
+    assert env.service.stats.releases == 1
 
 
 async def test_bad_messages_and_mappings_are_refused_before_appending(env: Env) -> None:

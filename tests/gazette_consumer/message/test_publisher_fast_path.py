@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Collection
 from typing import Any
+from uuid import UUID
 
 import msgspec
 import pytest
@@ -213,3 +214,50 @@ async def test_the_fast_path_frames_messages_byte_for_byte_as_before(
     await publisher.write_ack_intents(publisher.build_ack_intents())
     await service.flush()
     assert content(cluster, FAST) == GOLDEN
+
+
+class OwnSetter(JSONMessage):
+    """Overrides set_uuid: the publisher must call it, not set the field's slot itself."""
+
+    n: int = 0
+    set_calls: int = 0
+
+    def set_uuid(self, uuid: UUID) -> None:
+        self.set_calls += 1
+        self.uuid = uuid
+
+
+class Frozen(JSONMessage, frozen=True):
+    n: int = 0
+
+
+async def test_the_uuid_reaches_the_message_and_the_journal_by_either_setter(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    # Event keeps JSONMessage's set_uuid (its slot is set directly); OwnSetter does not.
+    cluster, service = env
+    publisher = Publisher(service)
+    published = [Event(n=0), OwnSetter(n=1), Event(n=2), OwnSetter(n=3)]
+    for message in published:
+        await (await publisher.publish_committed(to(FAST), message))
+    # Called at least once (twice where the fast path declined and the message was sequenced
+    # again on the general path).
+    assert all(m.set_calls >= 1 for m in published if isinstance(m, OwnSetter))
+    lines = content(cluster, FAST).splitlines()
+    written = [msgspec.json.decode(line, type=Event) for line in lines]
+    assert [w.uuid for w in written] == [m.get_uuid() for m in published]
+    assert len({w.uuid for w in written}) == len(published)
+
+
+async def test_a_frozen_message_is_refused_as_its_set_uuid_refuses(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    # Its set_uuid raises (a frozen struct): the publisher must not set the slot around it.
+    cluster, service = env
+    publisher = Publisher(service)
+    frozen = Frozen(n=1)
+    with pytest.raises(AttributeError):
+        publisher.publish_committed(to(FAST), frozen)
+    assert frozen.get_uuid() is None
+    await service.flush()
+    assert content(cluster, FAST) == b""
