@@ -66,6 +66,12 @@ stored_poll_interval_s = 1.0
 # The wait before trying again after a failure: doubling from the first, up to the max.
 apply_retry_backoff_initial_s = 0.05
 apply_retry_backoff_s_max = 5.0
+# While committed content waits for this broker's replica (a node that runs before its journal
+# is assigned here: one the term register names, started as its broker starts), how often the
+# applier looks for the replica again. A commit wakes it too, but none may come: without this,
+# what was committed before the assignment stayed unapplied, and Reads here failed waiting for
+# it (read_barrier.py), until the next commit.
+replica_wait_poll_s = 0.1
 
 
 def apply_retry_delay_s(failures: int) -> float:
@@ -111,6 +117,7 @@ class CommitApplier:
         self.error: Exception | None = None
         self.stored_error: Exception | None = None
         self.changed = asyncio.Event()  # set after each try, applied or failed (observers, tests)
+        self._awaits_replica = False  # see replica_wait_poll_s
 
     async def report_stored(self) -> None:
         """Tell the core how far the store holds the journal (see the module docstring)."""
@@ -145,7 +152,14 @@ class CommitApplier:
     async def run(self) -> None:
         node, failures = self._node, 0
         while True:
-            await node.commit_changed.wait()
+            if self._awaits_replica:
+                try:  # a commit, or the replica appearing (polled)
+                    async with asyncio.timeout(replica_wait_poll_s):
+                        await node.commit_changed.wait()
+                except TimeoutError:
+                    pass
+            else:
+                await node.commit_changed.wait()
             node.commit_changed.clear()
             try:
                 await self._apply_committed()
@@ -171,6 +185,9 @@ class CommitApplier:
         """Apply what is committed beyond `applied`, if this broker has the replica."""
         node = self._node
         replica = self._replica_of(node.journal)
+        # Committed content beyond what is applied, and no replica here yet: run() looks again
+        # (replica_wait_poll_s).
+        self._awaits_replica = replica is None and node.commit_offset > self.applied
         if replica is None or node.commit_offset <= self.applied:
             return
         spool = await replica.spool_slot.take(asyncio.Event())

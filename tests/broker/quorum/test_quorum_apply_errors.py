@@ -211,3 +211,51 @@ async def test_content_a_failed_try_left_uncommitted_is_not_committed_with_the_n
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class LateReplica:
+    """`replica_of` of a broker whose journal is assigned only later: None until `assign()`
+    (a node the term register names starts as its broker starts, before the allocator's
+    assignment gives it a replica)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.assigned = False
+        self.asked = asyncio.Event()  # set on each lookup
+
+    def __call__(self, journal: str) -> Replica | None:
+        assert journal == J
+        self.asked.set()
+        return self.replica if self.assigned else None
+
+
+async def test_content_committed_before_the_replica_exists_is_applied_once_it_does(
+    quorum_nodes: Cluster,
+) -> None:
+    """No commit after the assignment: the applier still applies what was committed before it
+    (before the fix it waited for the next commit, and Reads here failed meanwhile)."""
+    for name in NAMES:
+        await quorum_nodes.start(name)
+    _, end = await quorum_nodes.append(b"before the assignment;")
+    leader = quorum_nodes.leader()
+    assert leader is not None and leader.commit_offset >= end
+
+    replica = _memory_replica()
+    late = LateReplica(replica)
+    applier = CommitApplier(leader, late, lambda _: None, time.time)
+    task = asyncio.create_task(applier.run())
+    try:
+        leader.commit_changed.set()
+        async with asyncio.timeout(wait_s):  # it looked for the replica, and found none
+            await late.asked.wait()
+        assert applier.applied == 0
+        late.assigned = True  # and no commit follows
+        async with asyncio.timeout(wait_s):
+            while applier.applied < end:
+                applier.changed.clear()
+                await applier.changed.wait()
+        assert applier.error is None
+        assert await _read(replica, end) == b"before the assignment;"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
