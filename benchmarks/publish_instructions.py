@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -34,11 +33,10 @@ from pathlib import Path
 
 from bench_kit import assign_journals, gazette_serve
 from bench_messages import MESSAGE_POOL, bench_journals, make_messages, publish_committed
+from valgrind_count import instructions
 
 from broker import client
 from broker import logging as gazette_logging
-
-_TOTAL = re.compile(r"^(?:==\d+== )?(?:I\s+refs|Collected)\s*:\s*([\d,]+)", re.MULTILINE)
 
 
 async def publish(endpoint: str, count: int) -> None:
@@ -59,26 +57,6 @@ def broker_cpu_ns(pid: int) -> int:
         except FileNotFoundError:  # A thread that ended since the listing.
             continue
     return total
-
-
-def instructions(tool: str, out: Path, args: list[str], env: dict[str, str]) -> int:
-    """Run this script with `args` under valgrind's `tool`: the instructions it executed."""
-    cmd = [
-        "valgrind",
-        f"--tool={tool}",
-        f"--{tool}-out-file={out}",
-        *(["--cache-sim=no"] if tool == "cachegrind" else []),
-        sys.executable,
-        __file__,
-        *args,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
-    found = _TOTAL.search(done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count in valgrind's output:\n{done.stderr[-4000:]}")
-    return int(found.group(1).replace(",", ""))
 
 
 async def main() -> None:
@@ -123,6 +101,7 @@ async def main() -> None:
                         instructions,
                         args.tool,
                         out / f"{args.tool}.out.{count}",
+                        __file__,
                         ["--publish", serve.endpoint, str(count)],
                         env,
                     )

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -37,12 +34,11 @@ from bench_messages import (
     publish_committed,
     publish_transactions,
 )
+from valgrind_count import instructions
 
 from broker import client
 from broker import logging as gazette_logging
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
-
-_TOTAL = re.compile(r"^(?:==\d+== )?(?:I\s+refs|Collected)\s*:\s*([\d,]+)", re.MULTILINE)
 
 
 async def read(endpoint: str, journal: str, count: int) -> None:
@@ -62,26 +58,6 @@ async def read(endpoint: str, journal: str, count: int) -> None:
     finally:
         await it.close()
         await c.channels.close()
-
-
-def instructions(tool: str, out: Path, args: list[str]) -> int:
-    """Run this script with `args` under valgrind's `tool`: the instructions it executed."""
-    cmd = [
-        "valgrind",
-        f"--tool={tool}",
-        f"--{tool}-out-file={out}",
-        *(["--cache-sim=no"] if tool == "cachegrind" else []),
-        sys.executable,
-        __file__,
-        *args,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
-    found = _TOTAL.search(done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count in valgrind's output:\n{done.stderr[-4000:]}")
-    return int(found.group(1).replace(",", ""))
 
 
 async def main() -> None:
@@ -116,6 +92,7 @@ async def main() -> None:
                         instructions,
                         args.tool,
                         out / f"{args.tool}.out.{count}",
+                        __file__,
                         ["--read", serve.endpoint, journal, str(count)],
                     )
                 )

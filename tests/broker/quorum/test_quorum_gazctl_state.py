@@ -19,19 +19,19 @@ import yaml
 from broker_testkit import Cluster, journal_spec
 
 from broker.cli import gazctl
-from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.labels import label_set
 from broker.quorum_shell.status import STATUS_METHOD
 from broker.server import Broker
+from tests.broker.quorum.quorum_brokers_testkit import (
+    broker_name,
+    create_quorum_journal,
+    start_broker,
+    start_brokers,
+)
 
 wait_s = 20.0
 J = "state/quorum"
 PLAIN = "state/plain"
-
-
-def _name(broker: Broker) -> str:
-    return f"{broker.config.zone}#{broker.config.suffix}"
 
 
 async def _gazctl(broker: Broker, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -74,20 +74,13 @@ async def _until_listed(
 async def test_gazctl_shows_term_leader_and_a_blocked_election(
     cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def start(i: int) -> asyncio.Future[Broker]:
-        return asyncio.ensure_future(
-            cluster.start_broker(f"zone-{i}", f"broker-{i}", data_dir=str(tmp_path / f"b{i}"))
-        )
-
-    brokers = [await start(i) for i in range(3)]
-    spec = journal_spec(J, replication=3)
-    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-    await cluster.create(spec, brokers)
+    brokers = await start_brokers(cluster, tmp_path, 3)
+    await create_quorum_journal(cluster, J, brokers)
     await cluster.create(journal_spec(PLAIN, replication=1), brokers[:1])
 
     listed = await _until_listed(brokers[0], capsys, "leader")
     state = listed[J]["quorum"]
-    leader = next(b for b in brokers if _name(b) == state["leader"])
+    leader = next(b for b in brokers if broker_name(b) == state["leader"])
     assert state["term"] >= 1
     assert listed[J]["route"].count("*") == 1
     assert "quorum" not in listed[PLAIN]
@@ -107,13 +100,15 @@ async def test_gazctl_shows_term_leader_and_a_blocked_election(
     for b in lost:
         await cluster.stop_broker(b)
         shutil.rmtree(tmp_path / f"b{brokers.index(b)}")
-    restarted = {brokers.index(b): await start(brokers.index(b)) for b in lost}
+    restarted = {
+        brokers.index(b): await start_broker(cluster, tmp_path, brokers.index(b)) for b in lost
+    }
     route = [restarted.get(i, survivor) for i in range(3)]
     await cluster.assign(J, route)
 
     listed = await _until_listed(survivor, capsys, "blocked")
     state = listed[J]["quorum"]
-    names = sorted(_name(b) for b in lost)
+    names = sorted(broker_name(b) for b in lost)
     assert state["leader"] == ""
     assert state["blocked"]["lost"] == names and state["blocked"]["voters_needed"] == 2
     assert state["lost"] == names
@@ -130,17 +125,10 @@ async def test_gazctl_shows_a_kept_member_outside_the_route(
     too (its endpoint from the listing broker's mirror of its BrokerSpec) and listed as kept,
     with the register's ensemble."""
 
-    def start(i: int) -> asyncio.Future[Broker]:
-        return asyncio.ensure_future(
-            cluster.start_broker(f"zone-{i}", f"broker-{i}", data_dir=str(tmp_path / f"b{i}"))
-        )
-
-    brokers = [await start(i) for i in range(3)]
-    spec = journal_spec(J, replication=3)
-    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-    await cluster.create(spec, brokers)
+    brokers = await start_brokers(cluster, tmp_path, 3)
+    await create_quorum_journal(cluster, J, brokers)
     state = (await _until_listed(brokers[0], capsys, "leader"))[J]["quorum"]
-    x = next(b for b in brokers if _name(b) != state["leader"])
+    x = next(b for b in brokers if broker_name(b) != state["leader"])
     # X's replica taken away, no successor yet: the register still names X, whose node stays.
     await cluster.assign(J, [b for b in brokers if b is not x])
     async with asyncio.timeout(wait_s):
@@ -149,12 +137,12 @@ async def test_gazctl_shows_a_kept_member_outside_the_route(
     via = next(b for b in brokers if b is not x)
     listed = await _listed(via, capsys)
     state = listed[J]["quorum"]
-    assert _name(x) not in listed[J]["route"]
-    assert state["ensemble"] == sorted(_name(b) for b in brokers)
-    assert state["kept"] == [_name(x)]
+    assert broker_name(x) not in listed[J]["route"]
+    assert state["ensemble"] == sorted(broker_name(b) for b in brokers)
+    assert state["kept"] == [broker_name(x)]
     assert "unanswered" not in state
     row = next(r for r in (await _gazctl(via, capsys)).splitlines() if r.startswith(J))
-    assert row.endswith(f"kept {_name(x)}"), row
+    assert row.endswith(f"kept {broker_name(x)}"), row
     as_json = json.loads(await _gazctl(via, capsys, "--format", "json"))
     assert next(d for d in as_json if d["name"] == J)["quorum"] == state
 

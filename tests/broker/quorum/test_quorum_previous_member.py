@@ -23,32 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from broker_testkit import Cluster, journal_spec
+from broker_testkit import Cluster
 
 from broker import metrics
 from broker.client.route_cache import JournalClient
 from broker.keyspace.backend import prefix_end
 from broker.keyspace.etcd import EtcdBackend
-from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.labels import label_set
 from broker.quorum.register import TermRecord
 from broker.quorum.rules import CORRECT_RULES
 from broker.quorum_shell.log_file import log_path
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
 from broker.quorum_shell.status import decode_response, encode_response, journal_status
-from broker.quorum_shell.term_record import QuorumTerm
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.server import Broker
 from broker.testing.append_ledger import AppendLedger
 from broker.testing.etcd_server import EtcdServer
-from broker.topology import DEFAULT_ROOT, assignment_key, format_id, lookup_item, quorum_term_key
+from broker.topology import DEFAULT_ROOT, assignment_key, format_id, lookup_item
+from tests.broker.quorum.quorum_brokers_testkit import (
+    broker_name,
+    create_quorum_journal,
+    start_broker,
+    start_brokers,
+    term_record,
+    until,
+)
 
 
 class EtcdStore:
@@ -113,27 +118,6 @@ append_backoff_initial_s = 0.02
 append_backoff_max_s = 0.2
 
 
-def _name(b: Broker) -> str:
-    return f"{b.config.zone}#{b.config.suffix}"
-
-
-def _record(b: Broker) -> TermRecord | None:
-    entry = b.ks.get(quorum_term_key(ROOT, J))
-    term = entry.decoded if entry is not None else None
-    return term.record if isinstance(term, QuorumTerm) else None
-
-
-async def _until(what: str, condition: Callable[[], bool]) -> None:
-    """Wait (bounded) for a condition of brokers' nodes and mirrors, which offer no single
-    event to await: checked every 20 ms."""
-    try:
-        async with asyncio.timeout(wait_s):
-            while not condition():  # noqa: ASYNC110 -- no event spans every broker's nodes.
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {wait_s} s: {what}") from None
-
-
 async def _watch_register(
     b: Broker,
     seen: list[tuple[tuple[str, ...], tuple[str, ...]]],
@@ -142,7 +126,7 @@ async def _watch_register(
     """Append each (ensemble, previous) the term register takes, in order, as `b` mirrors it
     (every revision: a register write is one), and each record naming a leader."""
     while True:
-        record = _record(b)
+        record = term_record(b, J)
         if record is not None and (not seen or seen[-1] != (record.ensemble, record.previous)):
             seen.append((record.ensemble, record.previous))
         if record is not None and record.leader and (not records or records[-1] != record):
@@ -181,31 +165,24 @@ class Appends(AppendLedger):
 async def test_a_removed_member_keeps_its_node_for_the_way_back(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    def start(i: int) -> asyncio.Future[Broker]:
-        return asyncio.ensure_future(
-            cluster.start_broker(f"zone-{i}", f"broker-{i}", data_dir=str(tmp_path / f"b{i}"))
-        )
-
-    brokers = [await start(i) for i in range(4)]
+    brokers = await start_brokers(cluster, tmp_path, 4)
     spare = brokers[3]
-    spec = journal_spec(J, replication=3)
-    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-    await cluster.create(spec, brokers[:3])
+    await create_quorum_journal(cluster, J, brokers[:3])
     appends = Appends(J)
     for b in brokers[:3]:
         await appends.one(b, "before")
-    await _until(
+    await until(
         "the register settled with a leader",
-        lambda: (r := _record(spare)) is not None and bool(r.leader) and r.settled,
+        lambda: (r := term_record(spare, J)) is not None and bool(r.leader) and r.settled,
     )
-    settled = _record(spare)
+    settled = term_record(spare, J)
     assert settled is not None
-    index = {_name(b): i for i, b in enumerate(brokers)}
+    index = {broker_name(b): i for i, b in enumerate(brokers)}
     # X is removed, Y loses its disk, L claimed the change. X has the first name: with a log
     # as long as L's it wins the way back's election (ties go to the first name), so the
     # leader is then usually a broker the journal is not assigned to, which appends must
     # still reach and which must move the ensemble on itself.
-    x, leader, y = (_name(b) for b in brokers[:3])
+    x, leader, y = (broker_name(b) for b in brokers[:3])
     item = lookup_item(spare.ks, ROOT, J)
     assert item is not None
     revision = item.kv.create_revision
@@ -214,7 +191,7 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
     # remove-first step (X silent, its replica moved to the spare).
     for name in (leader, x, y):
         await cluster.stop_broker(brokers[index[name]])
-    wanted = tuple(sorted((leader, y, _name(spare))))
+    wanted = tuple(sorted((leader, y, broker_name(spare))))
     ensemble, previous = CORRECT_RULES.next_ensemble(settled, wanted, frozenset({x}))
     assert (ensemble, previous) == (tuple(sorted((leader, y))), settled.ensemble)
     register = KeyspaceTermRegister(cluster.admin, ROOT, J, settled.ensemble, revision)
@@ -224,7 +201,7 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
     # ... and Y lost its disk.
     shutil.rmtree(tmp_path / f"b{index[y]}")
     for name in (leader, x, y):
-        brokers[index[name]] = await start(index[name])
+        brokers[index[name]] = await start_broker(cluster, tmp_path, index[name])
     b_leader, b_x, b_y = (brokers[index[n]] for n in (leader, x, y))
     seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
     leaders: list[TermRecord] = []
@@ -235,15 +212,15 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
 
         # {L,Y} cannot elect (Y is back from a lost disk: no vote until caught up): the next
         # claim goes back to {L,X,Y}, which needs X's node.
-        await _until(
+        await until(
             "the register went back to the ensemble the change left",
             lambda: (
-                (r := _record(spare)) is not None
+                (r := term_record(spare, J)) is not None
                 and r.ensemble == settled.ensemble
                 and r.previous == ensemble
             ),
         )
-        await _until(
+        await until(
             f"{x}'s broker runs a node of {J}, though not assigned", lambda: J in b_x.quorum.nodes
         )
         node_x = b_x.quorum.nodes[J]
@@ -258,7 +235,7 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
         # again, after every byte acknowledged before (X may lead: not in the assigned route,
         # it is added to the route the members tell, so appends reach it).
         for b in (b_leader, b_y, spare):
-            await appends.one(b, f"after-the-way-back-via-{_name(b)}")
+            await appends.one(b, f"after-the-way-back-via-{broker_name(b)}")
         way_back_leader = next(
             (r.leader for r in leaders if r.ensemble == settled.ensemble and r.leader), ""
         )
@@ -270,10 +247,10 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
         # The move then completes (the spare in, X out: X is live, so the spare is added first),
         # X's node stops once the register no longer names X, and X's member files stay (an
         # operator removes them).
-        moved = tuple(sorted((leader, y, _name(spare))))
-        await _until(
+        moved = tuple(sorted((leader, y, broker_name(spare))))
+        await until(
             "the register settled on the moved ensemble",
-            lambda: (r := _record(spare)) is not None and r.ensemble == moved and r.settled,
+            lambda: (r := term_record(spare, J)) is not None and r.ensemble == moved and r.settled,
         )
     finally:
         watcher.cancel()
@@ -282,10 +259,10 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
     # ensemble beside two that must meet.
     went_back = (settled.ensemble, ensemble)
     assert seen[0] == (ensemble, previous) and went_back in seen, seen
-    assert all(set(e) <= {*settled.ensemble, _name(spare)} for e, _ in seen), seen
+    assert all(set(e) <= {*settled.ensemble, broker_name(spare)} for e, _ in seen), seen
     assert all(len(set(e) ^ set(p)) == 1 for e, p in seen if p), seen
     # Its series go once the node has stopped (after it left `nodes`).
-    await _until(
+    await until(
         f"{x}'s node stopped",
         lambda: (
             J not in b_x.quorum.nodes
@@ -301,5 +278,5 @@ async def test_a_removed_member_keeps_its_node_for_the_way_back(
         def knows_commit(n: QuorumNode = node) -> bool:
             return n.commit_offset >= appends.end
 
-        await _until(f"{_name(b)} knows the commit", knows_commit)
-        appends.check(node.read_committed(0), _name(b))
+        await until(f"{broker_name(b)} knows the commit", knows_commit)
+        appends.check(node.read_committed(0), broker_name(b))
