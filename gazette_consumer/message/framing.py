@@ -54,8 +54,8 @@ class Frame(NamedTuple):
 class FrameRun(NamedTuple):
     """Consecutive frames of one journal, found in one pass (`Unpacker.feed_run`).
 
-    ``payloads[i]`` is the message encoding of frame i (without the framing's header or
-    delimiter), and the frame spans ``[offsets[i], offsets[i + 1])``. ``source`` holds the frames'
+    ``payloads[i]`` is the message encoding of frame i (without the framing's header, and without
+    its delimiter unless the run was asked for `delimited`), and the frame spans ``[offsets[i], offsets[i + 1])``. ``source`` holds the frames'
     bytes from offset ``offsets[0]`` on, to rebuild them as `Frame` values (`frames`).
     """
 
@@ -206,13 +206,14 @@ class Unpacker(ABC):
             self._buf_begin += consumed
         return events
 
-    def feed_run(self, chunk: bytes, offset: int) -> FrameRun | None:
+    def feed_run(self, chunk: bytes, offset: int, *, delimited: bool = False) -> FrameRun | None:
         """The fast path of `feed`, for framings that can split a chunk in one pass.
 
         If `chunk` (at `offset`) continues the input and completes only well-formed frames (no
         error to report), consume it exactly as `feed` would and return its frames as a
         `FrameRun`. Otherwise change nothing and return None: the caller calls `feed`. The base
-        class always returns None.
+        class always returns None. With `delimited`, a framing whose frames end in a delimiter
+        may leave it on each payload (for a decoder that takes it: it may be cheaper to split).
         """
         return None
 

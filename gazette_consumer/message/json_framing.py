@@ -9,6 +9,7 @@ it is several times faster than the stdlib ``json`` here, and this is the hot pa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from io import BytesIO
 from itertools import accumulate, count
 from operator import add as _ADD
 from operator import attrgetter
@@ -125,6 +126,10 @@ class JSONDecoder(Generic[T]):
     is None.
     """
 
+    payloads_delimited: Final = True
+    """`decode_payloads` takes lines with their newline (`JSONUnpacker.feed_run`'s
+    `delimited`): JSON whitespace, so they decode as without it."""
+
     def __init__(self, message_type: type[T]) -> None:
         self._decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(message_type)
         self.uuid_of: UUIDOf = message_uuid
@@ -198,8 +203,12 @@ class JSONUnpacker(Unpacker):
         self._search_from = len(buf) - pos
         return pos
 
-    def feed_run(self, chunk: bytes, offset: int) -> FrameRun | None:
-        """`feed`, in one pass of C loops, when `chunk` completes only lines within bounds."""
+    def feed_run(self, chunk: bytes, offset: int, *, delimited: bool = False) -> FrameRun | None:
+        """`feed`, in one pass of C loops, when `chunk` completes only lines within bounds.
+
+        `delimited` leaves each payload its newline (JSON whitespace, which msgspec skips):
+        those lines are split by `BytesIO.readlines`, which finds newlines with `memchr`, where
+        `bytes.split` tests byte by byte (~360 instructions a ~200-byte line against ~1,250)."""
         buf = self._buf
         if offset != self._buf_begin + len(buf) or self._skip_begin is not None:
             return None
@@ -209,20 +218,33 @@ class JSONUnpacker(Unpacker):
             return None
         # What is buffered holds no newline (it was searched), so joining loses no frame.
         source = bytes(buf) + chunk if buf else bytes(chunk)
-        payloads = source.split(_NEWLINE)
-        rest = payloads.pop()
+        if delimited:
+            payloads = BytesIO(source).readlines()
+            # The line after the last newline, if any (it has none): rfind found a newline.
+            rest = b"" if payloads[-1].endswith(_NEWLINE) else payloads.pop()
+            newline = 1
+        else:
+            payloads = source.split(_NEWLINE)
+            rest = payloads.pop()
+            newline = 0
         if not payloads:
             return None  # No newline yet: `feed` buffers the chunk.
         bytes_max = self.message_bytes_max
         # No line is longer than all of them (a piece is far below any sensible bound): only a
         # longer source is looked into, line by line.
         if len(source) > bytes_max and (
-            len(rest) > bytes_max or max(map(len, payloads)) > bytes_max
+            len(rest) > bytes_max or max(map(len, payloads)) - newline > bytes_max
         ):
             return None  # `feed` reports (and skips) the over-long line.
-        # Frame i spans its payload and newline: offsets are the running sum of the payloads'
-        # lengths, plus i newlines (`operator.add` is one C call; `(1).__add__` took two).
-        offsets = list(map(_ADD, accumulate(map(len, payloads), initial=self._buf_begin), count()))
+        if delimited:
+            offsets = list(accumulate(map(len, payloads), initial=self._buf_begin))
+        else:
+            # Frame i spans its payload and newline: offsets are the running sum of the
+            # payloads' lengths, plus i newlines (`operator.add` is one C call; `(1).__add__`
+            # took two).
+            offsets = list(
+                map(_ADD, accumulate(map(len, payloads), initial=self._buf_begin), count())
+            )
         self._buf = bytearray(rest)
         self._buf_begin = offsets[-1]
         self._search_from = len(rest)

@@ -238,12 +238,13 @@ class EnvelopeBuilder:
                         self.lead_run = len(out)
                     append(new(journal, begin, end, message, None, ZERO_PRODUCER_ID, 0, 0))
                     continue
-                parts = cache.get(value & low_96)
-                if parts is None:
+                try:  # A subscript is a specialised instruction; `cache.get` is a call.
+                    producer, clock, flags = cache[value & low_96]
+                except KeyError:
                     parts = self._learn(value)
                     if parts is None:
                         return None
-                producer, clock, flags = parts
+                    producer, clock, flags = parts
                 clock += value >> 92  # See `_learn`.
                 if lead:
                     if producer is run_producer and clock > prev and flags == outside:

@@ -109,6 +109,8 @@ class ChunkDecoder:
         self._decode_payloads: Callable[[list[bytes]], list[Any]] | None = getattr(
             decoder, "decode_payloads", None
         )
+        # The decoder takes payloads with their delimiter (cheaper to split, see `feed_run`).
+        self._delimited: bool = getattr(decoder, "payloads_delimited", False)
         self._builder = EnvelopeBuilder(getattr(decoder, "uuid_of", message_uuid))
         # Decodes payloads' UUIDs only, if the decoder can (see `feed_continuing`).
         self._decode_uuids: Callable[[list[bytes]], Iterable[Any]] | None = (
@@ -137,7 +139,7 @@ class ChunkDecoder:
             )
         self.lead_run = None
         if self._decode_payloads is not None:
-            run = self._unpacker.feed_run(content, offset)
+            run = self._unpacker.feed_run(content, offset, delimited=self._delimited)
             if run is not None:
                 return self._decode_run(run)
         return self._decode(self._unpacker.feed(content, offset))
@@ -177,7 +179,7 @@ class ChunkDecoder:
         decode_uuids = self._decode_uuids
         run = None
         if decode_uuids is not None and offset == self._unpacker.offset:
-            run = self._unpacker.feed_run(content, offset)
+            run = self._unpacker.feed_run(content, offset, delimited=self._delimited)
         if run is None:
             return 0, offset, after_clock, offset, self.feed(content, offset), None
         assert decode_uuids is not None  # Else no run was taken.

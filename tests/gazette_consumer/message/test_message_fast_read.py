@@ -143,9 +143,9 @@ def frames_of(events: list[UnpackEvent]) -> list[Any]:
     ]
 
 
-@given(lines, st.booleans(), st.lists(st.integers(min_value=0), max_size=12))
+@given(lines, st.booleans(), st.lists(st.integers(min_value=0), max_size=12), st.booleans())
 def test_feed_run_frames_exactly_as_feed_does(
-    content: list[bytes], unterminated: bool, cuts: list[int]
+    content: list[bytes], unterminated: bool, cuts: list[int], delimited: bool
 ) -> None:
     data = b"\n".join(content) + (b"" if unterminated else b"\n")
     framing = JSONFraming(message_bytes_max=32)
@@ -155,15 +155,18 @@ def test_feed_run_frames_exactly_as_feed_does(
     for chunk in split(data, cuts):
         expected += general.feed(chunk, general.offset)
         offset = fast.offset
-        run = fast.feed_run(chunk, offset)
+        run = fast.feed_run(chunk, offset, delimited=delimited)
         if run is None:
             assert fast.offset == offset  # Declined: nothing changed.
             got += fast.feed(chunk, offset)
         else:
-            assert [len(p) + 1 for p in run.payloads] == [
+            assert [len(p) + (0 if delimited else 1) for p in run.payloads] == [
                 b - a for a, b in itertools.pairwise(run.offsets)
             ]
-            assert all(b"\n" not in p for p in run.payloads)
+            # Delimited, each payload is its line and newline; else the line alone.
+            bare = [p[:-1] if delimited else p for p in run.payloads]
+            assert all(b"\n" not in p for p in bare)
+            assert not delimited or all(p.endswith(b"\n") for p in run.payloads)
             got += run.frames(JOURNAL)
         assert (fast.offset, fast.buffered_bytes) == (general.offset, general.buffered_bytes)
     expected += general.flush()
