@@ -202,9 +202,20 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         source = ctx.source(info.name, info.fragments.overlapping(0, info.head))
         if isinstance(starting, Mapping) and starting.get(info.name, -1) >= 0:
             await check_boundary(source, offset, "startingOffsets")
+        return await self._start_at(ctx, info, offset, source)
+
+    async def _start_at(
+        self, ctx: ReadContext, info: JournalInfo, offset: int, source: Any = None
+    ) -> JournalOffset:
+        """The query's start at `offset` of a journal, its origin: read-committed, with the
+        producers open there (their transactions are never delivered)."""
+        opts = self.opts
         floor = info.fragments.begin
         if offset <= floor or not opts.committed:
             return JournalOffset.at(info.name, offset, offset)
+        if source is None:
+            source = ctx.source(info.name, info.fragments.overlapping(0, info.head))
+        new_decoder = decoder_factory(info.content_type, opts.protobuf_class)
         checkpoint = await start_checkpoint(
             source,
             offset,
@@ -368,6 +379,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         starts = offsets.from_json(start)
         ends = offsets.from_json(end)
+        starts.update(self._restarted(start, starts, ends))
         needed = [
             j
             for j, e in ends.items()
@@ -415,6 +427,48 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     )
                 )
         return parts
+
+    def _restarted(
+        self,
+        start: dict[str, Any],
+        starts: dict[str, JournalOffset],
+        ends: dict[str, JournalOffset],
+    ) -> dict[str, JournalOffset]:
+        """The start of a micro-batch 0 run again after a restart, where the query began.
+
+        A query that dies after Spark logged micro-batch 0's end, but before the batch
+        committed, runs micro-batch 0 again when it restarts: its end from the offset log, its
+        start from `initialOffset` asked afresh in a new source process. With startingOffsets
+        `latest` (or a timestamp) that answer is where the journal is now, after rows the batch
+        planned: they would be read by no partition. The logged end names the query's origin
+        in each journal; where it differs from this start's, the start is rebuilt there, as
+        the first run built it (the look-back before the origin is the same content). Any
+        other start that disagrees with its end's origin is refused: delivering from either
+        one could lose or repeat rows."""
+        moved = {
+            j: e.origin for j, e in ends.items() if j in starts and starts[j].origin != e.origin
+        }
+        if not moved:
+            return {}
+        if start != self._initial:
+            journal, origin = next(iter(moved.items()))
+            raise offsets.GazetteOffsetError(
+                f"the micro-batch's end offset of {journal} is of a query that began reading"
+                f" it at {origin}, its start offset of one that began at"
+                f" {starts[journal].origin}: the checkpoint's offsets are not of one query"
+                " (start the query from a new checkpoint location)"
+            )
+
+        async def rebuild(ctx: ReadContext) -> dict[str, JournalOffset]:
+            infos = {i.name: i for i in await journal_infos(ctx, list(moved))}
+            self._infos.update(infos)
+            starts_at = {
+                j: functools.partial(self._start_at, ctx, infos[j], origin)
+                for j, origin in moved.items()
+            }
+            return await gather_bounded(starts_at, planning_walks_max)
+
+        return run_in_context(self.opts, rebuild)
 
     def commit(self, end: dict[str, Any]) -> None:
         # Nothing to release: journals are retained by their own retention, not by readers.

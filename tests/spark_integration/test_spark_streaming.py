@@ -100,3 +100,67 @@ def test_stream_exactly_once_across_batches_and_restart(spark, broker, tmp_path:
     # Three micro-batches read messages; each wrote its rows and one ACK, once. The restarted
     # run's commit also closed what the first run's producer might have left open: one more.
     assert uuid_flags(read_all(broker, sink)).count(2) == 4
+
+
+def test_restart_before_micro_batch_0_commits_keeps_its_rows(spark, broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A query starting at `latest` that dies after Spark logged a micro-batch 0 of rows but
+    before the batch committed runs micro-batch 0 again when restarted, its end from the
+    offset log and its start asked of the source afresh (at the new write head): the restarted
+    query must deliver micro-batch 0's rows, then what came after. Before, micro-batch 0 came
+    out empty, without an error. (Such a checkpoint is made from a real run's: the offset log
+    entry of its batch of rows becomes micro-batch 0's, and Spark's commit records go.)"""
+    journal = unique("spark/stream-latest")
+    create_journals(broker, [journal])
+    p = producer()
+    clock = clock_from_unix_nanos(time.time_ns())
+
+    def add(*texts: str) -> None:
+        nonlocal clock
+        messages = []
+        for text in texts:
+            clock += 1
+            messages.append(Msg(p, clock, OUTSIDE, {"text": text}))
+        append_messages(broker, journal, messages)
+
+    add("before-start")
+    checkpoint = tmp_path / "cp"
+    delivered: list[tuple[int, str]] = []  # (micro-batch, text), as the sink saw them
+
+    def collect(frame, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        delivered.extend((batch_id, json.loads(r.content)["text"]) for r in frame.collect())
+
+    def start():  # type: ignore[no-untyped-def]
+        return (
+            _stream(spark, broker, journal)
+            .option("startingOffsets", "latest")
+            .load()
+            .selectExpr("content")
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+
+    query = start()
+    try:
+        query.processAllAvailable()  # Started at the head: nothing yet.
+        add("a1", "a2")
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert [text for _, text in delivered] == ["a1", "a2"]
+    (batch,) = {batch for batch, _ in delivered}
+    # The checkpoint of a query that died after logging a micro-batch 0 holding a1, a2.
+    offsets, commits = checkpoint / "offsets", checkpoint / "commits"
+    (offsets / "0").write_text((offsets / str(batch)).read_text())
+    for log in (offsets, commits):
+        for record in log.iterdir():
+            if record.name != "0" or log == commits:
+                record.unlink()  # Other entries, Spark's checksums (of the old 0 too).
+    add("b1")  # The journal's head moves on before the restart.
+    delivered.clear()
+    query = start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert delivered == [(0, "a1"), (0, "a2"), (1, "b1")]

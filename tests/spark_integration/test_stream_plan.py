@@ -24,7 +24,15 @@ from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
 from spark_integration.stream_read import GazetteStreamReader
 from tests.broker.serve_testkit import gazette_serve
-from tests.spark_integration.spark_testkit import OUTSIDE, Msg, committed_texts, producer, unique
+from tests.spark_integration.spark_testkit import (
+    ACK,
+    CONTINUE,
+    OUTSIDE,
+    Msg,
+    committed_texts,
+    producer,
+    unique,
+)
 from tests.spark_integration.test_range_split import (
     SPLIT_OPTIONS,
     append_in_groups,
@@ -192,3 +200,86 @@ def test_initial_offset_is_the_same_each_time_spark_asks(broker: str) -> None:
         for content in batch.column("content").to_pylist()
     ]
     assert got == ["after-0", "after-1", "after-2"]
+
+
+def _texts(reader: GazetteStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[str]:
+    return [
+        json.loads(content)["text"]
+        for part in reader.partitions(start, end)
+        for batch in reader.read(part)
+        for content in batch.column("content").to_pylist()
+    ]
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+def test_a_restart_before_micro_batch_0_commits_reads_what_it_planned(
+    broker: str, isolation: str
+) -> None:
+    """A query killed after Spark logged micro-batch 0's end but before the batch committed
+    restarts by running micro-batch 0 again: its end from the offset log, its start from
+    `initialOffset` asked afresh, in a new source process. Starting at `latest`, that answer is
+    the new head: the rows micro-batch 0 planned (appended after the first start) were read by
+    no partition, silently. The partitions must start where the logged end says the query
+    started (its origin), with the producers open there as the first run saw them."""
+    journal = unique("spark/stream-restart")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    p, q = producer(), producer()
+    # q's transaction begins before the start: read-committed, it is never delivered.
+    append_in_groups(
+        broker,
+        journal,
+        [Msg(p, 1, OUTSIDE, {"text": "before"}), Msg(q, 1, CONTINUE, {"text": "q-open"})],
+    )
+    options = {
+        "broker": broker,
+        "journals": journal,
+        "startingOffsets": "latest",
+        "isolation": isolation,
+    }
+    first = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    start = first.initialOffset()
+    append_in_groups(
+        broker,
+        journal,
+        [
+            Msg(p, 2, OUTSIDE, {"text": "p-0"}),
+            Msg(q, 2, CONTINUE, {"text": "q-more"}),
+            Msg(q, 3, ACK, {"text": "q-ack"}),
+            Msg(p, 3, OUTSIDE, {"text": "p-1"}),
+        ],
+    )
+    end = first.latestOffset(start, ReadAllAvailable())  # Spark logs it, then dies.
+    planned = _texts(first, first.initialOffset(), end)
+    if isolation == "read_committed":
+        assert planned == ["p-0", "p-1"]
+    else:
+        assert planned == ["p-0", "q-more", "q-ack", "p-1"]
+    # Appended before the restart: after micro-batch 0's end, for micro-batch 1.
+    append_in_groups(broker, journal, [Msg(p, 4, OUTSIDE, {"text": "later"})])
+    restarted = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    fresh = restarted.initialOffset()
+    assert fresh != start  # The new head: the premise of the test.
+    assert _texts(restarted, fresh, end) == planned
+    # And micro-batch 1 goes on from micro-batch 0's end as usual.
+    later = restarted.latestOffset(end, ReadAllAvailable())
+    assert _texts(restarted, end, later) == ["later"]
+
+
+def test_a_start_of_another_query_than_its_end_is_refused(broker: str) -> None:
+    """Offsets of two queries mixed (a start whose origin is not its end's, and not this
+    reader's initialOffset answer): delivering from either could lose or repeat rows, so the
+    partitions are refused with a typed error naming the journal and both origins."""
+    journal = unique("spark/stream-mixed")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    p = producer()
+    append_in_groups(broker, journal, [Msg(p, 1, OUTSIDE, {"text": "one"})])
+    options = {"broker": broker, "journals": journal, "startingOffsets": "latest"}
+    first = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    start = first.initialOffset()
+    append_in_groups(broker, journal, [Msg(p, 2, OUTSIDE, {"text": "two"})])
+    end = first.latestOffset(start, ReadAllAvailable())
+    other = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    other_start = other.initialOffset()  # At the new head: another origin.
+    stranger = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*not of one query"):
+        stranger.partitions(other_start, end)
