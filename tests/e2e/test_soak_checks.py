@@ -277,3 +277,39 @@ def test_replication_modes_make_r3_journals_quorum_journals() -> None:
     assert quorum.capped(2, 0).quorum_journals() == []
     with pytest.raises(ValueError, match="unknown replication mode 'most'"):
         layout.with_replication_mode("most")
+
+
+def test_content_not_listed_yet_is_waited_for_then_reported() -> None:
+    """A read that finds content below the write head its broker does not hold yet (a replica
+    restarted after a fault serves it once another replica's upload is listed, as Gazette's
+    do) is retried past `read_attempts_max`, for a bounded time; still missing after that, it
+    is reported, naming the offset and how long it was waited for."""
+    import asyncio
+
+    calls = 0
+
+    async def listed_after(n: int) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls <= n:
+            raise checks._NotListedYet(checks._below_head(100, 200))
+        return True
+
+    # Listed after more tries than read_attempts_max allows for other failures: read.
+    n = checks.read_attempts_max + 3
+    asyncio.run(checks._retrying("j via b", lambda: listed_after(n), [], not_listed_wait_s=30))
+    assert calls == n + 1
+
+    async def never() -> bool:
+        raise checks._NotListedYet(checks._below_head(100, 200))
+
+    with pytest.raises(
+        checks.ReadFailedError, match=r"j via b: no content available at offset 100.*waited"
+    ):
+        asyncio.run(checks._retrying("j via b", never, [], not_listed_wait_s=0.3))
+
+    async def unavailable() -> bool:
+        return False  # Another transient failure: bounded by attempts.
+
+    with pytest.raises(checks.ReadFailedError, match="still failing after"):
+        asyncio.run(checks._retrying("j via b", unavailable, ["UNAVAILABLE"]))

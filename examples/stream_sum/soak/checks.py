@@ -57,6 +57,12 @@ __all__ = [
 
 # Attempts of one whole-journal read (through one broker, one API) before it is reported failed.
 read_attempts_max: Final = 6
+# How long a read may keep finding content below the write head that the broker it goes through
+# does not hold yet (not in its spool, not listed from the store: a replica restarted after a
+# fault, whose recovered spool was set aside, serves it only once another replica's upload of it
+# is listed, as Gazette's brokers do) before it is reported failed. Generous against the soak's
+# 1 s listing refresh and an upload's retries after a store outage; far below "never".
+not_listed_wait_s_max: Final = 30.0
 # Back-off between read attempts and between probe appends: doubling, capped.
 backoff_initial_s: Final = 0.05
 backoff_max_s: Final = 1.0
@@ -99,22 +105,44 @@ _TRANSIENT_STATUS: Final = frozenset(
 _TRANSIENT_HTTP: Final = frozenset({502, 503, 504})
 
 
+class _NotListedYet(Exception):
+    """A read found content below the write head that its broker does not hold yet."""
+
+
 async def _retrying(
-    what: str, read_once: Callable[[], Awaitable[bool]], last_error: list[str]
+    what: str,
+    read_once: Callable[[], Awaitable[bool]],
+    last_error: list[str],
+    *,
+    not_listed_wait_s: float = not_listed_wait_s_max,
 ) -> None:
     """Call `read_once` until it returns True (done); retry its transient failures (it
     returns False, having put why in `last_error`) with back-off, at most
-    `read_attempts_max` times."""
+    `read_attempts_max` times. Content not listed yet at the broker (`_NotListedYet`) is
+    waited for instead, with the same back-off, for at most `not_listed_wait_s` in all."""
     delay = backoff_initial_s
-    for attempt in range(1, read_attempts_max + 1):
-        if await read_once():
-            return
-        if attempt == read_attempts_max:
-            break
+    attempt = 0
+    not_listed_since: float | None = None
+    while True:
+        try:
+            if await read_once():
+                return
+            attempt += 1
+            if attempt == read_attempts_max:
+                last = last_error[0] if last_error else "?"
+                raise ReadFailedError(
+                    f"{what}: still failing after {read_attempts_max} attempts ({last})"
+                )
+        except _NotListedYet as err:
+            now = time.monotonic()
+            not_listed_since = now if not_listed_since is None else not_listed_since
+            if now - not_listed_since >= not_listed_wait_s:
+                raise ReadFailedError(
+                    f"{what}: {err} for {now - not_listed_since:.1f} s"
+                    f" (at most {not_listed_wait_s:g} s waited)"
+                ) from None
         await asyncio.sleep(delay)
         delay = min(backoff_max_s, delay * 2)
-    last = last_error[0] if last_error else "?"
-    raise ReadFailedError(f"{what}: still failing after {read_attempts_max} attempts ({last})")
 
 
 async def read_grpc(channels: ChannelPool, endpoint: str, journal: str, start: int = 0) -> bytes:
@@ -133,8 +161,7 @@ async def read_grpc(channels: ChannelPool, endpoint: str, journal: str, start: i
                     if resp.write_head > start + len(out):
                         # Below the write head: content this broker cannot serve yet (not
                         # persisted, and not in its spool), not the journal's end.
-                        last_error[:] = [_below_head(start + len(out), resp.write_head)]
-                        return False
+                        raise _NotListedYet(_below_head(start + len(out), resp.write_head))
                     return True
                 if resp.status in _TRANSIENT_STATUS:
                     last_error[:] = [pb.Status.Name(resp.status)]
@@ -189,8 +216,7 @@ async def read_http(
                     if resp.status == 416:
                         head = int(resp.headers.get("X-Write-Head", "0") or 0)
                         if head > at:  # Not the end: see read_grpc.
-                            last_error[:] = [_below_head(at, head)]
-                            return False
+                            raise _NotListedYet(_below_head(at, head))
                         return True  # At the write head.
                     if resp.status in _TRANSIENT_HTTP:
                         last_error[:] = [f"HTTP {resp.status} {(await resp.text()).strip()}"]
