@@ -192,6 +192,7 @@ class Broker:
                 broker_quorum_config(), log_bytes_max=config.quorum_log_bytes_max
             )
         self.ks.observers.append(self.quorum.observe)
+        self.resolver.replica_started.append(self.quorum.replica_started)
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         # Answers every RPC UNAVAILABLE until start() has the broker ready (broker.readiness).

@@ -27,6 +27,15 @@ persisted fragments in the replica's index, from the log's base on (`persisted_e
 to the core (`QuorumNode.on_stored`), which compacts the log once it holds more than its
 compaction fraction: without it a leader's log fills (`log_bytes_max`) and appends are refused.
 
+The replica comes and goes apart from the node (journals.py: a broker the term register names
+runs the node whether or not the journal is assigned to it, and from its start). `applied`
+counts for one replica (`replica`): when the broker's replica is another one (created after the
+node, or replacing one stopped meanwhile, whose spool starts from its own state), the count
+starts again from that replica's spool, and the read barrier waits for the replica a Read is
+served by. Committed content waits for a replica without a poll: the broker's resolver calls
+`QuorumJournals.replica_started`, which wakes the applier (`replica_changed`). A replica that
+stops while the applier waits for its spool (a durable spool not opened yet) releases the wait.
+
 A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
 quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
 on the applier and reported, and nothing more is applied until a later commit reaches it.
@@ -54,7 +63,7 @@ from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import QuorumNode
 from broker.quorum_shell.registers import label_set_of
-from broker.replica import Replica
+from broker.replica import Replica, SlotInvalidatedError
 
 log = get_logger(__name__)
 
@@ -66,12 +75,6 @@ stored_poll_interval_s = 1.0
 # The wait before trying again after a failure: doubling from the first, up to the max.
 apply_retry_backoff_initial_s = 0.05
 apply_retry_backoff_s_max = 5.0
-# While committed content waits for this broker's replica (a node that runs before its journal
-# is assigned here: one the term register names, started as its broker starts), how often the
-# applier looks for the replica again. A commit wakes it too, but none may come: without this,
-# what was committed before the assignment stayed unapplied, and Reads here failed waiting for
-# it (read_barrier.py), until the next commit.
-replica_wait_poll_s = 0.1
 
 
 def apply_retry_delay_s(failures: int) -> float:
@@ -111,13 +114,22 @@ class CommitApplier:
         self._replica_of = replica_of
         self._spec_of = spec_of
         self._clock = clock
+        # How far the journal is applied to `replica`'s spool (see the module docstring).
         self.applied = 0
+        self.replica: Replica | None = None
         # The last failure to apply committed content (None once a try succeeds) and the
         # last failure to report the store's progress: see the module docstring.
         self.error: Exception | None = None
         self.stored_error: Exception | None = None
         self.changed = asyncio.Event()  # set after each try, applied or failed (observers, tests)
-        self._awaits_replica = False  # see replica_wait_poll_s
+
+    def replica_changed(self) -> None:
+        """This broker started a replica of the journal: apply to it what is committed."""
+        self._node.commit_changed.set()
+
+    def applied_to(self, replica: Replica) -> int:
+        """How far the journal is applied to `replica`'s spool (-1: not applied to it yet)."""
+        return self.applied if replica is self.replica else -1
 
     async def report_stored(self) -> None:
         """Tell the core how far the store holds the journal (see the module docstring)."""
@@ -152,14 +164,7 @@ class CommitApplier:
     async def run(self) -> None:
         node, failures = self._node, 0
         while True:
-            if self._awaits_replica:
-                try:  # a commit, or the replica appearing (polled)
-                    async with asyncio.timeout(replica_wait_poll_s):
-                        await node.commit_changed.wait()
-                except TimeoutError:
-                    pass
-            else:
-                await node.commit_changed.wait()
+            await node.commit_changed.wait()  # a commit, or a replica (replica_changed)
             node.commit_changed.clear()
             try:
                 await self._apply_committed()
@@ -185,16 +190,30 @@ class CommitApplier:
         """Apply what is committed beyond `applied`, if this broker has the replica."""
         node = self._node
         replica = self._replica_of(node.journal)
-        # Committed content beyond what is applied, and no replica here yet: run() looks again
-        # (replica_wait_poll_s).
-        self._awaits_replica = replica is None and node.commit_offset > self.applied
+        if replica is not self.replica:
+            # Another replica (or none): its spool holds what it holds, learned by applying.
+            self.replica, self.applied = replica, 0
         if replica is None or node.commit_offset <= self.applied:
-            return
-        spool = await replica.spool_slot.take(asyncio.Event())
+            return  # A later replica_changed, or commit, brings the applier back.
+        stopped = asyncio.Event()
+        forget = replica.on_stop(stopped.set)
         try:
-            if spool.recovery_pending and not await replica.settle_recovery(
-                spool, None, asyncio.Event()
-            ):
+            await self._apply_to(replica, stopped)
+        finally:
+            forget()
+
+    async def _apply_to(self, replica: Replica, stopped: asyncio.Event) -> None:
+        node = self._node
+        try:
+            # Released if the replica stops first: its spool may never be handed over (a
+            # durable one not opened yet), and the next replica wakes the applier again.
+            spool = await replica.spool_slot.take(stopped)
+        except SlotInvalidatedError:
+            return
+        try:
+            if spool.recovery_pending and not await replica.settle_recovery(spool, None, stopped):
+                if stopped.is_set():
+                    return
                 node.commit_changed.set()  # Try again.
                 raise RecoveryNotSettledError(f"{node.journal}: no store listing in time")
             self._apply(spool)

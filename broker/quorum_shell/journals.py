@@ -482,6 +482,13 @@ class QuorumJournals:
         for journal in list(self._opened):
             self._discard_opened(journal)
 
+    def replica_started(self, journal: str) -> None:
+        """This broker started a replica of `journal` (the resolver calls this): its node's
+        applier, if it runs, applies to it what is committed (apply.py)."""
+        applier = self.appliers.get(journal)
+        if applier is not None:
+            applier.replica_changed()
+
     # --- Reads ---------------------------------------------------------------------------
 
     async def read_barrier(self, journal: str) -> None:
@@ -489,10 +496,11 @@ class QuorumJournals:
         acknowledged before this call (read_barrier.py); QuorumReadUnavailableError if that
         cannot be known within `read_index_wait_s`."""
         node, applier = self.nodes.get(journal), self.appliers.get(journal)
-        if node is None or applier is None:
+        replica = self._replica_of(journal)  # the one the read is served by
+        if node is None or applier is None or replica is None:
             raise QuorumReadUnavailableError(
-                f"no quorum node of {journal!r} on this broker (not started yet, or stopping):"
-                " it cannot tell how far the journal is committed"
+                f"no quorum node of {journal!r} on this broker, or no replica (not started yet,"
+                " or stopping): it cannot tell how far the journal is committed"
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + read_index_wait_s
@@ -505,7 +513,7 @@ class QuorumJournals:
                 f"the read index of {journal!r} not learned within {read_index_wait_s} s"
                 " (read_index_wait_s)"
             ) from None
-        await wait_applied(applier, offset, max(deadline - loop.time(), 0.0))
+        await wait_applied(applier, replica, offset, max(deadline - loop.time(), 0.0))
 
     # --- Appends -------------------------------------------------------------------------
 
