@@ -163,6 +163,10 @@ class CommitApplier:
 
     async def run(self) -> None:
         node, failures = self._node, 0
+        # A first pass without waiting: the broker's replica may have started before this
+        # applier existed (its replica_started found none to wake), and with nothing committed
+        # no commit comes to bring the applier to it (the read barrier waits for that).
+        node.commit_changed.set()
         while True:
             await node.commit_changed.wait()  # a commit, or a replica (replica_changed)
             node.commit_changed.clear()
