@@ -186,6 +186,7 @@ class Broker:
             # the spools.
             data_dir=config.data_dir,
             fsync=config.fsync,
+            stores=stores,
         )
         if config.quorum_log_bytes_max is not None:
             self.quorum.quorum_config = dataclasses.replace(

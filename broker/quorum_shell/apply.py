@@ -36,6 +36,14 @@ served by. Committed content waits for a replica without a poll: the broker's re
 `QuorumJournals.replica_started`, which wakes the applier (`replica_changed`). A replica that
 stops while the applier waits for its spool (a durable spool not opened yet) releases the wait.
 
+A leader without a replica here (a member the register names whose journal is not assigned
+here, or not yet: journals.py) has no index to learn the store's progress from: it lists the
+journal's stores itself, once per refresh interval of its spec, or its log never compacts and
+appends are refused for good once it is full. Nor does it upload anything, and members complete
+fragments as replicas (uploaded only after the persister's replica delay, 120 s) unless they
+lead: while the leader is outside the assigned route, the route's primary completes them as the
+leader would (`uploads_for_leader`), so that the store keeps up.
+
 A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
 quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
 on the applier and reported, and nothing more is applied until a later commit reaches it.
@@ -57,8 +65,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from broker.fragment.index import IndexedFragment
+from broker.fragment.index import (
+    IndexedFragment,
+    list_stores,
+    refresh_interval_s,
+    store_list_timeout_s_default,
+)
 from broker.fragment.spool import Spool
+from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import QuorumNode
@@ -109,11 +123,19 @@ class CommitApplier:
         replica_of: Callable[[str], Replica | None],
         spec_of: Callable[[str], pb.JournalSpec | None],
         clock: Callable[[], float],
+        *,
+        stores: StoreRegistry | None = None,
     ) -> None:
         self._node = node
         self._replica_of = replica_of
         self._spec_of = spec_of
         self._clock = clock
+        self._stores = stores  # listed by a leader without a replica (the module docstring)
+        self._listed_at: float | None = None  # when (loop time) they were listed last
+        # Whether this member completes fragments as the leader does (uploaded at once)
+        # though it does not lead: the leader has no replica here to upload from (journals.py
+        # sets it: the leader is outside the assigned route, and this broker is its primary).
+        self.uploads_for_leader = False
         # How far the journal is applied to `replica`'s spool (see the module docstring).
         self.applied = 0
         self.replica: Replica | None = None
@@ -140,7 +162,7 @@ class CommitApplier:
                 wait_s = max(wait_s, apply_retry_delay_s(failures))
             await asyncio.sleep(wait_s)
             try:
-                told = self._report_stored(told)
+                told = await self._report_stored(told)
             except Exception as err:  # kept, counted, logged: see the docstring
                 failures += 1
                 self._failed("store progress not reported", err, self.stored_error)
@@ -150,16 +172,36 @@ class CommitApplier:
                 log.info("quorum: store progress reported again", journal=self._node.journal)
             failures, self.stored_error = 0, None
 
-    def _report_stored(self, told: int) -> int:
+    async def _report_stored(self, told: int) -> int:
         node = self._node
-        replica = self._replica_of(node.journal)
-        if replica is None or node.failure is not None:
+        if node.failure is not None:
             return told
-        end = persisted_end(replica.index.snapshot(), node.member.log.base.end)
+        replica = self._replica_of(node.journal)
+        if replica is not None:
+            fragments: Iterable[IndexedFragment] = replica.index.snapshot()
+        elif node.is_leader:
+            fragments = await self._listed()
+        else:
+            return told  # A follower learns it from its leader.
+        end = persisted_end(fragments, node.member.log.base.end)
         if end > told:
             node.on_stored(end)
             return end
         return told
+
+    async def _listed(self) -> list[IndexedFragment]:
+        """The journal's fragments in its stores, listed at most once per refresh interval of
+        its spec (as a replica's index is); none between listings."""
+        spec = self._spec_of(self._node.journal)
+        if self._stores is None or spec is None or not spec.fragment.stores:
+            return []
+        now = asyncio.get_running_loop().time()
+        if self._listed_at is not None and now < self._listed_at + refresh_interval_s(spec):
+            return []
+        self._listed_at = now
+        async with asyncio.timeout(store_list_timeout_s_default):
+            listing = await list_stores(self._stores, spec.name, list(spec.fragment.stores))
+        return [IndexedFragment(f) for f in listing.fragments]
 
     async def run(self) -> None:
         node, failures = self._node, 0
@@ -238,12 +280,13 @@ class CommitApplier:
 
     def _apply(self, spool: Spool) -> None:
         node = self._node
+        uploads = node.is_leader or self.uploads_for_leader
         if spool.delta:
             # Content of a try that failed before its commit: dropped, or the next batch
             # would follow it and be committed at offsets past the content's own.
             spool.must_apply(
                 pb.ReplicateRequest(proposal=spool.fragment, registers=spool.registers),
-                primary=node.is_leader,
+                primary=uploads,
             )
         base = node.member.log.base.end
         if spool.fragment.end < base:
@@ -259,7 +302,7 @@ class CommitApplier:
                     ),
                     registers=label_set_of(node.member.log.base.registers),
                 ),
-                primary=node.is_leader,
+                primary=uploads,
             )
         start, commit = spool.fragment.end, node.commit_offset
         if start > commit:
@@ -273,7 +316,7 @@ class CommitApplier:
             registers = label_set_of(log.registers_at(log.index_covering(end)))
             spool.must_apply(
                 pb.ReplicateRequest(proposal=spool.next(), registers=registers),
-                primary=node.is_leader,
+                primary=uploads,
             )
             start = end
         self.applied = start
@@ -283,5 +326,5 @@ class CommitApplier:
             if proposal != spool.fragment:
                 spool.must_apply(
                     pb.ReplicateRequest(proposal=proposal, registers=spool.registers),
-                    primary=node.is_leader,
+                    primary=uploads,
                 )
