@@ -33,7 +33,8 @@ counts for one replica (`replica`): when the broker's replica is another one (cr
 node, or replacing one stopped meanwhile, whose spool starts from its own state), the count
 starts again from that replica's spool, and the read barrier waits for the replica a Read is
 served by. Committed content waits for a replica without a poll: the broker's resolver calls
-`QuorumJournals.replica_started`, which wakes the applier (`replica_changed`). A replica that
+`QuorumJournals.replica_started`, which wakes the applier (`replica_changed`), and the applier
+makes a first pass as it starts (for a replica started before it). A replica that
 stops while the applier waits for its spool (a durable spool not opened yet) releases the wait.
 
 A leader without a replica here (a member the register names whose journal is not assigned
