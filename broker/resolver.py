@@ -127,6 +127,10 @@ class Resolver:
         # Set once run() has started the replicas of the journals assigned here: before it, a
         # journal assigned here would resolve locally with no replica to serve it.
         self.serving = asyncio.Event()
+        # Called with each journal whose local replica this resolver started (a new or a
+        # replacing one), once `replicas` holds it: a quorum journal's node may run before
+        # its replica exists (quorum_shell/journals.py), and its applier waits for this.
+        self.replica_started: list[Callable[[str], None]] = []
 
     # --- Lifecycle ---
 
@@ -293,6 +297,7 @@ class Resolver:
             local_journals(self.ks, self.root, local_id) if local_id is not _MISSING_ID else {}
         )
         prev, nxt = self._replicas, {}
+        started = []
         for journal, entries in assigned.items():
             keys = _assignment_keys(entries)
             local = prev.pop(journal, None)
@@ -301,6 +306,7 @@ class Resolver:
                 replica = self._new_replica(journal)
                 local = _LocalReplica(replica, keys, asyncio.Event())
                 self._tg.create_task(replica.serve(), name=f"replica {journal}")
+                started.append(journal)
             elif local.assignments != keys:
                 # The route (or its advertised consistency) changed: wake whoever waits under
                 # the old resolution so that they re-resolve.
@@ -310,6 +316,9 @@ class Resolver:
             nxt[journal] = local
         self._replicas = nxt
         self._stop_replicas(prev.values())
+        for journal in started:
+            for callback in self.replica_started:
+                callback(journal)
 
     @staticmethod
     def _stop_replicas(replicas: Iterable[_LocalReplica]) -> None:

@@ -186,12 +186,14 @@ class Broker:
             # the spools.
             data_dir=config.data_dir,
             fsync=config.fsync,
+            stores=stores,
         )
         if config.quorum_log_bytes_max is not None:
             self.quorum.quorum_config = dataclasses.replace(
                 broker_quorum_config(), log_bytes_max=config.quorum_log_bytes_max
             )
         self.ks.observers.append(self.quorum.observe)
+        self.resolver.replica_started.append(self.quorum.replica_started)
         self._server: grpc.aio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         # Answers every RPC UNAVAILABLE until start() has the broker ready (broker.readiness).

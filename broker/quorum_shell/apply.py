@@ -27,6 +27,24 @@ persisted fragments in the replica's index, from the log's base on (`persisted_e
 to the core (`QuorumNode.on_stored`), which compacts the log once it holds more than its
 compaction fraction: without it a leader's log fills (`log_bytes_max`) and appends are refused.
 
+The replica comes and goes apart from the node (journals.py: a broker the term register names
+runs the node whether or not the journal is assigned to it, and from its start). `applied`
+counts for one replica (`replica`): when the broker's replica is another one (created after the
+node, or replacing one stopped meanwhile, whose spool starts from its own state), the count
+starts again from that replica's spool, and the read barrier waits for the replica a Read is
+served by. Committed content waits for a replica without a poll: the broker's resolver calls
+`QuorumJournals.replica_started`, which wakes the applier (`replica_changed`), and the applier
+makes a first pass as it starts (for a replica started before it). A replica that
+stops while the applier waits for its spool (a durable spool not opened yet) releases the wait.
+
+A leader without a replica here (a member the register names whose journal is not assigned
+here, or not yet: journals.py) has no index to learn the store's progress from: it lists the
+journal's stores itself, once per refresh interval of its spec, or its log never compacts and
+appends are refused for good once it is full. Nor does it upload anything, and members complete
+fragments as replicas (uploaded only after the persister's replica delay, 120 s) unless they
+lead: while the leader is outside the assigned route, the route's primary completes them as the
+leader would (`uploads_for_leader`), so that the store keeps up.
+
 A spool ahead of the quorum commit (content this member cannot vouch for: a broker whose
 quorum log was in memory, without a data directory) is not touched: `SpoolAheadError` is kept
 on the applier and reported, and nothing more is applied until a later commit reaches it.
@@ -48,13 +66,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from broker.fragment.index import IndexedFragment
+from broker.fragment.index import (
+    IndexedFragment,
+    list_stores,
+    refresh_interval_s,
+    store_list_timeout_s_default,
+)
 from broker.fragment.spool import Spool
+from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import QuorumNode
 from broker.quorum_shell.registers import label_set_of
-from broker.replica import Replica
+from broker.replica import Replica, SlotInvalidatedError
 
 log = get_logger(__name__)
 
@@ -66,12 +90,6 @@ stored_poll_interval_s = 1.0
 # The wait before trying again after a failure: doubling from the first, up to the max.
 apply_retry_backoff_initial_s = 0.05
 apply_retry_backoff_s_max = 5.0
-# While committed content waits for this broker's replica (a node that runs before its journal
-# is assigned here: one the term register names, started as its broker starts), how often the
-# applier looks for the replica again. A commit wakes it too, but none may come: without this,
-# what was committed before the assignment stayed unapplied, and Reads here failed waiting for
-# it (read_barrier.py), until the next commit.
-replica_wait_poll_s = 0.1
 
 
 def apply_retry_delay_s(failures: int) -> float:
@@ -106,18 +124,35 @@ class CommitApplier:
         replica_of: Callable[[str], Replica | None],
         spec_of: Callable[[str], pb.JournalSpec | None],
         clock: Callable[[], float],
+        *,
+        stores: StoreRegistry | None = None,
     ) -> None:
         self._node = node
         self._replica_of = replica_of
         self._spec_of = spec_of
         self._clock = clock
+        self._stores = stores  # listed by a leader without a replica (the module docstring)
+        self._listed_at: float | None = None  # when (loop time) they were listed last
+        # Whether this member completes fragments as the leader does (uploaded at once)
+        # though it does not lead: the leader has no replica here to upload from (journals.py
+        # sets it: the leader is outside the assigned route, and this broker is its primary).
+        self.uploads_for_leader = False
+        # How far the journal is applied to `replica`'s spool (see the module docstring).
         self.applied = 0
+        self.replica: Replica | None = None
         # The last failure to apply committed content (None once a try succeeds) and the
         # last failure to report the store's progress: see the module docstring.
         self.error: Exception | None = None
         self.stored_error: Exception | None = None
         self.changed = asyncio.Event()  # set after each try, applied or failed (observers, tests)
-        self._awaits_replica = False  # see replica_wait_poll_s
+
+    def replica_changed(self) -> None:
+        """This broker started a replica of the journal: apply to it what is committed."""
+        self._node.commit_changed.set()
+
+    def applied_to(self, replica: Replica) -> int:
+        """How far the journal is applied to `replica`'s spool (-1: not applied to it yet)."""
+        return self.applied if replica is self.replica else -1
 
     async def report_stored(self) -> None:
         """Tell the core how far the store holds the journal (see the module docstring)."""
@@ -128,7 +163,7 @@ class CommitApplier:
                 wait_s = max(wait_s, apply_retry_delay_s(failures))
             await asyncio.sleep(wait_s)
             try:
-                told = self._report_stored(told)
+                told = await self._report_stored(told)
             except Exception as err:  # kept, counted, logged: see the docstring
                 failures += 1
                 self._failed("store progress not reported", err, self.stored_error)
@@ -138,28 +173,45 @@ class CommitApplier:
                 log.info("quorum: store progress reported again", journal=self._node.journal)
             failures, self.stored_error = 0, None
 
-    def _report_stored(self, told: int) -> int:
+    async def _report_stored(self, told: int) -> int:
         node = self._node
-        replica = self._replica_of(node.journal)
-        if replica is None or node.failure is not None:
+        if node.failure is not None:
             return told
-        end = persisted_end(replica.index.snapshot(), node.member.log.base.end)
+        replica = self._replica_of(node.journal)
+        if replica is not None:
+            fragments: Iterable[IndexedFragment] = replica.index.snapshot()
+        elif node.is_leader:
+            fragments = await self._listed()
+        else:
+            return told  # A follower learns it from its leader.
+        end = persisted_end(fragments, node.member.log.base.end)
         if end > told:
             node.on_stored(end)
             return end
         return told
 
+    async def _listed(self) -> list[IndexedFragment]:
+        """The journal's fragments in its stores, listed at most once per refresh interval of
+        its spec (as a replica's index is); none between listings."""
+        spec = self._spec_of(self._node.journal)
+        if self._stores is None or spec is None or not spec.fragment.stores:
+            return []
+        now = asyncio.get_running_loop().time()
+        if self._listed_at is not None and now < self._listed_at + refresh_interval_s(spec):
+            return []
+        self._listed_at = now
+        async with asyncio.timeout(store_list_timeout_s_default):
+            listing = await list_stores(self._stores, spec.name, list(spec.fragment.stores))
+        return [IndexedFragment(f) for f in listing.fragments]
+
     async def run(self) -> None:
         node, failures = self._node, 0
+        # A first pass without waiting: the broker's replica may have started before this
+        # applier existed (its replica_started found none to wake), and with nothing committed
+        # no commit comes to bring the applier to it (the read barrier waits for that).
+        node.commit_changed.set()
         while True:
-            if self._awaits_replica:
-                try:  # a commit, or the replica appearing (polled)
-                    async with asyncio.timeout(replica_wait_poll_s):
-                        await node.commit_changed.wait()
-                except TimeoutError:
-                    pass
-            else:
-                await node.commit_changed.wait()
+            await node.commit_changed.wait()  # a commit, or a replica (replica_changed)
             node.commit_changed.clear()
             try:
                 await self._apply_committed()
@@ -185,16 +237,30 @@ class CommitApplier:
         """Apply what is committed beyond `applied`, if this broker has the replica."""
         node = self._node
         replica = self._replica_of(node.journal)
-        # Committed content beyond what is applied, and no replica here yet: run() looks again
-        # (replica_wait_poll_s).
-        self._awaits_replica = replica is None and node.commit_offset > self.applied
+        if replica is not self.replica:
+            # Another replica (or none): its spool holds what it holds, learned by applying.
+            self.replica, self.applied = replica, 0
         if replica is None or node.commit_offset <= self.applied:
-            return
-        spool = await replica.spool_slot.take(asyncio.Event())
+            return  # A later replica_changed, or commit, brings the applier back.
+        stopped = asyncio.Event()
+        forget = replica.on_stop(stopped.set)
         try:
-            if spool.recovery_pending and not await replica.settle_recovery(
-                spool, None, asyncio.Event()
-            ):
+            await self._apply_to(replica, stopped)
+        finally:
+            forget()
+
+    async def _apply_to(self, replica: Replica, stopped: asyncio.Event) -> None:
+        node = self._node
+        try:
+            # Released if the replica stops first: its spool may never be handed over (a
+            # durable one not opened yet), and the next replica wakes the applier again.
+            spool = await replica.spool_slot.take(stopped)
+        except SlotInvalidatedError:
+            return
+        try:
+            if spool.recovery_pending and not await replica.settle_recovery(spool, None, stopped):
+                if stopped.is_set():
+                    return
                 node.commit_changed.set()  # Try again.
                 raise RecoveryNotSettledError(f"{node.journal}: no store listing in time")
             self._apply(spool)
@@ -215,12 +281,13 @@ class CommitApplier:
 
     def _apply(self, spool: Spool) -> None:
         node = self._node
+        uploads = node.is_leader or self.uploads_for_leader
         if spool.delta:
             # Content of a try that failed before its commit: dropped, or the next batch
             # would follow it and be committed at offsets past the content's own.
             spool.must_apply(
                 pb.ReplicateRequest(proposal=spool.fragment, registers=spool.registers),
-                primary=node.is_leader,
+                primary=uploads,
             )
         base = node.member.log.base.end
         if spool.fragment.end < base:
@@ -236,7 +303,7 @@ class CommitApplier:
                     ),
                     registers=label_set_of(node.member.log.base.registers),
                 ),
-                primary=node.is_leader,
+                primary=uploads,
             )
         start, commit = spool.fragment.end, node.commit_offset
         if start > commit:
@@ -250,7 +317,7 @@ class CommitApplier:
             registers = label_set_of(log.registers_at(log.index_covering(end)))
             spool.must_apply(
                 pb.ReplicateRequest(proposal=spool.next(), registers=registers),
-                primary=node.is_leader,
+                primary=uploads,
             )
             start = end
         self.applied = start
@@ -260,5 +327,5 @@ class CommitApplier:
             if proposal != spool.fragment:
                 spool.must_apply(
                     pb.ReplicateRequest(proposal=proposal, registers=spool.registers),
-                    primary=node.is_leader,
+                    primary=uploads,
                 )

@@ -67,6 +67,7 @@ from typing import Any
 
 from broker import metrics
 from broker.fragment.naming import sum_from_digest
+from broker.fragment.stores.registry import StoreRegistry
 from broker.keyspace.backend import Backend
 from broker.keyspace.keyspace import KeySpace
 from broker.logging import get_logger
@@ -77,6 +78,7 @@ from broker.quorum.entry import Registers
 from broker.quorum.errors import LogFileCorruptError, NotLeaderError
 from broker.quorum.leader import RegisterCheck, RegistersMismatched, RegisterUpdate
 from broker.quorum_shell.apply import CommitApplier
+from broker.quorum_shell.leader_route import register_leader
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
 from broker.quorum_shell.member_dir import (
     Mark,
@@ -186,6 +188,7 @@ class QuorumJournals:
         clock: Callable[[], float] = time.time,
         data_dir: str | None = None,
         fsync: bool = False,
+        stores: StoreRegistry | None = None,
     ) -> None:
         # The core's bounds for nodes started from now on (None: broker_quorum_config()).
         self.quorum_config: QuorumConfig | None = None
@@ -204,6 +207,7 @@ class QuorumJournals:
         self._replaying = asyncio.Semaphore(log_replays_concurrent_max)
         self._replica_of = replica_of
         self._spec_of = spec_of
+        self._stores = stores  # what a leader without a replica here lists (apply.py)
         self._clock = clock
         self.appliers: dict[str, CommitApplier] = {}
         self._applier_tasks: dict[str, asyncio.Task[None]] = {}
@@ -316,13 +320,18 @@ class QuorumJournals:
             self._transports[journal] = transport
             log.info("quorum node starting", journal=journal, ensemble=ensemble)
             self._spawn(node.start())
-            applier = CommitApplier(node, self._replica_of, self._spec_of, self._clock)
+            applier = CommitApplier(
+                node, self._replica_of, self._spec_of, self._clock, stores=self._stores
+            )
             self.appliers[journal] = applier
             self._applier_tasks[journal] = asyncio.get_running_loop().create_task(
                 _gather(applier.run(), applier.report_stored())
             )
         for journal, node in self.nodes.items():
             node.keep_unassigned(journal in kept)
+            uploading = self.appliers.get(journal)
+            if uploading is not None:
+                uploading.uploads_for_leader = self._uploads_for_leader(journal)
 
     def _keep_registered(self, wanted: dict[str, pb.Route]) -> set[str]:
         """Add to `wanted` the journals not assigned here (or without a whole route) whose
@@ -353,6 +362,23 @@ class QuorumJournals:
             names = tuple(sorted(format_id(m) for m in assigned.members))
             self.nodes[journal].wanted = names if whole else None
         return kept
+
+    def _uploads_for_leader(self, journal: str) -> bool:
+        """Whether this broker uploads `journal`'s fragments at once though its node does not
+        lead: the register's leader is outside the assigned route (it has no replica to upload
+        from) and this broker is the route's primary (apply.py, `uploads_for_leader`)."""
+        ks, root = self._ks, self._root
+        term = register_leader(ks, root, journal, self._revisions.get(journal, 0))
+        if term is None:
+            return False
+        assigned = route_from_assignments(
+            assignment_of(e) for e in journal_assignments(ks, root, journal)
+        )
+        if assigned.primary < 0:
+            return False
+        if any(format_id(m) == term.record.leader for m in assigned.members):
+            return False
+        return format_id(assigned.members[assigned.primary]) == self.name
 
     @property
     def kept(self) -> frozenset[str]:
@@ -482,6 +508,13 @@ class QuorumJournals:
         for journal in list(self._opened):
             self._discard_opened(journal)
 
+    def replica_started(self, journal: str) -> None:
+        """This broker started a replica of `journal` (the resolver calls this): its node's
+        applier, if it runs, applies to it what is committed (apply.py)."""
+        applier = self.appliers.get(journal)
+        if applier is not None:
+            applier.replica_changed()
+
     # --- Reads ---------------------------------------------------------------------------
 
     async def read_barrier(self, journal: str) -> None:
@@ -489,10 +522,11 @@ class QuorumJournals:
         acknowledged before this call (read_barrier.py); QuorumReadUnavailableError if that
         cannot be known within `read_index_wait_s`."""
         node, applier = self.nodes.get(journal), self.appliers.get(journal)
-        if node is None or applier is None:
+        replica = self._replica_of(journal)  # the one the read is served by
+        if node is None or applier is None or replica is None:
             raise QuorumReadUnavailableError(
-                f"no quorum node of {journal!r} on this broker (not started yet, or stopping):"
-                " it cannot tell how far the journal is committed"
+                f"no quorum node of {journal!r} on this broker, or no replica (not started yet,"
+                " or stopping): it cannot tell how far the journal is committed"
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + read_index_wait_s
@@ -505,7 +539,7 @@ class QuorumJournals:
                 f"the read index of {journal!r} not learned within {read_index_wait_s} s"
                 " (read_index_wait_s)"
             ) from None
-        await wait_applied(applier, offset, max(deadline - loop.time(), 0.0))
+        await wait_applied(applier, replica, offset, max(deadline - loop.time(), 0.0))
 
     # --- Appends -------------------------------------------------------------------------
 

@@ -86,6 +86,7 @@ from broker.quorum_shell.transport import SendOutcome, TypeRefused
 if TYPE_CHECKING:
     from broker.quorum_shell.apply import CommitApplier
     from broker.quorum_shell.node import QuorumNode
+    from broker.replica import Replica
 
 log = get_logger(__name__)
 
@@ -326,12 +327,15 @@ class ReadBarrier:
         return leader_read_index(member, role.term)
 
 
-async def wait_applied(applier: CommitApplier, offset: int, timeout_s: float) -> None:
-    """Return once `applier` has applied the journal through `offset` to the spool reads are
-    served from; QuorumReadUnavailableError after `timeout_s`."""
+async def wait_applied(
+    applier: CommitApplier, replica: Replica, offset: int, timeout_s: float
+) -> None:
+    """Return once `applier` has applied the journal through `offset` to the spool of
+    `replica`, the one reads are served from (not another this broker had before it);
+    QuorumReadUnavailableError after `timeout_s`."""
     try:
         async with asyncio.timeout(timeout_s):
-            while applier.applied < offset:
+            while applier.applied_to(replica) < offset:
                 applier.changed.clear()
                 await applier.changed.wait()
     except TimeoutError:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from broker import metrics
 from broker.client.route_cache import ChannelPool
+from broker.fragment.spool_dir import SpoolDir
 from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.registry import new_registry
 from broker.protocol import protocol_pb2 as pb
@@ -228,6 +230,12 @@ class LateReplica:
         self.asked.set()
         return self.replica if self.assigned else None
 
+    def assign(self, applier: CommitApplier) -> None:
+        """The replica exists now, and the applier is told so, as a broker's resolver tells
+        it (`replica_started`, wired in server.py)."""
+        self.assigned = True
+        applier.replica_changed()
+
 
 async def test_content_committed_before_the_replica_exists_is_applied_once_it_does(
     quorum_nodes: Cluster,
@@ -249,7 +257,7 @@ async def test_content_committed_before_the_replica_exists_is_applied_once_it_do
         async with asyncio.timeout(wait_s):  # it looked for the replica, and found none
             await late.asked.wait()
         assert applier.applied == 0
-        late.assigned = True  # and no commit follows
+        late.assign(applier)  # and no commit follows
         async with asyncio.timeout(wait_s):
             while applier.applied < end:
                 applier.changed.clear()
@@ -259,3 +267,74 @@ async def test_content_committed_before_the_replica_exists_is_applied_once_it_do
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class SwappedReplicas:
+    """`replica_of` of a broker whose replica of the journal is replaced: `current` (None: no
+    replica), with `asked` set on each lookup."""
+
+    def __init__(self, current: Replica | None) -> None:
+        self.current = current
+        self.asked = asyncio.Event()
+
+    def __call__(self, journal: str) -> Replica | None:
+        assert journal == J
+        self.asked.set()
+        return self.current
+
+
+async def test_a_replica_stopped_before_its_spool_is_handed_over_does_not_hold_the_applier(
+    quorum_nodes: Cluster, tmp_path: Path
+) -> None:
+    """A durable replica's spool is handed over only once the previous replica of the journal
+    in this process lets its files go; stopped before that, it never is. The applier waiting
+    for that spool is released by the stop and applies to the next replica. Before, it waited
+    on the stopped replica's empty slot for good: nothing more was applied on this broker, and
+    its non-blocking Reads failed at the read barrier."""
+    for name in NAMES:
+        await quorum_nodes.start(name)
+    _, end = await quorum_nodes.append(b"committed;")
+    leader = quorum_nodes.leader()
+    assert leader is not None and leader.commit_offset >= end
+
+    spool_dir = SpoolDir(tmp_path / "data", fsync=False)
+    never = asyncio.Event()
+    assert await spool_dir.claim(J, never)  # a previous replica of J still holds its files
+    durable = Replica(
+        J,
+        ReplicaEnv(
+            lookup_spec=lambda _: None,
+            new_spool_file=MemorySpoolFile,
+            stores=None,
+            persister=None,
+            pulse=None,
+            clock=time.time,
+            spool_dir=spool_dir,
+        ),
+    )
+    serving_task = asyncio.create_task(durable.serve())
+    replicas = SwappedReplicas(durable)
+    applier = CommitApplier(leader, replicas, lambda _: None, time.time)
+    task = asyncio.create_task(applier.run())
+    try:
+        leader.commit_changed.set()
+        async with asyncio.timeout(wait_s):  # it found the replica, and waits for its spool
+            await replicas.asked.wait()
+        assert not durable.spool_slot.available()
+        durable.stop()  # before its spool was handed over
+        async with asyncio.timeout(wait_s):
+            await serving_task
+        fresh = _memory_replica()
+        replicas.current = fresh
+        applier.replica_changed()  # as the resolver's replica_started does
+        async with asyncio.timeout(wait_s):
+            while applier.applied_to(fresh) < end:
+                applier.changed.clear()
+                await applier.changed.wait()
+        assert applier.error is None
+        assert await _read(fresh, end) == b"committed;"
+    finally:
+        task.cancel()
+        serving_task.cancel()
+        await asyncio.gather(task, serving_task, return_exceptions=True)
+        spool_dir.release(J)

@@ -1,6 +1,7 @@
 """A quorum leader's log compacts from the fragment store: the persisted end of the replica's
-fragment index is told to the core (CommitApplier.report_stored), so appends keep going past
-`log_bytes_max` (in-process brokers, a file:// store, a small bound)."""
+fragment index (or, for a leader with no replica on its broker, of the store's listing) is told
+to the core (CommitApplier.report_stored), so appends keep going past `log_bytes_max`
+(in-process brokers, a file:// store, a small bound)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from broker.protocol.labels import label_set
 from broker.quorum_shell.apply import persisted_end
 from broker.quorum_shell.node import broker_quorum_config
 from broker.server import Broker
+from tests.broker.quorum.quorum_brokers_testkit import broker_name, term_record, until
 
 log_bytes_max = 64 << 10
 append_bytes = 4 << 10
@@ -88,3 +90,47 @@ async def test_appends_go_past_log_bytes_max_as_the_store_catches_up(
     assert log.base.end > 0  # Compacted: the store holds what it dropped.
     assert log.held_bytes <= log_bytes_max
     assert leader.quorum.nodes[spec.name].commit_offset == total
+
+
+async def test_a_leader_without_a_replica_here_compacts_and_appends_go_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The allocator takes the leader's replica away and has no broker to put it on (the route
+    is not whole: no ensemble change), so the leader keeps its node, and leads, with no replica
+    on its broker (journals.py, `kept`). Its log still compacts: it lists the store itself, and
+    the route's primary uploads at once what the leader would have. Before, its log never
+    compacted (no index to learn the store's progress from, and followers upload only after
+    the persister's 120 s replica delay): appends were refused RESOURCE_EXHAUSTED for good."""
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
+    small = replace(broker_quorum_config(), log_bytes_max=log_bytes_max)
+    for b in brokers:
+        b.quorum.quorum_config = small
+    spec = journal_spec(
+        "quorum/kept-leader", replication=3, length=16 << 10, stores=["file:///frags/"]
+    )
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    await _append_with_retry(cluster, brokers[0], spec.name, b"x" * append_bytes)
+    await until(
+        "the register settled with a leader",
+        lambda: (
+            (r := term_record(brokers[0], spec.name)) is not None and bool(r.leader) and r.settled
+        ),
+    )
+    record = term_record(brokers[0], spec.name)
+    assert record is not None
+    leader = next(b for b in brokers if broker_name(b) == record.leader)
+    await cluster.assign(spec.name, [b for b in brokers if b is not leader])
+    assert spec.name in leader.quorum.kept and spec.name not in leader.resolver.replicas
+
+    total = append_bytes
+    while total <= 4 * log_bytes_max:
+        await _append_with_retry(cluster, leader, spec.name, b"y" * append_bytes)
+        total += append_bytes
+    node = leader.quorum.nodes[spec.name]
+    assert node.is_leader  # the appends above were its own
+    assert node.member.log.base.end > 0  # compacted: the store holds what it dropped
+    assert node.member.log.held_bytes <= log_bytes_max
+    assert node.commit_offset == total
