@@ -7,11 +7,13 @@ their ACKs at its end (two writer tasks committing together), in 1 MiB fragments
 file:// store. Its rows are ~200 bytes of JSON. What it shows is when a partition hands out its
 first rows (before or after it has read the ACKs), which no Spark figure isolates.
 
-Usage: bench_stream_partitions.py [rows] [runs] [--profile]
+Usage: bench_stream_partitions.py [rows] [runs] [--profile] [--tune-malloc]
 
 Each partition's CPU time (user and system, and its minor page faults: fresh memory costs
 system time) is printed beside its wall time. With --profile, the
 last run's partitions are read under cProfile, and the functions taking most time are listed.
+With --tune-malloc, glibc's thresholds are raised as a broker's are (broker/malloc_tuning.py):
+what fresh pages still cost the partitions (little, 2026-11-27: json_lines reuses its buffer).
 """
 
 from __future__ import annotations
@@ -126,7 +128,11 @@ def run_once(broker: str, journal: str, n: int, profile: bool = False) -> None:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--profile"]
+    if "--tune-malloc" in sys.argv[1:]:
+        from broker.malloc_tuning import tune_malloc
+
+        tune_malloc()
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     profile = "--profile" in sys.argv[1:]
     n = int(args[0]) if args else rows_default
     runs = int(args[1]) if len(args) > 1 else runs_default

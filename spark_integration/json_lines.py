@@ -4,10 +4,13 @@ The bulk path, per piece (`decode_piece_bytes` of content, cut after its last ne
 
 - the lines are found with one numpy pass over the bytes;
 - every line is decoded at once, as the elements of one JSON array (the newlines between them
-  turned into commas), by a msgspec decoder that keeps only the top-level "UUID" field: each
-  line is checked to be a whole JSON object, as the general path's decoder checks it;
-- the UUID texts are parsed at once (uuid_columns.py), and the content column is the piece's
-  bytes without the newlines, checked to be UTF-8 by Arrow.
+  turned into commas, in a buffer the decoder reuses: a fresh one for each piece cost more in
+  page faults than the copy), by a msgspec decoder that keeps only the top-level "UUID" field:
+  each line is checked to be a whole JSON object, as the general path's decoder checks it;
+- the UUID columns are read from the lines' tails where the writers' framing lets it
+  (uuid_tails.py: then they are the decode's), else from the decoded texts, parsed at once
+  (uuid_columns.py); the content column is the piece's bytes without the newlines, checked to
+  be UTF-8 by Arrow.
 
 Scans that need only offsets and UUIDs (a look-back, a look-ahead for ACKs, streaming
 planning: range_read.py) use `scan_decoder`, which skips the content column, and reads the

@@ -1,5 +1,7 @@
 """The UUIDs of JSON lines read from the lines' tails, without decoding the JSON (sans-IO): what
-scans need (offsets and UUIDs only: the streaming planner's walk, look-aheads, look-backs).
+scans need (offsets and UUIDs only: the streaming planner's walk, look-aheads, look-backs), and
+the UUID columns of a partition's decode with content (json_lines.py), which still decodes
+every line to check it but no longer lists and parses the decoded UUID strings.
 
 Gazette's writers of this package put the UUID last (`{...,"UUID":"<36 characters>"}`, an ACK
 `{"UUID":"<36 characters>"}`): arrow_json.py, publish.py. For such a piece of lines the UUID
