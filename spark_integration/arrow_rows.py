@@ -131,7 +131,9 @@ class RecordBatchBuilder:
             elif name == "uuid":
                 array = batch.uuids
             elif name == "producer":
-                array = pc.utf8_slice_codeunits(batch.uuids, 24, 36)
+                # The texts are canonical (ASCII) UUIDs: a slice of bytes is a slice of
+                # characters, by views of the same buffers (~8x faster than a string slice).
+                array = pc.binary_slice(batch.uuids.view(pa.binary()), 24, 36).view(pa.string())
             elif name == "clock":
                 array = pa.array(batch.clocks.view(np.int64), pa.int64(), mask=no_uuid)
             elif name == "timestamp":
@@ -148,10 +150,14 @@ class RecordBatchBuilder:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
 
     def _constant(self, key: str, value: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
-        one = self._constants.get(key)
-        if one is None:
-            one = self._constants[key] = pa.array([value], arrow_type)
-        return one.take(pa.array(np.zeros(n, np.int32)))
+        """`value` repeated `n` times: a slice of an array built once (doubled when a batch is
+        longer), not built again for each batch."""
+        repeated = self._constants.get(key)
+        if repeated is None or len(repeated) < n:
+            size = max(n, 2 * len(repeated) if repeated is not None else n)
+            one = pa.array([value], arrow_type)
+            repeated = self._constants[key] = one.take(pa.array(np.zeros(size, np.int32)))
+        return repeated.slice(0, n)
 
     def _labels_column(self, field: StructField, arrow_type: pa.DataType, n: int) -> pa.Array:
         labels = self._labels

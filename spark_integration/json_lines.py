@@ -4,10 +4,13 @@ The bulk path, per piece (`decode_piece_bytes` of content, cut after its last ne
 
 - the lines are found with one numpy pass over the bytes;
 - every line is decoded at once, as the elements of one JSON array (the newlines between them
-  turned into commas), by a msgspec decoder that keeps only the top-level "UUID" field: each
-  line is checked to be a whole JSON object, as the general path's decoder checks it;
-- the UUID texts are parsed at once (uuid_columns.py), and the content column is the piece's
-  bytes without the newlines, checked to be UTF-8 by Arrow.
+  turned into commas, in a buffer the decoder reuses: a fresh one for each piece cost more in
+  page faults than the copy), by a msgspec decoder that keeps only the top-level "UUID" field:
+  each line is checked to be a whole JSON object, as the general path's decoder checks it;
+- the UUID columns are read from the lines' tails where the writers' framing lets it
+  (uuid_tails.py: then they are the decode's), else from the decoded texts, parsed at once
+  (uuid_columns.py); the content column is the piece's bytes without the newlines, checked to
+  be UTF-8 by Arrow.
 
 Scans that need only offsets and UUIDs (a look-back, a look-ahead for ACKs, streaming
 planning: range_read.py) use `scan_decoder`, which skips the content column, and reads the
@@ -31,18 +34,19 @@ be skipped, see sources.py) drops the line that was cut by it.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT
 from spark_integration.journal_io import GazetteJournalError
 from spark_integration.message_batch import MessageBatch, batch_of_envelopes
 from spark_integration.raw_json import UUID_FIELD, RawLine, new_decoder
-from spark_integration.uuid_columns import UUID_TEXT_BYTES, parse_texts
-from spark_integration.uuid_tails import lines_batch, tail_batch, uuid_text_array
+from spark_integration.uuid_columns import UUID_TEXT_BYTES, UUIDColumns, parse_texts
+from spark_integration.uuid_tails import lines_batch, tail_batch, tail_uuids, uuid_text_array
 
 # Content decoded at once: big enough that per-piece costs vanish, small enough to keep a
 # partition's memory flat.
@@ -50,20 +54,74 @@ decode_piece_bytes: Final = 4 << 20
 _NEWLINE: Final = 10
 _COMMA: Final = 44
 
+T = TypeVar("T")
 
-class _UUIDText(msgspec.Struct):
+
+class _UUIDText(msgspec.Struct, gc=False):
+    """A line's top-level object, only its "UUID" member kept. Untracked by the garbage
+    collector (a string cannot make a cycle): ~17,000 tracked objects a piece made the decode
+    ~40% dearer, in the collections their allocation set off."""
+
     uuid: str = msgspec.field(default="", name=UUID_FIELD)
 
 
 _LINES_DECODER: Final = msgspec.json.Decoder(list[_UUIDText])
 
 
+class Scratch:
+    """A buffer reused from piece to piece (by one decoder, never two at once): a fresh 4 MiB
+    allocation for each piece costs ~2,000 page faults filling it, ~5 ms of system time where
+    the copy into it costs ~0.1 ms."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def view(self, size: int) -> memoryview:
+        """`size` bytes of the buffer (grown to the largest size asked: a piece's)."""
+        if len(self._buffer) < size:
+            self._buffer = bytearray(size)
+        return memoryview(self._buffer)[:size]
+
+
+def _decode_lines(
+    piece: bytes,
+    newlines: npt.NDArray[np.intp],
+    decoder: msgspec.json.Decoder[list[T]],
+    scratch: Scratch | None,
+) -> list[T] | None:
+    """The lines of `piece` (ending at `newlines`) decoded at once by `decoder`, as the elements
+    of one JSON array; None unless each line is one JSON value that `decoder` takes."""
+    # "[" + the lines, each newline but the last a comma + "]": one copy of the piece.
+    size = len(piece) + 1
+    with scratch.view(size) if scratch is not None else memoryview(bytearray(size)) as blob:
+        blob[0] = ord("[")
+        blob[1:] = piece
+        np.frombuffer(blob, np.uint8)[newlines + 1] = _COMMA
+        blob[-1] = ord("]")
+        try:
+            decoded = decoder.decode(blob)
+        except (msgspec.DecodeError, ValueError):
+            return None
+    if len(decoded) != len(newlines):
+        return None  # A line held more than one JSON value.
+    return decoded
+
+
 def bulk_batch(
-    journal: str, offset: int, piece: bytes, *, content: bool = True
+    journal: str,
+    offset: int,
+    piece: bytes,
+    *,
+    content: bool = True,
+    tails: bool = True,
+    scratch: Scratch | None = None,
 ) -> MessageBatch | None:
     """The messages of `piece` (whole lines, beginning at `offset`), or None if the bulk path
     does not take it (see the module docstring). Without `content` the batch's content column
-    is all nulls (a scan that needs only offsets and UUIDs skips building and checking it)."""
+    is all nulls (a scan that needs only offsets and UUIDs skips building and checking it).
+    With content, the UUID columns are read from the lines' tails where they settle them
+    (`tails` False: from the decoded strings, as a test compares). `scratch`:
+    the caller's buffer for the decode's copy of the piece (None: a fresh one)."""
     data = np.frombuffer(piece, np.uint8)
     newlines = np.flatnonzero(data == _NEWLINE)
     n = len(newlines)
@@ -72,39 +130,21 @@ def bulk_batch(
     starts = np.empty(n, np.int64)
     starts[0] = 0
     starts[1:] = newlines[:-1] + 1
-    # "[" + the lines, each newline but the last a comma + "]": one copy of the piece.
-    blob = bytearray(len(piece) + 1)
-    blob[0] = ord("[")
-    blob[1:] = piece
-    np.frombuffer(blob, np.uint8)[newlines + 1] = _COMMA
-    blob[-1] = ord("]")
-    try:
-        decoded = _LINES_DECODER.decode(blob)
-    except (msgspec.DecodeError, ValueError):
+    # (A scan without content tried the tails before: uuid_tails.tail_batch.)
+    from_tails = tail_uuids(data, starts, newlines) if content and tails else None
+    # Every line is decoded all the same: what the bulk path takes is checked as before (each
+    # line one JSON object, its "UUID" members strings); the tails' UUIDs are then the ones
+    # the decode read (uuid_tails.py), without the list of its strings and their parse.
+    decoded = _decode_lines(piece, newlines, _LINES_DECODER, scratch)
+    if decoded is None:
         return None
-    if len(decoded) != n:
-        return None  # A line held more than one JSON value.
-    # The UUID texts as one buffer, not through pa.array: its first call in a process imports
-    # pandas (~0.4 s), which the driver's planning walk (a scan, content-less) needs nowhere.
-    texts = [d.uuid for d in decoded]
-    lengths = np.fromiter(map(len, texts), np.int32, n)
-    with_uuid = lengths == UUID_TEXT_BYTES
-    if not np.all(with_uuid | (lengths == 0)):
-        return None  # A UUID not in canonical form: the general path parses it.
-    try:
-        text_bytes = "".join(texts).encode("ascii")
-    except UnicodeEncodeError:
-        return None  # Not canonical either.
-    matrix = np.zeros((n, UUID_TEXT_BYTES), np.uint8)
-    if len(text_bytes):
-        matrix[with_uuid] = np.frombuffer(text_bytes, np.uint8).reshape(-1, UUID_TEXT_BYTES)
-    parts = parse_texts(matrix)
-    if not np.all(parts.parsed | parts.nil | ~with_uuid):
-        return None  # Not a Gazette UUID: the general path names it.
-    text_offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(lengths, out=text_offsets[1:])
-    # Rows without a UUID (none, or the nil UUID) are null.
-    uuids = uuid_text_array(parts, text_offsets, text_bytes)
+    if from_tails is not None:
+        parts, uuids = from_tails
+    else:
+        found = _uuid_columns(decoded)
+        if found is None:
+            return None
+        parts, uuids = found
     if not content:
         return lines_batch(journal, offset, starts, newlines, parts, uuids)
     # The content: each line with its newline, checked to be UTF-8, then without it (the
@@ -126,6 +166,33 @@ def bulk_batch(
 
     content = pc.utf8_slice_codeunits(lines, 0, -1)
     return lines_batch(journal, offset, starts, newlines, parts, uuids, content)
+
+
+def _uuid_columns(decoded: list[_UUIDText]) -> tuple[UUIDColumns, pa.StringArray] | None:
+    """The UUID columns and texts of decoded lines; None if a UUID is not a canonical Gazette
+    one (the general path parses or names it)."""
+    n = len(decoded)
+    # The UUID texts as one buffer, not through pa.array: its first call in a process imports
+    # pandas (~0.4 s), which the driver's planning walk (a scan, content-less) needs nowhere.
+    texts = [d.uuid for d in decoded]
+    lengths = np.fromiter(map(len, texts), np.int32, n)
+    with_uuid = lengths == UUID_TEXT_BYTES
+    if not np.all(with_uuid | (lengths == 0)):
+        return None  # A UUID not in canonical form: the general path parses it.
+    try:
+        text_bytes = "".join(texts).encode("ascii")
+    except UnicodeEncodeError:
+        return None  # Not canonical either.
+    matrix = np.zeros((n, UUID_TEXT_BYTES), np.uint8)
+    if len(text_bytes):
+        matrix[with_uuid] = np.frombuffer(text_bytes, np.uint8).reshape(-1, UUID_TEXT_BYTES)
+    parts = parse_texts(matrix)
+    if not np.all(parts.parsed | parts.nil | ~with_uuid):
+        return None  # Not a Gazette UUID: the general path names it.
+    text_offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=text_offsets[1:])
+    # Rows without a UUID (none, or the nil UUID) are null.
+    return parts, uuid_text_array(parts, text_offsets, text_bytes)
 
 
 def general_batch(journal: str, offset: int, piece: bytes, *, final: bool) -> MessageBatch:
@@ -172,6 +239,7 @@ class JSONLinesDecoder:
         self._held = 0  # Bytes in `_chunks`.
         self._newline = False  # Whether a chunk fed since the last decode holds a newline.
         self._buffer_offset = offset  # Where `_chunks` begin.
+        self._scratch = Scratch()  # For bulk_batch's copy of each piece.
 
     @property
     def offset(self) -> int:
@@ -231,7 +299,9 @@ class JSONLinesDecoder:
         if not self._content:
             batch = tail_batch(self.journal, offset, piece)
         if batch is None:
-            batch = bulk_batch(self.journal, offset, piece, content=self._content)
+            batch = bulk_batch(
+                self.journal, offset, piece, content=self._content, scratch=self._scratch
+            )
         if batch is None:
             batch = general_batch(self.journal, offset, piece, final=True)
         return [batch] if len(batch) else []

@@ -1,5 +1,7 @@
 """The UUIDs of JSON lines read from the lines' tails, without decoding the JSON (sans-IO): what
-scans need (offsets and UUIDs only: the streaming planner's walk, look-aheads, look-backs).
+scans need (offsets and UUIDs only: the streaming planner's walk, look-aheads, look-backs), and
+the UUID columns of a partition's decode with content (json_lines.py), which still decodes
+every line to check it but no longer lists and parses the decoded UUID strings.
 
 Gazette's writers of this package put the UUID last (`{...,"UUID":"<36 characters>"}`, an ACK
 `{"UUID":"<36 characters>"}`): arrow_json.py, publish.py. For such a piece of lines the UUID
@@ -57,10 +59,23 @@ def tail_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
         return None
     data = np.frombuffer(piece, np.uint8)
     newlines = np.flatnonzero(data == _NEWLINE)
-    n = len(newlines)
-    starts = np.empty(n, np.int64)
+    starts = np.empty(len(newlines), np.int64)
     starts[0] = 0
     starts[1:] = newlines[:-1] + 1
+    tails = tail_uuids(data, starts, newlines)
+    if tails is None:
+        return None
+    parts, uuids = tails
+    return lines_batch(journal, offset, starts, newlines, parts, uuids)
+
+
+def tail_uuids(
+    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], newlines: npt.NDArray[np.intp]
+) -> tuple[UUIDColumns, pa.StringArray] | None:
+    """The UUID columns and texts of the lines of `data` (starting at `starts`, each ending at
+    its newline, the last at the end of `data`), read from their tails; None if the tails do
+    not settle them (see the module docstring)."""
+    n = len(newlines)
     if bool(np.any(newlines - starts < TAIL_BYTES)):
         return None
     windows = np.lib.stride_tricks.sliding_window_view(data, TAIL_BYTES)
@@ -78,8 +93,7 @@ def tail_batch(journal: str, offset: int, piece: bytes) -> MessageBatch | None:
         return None  # Not a Gazette UUID: the full decode names it.
     # As bulk_batch builds them: the texts, null where the UUID is nil.
     text_offsets = np.arange(0, (n + 1) * UUID_TEXT_BYTES, UUID_TEXT_BYTES, dtype=np.int32)
-    uuids = uuid_text_array(parts, text_offsets, texts)
-    return lines_batch(journal, offset, starts, newlines, parts, uuids)
+    return parts, uuid_text_array(parts, text_offsets, texts)
 
 
 def uuid_text_array(

@@ -24,7 +24,8 @@ from broker.fragment.naming import content_sum
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message import NIL_UUID
 from gazette_consumer.sequencer.types import SequencerCheckpoint
-from spark_integration.json_lines import JSONLinesDecoder, bulk_batch
+from spark_integration.journal_io import GazetteJournalError
+from spark_integration.json_lines import JSONLinesDecoder, bulk_batch, general_batch
 from spark_integration.message_batch import MessageBatch
 from spark_integration.range_decode import json_decoder
 from spark_integration.range_read import CommittedRange
@@ -235,3 +236,58 @@ def test_chunks_cut_anywhere_decode_as_one_piece(seed: int, content: bool) -> No
     assert columns(got) == columns(want)
     if content:
         assert got.content.to_pylist() == want.content.to_pylist()
+
+
+# Lines whose tails read as a writer's but that the full decode refuses (not one JSON object):
+# the content path, reading UUIDs from the tails, must still refuse them.
+NOT_OBJECTS = [
+    b'{"text":,"UUID":"%s"}\n' % V1.encode(),
+    b'{"a":1}{"UUID":"%s"}\n' % V1.encode(),
+    b'{"a":1} {"text":"b","UUID":"%s"}\n' % V1.encode(),
+    b'"s","UUID":"%s"}\n' % V1.encode(),
+    b'{"text":"\\x","UUID":"%s"}\n' % V1.encode(),
+    b'{"text":"a","UUID":"%s"}}\n' % V1.encode(),
+    b'{"text":"a\xff","UUID":"%s"}\n' % V1.encode(),  # Not UTF-8.
+    b'{"UUID":5,"UUID":"%s"}\n' % V1.encode(),  # A "UUID" that is not a string, then one.
+    b"\n",
+]
+
+
+def delivered(piece: bytes, offset: int, *, tails: bool) -> Any:
+    """What a partition's decoder makes of `piece`: the bulk path's batch, else the general
+    path's, else its error."""
+    batch = bulk_batch(JOURNAL, offset, piece, tails=tails)
+    path = "bulk"
+    if batch is None:
+        path = "general"
+        try:
+            batch = general_batch(JOURNAL, offset, piece, final=True)
+        except GazetteJournalError as err:
+            return "error", str(err)
+    return path, columns(batch), batch.content.to_pylist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_content_read_by_tails_is_what_the_full_decode_delivers(seed: int) -> None:
+    """A partition's decode (with content) takes the UUIDs from the tails, msgspec then only
+    checking each line is one JSON object: the same batches, the same pieces sent down the
+    general path, the same errors as decoding every line's UUID."""
+    rng = random.Random(seed)
+    by_tails = 0
+    for _ in range(30):
+        lines = []
+        for _ in range(rng.randint(1, 12)):
+            draw = rng.random()
+            if draw < 0.1:
+                lines.append(rng.choice(MISLEADING))
+            elif draw < 0.15:
+                lines.append(rng.choice(NOT_OBJECTS))
+            else:
+                text = rng.choice([None, "", "a", "x\\y", '"}', "UUID", '","UUID":"', "\u00e9"])
+                lines.append(writer_line(text, rng.choice([V1, V1_OTHER, NIL])))
+        piece = b"".join(lines)
+        offset = rng.randrange(1 << 40)
+        got = delivered(piece, offset, tails=True)
+        assert got == delivered(piece, offset, tails=False), piece
+        by_tails += tail_batch(JOURNAL, offset, piece) is not None and got[0] == "bulk"
+    assert by_tails > 0
