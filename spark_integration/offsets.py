@@ -8,7 +8,9 @@ acknowledged message, and where its pending transaction began (if one is open). 
 Sequencer, it de-duplicates messages across micro-batches and commits a transaction whose
 messages straddle a micro-batch boundary (see stream_read.py). `origin` (omitted when 0) is
 where the query started reading the journal: a transaction that began before it is never
-delivered (range_read.py).
+delivered (range_read.py). `deselected` (omitted when false) marks the offset of a journal the
+query no longer reads (out of its selection), kept so that the journal, read again, goes on
+from it (stream_read.py).
 
 Offsets are written to the query's checkpoint at every micro-batch, whole, so they are packed:
 producers are sorted by clock and each is 6 bytes of ProducerID, the clock as a varint delta
@@ -63,6 +65,9 @@ class JournalOffset:
     # pending there, [begin, end) each: the partition ending there reads only them ahead
     # (resolving.py). A split absent here was not planned so: it scans.
     resolving: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # The journal is no longer read (out of the selection, or of option journals): its offset
+    # is kept so that, read again, it goes on from here rather than from its beginning.
+    deselected: bool = False
 
     @classmethod
     def at(cls, journal: str, offset: int, origin: int = 0) -> JournalOffset:
@@ -93,6 +98,8 @@ def to_json(offsets: Mapping[str, JournalOffset]) -> JournalOffsets:
         encoded: dict[str, Any] = {"offset": entry.offset(journal)}
         if entry.origin:
             encoded["origin"] = entry.origin
+        if entry.deselected:
+            encoded["deselected"] = True
         encoded["producers"] = _packed(journal, entry.checkpoint)
         if entry.splits:
             encoded["splits"] = [
@@ -149,7 +156,10 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
             reached[at] = unpack_clocks(split["reached"])
         if "resolving" in split:  # Likewise.
             resolving[at] = _ranges(split["resolving"], at, offset)
-    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving)
+    deselected = entry.get("deselected", False)
+    if not isinstance(deselected, bool):
+        raise ValueError(f"deselected must be a boolean (got {deselected!r})")
+    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving, deselected)
 
 
 def _ranges(value: Any, low: int, high: int) -> tuple[tuple[int, int], ...]:

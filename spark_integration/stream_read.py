@@ -57,7 +57,11 @@ new keeps its start offset exactly (split checkpoints included): any other answe
 Spark, which would run a micro-batch of no rows after each micro-batch of data.
 
 A selector is re-evaluated at every micro-batch: journals it newly matches are read from their
-beginning. `Trigger.AvailableNow` reads up to the write heads of when the query started.
+beginning. A journal that leaves the journals read (relabelled out of the selection, or out of
+option journals across a restart) keeps its offset, marked deselected: back, it is read on
+from there, not again from its beginning. One that left because it was deleted is data loss,
+as a partition gone is to Kafka's source (`_not_read`). `Trigger.AvailableNow` reads up to the
+write heads of when the query started.
 
 Where the query starts a journal (startingOffsets) is its origin, kept in every offset: starting
 at an offset other than 0, `initialOffset` learns the producers open there (range_start.py),
@@ -68,7 +72,9 @@ micro-batches later (range_read.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -84,6 +90,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from broker.fragment.verify import DataLossError
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
@@ -92,6 +99,7 @@ from spark_integration.fragment_plan import split_ranges, target_bytes
 from spark_integration.framings import decoder_factory
 from spark_integration.journal_io import (
     GazetteJournalError,
+    journal_exists,
     resolve_journals,
     wait_for_append,
     write_heads,
@@ -109,6 +117,9 @@ from spark_integration.read_plan import (
     position_offset,
     run_in_context,
 )
+from spark_integration.sources import GazetteDataLossError
+
+_log = logging.getLogger(__name__)
 
 # Journals whose new content the driver walks at once when planning a micro-batch: their
 # reads (fragment files, broker reads) overlap; their decoding shares the driver's event loop.
@@ -135,6 +146,22 @@ async def gather_bounded(
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return {key: task.result() for key, task in tasks.items()}
+
+
+class GazetteJournalDeletedError(GazetteDataLossError):
+    """A journal a streaming query read was deleted: what it held beyond the query's offset
+    may not have been read. Raised when option failOnDataLoss is true (the default)."""
+
+    def __init__(self, journal: str, offset: int) -> None:
+        DataLossError.__init__(
+            self,
+            journal,
+            f"journal {journal}: deleted while the query read it from offset {offset}; content"
+            " it held beyond that offset may not have been read. Set option failOnDataLoss to"
+            " false to run on without it (with a warning) instead",
+        )
+        self.begin = offset
+        self.end = offset
 
 
 def _share(budget: int | None, available: int, total: int) -> int | None:
@@ -307,7 +334,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     # Nothing new: the start offset as it is (its splits too). An answer that
                     # differs in any way, even in splits no later partition uses, is new data
                     # to Spark: it would run a micro-batch of no rows after each one of data.
-                    out[journal] = entry
+                    # (Once, for a journal read again, its deselected mark goes.)
+                    out[journal] = dataclasses.replace(entry, deselected=False)
                     continue
                 walks[journal] = functools.partial(
                     self._walk,
@@ -321,9 +349,45 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     max_messages=_share(max_messages, available[journal], total),
                 )
             out.update(await gather_bounded(walks, planning_walks_max))
-            return {journal: out[journal] for journal in news}
+            kept = await self._not_read(ctx, {j: e for j, e in starts.items() if j not in heads})
+            return {**{journal: out[journal] for journal in news}, **kept}
 
         return offsets.to_json(run_in_context(opts, plan))
+
+    async def _not_read(
+        self, ctx: ReadContext, entries: Mapping[str, JournalOffset]
+    ) -> dict[str, JournalOffset]:
+        """The offsets of journals read before and no longer: kept, marked deselected, so that
+        a journal read again (back in the selection, or in option journals) goes on where it
+        was, rather than from its beginning, which would deliver its messages again. A journal
+        that left because it was deleted is data loss, as a Kafka partition gone is for
+        Kafka's source (what it held beyond the offset may not have been read): it fails the
+        query, or with failOnDataLoss false is forgotten with a warning. Existence is asked
+        once, when a journal leaves (with no broker to ask, it is kept)."""
+        left = [j for j, e in entries.items() if not e.deselected]
+        deleted: set[str] = set()
+        if left and ctx.client is not None:
+            client = ctx.client
+            found = await gather_bounded(
+                {j: functools.partial(journal_exists, client, j) for j in left},
+                planning_walks_max,
+            )
+            deleted = {j for j, exists in found.items() if not exists}
+        for journal in sorted(deleted):
+            offset = entries[journal].offset(journal)
+            if self.opts.fail_on_data_loss:
+                raise GazetteJournalDeletedError(journal, offset)
+            _log.warning(
+                "gazette: journal %s was deleted while read from offset %d: forgotten; content"
+                " it held beyond that offset may not have been read (failOnDataLoss is false)",
+                journal,
+                offset,
+            )
+        return {
+            j: dataclasses.replace(e, deselected=True)
+            for j, e in entries.items()
+            if j not in deleted
+        }
 
     async def _walk(
         self,

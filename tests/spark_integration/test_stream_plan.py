@@ -22,7 +22,7 @@ from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration import offsets
 from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
-from spark_integration.stream_read import GazetteStreamReader
+from spark_integration.stream_read import GazetteJournalDeletedError, GazetteStreamReader
 from tests.broker.serve_testkit import gazette_serve
 from tests.spark_integration.spark_testkit import (
     ACK,
@@ -30,6 +30,7 @@ from tests.spark_integration.spark_testkit import (
     OUTSIDE,
     Msg,
     committed_texts,
+    create_journals,
     producer,
     unique,
 )
@@ -39,6 +40,7 @@ from tests.spark_integration.test_range_split import (
     create_small_fragment_journal,
     long_transaction_history,
 )
+from tests.spark_integration.test_spark_stream_restarts import delete_journal, relabel
 
 pytestmark = pytest.mark.spark
 
@@ -283,3 +285,31 @@ def test_a_start_of_another_query_than_its_end_is_refused(broker: str) -> None:
     stranger = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
     with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*not of one query"):
         stranger.partitions(other_start, end)
+
+
+def test_a_journal_leaving_the_selection_keeps_its_offset_and_a_deleted_one_fails(
+    broker: str,
+) -> None:
+    """A journal relabelled out of a selector's selection keeps its offset (marked
+    deselected), unchanged while it stays out; back in, it goes on from there, its mark gone;
+    out again and deleted, the plan fails with GazetteJournalDeletedError (failOnDataLoss)."""
+    one, two = unique("spark/stream-leave"), unique("spark/stream-leave")
+    create_journals(broker, [one, two])
+    tag_one, tag_two = one.split("/")[-1], two.split("/")[-1]
+    p = producer()
+    for journal in (one, two):
+        append_in_groups(broker, journal, [Msg(p, 1, OUTSIDE, {"text": journal})])
+    options = {"broker": broker, "selector": f"test in ({tag_one}, {tag_two})", "idleWaitMs": "0"}
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    relabel(broker, one, tag_one + "-out")
+    out = reader.latestOffset(end, ReadAllAvailable())
+    assert out[one] == {**end[one], "deselected": True}
+    assert reader.latestOffset(out, ReadAllAvailable()) == out
+    relabel(broker, one, tag_one)
+    back = reader.latestOffset(out, ReadAllAvailable())
+    assert back == end
+    relabel(broker, one, tag_one + "-out")
+    delete_journal(broker, one)
+    with pytest.raises(GazetteJournalDeletedError, match=f"journal {one}: deleted"):
+        reader.latestOffset(back, ReadAllAvailable())

@@ -1,0 +1,187 @@
+"""The streaming source across the restarts and option changes a Spark user makes: each
+committed message delivered once, or a typed error, never a silent loss or repeat (issue #14).
+
+Checkpoints are made from real runs' (test_spark_streaming.py does the same): a query that died
+after Spark logged micro-batch N but before N committed is one whose offset log ends at N and
+commit log at N - 1. Rows are collected by a foreachBatch sink as (micro-batch, journal, text);
+the sink's own guarantees are test_spark_sink.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client import JournalClient, apply_journals, upsert
+from broker.client.list_apply import get_journal
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.message.clock import clock_from_unix_nanos
+from tests.spark_integration.spark_testkit import (
+    OUTSIDE,
+    Msg,
+    append_messages,
+    create_journals,
+    producer,
+    unique,
+)
+
+pytestmark = pytest.mark.spark
+
+Row = tuple[int, str, str | None]  # (micro-batch, journal, text), as the sink saw them.
+
+
+def run(
+    spark: Any,
+    checkpoint: Path,
+    *,
+    available_now: bool = False,
+    **options: str,
+) -> list[Row]:
+    """Run a query of the gazette source with `options` from `checkpoint` until it has
+    processed what there is (or, with `available_now`, until it stops); its rows."""
+    delivered: list[Row] = []
+
+    def collect(frame: Any, batch_id: int) -> None:
+        delivered.extend(
+            (batch_id, r.journal, json.loads(r.content).get("text")) for r in frame.collect()
+        )
+
+    stream = spark.readStream.format("gazette")
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    writer = (
+        stream.load()
+        .selectExpr("journal", "content")
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+    )
+    query = (writer.trigger(availableNow=True) if available_now else writer).start()
+    try:
+        if available_now:
+            assert query.awaitTermination(120)
+            if query.exception() is not None:
+                raise query.exception()
+        else:
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    return delivered
+
+
+def rewind(checkpoint: Path, batch: int) -> None:
+    """Make `checkpoint` that of a query that died after logging micro-batch `batch`, before it
+    committed: offset log entries after it and commit records from it on go (checksums too)."""
+    for log, first in (("offsets", batch + 1), ("commits", batch)):
+        for record in (checkpoint / log).iterdir():
+            if int(record.name.strip(".").removesuffix(".crc")) >= first:
+                record.unlink()
+
+
+def texts(rows: list[Row]) -> list[str | None]:
+    return sorted((text for _, _, text in rows), key=str)
+
+
+class Journal:
+    """A journal and its producers' clocks, for appending messages one by one."""
+
+    def __init__(self, broker: str, name: str) -> None:
+        self.broker, self.name = broker, name
+        self.clock = clock_from_unix_nanos(time.time_ns())
+
+    def add(self, p: bytes, flags: Any, text: str | None = None, *, clock: int = 0) -> None:
+        if not clock:
+            self.clock += 1
+            clock = self.clock
+        fields = {"text": text} if text is not None else None
+        append_messages(self.broker, self.name, [Msg(p, clock, flags, fields)])
+
+
+def relabel(broker: str, journal: str, test: str) -> None:
+    """Set `journal`'s label "test" (what the tests' selectors select on) to `test`."""
+
+    async def go() -> None:
+        client = JournalClient(broker)
+        try:
+            spec = await get_journal(client, journal)
+            for label in spec.labels.labels:
+                if label.name == "test":
+                    label.value = test
+            await apply_journals(client, [upsert(spec, expect_mod_revision=-1)])
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+def delete_journal(broker: str, journal: str) -> None:
+    async def go() -> None:
+        client = JournalClient(broker)
+        try:
+            await apply_journals(
+                client, [pb.ApplyRequest.Change(delete=journal, expect_mod_revision=-1)]
+            )
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+def test_a_journal_out_of_the_selection_and_back_is_read_on_from_where_it_was(
+    spark: Any, broker: str, tmp_path: Path
+) -> None:
+    """A selector query: a journal relabelled out of the selection while the query is down (it
+    runs on without it), then back in: it is read on from where the query left it, not again
+    from its beginning."""
+    one, two = unique("spark/restart-sel"), unique("spark/restart-sel")
+    create_journals(broker, [one, two])
+    tag_one, tag_two = one.split("/")[-1], two.split("/")[-1]
+    j1, j2, p = Journal(broker, one), Journal(broker, two), producer()
+    options = {"broker": broker, "selector": f"test in ({tag_one}, {tag_two})"}
+    checkpoint = tmp_path / "cp"
+    j1.add(p, OUTSIDE, "one-1")
+    j2.add(p, OUTSIDE, "two-1")
+    delivered = run(spark, checkpoint, **options)
+    relabel(broker, one, tag_one + "-out")
+    j1.add(p, OUTSIDE, "one-2")  # Appended while out of the selection.
+    j2.add(p, OUTSIDE, "two-2")
+    delivered += run(spark, checkpoint, **options)
+    relabel(broker, one, tag_one)
+    j1.add(p, OUTSIDE, "one-3")
+    delivered += run(spark, checkpoint, **options)
+
+    assert texts(delivered) == ["one-1", "one-2", "one-3", "two-1", "two-2"]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_deleted_journal_of_the_selection_is_data_loss(
+    spark: Any, broker: str, tmp_path: Path, fail_on_data_loss: str
+) -> None:
+    """A selector query whose journal is deleted while the query is down, with content the
+    query had not read: as Kafka's source with a partition gone, the query fails naming the
+    journal (failOnDataLoss true), or runs on without it (false)."""
+    one, two = unique("spark/restart-del"), unique("spark/restart-del")
+    create_journals(broker, [one, two])
+    tag_one, tag_two = one.split("/")[-1], two.split("/")[-1]
+    j1, j2, p = Journal(broker, one), Journal(broker, two), producer()
+    options = {
+        "broker": broker,
+        "selector": f"test in ({tag_one}, {tag_two})",
+        "failOnDataLoss": fail_on_data_loss,
+    }
+    checkpoint = tmp_path / "cp"
+    j1.add(p, OUTSIDE, "one-1")
+    j2.add(p, OUTSIDE, "two-1")
+    assert texts(run(spark, checkpoint, **options)) == ["one-1", "two-1"]
+    j1.add(p, OUTSIDE, "one-2")  # Never read: its journal is deleted.
+    delete_journal(broker, one)
+    j2.add(p, OUTSIDE, "two-2")
+
+    if fail_on_data_loss == "true":
+        with pytest.raises(Exception, match=rf"GazetteJournalDeletedError: journal {one}: deleted"):
+            run(spark, checkpoint, **options)
+    else:
+        assert texts(run(spark, checkpoint, **options)) == ["two-2"]
