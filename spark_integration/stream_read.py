@@ -210,8 +210,16 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             starts = {info.name: functools.partial(self._start, ctx, info) for info in infos}
             return await gather_bounded(starts, planning_walks_max)
 
-        self._initial = offsets.to_json(run_in_context(self.opts, plan))
+        self._initial = self._to_json(run_in_context(self.opts, plan))
         return self._initial
+
+    def _to_json(self, entries: Mapping[str, JournalOffset]) -> dict[str, Any]:
+        return offsets.to_json(entries, uncommitted=not self.opts.committed)
+
+    def _from_json(self, entries: dict[str, Any]) -> dict[str, JournalOffset]:
+        """Offsets Spark gives back: of this query's isolation (offsets.check_isolation)."""
+        offsets.check_isolation(entries, committed=self.opts.committed)
+        return offsets.from_json(entries)
 
     async def _start(self, ctx: ReadContext, info: JournalInfo) -> JournalOffset:
         opts = self.opts
@@ -283,7 +291,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         With nothing new in any journal, it first waits (see the module docstring) for an
         append, at most option idleWaitMs, then looks once more."""
         opts = self.opts
-        starts = offsets.from_json(start)
+        starts = self._from_json(start)
         horizon = 0
         if opts.producer_horizon_s:
             horizon = clock_from_unix_nanos(
@@ -352,7 +360,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             kept = await self._not_read(ctx, {j: e for j, e in starts.items() if j not in heads})
             return {**{journal: out[journal] for journal in news}, **kept}
 
-        return offsets.to_json(run_in_context(opts, plan))
+        return self._to_json(run_in_context(opts, plan))
 
     async def _not_read(
         self, ctx: ReadContext, entries: Mapping[str, JournalOffset]
@@ -441,8 +449,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         return info.fragments.overlapping(min([begin, *pending]), end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        starts = offsets.from_json(start)
-        ends = offsets.from_json(end)
+        starts = self._from_json(start)
+        ends = self._from_json(end)
         starts.update(self._restarted(start, starts, ends))
         needed = [
             j

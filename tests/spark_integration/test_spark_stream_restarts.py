@@ -21,6 +21,8 @@ from broker.client.list_apply import get_journal
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from tests.spark_integration.spark_testkit import (
+    ACK,
+    CONTINUE,
     OUTSIDE,
     Msg,
     append_messages,
@@ -185,3 +187,25 @@ def test_a_deleted_journal_of_the_selection_is_data_loss(
             run(spark, checkpoint, **options)
     else:
         assert texts(run(spark, checkpoint, **options)) == ["two-2"]
+
+
+def test_isolation_changed_across_a_restart_is_refused(
+    spark: Any, broker: str, tmp_path: Path
+) -> None:
+    """A read-committed query restarted read-uncommitted, with a transaction open at its
+    offset: the transaction's messages before the offset would be delivered by neither run
+    (read-committed delivers them at the ACK, read-uncommitted from the offset on). The
+    restart is refused with a typed error instead."""
+    journal = unique("spark/restart-iso")
+    create_journals(broker, [journal])
+    j, a, b = Journal(broker, journal), producer(), producer()
+    options = {"broker": broker, "journals": journal}
+    checkpoint = tmp_path / "cp"
+    j.add(a, OUTSIDE, "a1")
+    j.add(b, CONTINUE, "b1")
+    assert texts(run(spark, checkpoint, **options)) == ["a1"]
+    j.add(b, CONTINUE, "b2")
+    j.add(b, ACK)
+
+    with pytest.raises(Exception, match=r"GazetteOffsetError.*isolation"):
+        run(spark, checkpoint, isolation="read_uncommitted", **options)

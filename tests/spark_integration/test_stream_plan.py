@@ -287,6 +287,38 @@ def test_a_start_of_another_query_than_its_end_is_refused(broker: str) -> None:
         stranger.partitions(other_start, end)
 
 
+def test_offsets_of_the_other_isolation_are_refused(broker: str) -> None:
+    """A query's isolation cannot change across restarts: read-committed offsets (a
+    transaction pending at them) are refused by a read-uncommitted reader, which would never
+    deliver the transaction's messages before the offset, and read-uncommitted offsets by a
+    read-committed reader, which would take the transaction's tail for a whole one."""
+    journal = unique("spark/stream-isolation")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    a, b = producer(), producer()
+    append_in_groups(
+        broker, journal, [Msg(a, 1, OUTSIDE, {"text": "a1"}), Msg(b, 2, CONTINUE, {"text": "b1"})]
+    )
+
+    def reader(isolation: str) -> GazetteStreamReader:
+        options = {"broker": broker, "journals": journal, "isolation": isolation}
+        return GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+
+    committed, uncommitted = reader("read_committed"), reader("read_uncommitted")
+    start = committed.initialOffset()
+    end = committed.latestOffset(start, ReadAllAvailable())
+    with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*isolation read_committed"):
+        uncommitted.latestOffset(end, ReadAllAvailable())
+    with pytest.raises(offsets.GazetteOffsetError, match="cannot change across restarts"):
+        uncommitted.partitions(start, end)
+    u_start = uncommitted.initialOffset()
+    u_end = uncommitted.latestOffset(u_start, ReadAllAvailable())
+    with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*isolation read_uncommitted"):
+        committed.latestOffset(u_end, ReadAllAvailable())
+    # Each reader goes on from its own offsets.
+    assert committed.latestOffset(end, ReadAllAvailable()) == end
+    assert uncommitted.latestOffset(u_end, ReadAllAvailable()) == u_end
+
+
 def test_a_journal_leaving_the_selection_keeps_its_offset_and_a_deleted_one_fails(
     broker: str,
 ) -> None:
