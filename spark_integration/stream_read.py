@@ -516,13 +516,25 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         in each journal; where it differs from this start's, the start is rebuilt there, as
         the first run built it (the look-back before the origin is the same content). Any
         other start that disagrees with its end's origin is refused: delivering from either
-        one could lose or repeat rows."""
+        one could lose or repeat rows.
+
+        Likewise a journal of the end that the start lacks (a micro-batch 0 run again by a
+        query that no longer reads it): the start is built at its end's origin, with the
+        producers open there, not taken as a plain offset, which would deliver the tails of
+        transactions begun before the query started. (A journal newly matched by a selector,
+        whose origin is its first offset, starts there plainly either way.)"""
         moved = {
             j: e.origin for j, e in ends.items() if j in starts and starts[j].origin != e.origin
         }
-        if not moved:
+        absent = {
+            j: e.origin
+            for j, e in ends.items()
+            if j not in starts
+            and e.origin > (self._infos[j].fragments.begin if j in self._infos else 0)
+        }
+        if not moved and not absent:
             return {}
-        if start != self._initial:
+        if moved and start != self._initial:
             journal, origin = next(iter(moved.items()))
             raise offsets.GazetteOffsetError(
                 f"the micro-batch's end offset of {journal} is of a query that began reading"
@@ -532,11 +544,12 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             )
 
         async def rebuild(ctx: ReadContext) -> dict[str, JournalOffset]:
-            infos = {i.name: i for i in await journal_infos(ctx, list(moved))}
+            rebuilt = {**moved, **absent}
+            infos = {i.name: i for i in await journal_infos(ctx, list(rebuilt))}
             self._infos.update(infos)
             starts_at = {
                 j: functools.partial(self._start_at, ctx, infos[j], origin)
-                for j, origin in moved.items()
+                for j, origin in rebuilt.items()
             }
             return await gather_bounded(starts_at, planning_walks_max)
 

@@ -345,3 +345,35 @@ def test_a_journal_leaving_the_selection_keeps_its_offset_and_a_deleted_one_fail
     delete_journal(broker, one)
     with pytest.raises(GazetteJournalDeletedError, match=f"journal {one}: deleted"):
         reader.latestOffset(back, ReadAllAvailable())
+
+
+def test_a_re_run_micro_batch_0_of_a_journal_no_longer_read_starts_at_its_origin(
+    broker: str,
+) -> None:
+    """Micro-batch 0 run again after a restart whose options no longer read one of its
+    journals (its start, from `initialOffset` asked afresh, lacks it): its partitions must
+    start there as the first run did, at the origin with the producers open there, not at the
+    origin with none, which would deliver the tail of a transaction begun before the query
+    started."""
+    journal, other = unique("spark/stream-gone"), unique("spark/stream-gone")
+    for name in (journal, other):
+        create_small_fragment_journal(broker, name, 16 << 10)
+    p, q = producer(), producer()
+    append_in_groups(broker, journal, [Msg(q, 1, CONTINUE, {"text": "q-open"})])
+    options = {"broker": broker, "journals": journal, "startingOffsets": "latest"}
+    first = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    start = first.initialOffset()
+    append_in_groups(
+        broker,
+        journal,
+        [
+            Msg(p, 1, OUTSIDE, {"text": "p-0"}),
+            Msg(q, 2, CONTINUE, {"text": "q-more"}),
+            Msg(q, 3, ACK),
+        ],
+    )
+    end = first.latestOffset(start, ReadAllAvailable())  # Spark logs it, then dies.
+    assert _texts(first, start, end) == ["p-0"]
+    options = {**options, "journals": other}  # The journal left the journals read.
+    restarted = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    assert _texts(restarted, restarted.initialOffset(), end) == ["p-0"]
