@@ -30,6 +30,11 @@ from tests.spark_integration.spark_testkit import (
     producer,
     unique,
 )
+from tests.spark_integration.test_spark_store_read import (  # The fixture, and its helpers.
+    _contiguous_end,
+    _persisted,
+    stopped_store,  # noqa: F401 (a fixture: pytest finds it here)
+)
 
 pytestmark = pytest.mark.spark
 
@@ -100,6 +105,79 @@ class Journal:
             clock = self.clock
         fields = {"text": text} if text is not None else None
         append_messages(self.broker, self.name, [Msg(p, clock, flags, fields)])
+
+
+def test_re_run_of_a_rate_limited_micro_batch_with_an_open_transaction(
+    spark: Any, broker: str, tmp_path: Path
+) -> None:
+    """maxMessagesPerTrigger, a transaction whose messages span micro-batches, and a query
+    that died after logging a micro-batch the transaction is open across (pending at its start
+    and end): restarted with Trigger.AvailableNow, that micro-batch delivers what it did
+    before, and later ones the rest (the transaction whole, at its ACK), once."""
+    journal = unique("spark/restart-limit")
+    create_journals(broker, [journal])
+    j, a, b = Journal(broker, journal), producer(), producer()
+    j.add(a, OUTSIDE, "a1")
+    j.add(b, CONTINUE, "b1")
+    j.add(a, OUTSIDE, "a2")
+    j.add(b, CONTINUE, "b2")
+    j.add(a, OUTSIDE, "a3")
+    j.add(b, ACK)
+    j.add(a, OUTSIDE, "a4")
+    options = {"broker": broker, "journals": journal, "maxMessagesPerTrigger": "2"}
+    checkpoint = tmp_path / "cp"
+    first = run(spark, checkpoint, **options)
+    assert texts(first) == ["a1", "a2", "a3", "a4", "b1", "b2"]
+    (acked,) = {batch for batch, _, text in first if text == "b1"}
+    assert acked > min(batch for batch, _, text in first if text == "a1")  # It spanned.
+    crashed = acked - 1  # b1 before it, b2 in it, the ACK after it.
+    rewind(checkpoint, crashed)
+    j.add(a, OUTSIDE, "a5")
+
+    again = run(spark, checkpoint, available_now=True, **options)
+
+    assert sorted(r for r in again if r[0] == crashed) == sorted(
+        r for r in first if r[0] == crashed
+    )
+    assert texts(again) == sorted([*(t for b, _, t in first if b >= crashed), "a5"], key=str)
+
+
+@pytest.mark.parametrize("starting", ["json-latest", "timestamp"])
+def test_re_run_of_micro_batch_0_started_at_a_json_offset_or_a_timestamp(
+    spark: Any, broker: str, tmp_path: Path, starting: str
+) -> None:
+    """As test_spark_streaming.py's re-run of micro-batch 0 started at `latest`, with
+    startingOffsets {journal: -1} and with startingTimestamp (a message with an earlier clock
+    appended after the query started is read, as Kafka's source reads it; asked again at the
+    restart the timestamp's offset is a later message's)."""
+    journal = unique("spark/restart-start")
+    create_journals(broker, [journal])
+    j, p = Journal(broker, journal), producer()
+    now_ns = time.time_ns()
+    j.add(p, OUTSIDE, "before-start", clock=clock_from_unix_nanos(now_ns - 20 * 10**9))
+    options = {"broker": broker, "journals": journal}
+    if starting == "timestamp":
+        options["startingTimestamp"] = str(now_ns // 10**6)
+    else:
+        options["startingOffsets"] = json.dumps({journal: -1})
+    checkpoint = tmp_path / "cp"
+    assert run(spark, checkpoint, **options) == []
+    j.add(p, OUTSIDE, "a1", clock=clock_from_unix_nanos(now_ns - 10 * 10**9))
+    j.add(p, OUTSIDE, "a2", clock=clock_from_unix_nanos(now_ns + 10**9))
+    first = run(spark, checkpoint, **options)
+    assert texts(first) == ["a1", "a2"]
+    (batch,) = {batch for batch, _, _ in first}
+    offsets, commits = checkpoint / "offsets", checkpoint / "commits"
+    (offsets / "0").write_text((offsets / str(batch)).read_text())
+    for log in (offsets, commits):
+        for record in log.iterdir():
+            if record.name != "0" or log == commits:
+                record.unlink()
+    j.add(p, OUTSIDE, "b1", clock=clock_from_unix_nanos(now_ns + 2 * 10**9))
+
+    again = run(spark, checkpoint, **options)
+
+    assert [(b, t) for b, _, t in again] == [(0, "a1"), (0, "a2"), (1, "b1")]
 
 
 def relabel(broker: str, journal: str, test: str) -> None:
@@ -209,3 +287,69 @@ def test_isolation_changed_across_a_restart_is_refused(
 
     with pytest.raises(Exception, match=r"GazetteOffsetError.*isolation"):
         run(spark, checkpoint, isolation="read_uncommitted", **options)
+
+
+def truncate(checkpoint: Path, last: int) -> None:
+    """Make `checkpoint` that of a query stopped after micro-batch `last` committed."""
+    for log in ("offsets", "commits"):
+        for record in (checkpoint / log).iterdir():
+            if int(record.name.strip(".").removesuffix(".crc")) > last:
+                record.unlink()
+
+
+def logged_offset(checkpoint: Path, batch: int, journal: str) -> int:
+    """The read-through offset of `journal` that micro-batch `batch` ends at."""
+    return int(
+        json.loads((checkpoint / "offsets" / str(batch)).read_text().splitlines()[-1])[journal][
+            "offset"
+        ]
+    )
+
+
+@pytest.mark.parametrize("removed", ["read", "unread-fail", "unread-skip"])
+def test_fragments_removed_while_the_query_is_down(
+    spark: Any,
+    stopped_store: Any,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    removed: str,
+) -> None:
+    """Retention removes a journal's first fragments while a query reading it from the store
+    is down: all below its committed offset (read): it goes on, nothing lost; or past it,
+    content the query had not read: with failOnDataLoss true it fails naming the journal and
+    the range, with false it goes on from the first content left."""
+    root, journal, all_texts, spans = stopped_store
+    files = _persisted(root, journal)
+    stored_end = _contiguous_end(files)
+    options = {
+        "store": f"file://{root}/frag/",
+        "journals": journal,
+        "maxMessagesPerTrigger": "50",
+        "failOnDataLoss": "false" if removed == "unread-skip" else "true",
+    }
+    checkpoint = tmp_path / "cp"
+    first = run(spark, checkpoint, **options)
+    stored = [t for t, (_, e) in zip(all_texts, spans, strict=True) if e <= stored_end]
+    assert sorted(t for _, _, t in first) == sorted(stored)
+    truncate(checkpoint, 1)
+    committed = logged_offset(checkpoint, 1, journal)
+    if removed == "read":
+        cut = max(e for _, e, _ in files if e <= committed)
+    else:
+        cut = min(e for _, e, _ in files if e > committed)
+    for _, end, path in files:
+        if end <= cut:
+            path.unlink()
+
+    if removed == "unread-fail":
+        with pytest.raises(
+            Exception,
+            match=rf"GazetteDataLossError: journal {journal}: content \[{committed}, {cut}\)",
+        ):
+            run(spark, checkpoint, **options)
+        return
+    again = run(spark, checkpoint, **options)
+    first_left = committed if removed == "read" else cut
+    expected = [
+        t for t, (b, e) in zip(all_texts, spans, strict=True) if b >= first_left and e <= stored_end
+    ]
+    assert [t for _, _, t in again] == expected
