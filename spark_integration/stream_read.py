@@ -301,15 +301,17 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         wait_s = 0.0 if self._available_now is not None else opts.idle_wait_ms / 1000
         max_bytes, max_messages = self._budgets(limit)
 
-        async def look(ctx: ReadContext) -> dict[str, int]:
-            heads = await self._heads(ctx)
-            if self._available_now is not None:
-                heads = {j: min(h, self._available_now.get(j, 0)) for j, h in heads.items()}
-            return heads
-
         def begin_of(journal: str) -> int:
             entry = starts.get(journal)
             return entry.offset(journal) if entry is not None else 0
+
+        async def look(ctx: ReadContext) -> dict[str, int]:
+            heads = await self._heads(ctx)
+            if self._available_now is not None:
+                # A journal not read when the query started reads nothing (its offset stays).
+                capped = self._available_now
+                heads = {j: min(h, capped.get(j, begin_of(j))) for j, h in heads.items()}
+            return heads
 
         async def plan(ctx: ReadContext) -> dict[str, JournalOffset]:
             heads = await look(ctx)
@@ -320,6 +322,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 else:
                     await asyncio.sleep(wait_s)  # A store has no append to wait on: poll.
                 heads = await look(ctx)
+            for journal, head in heads.items():
+                if head < begin_of(journal):
+                    self._behind(journal, head, begin_of(journal))
+                    del starts[journal]  # Read again from its first offset.
             active = [j for j, h in heads.items() if j not in starts or h > begin_of(j)]
             infos = {i.name: i for i in await journal_infos(ctx, active)} if active else {}
             self._infos.update(infos)
@@ -361,6 +367,24 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             return {**{journal: out[journal] for journal in news}, **kept}
 
         return self._to_json(run_in_context(opts, plan))
+
+    def _behind(self, journal: str, head: int, offset: int) -> None:
+        """A journal's write head is below the query's offset in it: it was deleted and created
+        again (or is another cluster's journal of that name). As Kafka's source with an
+        offset out of range: data loss, or with failOnDataLoss false (a warning) the journal
+        is read again from its first offset. Waiting for the head to pass the offset and
+        reading on from there would skip, silently, all before it."""
+        reason = (
+            f"the journal's write head {head} is below the query's offset {offset} in it"
+            " (deleted and created again, or another journal of that name)"
+        )
+        if self.opts.fail_on_data_loss:
+            raise GazetteDataLossError(journal, head, offset, reason)
+        _log.warning(
+            "gazette: journal %s: %s: read again from its first offset (failOnDataLoss is false)",
+            journal,
+            reason,
+        )
 
     async def _not_read(
         self, ctx: ReadContext, entries: Mapping[str, JournalOffset]
@@ -451,6 +475,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         starts = self._from_json(start)
         ends = self._from_json(end)
+        for journal, end_entry in ends.items():
+            # An end below its start: the journal was read again from its first offset (its
+            # write head fell below the start, `_behind`): read from its end's origin.
+            if journal in starts and end_entry.offset(journal) < starts[journal].offset(journal):
+                del starts[journal]
         starts.update(self._restarted(start, starts, ends))
         needed = [
             j

@@ -22,6 +22,7 @@ from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration import offsets
 from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
+from spark_integration.sources import GazetteDataLossError
 from spark_integration.stream_read import GazetteJournalDeletedError, GazetteStreamReader
 from tests.broker.serve_testkit import gazette_serve
 from tests.spark_integration.spark_testkit import (
@@ -377,3 +378,38 @@ def test_a_re_run_micro_batch_0_of_a_journal_no_longer_read_starts_at_its_origin
     options = {**options, "journals": other}  # The journal left the journals read.
     restarted = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
     assert _texts(restarted, restarted.initialOffset(), end) == ["p-0"]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_write_head_below_the_offset_is_data_loss(broker: str, fail_on_data_loss: str) -> None:
+    """A journal deleted and created again (or another cluster's of the same name) has its
+    write head below the query's offset: as Kafka's source with an offset out of range, the
+    plan fails naming the journal and offsets, or (failOnDataLoss false) reads the journal
+    again from its first offset, rather than waiting, silently, for the head to pass the old
+    offset and then reading from there, skipping all before it."""
+    journal = unique("spark/stream-behind")
+    create_journals(broker, [journal])
+    p = producer()
+    append_in_groups(
+        broker,
+        journal,
+        [Msg(p, 1, OUTSIDE, {"text": "old-1"}), Msg(p, 2, OUTSIDE, {"text": "old-2"})],
+    )
+    options = {
+        "broker": broker,
+        "journals": journal,
+        "idleWaitMs": "0",
+        "failOnDataLoss": fail_on_data_loss,
+    }
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    delete_journal(broker, journal)
+    create_journals(broker, [journal])
+    append_in_groups(broker, journal, [Msg(p, 3, OUTSIDE, {"text": "new-1"})])
+    restarted = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    if fail_on_data_loss == "true":
+        with pytest.raises(GazetteDataLossError, match=f"journal {journal}: content"):
+            restarted.latestOffset(end, ReadAllAvailable())
+        return
+    later = restarted.latestOffset(end, ReadAllAvailable())
+    assert _texts(restarted, end, later) == ["new-1"]
