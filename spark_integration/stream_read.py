@@ -559,6 +559,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             j: e.origin
             for j, e in ends.items()
             if j not in starts
+            and e.offset(j) > e.origin  # Else nothing to read (a journal that left, say).
             and e.origin > (self._infos[j].fragments.begin if j in self._infos else 0)
         }
         if not moved and not absent:
