@@ -353,3 +353,25 @@ def test_fragments_removed_while_the_query_is_down(
         t for t, (b, e) in zip(all_texts, spans, strict=True) if b >= first_left and e <= stored_end
     ]
     assert [t for _, _, t in again] == expected
+
+
+def test_a_journal_created_again_while_down_is_read_from_its_beginning(
+    spark: Any, broker: str, tmp_path: Path
+) -> None:
+    """A journal deleted and created again while the query is down: its write head is below
+    the query's offset. With failOnDataLoss false the query reads it again from its first
+    offset (before, it waited, silently, for the head to pass the old offset, and would then
+    have read on from there, skipping all before it)."""
+    journal = unique("spark/restart-again")
+    create_journals(broker, [journal])
+    j, p = Journal(broker, journal), producer()
+    options = {"broker": broker, "journals": journal, "failOnDataLoss": "false"}
+    checkpoint = tmp_path / "cp"
+    j.add(p, OUTSIDE, "old-1")
+    j.add(p, OUTSIDE, "old-2")
+    assert texts(run(spark, checkpoint, **options)) == ["old-1", "old-2"]
+    delete_journal(broker, journal)
+    create_journals(broker, [journal])
+    j.add(p, OUTSIDE, "new-1")
+
+    assert texts(run(spark, checkpoint, **options)) == ["new-1"]
