@@ -20,6 +20,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration import offsets
+from spark_integration.offsets import JournalOffset
 from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
 from spark_integration.sources import GazetteDataLossError
@@ -413,3 +414,21 @@ def test_a_write_head_below_the_offset_is_data_loss(broker: str, fail_on_data_lo
         return
     later = restarted.latestOffset(end, ReadAllAvailable())
     assert _texts(restarted, end, later) == ["new-1"]
+
+
+def test_with_no_broker_an_offset_beyond_the_persisted_content_waits(tmp_path: Path) -> None:
+    """In store mode a journal's head is where its persisted content ends: an offset beyond it
+    (read from a broker before the query was restarted on the store alone) is content not yet
+    persisted, not a journal created again: nothing new, no error."""
+    journal = unique("spark/stream-store-ahead")
+    (tmp_path / "frag").mkdir()
+    p = producer()
+    with gazette_serve(tmp_path) as (port, _proc):
+        b = f"127.0.0.1:{port}"
+        create_small_fragment_journal(b, journal, 16 << 10, ("file:///frag/",))
+        append_in_groups(b, journal, [Msg(p, 1, OUTSIDE, {"text": "stored"})])
+    options = {"store": f"file://{tmp_path}/frag/", "journals": journal, "idleWaitMs": "0"}
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    stored = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    ahead = offsets.to_json({journal: JournalOffset.at(journal, stored[journal]["offset"] + 100)})
+    assert reader.latestOffset(ahead, ReadAllAvailable()) == ahead
