@@ -78,6 +78,15 @@ async def resolve_journals(
     return specs
 
 
+async def journal_exists(client: JournalClient, name: str) -> bool:
+    """Whether journal `name` exists (has a spec)."""
+    try:
+        await get_journal(client, name)
+    except JournalNotFoundError:
+        return False
+    return True
+
+
 async def write_head(client: JournalClient, journal: str) -> int:
     """The journal's write head: the offset its next append will land at."""
     reader = Reader(

@@ -8,7 +8,10 @@ acknowledged message, and where its pending transaction began (if one is open). 
 Sequencer, it de-duplicates messages across micro-batches and commits a transaction whose
 messages straddle a micro-batch boundary (see stream_read.py). `origin` (omitted when 0) is
 where the query started reading the journal: a transaction that began before it is never
-delivered (range_read.py).
+delivered (range_read.py). `deselected` (omitted when false) marks the offset of a journal the
+query no longer reads (out of its selection), kept so that the journal, read again, goes on
+from it (stream_read.py). `isolation` marks offsets of read-uncommitted queries
+(`check_isolation`).
 
 Offsets are written to the query's checkpoint at every micro-batch, whole, so they are packed:
 producers are sorted by clock and each is 6 bytes of ProducerID, the clock as a varint delta
@@ -40,6 +43,8 @@ from gazette_consumer.sequencer.types import (
 producers_max: Final = 100_000
 _PACKED_VERSION: Final = 1
 _PRODUCER_BYTES: Final = 6
+# The mark of offsets written by a read-uncommitted query (read_options.READ_UNCOMMITTED).
+UNCOMMITTED: Final = "read_uncommitted"
 
 
 class GazetteOffsetError(ValueError):
@@ -63,6 +68,9 @@ class JournalOffset:
     # pending there, [begin, end) each: the partition ending there reads only them ahead
     # (resolving.py). A split absent here was not planned so: it scans.
     resolving: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # The journal is no longer read (out of the selection, or of option journals): its offset
+    # is kept so that, read again, it goes on from here rather than from its beginning.
+    deselected: bool = False
 
     @classmethod
     def at(cls, journal: str, offset: int, origin: int = 0) -> JournalOffset:
@@ -87,12 +95,18 @@ def _packed(journal: str, checkpoint: SequencerCheckpoint) -> str:
     return pack_producers(states)
 
 
-def to_json(offsets: Mapping[str, JournalOffset]) -> JournalOffsets:
+def to_json(offsets: Mapping[str, JournalOffset], *, uncommitted: bool = False) -> JournalOffsets:
+    """The offsets as Spark keeps them; `uncommitted`: of a read-uncommitted query (marked so:
+    check_isolation)."""
     out: JournalOffsets = {}
     for journal, entry in offsets.items():
         encoded: dict[str, Any] = {"offset": entry.offset(journal)}
         if entry.origin:
             encoded["origin"] = entry.origin
+        if uncommitted:
+            encoded["isolation"] = UNCOMMITTED
+        if entry.deselected:
+            encoded["deselected"] = True
         encoded["producers"] = _packed(journal, entry.checkpoint)
         if entry.splits:
             encoded["splits"] = [
@@ -149,7 +163,35 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
             reached[at] = unpack_clocks(split["reached"])
         if "resolving" in split:  # Likewise.
             resolving[at] = _ranges(split["resolving"], at, offset)
-    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving)
+    deselected = entry.get("deselected", False)
+    if not isinstance(deselected, bool):
+        raise ValueError(f"deselected must be a boolean (got {deselected!r})")
+    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving, deselected)
+
+
+def check_isolation(offsets: Mapping[str, Any], *, committed: bool) -> None:
+    """Refuse offsets of a query of the other isolation. Read-committed offsets carry the
+    transactions pending at them, whose messages before the offset a read-uncommitted query
+    going on from there would never deliver; read-uncommitted offsets carry none, so a
+    read-committed query would take those transactions' tails for whole ones. Offsets of
+    read-uncommitted queries written before they were marked pass for read-committed ones."""
+    for journal, entry in offsets.items():
+        marked = isinstance(entry, Mapping) and entry.get("isolation") == UNCOMMITTED
+        if committed and not marked:
+            continue
+        if not committed and marked:
+            continue
+        parsed = from_json({journal: entry})[journal]
+        if not committed and not parsed.checkpoint.producers and not parsed.splits:
+            continue  # Nothing pending, nothing to tell them apart by: either way alike.
+        this, other = (
+            ("read_committed", UNCOMMITTED) if committed else (UNCOMMITTED, "read_committed")
+        )
+        raise GazetteOffsetError(
+            f"offset of journal {journal}: written by a query with isolation {other}, read"
+            f" by one with isolation {this}: the isolation of a query cannot change across"
+            " restarts (start the query from a new checkpoint location)"
+        )
 
 
 def _ranges(value: Any, low: int, high: int) -> tuple[tuple[int, int], ...]:

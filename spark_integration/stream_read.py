@@ -57,7 +57,11 @@ new keeps its start offset exactly (split checkpoints included): any other answe
 Spark, which would run a micro-batch of no rows after each micro-batch of data.
 
 A selector is re-evaluated at every micro-batch: journals it newly matches are read from their
-beginning. `Trigger.AvailableNow` reads up to the write heads of when the query started.
+beginning. A journal that leaves the journals read (relabelled out of the selection, or out of
+option journals across a restart) keeps its offset, marked deselected: back, it is read on
+from there, not again from its beginning. One that left because it was deleted is data loss,
+as a partition gone is to Kafka's source (`_not_read`). `Trigger.AvailableNow` reads up to the
+write heads of when the query started.
 
 Where the query starts a journal (startingOffsets) is its origin, kept in every offset: starting
 at an offset other than 0, `initialOffset` learns the producers open there (range_start.py),
@@ -68,7 +72,9 @@ micro-batches later (range_read.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -84,6 +90,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from broker.fragment.verify import DataLossError
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
@@ -92,6 +99,7 @@ from spark_integration.fragment_plan import split_ranges, target_bytes
 from spark_integration.framings import decoder_factory
 from spark_integration.journal_io import (
     GazetteJournalError,
+    journal_exists,
     resolve_journals,
     wait_for_append,
     write_heads,
@@ -109,6 +117,9 @@ from spark_integration.read_plan import (
     position_offset,
     run_in_context,
 )
+from spark_integration.sources import GazetteDataLossError
+
+_log = logging.getLogger(__name__)
 
 # Journals whose new content the driver walks at once when planning a micro-batch: their
 # reads (fragment files, broker reads) overlap; their decoding shares the driver's event loop.
@@ -135,6 +146,22 @@ async def gather_bounded(
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return {key: task.result() for key, task in tasks.items()}
+
+
+class GazetteJournalDeletedError(GazetteDataLossError):
+    """A journal a streaming query read was deleted: what it held beyond the query's offset
+    may not have been read. Raised when option failOnDataLoss is true (the default)."""
+
+    def __init__(self, journal: str, offset: int) -> None:
+        DataLossError.__init__(
+            self,
+            journal,
+            f"journal {journal}: deleted while the query read it from offset {offset}; content"
+            " it held beyond that offset may not have been read. Set option failOnDataLoss to"
+            " false to run on without it (with a warning) instead",
+        )
+        self.begin = offset
+        self.end = offset
 
 
 def _share(budget: int | None, available: int, total: int) -> int | None:
@@ -183,8 +210,16 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             starts = {info.name: functools.partial(self._start, ctx, info) for info in infos}
             return await gather_bounded(starts, planning_walks_max)
 
-        self._initial = offsets.to_json(run_in_context(self.opts, plan))
+        self._initial = self._to_json(run_in_context(self.opts, plan))
         return self._initial
+
+    def _to_json(self, entries: Mapping[str, JournalOffset]) -> dict[str, Any]:
+        return offsets.to_json(entries, uncommitted=not self.opts.committed)
+
+    def _from_json(self, entries: dict[str, Any]) -> dict[str, JournalOffset]:
+        """Offsets Spark gives back: of this query's isolation (offsets.check_isolation)."""
+        offsets.check_isolation(entries, committed=self.opts.committed)
+        return offsets.from_json(entries)
 
     async def _start(self, ctx: ReadContext, info: JournalInfo) -> JournalOffset:
         opts = self.opts
@@ -256,7 +291,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         With nothing new in any journal, it first waits (see the module docstring) for an
         append, at most option idleWaitMs, then looks once more."""
         opts = self.opts
-        starts = offsets.from_json(start)
+        starts = self._from_json(start)
         horizon = 0
         if opts.producer_horizon_s:
             horizon = clock_from_unix_nanos(
@@ -266,15 +301,17 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         wait_s = 0.0 if self._available_now is not None else opts.idle_wait_ms / 1000
         max_bytes, max_messages = self._budgets(limit)
 
-        async def look(ctx: ReadContext) -> dict[str, int]:
-            heads = await self._heads(ctx)
-            if self._available_now is not None:
-                heads = {j: min(h, self._available_now.get(j, 0)) for j, h in heads.items()}
-            return heads
-
         def begin_of(journal: str) -> int:
             entry = starts.get(journal)
             return entry.offset(journal) if entry is not None else 0
+
+        async def look(ctx: ReadContext) -> dict[str, int]:
+            heads = await self._heads(ctx)
+            if self._available_now is not None:
+                # A journal not read when the query started reads nothing (its offset stays).
+                capped = self._available_now
+                heads = {j: min(h, capped.get(j, begin_of(j))) for j, h in heads.items()}
+            return heads
 
         async def plan(ctx: ReadContext) -> dict[str, JournalOffset]:
             heads = await look(ctx)
@@ -285,6 +322,12 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 else:
                     await asyncio.sleep(wait_s)  # A store has no append to wait on: poll.
                 heads = await look(ctx)
+            for journal, head in heads.items():
+                # With no broker a head is where persisted content ends, which may lag behind
+                # an offset read from a broker: only a broker's write head is known to be all.
+                if ctx.client is not None and head < begin_of(journal):
+                    self._behind(journal, head, begin_of(journal))
+                    del starts[journal]  # Read again from its first offset.
             active = [j for j, h in heads.items() if j not in starts or h > begin_of(j)]
             infos = {i.name: i for i in await journal_infos(ctx, active)} if active else {}
             self._infos.update(infos)
@@ -307,7 +350,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     # Nothing new: the start offset as it is (its splits too). An answer that
                     # differs in any way, even in splits no later partition uses, is new data
                     # to Spark: it would run a micro-batch of no rows after each one of data.
-                    out[journal] = entry
+                    # (Once, for a journal read again, its deselected mark goes.)
+                    out[journal] = dataclasses.replace(entry, deselected=False)
                     continue
                 walks[journal] = functools.partial(
                     self._walk,
@@ -321,9 +365,63 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     max_messages=_share(max_messages, available[journal], total),
                 )
             out.update(await gather_bounded(walks, planning_walks_max))
-            return {journal: out[journal] for journal in news}
+            kept = await self._not_read(ctx, {j: e for j, e in starts.items() if j not in heads})
+            return {**{journal: out[journal] for journal in news}, **kept}
 
-        return offsets.to_json(run_in_context(opts, plan))
+        return self._to_json(run_in_context(opts, plan))
+
+    def _behind(self, journal: str, head: int, offset: int) -> None:
+        """A journal's write head is below the query's offset in it: it was deleted and created
+        again (or is another cluster's journal of that name). As Kafka's source with an
+        offset out of range: data loss, or with failOnDataLoss false (a warning) the journal
+        is read again from its first offset. Waiting for the head to pass the offset and
+        reading on from there would skip, silently, all before it."""
+        reason = (
+            f"the journal's write head {head} is below the query's offset {offset} in it"
+            " (deleted and created again, or another journal of that name)"
+        )
+        if self.opts.fail_on_data_loss:
+            raise GazetteDataLossError(journal, head, offset, reason)
+        _log.warning(
+            "gazette: journal %s: %s: read again from its first offset (failOnDataLoss is false)",
+            journal,
+            reason,
+        )
+
+    async def _not_read(
+        self, ctx: ReadContext, entries: Mapping[str, JournalOffset]
+    ) -> dict[str, JournalOffset]:
+        """The offsets of journals read before and no longer: kept, marked deselected, so that
+        a journal read again (back in the selection, or in option journals) goes on where it
+        was, rather than from its beginning, which would deliver its messages again. A journal
+        that left because it was deleted is data loss, as a Kafka partition gone is for
+        Kafka's source (what it held beyond the offset may not have been read): it fails the
+        query, or with failOnDataLoss false is forgotten with a warning. Existence is asked
+        once, when a journal leaves (with no broker to ask, it is kept)."""
+        left = [j for j, e in entries.items() if not e.deselected]
+        deleted: set[str] = set()
+        if left and ctx.client is not None:
+            client = ctx.client
+            found = await gather_bounded(
+                {j: functools.partial(journal_exists, client, j) for j in left},
+                planning_walks_max,
+            )
+            deleted = {j for j, exists in found.items() if not exists}
+        for journal in sorted(deleted):
+            offset = entries[journal].offset(journal)
+            if self.opts.fail_on_data_loss:
+                raise GazetteJournalDeletedError(journal, offset)
+            _log.warning(
+                "gazette: journal %s was deleted while read from offset %d: forgotten; content"
+                " it held beyond that offset may not have been read (failOnDataLoss is false)",
+                journal,
+                offset,
+            )
+        return {
+            j: dataclasses.replace(e, deselected=True)
+            for j, e in entries.items()
+            if j not in deleted
+        }
 
     async def _walk(
         self,
@@ -377,8 +475,13 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         return info.fragments.overlapping(min([begin, *pending]), end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        starts = offsets.from_json(start)
-        ends = offsets.from_json(end)
+        starts = self._from_json(start)
+        ends = self._from_json(end)
+        for journal, end_entry in ends.items():
+            # An end below its start: the journal was read again from its first offset (its
+            # write head fell below the start, `_behind`): read from its end's origin.
+            if journal in starts and end_entry.offset(journal) < starts[journal].offset(journal):
+                del starts[journal]
         starts.update(self._restarted(start, starts, ends))
         needed = [
             j
@@ -444,13 +547,26 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         in each journal; where it differs from this start's, the start is rebuilt there, as
         the first run built it (the look-back before the origin is the same content). Any
         other start that disagrees with its end's origin is refused: delivering from either
-        one could lose or repeat rows."""
+        one could lose or repeat rows.
+
+        Likewise a journal of the end that the start lacks (a micro-batch 0 run again by a
+        query that no longer reads it): the start is built at its end's origin, with the
+        producers open there, not taken as a plain offset, which would deliver the tails of
+        transactions begun before the query started. (A journal newly matched by a selector,
+        whose origin is its first offset, starts there plainly either way.)"""
         moved = {
             j: e.origin for j, e in ends.items() if j in starts and starts[j].origin != e.origin
         }
-        if not moved:
+        absent = {
+            j: e.origin
+            for j, e in ends.items()
+            if j not in starts
+            and e.offset(j) > e.origin  # Else nothing to read (a journal that left, say).
+            and e.origin > (self._infos[j].fragments.begin if j in self._infos else 0)
+        }
+        if not moved and not absent:
             return {}
-        if start != self._initial:
+        if moved and start != self._initial:
             journal, origin = next(iter(moved.items()))
             raise offsets.GazetteOffsetError(
                 f"the micro-batch's end offset of {journal} is of a query that began reading"
@@ -460,11 +576,12 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             )
 
         async def rebuild(ctx: ReadContext) -> dict[str, JournalOffset]:
-            infos = {i.name: i for i in await journal_infos(ctx, list(moved))}
+            rebuilt = {**moved, **absent}
+            infos = {i.name: i for i in await journal_infos(ctx, list(rebuilt))}
             self._infos.update(infos)
             starts_at = {
                 j: functools.partial(self._start_at, ctx, infos[j], origin)
-                for j, origin in moved.items()
+                for j, origin in rebuilt.items()
             }
             return await gather_bounded(starts_at, planning_walks_max)
 

@@ -20,9 +20,11 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration import offsets
+from spark_integration.offsets import JournalOffset
 from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
-from spark_integration.stream_read import GazetteStreamReader
+from spark_integration.sources import GazetteDataLossError
+from spark_integration.stream_read import GazetteJournalDeletedError, GazetteStreamReader
 from tests.broker.serve_testkit import gazette_serve
 from tests.spark_integration.spark_testkit import (
     ACK,
@@ -30,6 +32,7 @@ from tests.spark_integration.spark_testkit import (
     OUTSIDE,
     Msg,
     committed_texts,
+    create_journals,
     producer,
     unique,
 )
@@ -39,6 +42,7 @@ from tests.spark_integration.test_range_split import (
     create_small_fragment_journal,
     long_transaction_history,
 )
+from tests.spark_integration.test_spark_stream_restarts import delete_journal, relabel
 
 pytestmark = pytest.mark.spark
 
@@ -283,3 +287,148 @@ def test_a_start_of_another_query_than_its_end_is_refused(broker: str) -> None:
     stranger = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
     with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*not of one query"):
         stranger.partitions(other_start, end)
+
+
+def test_offsets_of_the_other_isolation_are_refused(broker: str) -> None:
+    """A query's isolation cannot change across restarts: read-committed offsets (a
+    transaction pending at them) are refused by a read-uncommitted reader, which would never
+    deliver the transaction's messages before the offset, and read-uncommitted offsets by a
+    read-committed reader, which would take the transaction's tail for a whole one."""
+    journal = unique("spark/stream-isolation")
+    create_small_fragment_journal(broker, journal, 16 << 10)
+    a, b = producer(), producer()
+    append_in_groups(
+        broker, journal, [Msg(a, 1, OUTSIDE, {"text": "a1"}), Msg(b, 2, CONTINUE, {"text": "b1"})]
+    )
+
+    def reader(isolation: str) -> GazetteStreamReader:
+        options = {"broker": broker, "journals": journal, "isolation": isolation}
+        return GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+
+    committed, uncommitted = reader("read_committed"), reader("read_uncommitted")
+    start = committed.initialOffset()
+    end = committed.latestOffset(start, ReadAllAvailable())
+    with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*isolation read_committed"):
+        uncommitted.latestOffset(end, ReadAllAvailable())
+    with pytest.raises(offsets.GazetteOffsetError, match="cannot change across restarts"):
+        uncommitted.partitions(start, end)
+    u_start = uncommitted.initialOffset()
+    u_end = uncommitted.latestOffset(u_start, ReadAllAvailable())
+    with pytest.raises(offsets.GazetteOffsetError, match=f"{journal}.*isolation read_uncommitted"):
+        committed.latestOffset(u_end, ReadAllAvailable())
+    # Each reader goes on from its own offsets.
+    assert committed.latestOffset(end, ReadAllAvailable()) == end
+    assert uncommitted.latestOffset(u_end, ReadAllAvailable()) == u_end
+
+
+def test_a_journal_leaving_the_selection_keeps_its_offset_and_a_deleted_one_fails(
+    broker: str,
+) -> None:
+    """A journal relabelled out of a selector's selection keeps its offset (marked
+    deselected), unchanged while it stays out; back in, it goes on from there, its mark gone;
+    out again and deleted, the plan fails with GazetteJournalDeletedError (failOnDataLoss)."""
+    one, two = unique("spark/stream-leave"), unique("spark/stream-leave")
+    create_journals(broker, [one, two])
+    tag_one, tag_two = one.split("/")[-1], two.split("/")[-1]
+    p = producer()
+    for journal in (one, two):
+        append_in_groups(broker, journal, [Msg(p, 1, OUTSIDE, {"text": journal})])
+    options = {"broker": broker, "selector": f"test in ({tag_one}, {tag_two})", "idleWaitMs": "0"}
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    relabel(broker, one, tag_one + "-out")
+    out = reader.latestOffset(end, ReadAllAvailable())
+    assert out[one] == {**end[one], "deselected": True}
+    assert reader.latestOffset(out, ReadAllAvailable()) == out
+    relabel(broker, one, tag_one)
+    back = reader.latestOffset(out, ReadAllAvailable())
+    assert back == end
+    relabel(broker, one, tag_one + "-out")
+    delete_journal(broker, one)
+    with pytest.raises(GazetteJournalDeletedError, match=f"journal {one}: deleted"):
+        reader.latestOffset(back, ReadAllAvailable())
+
+
+def test_a_re_run_micro_batch_0_of_a_journal_no_longer_read_starts_at_its_origin(
+    broker: str,
+) -> None:
+    """Micro-batch 0 run again after a restart whose options no longer read one of its
+    journals (its start, from `initialOffset` asked afresh, lacks it): its partitions must
+    start there as the first run did, at the origin with the producers open there, not at the
+    origin with none, which would deliver the tail of a transaction begun before the query
+    started."""
+    journal, other = unique("spark/stream-gone"), unique("spark/stream-gone")
+    for name in (journal, other):
+        create_small_fragment_journal(broker, name, 16 << 10)
+    p, q = producer(), producer()
+    append_in_groups(broker, journal, [Msg(q, 1, CONTINUE, {"text": "q-open"})])
+    options = {"broker": broker, "journals": journal, "startingOffsets": "latest"}
+    first = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    start = first.initialOffset()
+    append_in_groups(
+        broker,
+        journal,
+        [
+            Msg(p, 1, OUTSIDE, {"text": "p-0"}),
+            Msg(q, 2, CONTINUE, {"text": "q-more"}),
+            Msg(q, 3, ACK),
+        ],
+    )
+    end = first.latestOffset(start, ReadAllAvailable())  # Spark logs it, then dies.
+    assert _texts(first, start, end) == ["p-0"]
+    options = {**options, "journals": other}  # The journal left the journals read.
+    restarted = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    assert _texts(restarted, restarted.initialOffset(), end) == ["p-0"]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_write_head_below_the_offset_is_data_loss(broker: str, fail_on_data_loss: str) -> None:
+    """A journal deleted and created again (or another cluster's of the same name) has its
+    write head below the query's offset: as Kafka's source with an offset out of range, the
+    plan fails naming the journal and offsets, or (failOnDataLoss false) reads the journal
+    again from its first offset, rather than waiting, silently, for the head to pass the old
+    offset and then reading from there, skipping all before it."""
+    journal = unique("spark/stream-behind")
+    create_journals(broker, [journal])
+    p = producer()
+    append_in_groups(
+        broker,
+        journal,
+        [Msg(p, 1, OUTSIDE, {"text": "old-1"}), Msg(p, 2, OUTSIDE, {"text": "old-2"})],
+    )
+    options = {
+        "broker": broker,
+        "journals": journal,
+        "idleWaitMs": "0",
+        "failOnDataLoss": fail_on_data_loss,
+    }
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    delete_journal(broker, journal)
+    create_journals(broker, [journal])
+    append_in_groups(broker, journal, [Msg(p, 3, OUTSIDE, {"text": "new-1"})])
+    restarted = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    if fail_on_data_loss == "true":
+        with pytest.raises(GazetteDataLossError, match=f"journal {journal}: content"):
+            restarted.latestOffset(end, ReadAllAvailable())
+        return
+    later = restarted.latestOffset(end, ReadAllAvailable())
+    assert _texts(restarted, end, later) == ["new-1"]
+
+
+def test_with_no_broker_an_offset_beyond_the_persisted_content_waits(tmp_path: Path) -> None:
+    """In store mode a journal's head is where its persisted content ends: an offset beyond it
+    (read from a broker before the query was restarted on the store alone) is content not yet
+    persisted, not a journal created again: nothing new, no error."""
+    journal = unique("spark/stream-store-ahead")
+    (tmp_path / "frag").mkdir()
+    p = producer()
+    with gazette_serve(tmp_path) as (port, _proc):
+        b = f"127.0.0.1:{port}"
+        create_small_fragment_journal(b, journal, 16 << 10, ("file:///frag/",))
+        append_in_groups(b, journal, [Msg(p, 1, OUTSIDE, {"text": "stored"})])
+    options = {"store": f"file://{tmp_path}/frag/", "journals": journal, "idleWaitMs": "0"}
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    stored = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    ahead = offsets.to_json({journal: JournalOffset.at(journal, stored[journal]["offset"] + 100)})
+    assert reader.latestOffset(ahead, ReadAllAvailable()) == ahead
