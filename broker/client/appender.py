@@ -34,6 +34,7 @@ from typing import Any, Final
 
 import grpc
 import grpc.aio
+from grpc._cython import cygrpc
 
 from broker.client.route_cache import JournalClient
 from broker.grpc_transport import close_stream_call, send_failed
@@ -75,6 +76,16 @@ def _open_append(channel: grpc.aio.Channel) -> Any:
 
 class AppenderStateError(RuntimeError):
     """The Appender was used after it committed or aborted."""
+
+
+class AppendCallBrokenError(ConnectionError):
+    """The Append RPC broke as its request side was closed, and gave no answer in time: the
+    broker went away (the append may have committed, as after UNAVAILABLE). Retriable."""
+
+    def __init__(self, journal: str, cause: BaseException) -> None:
+        detail = str(cause) or type(cause).__name__
+        super().__init__(f"appending to {journal}: the Append call broke as it closed: {detail}")
+        self.journal = journal
 
 
 def validate_append_request(request: pb.AppendRequest) -> None:
@@ -144,7 +155,7 @@ class Appender:
         try:
             await self._start()
             await self._send(pb.AppendRequest())  # The empty chunk: commit.
-            await self._call.done_writing()
+            await self._half_close()
             response = await self._call
         except BaseException:
             await self._cancel()
@@ -181,6 +192,18 @@ class Appender:
         await self._cancel()
         self._call = _open_append(self.client.channels.get(self.client.default_endpoint()))
         await self._send(self.request)
+
+    async def _half_close(self) -> None:
+        """Close the request side after the commit chunk. grpc lets its core's failure to do
+        so on a call that is ending escape raw (`cygrpc.ExecuteBatchError`: seen in the soak
+        when two brokers were killed at once), which no retry policy knows: the call's own
+        answer (awaited next: its status, typed) then says what happened, or, with none in
+        time, AppendCallBrokenError (retriable)."""
+        try:
+            await self._call.done_writing()
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError, cygrpc.BaseError) as err:
+            if not await self._settled():
+                raise AppendCallBrokenError(self.request.journal, err) from err
 
     async def _send(self, message: pb.AppendRequest | bytes) -> None:
         try:
@@ -251,6 +274,8 @@ def retriable(err: BaseException) -> bool:
     unreachable (or the connection to it broke)."""
     if isinstance(err, GazetteError):
         return err.retriable
+    if isinstance(err, AppendCallBrokenError):
+        return True  # The broker went away as the call closed: as UNAVAILABLE.
     if isinstance(err, grpc.aio.AioRpcError):
         # A broken connection (broker killed or restarting) shows as either; a broker that
         # stops at once (its lease lost: `server.stop(0)`) cancels the RPCs it serves, which

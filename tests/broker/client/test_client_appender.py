@@ -213,3 +213,25 @@ async def test_bad_requests_are_refused_before_any_rpc(
     with pytest.raises(ValidationError, match=message):
         Appender(client, pb.AppendRequest(**request_fields))
     await client.close()
+
+
+def test_a_call_broken_as_it_closes_is_a_typed_retriable_error() -> None:
+    """grpc can fail the half-close of an Append call whose broker went away with an error of
+    its core (`cygrpc.ExecuteBatchError`), unknown to every retry policy: the soak saw one at
+    a kill -9 of two brokers fail its AppendService's journal for good ("an earlier append to
+    it failed" for every later append). The Appender turns it into AppendCallBrokenError when
+    the call gives no answer, which append() and the AppendService both retry."""
+    from grpc._cython import cygrpc
+
+    from broker.client.append_errors import is_transient
+    from broker.client.appender import AppendCallBrokenError, retriable
+
+    raw = cygrpc.ExecuteBatchError('Failed "execute_batch": (SendCloseFromClientOperation,)')
+    assert not retriable(raw) and not is_transient(raw)  # Why it must not escape raw.
+    err = AppendCallBrokenError(JOURNAL, raw)
+    assert retriable(err) and is_transient(err)
+    assert isinstance(err, ConnectionError)
+    assert str(err) == (
+        f"appending to {JOURNAL}: the Append call broke as it closed:"
+        ' Failed "execute_batch": (SendCloseFromClientOperation,)'
+    )
