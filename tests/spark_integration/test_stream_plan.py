@@ -59,6 +59,21 @@ def stream_reader(broker: str, journal: str) -> GazetteStreamReader:
     return GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
 
 
+def _texts_of(reader: GazetteStreamReader, parts: Any) -> list[str]:
+    """The "text" of each message the partitions deliver, in order."""
+    return [
+        json.loads(content)["text"]
+        for part in parts
+        for batch in reader.read(part)
+        for content in batch.column("content").to_pylist()
+    ]
+
+
+def _texts(reader: GazetteStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[str]:
+    """The "text" of each message of the micro-batch [start, end), as Spark reads it."""
+    return _texts_of(reader, reader.partitions(start, end))
+
+
 def test_nothing_new_answers_the_start_offset_as_it_is(broker: str) -> None:
     """With nothing new, latestOffset answers its start offset unchanged (its split checkpoints
     included): an answer that differs in any way makes Spark run a micro-batch of no rows
@@ -136,13 +151,7 @@ def micro_batch_texts(reader: GazetteStreamReader, start: Any) -> tuple[list[str
     parts = reader.partitions(start, end)
     fragments = [f for part in parts for f in part.fragments]
     mixed = any(f.persisted for f in fragments) and not all(f.persisted for f in fragments)
-    got = [
-        json.loads(content)["text"]
-        for part in parts
-        for batch in reader.read(part)
-        for content in batch.column("content").to_pylist()
-    ]
-    return got, end, mixed
+    return _texts_of(reader, parts), end, mixed
 
 
 def test_micro_batches_across_stored_and_spooled_content(tmp_path: Path) -> None:
@@ -197,22 +206,7 @@ def test_initial_offset_is_the_same_each_time_spark_asks(broker: str) -> None:
     append_in_groups(broker, journal, appended)
     end = reader.latestOffset(start, ReadAllAvailable())
     assert reader.initialOffset() == start
-    got = [
-        json.loads(content)["text"]
-        for part in reader.partitions(reader.initialOffset(), end)
-        for batch in reader.read(part)
-        for content in batch.column("content").to_pylist()
-    ]
-    assert got == ["after-0", "after-1", "after-2"]
-
-
-def _texts(reader: GazetteStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[str]:
-    return [
-        json.loads(content)["text"]
-        for part in reader.partitions(start, end)
-        for batch in reader.read(part)
-        for content in batch.column("content").to_pylist()
-    ]
+    assert _texts(reader, reader.initialOffset(), end) == ["after-0", "after-1", "after-2"]
 
 
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
