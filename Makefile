@@ -19,7 +19,7 @@ MYPY_STRICT := broker/durable_file.py broker/keyspace/backend.py broker/keyspace
 	broker/fragment/naming.py broker/fragment/spool.py broker/fragment/spool_state.py broker/fragment/spool_types.py broker/fragment/spool_roll.py broker/fragment/spool_compression.py broker/fragment/spool_file.py broker/fragment/spool_record.py broker/fragment/spool_recovery.py broker/fragment/spool_named.py broker/fragment/codecs.py \
 	broker/append_rate.py broker/malloc_tuning.py broker/protocol/content_wire.py broker/protocol/selector.py broker/protocol/validate.py \
 	broker/protocol/validation_error.py broker/protocol/tokens.py broker/protocol/urls.py broker/protocol/media_type.py broker/protocol/limits.py broker/protocol/labels.py \
-	broker/cli/strict_yaml.py broker/cli/yaml_shape.py broker/loop_slices.py broker/lazy_exports.py \
+	broker/cli/strict_yaml.py broker/cli/yaml_shape.py broker/loop_slices.py broker/lazy_exports.py broker/rpc_tasks.py \
 	gazette_consumer/message gazette_consumer/sequencer gazette_consumer/transaction.py gazette_consumer/shard_spec.py broker/logging.py \
 	gazette_consumer/recoverylog/fsm.py gazette_consumer/recoverylog/ops.py gazette_consumer/recoverylog/segments.py \
 	gazette_consumer/stores/rocksdb.py gazette_consumer/stores/recorded.py \

@@ -80,6 +80,7 @@ from broker.readiness import ReadinessGate, check_own_member
 from broker.replica import PulseResult, Replica, ReplicaEnv
 from broker.replicate_api import ReplicateApi
 from broker.resolver import Resolver
+from broker.rpc_tasks import InFlightRpcs
 from broker.service_handlers import add_journal_service
 from broker.tls import bind_port
 from broker.topology import (
@@ -198,6 +199,8 @@ class Broker:
         self._task: asyncio.Task[None] | None = None
         # Answers every RPC UNAVAILABLE until start() has the broker ready (broker.readiness).
         self.gate = ReadinessGate(f"broker {config.zone}#{config.suffix}")
+        # Every RPC's task, so that stopping waits for their cleanup (broker.rpc_tasks).
+        self.rpcs = InFlightRpcs()
         # Set once the gRPC port is bound (``endpoint`` known), before the broker is ready.
         self.bound = asyncio.Event()
         self.lease_id = 0
@@ -299,7 +302,7 @@ class Broker:
         # The gate first: a broker that is not ready answers before checking anything else.
         # Peers ping their calls here (grpc_transport.py): accept their rate.
         options = with_options(SERVER_OPTIONS, PEER_KEEPALIVE_SERVER_OPTIONS)
-        server = grpc.aio.server(options=options, interceptors=[self.gate, *auth])
+        server = grpc.aio.server(options=options, interceptors=[self.rpcs, self.gate, *auth])
         registry = self.store_health.registry
         service = JournalService(
             AppendApi(
@@ -383,6 +386,7 @@ class Broker:
             with contextlib.suppress(BaseException):
                 await task
         await server.stop(0)
+        await self.rpcs.drain()
         if self.lease_id:
             with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
                 await self.backend.lease_revoke(self.lease_id)
@@ -467,6 +471,8 @@ class Broker:
         self.gate.close()
         try:
             await server.stop(self.config.stop_grace_s)
+            # Handlers of cancelled calls close their files and pipelines after stop returns.
+            await self.rpcs.drain()
             self.resolver.stop_serving()
             await self._task
         finally:

@@ -55,6 +55,7 @@ from broker.protocol import consumer_pb2_grpc as cpbg
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import validate_consumer_spec
 from broker.readiness import ReadinessGate, check_own_member
+from broker.rpc_tasks import InFlightRpcs
 from broker.tls import ClientTls, ServerTls, bind_port
 from broker.topology import MEMBERS
 from gazette_consumer.local_shards import LocalShards
@@ -160,6 +161,8 @@ class ConsumerMember:
         self._task: asyncio.Task[None] | None = None
         # Answers every RPC UNAVAILABLE until start() has the member ready (broker.readiness).
         self.gate = ReadinessGate(f"consumer {config.zone}#{config.suffix}")
+        # Every RPC's task, so that stopping waits for their cleanup (broker.rpc_tasks).
+        self.rpcs = InFlightRpcs()
         # Set once the gRPC port is bound (``endpoint`` known), before the member is ready.
         self.bound = asyncio.Event()
         self._draining = asyncio.Event()
@@ -192,7 +195,9 @@ class ConsumerMember:
         # application's own included; then authorization, if the member has keys.
         scope = KeySpaceShardScope(self.ks, cfg.root)
         auth = [ShardAuthInterceptor(self.auth, scope)] if self.auth else []
-        server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=[self.gate, *auth])
+        server = grpc.aio.server(
+            options=_SERVER_OPTIONS, interceptors=[self.rpcs, self.gate, *auth]
+        )
         cpbg.add_ShardServicer_to_server(
             ShardService(self.ks, self.backend, cfg.root, self.resolver, self.channels, self.id),
             server,
@@ -229,6 +234,7 @@ class ConsumerMember:
                 with contextlib.suppress(BaseException):
                     await keepalive
             await server.stop(0)
+            await self.rpcs.drain()
             if self.lease_id:
                 with contextlib.suppress(LeaseNotFoundError, KeySpaceError):
                     await self.backend.lease_revoke(self.lease_id)
@@ -316,6 +322,7 @@ class ConsumerMember:
             await self._task
         server, self._server = self._server, None
         await server.stop(0)
+        await self.rpcs.drain()
         await self.channels.close()
 
     async def wait(self) -> None:
@@ -392,4 +399,5 @@ class ConsumerMember:
             server, self._server = self._server, None
             if server is not None:
                 await server.stop(self.config.stop_grace_s)
+                await self.rpcs.drain()
             await self.channels.close()

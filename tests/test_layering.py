@@ -103,6 +103,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.auth_server",
             "broker.auth_interceptor",
             "broker.readiness",
+            "broker.rpc_tasks",
             "broker.security_flags",
         ),
     ),
