@@ -9,7 +9,7 @@ channel outlives the call, and nothing that crosses a process boundary holds one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Final, TypeVar
 
 from broker.client.list_apply import get_journal, list_journals
@@ -55,10 +55,16 @@ def check_json_lines(spec: pb.JournalSpec) -> None:
 
 
 async def resolve_journals(
-    client: JournalClient, names: tuple[str, ...], selector: str, *, check: bool = True
+    client: JournalClient,
+    names: tuple[str, ...],
+    selector: str,
+    *,
+    check: bool = True,
+    missing_ok: Collection[str] = (),
 ) -> list[pb.JournalSpec]:
     """The specs of the named journals, or of those `selector` matches (sorted by name). Every
-    one must exist (and hold JSON lines, if `check`)."""
+    one must exist, but those of `missing_ok`, left out when they do not (and hold JSON lines,
+    if `check`)."""
     specs: list[pb.JournalSpec] = []
     if selector:
         listing = await list_journals(client, parse_selector(selector))
@@ -67,6 +73,8 @@ async def resolve_journals(
         try:
             specs.append(await get_journal(client, name))
         except JournalNotFoundError:
+            if name in missing_ok:
+                continue
             raise GazetteJournalError(f"journal {name!r} does not exist") from None
     if len(specs) > journals_max:
         raise GazetteJournalError(

@@ -76,7 +76,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import pyarrow as pa
@@ -187,12 +187,16 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
 
     # -- planning (driver) -------------------------------------------------------------------
 
-    async def _heads(self, ctx: ReadContext) -> dict[str, int]:
+    async def _heads(self, ctx: ReadContext, read_before: Collection[str] = ()) -> dict[str, int]:
         """The journals read and their write heads (or, with no broker, where their persisted
-        content ends)."""
+        content ends). A journal named by option journals that does not exist is an error,
+        unless the query read it before (`read_before`): then it was deleted, which
+        `_not_read` judges (data loss, or with failOnDataLoss false a warning)."""
         opts = self.opts
         if ctx.client is not None:
-            specs = await resolve_journals(ctx.client, opts.journals, opts.selector, check=False)
+            specs = await resolve_journals(
+                ctx.client, opts.journals, opts.selector, check=False, missing_ok=read_before
+            )
             return await write_heads(ctx.client, [s.name for s in specs])
         return {info.name: info.head for info in await journal_infos(ctx)}
 
@@ -262,7 +266,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         return JournalOffset(checkpoint, offset)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now = run_in_context(self.opts, self._heads)
+        # The offsets read before are not known here: a named journal missing now is judged
+        # by latestOffset (an error, or a deleted journal's data loss), which reads them.
+        self._available_now = run_in_context(
+            self.opts, functools.partial(self._heads, read_before=self.opts.journals)
+        )
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_messages_per_trigger:
@@ -306,7 +314,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             return entry.offset(journal) if entry is not None else 0
 
         async def look(ctx: ReadContext) -> dict[str, int]:
-            heads = await self._heads(ctx)
+            heads = await self._heads(ctx, read_before=starts.keys())
             if self._available_now is not None:
                 # A journal not read when the query started reads nothing (its offset stays).
                 capped = self._available_now
@@ -396,8 +404,10 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         was, rather than from its beginning, which would deliver its messages again. A journal
         that left because it was deleted is data loss, as a Kafka partition gone is for
         Kafka's source (what it held beyond the offset may not have been read): it fails the
-        query, or with failOnDataLoss false is forgotten with a warning. Existence is asked
-        once, when a journal leaves (with no broker to ask, it is kept)."""
+        query, or with failOnDataLoss false is forgotten with a warning (one named by option
+        journals stays, at offset 0 and marked deselected: the query runs on without it, and
+        reads it from its first offset if it is created again). Existence is asked once, when
+        a journal leaves (with no broker to ask, it is kept)."""
         left = [j for j, e in entries.items() if not e.deselected]
         deleted: set[str] = set()
         if left and ctx.client is not None:
@@ -412,16 +422,24 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             if self.opts.fail_on_data_loss:
                 raise GazetteJournalDeletedError(journal, offset)
             _log.warning(
-                "gazette: journal %s was deleted while read from offset %d: forgotten; content"
-                " it held beyond that offset may not have been read (failOnDataLoss is false)",
+                "gazette: journal %s was deleted while read from offset %d: the query goes on"
+                " without it; content it held beyond that offset may not have been read"
+                " (failOnDataLoss is false)",
                 journal,
                 offset,
             )
-        return {
-            j: dataclasses.replace(e, deselected=True)
-            for j, e in entries.items()
-            if j not in deleted
-        }
+        named = set(self.opts.journals)
+        out: dict[str, JournalOffset] = {}
+        for journal, entry in entries.items():
+            if journal not in deleted:
+                out[journal] = dataclasses.replace(entry, deselected=True)
+            elif journal in named:
+                # Created again, it is another journal: read from its first offset (its
+                # write head may have passed the old offset, so _behind could not tell).
+                out[journal] = JournalOffset(
+                    SequencerCheckpoint(read_through={journal: 0}), deselected=True
+                )
+        return out
 
     async def _walk(
         self,

@@ -237,21 +237,26 @@ def test_a_journal_out_of_the_selection_and_back_is_read_on_from_where_it_was(
 
 
 @pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
-def test_a_deleted_journal_of_the_selection_is_data_loss(
-    spark: Any, broker: str, tmp_path: Path, fail_on_data_loss: str
+@pytest.mark.parametrize("chosen_by", ["selector", "journals"])
+def test_a_deleted_journal_is_data_loss(
+    spark: Any, broker: str, tmp_path: Path, fail_on_data_loss: str, chosen_by: str
 ) -> None:
-    """A selector query whose journal is deleted while the query is down, with content the
-    query had not read: as Kafka's source with a partition gone, the query fails naming the
-    journal (failOnDataLoss true), or runs on without it (false)."""
+    """A query whose journal is deleted while the query is down, with content the query had
+    not read: as Kafka's source with a partition gone, the query fails naming the journal
+    (failOnDataLoss true), or runs on without it (false), restart after restart, and reads it
+    from its first offset once it is created again. The same whether the journal was chosen
+    by a selector or named by option journals (named, a missing journal was a configuration
+    error whatever failOnDataLoss said)."""
     one, two = unique("spark/restart-del"), unique("spark/restart-del")
     create_journals(broker, [one, two])
     tag_one, tag_two = one.split("/")[-1], two.split("/")[-1]
     j1, j2, p = Journal(broker, one), Journal(broker, two), producer()
-    options = {
-        "broker": broker,
-        "selector": f"test in ({tag_one}, {tag_two})",
-        "failOnDataLoss": fail_on_data_loss,
-    }
+    chosen = (
+        {"selector": f"test in ({tag_one}, {tag_two})"}
+        if chosen_by == "selector"
+        else {"journals": f"{one},{two}"}
+    )
+    options = {"broker": broker, **chosen, "failOnDataLoss": fail_on_data_loss}
     checkpoint = tmp_path / "cp"
     j1.add(p, OUTSIDE, "one-1")
     j2.add(p, OUTSIDE, "two-1")
@@ -263,8 +268,15 @@ def test_a_deleted_journal_of_the_selection_is_data_loss(
     if fail_on_data_loss == "true":
         with pytest.raises(Exception, match=rf"GazetteJournalDeletedError: journal {one}: deleted"):
             run(spark, checkpoint, **options)
-    else:
-        assert texts(run(spark, checkpoint, **options)) == ["two-2"]
+        return
+    assert texts(run(spark, checkpoint, **options)) == ["two-2"]
+    j2.add(p, OUTSIDE, "two-3")
+    assert texts(run(spark, checkpoint, **options)) == ["two-3"]
+    # Created again, past the old offset before the query looks: read from its beginning.
+    create_journals(broker, [one])
+    for text in ("new-1", "new-2", "new-3"):
+        j1.add(p, OUTSIDE, text)
+    assert texts(run(spark, checkpoint, **options)) == ["new-1", "new-2", "new-3"]
 
 
 def test_isolation_changed_across_a_restart_is_refused(
