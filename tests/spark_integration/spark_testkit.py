@@ -33,12 +33,40 @@ ACK = Flag.ACK_TXN
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The log of each broker `broker_process` runs, by its address (see `wait_replica_stopped`).
+_broker_logs: dict[str, Path] = {}
+# How long a broker may take to stop the replica of a journal deleted, and the polling backoff.
+replica_stop_timeout_s = 30.0
+replica_stop_poll_s_max = 0.2
+
+
 @contextlib.contextmanager
 def broker_process(root: Path, *extra_args: str) -> Iterator[int]:
     """A `gazette serve` process on loopback with its embedded keyspace, data under `root`:
     yields its port once it serves, and stops it afterwards (tests/broker/serve_testkit.py)."""
     with gazette_serve(root, *extra_args) as (port, _proc):
-        yield port
+        address = f"127.0.0.1:{port}"
+        _broker_logs[address] = root / "broker.log"
+        try:
+            yield port
+        finally:
+            del _broker_logs[address]
+
+
+def wait_replica_stopped(broker: str, journal: str) -> None:
+    """Until `broker` (one `broker_process` runs) has stopped its replica of `journal`, deleted.
+
+    A replica lives as long as its assignment, which the allocator removes some time after the
+    journal's spec: a journal deleted and created again before that keeps its replica and the
+    content it had (as a Gazette broker's does). A test that means the journal to be created
+    anew waits for this first. The broker's log is the only place that tells."""
+    log = _broker_logs[broker]
+    line = f"stopping local journal replica journal={journal}\n"
+    deadline, pause = time.monotonic() + replica_stop_timeout_s, 0.01
+    while line not in log.read_text():
+        assert time.monotonic() < deadline, f"{broker} did not stop its replica of {journal}"
+        time.sleep(pause)
+        pause = min(pause * 2, replica_stop_poll_s_max)
 
 
 def unique(prefix: str) -> str:

@@ -29,6 +29,7 @@ from tests.spark_integration.spark_testkit import (
     create_journals,
     producer,
     unique,
+    wait_replica_stopped,
 )
 from tests.spark_integration.test_spark_store_read import (  # The fixture, and its helpers.
     _contiguous_end,
@@ -198,6 +199,9 @@ def relabel(broker: str, journal: str, test: str) -> None:
 
 
 def delete_journal(broker: str, journal: str) -> None:
+    """Delete `journal`, and wait until `broker` has stopped its replica (so that the journal,
+    created again, starts empty: see `wait_replica_stopped`)."""
+
     async def go() -> None:
         client = JournalClient(broker)
         try:
@@ -208,6 +212,7 @@ def delete_journal(broker: str, journal: str) -> None:
             await client.close()
 
     asyncio.run(go())
+    wait_replica_stopped(broker, journal)
 
 
 def test_a_journal_out_of_the_selection_and_back_is_read_on_from_where_it_was(
