@@ -161,6 +161,9 @@ class TxnResponse:
 class RangeResponse:
     header: Header
     kvs: tuple[KeyValue, ...]
+    # Keys in the range at the revision read, counted before ``min_mod_revision`` leaves any
+    # out (etcd's RangeResponse.count).
+    count: int
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -181,10 +184,16 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def range(
-        self, key: bytes, range_end: bytes | None = None, revision: int = 0
+        self,
+        key: bytes,
+        range_end: bytes | None = None,
+        revision: int = 0,
+        *,
+        min_mod_revision: int = 0,
     ) -> RangeResponse:
         """Keys in [key, range_end) (just ``key`` when range_end is None; ``b"\\x00"`` means to
-        the end), sorted by key, at ``revision`` (0 = current)."""
+        the end), sorted by key, at ``revision`` (0 = current); with ``min_mod_revision``, only
+        those last modified at or after it (the count still counts them all)."""
 
     @abc.abstractmethod
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> Header: ...

@@ -24,6 +24,7 @@ from broker.keyspace.conformance_kit import EmbeddedHarness as EmbeddedHarness
 from broker.keyspace.conformance_kit import KeySpaceHarness as KeySpaceHarness
 from broker.keyspace.conformance_kv import check_kv_basics as check_kv_basics
 from broker.keyspace.conformance_kv import check_prefix_ranges as check_prefix_ranges
+from broker.keyspace.conformance_kv import check_range_since as check_range_since
 from broker.keyspace.conformance_kv import check_txn_branches as check_txn_branches
 from broker.keyspace.conformance_kv import check_txn_compares as check_txn_compares
 from broker.keyspace.conformance_kv import check_txn_race as check_txn_race
@@ -43,6 +44,7 @@ from broker.keyspace.conformance_watch import check_watch_replay as check_watch_
 CHECKS: tuple[Check, ...] = (
     check_kv_basics,
     check_prefix_ranges,
+    check_range_since,
     check_txn_compares,
     check_txn_branches,
     check_txn_race,

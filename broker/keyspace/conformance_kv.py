@@ -120,6 +120,34 @@ async def check_prefix_ranges(harness: KeySpaceHarness) -> None:
     await b.delete(p, prefix_end(p))
 
 
+async def check_range_since(harness: KeySpaceHarness) -> None:
+    """A range with ``min_mod_revision`` answers only keys modified since, at the revision
+    asked, and counts every key of the range (how a mirror checks a progress notification)."""
+    b = harness.backend
+    p = _scope("range_since")
+    end = prefix_end(p)
+    await b.put(p + b"/a", b"1")
+    await b.put(p + b"/b", b"1")
+    base = (await b.put(p + b"/c", b"1")).revision
+    await b.put(p + b"/b", b"2")
+    await b.delete(p + b"/c")
+    at = (await b.put(p + b"/d", b"1")).revision
+    await b.put(p + b"/e", b"1")  # After the revision asked: not seen.
+
+    since = await b.range(p, end, at, min_mod_revision=base + 1)
+    got = [(kv.key[len(p) :], kv.value) for kv in since.kvs]
+    _expect(got == [(b"/b", b"2"), (b"/d", b"1")], f"keys modified since {base} at {at}: {got}")
+    _expect(since.count == 3, f"count at {at} is {since.count}, expected 3 (/a, /b, /d)")
+    whole = await b.range(p, end)
+    _expect(
+        len(whole.kvs) == whole.count == 4,
+        f"a range without min_mod_revision returned {len(whole.kvs)} keys, count {whole.count}",
+    )
+    none = await b.range(p, end, min_mod_revision=whole.header.revision + 1)
+    _expect(none.kvs == () and none.count == 4, f"nothing modified since now: {none}")
+    await b.delete(p, end)
+
+
 # -- Transactions -------------------------------------------------------------------------------
 
 

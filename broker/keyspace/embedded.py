@@ -433,9 +433,14 @@ class EmbeddedBackend(Backend):
         await asyncio.sleep(0)
 
     async def range(
-        self, key: bytes, range_end: bytes | None = None, revision: int = 0
+        self,
+        key: bytes,
+        range_end: bytes | None = None,
+        revision: int = 0,
+        *,
+        min_mod_revision: int = 0,
     ) -> RangeResponse:
-        resp = self._begin().range(key, range_end, revision)
+        resp = self._begin().range(key, range_end, revision, min_mod_revision=min_mod_revision)
         await self._end()
         return resp
 

@@ -16,8 +16,18 @@ a store's revision also moves with writes outside the prefix (a consumer group's
 brokers' etcd), which the prefix's watch never shows. A waiter for such a revision (a request
 carrying another process's header) would wait for the prefix's next event, which may never
 come; so a waiter still behind after ``progress_after_s`` asks the backend for a progress
-notification (etcd's RequestProgress), which moves the mirror's revision on without changing its
-entries (observers are not run: nothing they derive changed).
+notification (etcd's RequestProgress), which moves the mirror's revision on.
+
+A progress notification is checked before it is believed: etcd before 3.4.25 / 3.5.8 (etcd issue
+#15220; Debian ships 3.4.23) may answer a requested progress with a revision ahead of events it
+has still to send on the stream. Taking that revision would claim events the mirror lacks: a
+waiter for it would read a stale view (a journal just created not found), and one for the next
+revision would wait for an event a quiet cluster never makes. So the mirror reads the prefix at
+the notified revision, only the keys modified since its own (etcd's ``min_mod_revision``; with
+nothing changed, none) and the count of all: if no key it had was deleted meanwhile (counts
+agree), it applies the modified keys; if some were, it loads the prefix whole at that revision.
+Either way it then reflects the revision, observers run if anything changed, and the events the
+stream delivers late, at or below it, are skipped.
 
 Failures. A broken watch (UnavailableError) is resumed from the last revision applied + 1, after
 a bounded exponential back-off; a watch whose resume revision has been compacted re-loads the
@@ -225,6 +235,12 @@ class KeySpace(Generic[T]):
         # The revision the mirror reflects (0 until loaded).
         self.header = Header(revision=0)
         self.kvs: list[Entry[T]] = []
+        # How many keys the prefix holds at ``header``'s revision, counted from the store (kvs
+        # leaves out values that failed to decode): checks a progress notification.
+        self._keys = 0
+        # The revision of the last snapshot taken at a progress notification: the stream may
+        # deliver events at or below it afterwards (etcd issue #15220), already reflected.
+        self._snapshot_revision = 0
         # Called, in order, after each load and each applied watch response.
         self.observers: list[Callable[[], None]] = []
         self._watch_attempts_max = watch_attempts_max
@@ -276,24 +292,37 @@ class KeySpace(Generic[T]):
         # current one (they differ when loading a past revision).
         if revision:
             header = Header(revision, header.cluster_id, header.member_id, header.raft_term)
-        self.header, self.kvs = header, entries
+        self.header, self.kvs, self._keys = header, entries, len(resp.kvs)
         self._notify()
 
     def apply(self, *responses: WatchResponse) -> None:
         """Apply watch responses (in order) as one update, then run the observers."""
         header = self.header
         events: list[Event] = []
+        skipped = 0
         for resp in responses:
-            if resp.events and resp.header.revision <= header.revision:
-                log.warning(
-                    "keyspace: watch response does not advance the revision",
-                    root=self.root.decode(),
-                    revision=resp.header.revision,
-                    current=header.revision,
-                )
             if resp.header.revision > header.revision:
                 header = resp.header
-            events.extend(resp.events)
+            for event in resp.events:
+                # In the mirror already: the stream delivered it after a progress notification
+                # that came ahead of it (only those: a revision's events may, in principle, come
+                # in more than one response, each with the revision in its header).
+                if event.kv.mod_revision <= self._snapshot_revision:
+                    skipped += 1
+                    continue
+                events.append(event)
+                if event.type == EventType.DELETE:
+                    self._keys -= 1
+                elif event.kv.create_revision == event.kv.mod_revision:
+                    self._keys += 1
+        if skipped:
+            log.info(
+                "keyspace: events already reflected skipped (delivered after a progress "
+                "notification ahead of them)",
+                root=self.root.decode(),
+                skipped=skipped,
+                snapshot=self._snapshot_revision,
+            )
         self.kvs, issues = apply_events(self.kvs, events, self.decoder)
         self._log_issues("watch", issues)
         self.header = header
@@ -328,8 +357,8 @@ class KeySpace(Generic[T]):
                         attempt = 0
                         if resp.events:
                             self.apply(resp)
-                        else:
-                            self._progress(resp.header)
+                        elif resp.header.revision > self.header.revision:
+                            await self._progress(backend, resp.header)
                 finally:
                     self._watching = None
                     await _aclose(stream)
@@ -356,15 +385,48 @@ class KeySpace(Generic[T]):
             return 0.0
         return min(self._backoff_max_s, self._backoff_initial_s * 2.0 ** (attempt - 2))
 
-    def _progress(self, header: Header) -> None:
-        """A progress notification: every event of the prefix through ``header.revision`` was
-        applied, so the mirror reflects that revision (its entries are unchanged)."""
-        if header.revision > self.header.revision:
-            current = self.header
-            self.header = Header(
-                header.revision, current.cluster_id, current.member_id, current.raft_term
+    async def _progress(self, backend: Backend, header: Header) -> None:
+        """A progress notification at ``header.revision``, above the mirror's: checked, then
+        reflected (see the module docstring)."""
+        at, since = header.revision, self.header.revision
+        changed = await backend.range(
+            self.root, prefix_end(self.root), at, min_mod_revision=since + 1
+        )
+        # Keys of the mirror's revision still there at `at` (never deleted meanwhile) are
+        # those created at or before it: count - created is what is left of self._keys.
+        created = sum(1 for kv in changed.kvs if kv.create_revision > since)
+        deleted = self._keys - (changed.count - created)
+        if deleted:
+            log.info(
+                "keyspace: keys deleted before a progress notification's revision; loading",
+                root=self.root.decode(),
+                revision=at,
+                since=since,
+                deleted=deleted,
             )
-            self._notify_waiters()
+            await self.load(backend, at)
+            self._snapshot_revision = at
+            return
+        self._snapshot_revision = at
+        current = self.header
+        self.header = Header(at, current.cluster_id, current.member_id, current.raft_term)
+        if not changed.kvs:
+            self._notify_waiters()  # Nothing an observer derives changed.
+            return
+        log.info(
+            "keyspace: keys modified before a progress notification's revision",
+            root=self.root.decode(),
+            revision=at,
+            since=since,
+            modified=len(changed.kvs),
+        )
+        puts = [Event(EventType.PUT, kv) for kv in changed.kvs]
+        self.kvs, issues = apply_events(self.kvs, puts, self.decoder)
+        # A snapshot skips versions and creations between revisions: only a value that fails
+        # to decode is worth a warning.
+        self._log_issues("progress", (i for i in issues if i.error is not None))
+        self._keys = changed.count
+        self._notify()
 
     async def wait_for_revision(self, revision: int, timeout_s: float) -> None:
         """Return once the mirror reflects ``revision``. Raises TimeoutError after

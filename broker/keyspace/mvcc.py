@@ -100,7 +100,24 @@ class MVCCStore(MVCCState):
         """A response header at ``revision``, with the store's identity."""
         return Header(revision, self.cluster_id, self.member_id, self.raft_term)
 
-    def range(self, key: bytes, range_end: bytes | None = None, revision: int = 0) -> RangeResponse:
+    def range(
+        self,
+        key: bytes,
+        range_end: bytes | None = None,
+        revision: int = 0,
+        *,
+        min_mod_revision: int = 0,
+    ) -> RangeResponse:
+        kvs = self._range_at(key, range_end, revision)
+        if min_mod_revision:
+            return RangeResponse(
+                self.header(),
+                tuple(kv for kv in kvs if kv.mod_revision >= min_mod_revision),
+                len(kvs),
+            )
+        return RangeResponse(self.header(), kvs, len(kvs))
+
+    def _range_at(self, key: bytes, range_end: bytes | None, revision: int) -> tuple[KeyValue, ...]:
         check_key("range", key)
         if revision < 0:
             raise InvalidRequestError(f"range: revision must be >= 0 (got {revision})")
@@ -110,7 +127,7 @@ class MVCCStore(MVCCState):
                 f"{self._revision})"
             )
         if revision == 0 or revision == self._revision:
-            return RangeResponse(self.header(), tuple(self._live_range(key, range_end)))
+            return tuple(self._live_range(key, range_end))
         if revision < self._compact_revision:
             raise CompactedError(revision, self._compact_revision)
 
@@ -125,7 +142,7 @@ class MVCCStore(MVCCState):
                     state.pop(k, None)
                 else:
                     state[k] = prior
-        return RangeResponse(self.header(), tuple(state[k] for k in sorted(state)))
+        return tuple(state[k] for k in sorted(state))
 
     def replay(
         self, key: bytes, range_end: bytes | None, start: int, end: int, events_max: int

@@ -40,12 +40,17 @@ class SlowLoadBackend(EmbeddedBackend):
         self.slowed = 0
 
     async def range(
-        self, key: bytes, range_end: bytes | None = None, revision: int = 0
+        self,
+        key: bytes,
+        range_end: bytes | None = None,
+        revision: int = 0,
+        *,
+        min_mod_revision: int = 0,
     ) -> RangeResponse:
         if key == self.root and not self.slowed:
             self.slowed += 1
             await asyncio.sleep(self.delay_s)  # The fault injected: etcd answering late.
-        return await super().range(key, range_end, revision)
+        return await super().range(key, range_end, revision, min_mod_revision=min_mod_revision)
 
 
 @pytest.fixture
