@@ -152,6 +152,35 @@ async def test_index_ahead_of_the_spool_refuses_until_an_explicit_offset(
         assert local_content(b, J) == (100, b"resumed!")
 
 
+async def test_a_pulse_refused_for_an_index_ahead_of_the_spool_waits_for_its_interval(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Only an operator's append at an explicit offset can end INDEX_HAS_GREATER_OFFSET: the
+    pulse is not failed-and-retried within seconds (a warning each time) but done for its
+    interval, as Gazette's; once the operator confirmed the end, it commits again."""
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    content = b"z" * 100
+    fragment = pb.Fragment(
+        journal=J,
+        begin=0,
+        end=100,
+        sum=sum_from_digest(hashlib.sha1(content).digest()),
+        compression_codec=pb.NONE,
+    )
+    await cluster.stores.get("file:///frags/").put(fragment, content)
+    b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    await cluster.create(journal_spec(J, stores=["file:///frags/"]), [b])
+    await replica_of(b, J).index.wait_first_refresh(5.0)
+
+    refused = await pulse(b.append_env, J)
+    assert (refused.ok, refused.committed) == (True, False)
+    resp = await cluster.append(b, J, [b"resumed"], offset=100)  # gazctl journals reset-head
+    assert resp.status == pb.OK
+    again = await pulse(b.append_env, J)
+    assert (again.ok, again.committed) == (True, True)
+
+
 async def test_read_only_journal_accepts_zero_byte_appends_past_the_index(
     cluster: Cluster, tmp_path: Path
 ) -> None:
