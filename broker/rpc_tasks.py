@@ -22,9 +22,10 @@ from typing import Any, Final
 
 import grpc
 import grpc.aio
-import structlog
 
-log = structlog.get_logger(__name__)
+from broker.logging import get_logger
+
+log = get_logger(__name__)
 
 # After Server.stop, handlers end as core reports their calls cancelled: a moment, unless one
 # is stuck in something that ignores cancellation for a while (a blocking store call in a
@@ -42,7 +43,9 @@ class InFlightRpcs(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     @property
     def running(self) -> int:
-        """RPCs whose tasks have not ended. (Not __len__: grpc.aio drops falsy interceptors.)"""
+        """RPCs whose tasks have not ended (a task that ended leaves the set by a callback the
+        loop runs soon after: done() counts it out at once). Not __len__: grpc.aio drops falsy
+        interceptors."""
         return sum(1 for t in self._tasks if not t.done())
 
     async def intercept_service(
