@@ -234,8 +234,10 @@ class Backend(abc.ABC):
         (or ``aclose()``) cancels the watch.
 
         A response without events is a progress notification, sent only after
-        ``request_watch_progress()``: every event of the range up to its header's revision has
-        been delivered before it."""
+        ``request_watch_progress()``: every event of the range up to its header's revision
+        should have been delivered before it. etcd before 3.4.25 / 3.5.8 may send it ahead of
+        events still queued (etcd issue #15220): a caller must not take it on trust (the
+        KeySpace checks it with a range, see keyspace.py)."""
 
     async def request_watch_progress(self) -> None:
         """Ask every open watch of this client for a progress notification (see ``watch``).
