@@ -11,9 +11,14 @@ logged and left out (and an update to an existing key that fails to decode leave
 good entry in place), but the mirror keeps following the keyspace: a later, valid value for the
 key is picked up. A human error writing one bad spec must not stop every broker's watch.
 
-Revisions. The mirror's revision is that of the last watch response applied (or of the load):
-a store's revision also moves with writes outside the prefix (a consumer group's keys in the
-brokers' etcd), which the prefix's watch never shows. A waiter for such a revision (a request
+Revisions. The mirror's revision is that of the last event applied (or of the load, or of a
+checked progress notification, below): every event of the prefix up to it is in the mirror. Not
+a watch response's header revision: etcd sends a watch that is catching up ("unsynced", e.g.
+resumed after a break) its history in batches of about 1,000 revisions, each response carrying
+the store's current revision while later batches are still to come (as Gazette's KeySpace, whose
+revision is the greatest ModRevision applied). A store's revision also moves with writes outside
+the prefix (a consumer group's keys in the brokers' etcd), which the prefix's watch never shows.
+A waiter for such a revision (a request
 carrying another process's header) would wait for the prefix's next event, which may never
 come; so a waiter still behind after ``progress_after_s`` asks the backend for a progress
 notification (etcd's RequestProgress), which moves the mirror's revision on.
@@ -301,8 +306,16 @@ class KeySpace(Generic[T]):
         events: list[Event] = []
         skipped = 0
         for resp in responses:
-            if resp.header.revision > header.revision:
-                header = resp.header
+            if not resp.events:  # A progress notification handed in directly (tests).
+                if resp.header.revision > header.revision:
+                    header = resp.header
+                continue
+            # The last event's revision (events come in revision order), not the header's: see
+            # the module docstring.
+            last = resp.events[-1].kv.mod_revision
+            if last > header.revision:
+                h = resp.header
+                header = Header(last, h.cluster_id, h.member_id, h.raft_term)
             for event in resp.events:
                 # In the mirror already: the stream delivered it after a progress notification
                 # that came ahead of it (only those: a revision's events may, in principle, come

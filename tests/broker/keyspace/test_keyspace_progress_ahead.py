@@ -244,3 +244,14 @@ def test_events_of_one_revision_in_two_responses_are_all_applied() -> None:
         kv = KeyValue(key, b"1", create_revision=5, mod_revision=5, version=1, lease=0)
         ks.apply(WatchResponse(Header(5), (Event(EventType.PUT, kv),)))
     assert [e.kv.key for e in ks.kvs] == [b"/cluster/a", b"/cluster/b"]
+
+
+def test_a_response_whose_header_is_ahead_of_its_events_moves_the_mirror_to_its_last_event() -> (
+    None
+):
+    """etcd sends a watch catching up its history in batches, each response's header at the
+    store's current revision: the mirror reflects the events it applied, no more."""
+    ks: KeySpace[bytes] = KeySpace("/cluster", Mirror.decode)
+    kv = KeyValue(b"/cluster/a", b"1", create_revision=5, mod_revision=5, version=1, lease=0)
+    ks.apply(WatchResponse(Header(1000), (Event(EventType.PUT, kv),)))
+    assert ks.header.revision == 5
