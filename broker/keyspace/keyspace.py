@@ -402,11 +402,12 @@ class KeySpace(Generic[T]):
         """A progress notification at ``header.revision``, above the mirror's: checked, then
         reflected (see the module docstring)."""
         at, since = header.revision, self.header.revision
-        changed = await backend.range(
-            self.root, prefix_end(self.root), at, min_mod_revision=since + 1
-        )
+        # From `since` itself, not the revision after: were a revision's events ever split over
+        # two responses (etcd does not split them), the mirror would hold only some of them.
+        changed = await backend.range(self.root, prefix_end(self.root), at, min_mod_revision=since)
         # Keys of the mirror's revision still there at `at` (never deleted meanwhile) are
-        # those created at or before it: count - created is what is left of self._keys.
+        # those created at or before it: count - created is what is left of self._keys (a key
+        # created at `since` and not applied makes it negative: loaded too).
         created = sum(1 for kv in changed.kvs if kv.create_revision > since)
         deleted = self._keys - (changed.count - created)
         if deleted:
@@ -423,7 +424,8 @@ class KeySpace(Generic[T]):
         self._snapshot_revision = at
         current = self.header
         self.header = Header(at, current.cluster_id, current.member_id, current.raft_term)
-        if not changed.kvs:
+        fresh = [kv for kv in changed.kvs if not self._reflects(kv)]
+        if not fresh:
             self._notify_waiters()  # Nothing an observer derives changed.
             return
         log.info(
@@ -431,15 +433,20 @@ class KeySpace(Generic[T]):
             root=self.root.decode(),
             revision=at,
             since=since,
-            modified=len(changed.kvs),
+            modified=len(fresh),
         )
-        puts = [Event(EventType.PUT, kv) for kv in changed.kvs]
+        puts = [Event(EventType.PUT, kv) for kv in fresh]
         self.kvs, issues = apply_events(self.kvs, puts, self.decoder)
         # A snapshot skips versions and creations between revisions: only a value that fails
         # to decode is worth a warning.
         self._log_issues("progress", (i for i in issues if i.error is not None))
         self._keys = changed.count
         self._notify()
+
+    def _reflects(self, kv: KeyValue) -> bool:
+        """Whether the mirror holds ``kv``'s key at its revision or a later one."""
+        i, found = self.index(kv.key)
+        return found and self.kvs[i].kv.mod_revision >= kv.mod_revision
 
     async def wait_for_revision(self, revision: int, timeout_s: float) -> None:
         """Return once the mirror reflects ``revision``. Raises TimeoutError after

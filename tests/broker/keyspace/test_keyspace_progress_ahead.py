@@ -18,6 +18,7 @@ from broker.keyspace.backend import (
     EventType,
     Header,
     KeyValue,
+    OpPut,
     RangeResponse,
     WatchResponse,
 )
@@ -255,3 +256,33 @@ def test_a_response_whose_header_is_ahead_of_its_events_moves_the_mirror_to_its_
     kv = KeyValue(b"/cluster/a", b"1", create_revision=5, mod_revision=5, version=1, lease=0)
     ks.apply(WatchResponse(Header(1000), (Event(EventType.PUT, kv),)))
     assert ks.header.revision == 5
+
+
+async def test_a_progress_between_the_halves_of_a_split_revision_reflects_both() -> None:
+    """etcd never splits a revision's events over two responses, but a backend that did, with
+    a progress notification between the halves, must not leave the second half out (the
+    check reads from the mirror's own revision, not the one after)."""
+    store = EmbeddedStore()
+    backend = store.connect()
+    try:
+        ks: KeySpace[bytes] = KeySpace("/cluster", Mirror.decode)
+        await backend.put(b"/cluster/b", b"0")
+        await ks.load(backend)
+        # One revision: /a created, /b updated (so that the keys' count does not tell).
+        txn = await backend.txn([], [OpPut(b"/cluster/a", b"1"), OpPut(b"/cluster/b", b"2")])
+        at = (await backend.put(b"/elsewhere", b"1")).revision
+        a, b = (await backend.range(b"/cluster/", b"/cluster0")).kvs
+        ks.apply(WatchResponse(txn.header, (Event(EventType.PUT, a),)))  # The first half.
+        assert ks.header.revision == txn.header.revision
+        await ks._progress(backend, Header(at))  # What the watch does with a notification.
+        assert mirror_of(ks) == [(b"/cluster/a", b"1"), (b"/cluster/b", b"2")]
+        ks.apply(WatchResponse(txn.header, (Event(EventType.PUT, b),)))  # Late: skipped.
+        assert mirror_of(ks) == [(b"/cluster/a", b"1"), (b"/cluster/b", b"2")]
+        assert ks.header.revision == at
+    finally:
+        await backend.close()
+        await store.close()
+
+
+def mirror_of(ks: KeySpace[bytes]) -> list[tuple[bytes, bytes]]:
+    return [(e.kv.key, e.decoded) for e in ks.kvs]
