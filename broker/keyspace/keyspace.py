@@ -18,18 +18,18 @@ resumed after a break) its history in batches of about 1,000 revisions, each res
 the store's current revision while later batches are still to come (as Gazette's KeySpace, whose
 revision is the greatest ModRevision applied). A store's revision also moves with writes outside
 the prefix (a consumer group's keys in the brokers' etcd), which the prefix's watch never shows.
-A waiter for such a revision (a request
-carrying another process's header) would wait for the prefix's next event, which may never
-come; so a waiter still behind after ``progress_after_s`` asks the backend for a progress
-notification (etcd's RequestProgress), which moves the mirror's revision on.
+A waiter for such a revision (a request carrying another process's header) would wait for the
+prefix's next event, which may never come; so a waiter still behind after ``progress_after_s``
+asks the backend for a progress notification (etcd's RequestProgress), which moves the mirror's
+revision on.
 
 A progress notification is checked before it is believed: etcd before 3.4.25 / 3.5.8 (etcd issue
 #15220; Debian ships 3.4.23) may answer a requested progress with a revision ahead of events it
 has still to send on the stream. Taking that revision would claim events the mirror lacks: a
 waiter for it would read a stale view (a journal just created not found), and one for the next
 revision would wait for an event a quiet cluster never makes. So the mirror reads the prefix at
-the notified revision, only the keys modified since its own (etcd's ``min_mod_revision``; with
-nothing changed, none) and the count of all: if no key it had was deleted meanwhile (counts
+the notified revision, only the keys modified at or since its own (etcd's ``min_mod_revision``;
+those it reflects left out) and the count of all: if no key it had was deleted meanwhile (counts
 agree), it applies the modified keys; if some were, it loads the prefix whole at that revision.
 Either way it then reflects the revision, observers run if anything changed, and the events the
 stream delivers late, at or below it, are skipped.
