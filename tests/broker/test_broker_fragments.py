@@ -117,21 +117,26 @@ async def test_pulse_persists_content_without_traffic(cluster: Cluster, tmp_path
     assert name.split("-")[2].startswith(hashlib.sha1(b"persist me").hexdigest())
 
 
-async def test_index_ahead_of_the_spool_refuses_until_an_explicit_offset(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    # Another cluster (or a lost broker) persisted [0, 100) that this route never saw.
+async def _stored_elsewhere(cluster: Cluster, tmp_path: Path, content: bytes) -> None:
+    """`content` as journal J's [0, len) in the store file:///frags/, persisted by another
+    cluster (or a lost broker): no broker of this one ever held it."""
     (tmp_path / "frags").mkdir()
     cluster.stores = new_registry(file_root=tmp_path)
-    content = b"z" * 100
     fragment = pb.Fragment(
         journal=J,
         begin=0,
-        end=100,
+        end=len(content),
         sum=sum_from_digest(hashlib.sha1(content).digest()),
         compression_codec=pb.NONE,
     )
     await cluster.stores.get("file:///frags/").put(fragment, content)
+
+
+async def test_index_ahead_of_the_spool_refuses_until_an_explicit_offset(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Another cluster (or a lost broker) persisted [0, 100) that this route never saw.
+    await _stored_elsewhere(cluster, tmp_path, b"z" * 100)
 
     brokers = [await cluster.start_broker(f"zone-{z}", f"broker-{z}") for z in "ab"]
     await cluster.create(journal_spec(J, replication=2, stores=["file:///frags/"]), brokers)
@@ -158,17 +163,7 @@ async def test_a_pulse_refused_for_an_index_ahead_of_the_spool_waits_for_its_int
     """Only an operator's append at an explicit offset can end INDEX_HAS_GREATER_OFFSET: the
     pulse is not failed-and-retried within seconds (a warning each time) but done for its
     interval, as Gazette's; once the operator confirmed the end, it commits again."""
-    (tmp_path / "frags").mkdir()
-    cluster.stores = new_registry(file_root=tmp_path)
-    content = b"z" * 100
-    fragment = pb.Fragment(
-        journal=J,
-        begin=0,
-        end=100,
-        sum=sum_from_digest(hashlib.sha1(content).digest()),
-        compression_codec=pb.NONE,
-    )
-    await cluster.stores.get("file:///frags/").put(fragment, content)
+    await _stored_elsewhere(cluster, tmp_path, b"z" * 100)
     b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
     await cluster.create(journal_spec(J, stores=["file:///frags/"]), [b])
     await replica_of(b, J).index.wait_first_refresh(5.0)
@@ -184,17 +179,7 @@ async def test_a_pulse_refused_for_an_index_ahead_of_the_spool_waits_for_its_int
 async def test_read_only_journal_accepts_zero_byte_appends_past_the_index(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    (tmp_path / "frags").mkdir()
-    cluster.stores = new_registry(file_root=tmp_path)
-    content = b"y" * 10
-    fragment = pb.Fragment(
-        journal=J,
-        begin=0,
-        end=10,
-        sum=sum_from_digest(hashlib.sha1(content).digest()),
-        compression_codec=pb.NONE,
-    )
-    await cluster.stores.get("file:///frags/").put(fragment, content)
+    await _stored_elsewhere(cluster, tmp_path, b"y" * 10)
     b = await cluster.start_broker("zone-a", "broker-a")
     spec = journal_spec(J, stores=["file:///frags/"], flags=pb.JournalSpec.O_RDONLY)
     await cluster.create(spec, [b])
