@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from broker.keyspace.backend import (
-    Backend,
     Event,
     EventType,
     Header,
@@ -22,19 +21,19 @@ from broker.keyspace.backend import (
     RangeResponse,
     WatchResponse,
 )
-from broker.keyspace.embedded import EmbeddedStore
+from broker.keyspace.embedded import EmbeddedBackend, EmbeddedStore
 from broker.keyspace.keyspace import KeySpace
 
 wait_s = 5.0
 
 
-class EventsHeldBackend(Backend):
+class EventsHeldBackend(EmbeddedBackend):
     """The embedded backend, except that while `hold` is set its watch streams keep their
     events back, and a progress request is answered at once with the store's revision, as
     etcd 3.4.23 may answer it."""
 
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
+    def __init__(self, store: EmbeddedStore) -> None:
+        super().__init__(store)
         self.hold = False
         self.released = asyncio.Event()
         # Each range asked: "since" (with min_mod_revision) or "whole".
@@ -50,36 +49,10 @@ class EventsHeldBackend(Backend):
         min_mod_revision: int = 0,
     ) -> RangeResponse:
         self.ranges.append("since" if min_mod_revision else "whole")
-        return await self.inner.range(key, range_end, revision, min_mod_revision=min_mod_revision)
-
-    async def put(self, key: bytes, value: bytes, lease: int = 0) -> Header:
-        return await self.inner.put(key, value, lease)
-
-    async def delete(self, key: bytes, range_end: bytes | None = None) -> tuple[Header, int]:
-        return await self.inner.delete(key, range_end)
-
-    async def txn(
-        self, compares: Sequence[Any], success: Sequence[Any], failure: Sequence[Any] = ()
-    ) -> Any:
-        return await self.inner.txn(compares, success, failure)
-
-    async def lease_grant(self, ttl_s: int) -> tuple[int, int]:
-        return await self.inner.lease_grant(ttl_s)
-
-    async def lease_keepalive_once(self, lease_id: int) -> int:
-        return await self.inner.lease_keepalive_once(lease_id)
-
-    async def lease_revoke(self, lease_id: int) -> None:
-        await self.inner.lease_revoke(lease_id)
-
-    async def compact(self, revision: int) -> None:
-        await self.inner.compact(revision)
-
-    async def close(self) -> None:
-        await self.inner.close()
+        return await super().range(key, range_end, revision, min_mod_revision=min_mod_revision)
 
     async def request_watch_progress(self) -> None:
-        header = (await self.inner.range(b"/", b"\x00")).header
+        header = (await super().range(b"/", b"\x00")).header
         for queue in self._progress:
             queue.put_nowait(WatchResponse(header, ()))
 
@@ -96,7 +69,7 @@ class EventsHeldBackend(Backend):
         held: list[WatchResponse] = []
 
         async def pump() -> None:
-            async for resp in self.inner.watch(key, range_end, start_revision):
+            async for resp in super(EventsHeldBackend, self).watch(key, range_end, start_revision):
                 if resp.events and self.hold:
                     held.append(resp)
                     continue
@@ -143,7 +116,7 @@ class Mirror:
 async def watched(*initial: tuple[bytes, bytes]) -> AsyncIterator[Mirror]:
     """A mirror of "/cluster" holding `initial`, watching, its stream caught up."""
     store = EmbeddedStore()
-    backend = EventsHeldBackend(store.connect())
+    backend = EventsHeldBackend(store)
     mirror = Mirror(backend)
     revision = 0
     for key, value in initial:
