@@ -60,13 +60,18 @@ def wait_replica_stopped(broker: str, journal: str) -> None:
     journal's spec: a journal deleted and created again before that keeps its replica and the
     content it had (as a Gazette broker's does). A test that means the journal to be created
     anew waits for this first. The broker's log is the only place that tells."""
-    log = _broker_logs[broker]
     line = f"stopping local journal replica journal={journal}\n"
     deadline, pause = time.monotonic() + replica_stop_timeout_s, 0.01
-    while line not in log.read_text():
-        assert time.monotonic() < deadline, f"{broker} did not stop its replica of {journal}"
-        time.sleep(pause)
-        pause = min(pause * 2, replica_stop_poll_s_max)
+    with _broker_logs[broker].open() as log:
+        seen = ""  # What was read of the log, from the last complete line on.
+        while True:
+            seen += log.read()  # Only what the broker wrote since the last look.
+            if line in seen:
+                return
+            seen = seen[seen.rfind("\n") + 1 :]
+            assert time.monotonic() < deadline, f"{broker} did not stop its replica of {journal}"
+            time.sleep(pause)
+            pause = min(pause * 2, replica_stop_poll_s_max)
 
 
 def unique(prefix: str) -> str:
