@@ -17,6 +17,7 @@ from e2e_workload import journal_spec, requires_etcd
 
 from broker.client.appender import append
 from broker.client.route_cache import ChannelPool
+from broker.keyspace.etcd import EtcdBackend
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
@@ -25,8 +26,9 @@ from broker.testing.moto_server import MotoServer
 from broker.testing.pg_server import BIN_DIR, PgServer
 from broker.testing.ports import reserve_port
 from broker.testing.process_cluster import ProcessCluster
-from broker.topology import lookup_member
+from broker.topology import lookup_member, member_key
 from examples.stream_sum.soak.checks import ReadFailedError, read_member
+from examples.stream_sum.soak.fault_kit import see_resumed_through
 
 
 def test_reserved_ports_are_free_and_below_the_ephemeral_range() -> None:
@@ -73,6 +75,50 @@ async def test_kept_ports_survive_restarts_and_a_paused_broker_loses_its_lease()
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         assert done, "the resumed broker neither exited nor came back"
+
+
+@pytest.mark.etcd
+@requires_etcd
+async def test_a_broker_resumed_with_its_key_announced_and_its_lease_lost_is_restarted() -> None:
+    # What a soak saw: a zombie resumed while its member key was still announced, then found
+    # its lease expired (stopped for nearly a TTL) and exited; the fault checked its key once,
+    # at the resume, and left the broker down for the rest of its measurements (90 s without
+    # an R=3 journal's appends). Here the lease goes just after the resume: revoked.
+    brokers = [("zone-a", "broker-a"), ("zone-b", "broker-b")]
+    async with ProcessCluster(brokers) as cluster:
+        a = cluster.broker("broker-a")
+        admin = EtcdBackend([cluster.etcd.endpoint])
+        try:
+            resp = await admin.range(member_key(cluster.root, a.zone, a.suffix).encode())
+            assert resp.kvs and resp.kvs[0].lease
+            cluster.pause(a)
+            cluster.resume(a)
+            assert cluster.member_gone(a)() is not None  # Still announced at the resume.
+            settled = asyncio.ensure_future(
+                see_resumed_through(cluster, a, lease_ttl_s=cluster.lease_ttl_s, exit_s=30.0)
+            )
+            await asyncio.sleep(0)  # Its first look: the key announced.
+            assert not settled.done()
+            await admin.lease_revoke(resp.kvs[0].lease)
+            code = await asyncio.wait_for(settled, 60.0)
+        finally:
+            await admin.close()
+        assert code is not None and code != 0, f"not restarted (exit code {code})"
+        assert a.running and a.starts == 2
+
+        def back() -> str | None:
+            return None if lookup_member(cluster.ks, cluster.root, a.zone, a.suffix) else "gone"
+
+        await cluster.wait_until(back, timeout_s=30.0)
+
+        # A broker that keeps its lease is left running, after one lease TTL of watching.
+        cluster.pause(a)
+        cluster.resume(a)
+        assert (
+            await see_resumed_through(cluster, a, lease_ttl_s=cluster.lease_ttl_s, exit_s=30.0)
+            is None
+        )
+        assert a.running and a.starts == 2
 
 
 @pytest.mark.etcd

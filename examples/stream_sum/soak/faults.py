@@ -43,7 +43,7 @@ from examples.stream_sum.soak.fault_kit import (
     later,
     measure_while,
     pick_journal,
-    zombie_settles,
+    settle_resumed,
 )
 from examples.stream_sum.soak.quorum_faults import QUORUM_FAULTS
 from examples.stream_sum.soak.report import FaultRecord
@@ -139,12 +139,7 @@ async def broker_zombie(ctx: SoakContext, record: FaultRecord, config: FaultConf
             await asyncio.sleep(config.zombie_extra_s)  # How long it stays a zombie: the fault.
         finally:
             cluster.resume(b)
-        await zombie_settles(ctx, b)
-        if not b.running:
-            # As a supervisor would, at once.
-            code = b.process.returncode if b.process is not None else None
-            record.notes.append(f"{b.suffix} exited {code} once resumed; restarted")
-            await cluster.start_broker(b)
+        await settle_resumed(ctx, record, b)
 
     record.started_at = time.monotonic()
     cluster.pause(b)

@@ -45,7 +45,7 @@ from examples.stream_sum.soak.fault_kit import (
     all_shards,
     later,
     measure_while,
-    zombie_settles,
+    settle_resumed,
 )
 from examples.stream_sum.soak.report import FaultRecord, percentile
 from examples.stream_sum.verifier import Finding
@@ -253,12 +253,7 @@ async def quorum_leader_zombie(
         )
         for j, end in ends.items():
             await _append_through_zombie(ctx, record, j, end, leader)
-        if cluster.member_gone(leader)() is None or not leader.running:
-            await zombie_settles(ctx, leader)
-        if not leader.running:
-            code = leader.process.returncode if leader.process is not None else None
-            record.notes.append(f"{leader.suffix} exited {code} once resumed; restarted")
-            await cluster.start_broker(leader)
+        await settle_resumed(ctx, record, leader)
 
     record.started_at = time.monotonic()
     cluster.pause(leader)
@@ -374,12 +369,7 @@ async def quorum_follower_stop(
                     break
         finally:
             cluster.resume(follower)
-        if cluster.member_gone(follower)() is None:
-            await zombie_settles(ctx, follower)
-            if not follower.running:
-                code = follower.process.returncode if follower.process is not None else None
-                record.notes.append(f"{follower.suffix} exited {code} once resumed; restarted")
-                await cluster.start_broker(follower)
+        await settle_resumed(ctx, record, follower)
 
     record.started_at = time.monotonic()
     cluster.pause(follower)
