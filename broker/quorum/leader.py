@@ -58,9 +58,8 @@ Outbox = list[tuple[str, object]]
 
 @dataclass(frozen=True, slots=True)
 class Committed:
-    """The append `token` committed as `entry` ([begin, end) of the journal; an empty append
-    is answered with the entry before it, and begin == end). `registers`: the journal's
-    registers as of `entry` (after the append)."""
+    """The append `token` committed as `entry` ([begin, end) of the journal; begin == end for
+    an empty append). `registers`: the journal's registers as of `entry` (after the append)."""
 
     token: object
     entry: EntryId
@@ -202,8 +201,7 @@ class LeaderRole:
         update: RegisterUpdate | None = None,
     ) -> EntryId:
         """Write `data` as the next entry (not yet synced here); `token` is answered by a
-        notice. An empty append writes nothing and is answered once everything before it is
-        committed. `check` and `update`: the append's registers (module docstring). Raises
+        notice. An empty append writes an empty entry, answered once it commits (a barrier). `check` and `update`: the append's registers (module docstring). Raises
         LogFullError, PendingAppendsFullError, EmptyRegisterUpdateError, or what `update`
         raises, changing nothing."""
         config, log = self.config, self.log
@@ -237,22 +235,27 @@ class LeaderRole:
                 )
             after = update(current)
             registers = after if after != current else None
-        if data:
-            if (
-                log.held_bytes + len(data) > config.log_bytes_max
-                or log.entry_count >= config.log_entries_max
-            ):
-                compact(log, self.stored_end, config)
-            if log.held_bytes + len(data) > config.log_bytes_max:
-                raise LogFullError(
-                    f"{self.name}: log holds {log.held_bytes} bytes not yet stored (log_bytes_max {config.log_bytes_max})"
-                )
-            if log.entry_count >= config.log_entries_max:
-                raise LogFullError(
-                    f"{self.name}: log holds {log.entry_count} entries (log_entries_max)"
-                )
-            end = log.head_end + len(data)
-            log.append(Entry(self.term, log.head_index + 1, log.head_end, end, data, registers))
+        # An empty append (a write barrier: its end is the journal's head as of the request) is
+        # an empty entry of this term too. Answered once it commits, it proves that this leader
+        # still led after the request came (a deposed one commits nothing), so no append a newer
+        # leader acknowledged before it is above its end. Answered from the entries already
+        # committed instead, a leader deposed while stopped (and resumed, not yet knowing it)
+        # answered a stale head.
+        if (
+            log.held_bytes + len(data) > config.log_bytes_max
+            or log.entry_count >= config.log_entries_max
+        ):
+            compact(log, self.stored_end, config)
+        if log.held_bytes + len(data) > config.log_bytes_max:
+            raise LogFullError(
+                f"{self.name}: log holds {log.held_bytes} bytes not yet stored (log_bytes_max {config.log_bytes_max})"
+            )
+        if log.entry_count >= config.log_entries_max:
+            raise LogFullError(
+                f"{self.name}: log holds {log.entry_count} entries (log_entries_max)"
+            )
+        end = log.head_end + len(data)
+        log.append(Entry(self.term, log.head_index + 1, log.head_end, end, data, registers))
         begin = log.head_end - len(data)
         self._pending.append(Committed(token, log.head, begin, log.head_end, log.head_registers))
         self._answer_pending()

@@ -267,6 +267,57 @@ def test_a_deposed_leader_steps_down_and_fails_its_pending_appends() -> None:
     assert m0.notices == [AppendFailed("t", "m0 stopped leading term 1")]
 
 
+def test_an_empty_append_is_a_barrier_answered_once_an_entry_of_its_term_commits() -> None:
+    members = cluster()
+    router = elect(members, "m0", 1)
+    m0 = members["m0"]
+    m0.append(b"abc", "data", router.now)
+    m0.sync(router.now)
+    router.run()
+    assert [type(n) for n in m0.notices] == [Committed]
+    m0.notices.clear()
+    head = m0.log.head
+    m0.append(b"", "barrier", router.now)
+    # Everything before it is committed, yet it is not answered until its own (empty) entry
+    # of this term commits: that is what proves this leader still leads.
+    assert m0.notices == [] and m0.log.head == EntryId(1, head.index + 1)
+    m0.sync(router.now)
+    router.run()
+    assert m0.notices == [Committed("barrier", EntryId(1, head.index + 1), 3, 3)]
+
+
+def test_a_deposed_leader_never_answers_an_empty_append_with_a_stale_head() -> None:
+    # A leader stopped (SIGSTOP) while another was elected and committed more, then resumed
+    # not yet knowing it: an empty append asks it for the journal's head. Answered from its
+    # own committed entries it said 3, while a newer leader had acknowledged [3, 6).
+    members = cluster()
+    router = elect(members, "m0", 1)
+    m0, m1 = members["m0"], members["m1"]
+    m0.append(b"abc", "t1", router.now)
+    m0.sync(router.now)
+    router.run()
+    assert [type(n) for n in m0.notices] == [Committed]
+    m0.notices.clear()
+    router.cut = lambda src, dst, msg: src == "m0" or dst == "m0"
+    others = [response_of(m, 2) for n, m in members.items() if n not in ("m0", "m1")]
+    response_of(m1, 2)
+    m1.handle(BecomeLeader(2, "c0", ENSEMBLE, tuple(others)), 0)
+    m1.sync(0)
+    router.run()
+    m1.append(b"def", "t2", router.now)
+    m1.sync(router.now)
+    router.run()
+    assert [n.end for n in m1.notices if isinstance(n, Committed)] == [6]
+    m0.append(b"", "barrier", router.now)
+    m0.sync(router.now)
+    router.tick(CONFIG.ack_timeout_ticks)
+    assert m0.notices == []  # Not answered from its stale commit.
+    router.cut = lambda src, dst, msg: False
+    router.tick(CONFIG.retry_backoff_max_ticks + 1)  # Its followers answer STALE.
+    assert [type(n) for n in m0.notices] == [AppendFailed]
+    assert m0.leader is None
+
+
 def test_heartbeats_tell_coordinators_the_followers() -> None:
     members = cluster()
     router = elect(members, "m0", 1)
