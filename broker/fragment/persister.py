@@ -19,7 +19,10 @@ replica's copy (up to a fragment's target length of spool, per journal) is relea
 rather than held for the whole delay. A replica fragment waiting for its next check does not
 hold up the fragments behind it: the worker persists whatever is due first. A broker that
 becomes a journal's primary `expedite`s its replica fragments of the journal: the primary they
-waited for is no longer it, and may have died with its copy.
+waited for is no longer it, and may have died with its copy. A replica's fragment holding
+commits its primary did not see (`CompletedSpool.ahead_of_primary`: a new primary proposed less,
+then rolled every spool past it) is persisted at once too: no primary will upload that content,
+and brokers without a copy, the primary included, cannot serve its offsets until it is stored.
 
 Bounds. Completed fragments wait in a queue of at most `queue_len_max` (primaries' and
 replicas' in queues of their own, so that a primary's never waits behind replicas'); a full
@@ -207,7 +210,7 @@ class Persister:
 
     def _job(self, completed: CompletedSpool, index: FragmentIndex | None) -> PersistJob:
         now = self._clock()
-        if completed.primary:
+        if completed.primary or completed.ahead_of_primary:
             return PersistJob(completed, index, now)
         return PersistJob(
             completed,

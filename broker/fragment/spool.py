@@ -279,6 +279,10 @@ class Spool(SpoolState):
         if completed is not None:
             self._observer.on_complete(completed)
 
+        if outcome is Outcome.MISMATCH and proposal.end < self._fragment.end:
+            # The primary lacks committed content of this fragment: it will roll every spool
+            # past it, and only spools like this one hold it until it is persisted.
+            self._ahead_of_primary = True
         if outcome is Outcome.MISMATCH or outcome is Outcome.CAUGHT_UP:
             response = pb.ReplicateResponse(
                 status=pb.PROPOSAL_MISMATCH,
@@ -389,6 +393,7 @@ class Spool(SpoolState):
             compressed_file=compressed_file,
             compressed_length=compressed_length,
             primary=primary,
+            ahead_of_primary=self._ahead_of_primary,
         )
 
     def _compress_through(self, length: int) -> IncrementalCompression:

@@ -81,6 +81,8 @@ class SpoolState:
         self._sum_at_commit = self._summer.copy()
         self._first_append_time: float | None = None
         self._compression: IncrementalCompression | None = None
+        # A proposal ended below the committed end (see CompletedSpool.ahead_of_primary).
+        self._ahead_of_primary = False
 
     def _restore(self, recovered: RecoveredSpool) -> None:
         fragment = copy_fragment(recovered.fragment)

@@ -125,6 +125,11 @@ class CompletedSpool:
     compressed_file: SpoolFile | None
     compressed_length: int
     primary: bool
+    # A primary proposed less than this fragment holds (a commit it did not see: it rolled
+    # every spool forward past this one's end): content no primary has, so the persister
+    # uploads it at once, as a primary's, rather than after the replica delay (readers of
+    # brokers without a copy wait at a hole until it is in the store).
+    ahead_of_primary: bool = False
 
     @property
     def begin(self) -> int:

@@ -190,3 +190,36 @@ async def test_read_only_journal_accepts_zero_byte_appends_past_the_index(
     assert resp.status == pb.OK
     resp = await cluster.append(b, J, [b"data"])
     assert resp.status == pb.NOT_ALLOWED
+
+
+async def test_a_replica_holding_commits_its_primary_missed_persists_them_at_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # What a soak saw: a primary stopped between its commit reaching one replica and another.
+    # The next primary (the other replica) proposed less, and rolled every spool past the
+    # first replica's end: only that replica held the tail, and it waited the replica delay
+    # (120 s) to upload it, while reads of those offsets at every other broker, the new
+    # primary included, waited at a hole.
+    (tmp_path / "frags").mkdir()
+    cluster.stores = new_registry(file_root=tmp_path)
+    a = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)
+    await cluster.create(journal_spec(J, replication=2, stores=["file:///frags/"]), [a, b])
+    for broker in (a, b):
+        await replica_of(broker, J).index.wait_first_refresh(5.0)
+    # b committed [0, 4) under a primary that is gone; a never saw it.
+    peer = replica_of(b, J)
+    spool = peer.spool_slot.take_nowait()
+    assert spool is not None
+    spool.apply(pb.ReplicateRequest(content=b"lost", content_delta=0), primary=False)
+    spool.apply(pb.ReplicateRequest(proposal=spool.next(), registers=spool.registers), False)
+    peer.spool_slot.put(spool)
+
+    resp = await cluster.append(a, J, [b"after"])  # a rolls every spool forward past b's.
+    assert (resp.status, resp.commit.begin) == (pb.OK, 4)
+    assert local_content(a, J) == (4, b"after")
+    # Uploaded at once (not after the persister's 120 s replica delay), a's index lists it:
+    # a serves [0, 4) though it never held it.
+    index = replica_of(a, J).index
+    await wait_until(lambda: any(f.begin == 0 and f.end == 4 for f in index.fragments()), 15.0)
+    assert stored(tmp_path / "frags") == [(0, 4)]
