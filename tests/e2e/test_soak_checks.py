@@ -313,3 +313,50 @@ def test_content_not_listed_yet_is_waited_for_then_reported() -> None:
 
     with pytest.raises(checks.ReadFailedError, match="still failing after"):
         asyncio.run(checks._retrying("j via b", unavailable, ["UNAVAILABLE"]))
+
+
+def test_an_http_read_cut_mid_body_keeps_what_it_received_and_goes_on() -> None:
+    """The check's HTTP read of a whole journal (100 MB and more after an hour, through a
+    loaded S3 server) kept nothing of a GET that failed, and its GETs were bounded in total:
+    every attempt timed out from the same offset. A body cut short is the journal's bytes at
+    their offsets: kept, and the next GET goes on from its end, as many times as it makes
+    progress. Here a gateway on loopback cuts each body after 1,000 bytes."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    content = bytes(range(256)) * 40  # 10,240 bytes: eleven cut GETs.
+    offsets: list[int] = []
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        at = int(request.query["offset"])
+        offsets.append(at)
+        if at >= len(content):
+            return web.Response(status=416, headers={"X-Write-Head": str(len(content))})
+        resp = web.StreamResponse(
+            status=206, headers={"Content-Range": f"bytes {at}-{len(content)}/{len(content)}"}
+        )
+        resp.content_length = len(content) - at
+        await resp.prepare(request)
+        await resp.write(content[at : at + 1000])
+        assert request.transport is not None
+        request.transport.close()  # Cut: the rest of the announced body never comes.
+        return resp
+
+    async def run() -> bytes:
+        app = web.Application()
+        app.router.add_get("/{journal:.*}", serve)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await checks.read_http(session, f"http://127.0.0.1:{port}", "a/journal")
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(run()) == content
+    assert offsets == [*range(0, len(content), 1000), len(content)]

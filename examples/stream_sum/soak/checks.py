@@ -68,6 +68,8 @@ backoff_initial_s: Final = 0.05
 backoff_max_s: Final = 1.0
 # One read RPC or HTTP request, and one probe append, may take this long.
 read_rpc_timeout_s: Final = 30.0
+# An HTTP read's body is taken this many bytes at a time.
+http_piece_bytes: Final = 1 << 16
 probe_attempt_timeout_s: Final = 5.0
 # Bytes of a journal quoted when its content is malformed.
 quote_bytes: Final = 120
@@ -210,7 +212,13 @@ async def read_http(
             url = f"{base}/{journal}"
             at = start + len(out)
             params = {"offset": str(at), "block": "false"}
-            timeout = aiohttp.ClientTimeout(total=read_rpc_timeout_s)
+            # Bounded per read of the socket, not in total: a GET answers the rest of the
+            # journal (100 MB and more after an hour, through a loaded S3 server), and what it
+            # received before a failure is kept (the next GET goes on from there).
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=read_rpc_timeout_s, sock_read=read_rpc_timeout_s
+            )
+            got = 0
             try:
                 async with session.get(url, params=params, timeout=timeout) as resp:
                     if resp.status == 416:
@@ -232,15 +240,19 @@ async def read_http(
                             f"{journal} via {base} (HTTP): read at {at} resolved to"
                             f" {offset}: bytes [{at}, {offset}) are missing"
                         )
-                    body = await resp.read()
+                    async for piece in resp.content.iter_chunked(http_piece_bytes):
+                        out.extend(piece)
+                        got += len(piece)
             except (aiohttp.ClientError, TimeoutError) as err:
-                # Includes a body cut short (the gateway closes the connection on an error).
+                # Includes a body cut short (the gateway closes the connection on an error):
+                # the bytes before the cut are the journal's, at their offsets.
+                if got:
+                    continue  # Progress: not a failed attempt.
                 last_error[:] = [f"{type(err).__name__}: {err}"]
                 return False
-            if not body:
+            if not got:
                 last_error[:] = [f"an empty 206 at offset {at}"]
                 return False
-            out.extend(body)
 
     await _retrying(f"{journal} via {base} (HTTP)", once, last_error)
     return bytes(out)
