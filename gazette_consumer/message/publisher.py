@@ -31,7 +31,7 @@ MessageTooLargeError, and nothing is appended.
 
 `publish_committed_batch(mapping, messages)` and `publish_uncommitted_batch(mapping, messages)`
 publish a sequence of messages as the one-by-one calls would, in order, but a run of them at a
-time (consecutive messages to one journal, at most PUBLISH_RUN_MAX): its UUIDs set in one loop
+time (consecutive messages to one journal, at most PUBLISH_RUN_MAX): its UUIDs set by C loops
 from one reading of the wall clock, its frames encoded in one framing call (`marshal_many`)
 and appended in one write. What an application saves per message when it publishes many (an
 exactly-once shard's derived messages are read by nobody before the transaction's ACK, so it
@@ -43,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid as uuid_module
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any, Final, Generic, Protocol, TypeVar
 from uuid import UUID
 
@@ -176,6 +178,8 @@ def _check_fast_uuid() -> Callable[[int], UUID]:
 
 _make_uuid: Final = _check_fast_uuid()
 _FAST_UUID: Final = _make_uuid is _new_uuid
+# Consumes an iterator in C (a map whose calls are done for their effect).
+_drain: Final[Callable[[Iterable[object]], None]] = deque[object](maxlen=0).extend
 
 
 class Publisher(Generic[A]):
@@ -349,15 +353,18 @@ class Publisher(Generic[A]):
     ) -> list[A]:
         # Map and check everything first: runs of consecutive messages to one journal, each
         # (journal, framing, its first message's index); the run ends at the next's first.
+        # Each message type is checked once (on one of its messages), and every message is
+        # mapped, by C loops.
+        for message in dict(zip(map(type, messages), messages, strict=True)).values():
+            _check_message(message, flags)
+        partitions = list(map(mapping, messages))
         runs: list[tuple[str, Framing, int]] = []
-        checked: set[type] = set()
+        if partitions and partitions.count(partitions[0]) == len(partitions):
+            journal, content_type = partitions[0]  # The usual case: all to one journal.
+            framing = self._framings.get(content_type) or self._framing(content_type)
+            runs = [(journal, framing, i) for i in range(0, len(partitions), PUBLISH_RUN_MAX)]
         last: tuple[str, str] | None = None
-        for index, message in enumerate(messages):
-            kind = type(message)
-            if kind not in checked:
-                _check_message(message, flags)
-                checked.add(kind)
-            partition = mapping(message)
+        for index, partition in enumerate(partitions if not runs else ()):
             if partition != last or index - runs[-1][2] == PUBLISH_RUN_MAX:
                 journal, content_type = last = partition
                 framing = self._framings.get(content_type) or self._framing(content_type)
@@ -396,14 +403,32 @@ class Publisher(Generic[A]):
             wall = (self._time_ns() // 100 + G1582_NS100) << CLOCK_SEQUENCE_BITS
             if wall > value:
                 value = wall
-        if value + len(run) * TICK > CLOCK_MAX:
-            raise ClockError(
-                f"clock: {clock.value} cannot tick {len(run)} times in the uint64 range"
-            )
+        count = len(run)
+        last = value + count * TICK
+        if last > CLOCK_MAX:
+            raise ClockError(f"clock: {clock.value} cannot tick {count} times in the uint64 range")
         # A tick leaves the clock's low 4 bits (the sequence) as they are: their UUID bits,
         # with the flags', are the same for the whole run.
         assert TICK & 0xF == 0
         low = (((value & 0xF) << 10) | flags) << 48
+        first = value + TICK
+        set_slot = self._run_slot_setter(run) if _FAST_UUID else None
+        if set_slot is not None and first >> 36 == last >> 36:
+            # The whole run within one value of the clock's bits above time_low (a run crosses
+            # into the next one every ~7 minutes of clock): its UUIDs are an arithmetic
+            # progression (time_low moves by TICK >> 4 a message), built and set by C loops,
+            # with no Python frame or big-int arithmetic per message (`_new_uuid` mapped).
+            if first >> 36 != self._high_clock:
+                self._high_clock = first >> 36
+                self._high_bits = _uuid_int(self._node, first & ~0xF_FFFF_FFFF, 0)
+            start = self._high_bits | low | ((first >> 4) & 0xFFFF_FFFF) << 96
+            step = (TICK >> 4) << 96
+            uuids = list(map(_new_object, repeat(UUID, count)))
+            _drain(map(_set_int, uuids, range(start, start + count * step, step)))
+            _drain(map(_set_is_safe, uuids, repeat(_SAFE_UNKNOWN, count)))
+            _drain(map(set_slot, run, uuids))
+            clock.value = last
+            return
         high_clock, high_bits, make = self._high_clock, self._high_bits, _make_uuid
         bits = high_bits | low
         for message in run:
@@ -415,6 +440,21 @@ class Publisher(Generic[A]):
             message.set_uuid(make(bits | ((value >> 4) & 0xFFFF_FFFF) << 96))
         clock.value = value
         self._high_clock, self._high_bits = high_clock, high_bits
+
+    def _run_slot_setter(self, run: Sequence[Any]) -> Callable[[Any, UUID], None] | None:
+        """The UUID slot setter every message of `run` may be given its UUID by (the same one:
+        JSONMessage's field), or None if any message's type must have its `set_uuid` called."""
+        setter = None
+        slots = self._uuid_slots
+        for kind in set(map(type, run)):
+            if kind in slots:
+                slot = slots[kind]
+            else:
+                slot = slots[kind] = uuid_slot_setter(kind)
+            if slot is None or (setter is not None and slot is not setter):
+                return None
+            setter = slot
+        return setter
 
     def build_ack_intents(self) -> dict[str, bytes]:
         """The framed ACK_TXN message of each journal published to uncommitted since the last

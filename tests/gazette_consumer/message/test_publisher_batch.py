@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
+from uuid import UUID
 
 import msgspec
 import pytest
@@ -21,7 +22,7 @@ from gazette_consumer.message.publisher import (
     InvalidMessageError,
     Publisher,
 )
-from gazette_consumer.message.uuid import get_clock, new_producer_id
+from gazette_consumer.message.uuid import Flag, build_uuid, get_clock, new_producer_id
 from tests.broker.broker_testkit import Cluster, journal_spec, local_content
 
 BATCH_A, BATCH_B, ONE_A, ONE_B = "test/batch-a", "test/batch-b", "test/one-a", "test/one-b"
@@ -173,3 +174,71 @@ async def test_a_run_that_fails_to_encode_or_tick_appends_nothing_of_its_own(
     assert stuck.clock.value == CLOCK_MAX - 3 * TICK
     await service.flush()
     assert len(content(cluster, BATCH_A).splitlines()) == 3  # Nothing more.
+
+
+class OwnSetter(JSONMessage):
+    """Overrides set_uuid: a batch holding it must call it, not set the field's slot."""
+
+    n: int = 0
+    seen: list[UUID] = msgspec.field(default_factory=list)
+
+    def set_uuid(self, uuid: UUID) -> None:
+        self.seen.append(uuid)
+        self.uuid = uuid
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_runs_across_the_clocks_upper_bits_get_one_by_ones_uuids(
+    env: tuple[Cluster, AppendService], committed: bool
+) -> None:
+    # A run's UUIDs are built as a progression while the clock's bits above time_low stay
+    # the same (they change every 2**36 clock values): start just below such a boundary, so
+    # that one run crosses it, and the next runs (wholly above it) need the new upper bits.
+    cluster, service = env
+    producer = new_producer_id()
+    start = (Clock.from_unix(1_700_000_000).value | 0xF_FFFF_FFFF) - 2 * TICK
+    batch = Publisher(service, Clock(start), producer_id=producer)
+    one = Publisher(service, Clock(start), producer_id=producer)
+    to_batch = by_parity(BATCH_A, BATCH_B)
+    to_one = by_parity(ONE_A, ONE_B)
+    runs = [[Event(n=n) for n in range(6)], [Event(n=n) for n in range(6)], [Event(n=0)]]
+    flags = Flag.OUTSIDE_TXN if committed else Flag.CONTINUE_TXN
+    for run in runs:
+        if committed:
+            await batch.publish_committed_batch(to_batch, run)
+        else:
+            await batch.publish_uncommitted_batch(to_batch, run)
+        for message in [Event(n=m.n) for m in run]:
+            if committed:
+                await one.publish_committed(to_one, message)
+            else:
+                await one.publish_uncommitted(to_one, message)
+    await service.flush()
+    assert content(cluster, BATCH_A) == content(cluster, ONE_A) != b""
+    assert content(cluster, BATCH_B) == content(cluster, ONE_B) != b""
+    uuids = [m.uuid for run in runs for m in run]
+    expected = [build_uuid(producer, start + (1 + n) * TICK, flags) for n in range(len(uuids))]
+    assert uuids == expected
+    assert batch.clock == one.clock
+
+
+async def test_a_run_mixing_message_types_calls_each_own_set_uuid(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    cluster, service = env
+    producer, start = new_producer_id(), Clock.from_unix(1_700_000_000).value
+    batch = Publisher(service, Clock(start), producer_id=producer)
+    one = Publisher(service, Clock(start), producer_id=producer)
+    messages_batch: list[JSONMessage] = [Event(n=0), OwnSetter(n=0), Event(n=1), OwnSetter(n=1)]
+    messages_one: list[JSONMessage] = [Event(n=0), OwnSetter(n=0), Event(n=1), OwnSetter(n=1)]
+    await batch.publish_committed_batch(
+        lambda _m: Partition(BATCH_A, CONTENT_TYPE_JSON_LINES), messages_batch
+    )
+    for message in messages_one:
+        await one.publish_committed(lambda _m: Partition(ONE_A, CONTENT_TYPE_JSON_LINES), message)
+    await service.flush()
+    assert content(cluster, BATCH_A) == content(cluster, ONE_A) != b""
+    own = [m for m in messages_batch if isinstance(m, OwnSetter)]
+    assert [m.seen for m in own] == [[m.uuid] for m in own]
+    expected = [build_uuid(producer, start + (1 + n) * TICK, Flag.OUTSIDE_TXN) for n in range(4)]
+    assert [m.uuid for m in messages_batch] == expected
