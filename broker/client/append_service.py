@@ -508,7 +508,9 @@ class AppendService:
             for name, queue in self._queues.items()
             if name != journal
             for batch in queue.batches
-            if not batch.done()
+            # Until the service resolved it, not by its future: a writer may have cancelled
+            # that (explicitly), and a commit must then fail on it rather than pass it by.
+            if batch._state is not AppendState.DONE
         ]
         pending.extend(batch for name, batch in self._failed_last.items() if name != journal)
         return pending

@@ -139,7 +139,28 @@ class AsyncAppend:
         return self._future.exception()
 
     def __await__(self) -> Generator[Any, None, pb.AppendResponse]:
-        return self._future.__await__()
+        """Wait for the batch's outcome. A writer whose wait is cancelled (a timeout around
+        it, a cancelled task or gather) leaves the batch's own future as it is: the service
+        alone resolves it, and a checkpoint's commit waits for that (`pending_except`), so
+        a writer that gives up waiting cannot let the commit go ahead without the append. An
+        outcome no writer saw (the only waiter gave up) stays unobserved, and is reported."""
+        inner = self._future
+        if inner.done():
+            return inner.__await__()
+        outer: asyncio.Future[pb.AppendResponse] = inner.get_loop().create_future()
+
+        def relay(done: asyncio.Future[pb.AppendResponse]) -> None:
+            if outer.done():
+                return  # The waiter gave up: its outcome is left for others (unobserved).
+            if done.cancelled():
+                outer.cancel()
+            elif (error := done.exception()) is not None:
+                outer.set_exception(error)
+            else:
+                outer.set_result(done.result())
+
+        inner.add_done_callback(relay)
+        return outer.__await__()
 
 
 class JournalQueue:

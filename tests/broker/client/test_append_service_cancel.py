@@ -19,9 +19,11 @@ from broker.client.append_errors import (
 )
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
+from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from tests.broker.broker_testkit import (
     Cluster,
+    journal_spec,
     local_content,
     one_broker_with,
 )
@@ -129,3 +131,39 @@ async def test_a_cancelled_dependency_cancels_the_dependent_batch_only(
         async with asyncio.timeout(WAIT_S):
             assert (await later).commit.end == len(b"later\n")
     assert content(cluster) == b"later\n"
+
+
+async def test_a_writer_that_stops_waiting_leaves_the_batch_to_the_commit_that_needs_it(
+    env: tuple[Cluster, JournalClient],
+) -> None:
+    # Found by review: an application that waited for its derived message's append under a
+    # timeout cancelled the batch's own future; the batch then counted as done, a checkpoint's
+    # commit (txn_driver: pending_except) went ahead without it, and the message was lost
+    # once the shard stopped before the append was sent.
+    cluster, client = env
+    slow = "test/slow"  # R=2 on one broker: appends are retried until a second one joins.
+    first_broker = cluster.brokers[0]
+    await cluster.create(journal_spec(slow, replication=2), [first_broker])
+    async with AppendService(client) as service:
+        batch = await service.start_append(slow)
+        batch.write(b"derived\n")
+        batch.release()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await batch  # The writer gives up waiting.
+        assert not batch.future.cancelled() and not batch.done()
+        assert batch in service.pending_except()
+        # A future cancelled explicitly still leaves the batch pending for a commit (which then
+        # fails on it, loudly, rather than pass it by).
+        other = await service.start_append(slow)
+        other.write(b"other\n")
+        other.release()
+        other.future.cancel()
+        assert other in service.pending_except()
+
+        second_broker = await cluster.start_broker("zone-b", "broker-b")
+        await cluster.assign(slow, [first_broker, second_broker])
+        async with asyncio.timeout(WAIT_S):
+            response = await batch
+        assert response.status == pb.OK and response.commit.begin == 0
+        assert batch not in service.pending_except()
