@@ -201,6 +201,7 @@ class Recorder:
             self._check_usable()
             if not self._pending:
                 return
+            batch_bytes = self._pending_bytes
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             request = pb.AppendRequest(journal=self.log, check_registers=self._check)
             try:
@@ -223,6 +224,16 @@ class Recorder:
                     f"recorder {self.author:#x} of {self.log}: append failed: {err!r}"
                 )
                 raise self._failed from err
+            except BaseException:
+                # Cancelled while its batch was in flight: the ops left `_pending` and may or
+                # may not be in the log, while the FSM holds them. A later flush would report
+                # durable what it never appended (the player skips ops after a seq_no gap), so
+                # the recorder is unusable from here, as after a failed append.
+                self._failed = RecorderFailedError(
+                    f"recorder {self.author:#x} of {self.log}: a flush was cancelled while its"
+                    f" {batch_bytes} bytes of ops were being appended"
+                )
+                raise
             self.write_head = max(self.write_head, response.commit.end)
 
     barrier = flush

@@ -18,6 +18,7 @@ from gazette_consumer.recoverylog.ops import CorruptLogError
 from gazette_consumer.recoverylog.player import FNODES_DIR, Player, Recovered, play_and_handoff
 from gazette_consumer.recoverylog.recorder import (
     Recorder,
+    RecorderFailedError,
     RecorderFencedError,
     RecorderUsageError,
 )
@@ -262,3 +263,30 @@ async def test_a_recorder_rides_out_its_log_short_of_brokers_and_resumes_within_
     await env.cluster.sync(env.cluster.admin.store.core.revision)
     await asyncio.wait_for(recorder.flush(), WAIT_S)
     assert back.is_set() and now[0] - back_at <= 1.0
+
+
+async def test_a_flush_cancelled_mid_append_leaves_the_recorder_failed(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Found by review: a flush (a shard's hints task, say) cancelled while its batch was being
+    # appended dropped the batch, and the next flush, with nothing pending, reported durable
+    # ops that were never appended (the player then skips everything after the seq_no gap).
+    log = await env.new_log()
+    recovered = await play_and_handoff(env.client, FSMHints(log=log), tmp_path, 1234)
+    retrying = asyncio.Event()
+
+    async def sleep(delay: float) -> None:
+        retrying.set()
+        await asyncio.Event().wait()  # The log stays short of brokers: retried for ever.
+
+    recorder = Recorder(
+        env.client, recovered.fsm, 1234, tmp_path, write_head=recovered.write_head, sleep=sleep
+    )
+    await recorder.create("one")
+    await env.cluster.put_spec(journal_spec(log, replication=2))  # One broker of the two.
+    await env.cluster.sync(env.cluster.admin.store.core.revision)
+    flush = asyncio.ensure_future(recorder.flush())
+    await asyncio.wait_for(retrying.wait(), WAIT_S)
+    flush.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    with pytest.raises(RecorderFailedError, match="cancelled"):
+        await recorder.flush()
