@@ -66,7 +66,12 @@ from broker.quorum_shell.dispatch import quorum_mode_refusal
 from broker.quorum_shell.journals import QuorumJournals
 from broker.read_api import validate_min_etcd_revision
 from broker.request_stream import read_to_end
-from broker.resolver import ReplicaNotReadyError, ResolveError, ResolverStoppedError
+from broker.resolver import (
+    ProxyTargetMismatchError,
+    ReplicaNotReadyError,
+    ResolveError,
+    ResolverStoppedError,
+)
 from broker.topology import as_status, member_index, validate_header
 
 log = get_logger(__name__)
@@ -405,11 +410,14 @@ def _grpc_error(err: BaseException | None) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.CANCELLED, detail
     if isinstance(err, ValidationError | AppendStreamError):
         return grpc.StatusCode.INVALID_ARGUMENT, detail
-    if isinstance(err, ResolverStoppedError | ReplicaNotReadyError):
+    if isinstance(err, ResolverStoppedError | ReplicaNotReadyError | ProxyTargetMismatchError):
         # This broker is going away (its lease lost, or exiting), or its replica of the
         # journal is not up yet: another attempt, here or at the broker the client learns of
         # next, may succeed. (Found by the soak: a broker whose lease expired under load
-        # answered FAILED_PRECONDITION, which clients take as final.)
+        # answered FAILED_PRECONDITION, which clients take as final.) A proxied request meant
+        # for the broker that had this address before (restarted, not announced yet): the
+        # proxy's view is behind, and its next attempt goes where it should. (Found by the
+        # soak: a shard's output append failed for good, and the shard with it.)
         return grpc.StatusCode.UNAVAILABLE, detail
     if isinstance(err, ResolveError):
         # A proxied request meant for another cluster or broker: no retry fixes it.

@@ -15,7 +15,7 @@ from broker.client.route_cache import pick_endpoint
 from broker.fragment.index import FragmentIndex
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at
-from broker.resolve_errors import ResolverStoppedError
+from broker.resolve_errors import ProxyTargetMismatchError, ResolverStoppedError
 from broker.topology import validate_header
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -187,8 +187,9 @@ async def resolve_or_abort(
             min_revision=min_revision,
             proxy_header=header,
         )
-    except (TimeoutError, ResolverStoppedError) as err:
-        # (A broker going away: the client tries again, or at another broker.)
+    except (TimeoutError, ResolverStoppedError, ProxyTargetMismatchError) as err:
+        # (A broker going away: the client tries again, or at another broker. A proxied read
+        # meant for the broker that had this address before: the proxy's view is behind.)
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"resolving {journal}: {err}")
     except Exception as err:
         # The resolver's own errors (a proxied request from another cluster, a broker that is

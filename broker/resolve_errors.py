@@ -15,3 +15,10 @@ class ResolverStoppedError(ResolveError):
 
 class ReplicaNotReadyError(ResolveError):
     """The journal resolved to this broker, whose replica of it is not running (yet)."""
+
+
+class ProxyTargetMismatchError(ResolveError):
+    """A proxied request names another broker than this one: the proxying broker's view of the
+    route is behind (the broker at that endpoint restarted, and has not announced itself yet,
+    or another took its address). Transient: the proxy's next attempt, once its view moves on,
+    reaches the right broker."""

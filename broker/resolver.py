@@ -28,6 +28,7 @@ from broker.protocol.validate import split_journal_meta
 from broker.quorum_shell.leader_route import leader_route
 from broker.replica import Replica
 from broker.resolve_errors import (  # noqa: F401 (re-exported)
+    ProxyTargetMismatchError,
     ReplicaNotReadyError,
     ResolveError,
     ResolverStoppedError,
@@ -200,7 +201,7 @@ class Resolver:
                 f"({self.ks.header.cluster_id})"
             )
         if (hdr.process_id.zone or hdr.process_id.suffix) and not same_id(hdr.process_id, local_id):
-            raise ResolveError(
+            raise ProxyTargetMismatchError(
                 f"proxied request is for {format_id(hdr.process_id)}, not us "
                 f"({format_id(local_id)})"
             )

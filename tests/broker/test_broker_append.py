@@ -275,3 +275,31 @@ async def test_an_append_the_primary_aborts_reports_its_status_through_a_proxy(
         codes.append(aborted.value.code())
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 40
     assert local_content(primary, J) == (0, b"")
+
+
+async def test_a_proxied_append_meant_for_another_broker_is_refused_as_transient(
+    cluster: Cluster,
+) -> None:
+    # Found by the soak: a broker proxied an append to the address of a broker that had just
+    # restarted and not announced itself yet; the new process refused it FAILED_PRECONDITION
+    # ("not us"), which clients take as final, and a shard's commit failed on it for good.
+    # The proxy's view is behind: UNAVAILABLE, retried. A header from another etcd cluster
+    # stays FAILED_PRECONDITION (no retry fixes that).
+    b = await cluster.start_broker("zone-a", "broker-a")
+    await cluster.create(journal_spec(J), [b])
+    resp = await cluster.append(b, J, [b"first\n"])
+    meant_elsewhere = pb.Header()
+    meant_elsewhere.CopyFrom(resp.header)
+    meant_elsewhere.process_id.CopyFrom(pb.ProcessSpec.ID(zone="zone-a", suffix="restarted"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await cluster.append(b, J, [b"not here\n"], header=meant_elsewhere)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not us" in (refused.value.details() or "")
+
+    foreign = pb.Header()
+    foreign.CopyFrom(resp.header)
+    foreign.etcd.cluster_id += 1
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await cluster.append(b, J, [b"foreign\n"], header=foreign)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert local_content(b, J) == (0, b"first\n")
