@@ -159,6 +159,15 @@ class Cluster:
             await self._admin.close()
 
 
+def header_of_another_cluster(header: pb.Header) -> pb.Header:
+    """A copy of `header` as a broker of another etcd cluster would send it (a proxied request
+    no broker of ours may serve)."""
+    foreign = pb.Header()
+    foreign.CopyFrom(header)
+    foreign.etcd.cluster_id += 1
+    return foreign
+
+
 def replica_of(broker: Broker, journal: str) -> Replica:
     replica = broker.resolver.replicas.get(journal)
     if replica is None:

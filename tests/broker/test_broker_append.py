@@ -8,7 +8,13 @@ import itertools
 
 import grpc
 import pytest
-from broker_testkit import Cluster, journal_spec, local_content, replica_of
+from broker_testkit import (
+    Cluster,
+    header_of_another_cluster,
+    journal_spec,
+    local_content,
+    replica_of,
+)
 
 from broker.client import Appender, JournalClient
 from broker.fragment.naming import sum_from_digest
@@ -296,10 +302,7 @@ async def test_a_proxied_append_meant_for_another_broker_is_refused_as_transient
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "not us" in (refused.value.details() or "")
 
-    foreign = pb.Header()
-    foreign.CopyFrom(resp.header)
-    foreign.etcd.cluster_id += 1
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await cluster.append(b, J, [b"foreign\n"], header=foreign)
+        await cluster.append(b, J, [b"foreign\n"], header=header_of_another_cluster(resp.header))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert local_content(b, J) == (0, b"first\n")

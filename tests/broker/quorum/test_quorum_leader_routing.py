@@ -16,7 +16,7 @@ import asyncio
 
 import grpc
 import pytest
-from broker_testkit import ROOT, Cluster, journal_spec, wait_until
+from broker_testkit import ROOT, Cluster, header_of_another_cluster, journal_spec, wait_until
 
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
@@ -146,11 +146,8 @@ async def test_a_first_append_to_any_broker_is_proxied_to_the_leader(cluster: Cl
     bounced = await cluster.append(follower, j, [b"not again"], header=hop)
     assert bounced.status == pb.NOT_JOURNAL_PRIMARY_BROKER
     # And a proxied request from another cluster is refused, appending nothing.
-    foreign = pb.Header()
-    foreign.CopyFrom(resp.header)
-    foreign.etcd.cluster_id += 1
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await cluster.append(leader, j, [b"foreign"], header=foreign)
+        await cluster.append(leader, j, [b"foreign"], header=header_of_another_cluster(resp.header))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "cluster ID" in (refused.value.details() or "")
     assert leader.quorum.nodes[j].read_committed() == b"via follower;via outsider;"
