@@ -24,6 +24,12 @@ commits its primary did not see (`CompletedSpool.ahead_of_primary`: a new primar
 then rolled every spool past it) is persisted at once too: no primary will upload that content,
 and brokers without a copy, the primary included, cannot serve its offsets until it is stored.
 
+Giving up. A fragment whose `attempts_max` uploads all failed (a store down for minutes) is not
+dropped from the persister's care: another round of attempts comes `gave_up_retry_initial_s`
+later, doubling to `gave_up_retry_max_s`, until the store takes it, the journal is deleted, or
+the broker stops (at most `queue_len_max` such fragments wait; beyond that, and when the
+broker drains, the content stays local, as its spool's files, for a restart to recover).
+
 Bounds. Completed fragments wait in a queue of at most `queue_len_max` (primaries' and
 replicas' in queues of their own, so that a primary's never waits behind replicas'); a full
 queue makes `submit` wait (back-pressure on whoever rolls spools) and `submit_nowait` raise.
@@ -67,6 +73,11 @@ replica_delay_s_default: Final = 120.0
 # When a replica first checks whether the primary's upload is done (then at doubling intervals
 # until replica_delay_s): a primary persists a rolled fragment at once, in well under this.
 replica_check_s_default: Final = 2.0
+# A fragment whose round of `attempts_max` uploads all failed (a store down for minutes) gets
+# another round after this long, doubling up to the max, for as long as the broker runs: its
+# content is on brokers only until then, and gone with them once the journal moves away.
+gave_up_retry_initial_s_default: Final = 30.0
+gave_up_retry_max_s_default: Final = 300.0
 
 
 class PersistQueueFullError(Exception):
@@ -115,6 +126,8 @@ class Persister:
         upload_timeout_s: float = upload_timeout_s_default,
         replica_delay_s: float = replica_delay_s_default,
         replica_check_s: float = replica_check_s_default,
+        gave_up_retry_initial_s: float = gave_up_retry_initial_s_default,
+        gave_up_retry_max_s: float = gave_up_retry_max_s_default,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -126,6 +139,10 @@ class Persister:
             )
         if replica_check_s <= 0 or replica_delay_s < 0:
             raise ValueError("need replica_check_s > 0 and replica_delay_s >= 0")
+        if not 0 < gave_up_retry_initial_s <= gave_up_retry_max_s:
+            raise ValueError("need 0 < gave_up_retry_initial_s <= gave_up_retry_max_s")
+        self._gave_up_retry_initial_s = gave_up_retry_initial_s
+        self._gave_up_retry_max_s = gave_up_retry_max_s
         self._index_of = index_of
         self.stats = Stats()
         self._upload = FragmentUploader(
@@ -334,6 +351,8 @@ class Persister:
                     kept = True
                 return outcome
             outcome = await self._upload.persist_job(job)
+            if outcome is Outcome.GAVE_UP and self._retry_later(job):
+                kept = True
         except asyncio.CancelledError:
             # Interrupted, typically because the broker is stopping and cancels this worker
             # before draining: keep the job (files included) for the next run() instead of
@@ -345,6 +364,34 @@ class Persister:
             if not kept:
                 self._upload.release(job, outcome)
         return outcome
+
+    def _retry_later(self, job: PersistJob) -> bool:
+        """Park a job whose round of attempts gave up for another round later (see
+        `gave_up_retry_initial_s_default`); False (the content stays local, as before) when
+        draining, or when `queue_len_max` such jobs wait already (each holds a fragment's
+        files: bounded)."""
+        if self._draining:
+            return False
+        waiting = sum(1 for _, _, waiter in self._waiting if waiter.rounds_given_up)
+        if waiting >= self._queue_len_max:
+            return False
+        job.rounds_given_up += 1
+        delay = min(
+            self._gave_up_retry_max_s,
+            self._gave_up_retry_initial_s * 2 ** (job.rounds_given_up - 1),
+        )
+        job.not_before = job.check_at = self._clock() + delay
+        fragment = job.completed.fragment
+        log.warning(
+            "fragment upload gave up; another round later (its content is on brokers only)",
+            journal=fragment.journal,
+            begin=fragment.begin,
+            end=fragment.end,
+            rounds=job.rounds_given_up,
+            retry_in_s=delay,
+        )
+        self._park(job)
+        return True
 
     async def persist(
         self, completed: CompletedSpool, index: FragmentIndex | None = None

@@ -102,6 +102,8 @@ class PersistJob:
     # A replica's: when it is next checked for in the store, and the interval after that.
     check_at: float = 0.0
     check_interval_s: float = 0.0
+    # Rounds of attempts that gave up so far (persister.py tries again later).
+    rounds_given_up: int = 0
 
     def due_at(self, draining: bool) -> float:
         return 0.0 if draining else min(self.check_at, self.not_before)

@@ -453,3 +453,33 @@ def test_bad_bounds_are_refused(attempts_max: int) -> None:
     make: Callable[[], object] = lambda: Env(attempts_max=attempts_max)  # noqa: E731
     with pytest.raises(ValueError, match="attempts_max"):
         make()
+
+
+async def test_a_fragment_whose_attempts_all_failed_gets_another_round_later() -> None:
+    # Found by review: a store down for longer than a round of attempts (~1 min; a replica's,
+    # after its delay, ~3 min) left the fragment with no upload ever again: its content stayed
+    # on brokers only, and went with them once the journal moved.
+    env = Env(attempts_max=2, backoff_initial_s=1.0, backoff_max_s=1.0)
+    env.store.put_failures = 4  # Two whole rounds fail.
+    done = completed(0, b"abc", index=env.index)
+    env.persister.submit_nowait(done, env.index)
+    assert await env.persister.step() is Outcome.GAVE_UP
+    assert not done.content_file.closed  # Kept, and still served from the local file.
+    async with asyncio.timeout(5.0):  # (Sleeps are simulated: a job dropped waits for ever.)
+        assert await env.persister.step() is Outcome.GAVE_UP
+        assert await env.persister.step() is Outcome.PERSISTED
+    assert env.sleeps == [1.0, 30.0, 1.0, 60.0]  # Rounds 30 s then 60 s apart.
+    assert await env.stored(done.fragment) == b"abc"
+    assert env.index.query(1).file is None  # Read from the store from now on.
+
+
+async def test_a_drain_gives_a_given_up_fragment_one_more_round_only() -> None:
+    env = Env(attempts_max=1)
+    env.store.put_failures = 100
+    done = completed(0, b"abc", index=env.index)
+    env.persister.submit_nowait(done, env.index)
+    assert await env.persister.step() is Outcome.GAVE_UP  # Parked for a later round.
+    env.persister.close()
+    await env.persister.run(drain=True)  # Tried once more, not parked again: it returns.
+    assert env.persister.stats.outcomes[Outcome.GAVE_UP] == 2
+    assert env.persister.pending == 0
