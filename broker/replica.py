@@ -396,6 +396,9 @@ class Replica:
                 spool = await self.spool_slot.take(asyncio.Event())
         except TimeoutError:
             log.warning("replica stopping: spool not returned in time", journal=self.journal)
+            # Closed all the same: blocking reads waiting on it end (IndexClosedError, which
+            # they answer by resolving again) rather than wait for ever on a replica gone.
+            self.index.close(close_files=False)
             return
         if spool.recovery_pending and self.recovery is not None:
             # Never settled: its recovered state waits, untouched, for the next replica.

@@ -4,12 +4,15 @@ ahead of the spool (INDEX_HAS_GREATER_OFFSET) and its explicit recovery."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 
+import pytest
 from broker_testkit import Cluster, journal_spec, local_content, replica_of, wait_until
 
 from broker.append_pulse import pulse
+from broker.fragment.index import IndexClosedError
 from broker.fragment.naming import sum_from_digest
 from broker.fragment.stores.registry import new_registry
 from broker.protocol import protocol_pb2 as pb
@@ -223,3 +226,24 @@ async def test_a_replica_holding_commits_its_primary_missed_persists_them_at_onc
     index = replica_of(a, J).index
     await wait_until(lambda: any(f.begin == 0 and f.end == 4 for f in index.fragments()), 15.0)
     assert stored(tmp_path / "frags") == [(0, 4)]
+
+
+async def test_a_replica_stopped_while_its_spool_is_held_still_ends_its_blocking_reads(
+    cluster: Cluster,
+) -> None:
+    # Found by review: a replica stopping while an append held its spool past the shutdown
+    # wait returned without closing its index, and a blocking read waiting there (at the
+    # journal's head) waited for ever on a replica that was gone.
+    b = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False, shutdown_wait_s=0.1)
+    await cluster.create(journal_spec(J), [b])
+    replica = replica_of(b, J)
+    held = replica.spool_slot.take_nowait()  # As a long append would hold it.
+    assert held is not None
+    waiting = asyncio.ensure_future(replica.index.wait_for(0))
+    await asyncio.sleep(0)
+    replica.stop()
+    async with asyncio.timeout(10.0):
+        await replica._stopped.wait()
+        with pytest.raises(IndexClosedError):
+            await waiting
+    assert replica.index.closed
