@@ -268,6 +268,8 @@ class Replica:
         # may still be stopping); until then its slot is empty and takers wait.
         self._spool_opened = env.spool_dir is None
         self._claimed = False
+        # Finishes a spool given back after the shutdown wait (see `_shut_down`).
+        self._late_spool: asyncio.Future[None] | None = None
         self.spool_slot: Slot[Spool] = (
             Slot(f"{journal}: spool", self._new_spool(None))
             if env.spool_dir is None
@@ -373,7 +375,7 @@ class Replica:
                 await self._shut_down()
         finally:
             self._tg = None
-            if self._claimed and self.env.spool_dir is not None:
+            if self._claimed and self.env.spool_dir is not None and self._late_spool is None:
                 self.env.spool_dir.release(self.journal)
             self._stopped.set()
 
@@ -399,7 +401,47 @@ class Replica:
             # Closed all the same: blocking reads waiting on it end (IndexClosedError, which
             # they answer by resolving again) rather than wait for ever on a replica gone.
             self.index.close(close_files=False)
+            if self._claimed and self.env.spool_dir is not None:
+                # Its holder still writes the spool's files: they stay claimed (no next
+                # replica of the journal on this broker opens them, and overwrites committed
+                # content at offset 0) until it gives the spool back; then the spool is rolled
+                # and its state left as a stop leaves it.
+                self._late_spool = asyncio.ensure_future(self._finish_late_spool())
             return
+        self._finish_spool(spool)
+
+    async def _finish_late_spool(self) -> None:
+        """`_shut_down`'s end for a spool its holder gives back after the shutdown wait, then
+        the claim on the journal's files is released (also if this fails, or the broker
+        stops meanwhile)."""
+        spool_dir = self.env.spool_dir
+        assert spool_dir is not None
+        try:
+            # The spool comes back by itself (a Replicate stream ends), or inside the pipeline
+            # (a primary's append ends), which is then shut down as `_shut_down` would have.
+            pipeline = asyncio.ensure_future(self.pipeline_slot.take(asyncio.Event()))
+            spool_back = asyncio.ensure_future(self.spool_slot.take(asyncio.Event()))
+            try:
+                await asyncio.wait({pipeline, spool_back}, return_when=asyncio.FIRST_COMPLETED)
+                if pipeline.done() and (pln := pipeline.result()) is not None:
+                    pln.begin_shutdown()
+                    await pln.finish_shutdown(expect_err=False)
+                spool = await spool_back
+            finally:
+                pipeline.cancel()
+                spool_back.cancel()
+            log.info("replica stopped: its spool came back late", journal=self.journal)
+            self._finish_spool(spool)
+        except Exception as err:
+            log.error(
+                "replica stopped: finishing its late spool failed",
+                journal=self.journal,
+                error=str(err),
+            )
+        finally:
+            spool_dir.release(self.journal)
+
+    def _finish_spool(self, spool: Spool) -> None:
         if spool.recovery_pending and self.recovery is not None:
             # Never settled: its recovered state waits, untouched, for the next replica.
             self.recovery.give_back()

@@ -247,3 +247,37 @@ async def test_a_replica_stopped_while_its_spool_is_held_still_ends_its_blocking
         with pytest.raises(IndexClosedError):
             await waiting
     assert replica.index.closed
+
+
+async def test_a_durable_spool_held_past_the_stop_is_left_for_the_next_replica_once_back(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Found by review: the replica's claim on the journal's spool files was released though
+    # an append still held the spool, and its state was not left behind: the next replica of
+    # the journal on this broker started a fresh spool at offset 0 in the same directory, whose
+    # first commit overwrote the committed content's file. Now the files stay claimed until the
+    # holder gives the spool back; it is then rolled and its state left as a stop leaves it.
+    b = await cluster.start_broker(
+        "zone-a",
+        "broker-a",
+        pulse_enabled=False,
+        shutdown_wait_s=0.1,
+        memory_spools=False,
+        data_dir=str(tmp_path / "data"),
+    )
+    await cluster.create(journal_spec(J), [b])
+    assert (await cluster.append(b, J, [b"hello"])).status == pb.OK
+    replica = replica_of(b, J)
+    held = replica.pipeline_slot.take_nowait()  # An append holds the pipeline (and its spool).
+    assert held is not None
+    replica.stop()
+    async with asyncio.timeout(10.0):
+        await replica._stopped.wait()
+    assert b.spool_dir is not None
+    assert b.spool_dir.pending() == []  # Not handed on while the holder may still write.
+    replica.pipeline_slot.put(held)  # The append ends.
+    await wait_until(lambda: b.spool_dir is not None and b.spool_dir.pending() == [J])
+    recovered = b.spool_dir.take(J)
+    assert recovered is not None
+    assert (recovered.spool.fragment.begin, recovered.spool.fragment.end) == (5, 5)
+    b.spool_dir.put_back(recovered)
