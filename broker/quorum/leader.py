@@ -215,15 +215,8 @@ class LeaderRole:
             # An empty entry after the head: the mismatch is answered once it commits, which
             # also proves this leader still led (a deposed one commits nothing), so the
             # registers answered are the journal's, not a stale leader's.
-            if log.entry_count >= config.log_entries_max:
-                compact(log, self.stored_end, config)
-            if log.entry_count >= config.log_entries_max:
-                raise LogFullError(
-                    f"{self.name}: log holds {log.entry_count} entries (log_entries_max)"
-                )
-            head_end = log.head_end
-            log.append(Entry(self.term, log.head_index + 1, head_end, head_end, b""))
-            self._pending.append(RegistersMismatched(token, log.head, head_end, current))
+            self._write_entry(b"", None)
+            self._pending.append(RegistersMismatched(token, log.head, log.head_end, current))
             for cursor in self.cursors.values():
                 self._drive(cursor, now)
             return log.head
@@ -241,6 +234,18 @@ class LeaderRole:
         # leader acknowledged before it is above its end. Answered from the entries already
         # committed instead, a leader deposed while stopped (and resumed, not yet knowing it)
         # answered a stale head.
+        self._write_entry(data, registers)
+        begin = log.head_end - len(data)
+        self._pending.append(Committed(token, log.head, begin, log.head_end, log.head_registers))
+        self._answer_pending()
+        for cursor in self.cursors.values():
+            self._drive(cursor, now)
+        return log.head
+
+    def _write_entry(self, data: bytes, registers: Registers | None) -> None:
+        """Write `data` (empty: a barrier or a mismatch's entry) as the next entry of this
+        term, compacting first if the log is full; LogFullError if it stays full."""
+        log, config = self.log, self.config
         if (
             log.held_bytes + len(data) > config.log_bytes_max
             or log.entry_count >= config.log_entries_max
@@ -256,12 +261,6 @@ class LeaderRole:
             )
         end = log.head_end + len(data)
         log.append(Entry(self.term, log.head_index + 1, log.head_end, end, data, registers))
-        begin = log.head_end - len(data)
-        self._pending.append(Committed(token, log.head, begin, log.head_end, log.head_registers))
-        self._answer_pending()
-        for cursor in self.cursors.values():
-            self._drive(cursor, now)
-        return log.head
 
     def on_synced(self, now: int) -> None:
         """The shell made the leader's written entries durable."""
