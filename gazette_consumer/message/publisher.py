@@ -355,8 +355,11 @@ class Publisher(Generic[A]):
         # (journal, framing, its first message's index); the run ends at the next's first.
         # Each message type is checked once (on one of its messages), and every message is
         # mapped, by C loops.
-        for message in dict(zip(map(type, messages), messages, strict=True)).values():
+        kinds = dict(zip(map(type, messages), messages, strict=True))
+        for message in kinds.values():
             _check_message(message, flags)
+        # One UUID setter for every run, if every type in the batch allows the slot's.
+        set_slot = self._slot_setter_of(kinds) if _FAST_UUID else None
         partitions = list(map(mapping, messages))
         runs: list[tuple[str, Framing, int]] = []
         if partitions and partitions.count(partitions[0]) == len(partitions):
@@ -379,7 +382,7 @@ class Publisher(Generic[A]):
                 appended = await self._appender.start_append(journal)
             # Held from here to release: no await, so clocks reach the journal in order.
             try:
-                self._sequence_run(run, flags)
+                self._sequence_run(run, flags, set_slot)
                 frames = framing.marshal_many(run)
             except BaseException:
                 appended.abort()  # Nothing of this run was written.
@@ -393,10 +396,13 @@ class Publisher(Generic[A]):
                 self._intents[journal] = (run[0].new_acknowledgement(journal), framing)
         return out
 
-    def _sequence_run(self, run: Sequence[Any], flags: int) -> None:
+    def _sequence_run(
+        self, run: Sequence[Any], flags: int, set_slot: Callable[[Any, UUID], None] | None
+    ) -> None:
         """Set the next UUIDs (of `flags`) on the messages of `run`, in order: `_sequence`'s
-        clock for each, from one reading of the wall clock. Refuses (ClockError) a run the
-        clock cannot tick through, changing nothing."""
+        clock for each, from one reading of the wall clock; through `set_slot` when given
+        (`_slot_setter_of` the run's types), else each message's `set_uuid`. Refuses
+        (ClockError) a run the clock cannot tick through, changing nothing."""
         clock = self._clock
         value = clock.value
         if self._auto_clock:
@@ -412,7 +418,6 @@ class Publisher(Generic[A]):
         assert TICK & 0xF == 0
         low = (((value & 0xF) << 10) | flags) << 48
         first = value + TICK
-        set_slot = self._run_slot_setter(run) if _FAST_UUID else None
         if set_slot is not None and first >> 36 == last >> 36:
             # The whole run within one value of the clock's bits above time_low (a run crosses
             # into the next one every ~7 minutes of clock): its UUIDs are an arithmetic
@@ -441,12 +446,13 @@ class Publisher(Generic[A]):
         clock.value = value
         self._high_clock, self._high_bits = high_clock, high_bits
 
-    def _run_slot_setter(self, run: Sequence[Any]) -> Callable[[Any, UUID], None] | None:
-        """The UUID slot setter every message of `run` may be given its UUID by (the same one:
-        JSONMessage's field), or None if any message's type must have its `set_uuid` called."""
+    def _slot_setter_of(self, kinds: Iterable[type]) -> Callable[[Any, UUID], None] | None:
+        """The UUID slot setter messages of every type of `kinds` may be given their UUID by
+        (the same one: JSONMessage's field), or None if any type must have its `set_uuid`
+        called."""
         setter = None
         slots = self._uuid_slots
-        for kind in set(map(type, run)):
+        for kind in kinds:
             if kind in slots:
                 slot = slots[kind]
             else:
