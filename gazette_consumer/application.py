@@ -192,7 +192,10 @@ class Application(abc.ABC):
         hold them and publish many at once with `publish_uncommitted_batch`, here or in
         `finalize_txn`: nobody reads them before the transaction's ACK), or keep in-memory
         aggregates to flush in `finalize_txn`. May run while the previous
-        transaction's commit is still in flight (see the module docstring).
+        transaction's commit is still in flight (see the module docstring). Await every
+        publish before returning: one that must wait for back-pressure appends only once
+        awaited, and a commit over one never awaited fails the shard (UnfinishedPublishError)
+        rather than lose its message.
         """
 
     @abc.abstractmethod

@@ -345,6 +345,8 @@ class TxnDriver:
         shard, store = self._shard, self._store
         publisher = shard.publisher
         try:
+            # A publish never awaited (or awaited by nobody yet) would be lost by this commit.
+            publisher.check_finished()
             intents = publisher.build_ack_intents()
             positions = self._source.checkpoint(self._horizon_clock())
             checkpoint = from_sequencer_checkpoint(positions, intents)

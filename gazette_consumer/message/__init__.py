@@ -49,7 +49,12 @@ from gazette_consumer.message.message import (
     message_uuid,
 )
 from gazette_consumer.message.protobuf_framing import FixedFraming
-from gazette_consumer.message.publisher import InvalidMessageError, Publisher, write_ack_intents
+from gazette_consumer.message.publisher import (
+    InvalidMessageError,
+    Publisher,
+    UnfinishedPublishError,
+    write_ack_intents,
+)
 from gazette_consumer.message.uuid import (
     NIL_UUID,
     Flag,
@@ -108,6 +113,7 @@ __all__ = [
     "Publisher",
     "TruncatedFrameError",
     "UUIDParts",
+    "UnfinishedPublishError",
     "UnknownContentTypeError",
     "UnpackEvent",
     "Unpacker",

@@ -26,6 +26,12 @@ even when many coroutines publish through one Publisher (a smaller clock written
 larger one would read as a duplicate). `publish_uncommitted` and `build_ack_intents` belong to
 one transaction at a time and must not interleave across transactions.
 
+A publish that must wait (the journal's batch is full: back-pressure) appends only once awaited,
+so each must be awaited before its transaction closes: one never awaited would be lost with only
+Python's "never awaited" warning. The publisher counts them from the call until they finish, and
+`build_ack_intents` (an uncommitted one) and `check_finished` (any; a shard's commit calls it)
+raise UnfinishedPublishError rather than close a transaction over them.
+
 A message whose frame would exceed the framing's `message_bytes_max` is refused with
 MessageTooLargeError, and nothing is appended.
 
@@ -106,6 +112,23 @@ class AppendNowait(Protocol[A_co]):
 
 class InvalidMessageError(TypeError):
     """A published object does not implement the Message interface."""
+
+
+class UnfinishedPublishError(RuntimeError):
+    """A transaction was closed while publishes that had to wait (back-pressure) were not
+    finished: never awaited, or still running in a task nobody awaited. Their messages were
+    not appended, so committing would lose them without a word; await every
+    `publish_committed`, `publish_uncommitted` and batch publish before the transaction closes
+    (in a shard: before `consume_message` and `finalize_txn` return)."""
+
+    def __init__(self, committed: int, uncommitted: int) -> None:
+        self.committed, self.uncommitted = committed, uncommitted
+        super().__init__(
+            f"{committed + uncommitted} publish(es) not finished when the transaction closed "
+            f"({committed} committed, {uncommitted} uncommitted): a publish that must wait "
+            "for back-pressure appends only when awaited; await each one before the "
+            "transaction closes"
+        )
 
 
 PUBLISH_RUN_MAX: Final = 4096
@@ -230,6 +253,10 @@ class Publisher(Generic[A]):
         # Journal → (acknowledgement message, framing) of the open transaction, in first-publish
         # order.
         self._intents: dict[str, tuple[Message, Framing]] = {}
+        # Publishes called but not finished (counted from the call, so one never awaited stays
+        # counted): a transaction must not close over them (`check_finished`).
+        self._unfinished_committed = 0
+        self._unfinished_uncommitted = 0
 
     @property
     def producer_id(self) -> ProducerID:
@@ -277,7 +304,8 @@ class Publisher(Generic[A]):
                     ready = self._resolved(appended)
                 return ready
             clock.value = before
-        return self._append(journal, framing, message, _OUTSIDE_TXN)
+        self._unfinished_committed += 1
+        return self._append_counted(journal, framing, message)
 
     def publish_uncommitted(
         self, mapping: Callable[[Any], Partition], message: Any
@@ -309,6 +337,7 @@ class Publisher(Generic[A]):
                     ready = self._resolved(appended)
                 return ready
             clock.value = before
+        self._unfinished_uncommitted += 1
         return self._append_uncommitted(journal, framing, message, new_acknowledgement)
 
     def _resolved(self, appended: A) -> asyncio.Future[A]:
@@ -325,30 +354,68 @@ class Publisher(Generic[A]):
         message: Any,
         new_acknowledgement: Callable[[str], Message],
     ) -> A:
-        appended = await self._append(journal, framing, message, _CONTINUE_TXN)
-        if journal not in self._intents:
-            self._intents[journal] = (new_acknowledgement(journal), framing)
-        return appended
+        # Counted unfinished from the call (`publish_uncommitted`) until here: a coroutine never
+        # awaited never runs this, and stays counted.
+        try:
+            appended = await self._append(journal, framing, message, _CONTINUE_TXN)
+            if journal not in self._intents:
+                self._intents[journal] = (new_acknowledgement(journal), framing)
+            return appended
+        finally:
+            self._unfinished_uncommitted -= 1
 
-    async def publish_committed_batch(
+    async def _append_counted(self, journal: str, framing: Framing, message: Any) -> A:
+        """`publish_committed`'s path that waits, counted unfinished as `_append_uncommitted`."""
+        try:
+            return await self._append(journal, framing, message, _OUTSIDE_TXN)
+        finally:
+            self._unfinished_committed -= 1
+
+    @property
+    def unfinished_publishes(self) -> int:
+        """Publishes called but not finished: waiting for back-pressure, or never awaited (a
+        message of those is not appended until its publish is awaited)."""
+        return self._unfinished_committed + self._unfinished_uncommitted
+
+    def check_finished(self) -> None:
+        """Raise UnfinishedPublishError if any publish is unfinished (`unfinished_publishes`):
+        what a transaction checks before it closes, as a shard does before its checkpoint."""
+        if self._unfinished_committed or self._unfinished_uncommitted:
+            raise UnfinishedPublishError(self._unfinished_committed, self._unfinished_uncommitted)
+
+    def publish_committed_batch(
         self, mapping: Callable[[Any], Partition], messages: Sequence[Any]
-    ) -> list[A]:
+    ) -> Awaitable[list[A]]:
         """`publish_committed` of each of `messages`, in order, a run at a time (see the module
         docstring); returns the batches they joined, each once, in order. Every message is
         mapped and checked first: a mapping error or an object that is not a Message raises
         with nothing appended. An encoding error (or an appender's) raises with the runs before
         its own appended, and nothing of its run."""
-        return await self._publish_batch(mapping, messages, _OUTSIDE_TXN)
+        self._unfinished_committed += 1
+        return self._publish_batch(mapping, messages, _OUTSIDE_TXN)
 
-    async def publish_uncommitted_batch(
+    def publish_uncommitted_batch(
         self, mapping: Callable[[Any], Partition], messages: Sequence[Any]
-    ) -> list[A]:
+    ) -> Awaitable[list[A]]:
         """`publish_uncommitted` of each of `messages`, as `publish_committed_batch` does
         `publish_committed`: part of the open transaction, each journal's ACK intent noted
         once a run of its messages is appended."""
-        return await self._publish_batch(mapping, messages, _CONTINUE_TXN)
+        self._unfinished_uncommitted += 1
+        return self._publish_batch(mapping, messages, _CONTINUE_TXN)
 
     async def _publish_batch(
+        self, mapping: Callable[[Any], Partition], messages: Sequence[Any], flags: int
+    ) -> list[A]:
+        # Counted unfinished from the call, as `_append_uncommitted`.
+        try:
+            return await self._publish_runs(mapping, messages, flags)
+        finally:
+            if flags == _OUTSIDE_TXN:
+                self._unfinished_committed -= 1
+            else:
+                self._unfinished_uncommitted -= 1
+
+    async def _publish_runs(
         self, mapping: Callable[[Any], Partition], messages: Sequence[Any], flags: int
     ) -> list[A]:
         # Map and check everything first: runs of consecutive messages to one journal, each
@@ -464,8 +531,11 @@ class Publisher(Generic[A]):
 
     def build_ack_intents(self) -> dict[str, bytes]:
         """The framed ACK_TXN message of each journal published to uncommitted since the last
-        call, and forget them. On an error (an ACK that cannot be marshalled) nothing is
-        forgotten."""
+        call, and forget them. On an error (an ACK that cannot be marshalled, or an uncommitted
+        publish not finished: UnfinishedPublishError) nothing is forgotten."""
+        if self._unfinished_uncommitted:
+            # Its journal's intent may be missing, and its message would follow the ACK.
+            raise UnfinishedPublishError(0, self._unfinished_uncommitted)
         out: dict[str, bytes] = {}
         for journal, (ack, framing) in self._intents.items():
             ack.set_uuid(self.sequence_uuid(_ACK_TXN))

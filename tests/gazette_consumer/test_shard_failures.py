@@ -3,15 +3,19 @@ open transaction commits, and the other shards of the runner keep running."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from broker.client.append_service import AsyncAppend
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.application import Shard
 from gazette_consumer.checkpoint import equivalent
+from gazette_consumer.message.message import Envelope
 from gazette_consumer.message.publisher import Publisher
 from gazette_consumer.shard_runner import ShardRetryPolicy, ShardRunner
 from gazette_consumer.stores.base import Store
@@ -29,6 +33,7 @@ from tests.gazette_consumer.shard_testkit import (
     shard_env,
     shard_spec,
     sqlite_engine,
+    to,
 )
 
 FAILED = cpb.ReplicaStatus.FAILED
@@ -171,3 +176,55 @@ async def test_unreadable_source_fails_the_shard(tmp_path: Path) -> None:
         assert "shard shard-u: reading messages: JournalNotFoundError" in error
         assert "persisted through 2 attempts" in error
         assert app.consumed == []
+
+
+@dataclass
+class UnawaitedPublishApp(CountingApp):
+    """Publishes its derived message of "lost" without awaiting the publish (a batch publish,
+    which appends only once awaited, as any publish that must wait for back-pressure)."""
+
+    committed: bool = False  # publish_committed_batch, else publish_uncommitted_batch.
+    unawaited: list[Awaitable[Any]] = field(default_factory=list)
+
+    async def consume_message(
+        self, shard: Shard, store: Store, envelope: Envelope[Any], publisher: Publisher[AsyncAppend]
+    ) -> None:
+        message: Event = envelope.message
+        if message.text != "lost":
+            await super().consume_message(shard, store, envelope, publisher)
+            return
+        assert self.output is not None
+        derived = Event(key=message.key, text="derived-of-lost")
+        publish = (
+            publisher.publish_committed_batch
+            if self.committed
+            else publisher.publish_uncommitted_batch
+        )
+        self.unawaited.append(publish(to(self.output), [derived]))
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["uncommitted", "committed"])
+async def test_a_publish_never_awaited_fails_the_commit_instead_of_losing_its_message(
+    tmp_path: Path, committed: bool
+) -> None:
+    async with shard_env(tmp_path) as (env, engine, appends):
+        journal, output = await env.journal("in/unawaited"), await env.journal("out/unawaited")
+        app = UnawaitedPublishApp(engine, output=output, committed=committed)
+        changed = Notifier()
+        producer = Producer(appends, "p")
+        async with ShardRunner(app, env.client, root="/test/unawaited") as runner:
+            handle = runner.start(shard_spec("shard-n", [journal]), on_change=changed.notify)
+            end = (await (await producer.committed(journal, "k"))).commit.end
+            await changed.read_through(handle, journal, end)
+            before = await read_checkpoint(engine, handle.fqn)
+            await producer.committed_together(journal, [Event(key="k", text="lost")])
+            await changed.until(lambda: handle.status().code == FAILED)
+        error = handle.status().errors[0]
+        assert "building the checkpoint: UnfinishedPublishError: 1 publish(es)" in error
+        # The input that published it was not checkpointed as read: a new primary reads it
+        # again and publishes its derived message.
+        after = await read_checkpoint(engine, handle.fqn)
+        assert before is not None and after is not None and equivalent(before, after)
+        assert len(app.unawaited) == 1
+        for unawaited in app.unawaited:
+            unawaited.close()  # type: ignore[attr-defined]  # A coroutine, never awaited.

@@ -19,7 +19,7 @@ from broker.client.route_cache import JournalClient
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from gazette_consumer.message.clock import CLOCK_MAX, Clock, ClockError
 from gazette_consumer.message.mapping import Partition
-from gazette_consumer.message.publisher import Publisher
+from gazette_consumer.message.publisher import Publisher, UnfinishedPublishError
 from gazette_consumer.message.uuid import ProducerID, get_clock, new_producer_id
 from tests.broker.broker_testkit import Cluster, journal_spec, local_content
 
@@ -145,8 +145,12 @@ async def test_publish_uncommitted_appends_at_the_call_on_the_fast_path(
     assert asyncio.isfuture(never_awaited) and never_awaited.done()
     assert never_awaited.result() is await fast.publish_committed(to(FAST), Event(n=2))
     pending = general.publish_uncommitted(to(GENERAL), Event(n=1))
-    assert general.build_ack_intents() == {}  # Not appended yet: not awaited.
+    # Not appended yet (not awaited): no intents can be built over it.
+    with pytest.raises(UnfinishedPublishError, match=r"\(0 committed, 1 uncommitted\)"):
+        general.build_ack_intents()
+    assert general.unfinished_publishes == 1
     await pending
+    assert general.unfinished_publishes == 0
     await general.publish_committed(to(GENERAL), Event(n=2))
     await service.flush()
     assert content(cluster, FAST) == content(cluster, GENERAL) != b""
@@ -154,6 +158,59 @@ async def test_publish_uncommitted_appends_at_the_call_on_the_fast_path(
     assert list(fast_acks) == [FAST] and list(general_acks) == [GENERAL]
     assert fast_acks[FAST] == general_acks[GENERAL]
     assert fast.clock == general.clock
+
+
+async def test_unfinished_publishes_are_counted_from_the_call_until_they_finish(
+    env: tuple[Cluster, AppendService],
+) -> None:
+    """A publish that waits appends only once awaited: counted from the call, whether it is
+    never awaited, fails or is cancelled; a transaction cannot close over one."""
+    cluster, service = env
+    general = Publisher(GeneralOnly(service))
+    never = general.publish_committed(to(GENERAL), Event(n=0))
+    batch = general.publish_uncommitted_batch(to(GENERAL), [Event(n=1)])
+    assert general.unfinished_publishes == 2
+    with pytest.raises(
+        UnfinishedPublishError, match=r"^2 publish\(es\) .* \(1 committed, 1 uncommitted\)"
+    ):
+        general.check_finished()
+    # A batch publish that fails (mapping error) is finished: nothing of it appended.
+    failing = general.publish_committed_batch(lambda m: 1 / 0, [Event(n=2)])  # type: ignore
+    with pytest.raises(ZeroDivisionError):
+        await failing
+    # One cancelled while it waits is finished too.
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    async def blocked_start_append(journal: str, dependencies: Collection[Any] = ()) -> Any:
+        entered.set()
+        await gate.wait()
+        raise AssertionError("never reached")
+
+    blocked = GeneralOnly(service)
+    blocked.start_append_nowait = lambda journal: None  # type: ignore[method-assign]
+    blocked.start_append = blocked_start_append  # type: ignore[method-assign]
+    waiting = Publisher(blocked)
+    task = asyncio.ensure_future(waiting.publish_uncommitted(to(GENERAL), Event(n=3)))
+    await entered.wait()
+    assert waiting.unfinished_publishes == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert waiting.unfinished_publishes == 0
+    assert waiting.build_ack_intents() == {}
+    await batch
+    assert general.unfinished_publishes == 1
+    with pytest.raises(UnfinishedPublishError, match=r"\(1 committed, 0 uncommitted\)"):
+        general.check_finished()
+    assert list(general.build_ack_intents()) == [GENERAL]  # Only uncommitted ones block it.
+    await never
+    general.check_finished()
+    await service.flush()
+    # Each appended once awaited (so in the order they were awaited), nothing of the failed.
+    appended = [
+        msgspec.json.decode(line, type=Event).n for line in content(cluster, GENERAL).splitlines()
+    ]
+    assert appended == [1, 0]
 
 
 async def test_publish_uncommitted_fast_path_matches_the_general_path_under_declines(
