@@ -283,7 +283,7 @@ async def test_an_append_the_primary_aborts_reports_its_status_through_a_proxy(
     assert local_content(primary, J) == (0, b"")
 
 
-async def test_a_proxied_append_meant_for_another_broker_is_refused_as_transient(
+async def test_a_proxied_request_meant_for_another_broker_is_refused_as_transient(
     cluster: Cluster,
 ) -> None:
     # Found by the soak: a broker proxied an append to the address of a broker that had just
@@ -306,3 +306,16 @@ async def test_a_proxied_append_meant_for_another_broker_is_refused_as_transient
         await cluster.append(b, J, [b"foreign\n"], header=header_of_another_cluster(resp.header))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert local_content(b, J) == (0, b"first\n")
+
+    # Reads are resolved alike.
+    async def read_code(header: pb.Header) -> grpc.StatusCode:
+        call = cluster.stub(b).Read(pb.ReadRequest(journal=J, header=header))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in call:
+                pass
+        return refused.value.code()
+
+    assert await read_code(meant_elsewhere) == grpc.StatusCode.UNAVAILABLE
+    assert await read_code(header_of_another_cluster(resp.header)) == (
+        grpc.StatusCode.FAILED_PRECONDITION
+    )
