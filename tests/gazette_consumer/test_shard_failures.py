@@ -3,12 +3,13 @@ open transaction commits, and the other shards of the runner keep running."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import Engine
 from structlog.testing import capture_logs
 
 from broker.client.append_service import AsyncAppend
@@ -17,6 +18,7 @@ from gazette_consumer.application import Shard
 from gazette_consumer.checkpoint import equivalent
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.message.publisher import Publisher
+from gazette_consumer.shard_handle import ShardHandle
 from gazette_consumer.shard_runner import ShardRetryPolicy, ShardRunner
 from gazette_consumer.stores.base import Store
 from gazette_consumer.stores.conformance import SimpleShard
@@ -120,26 +122,49 @@ class FailingFinalizeApp(CountingApp):
             raise RuntimeError("flush failed")  # ...which must not commit.
 
 
-async def test_failing_finalize_fails_the_shard_and_commits_nothing(tmp_path: Path) -> None:
+@dataclass
+class FailedOnSecond:
+    """What `_fail_on_second` saw: the shard failed on its second message."""
+
+    app: CountingApp
+    handle: ShardHandle
+    counts: dict[str, int]  # The shard's committed counts, after the failure.
+    checkpoint_unchanged: bool  # Its checkpoint is still the one of its first message.
+
+
+async def _fail_on_second(
+    tmp_path: Path, name: str, new_app: Callable[[Engine, str], CountingApp], text: str
+) -> FailedOnSecond:
+    """A shard of `new_app(engine, output journal)` commits a first message of key "k", then
+    gets a second (of `text`) and must fail."""
     async with shard_env(tmp_path) as (env, engine, appends):
-        journal = await env.journal("in/finalize")
-        app = FailingFinalizeApp(engine)
+        journal, output = await env.journal(f"in/{name}"), await env.journal(f"out/{name}")
+        app = new_app(engine, output)
         changed = Notifier()
         producer = Producer(appends, "p")
-        async with ShardRunner(app, env.client, root="/test/finalize") as runner:
-            handle = runner.start(shard_spec("shard-f", [journal]), on_change=changed.notify)
+        async with ShardRunner(app, env.client, root=f"/test/{name}") as runner:
+            handle = runner.start(shard_spec(f"shard-{name}", [journal]), on_change=changed.notify)
             end = (await (await producer.committed(journal, "k"))).commit.end
             await changed.read_through(handle, journal, end)
             before = await read_checkpoint(engine, handle.fqn)
-            await producer.committed(journal, "k")
+            await producer.committed_together(journal, [Event(key="k", text=text)])
             await changed.until(lambda: handle.status().code == FAILED)
-        assert "app.finalize_txn: RuntimeError: flush failed" in handle.status().errors[0]
-        assert await read_counts(engine, "shard-f") == {"k": 1}
         after = await read_checkpoint(engine, handle.fqn)
-        assert before is not None and after is not None and equivalent(before, after)
-        # Its begin_txn was paired with finished_txn, given the failure.
-        assert app.begins == len(app.finishes) == 2
-        assert isinstance(app.finishes[1].exception(), Exception)
+        unchanged = before is not None and after is not None and equivalent(before, after)
+        return FailedOnSecond(app, handle, await read_counts(engine, f"shard-{name}"), unchanged)
+
+
+async def test_failing_finalize_fails_the_shard_and_commits_nothing(tmp_path: Path) -> None:
+    failed = await _fail_on_second(
+        tmp_path, "finalize", lambda engine, _output: FailingFinalizeApp(engine), "second"
+    )
+    assert "app.finalize_txn: RuntimeError: flush failed" in failed.handle.status().errors[0]
+    assert failed.counts == {"k": 1}
+    assert failed.checkpoint_unchanged
+    # Its begin_txn was paired with finished_txn, given the failure.
+    app = failed.app
+    assert app.begins == len(app.finishes) == 2
+    assert isinstance(app.finishes[1].exception(), Exception)
 
 
 async def test_zombie_commit_is_fenced_and_fails_the_shard(tmp_path: Path) -> None:
@@ -207,24 +232,17 @@ class UnawaitedPublishApp(CountingApp):
 async def test_a_publish_never_awaited_fails_the_commit_instead_of_losing_its_message(
     tmp_path: Path, committed: bool
 ) -> None:
-    async with shard_env(tmp_path) as (env, engine, appends):
-        journal, output = await env.journal("in/unawaited"), await env.journal("out/unawaited")
-        app = UnawaitedPublishApp(engine, output=output, committed=committed)
-        changed = Notifier()
-        producer = Producer(appends, "p")
-        async with ShardRunner(app, env.client, root="/test/unawaited") as runner:
-            handle = runner.start(shard_spec("shard-n", [journal]), on_change=changed.notify)
-            end = (await (await producer.committed(journal, "k"))).commit.end
-            await changed.read_through(handle, journal, end)
-            before = await read_checkpoint(engine, handle.fqn)
-            await producer.committed_together(journal, [Event(key="k", text="lost")])
-            await changed.until(lambda: handle.status().code == FAILED)
-        error = handle.status().errors[0]
-        assert "building the checkpoint: UnfinishedPublishError: 1 publish(es)" in error
-        # The input that published it was not checkpointed as read: a new primary reads it
-        # again and publishes its derived message.
-        after = await read_checkpoint(engine, handle.fqn)
-        assert before is not None and after is not None and equivalent(before, after)
-        assert len(app.unawaited) == 1
-        for unawaited in app.unawaited:
-            unawaited.close()  # type: ignore[attr-defined]  # A coroutine, never awaited.
+    failed = await _fail_on_second(
+        tmp_path,
+        "unawaited",
+        lambda engine, output: UnawaitedPublishApp(engine, output=output, committed=committed),
+        "lost",
+    )
+    error = failed.handle.status().errors[0]
+    assert "building the checkpoint: UnfinishedPublishError: 1 publish(es)" in error
+    # The input that published it was not checkpointed as read: a new primary reads it again
+    # and publishes its derived message.
+    assert failed.checkpoint_unchanged
+    assert isinstance(failed.app, UnawaitedPublishApp) and len(failed.app.unawaited) == 1
+    for unawaited in failed.app.unawaited:
+        unawaited.close()  # type: ignore[attr-defined]  # A coroutine, never awaited.
