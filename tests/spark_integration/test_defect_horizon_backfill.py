@@ -1,0 +1,105 @@
+"""Review reproducer: a streaming query catching up on history older than producerHorizonSeconds
+forgets every producer at every micro-batch, so a re-appended duplicate that lands in a later
+micro-batch than its original is delivered twice.
+
+stream_read.latestOffset computes the horizon from the driver's wall clock
+(`time.time_ns() - producerHorizonSeconds`), and the checkpoint drops every producer whose last
+ACK clock is below it. Gazette's Sequencer.Checkpoint(pruneHorizon) prunes producers "relative to
+the most recent producer within their journal" (go.gazette.dev/core/message/sequencer.go), so a
+backfill keeps them. docs/spark.md: "a producer quiet for longer than producerHorizonSeconds (1
+day) is forgotten" -- here the producer is not quiet at all: its messages are merely old.
+
+Driven as Spark drives the source (latestOffset, partitions, read), in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from gazette_consumer.message.clock import clock_from_unix_nanos
+from spark_integration.read_options import parse_read_options
+from spark_integration.source import default_schema
+from spark_integration.stream_read import GazetteStreamReader
+from tests.spark_integration.spark_testkit import (
+    OUTSIDE,
+    Msg,
+    append_messages,
+    create_journals,
+    producer,
+    unique,
+)
+
+# An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
+# reproduces it and fails today. Strict: once fixed it passes, and the mark must go.
+pytestmark = pytest.mark.xfail(
+    strict=True,
+    reason="open defect: the producer horizon is measured from the wall clock: a backfill forgets producers and delivers duplicates",
+)
+
+
+def _micro_batch(reader: GazetteStreamReader, start: dict[str, Any]) -> tuple[list[str], Any]:
+    end = reader.latestOffset(start, None)
+    out = []
+    for part in reader.partitions(start, end):
+        for batch in reader.read(part):
+            out += [json.loads(c)["text"] for c in batch.column("content").to_pylist()]
+    return out, end
+
+
+def test_a_duplicate_in_a_later_micro_batch_of_a_backfill_is_dropped(broker: str) -> None:
+    journal = unique("review/backfill")
+    create_journals(broker, [journal])
+    p = producer()
+    three_days_ago = clock_from_unix_nanos(time.time_ns() - 3 * 86_400 * 10**9)
+    original = Msg(p, three_days_ago + 1, OUTSIDE, {"text": "m1"})
+    append_messages(
+        broker, journal, [original, Msg(p, three_days_ago + 2, OUTSIDE, {"text": "m2"})]
+    )
+
+    opts = parse_read_options({"broker": broker, "journals": journal, "idleWaitMs": "0"}, "stream")
+    reader = GazetteStreamReader(opts, default_schema(opts))
+    first, end = _micro_batch(reader, reader.initialOffset())
+    assert first == ["m1", "m2"]
+
+    # m1's append is re-appended (an append retried after its answer was lost), and lands after
+    # the first micro-batch was planned: a duplicate, by its producer and clock.
+    append_messages(broker, journal, [original])
+    second, _ = _micro_batch(reader, end)
+    assert second == [], f"the duplicate of m1 was delivered again: {second}"
+
+
+def test_a_duplicate_in_a_later_partition_of_one_backfill_micro_batch_is_dropped(
+    broker: str,
+) -> None:
+    """The same within ONE micro-batch: its split checkpoints are taken with the same
+    wall-clock horizon, so the partition after the split has forgotten the producer."""
+    journal = unique("review/backfill-split")
+    create_journals(broker, [journal])  # Fragments of 1 MiB: the next append rolls one.
+    p = producer()
+    clock = clock_from_unix_nanos(time.time_ns() - 3 * 86_400 * 10**9)
+    original = Msg(p, clock + 1, OUTSIDE, {"text": "m1"})
+    pad = [
+        Msg(p, clock + 2 + i, OUTSIDE, {"text": f"pad-{i}", "x": "x" * 1000}) for i in range(1100)
+    ]
+    append_messages(broker, journal, [original, *pad], together=True)  # > 1 MiB: rolls next.
+    append_messages(broker, journal, [original])  # A re-appended copy of m1, in a new fragment.
+
+    opts = parse_read_options(
+        {"broker": broker, "journals": journal, "idleWaitMs": "0", "minPartitions": "2"}, "stream"
+    )
+    reader = GazetteStreamReader(opts, default_schema(opts))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    parts = reader.partitions(start, end)
+    assert len(parts) == 2, parts
+    got = [
+        json.loads(c)["text"]
+        for part in parts
+        for batch in reader.read(part)
+        for c in batch.column("content").to_pylist()
+    ]
+    assert got.count("m1") == 1, f"m1 delivered {got.count('m1')} times in one micro-batch"
