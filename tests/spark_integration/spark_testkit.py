@@ -334,3 +334,14 @@ def copy_with_micro_batch_0_twice(
         query.processAllAvailable()
     finally:
         query.stop()
+
+
+def micro_batch_texts(reader: Any, start: dict[str, Any]) -> tuple[list[str], Any]:
+    """One micro-batch of a `GazetteStreamReader` driven as Spark drives it (latestOffset,
+    partitions, read) from `start`: the `text` field of each message read, and the end offset."""
+    end = reader.latestOffset(start, None)
+    texts: list[str] = []
+    for part in reader.partitions(start, end):
+        for batch in reader.read(part):
+            texts += [json.loads(c)["text"] for c in batch.column("content").to_pylist()]
+    return texts, end

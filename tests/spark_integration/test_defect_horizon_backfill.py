@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import pytest
 
@@ -29,6 +28,7 @@ from tests.spark_integration.spark_testkit import (
     Msg,
     append_messages,
     create_journals,
+    micro_batch_texts,
     producer,
     unique,
 )
@@ -39,15 +39,6 @@ pytestmark = pytest.mark.xfail(
     strict=True,
     reason="open defect: the producer horizon is measured from the wall clock: a backfill forgets producers and delivers duplicates",
 )
-
-
-def _micro_batch(reader: GazetteStreamReader, start: dict[str, Any]) -> tuple[list[str], Any]:
-    end = reader.latestOffset(start, None)
-    out = []
-    for part in reader.partitions(start, end):
-        for batch in reader.read(part):
-            out += [json.loads(c)["text"] for c in batch.column("content").to_pylist()]
-    return out, end
 
 
 def test_a_duplicate_in_a_later_micro_batch_of_a_backfill_is_dropped(broker: str) -> None:
@@ -62,13 +53,13 @@ def test_a_duplicate_in_a_later_micro_batch_of_a_backfill_is_dropped(broker: str
 
     opts = parse_read_options({"broker": broker, "journals": journal, "idleWaitMs": "0"}, "stream")
     reader = GazetteStreamReader(opts, default_schema(opts))
-    first, end = _micro_batch(reader, reader.initialOffset())
+    first, end = micro_batch_texts(reader, reader.initialOffset())
     assert first == ["m1", "m2"]
 
     # m1's append is re-appended (an append retried after its answer was lost), and lands after
     # the first micro-batch was planned: a duplicate, by its producer and clock.
     append_messages(broker, journal, [original])
-    second, _ = _micro_batch(reader, end)
+    second, _ = micro_batch_texts(reader, end)
     assert second == [], f"the duplicate of m1 was delivered again: {second}"
 
 

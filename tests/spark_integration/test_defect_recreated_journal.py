@@ -15,15 +15,18 @@ offset), in this process, against the Spark tests' broker process.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
 from spark_integration.read_options import parse_read_options
 from spark_integration.source import default_schema
 from spark_integration.stream_read import GazetteStreamReader
-from tests.spark_integration.spark_testkit import OUTSIDE, create_journals, producer, unique
+from tests.spark_integration.spark_testkit import (
+    OUTSIDE,
+    create_journals,
+    micro_batch_texts,
+    producer,
+    unique,
+)
 from tests.spark_integration.test_spark_stream_restarts import Journal, delete_journal
 
 # An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
@@ -32,15 +35,6 @@ pytestmark = pytest.mark.xfail(
     strict=True,
     reason="open defect: a journal deleted and recreated past the query's offset is read on from the old offset",
 )
-
-
-def _micro_batch(reader: GazetteStreamReader, start: dict[str, Any]) -> tuple[list[str], Any]:
-    end = reader.latestOffset(start, None)
-    out = []
-    for part in reader.partitions(start, end):
-        for batch in reader.read(part):
-            out += [json.loads(c)["text"] for c in batch.column("content").to_pylist()]
-    return out, end
 
 
 def test_a_journal_recreated_and_refilled_while_down_is_not_skipped(broker: str) -> None:
@@ -53,7 +47,7 @@ def test_a_journal_recreated_and_refilled_while_down_is_not_skipped(broker: str)
 
     opts = parse_read_options(options, "stream")
     reader = GazetteStreamReader(opts, default_schema(opts))
-    first, end = _micro_batch(reader, reader.initialOffset())
+    first, end = micro_batch_texts(reader, reader.initialOffset())
     assert first == ["old-0", "old-1", "old-2"]
 
     # The query is down: the journal is deleted, created again, and written (same-sized
@@ -66,7 +60,7 @@ def test_a_journal_recreated_and_refilled_while_down_is_not_skipped(broker: str)
 
     restarted = GazetteStreamReader(opts, default_schema(opts))
     try:
-        second, _ = _micro_batch(restarted, end)
+        second, _ = micro_batch_texts(restarted, end)
     except Exception as err:  # A typed data-loss error would be an acceptable answer.
         assert "DataLoss" in type(err).__name__, repr(err)
         return

@@ -18,15 +18,14 @@ A middle fragment file is moved out of the store and back, as a late upload woul
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from spark_integration.read_options import parse_read_options
 from spark_integration.source import default_schema
 from spark_integration.stream_read import GazetteStreamReader
+from tests.spark_integration.spark_testkit import micro_batch_texts
 from tests.spark_integration.test_spark_store_read import _persisted, stopped_store  # noqa: F401
 
 # An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
@@ -35,15 +34,6 @@ pytestmark = pytest.mark.xfail(
     strict=True,
     reason="open defect: a store-only stream takes the last persisted fragment's end as the head: a late upload is skipped or reported lost",
 )
-
-
-def _micro_batch(reader: GazetteStreamReader, start: dict[str, Any]) -> tuple[list[str], Any]:
-    end = reader.latestOffset(start, None)
-    texts = []
-    for part in reader.partitions(start, end):
-        for batch in reader.read(part):
-            texts += [json.loads(c)["text"] for c in batch.column("content").to_pylist()]
-    return texts, end
 
 
 def test_a_fragment_persisted_late_is_read_by_a_store_stream(
@@ -62,10 +52,10 @@ def test_a_fragment_persisted_late_is_read_by_a_store_stream(
     )
     reader = GazetteStreamReader(opts, default_schema(opts))
     start = reader.initialOffset()
-    first, end = _micro_batch(reader, start)
+    first, end = micro_batch_texts(reader, start)
 
     hidden.rename(late)  # The upload lands.
-    second, _ = _micro_batch(reader, end)
+    second, _ = micro_batch_texts(reader, end)
 
     persisted_end = max(e for _, e, _ in files)
     expected = sorted(t for t, (b, _e) in zip(texts, _spans, strict=True) if b < persisted_end)
