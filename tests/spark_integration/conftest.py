@@ -16,11 +16,12 @@ import faulthandler
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Final
 
 import pytest
 
+from tests.gazette_consumer.sequencer.read_iter_testkit import Env, broker_env
 from tests.spark_integration.spark_testkit import REPO, broker_process
 
 if TYPE_CHECKING:
@@ -37,6 +38,13 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """host:port of a broker process serving the whole Spark test session."""
     with broker_process(tmp_path_factory.mktemp("spark-broker")) as port:
         yield f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    """An in-process broker of its own (the sink's commit tests drive it without Spark)."""
+    async with broker_env() as env:
+        yield env
 
 
 @pytest.fixture(scope="session")

@@ -28,10 +28,11 @@ from spark_integration.options import parse_write_options
 from spark_integration.write import GazetteBatchWriter
 from tests.spark_integration.spark_testkit import committed_texts, create_journals, unique
 
-# An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
-# reproduces it and fails today. Strict: once fixed it passes, and the mark must go.
+# An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"). Not strict:
+# the commit appends to both journals at once and ends when the refused one fails, so the other
+# journal's ACK lands in most runs (the defect shown), not in all (about one run in six here).
 pytestmark = pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="open defect: a batch write's commit is per journal: a failed commit leaves other journals committed",
 )
 

@@ -9,12 +9,10 @@ attempt fails the same way, so a query restarted from an older checkpoint fails 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from spark_integration.sink_commit import Decision
-from tests.gazette_consumer.sequencer.read_iter_testkit import Env, broker_env
+from tests.gazette_consumer.sequencer.read_iter_testkit import Env
 from tests.spark_integration.test_sink_commit import Query
 
 # An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
@@ -23,12 +21,6 @@ pytestmark = pytest.mark.xfail(
     strict=True,
     reason="open defect: a query restarted from an older checkpoint fails every task with StaleAttemptError",
 )
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    async with broker_env() as env:
-        yield env
 
 
 async def test_a_query_restarted_from_an_older_checkpoint_rolls_back_what_it_re_runs(

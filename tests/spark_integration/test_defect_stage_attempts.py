@@ -20,11 +20,9 @@ task identities Spark would give the two stage attempts' tasks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from tests.gazette_consumer.sequencer.read_iter_testkit import Env, broker_env
+from tests.gazette_consumer.sequencer.read_iter_testkit import Env
 from tests.spark_integration.test_sink_commit import Query, committed
 
 # An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
@@ -33,12 +31,6 @@ pytestmark = pytest.mark.xfail(
     strict=True,
     reason="open defect: a stage retry's task reuses attempt 0's producer and clocks: rows duplicated and lost",
 )
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    async with broker_env() as env:
-        yield env
 
 
 async def test_a_stage_retry_of_a_streaming_write_commits_each_row_once(env: Env) -> None:

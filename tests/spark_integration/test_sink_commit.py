@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -38,15 +37,9 @@ from spark_integration.sink_task import (
     stale_register_s,
 )
 from spark_integration.sources import JournalSource
-from tests.gazette_consumer.sequencer.read_iter_testkit import Env, broker_env
+from tests.gazette_consumer.sequencer.read_iter_testkit import Env
 
 Q1, Q2 = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    async with broker_env() as env:
-        yield env
 
 
 class Query:

@@ -6,7 +6,7 @@ committed once across a failed attempt, a task that rolls itself back and a rest
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -22,16 +22,10 @@ from spark_integration.range_read import CommittedRange, read_uncommitted
 from spark_integration.sink_commit import BatchTxns, commit_batch
 from spark_integration.sink_task import TaskIdentity
 from spark_integration.sources import JournalSource
-from tests.gazette_consumer.sequencer.read_iter_testkit import Env, broker_env
+from tests.gazette_consumer.sequencer.read_iter_testkit import Env
 
 Q = "33333333-3333-3333-3333-333333333333"
 CSV = labels.CONTENT_TYPE_CSV
-
-
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    async with broker_env() as env:
-        yield env
 
 
 def _source(env: Env, journal: str) -> JournalSource:
