@@ -23,6 +23,9 @@ REGISTER_MISMATCH instead of leaving messages that a later ACK of its producer w
 An attempt that reads the register only after the micro-batch is resolved (a failed task's
 Python worker still draining rows it was handed) finds the micro-batch's mark there and
 appends nothing (`check_not_stale`, StaleAttemptError): a fence on that value would hold.
+The first append also claims the task's producer in the journal, if nobody holds it, and later
+appends require the claim (sink_task.py): two attempts under one producer (a resubmitted
+stage's) never both append in a journal; the one refused fails with ProducerClaimedError.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -57,7 +61,13 @@ from spark_integration.options import WriteOptions
 from spark_integration.raw_json import UUID_FIELD, JSONRow
 from spark_integration.routing import RowShape, route
 from spark_integration.rows import GazetteRowError
-from spark_integration.sink_task import TaskIdentity, check_not_stale, register_name
+from spark_integration.sink_task import (
+    Claim,
+    ProducerClaimedError,
+    TaskIdentity,
+    check_not_stale,
+    register_name,
+)
 from spark_integration.write_framing import WriteFraming, write_content_type
 
 # A journal's framed messages are appended once this many bytes are buffered; all buffers
@@ -141,14 +151,27 @@ def fenced_request(journal: str, register: str, registers: pb.LabelSet) -> pb.Ap
 
 class _Buffers:
     """Framed messages per journal, appended a buffer at a time: fenced on the query's register
-    when streaming, and on the width register in CSV journals (csv_width.py)."""
+    and the producer's claim when streaming (sink_task.py), and on the width register in CSV
+    journals (csv_width.py)."""
 
-    def __init__(self, client: JournalClient, task: TaskIdentity) -> None:
+    def __init__(
+        self,
+        client: JournalClient,
+        task: TaskIdentity,
+        producer: ProducerID,
+        base_clock: int,
+    ) -> None:
         self._client = client
         self._task = task
         self._register = register_name(task.query) if task.streaming else ""
+        # The claim of the task's producer, made with its first append in each journal.
+        self._claim = (
+            Claim.of(task, producer, base_clock, int(time.time())) if task.streaming else None
+        )
         # The request of each journal appended to so far (with its fences).
         self.requests: dict[str, pb.AppendRequest] = {}
+        # Journals an append of the task landed in (and, streaming, where it holds the claim).
+        self.appended: set[str] = set()
         # The query's register in each journal, as read before the first append (streaming).
         self.query_values: dict[str, str] = {}
         # The width fence of each CSV journal, and the columns its records carry.
@@ -185,29 +208,44 @@ class _Buffers:
             request = self.requests[journal] = self._fenced(journal)
         return request
 
-    def _fenced(self, journal: str) -> pb.AppendRequest:
+    def _fenced(self, journal: str, *, rollback: bool = False) -> pb.AppendRequest:
+        """The request of an append to `journal`: requiring the query's register to hold what
+        the task read there (streaming) and the width register what it took (CSV); the first
+        requiring the producer's claim to be nobody's and making it the task's, later ones
+        requiring it to be the task's. A `rollback` (a failed task's) requires the claim to be
+        the task's, and releases it (a rollback after another attempt claimed the producer
+        would roll back that attempt's messages)."""
         include: list[pb.Label] = []
         exclude: list[pb.Label] = []
+        union: list[pb.Label] = []
+        request = pb.AppendRequest(journal=journal)
         if self._register:
             value = self.query_values[journal]
             if value:
                 include.append(pb.Label(name=self._register, value=value))
             else:
                 exclude.append(pb.Label(name=self._register))
-        request = pb.AppendRequest(journal=journal)
+        if self._claim is not None:
+            if rollback or journal in self.appended:
+                include.append(self._claim.label())
+            else:
+                exclude.append(pb.Label(name=self._claim.name))
+                union.append(self._claim.label())
+            if rollback:
+                request.subtract_registers.CopyFrom(pb.LabelSet(labels=[self._claim.label()]))
         width = self.widths.get(journal)
         if width is not None:
             include += width.include()
             exclude += width.exclude()
-            request.union_registers.CopyFrom(pb.LabelSet(labels=[width.union()]))
+            union.append(width.union())
+        if union:
+            request.union_registers.CopyFrom(_label_set(union))
         if include or exclude:
             check = pb.LabelSelector()
             if include:
-                include.sort(key=_label_key)
-                check.include.CopyFrom(pb.LabelSet(labels=include))
+                check.include.CopyFrom(_label_set(include))
             if exclude:
-                exclude.sort(key=_label_key)
-                check.exclude.CopyFrom(pb.LabelSet(labels=exclude))
+                check.exclude.CopyFrom(_label_set(exclude))
             request.check_registers.CopyFrom(check)
         return request
 
@@ -221,32 +259,62 @@ class _Buffers:
         for attempt in range(1, width_fence_attempts_max + 1):
             try:
                 await append(self._client, await self.request(journal), content)
+                self._landed(journal)
                 return
             except RegisterMismatchError:
-                # Nothing was appended. The width register moved (another writer's first
-                # append to the journal: look again), or the query's (raise, as before).
-                if journal not in self.widths or attempt == width_fence_attempts_max:
-                    raise
-                if not await self._refence(journal):
+                # Nothing was appended by this try. The query's register moved (raise, as
+                # before), the claim is another's (raise) or ours (an earlier try of this
+                # first append landed), or the width register moved (look again).
+                if await self._after_mismatch(journal):
+                    self._landed(journal)
+                    return
+                if attempt == width_fence_attempts_max:
                     raise
             if attempt > 1:  # A register that keeps moving: the journal re-created meanwhile?
                 await asyncio.sleep(delay)
                 delay = min(width_fence_backoff_max_s, delay * 2)
 
-    async def _refence(self, journal: str) -> bool:
-        """After a refused fence: False if the query's register moved; else the width fence
-        taken again (csv_width.refence: GazetteCSVWidthError if the width is another)."""
+    def _landed(self, journal: str) -> None:
+        if journal not in self.appended:
+            self.appended.add(journal)
+            if self._claim is not None:  # Later appends require the claim, and add nothing.
+                self.requests[journal] = self._fenced(journal)
+
+    async def _after_mismatch(self, journal: str) -> bool:
+        """After a refused append: True if the append landed after all (its claim is there);
+        False if it may be tried again (the width fence taken again: csv_width.refence raises
+        GazetteCSVWidthError if the width is another). Raises RegisterMismatchError if the
+        query's register moved, ProducerClaimedError if another attempt holds the claim."""
         registers = await read_registers(self._client, journal)
         if self._register and gl.value_of(registers, self._register) != self.query_values.get(
             journal
         ):
-            return False
+            raise RegisterMismatchError(
+                f"{journal}: the register {self._register} moved: micro-batch"
+                f" {self._task.batch} was resolved there while this attempt ran"
+            )
+        if self._claim is not None:
+            held = gl.value_of(registers, self._claim.name)
+            ours = self._claim.encode()
+            if held == ours and journal not in self.appended:
+                return True
+            if held != ours and (held or journal in self.appended):
+                raise ProducerClaimedError(
+                    f"{journal}: the producer {self._claim.producer.hex()} of partition"
+                    f" {self._task.partition} is claimed there by another attempt ({held or 'none'};"
+                    f" this is task attempt {self._task.task_attempt_id}, attempt"
+                    f" {self._task.attempt} of micro-batch {self._task.batch}): Spark resubmitted"
+                    " the stage. This attempt appends nothing more and fails; Spark's retry"
+                    " publishes under a producer of its own"
+                )
+        if journal not in self.widths:
+            return False  # Empty registers match any check: nothing to look at again.
         fence = self.widths[journal]
         self.widths[journal] = await refence(
             self._client, journal, registers, fence.fields, self.columns[journal]
         )
         self.requests[journal] = self._fenced(journal)
-        return True
+        return False
 
     async def flush_largest(self) -> None:
         await self.flush(max(self.pending, key=lambda j: len(self.pending[j])))
@@ -260,19 +328,26 @@ def _label_key(label: pb.Label) -> tuple[str, str]:
     return (label.name, label.value)
 
 
+def _label_set(labels: list[pb.Label]) -> pb.LabelSet:
+    """`labels` as a LabelSet: in (name, value) order, as a LabelSet must be."""
+    ordered: list[pb.Label] = sorted(labels, key=_label_key)
+    return pb.LabelSet(labels=ordered)
+
+
 async def _roll_back(
     client: JournalClient, buffers: _Buffers, rollback: bytes | Mapping[str, bytes]
 ) -> None:
-    """A failed task's rollbacks, in the journals it appended to, fenced as its appends were:
-    once the micro-batch is resolved (a late failure of an attempt Spark gave up on), the
-    driver has rolled it back, and a rollback now could reach a later micro-batch's messages
-    of the same producer."""
-    for journal, request in buffers.requests.items():
+    """A failed task's rollbacks, in the journals it tried to append to, fenced as its appends
+    were and on its claim (`_Buffers._fenced`): once the micro-batch is resolved (a
+    late failure of an attempt Spark gave up on), the driver has rolled it back, and a rollback
+    now could reach a later micro-batch's messages of the same producer; once another attempt
+    holds the producer's claim, it could reach that attempt's."""
+    for journal in buffers.requests:
         try:
             content = rollback if isinstance(rollback, bytes) else rollback[journal]
-            await append(client, request, content)
+            await append(client, buffers._fenced(journal, rollback=True), content)
         except RegisterMismatchError:
-            pass  # Resolved by the driver already.
+            pass  # Resolved by the driver already, or not ours to roll back.
         except Exception as err:  # The task's own error is what matters.
             _log.warning("gazette: rollback of a failed write task in %s failed: %s", journal, err)
 
@@ -389,7 +464,7 @@ async def publish_batches(
     """Publish the rows of `batches` as task `task`'s transaction, numbered from
     `base_clock`."""
     producer = task.producer()
-    buffers = _Buffers(client, task)
+    buffers = _Buffers(client, task, producer, base_clock)
     # The framing of each journal published to, in first-publish order.
     framings: dict[str, WriteFraming] = {}
     clock = base_clock

@@ -21,8 +21,12 @@ The driver reads it and decides (`decide`, sans-IO):
   run's are rolled back, and the register records that this run resolved it too;
 - DONE, if this run resolved it already: our own append landed once before (a retry).
 
-When the register was last set by another run (the query restarted), the append also closes
-what that run's producers left open (`previous_run_rollbacks`). The append carries the check
+Which failed attempts left messages in the journal, the producers' claims there say
+(sink_task.py): each resolving append rolls back the producer of every claim of the query that
+is not a winner's, at that claim's base clock (which commits nothing of it: its messages are
+numbered past it), and removes the claims it read. That covers attempts that died and attempts
+of an earlier run of the query that died with its driver. A winner's claim must be there
+(a COMMIT without it is refused: its messages may have been rolled back). The append carries the check
 that the register still holds what was read, so two drivers (a zombie and its successor)
 cannot both commit; on REGISTER_MISMATCH it reads again and decides again, at most
 `commit_attempts_max` times. A register ahead of the micro-batch (Spark restored an older
@@ -42,7 +46,7 @@ import asyncio
 import enum
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from broker.client.appender import append
@@ -53,9 +57,10 @@ from broker.protocol.status import RegisterMismatchError
 from spark_integration.publish import PublishedTxn, read_registers
 from spark_integration.sink_task import (
     REGISTER_PREFIX,
+    Claim,
     GazetteSinkError,
     SinkMark,
-    TaskIdentity,
+    claims_of,
     register_name,
     stale_register_s,
 )
@@ -78,14 +83,13 @@ class Decision(enum.Enum):
 @dataclass(frozen=True)
 class BatchTxns:
     """The transactions of one micro-batch, from its tasks' commit messages: the winning attempt
-    of each partition, and the producers of the attempts that failed before it."""
+    of each partition."""
 
     query: str
     run: str
     batch: int
     base_clock: int
     winners: tuple[PublishedTxn, ...]
-    losers: tuple[TaskIdentity, ...] = field(default=())
 
     @classmethod
     def of(cls, messages: Sequence[Any], batch: int) -> BatchTxns | None:
@@ -110,12 +114,7 @@ class BatchTxns:
                     f"micro-batch {batch}: a task of query {task.query} run {task.run} batch"
                     f" {task.batch} in the commit of query {first.query} run {first.run}"
                 )
-        losers = tuple(
-            TaskIdentity(first.query, first.run, batch, txn.task.partition, attempt)
-            for txn in winners
-            for attempt in range(txn.task.attempt)
-        )
-        return cls(first.query, first.run, batch, winners[0].base_clock, winners, losers)
+        return cls(first.query, first.run, batch, winners[0].base_clock, winners)
 
     @property
     def journals(self) -> list[str]:
@@ -136,39 +135,52 @@ class BatchTxns:
                 return framing
         return JSON_LINES
 
-    def commit_content(self, journal: str) -> bytes:
-        """The winners' ACKs in `journal`, and rollbacks of every failed attempt's producer."""
+    def commit_content(self, journal: str, claims: Sequence[Claim]) -> bytes:
+        """The winners' ACKs in `journal`, and rollbacks of the claims of failed attempts."""
         acks = [txn.acks[journal] for txn in self.winners if journal in txn.acks]
-        return b"".join(acks) + self._loser_rollbacks(journal)
+        return b"".join(acks) + self.loser_rollbacks(journal, claims)
 
-    def rollback_content(self, journal: str) -> bytes:
+    def rollback_content(self, journal: str, claims: Sequence[Claim]) -> bytes:
         rollbacks = [txn.rollbacks[journal] for txn in self.winners if journal in txn.rollbacks]
-        return b"".join(rollbacks) + self._loser_rollbacks(journal)
+        return b"".join(rollbacks) + self.loser_rollbacks(journal, claims)
 
-    def previous_run_rollbacks(self, journal: str, current: SinkMark | None) -> bytes:
-        """Rollbacks of what an earlier run that last resolved the journal (`current`) left
-        open there: the micro-batch it published but did not commit when it died. An ACK at
-        that run's high clock is not below any ACK it committed there, and below every clock
-        it used after (sink_task.py): it commits nothing and closes the open transaction of the
-        run's producer of each partition, which readers would otherwise remember forever."""
-        if current is None or not current.run or current.run == self.run:
-            return b""
+    def claims_to_resolve(self, registers: pb.LabelSet, now_s: int) -> list[Claim]:
+        """The claims in a journal's `registers` that its resolving append rolls back (but
+        for winners') and removes: the query's, of this micro-batch's attempts and of those an
+        earlier run left; and other queries' that are `stale_register_s` old (a query
+        abandoned in the middle of a micro-batch)."""
+        return [
+            claim
+            for claim in claims_of(registers)
+            if claim.query == self.query or claim.at_s < now_s - stale_register_s
+        ]
+
+    def loser_rollbacks(self, journal: str, claims: Sequence[Claim]) -> bytes:
+        """An ACK at its base clock of each claim's producer that is not a winner's in
+        `journal`: below every message the attempt published there, and not below an ACK it
+        committed (a claim is removed with the ACK that resolves it)."""
         framing = self.framing(journal)
-        partitions = sorted({txn.task.partition for txn in self.winners})
+        winners = {txn.producer for txn in self.winners if journal in txn.acks}
         return b"".join(
-            framing.ack(
-                TaskIdentity(self.query, current.run, current.batch, k, 0).producer(),
-                current.high_clock,
-            )
-            for k in partitions
+            framing.ack(claim.producer, claim.base_clock)
+            for claim in claims
+            if claim.producer.hex() not in winners
         )
 
-    def _loser_rollbacks(self, journal: str) -> bytes:
-        # An ACK at the base clock rolls back what any attempt of this micro-batch published
-        # under the producer (sink_task.py). Appended in every journal of the micro-batch: an
-        # attempt that died may have reached any of the journals its retry writes to.
-        framing = self.framing(journal)
-        return b"".join(framing.ack(loser.producer(), self.base_clock) for loser in self.losers)
+    def check_winners_claimed(self, journal: str, claims: Sequence[Claim]) -> None:
+        """Raise GazetteSinkError unless each winner that published in `journal` holds its
+        claim there: else its messages may have been rolled back, and an ACK would commit
+        less than the rows Spark was told were written."""
+        held = {(c.producer.hex(), c.batch, c.task_attempt_id) for c in claims}
+        for txn in self.winners:
+            task = txn.task
+            if journal in txn.acks and (txn.producer, task.batch, task.task_attempt_id) not in held:
+                raise GazetteSinkError(
+                    f"micro-batch {self.batch}: {journal} does not hold the claim of partition"
+                    f" {task.partition}'s producer {txn.producer} by task attempt"
+                    f" {task.task_attempt_id}: its rows there may have been rolled back; the"
+                    " micro-batch is not committed there (restart the query to run it again)"
+                )
 
 
 def decide(current: SinkMark | None, txns: BatchTxns) -> Decision:
@@ -217,9 +229,20 @@ def _stale(registers: pb.LabelSet, own: str, now_s: int) -> list[pb.Label]:
     return out
 
 
+def _label_set(claims: Sequence[Claim]) -> pb.LabelSet:
+    labels: list[pb.Label] = sorted((c.label() for c in claims), key=lambda x: (x.name, x.value))
+    return pb.LabelSet(labels=labels)
+
+
 def _update_request(
-    journal: str, registers: pb.LabelSet, register: str, mark: SinkMark
+    journal: str,
+    registers: pb.LabelSet,
+    register: str,
+    mark: SinkMark,
+    claims: Sequence[Claim] = (),
 ) -> pb.AppendRequest:
+    """The resolving append: checks that the query's register holds what was read, sets it to
+    `mark`, and removes the query's `claims` read and other queries' stale registers."""
     current = gl.value_of(registers, register)
     if current:
         check = pb.LabelSelector(
@@ -232,7 +255,8 @@ def _update_request(
         check_registers=check,
         union_registers=pb.LabelSet(labels=[pb.Label(name=register, value=mark.encode())]),
     )
-    stale = sorted(_stale(registers, register, mark.at_s), key=lambda x: (x.name, x.value))
+    stale = [c.label() for c in claims] + _stale(registers, register, mark.at_s)
+    stale.sort(key=lambda x: (x.name, x.value))
     if stale:
         request.subtract_registers.CopyFrom(pb.LabelSet(labels=stale))
     return request
@@ -247,18 +271,22 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
         decision = decide(_mark_of(registers, register), txns)
         if decision is Decision.DONE:
             return decision
+        claims = txns.claims_to_resolve(registers, int(time.time()))
         if decision is Decision.ROLL_BACK_ONLY:
-            await append(client, pb.AppendRequest(journal=journal), txns.rollback_content(journal))
+            request = pb.AppendRequest(journal=journal)
+            if claims:
+                request.subtract_registers.CopyFrom(_label_set(claims))
+            await append(client, request, txns.rollback_content(journal, claims))
             return decision
-        current = _mark_of(registers, register)
         mark = SinkMark(txns.batch, txns.run, txns.high_clock, int(time.time()))
-        content = (
-            txns.commit_content(journal)
-            if decision is Decision.COMMIT
-            else txns.rollback_content(journal)
-        ) + txns.previous_run_rollbacks(journal, current)
+        if decision is Decision.COMMIT:
+            txns.check_winners_claimed(journal, claims)
+            content = txns.commit_content(journal, claims)
+        else:
+            content = txns.rollback_content(journal, claims)
+        request = _update_request(journal, registers, register, mark, claims)
         try:
-            await append(client, _update_request(journal, registers, register, mark), content)
+            await append(client, request, content)
         except RegisterMismatchError:
             if attempt == commit_attempts_max:
                 break
@@ -279,10 +307,11 @@ async def commit_batch(client: JournalClient, txns: BatchTxns) -> dict[str, Deci
 
 
 async def abort_batch(client: JournalClient, txns: BatchTxns) -> None:
-    """Roll back every attempt of the micro-batch (Spark aborts it: the query stops)."""
+    """Roll back the winners of the micro-batch (Spark aborts it: the query stops). The claims
+    of its attempts stay: the next run's first commit rolls them back."""
     await asyncio.gather(
         *(
-            append(client, pb.AppendRequest(journal=j), txns.rollback_content(j))
+            append(client, pb.AppendRequest(journal=j), txns.rollback_content(j, ()))
             for j in txns.journals
         )
     )

@@ -12,11 +12,23 @@ that minted a new producer per task and micro-batch would grow every reader's st
 bound. Instead the first attempt of partition k publishes, in every micro-batch of a run,
 under one producer derived from (query, run, k); its transactions follow each other, each
 committed or rolled back by the driver before the next micro-batch starts. A retry (attempt
-> 0) publishes under a producer of its own, derived from the micro-batch too, used once: so
-attempts that overlap (speculation, an attempt Spark gave up on but that still runs) never
-share a producer. A new run starts with new producers, so nothing a crashed run left pending
-can ever be committed by the next one. A stream reading the sink's output thus remembers about
-one producer per partition per run, plus one per retried task.
+> 0) publishes under a producer of its own, derived from Spark's task attempt id (unique in
+the application), used once: so retries and speculative copies never share a producer. A new
+run starts with new producers, so nothing a crashed run left pending can ever be committed by
+the next one. A stream reading the sink's output thus remembers about one producer per
+partition per run, plus one per retried task.
+
+Claims. Attempt numbers count within a stage attempt: when Spark resubmits a stage (an
+executor was lost), the new stage attempt runs the partition as attempt 0 again, possibly while
+the old attempt 0 still runs, and both would publish under the same producer at the same clocks
+(readers would take the second copy of each clock for a duplicate of the first: rows committed
+twice or never). So a task claims its producer in each journal with its first append there: a
+register `gazette.spark.claim/<producer>` (`Claim`), added by that append only if absent, and
+required to hold the task's own claim by each later append. An attempt that finds its producer
+claimed by another fails (`ProducerClaimedError`) and appends nothing; Spark retries it under a
+producer of its own. The driver's commit rolls back the producer of every claim that is not a
+winner's (at that claim's base clock) and removes the micro-batch's claims with the same
+append, so the claims also tell it exactly which failed attempts left messages where.
 
 Clocks. Every task of micro-batch B numbers its messages from the same base clock T_B (taken
 by the driver when it plans B's write, from the wall clock): message i of a task has clock
@@ -37,7 +49,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Final
 
-from gazette_consumer.message.uuid import ProducerID, new_producer_id
+from broker.protocol import protocol_pb2 as pb
+from gazette_consumer.message.uuid import ProducerID, new_producer_id, producer_id
 
 # Spark's local properties of a streaming micro-batch's tasks.
 QUERY_ID_PROPERTY: Final = "sql.streaming.queryId"
@@ -45,6 +58,7 @@ BATCH_ID_PROPERTY: Final = "streaming.sql.batchId"
 RUN_ID_PROPERTY: Final = "spark.jobGroup.id"  # Streaming sets the job group to the run id.
 
 REGISTER_PREFIX: Final = "gazette.spark/"
+CLAIM_PREFIX: Final = "gazette.spark.claim/"
 # A register of a query that resolved nothing for this long is pruned by other queries'
 # commits to the same journal (registers would otherwise pile up, one per query ever run). A
 # query stopped for longer that replays its last micro-batch on restart would commit it again.
@@ -61,16 +75,24 @@ class StaleAttemptError(GazetteSinkError):
     append there, since a later ACK of its producer would commit what it appended."""
 
 
+class ProducerClaimedError(GazetteSinkError):
+    """Another attempt of the task's partition claimed its producer in a journal for this
+    micro-batch (Spark resubmitted the stage): this attempt appended nothing there and fails,
+    and Spark's retry publishes under a producer of its own."""
+
+
 @dataclass(frozen=True)
 class TaskIdentity:
     """A write task: its query, run and micro-batch (streaming; "" and -1 for a batch write),
-    and its partition and attempt."""
+    its partition and attempt (within its stage attempt), and Spark's task attempt id (unique
+    among every task attempt of the application)."""
 
     query: str
     run: str
     batch: int
     partition: int
     attempt: int
+    task_attempt_id: int = 0
 
     @classmethod
     def current(cls, streaming: bool) -> TaskIdentity:
@@ -83,11 +105,12 @@ class TaskIdentity:
             return cls("", "", -1, 0, 0)
         if not streaming:
             return cls("", "", -1, context.partitionId(), context.attemptNumber())
+        attempt_id = context.taskAttemptId()
         query = context.getLocalProperty(QUERY_ID_PROPERTY) or ""
         batch_text = context.getLocalProperty(BATCH_ID_PROPERTY) or ""
         batch = int(batch_text) if query and batch_text.isdigit() else -1
         run = (context.getLocalProperty(RUN_ID_PROPERTY) or "") if query else ""
-        return cls(query, run, batch, context.partitionId(), context.attemptNumber())
+        return cls(query, run, batch, context.partitionId(), context.attemptNumber(), attempt_id)
 
     @property
     def streaming(self) -> bool:
@@ -100,14 +123,78 @@ class TaskIdentity:
         if self.attempt == 0 and self.run:
             key = f"{self.query}\0{self.run}\0{self.partition}"
         else:
-            # A retry, or no run id to keep producers from outliving a run: used once.
-            key = f"{self.query}\0{self.run}\0{self.partition}\0{self.attempt}\0{self.batch}"
+            # A retry, or no run id to keep producers from outliving a run: used once. Keyed
+            # by the task attempt id, as attempt numbers repeat in a resubmitted stage.
+            key = (
+                f"{self.query}\0{self.run}\0{self.partition}\0{self.batch}\0{self.task_attempt_id}"
+            )
         digest = hashlib.sha256(key.encode()).digest()
         return new_producer_id(lambda n: digest[:n])
 
 
 def register_name(query: str) -> str:
     return REGISTER_PREFIX + query
+
+
+def claim_name(producer: ProducerID) -> str:
+    return CLAIM_PREFIX + producer.hex()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A producer's claim in a journal (see the module docstring): by task attempt
+    `task_attempt_id` of micro-batch `batch` of query `query`, whose messages there are
+    numbered from past `base_clock`; `at_s` (unix seconds) when it was made."""
+
+    producer: ProducerID
+    query: str
+    batch: int
+    base_clock: int
+    task_attempt_id: int
+    at_s: int
+
+    @classmethod
+    def of(cls, task: TaskIdentity, producer: ProducerID, base_clock: int, at_s: int) -> Claim:
+        return cls(producer, task.query, task.batch, base_clock, task.task_attempt_id, at_s)
+
+    @property
+    def name(self) -> str:
+        return claim_name(self.producer)
+
+    def encode(self) -> str:
+        return f"{self.query}/{self.batch}/{self.base_clock}/{self.task_attempt_id}/{self.at_s}"
+
+    def label(self) -> pb.Label:
+        return pb.Label(name=self.name, value=self.encode())
+
+    @classmethod
+    def parse(cls, name: str, value: str) -> Claim | None:
+        """The claim a register holds, or None if it is not one this sink writes."""
+        parts = value.rsplit("/", 4)
+        hex_ = name.removeprefix(CLAIM_PREFIX)
+        if (
+            len(parts) != 5
+            or not name.startswith(CLAIM_PREFIX)
+            or len(hex_) != 12
+            or not all(p.isdigit() for p in parts[1:])
+        ):
+            return None
+        try:
+            producer = producer_id(bytes.fromhex(hex_))
+        except ValueError:
+            return None
+        return cls(producer, parts[0], *(int(p) for p in parts[1:]))
+
+
+def claims_of(registers: pb.LabelSet) -> list[Claim]:
+    """Every claim among a journal's registers."""
+    out = []
+    for label in registers.labels:
+        if label.name.startswith(CLAIM_PREFIX):
+            claim = Claim.parse(label.name, label.value)
+            if claim is not None:
+                out.append(claim)
+    return out
 
 
 def check_not_stale(task: TaskIdentity, journal: str, value: str) -> None:

@@ -49,6 +49,7 @@ class Query:
     def __init__(self, env: Env, journal: str, query: str = Q1, run: str = "run-1") -> None:
         self.env, self.journal, self.query, self.run = env, journal, query, run
         self.base = clock_from_unix_nanos(time.time_ns())
+        self.task_attempts = 0  # Spark's task attempt ids, unique in the application.
 
     def plan(self) -> int:
         self.base += 1_000_000  # Later micro-batches are planned later.
@@ -59,7 +60,8 @@ class Query:
     ) -> PublishedTxn:
         rows = iter([{"content": json.dumps({"text": t})} for t in texts])
         shape = RowShape(content_column=True, journal_column=False, journal=self.journal)
-        task = TaskIdentity(self.query, self.run, batch, partition, attempt)
+        self.task_attempts += 1
+        task = TaskIdentity(self.query, self.run, batch, partition, attempt, self.task_attempts)
         return await publish_rows(self.env.client, shape, rows, base, task)
 
     async def commit(self, batch: int, txns: list[PublishedTxn]) -> dict[str, Decision]:
@@ -180,8 +182,8 @@ async def test_an_attempt_spark_gave_up_on_cannot_append_after_the_commit(env: E
     winner = await q.task(0, b0, 0, ["a"], attempt=1)
 
     zombie_task = TaskIdentity(Q1, "run-1", 0, 0, 0)
-    zombie = _Buffers(env.client, zombie_task)
     producer, framing = zombie_task.producer(), JSONFraming()
+    zombie = _Buffers(env.client, zombie_task, producer, b0)
     for clock, text in ((b0 + 1, "zombie-1"), (b0 + 2, "zombie-2")):
         zombie.add(journal, _continue(framing, producer, clock, text))
         if clock == b0 + 1:
@@ -285,16 +287,16 @@ def test_decisions() -> None:
         SinkMark.parse("7")
 
 
-def test_failed_attempts_and_producers() -> None:
-    winner = PublishedTxn(TaskIdentity(Q1, "r", 5, 3, 2), "01aaaaaaaaaa", 1000, 1004, 3)
-    txns = BatchTxns.of([winner], 5)
-    assert txns is not None
-    assert [(t.partition, t.attempt) for t in txns.losers] == [(3, 0), (3, 1)]
-    first = TaskIdentity(Q1, "r", 5, 3, 0)
-    assert first.producer() == TaskIdentity(Q1, "r", 9, 3, 0).producer()  # Reused.
-    assert first.producer() != TaskIdentity(Q1, "r2", 5, 3, 0).producer()  # Not by a new run.
-    retry = TaskIdentity(Q1, "r", 5, 3, 1)
-    assert retry.producer() not in (first.producer(), TaskIdentity(Q1, "r", 6, 3, 1).producer())
+def test_producers_of_attempts() -> None:
+    first = TaskIdentity(Q1, "r", 5, 3, 0, task_attempt_id=10)
+    assert first.producer() == TaskIdentity(Q1, "r", 9, 3, 0, 99).producer()  # Reused.
+    assert first.producer() != TaskIdentity(Q1, "r2", 5, 3, 0, 10).producer()  # Not by a new run.
+    retry = TaskIdentity(Q1, "r", 5, 3, 1, task_attempt_id=11)
+    assert retry.producer() not in (first.producer(), TaskIdentity(Q1, "r", 6, 3, 1, 12).producer())
+    # A resubmitted stage numbers its attempts from 0 again: the retry of its task is attempt
+    # 1 again, but another task attempt.
+    assert retry.producer() != TaskIdentity(Q1, "r", 5, 3, 1, task_attempt_id=17).producer()
+    winner = PublishedTxn(retry, "01aaaaaaaaaa", 1000, 1004, 3)
     with pytest.raises(GazetteSinkError, match="a task of query"):
         BatchTxns.of([winner], 6)
 
