@@ -9,7 +9,8 @@ Modules: `source` (the DataSource), `options` (validation), `batch_read`, `strea
 `range_start` (message boundaries, and the transactions open where a read starts), `offsets`
 (streaming offsets), `rows` (schemas and row conversion), `raw_json` (JSON lines as read and
 written), `publish` (the task side of writes), `sink_task` (a write task's identity, producer
-and clocks), `sink_commit` (committing a streaming micro-batch once), `write` (the writers),
+and clocks), `sink_commit` (committing a streaming micro-batch once), `batch_commit` (committing a batch
+write), `write` (the writers),
 `journal_io` (broker calls). See docs/spark.md.
 """
 
@@ -20,11 +21,12 @@ from typing import TYPE_CHECKING
 from broker.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
+    from spark_integration.batch_commit import GazettePartialCommitError
     from spark_integration.journal_io import GazetteJournalError
     from spark_integration.offsets import GazetteOffsetError
     from spark_integration.options import GazetteOptionError
     from spark_integration.rows import META_SCHEMA, GazetteRowError
-    from spark_integration.sink_task import GazetteSinkError
+    from spark_integration.sink_task import GazetteSinkError, ProducerClaimedError
     from spark_integration.source import GazetteDataSource
 
 # Where each public name is defined, imported on first use (PEP 562): a Spark Python worker
@@ -37,8 +39,10 @@ _EXPORTS = {
     "GazetteJournalError": "spark_integration.journal_io",
     "GazetteOffsetError": "spark_integration.offsets",
     "GazetteOptionError": "spark_integration.options",
+    "GazettePartialCommitError": "spark_integration.batch_commit",
     "GazetteRowError": "spark_integration.rows",
     "GazetteSinkError": "spark_integration.sink_task",
+    "ProducerClaimedError": "spark_integration.sink_task",
 }
 
 
@@ -51,6 +55,8 @@ __all__ = [
     "GazetteJournalError",
     "GazetteOffsetError",
     "GazetteOptionError",
+    "GazettePartialCommitError",
     "GazetteRowError",
     "GazetteSinkError",
+    "ProducerClaimedError",
 ]

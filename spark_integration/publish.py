@@ -118,20 +118,6 @@ def ack_message(framing: JSONFraming, producer: ProducerID, clock: int) -> bytes
     return framing.marshal(JSONRow({UUID_FIELD: str(build_uuid(producer, clock, Flag.ACK_TXN))}))
 
 
-async def append_acks(client: JournalClient, acks: dict[str, list[bytes]]) -> None:
-    """Append each journal's ACKs, all of a journal in one append. A retried append may land
-    twice: readers take a repeated ACK (the clock they last acknowledged) as a rollback of
-    whatever the producer began since, which is nothing: it publishes no more before the
-    driver resolves what it published."""
-    await asyncio.gather(
-        *(
-            append(client, pb.AppendRequest(journal=journal), b"".join(pieces))
-            for journal, pieces in acks.items()
-            if pieces
-        )
-    )
-
-
 async def read_registers(client: JournalClient, journal: str) -> pb.LabelSet:
     """The journal's registers, as an append of nothing returns them."""
     response = await append(client, pb.AppendRequest(journal=journal), b"")

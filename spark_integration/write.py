@@ -2,8 +2,10 @@
 
 Batch (`GazetteBatchWriter`): every task publishes its partition as one transaction of its own
 producer (publish.py) and returns its ACK and rollback messages. `commit(messages)`, called by
-Spark once every task succeeded, appends the ACKs: from then on read-committed readers see every
-row once (a retried ACK append is ignored by readers). `abort(messages)` appends the rollbacks of
+Spark once every task succeeded, checks that every journal still takes appends, then appends the
+ACKs (batch_commit.py): from then on read-committed readers see every row once (a retried ACK
+append is ignored by readers). Gazette has no transaction across journals: a failure between
+the check and the last ACK is reported as GazettePartialCommitError, naming what landed. `abort(messages)` appends the rollbacks of
 the tasks that had succeeded; the failed ones rolled back themselves, or left a span that no ACK
 will ever commit. Either way read-committed readers see nothing of an aborted write.
 Speculative or retried task attempts publish under producers of their own, and only the attempt
@@ -51,10 +53,11 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import JournalNotFoundError
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration.arrow_protobuf import uuid_field
+from spark_integration.batch_commit import commit_acks, roll_back
 from spark_integration.csv_width import check_width, first_record_fields, known_fields
 from spark_integration.journal_io import GazetteJournalError, resolve_journals, run_with_client
 from spark_integration.options import GazetteOptionError, WriteOptions, journals_max
-from spark_integration.publish import PublishedTxn, append_acks, publish_partition
+from spark_integration.publish import PublishedTxn, publish_partition
 from spark_integration.routing import RowShape
 from spark_integration.sink_commit import BatchTxns, abort_batch, commit_batch
 from spark_integration.write_framing import WriteFraming, write_content_type
@@ -227,11 +230,11 @@ class GazetteBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         acks = _group(messages, "acks")
-        run_with_client(self.opts.broker, lambda client: append_acks(client, acks))
+        run_with_client(self.opts.broker, lambda client: commit_acks(client, acks))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         rollbacks = _group(messages, "rollbacks")
-        run_with_client(self.opts.broker, lambda client: append_acks(client, rollbacks))
+        run_with_client(self.opts.broker, lambda client: roll_back(client, rollbacks))
 
 
 class GazetteStreamWriter(_StreamWriterBase):  # type: ignore[misc]
