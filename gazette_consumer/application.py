@@ -127,7 +127,7 @@ class MessageSource(Protocol):
         """The next message if one is ready without waiting, else None."""
         ...
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+    def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
         """Read-through offsets and producer states as of the messages returned so far."""
         ...
 

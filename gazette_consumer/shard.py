@@ -79,8 +79,7 @@ class PrimaryShard:
     `on_change` is called (on the event loop, never blocking) when progress changes: after
     recovery, and whenever a transaction completes. `clock` is a monotonic clock in seconds for
     transaction durations (default: `time.monotonic`; the transaction loop reads it once per
-    message, and the event loop's clock would add a Python call around it); `time_ns` is wall
-    time, for pruning idle producers from checkpoints; `append_service` builds the shard's
+    message, and the event loop's clock would add a Python call around it); `append_service` builds the shard's
     AppendService. `recovery` is the replica's recovery log (None: the spec has none).
     """
 
@@ -93,7 +92,6 @@ class PrimaryShard:
         *,
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] | None = None,
-        time_ns: Callable[[], int] = time.time_ns,
         append_service: Callable[[JournalClient], AppendService] = AppendService,
         recovery: ShardRecovery | None = None,
         hints_interval_s: float = HINTS_INTERVAL_S,
@@ -106,7 +104,6 @@ class PrimaryShard:
         self._client = client
         self._on_change = on_change
         self._clock = clock
-        self._time_ns = time_ns
         self._new_append_service = append_service
         self._labels = shard_labels(spec)
         self._store: Store | None = None
@@ -214,7 +211,6 @@ class PrimaryShard:
                         on_progress=self._record_progress,
                         on_phase=self._notifier.notify,
                         on_read=self._record_read,
-                        time_ns=self._time_ns,
                     )
                     self._notifier.notify()
                     await self._driver.run()

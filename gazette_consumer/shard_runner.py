@@ -229,7 +229,7 @@ class ShardRunner:
     `data_dir` holds the directories recovery logs are played into (None: the system's temporary
     directory); `hints` stores recovery-log hints (None: none are stored; see the module
     docstring); `retry` is how replicas retry transient failures (see `shard_retry`).
-    `shard_options` are passed to every `PrimaryShard` (clock, time_ns, append_service,
+    `shard_options` are passed to every `PrimaryShard` (clock, append_service,
     hints_interval_s).
     """
 

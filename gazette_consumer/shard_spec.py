@@ -31,8 +31,10 @@ __all__ = [
 ]
 
 PRODUCER_PRUNE_HORIZON_S: Final = 24 * 3600.0
-"""Producers whose last ACK is older than this are dropped from checkpoints (Gazette's 24 h):
-without pruning, every producer ever seen would stay in every checkpoint."""
+"""Producers whose last ACK is this much older than the newest producer state of their journal
+are dropped from checkpoints (Gazette's 24 h, measured as its Sequencer.Checkpoint does, on
+the journal's clocks rather than the wall clock): without pruning, every producer ever seen
+would stay in every checkpoint."""
 
 
 def check_runnable(spec: cpb.ShardSpec) -> None:

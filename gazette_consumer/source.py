@@ -68,7 +68,7 @@ class NoSource:
     def try_next(self) -> Envelope[Any] | None:
         return None
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+    def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
         return self._checkpoint
 
     def has_pending(self, since: Mapping[str, int]) -> bool:

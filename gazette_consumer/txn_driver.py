@@ -27,14 +27,13 @@ Any failure raises `ShardFailedError`, naming the step; the begun transaction is
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from broker.client.append_service import AsyncAppend
 from gazette_consumer.application import Application, MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through, from_sequencer_checkpoint
-from gazette_consumer.message.clock import ClockError, clock_from_unix_nanos
+from gazette_consumer.message.clock import clock_span
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.metrics import ShardMetrics
 from gazette_consumer.shard_spec import PRODUCER_PRUNE_HORIZON_S, recovery_log, txn_durations_s
@@ -50,6 +49,9 @@ from gazette_consumer.transaction import (
     TxnLoop,
     TxnPhase,
 )
+
+# Producers idle this long before their journal's newest are pruned from checkpoints.
+_PRUNE_HORIZON: Final = clock_span(PRODUCER_PRUNE_HORIZON_S)
 
 __all__ = ["CONSUME_RUN_MAX", "ShardFailedError", "TxnDriver"]
 
@@ -99,12 +101,11 @@ class TxnDriver:
         on_progress: Callable[[Checkpoint, list[AsyncAppend]], None],
         on_phase: Callable[[], None],
         on_read: Callable[[Mapping[str, int]], None] = lambda _read_through: None,
-        time_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._shard, self._app, self._store, self._source = shard, app, store, source
         self._id = shard.id
         self._recovery_log = recovery_log(shard.spec)
-        self._clock, self._time_ns = clock, time_ns
+        self._clock = clock
         self._on_progress, self._on_phase, self._on_read = on_progress, on_phase, on_read
         min_s, max_s = txn_durations_s(shard.spec)
         self.fsm = TxnLoop(min_s, max_s, wait_for_acks=not shard.spec.disable_wait_for_ack)
@@ -348,7 +349,7 @@ class TxnDriver:
             # A publish never awaited (or awaited by nobody yet) would be lost by this commit.
             publisher.check_finished()
             intents = publisher.build_ack_intents()
-            positions = self._source.checkpoint(self._horizon_clock())
+            positions = self._source.checkpoint(_PRUNE_HORIZON)
             checkpoint = from_sequencer_checkpoint(positions, intents)
         except Exception as err:
             raise ShardFailedError(self._id, "building the checkpoint", err) from err
@@ -384,10 +385,3 @@ class TxnDriver:
             failed.set_exception(error)
             failed.exception()  # Retrieved: asyncio need not report it as lost.
         self._app.finished_txn(self._shard, self._store, failed)
-
-    def _horizon_clock(self) -> int:
-        """Producers idle since before this clock are pruned from the checkpoint."""
-        try:
-            return clock_from_unix_nanos(self._time_ns() - int(PRODUCER_PRUNE_HORIZON_S * 1e9))
-        except ClockError:
-            return 0  # A wall clock too early to have a horizon: prune nothing.

@@ -159,12 +159,12 @@ class CommittedRange:
         self.bulk_rows = 0  # Rows decided by columns, and rows decided one by one.
         self.single_rows = 0
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
-        return self.checkpoint_at(self._end, horizon_clock)
+    def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
+        return self.checkpoint_at(self._end, horizon)
 
-    def checkpoint_at(self, offset: int, horizon_clock: int) -> SequencerCheckpoint:
+    def checkpoint_at(self, offset: int, horizon: int) -> SequencerCheckpoint:
         """The state at `offset`, where the walk stopped (or a stop of `scan`)."""
-        cp = self._seq.checkpoint(horizon_clock)
+        cp = self._seq.checkpoint(horizon)
         # Everything before `offset` was consumed (a range ends at a message boundary).
         read_through = dict(cp.read_through)
         read_through[self._journal] = max(read_through.get(self._journal, 0), offset)
@@ -265,7 +265,7 @@ class CommittedRange:
     async def scan(
         self,
         stops: Collection[int] = (),
-        horizon_clock: int = 0,
+        horizon: int = 0,
         *,
         bytes_max: int | None = None,
         messages_max: int | None = None,
@@ -297,7 +297,7 @@ class CommittedRange:
                         pass
                     self._resolutions.note(batch, at, cut)
                     at = cut
-                    out[stop] = self.checkpoint_at(stop, horizon_clock)
+                    out[stop] = self.checkpoint_at(stop, horizon)
                     self.reached_at[stop] = self._seq.pending_clocks(self._journal, self._begin)
                     self._resolutions.watch(stop, self._seq.pending_acks(self._journal))
                 async for _ in self._commit_range(batch, at, take):
@@ -461,7 +461,7 @@ async def scan_committed(
     *,
     ring_size: int,
     checkpoint: SequencerCheckpoint,
-    horizon_clock: int,
+    horizon: int,
     new_decoder: DecoderFactory = json_decoder,
     bulk: bool = True,
 ) -> SequencerCheckpoint:
@@ -478,4 +478,4 @@ async def scan_committed(
         bulk=bulk,
     )
     await walk.scan()
-    return walk.checkpoint(horizon_clock)
+    return walk.checkpoint(horizon)

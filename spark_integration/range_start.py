@@ -91,6 +91,6 @@ async def start_checkpoint(
         start,
         ring_size=ring_size,
         checkpoint=SequencerCheckpoint(read_through={journal: window}),
-        horizon_clock=0,
+        horizon=0,
         new_decoder=new_decoder,
     )

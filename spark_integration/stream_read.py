@@ -75,7 +75,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
@@ -91,7 +90,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from broker.fragment.verify import DataLossError
-from gazette_consumer.message.clock import clock_from_unix_nanos
+from gazette_consumer.message.clock import clock_span
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
 from spark_integration.batch_read import JournalRange, read_partition
@@ -300,11 +299,8 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         append, at most option idleWaitMs, then looks once more."""
         opts = self.opts
         starts = self._from_json(start)
-        horizon = 0
-        if opts.producer_horizon_s:
-            horizon = clock_from_unix_nanos(
-                time.time_ns() - opts.producer_horizon_s * 1_000_000_000
-            )
+        # Relative to each journal's newest producer, as Gazette's Sequencer prunes.
+        horizon = clock_span(opts.producer_horizon_s)
         # Trigger.AvailableNow stops at the heads it captured: nothing to wait for.
         wait_s = 0.0 if self._available_now is not None else opts.idle_wait_ms / 1000
         max_bytes, max_messages = self._budgets(limit)

@@ -59,6 +59,14 @@ def clock_from_unix_nanos(unix_nanos: int) -> int:
     return value
 
 
+def clock_span(seconds: float) -> int:
+    """A duration in clock units (Gazette's `Clock((d / 100) << 4)` for a duration d in ns):
+    what a producer horizon is measured in."""
+    if seconds < 0:
+        raise ClockError(f"seconds: {seconds} is negative")
+    return (int(seconds * 1e9) // _NS_PER_UNIT) << CLOCK_SEQUENCE_BITS
+
+
 def clock_to_unix_nanos(clock: int) -> int:
     """Return the wall time of a clock value in Unix nanoseconds, dropping the sequence counter."""
     check_clock(clock)

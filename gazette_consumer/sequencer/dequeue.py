@@ -22,11 +22,11 @@ from gazette_consumer.sequencer.state import (
     SequencerStateError,
 )
 from gazette_consumer.sequencer.types import (
-    CLOCK_MAX,
     JournalProducer,
     ProducerState,
     ReplayRequired,
     SequencerCheckpoint,
+    prune_bounds,
 )
 
 
@@ -261,31 +261,27 @@ class SequencerDequeuing(SequencerState[E]):
 
     def checkpoint(
         self,
-        horizon_clock: int = 0,
+        horizon: int = 0,
         *,
         keep: tuple[str, bytes] | None = None,
         keep_all: AbstractSet[tuple[str, bytes]] = frozenset(),
     ) -> SequencerCheckpoint:
         """Snapshot read-through offsets and producer states, to construct a Sequencer from.
 
-        Producers with no pending span whose last ACK is older than `horizon_clock` are pruned
-        first (0 prunes nothing): their state would otherwise grow without bound. Should such a
-        producer's duplicates be read later, they are delivered again, so the horizon must
-        comfortably exceed how long a producer may go quiet. `keep` names a (journal, producer)
-        never pruned: a reader holding messages `commit_alone_run` delivered ahead of its caller
-        accounts for that producer itself (`keep_all`: those of `commit_alone_mixed`).
+        Idle producers are pruned first, their state would otherwise grow without bound: as
+        Gazette's Sequencer.Checkpoint(pruneHorizon) does, a producer with no pending span is
+        pruned if its last ACK is more than `horizon` (a span of clock units:
+        `clock.clock_span`; 0 prunes nothing) older than the newest producer state of its
+        journal (`prune_bounds`). Measured against the journal's own clocks, not the wall
+        clock: a reader catching up on old history forgets no producer that is still writing.
+        Should a pruned producer's duplicates be read later, they are delivered again, so the
+        horizon must comfortably exceed how long a producer may go quiet while its journal is
+        written by others. `keep` names a (journal, producer) never pruned: a reader holding
+        messages `commit_alone_run` delivered ahead of its caller accounts for that producer
+        itself (`keep_all`: those of `commit_alone_mixed`).
         """
-        if isinstance(horizon_clock, bool) or not isinstance(horizon_clock, int):
-            raise ValueError(f"horizon_clock: must be an int (got {horizon_clock!r})")
-        if not 0 <= horizon_clock <= CLOCK_MAX:
-            raise ValueError(f"horizon_clock: must be in [0, {CLOCK_MAX}] (got {horizon_clock})")
-        stale = [
-            key
-            for key, p in self._partials.items()
-            if p.begin == -1 and p.min_clock < horizon_clock and key != keep and key not in keep_all
-        ]
-        for key in stale:
-            del self._partials[key]
+        bounds = prune_bounds(((j, p.min_clock) for (j, _), p in self._partials.items()), horizon)
+        self.prune(bounds, keep_all | ({keep} if keep is not None else set()))
         return SequencerCheckpoint(
             read_through=self._read_through,
             producers={
@@ -293,6 +289,19 @@ class SequencerDequeuing(SequencerState[E]):
                 for (journal, producer), p in self._partials.items()
             },
         )
+
+    def prune(self, bounds: Mapping[str, int], keep: AbstractSet[tuple[str, bytes]]) -> None:
+        """Forget producers with no pending span whose last ACK is below their journal's bound
+        (`types.prune_bounds`), but for those of `keep`."""
+        if not bounds:
+            return
+        stale = [
+            key
+            for key, p in self._partials.items()
+            if p.begin == -1 and p.min_clock < bounds.get(key[0], 0) and key not in keep
+        ]
+        for key in stale:
+            del self._partials[key]
 
     def pending_begin(self, journal: str, at_least: int = 0) -> int | None:
         """The offset at which the earliest pending span of `journal` that began at or after

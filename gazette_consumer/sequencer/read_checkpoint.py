@@ -11,11 +11,18 @@ built from it returns exactly the messages not returned yet.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.sequencer import Sequencer
-from gazette_consumer.sequencer.types import JournalProducer, ProducerState, SequencerCheckpoint
+from gazette_consumer.sequencer.types import (
+    JournalProducer,
+    ProducerState,
+    SequencerCheckpoint,
+    prune_bounds,
+    pruned,
+)
 
 
 def checkpoint_of(
@@ -26,7 +33,7 @@ def checkpoint_of(
     span_through: int | None,
     ahead: Envelope[Any] | None,
     ahead_after: Envelope[Any] | None,
-    horizon_clock: int = 0,
+    horizon: int = 0,
     before: Mapping[tuple[str, bytes], int | None] | None = None,
 ) -> SequencerCheckpoint:
     """The checkpoint of an iterator over `seq`: `floors` (per journal, the offset through which
@@ -34,15 +41,14 @@ def checkpoint_of(
     `left` are not returned yet (`span_through`: for one ACK's messages, the offset of their
     journal read up to the ACK; else None), and `ahead`, the message stepped to but not
     returned, held after `ahead_after` of its sequence (None: nothing to look past).
-    `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`). `before`, for a run
+    `horizon` prunes idle producers (see `Sequencer.checkpoint`). `before`, for a run
     of several producers' messages that each commit alone (`Sequencer.commit_alone_mixed`):
     each one's last ACK before the run (None: it had no state)."""
     # The last returned message of a run some of which is not returned yet.
     held = run_all[len(run_all) - left - 1] if left else None
     if held is not None and before is not None:
-        return _mixed_checkpoint(seq, floors, run_all[: len(run_all) - left], before, horizon_clock)
-    keep = None if held is None else (held.journal, held.producer)
-    seq_cp = seq.checkpoint(horizon_clock, keep=keep)
+        return _mixed_checkpoint(seq, floors, run_all[: len(run_all) - left], before, horizon)
+    seq_cp = seq.checkpoint()  # Pruned below, as of the messages returned.
     read_through = dict(floors)
     for journal, offset in seq_cp.read_through.items():
         read_through[journal] = max(read_through.get(journal, 0), offset)
@@ -58,9 +64,6 @@ def checkpoint_of(
             # when it reads the ACK again). Never pruned: a pending span is not.
             read_through[journal] = max(floors.get(journal, 0), span_through)
             producers[jp] = ProducerState(last_ack=held.clock, begin=held.end)
-        elif held.clock < horizon_clock:
-            read_through[journal] = max(floors.get(journal, 0), held.end)
-            producers.pop(jp, None)  # Pruned, as Sequencer.checkpoint would prune it.
         else:
             read_through[journal] = max(floors.get(journal, 0), held.end)
             producers[jp] = ProducerState(last_ack=held.clock, begin=-1)
@@ -70,7 +73,25 @@ def checkpoint_of(
         producers[JournalProducer(ahead.journal, ahead.producer)] = ProducerState(
             last_ack=ahead_after.clock, begin=ahead_after.end
         )
-    return SequencerCheckpoint(read_through=read_through, producers=producers)
+    keep = set() if held is None else {(held.journal, held.producer)}
+    return _pruned(seq, read_through, producers, horizon, keep)
+
+
+def _pruned(
+    seq: Sequencer[Envelope[Any]],
+    read_through: dict[str, int],
+    producers: Mapping[JournalProducer, ProducerState],
+    horizon: int,
+    keep: AbstractSet[tuple[str, bytes]],
+) -> SequencerCheckpoint:
+    """The checkpoint of `read_through` and `producers` (as of the messages returned), its
+    idle producers pruned relative to its own newest clocks, as a Sequencer that stood there
+    would prune them (`Sequencer.checkpoint`); the Sequencer itself forgets them too, but for
+    those of `keep` (its state of them is past the checkpoint's)."""
+    states = ((jp.journal, state.last_ack) for jp, state in producers.items())
+    bounds = prune_bounds(states, horizon)
+    seq.prune(bounds, keep)
+    return SequencerCheckpoint(read_through=read_through, producers=pruned(producers, bounds))
 
 
 def _mixed_checkpoint(
@@ -78,14 +99,14 @@ def _mixed_checkpoint(
     floors: Mapping[str, int],
     returned: Sequence[Envelope[Any]],
     before: Mapping[tuple[str, bytes], int | None],
-    horizon_clock: int,
+    horizon: int,
 ) -> SequencerCheckpoint:
     """`checkpoint_of` within a run of several producers' messages that each commit alone, of
     which `returned` were returned: each producer of the run stands at its last returned
     message, or where it stood before the run if none of its messages was returned (absent if
     it had no state), pruned as `Sequencer.checkpoint` would prune it there; the Sequencer
     itself prunes none of them (it is past the run)."""
-    seq_cp = seq.checkpoint(horizon_clock, keep_all=before.keys())
+    seq_cp = seq.checkpoint()  # Pruned below, as of the messages returned.
     held = returned[-1]
     read_through = dict(floors)
     for journal, offset in seq_cp.read_through.items():
@@ -97,8 +118,8 @@ def _mixed_checkpoint(
     producers = dict(seq_cp.producers)
     for (journal, producer), clock in last.items():
         jp = JournalProducer(journal, producer)
-        if clock is None or clock < horizon_clock:
+        if clock is None:
             producers.pop(jp, None)
         else:
             producers[jp] = ProducerState(last_ack=clock, begin=-1)
-    return SequencerCheckpoint(read_through=read_through, producers=producers)
+    return _pruned(seq, read_through, producers, horizon, set(before))

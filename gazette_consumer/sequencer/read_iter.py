@@ -35,7 +35,7 @@ Signature::
                       replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
                       replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
-    checkpoint(horizon_clock=0) -> SequencerCheckpoint                has_pending(since) -> bool
+    checkpoint(horizon=0) -> SequencerCheckpoint                has_pending(since) -> bool
     in_sequence: bool               take_sequence(limit) -> list[Envelope]
     replays: int    replays_from_memory: int    replays_from_decoded: int
     sources: Mapping[str, int]
@@ -535,9 +535,9 @@ class ReadCommittedIter:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+    def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
         """Offsets read through and producer states, consistent with the messages returned so
-        far. `horizon_clock` prunes idle producers (see `Sequencer.checkpoint`)."""
+        far. `horizon` prunes idle producers (see `Sequencer.checkpoint`)."""
         return checkpoint_of(
             self._seq,
             self._floors,
@@ -546,7 +546,7 @@ class ReadCommittedIter:
             self._span_through,
             self._ahead,
             self._ahead_after,
-            horizon_clock,
+            horizon,
             self._run_before,
         )
 

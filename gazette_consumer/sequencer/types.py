@@ -10,7 +10,7 @@ directly, which keeps this sans-IO core free of framings and UUID parsing.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -252,3 +252,33 @@ _COMMITTING = frozenset(
         QueueOutcome.ACK_COMMIT_REPLAY,
     }
 )
+
+
+def prune_bounds(states: Iterable[tuple[str, int]], horizon: int) -> dict[str, int]:
+    """Per journal, the clock below which a producer with no pending span is pruned from a
+    checkpoint, given its producers' (journal, last ACK clock) `states`: the journal's newest
+    last ACK less `horizon` (a span of clock units), as Gazette's Sequencer.Checkpoint bounds
+    it. None if `horizon` is 0 (nothing is pruned)."""
+    if isinstance(horizon, bool) or not isinstance(horizon, int):
+        raise ValueError(f"horizon: must be an int (got {horizon!r})")
+    if not 0 <= horizon <= CLOCK_MAX:
+        raise ValueError(f"horizon: must be in [0, {CLOCK_MAX}] (got {horizon})")
+    if not horizon:
+        return {}
+    newest: dict[str, int] = {}
+    for journal, clock in states:
+        if clock > newest.get(journal, 0):
+            newest[journal] = clock
+    return {journal: max(0, clock - horizon) for journal, clock in newest.items()}
+
+
+def pruned(
+    producers: Mapping[JournalProducer, ProducerState], bounds: Mapping[str, int]
+) -> dict[JournalProducer, ProducerState]:
+    """`producers` without those with no pending span whose last ACK is below their journal's
+    bound (`prune_bounds`)."""
+    return {
+        jp: state
+        for jp, state in producers.items()
+        if state.begin != -1 or state.last_ack >= bounds.get(jp.journal, 0)
+    }

@@ -76,7 +76,7 @@ class ReadySource:
         self._offset += 1
         return Envelope.of(VIRTUAL, begin, begin + 1, Event(key="k", text=f"m-{begin}"))
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+    def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
         assert not self.in_sequence, "checkpoint taken inside a sequence"
         return SequencerCheckpoint(read_through={VIRTUAL: self._offset})
 

@@ -54,7 +54,7 @@ class ListSource:
         message = Event(key=self._keys[begin], text=f"listed-{begin}")
         return Envelope.of(LISTED, begin, begin + 1, message)
 
-    def checkpoint(self, horizon_clock: int = 0) -> SequencerCheckpoint:
+    def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
         return SequencerCheckpoint(read_through={LISTED: self._offset})
 
     def has_pending(self, since: Mapping[str, int]) -> bool:

@@ -134,7 +134,7 @@ async def split_read(
             lo,
             ring_size=ring_size,
             checkpoint=SequencerCheckpoint(read_through={journal: 0}),
-            horizon_clock=0,
+            horizon=0,
             new_decoder=decoder,
             bulk=bulk,
         )

@@ -125,7 +125,7 @@ async def test_committed_ranges_read_what_consumers_read(seed: int, ring_size: i
                 mid,
                 ring_size=ring_size,
                 checkpoint=whole_checkpoint(journal),
-                horizon_clock=0,
+                horizon=0,
             )
             first = CommittedRange(source(env.client, journal), 0, mid, ring_size=ring_size)
             second = CommittedRange(

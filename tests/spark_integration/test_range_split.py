@@ -116,7 +116,7 @@ async def split_texts(
                 lo,
                 ring_size=ring_size,
                 checkpoint=SequencerCheckpoint(read_through={journal: 0}),
-                horizon_clock=0,
+                horizon=0,
             )
         else:
             cp = await start_checkpoint(
@@ -278,7 +278,7 @@ async def test_look_ahead_keeps_what_it_commits_past_the_end_out(bulk: bool) -> 
             cut,
             ring_size=64,
             checkpoint=SequencerCheckpoint(read_through={journal: 0}),
-            horizon_clock=0,
+            horizon=0,
         )
         second = CommittedRange(
             source(env.client, journal),

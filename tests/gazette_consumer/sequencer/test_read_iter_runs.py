@@ -129,24 +129,29 @@ async def test_a_transaction_taken_at_once_is_returned_as_if_stepped_one_by_one(
 
 
 async def test_pruning_inside_a_run_keeps_dropping_its_duplicates() -> None:
+    newer = msg(
+        P3, 5000, OUTSIDE, "newer"
+    )  # The journal's newest clock: what a horizon spans from.
     run = [msg(P1, 1000 + i, OUTSIDE, f"r{i}") for i in range(200)]
     marker = msg(P2, 5, OUTSIDE, "end")
     async with broker_env() as env:
         journal = await env.journal("runs/b")
-        await env.append(journal, frames(*run))
+        await env.append(journal, frames(newer, *run))
         await env.append(journal, frames(*run[50:60], marker))
         it = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg)
-        got = [await take(it) for _ in range(10)]
+        got = [await take(it) for _ in range(11)]
         assert it._run_left() > 10  # Inside a run.
-        jp = JournalProducer(journal, P1)
-        assert it.checkpoint(1009).producers == {jp: ProducerState(1009, -1)}
-        # A horizon past the last returned message prunes the producer, as one taken between
-        # messages committed one by one would; the next message would make the producer's
-        # state anew, and the run's end leaves it where the duplicates are dropped.
-        pruned = it.checkpoint(CLOCK_MAX)
-        assert pruned.producers == {} and pruned.read_through[journal] == got[-1].end
+        jp, jp3 = JournalProducer(journal, P1), JournalProducer(journal, P3)
+        kept = {jp: ProducerState(1009, -1), jp3: ProducerState(5000, -1)}
+        assert it.checkpoint(5000 - 1009).producers == kept
+        # A horizon that reaches past the last returned message prunes the producer, as one
+        # taken between messages committed one by one would; the next message would make the
+        # producer's state anew, and the run's end leaves it where the duplicates are dropped.
+        pruned = it.checkpoint(5000 - 1010)
+        assert pruned.producers == {jp3: kept[jp3]}
+        assert pruned.read_through[journal] == got[-1].end
         got += [await take(it) for _ in range(191)]
-        assert [e.message.text for e in got] == [m.text for m in run] + ["end"]
+        assert [e.message.text for e in got] == ["newer"] + [m.text for m in run] + ["end"]
         assert it.try_next() is None
         await it.close()
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from gazette_consumer.message.clock import clock_from_unix_nanos, clock_span
 from gazette_consumer.sequencer import (
+    JournalProducer,
     ProducerState,
     ReplayRequired,
+    SeqEnvelope,
     Sequencer,
     SequencerCheckpoint,
 )
@@ -166,9 +171,12 @@ def test_pruning_drops_only_old_producers_without_pending_spans() -> None:
         jp(C): ProducerState((30 << 4) - 1, c_cont.begin),
     }
     assert seq.checkpoint(0).producers == everyone
-    assert seq.checkpoint(20 << 4).producers == everyone  # B's last ACK is not older.
+    # The horizon is a span back from the journal's newest state (C's), as Gazette's: B's
+    # last ACK is exactly that old, and not pruned.
+    newest = (30 << 4) - 1
+    assert seq.checkpoint(newest - (20 << 4)).producers == everyone
     # A is older still, but its pending span must survive to be replayed.
-    pruned = seq.checkpoint((20 << 4) + 1).producers
+    pruned = seq.checkpoint(newest - (20 << 4) - 1).producers
     assert pruned == {jp(A): everyone[jp(A)], jp(C): everyone[jp(C)]}
     assert seq.checkpoint(0).producers == pruned
 
@@ -214,3 +222,39 @@ def test_checkpoint_before_a_lone_commit_is_dequeued() -> None:
         assert queue(seq2, env)[0].commits
         assert drain(seq1) == drain(seq2) == [env]
         assert seq1.checkpoint() == seq2.checkpoint()
+
+
+def test_the_horizon_spans_back_from_each_journals_newest_clock() -> None:
+    """As Gazette's Sequencer.Checkpoint: a producer is pruned by how far its last ACK lags the
+    newest state of its own journal, not the wall clock, so a reader catching up on history
+    older than the horizon forgets no producer that is still writing (found by review: the
+    horizon was once measured from the wall clock, and a backfill delivered re-appended
+    duplicates twice); and one journal's clocks never prune another's producers."""
+    day = clock_span(86_400)
+    three_days_ago = clock_from_unix_nanos(time.time_ns() - 3 * 86_400 * 10**9)
+    seq: Sequencer = Sequencer(12)
+    old, other = "test/backfill", "test/recent"
+    a1 = SeqEnvelope(old, 0, 10, A, three_days_ago, OUT, "a1")
+    b1 = SeqEnvelope(old, 10, 20, B, three_days_ago + day // 2, OUT, "b1")
+    c1 = SeqEnvelope(other, 0, 10, C, three_days_ago + 2 * day, OUT, "c1")
+    for env in (a1, b1, c1):
+        assert queue(seq, env) == [Q.OUTSIDE_COMMIT] and drain(seq) == [env]
+
+    assert len(seq.checkpoint(day).producers) == 3  # All within a day of their journal's newest.
+    b2 = SeqEnvelope(old, 20, 30, B, three_days_ago + day + 1, OUT, "b2")
+    assert queue(seq, b2) == [Q.OUTSIDE_COMMIT] and drain(seq) == [b2]
+    kept = seq.checkpoint(day).producers  # A now lags B by more than a day: pruned.
+    assert set(kept) == {JournalProducer(old, B), JournalProducer(other, C)}
+    # A re-appended duplicate of it is delivered again: the price of the horizon, as in
+    # Gazette. One of B's is not.
+    a1_again = SeqEnvelope(old, 30, 40, A, three_days_ago, OUT, "a1")
+    assert queue(seq, a1_again) == [Q.OUTSIDE_COMMIT] and drain(seq) == [a1_again]
+    b1_again = SeqEnvelope(old, 40, 50, B, three_days_ago + day // 2, OUT, "b1")
+    assert queue(seq, b1_again) == [Q.OUTSIDE_ALREADY_ACKED] and drain(seq) == []
+
+
+def test_clock_span_is_gazettes() -> None:
+    # Gazette: Clock((d / 100) << 4) for a duration d in nanoseconds.
+    assert clock_span(1) == (10**9 // 100) << 4
+    assert clock_span(86_400) == ((86_400 * 10**9) // 100) << 4
+    assert clock_span(0) == 0

@@ -91,7 +91,7 @@ def test_invalid_checkpoint(build: Any) -> None:
 def test_invalid_horizon(horizon: Any) -> None:
     seq = Sequencer(2)
     seq.queue_uncommitted(env(A, 5, CONT, 0))
-    with pytest.raises(ValueError, match="horizon_clock"):
+    with pytest.raises(ValueError, match="horizon"):
         seq.checkpoint(horizon)
     assert seq.checkpoint().producers == {JournalProducer(J, A): ProducerState(4, 0)}
 

@@ -360,19 +360,23 @@ class Consumer:
         self.saved = (cp, len(self.output))
 
     def horizon(self) -> int:
-        """The largest horizon that prunes no producer with envelopes still to be read.
+        """The smallest horizon (the span back from each journal's newest producer state) that
+        prunes no producer with envelopes still to be read.
 
         Pruning such a producer would make its late duplicates look new; pruning any other is
         safe, and the Sequencer must still keep those with a pending span.
         """
         current = self.seq.checkpoint(0)
-        acks = [
-            current.producers[jp].last_ack
+        newest: dict[str, int] = {}
+        for jp, state in current.producers.items():
+            newest[jp.journal] = max(newest.get(jp.journal, 0), state.last_ack)
+        spans = [
+            newest[journal] - current.producers[jp].last_ack
             for journal, envs in self.world.journals.items()
             for jp in {jp_of(e) for e in envs if e.begin >= current.read_through.get(journal, 0)}
             if jp in current.producers
         ]
-        return min(acks, default=self.world.now)
+        return max([1, *spans])
 
     def crash(self) -> None:
         cp, kept = self.saved

@@ -1,13 +1,11 @@
-"""Review reproducer: a streaming query catching up on history older than producerHorizonSeconds
-forgets every producer at every micro-batch, so a re-appended duplicate that lands in a later
-micro-batch than its original is delivered twice.
+"""A streaming query catching up on history older than producerHorizonSeconds remembers its
+producers: a re-appended duplicate that lands in a later micro-batch (or a later partition of
+one micro-batch) than its original is dropped.
 
-stream_read.latestOffset computes the horizon from the driver's wall clock
-(`time.time_ns() - producerHorizonSeconds`), and the checkpoint drops every producer whose last
-ACK clock is below it. Gazette's Sequencer.Checkpoint(pruneHorizon) prunes producers "relative to
-the most recent producer within their journal" (go.gazette.dev/core/message/sequencer.go), so a
-backfill keeps them. docs/spark.md: "a producer quiet for longer than producerHorizonSeconds (1
-day) is forgotten" -- here the producer is not quiet at all: its messages are merely old.
+Found by review (2026-11-28): stream_read.latestOffset computed the horizon from the driver's
+wall clock, so every checkpoint of a backfill forgot every producer. Gazette's
+Sequencer.Checkpoint(pruneHorizon) prunes producers relative to the newest producer state of
+their journal, and so does ours now (`Sequencer.checkpoint`, a span of clock units).
 
 Driven as Spark drives the source (latestOffset, partitions, read), in this process.
 """
@@ -16,8 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-
-import pytest
 
 from gazette_consumer.message.clock import clock_from_unix_nanos
 from spark_integration.read_options import parse_read_options
@@ -31,13 +27,6 @@ from tests.spark_integration.spark_testkit import (
     micro_batch_texts,
     producer,
     unique,
-)
-
-# An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
-# reproduces it and fails today. Strict: once fixed it passes, and the mark must go.
-pytestmark = pytest.mark.xfail(
-    strict=True,
-    reason="open defect: the producer horizon is measured from the wall clock: a backfill forgets producers and delivers duplicates",
 )
 
 
