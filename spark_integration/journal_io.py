@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Final, TypeVar
 
-from broker.client.list_apply import get_journal, list_journals
+from broker.client.list_apply import get_journal, get_journal_entry, list_journals
 from broker.client.reader import Reader
 from broker.client.route_cache import JournalClient
 from broker.protocol import labels
@@ -65,25 +65,41 @@ async def resolve_journals(
     """The specs of the named journals, or of those `selector` matches (sorted by name). Every
     one must exist, but those of `missing_ok`, left out when they do not (and hold JSON lines,
     if `check`)."""
-    specs: list[pb.JournalSpec] = []
+    entries = await resolve_journal_entries(
+        client, names, selector, check=check, missing_ok=missing_ok
+    )
+    return [entry.spec for entry in entries]
+
+
+async def resolve_journal_entries(
+    client: JournalClient,
+    names: tuple[str, ...],
+    selector: str,
+    *,
+    check: bool = True,
+    missing_ok: Collection[str] = (),
+) -> list[pb.ListResponse.Journal]:
+    """`resolve_journals`, as List returns them: with their etcd create revisions (which tell a
+    journal deleted and created again from the one it was)."""
+    entries: list[pb.ListResponse.Journal] = []
     if selector:
         listing = await list_journals(client, parse_selector(selector))
-        specs = sorted((j.spec for j in listing.journals), key=lambda s: s.name)
+        entries = sorted(listing.journals, key=lambda j: j.spec.name)
     for name in names:
         try:
-            specs.append(await get_journal(client, name))
+            entries.append(await get_journal_entry(client, name))
         except JournalNotFoundError:
             if name in missing_ok:
                 continue
             raise GazetteJournalError(f"journal {name!r} does not exist") from None
-    if len(specs) > journals_max:
+    if len(entries) > journals_max:
         raise GazetteJournalError(
-            f"selector {selector!r} matches {len(specs)} journals, more than {journals_max}"
+            f"selector {selector!r} matches {len(entries)} journals, more than {journals_max}"
         )
     if check:
-        for spec in specs:
-            check_json_lines(spec)
-    return specs
+        for entry in entries:
+            check_json_lines(entry.spec)
+    return entries
 
 
 async def journal_exists(client: JournalClient, name: str) -> bool:

@@ -8,7 +8,9 @@ acknowledged message, and where its pending transaction began (if one is open). 
 Sequencer, it de-duplicates messages across micro-batches and commits a transaction whose
 messages straddle a micro-batch boundary (see stream_read.py). `origin` (omitted when 0) is
 where the query started reading the journal: a transaction that began before it is never
-delivered (range_read.py). `deselected` (omitted when false) marks the offset of a journal the
+delivered (range_read.py). `created` (omitted when unknown) is the journal's etcd create
+revision when the query read it: a journal deleted and created again has another
+(stream_read.py). `deselected` (omitted when false) marks the offset of a journal the
 query no longer reads (out of its selection), kept so that the journal, read again, goes on
 from it (stream_read.py). `isolation` marks offsets of read-uncommitted queries
 (`check_isolation`).
@@ -71,6 +73,10 @@ class JournalOffset:
     # The journal is no longer read (out of the selection, or of option journals): its offset
     # is kept so that, read again, it goes on from here rather than from its beginning.
     deselected: bool = False
+    # The journal's etcd create revision when the query read it (0: not known, as in offsets
+    # written before it was kept, or read from a store): a journal of that name with another
+    # was deleted and created again since, and this offset is not one of its offsets.
+    created: int = 0
 
     @classmethod
     def at(cls, journal: str, offset: int, origin: int = 0) -> JournalOffset:
@@ -107,6 +113,8 @@ def to_json(offsets: Mapping[str, JournalOffset], *, uncommitted: bool = False) 
             encoded["isolation"] = UNCOMMITTED
         if entry.deselected:
             encoded["deselected"] = True
+        if entry.created:
+            encoded["created"] = entry.created
         encoded["producers"] = _packed(journal, entry.checkpoint)
         if entry.splits:
             encoded["splits"] = [
@@ -146,8 +154,8 @@ def from_json(offsets: Mapping[str, Any]) -> dict[str, JournalOffset]:
 
 
 def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
-    offset, origin = entry["offset"], entry.get("origin", 0)
-    for name, value in (("offset", offset), ("origin", origin)):
+    offset, origin, created = entry["offset"], entry.get("origin", 0), entry.get("created", 0)
+    for name, value in (("offset", offset), ("origin", origin), ("created", created)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0 (got {value!r})")
     checkpoint = _checkpoint(journal, offset, entry.get("producers", ""))
@@ -166,7 +174,7 @@ def _journal_from_json(journal: str, entry: Any) -> JournalOffset:
     deselected = entry.get("deselected", False)
     if not isinstance(deselected, bool):
         raise ValueError(f"deselected must be a boolean (got {deselected!r})")
-    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving, deselected)
+    return JournalOffset(checkpoint, origin, tuple(splits), reached, resolving, deselected, created)
 
 
 def check_isolation(offsets: Mapping[str, Any], *, committed: bool) -> None:

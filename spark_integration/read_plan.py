@@ -24,7 +24,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from spark_integration.fragment_plan import JournalFragments, broker_fragments, store_fragments
-from spark_integration.journal_io import GazetteJournalError, resolve_journals, write_heads
+from spark_integration.journal_io import GazetteJournalError, resolve_journal_entries, write_heads
 from spark_integration.options import EARLIEST, LATEST, GazetteOptionError
 from spark_integration.read_options import Position, ReadOptions
 from spark_integration.sources import FragmentRef, JournalSource
@@ -115,6 +115,8 @@ class JournalInfo:
     labels: tuple[tuple[str, str], ...] | None
     content_type: str
     fragments: JournalFragments
+    # Its etcd create revision (0 in store mode): another one means it was created again.
+    create_revision: int = 0
 
     @property
     def head(self) -> int:
@@ -145,9 +147,11 @@ async def journal_infos(ctx: ReadContext, names: Sequence[str] | None = None) ->
     journals = tuple(names) if names is not None else opts.journals
     selector = "" if names is not None else opts.selector
     specs: dict[str, pb.JournalSpec | None]
+    revisions: dict[str, int] = {}
     if ctx.client is not None:
-        found = await resolve_journals(ctx.client, journals, selector, check=False)
-        specs = {spec.name: spec for spec in found}
+        found = await resolve_journal_entries(ctx.client, journals, selector, check=False)
+        specs = {entry.spec.name: entry.spec for entry in found}
+        revisions = {entry.spec.name: entry.create_revision for entry in found}
         heads = await write_heads(ctx.client, list(specs))
     else:
         specs = dict.fromkeys(journals)
@@ -166,7 +170,7 @@ async def journal_infos(ctx: ReadContext, names: Sequence[str] | None = None) ->
         labels = None
         if spec is not None:
             labels = tuple((label.name, label.value) for label in spec.labels.labels)
-        out.append(JournalInfo(name, labels, content_type, fragments))
+        out.append(JournalInfo(name, labels, content_type, fragments, revisions.get(name, 0)))
     return out
 
 

@@ -335,6 +335,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             active = [j for j, h in heads.items() if j not in starts or h > begin_of(j)]
             infos = {i.name: i for i in await journal_infos(ctx, active)} if active else {}
             self._infos.update(infos)
+            for journal, known in infos.items():
+                created = starts[journal].created if journal in starts else 0
+                if created and known.create_revision and created != known.create_revision:
+                    self._recreated(journal, begin_of(journal), created, known.create_revision)
+                    del starts[journal]  # Read again from its first offset.
             out: dict[str, JournalOffset] = {}
             news: dict[str, JournalOffset] = {}
             for journal in heads:
@@ -368,7 +373,13 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                     max_bytes=_share(max_bytes, available[journal], total),
                     max_messages=_share(max_messages, available[journal], total),
                 )
-            out.update(await gather_bounded(walks, planning_walks_max))
+            walked = await gather_bounded(walks, planning_walks_max)
+            out.update(
+                {
+                    journal: dataclasses.replace(end, created=infos[journal].create_revision)
+                    for journal, end in walked.items()
+                }
+            )
             kept = await self._not_read(ctx, {j: e for j, e in starts.items() if j not in heads})
             return {**{journal: out[journal] for journal in news}, **kept}
 
@@ -386,6 +397,25 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         )
         if self.opts.fail_on_data_loss:
             raise GazetteDataLossError(journal, head, offset, reason)
+        _log.warning(
+            "gazette: journal %s: %s: read again from its first offset (failOnDataLoss is false)",
+            journal,
+            reason,
+        )
+
+    def _recreated(self, journal: str, offset: int, created: int, now: int) -> None:
+        """The journal was deleted and created again since the query read it (its etcd create
+        revision is another), and written past the query's offset in it meanwhile (else
+        `_behind` would have told): data loss, or with failOnDataLoss false (a warning) read
+        again from its first offset. Reading on from the old offset would skip, silently,
+        every message of the new journal before it."""
+        reason = (
+            f"the journal was deleted and created again since the query read it (created at"
+            f" etcd revision {created} then, {now} now): the query's offset {offset} is not an"
+            " offset of the new journal, whose content before it would be skipped"
+        )
+        if self.opts.fail_on_data_loss:
+            raise GazetteDataLossError(journal, 0, offset, reason)
         _log.warning(
             "gazette: journal %s: %s: read again from its first offset (failOnDataLoss is false)",
             journal,
@@ -492,9 +522,14 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         starts = self._from_json(start)
         ends = self._from_json(end)
         for journal, end_entry in ends.items():
-            # An end below its start: the journal was read again from its first offset (its
-            # write head fell below the start, `_behind`): read from its end's origin.
-            if journal in starts and end_entry.offset(journal) < starts[journal].offset(journal):
+            # An end below its start, or of another journal of that name: the journal was read
+            # again from its first offset (its write head fell below the start, `_behind`; it
+            # was created again, `_recreated`): read from its end's origin.
+            entry = starts.get(journal)
+            if entry is not None and (
+                end_entry.offset(journal) < entry.offset(journal)
+                or (entry.created and end_entry.created and entry.created != end_entry.created)
+            ):
                 del starts[journal]
         starts.update(self._restarted(start, starts, ends))
         needed = [

@@ -111,11 +111,19 @@ async def get_journal(
     client: JournalClient, name: str, *, timeout_s: float | None = rpc_timeout_s_default
 ) -> pb.JournalSpec:
     """The spec of journal `name`; JournalNotFoundError if there is none."""
+    return (await get_journal_entry(client, name, timeout_s=timeout_s)).spec
+
+
+async def get_journal_entry(
+    client: JournalClient, name: str, *, timeout_s: float | None = rpc_timeout_s_default
+) -> pb.ListResponse.Journal:
+    """Journal `name` as List returns it (its spec, and its etcd create and mod revisions);
+    JournalNotFoundError if there is none."""
     selector = pb.LabelSelector(include=pb.LabelSet(labels=[pb.Label(name=META_NAME, value=name)]))
     snapshot = await list_journals(client, selector, timeout_s=timeout_s)
     for journal in snapshot.journals:
         if journal.spec.name == name:
-            return journal.spec
+            return journal
     raise JournalNotFoundError(f"journal {name!r} does not exist")
 
 
