@@ -23,6 +23,7 @@ grouped per journal with index arrays.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -63,6 +64,17 @@ class RowShape:
     journal_labels: tuple[tuple[str, str], ...] = ()
     csv_fields: tuple[tuple[str, int], ...] = ()
     protobuf_class: str = ""  # Option protobufClass: the message class of protobuf journals.
+
+    @property
+    def routing(self) -> str:
+        """A fingerprint of how rows map to journals when that depends on which journals exist
+        (by key: the key journals and the mapping); "" when rows name their journal or one is
+        given, which a change of the journals cannot move. A micro-batch re-run by another run
+        of the query routes its rows as the first run did only if this is the same."""
+        if not self.key_column:
+            return ""
+        text = "\n".join((self.mapping, self.key_column, *self.key_journals))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def message_columns(self, names: Sequence[str]) -> list[str]:
         """The columns of a row that make its JSON object (when there is no content column)."""

@@ -90,9 +90,11 @@ class BatchTxns:
     batch: int
     base_clock: int
     winners: tuple[PublishedTxn, ...]
+    # How the micro-batch's rows were routed to journals (RowShape.routing).
+    routing: str = ""
 
     @classmethod
-    def of(cls, messages: Sequence[Any], batch: int) -> BatchTxns | None:
+    def of(cls, messages: Sequence[Any], batch: int, routing: str = "") -> BatchTxns | None:
         """None when no task sent a message (nothing was published)."""
         winners = tuple(m for m in messages if isinstance(m, PublishedTxn))
         if not winners:
@@ -114,7 +116,7 @@ class BatchTxns:
                     f"micro-batch {batch}: a task of query {task.query} run {task.run} batch"
                     f" {task.batch} in the commit of query {first.query} run {first.run}"
                 )
-        return cls(first.query, first.run, batch, winners[0].base_clock, winners)
+        return cls(first.query, first.run, batch, winners[0].base_clock, winners, routing)
 
     @property
     def journals(self) -> list[str]:
@@ -278,7 +280,7 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
                 request.subtract_registers.CopyFrom(_label_set(claims))
             await append(client, request, txns.rollback_content(journal, claims))
             return decision
-        mark = SinkMark(txns.batch, txns.run, txns.high_clock, int(time.time()))
+        mark = SinkMark(txns.batch, txns.run, txns.high_clock, int(time.time()), txns.routing)
         if decision is Decision.COMMIT:
             txns.check_winners_claimed(journal, claims)
             content = txns.commit_content(journal, claims)
@@ -300,8 +302,42 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
     )
 
 
+def check_routing(txns: BatchTxns, marks: dict[str, SinkMark | None]) -> None:
+    """Raise GazetteSinkError if another run committed this micro-batch routing its rows
+    otherwise (keyColumn over other journals: one was created or deleted between the runs)
+    and the micro-batch would be committed in some journal now: its rows there may be rows that
+    run committed in another journal. With the same routing each journal's decision is exact
+    (a row goes where it went before); with another, only a re-run committed nowhere would be."""
+    moved = sorted(
+        journal
+        for journal, mark in marks.items()
+        if mark is not None
+        and mark.batch == txns.batch
+        and mark.run != txns.run
+        and mark.routing != txns.routing
+    )
+    if not moved:
+        return
+    committing = sorted(j for j, m in marks.items() if m is None or m.batch < txns.batch)
+    if committing:
+        raise GazetteSinkError(
+            f"micro-batch {txns.batch}: an earlier run of the query committed it in {moved},"
+            f" routing rows by key over other journals than this run does (a journal was"
+            f" created or deleted since): its rows in {committing} may be rows that run"
+            " committed elsewhere, so nothing is committed. Restart the query with its"
+            " selector matching the journals it had, so that the micro-batch completes, then"
+            " add the journal"
+        )
+
+
 async def commit_batch(client: JournalClient, txns: BatchTxns) -> dict[str, Decision]:
     journals = txns.journals
+    if txns.routing:
+        register = register_name(txns.query)
+        found = await asyncio.gather(*(read_registers(client, j) for j in journals))
+        check_routing(
+            txns, {j: _mark_of(r, register) for j, r in zip(journals, found, strict=True)}
+        )
     decisions = await asyncio.gather(*(commit_journal(client, j, txns) for j in journals))
     return dict(zip(journals, decisions, strict=True))
 

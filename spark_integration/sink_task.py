@@ -223,22 +223,28 @@ def check_not_stale(task: TaskIdentity, journal: str, value: str) -> None:
 class SinkMark:
     """A query's register value in one journal: micro-batch `batch` was resolved there by run
     `run` (its rows committed, or, if an earlier run had committed that micro-batch, its
-    messages rolled back), `high_clock` is the highest clock that run used there, and `at_s`
-    (unix seconds) when."""
+    messages rolled back), `high_clock` is the highest clock that run used there, `at_s`
+    (unix seconds) when, and `routing` how that run routed rows to journals (`RowShape.routing`;
+    "" when a change of the journals cannot move rows, and in marks written before it was
+    kept)."""
 
     batch: int
     run: str
     high_clock: int
     at_s: int
+    routing: str = ""
 
     def encode(self) -> str:
-        return f"{self.batch}/{self.run}/{self.high_clock}/{self.at_s}"
+        out = f"{self.batch}/{self.run}/{self.high_clock}/{self.at_s}"
+        return f"{out}/{self.routing}" if self.routing else out
 
     @classmethod
     def parse(cls, text: str) -> SinkMark:
         parts = text.split("/")
-        if len(parts) != 4 or not all(p.isdigit() for p in (parts[0], parts[2], parts[3])):
+        if len(parts) not in (4, 5) or not all(p.isdigit() for p in (parts[0], parts[2], parts[3])):
             raise GazetteSinkError(
-                f"register value {text!r}: not batch/run/clock/time, as this sink writes it"
+                f"register value {text!r}: not batch/run/clock/time[/routing], as this sink"
+                " writes it"
             )
-        return cls(int(parts[0]), parts[1], int(parts[2]), int(parts[3]))
+        routing = parts[4] if len(parts) == 5 else ""
+        return cls(int(parts[0]), parts[1], int(parts[2]), int(parts[3]), routing)
