@@ -82,6 +82,25 @@ async def store_fragments(registry: StoreRegistry, store: str, journal: str) -> 
     return JournalFragments(journal, covering, covering[-1].end if covering else 0)
 
 
+def store_stream_head(fragments: JournalFragments, now_s: float, grace_s: float) -> int:
+    """Where a store-only stream may read to: the end of the persisted fragments, but for a gap
+    between them (content not in the store) followed by a fragment persisted less than
+    `grace_s` ago, where the content before the gap ends. Brokers do not persist strictly in
+    order (an upload whose round failed is retried after the ones behind it), so a young gap
+    is most likely an upload still to come: reading past it would report it lost (or skip it,
+    with failOnDataLoss false) a moment before it lands. An older gap is read as lost content
+    (sources.py), so that a real loss does not stall the query without an error."""
+    refs = fragments.fragments
+    if not refs:
+        return fragments.head
+    end = refs[0].end
+    for ref in refs[1:]:
+        if ref.begin > end and now_s - ref.fragment().mod_time < grace_s:
+            return end
+        end = max(end, ref.end)
+    return end
+
+
 def split_ranges(
     fragments: Sequence[FragmentRef], begin: int, end: int, target_bytes: int
 ) -> list[tuple[int, int]]:

@@ -46,6 +46,9 @@ Streaming reads only:
     producerHorizonSeconds   producers idle for longer are forgotten (default 1 day)
     idleWaitMs  how long planning waits for an append when no journal has new data
                 (default 500; 0: do not wait)
+    storeGapGraceSeconds   with `store` and no broker: how long a gap between persisted
+                fragments may wait to be filled (a retried upload) before it is read as lost
+                (default 900)
     maxPartitionBytes, minPartitions   as above, for micro-batches
 """
 
@@ -84,6 +87,11 @@ producer_horizon_s_default: Final = 86_400
 # (stream_read.py). The bound is how long a query's stop can take while it waits.
 idle_wait_ms_default: Final = 500
 idle_wait_ms_max: Final = 60_000
+# A store-only stream stops at a gap between persisted fragments (an upload being retried)
+# until the fragment after it is this old; then the gap is lost content. Brokers retry an
+# upload round every 30 s doubling to 300 s (broker/fragment/persister.py): three rounds fit.
+store_gap_grace_s_default: Final = 900
+store_gap_grace_s_max: Final = 7 * 86_400
 # A read starting at an offset other than 0 reads up to this much before it to learn which
 # transactions were open there (range_start.py).
 lookback_bytes_default: Final = 16 << 20
@@ -122,6 +130,7 @@ STREAM_READ_OPTIONS: Final = frozenset(
         *_READ_OPTIONS,
         "producerHorizonSeconds",
         "idleWaitMs",
+        "storeGapGraceSeconds",
         "maxBytesPerTrigger",
         "maxMessagesPerTrigger",
     )
@@ -151,6 +160,7 @@ class ReadOptions:
     ring_size: int
     producer_horizon_s: int
     idle_wait_ms: int  # Streaming: bound of the wait for an append when idle; 0: no wait.
+    store_gap_grace_s: int  # Streaming from a store: how long a gap may wait to be filled.
     lookback_bytes: int  # Read before a start offset to learn the open transactions.
     filter_pushdown: bool
     max_partition_bytes: int
@@ -274,6 +284,9 @@ def parse_read_options(options: Mapping[str, str], kind: ReadKind = "any") -> Re
             options, "producerHorizonSeconds", producer_horizon_s_default, 0, 10 * 365 * 86_400
         ),
         idle_wait_ms=int_option(options, "idleWaitMs", idle_wait_ms_default, 0, idle_wait_ms_max),
+        store_gap_grace_s=int_option(
+            options, "storeGapGraceSeconds", store_gap_grace_s_default, 0, store_gap_grace_s_max
+        ),
         lookback_bytes=int_option(
             options, "lookbackBytes", lookback_bytes_default, 0, lookback_bytes_max
         ),

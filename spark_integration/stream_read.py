@@ -75,6 +75,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
@@ -94,7 +95,7 @@ from gazette_consumer.message.clock import clock_span
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
 from spark_integration.batch_read import JournalRange, read_partition
-from spark_integration.fragment_plan import split_ranges, target_bytes
+from spark_integration.fragment_plan import split_ranges, store_stream_head, target_bytes
 from spark_integration.framings import decoder_factory
 from spark_integration.journal_io import (
     GazetteJournalError,
@@ -197,7 +198,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 ctx.client, opts.journals, opts.selector, check=False, missing_ok=read_before
             )
             return await write_heads(ctx.client, [s.name for s in specs])
-        return {info.name: info.head for info in await journal_infos(ctx)}
+        now_s, grace_s = time.time(), opts.store_gap_grace_s
+        return {
+            info.name: store_stream_head(info.fragments, now_s, grace_s)
+            for info in await journal_infos(ctx)
+        }
 
     def initialOffset(self) -> dict[str, Any]:
         """Where the query starts reading each journal: its origin. Starting elsewhere than the

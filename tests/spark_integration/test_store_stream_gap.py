@@ -1,15 +1,13 @@
-"""Review reproducer: a streaming read from a fragment store alone (option `store`, no broker)
-skips, for good, a fragment that is persisted after the fragments following it.
+"""A streaming read from a fragment store alone (option `store`, no broker) reads a fragment
+persisted after the fragments following it: planning stops at a gap followed by a fragment
+persisted less than storeGapGraceSeconds ago (an upload still being retried), and reads past
+an older gap as lost content.
 
-In store mode a journal's head is the end of its LAST persisted fragment (fragment_plan.
-store_fragments: `covering[-1].end`), not the end of its contiguous persisted prefix. Brokers do
-not persist strictly in order (broker/fragment/persister.py: a fragment whose upload round
-failed is retried later while the ones behind it are persisted). A micro-batch planned while
-fragment k is not yet in the store but k+1 is walks over the gap: with failOnDataLoss=false the
-gap is "lost content" (a warning) and the offset moves past it, so fragment k, in the store a
-moment later, is never read; with the default failOnDataLoss=true the query fails with
-GazetteDataLossError although nothing was lost. docs/spark.md: "(With `store` and no broker, a
-head is where persisted content ends: an offset beyond it waits for content to be persisted.)"
+Found by review (2026-11-28): the head was the end of the last persisted fragment, so a
+micro-batch planned while fragment k was not yet in the store but k+1 was walked over the gap:
+with failOnDataLoss=false fragment k was skipped for good, and with the default the query failed
+with GazetteDataLossError although nothing was lost. Brokers do not persist strictly in order
+(broker/fragment/persister.py retries a failed round after the ones behind it).
 
 The reader is driven as Spark drives it (initialOffset, latestOffset, partitions, read), in this
 process; the store is the one test_spark_store_read.py's fixture fills with a real broker.
@@ -22,18 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from spark_integration.offsets import from_json
 from spark_integration.read_options import parse_read_options
 from spark_integration.source import default_schema
+from spark_integration.sources import GazetteDataLossError
 from spark_integration.stream_read import GazetteStreamReader
 from tests.spark_integration.spark_testkit import micro_batch_texts
 from tests.spark_integration.test_spark_store_read import _persisted, stopped_store  # noqa: F401
-
-# An open defect, found by review on 2026-11-28 (docs/spark.md, "Open defects"): this test
-# reproduces it and fails today. Strict: once fixed it passes, and the mark must go.
-pytestmark = pytest.mark.xfail(
-    strict=True,
-    reason="open defect: a store-only stream takes the last persisted fragment's end as the head: a late upload is skipped or reported lost",
-)
 
 
 def test_a_fragment_persisted_late_is_read_by_a_store_stream(
@@ -72,12 +65,26 @@ def test_a_fragment_not_yet_persisted_is_no_data_loss(
 ) -> None:
     root, journal, _texts, _spans = stopped_store
     files = _persisted(root, journal)
-    _b, _e, late = files[len(files) // 2]
+    gap_begin, _e, late = files[len(files) // 2]
     late.rename(root / "late-upload")
     opts = parse_read_options({"store": f"file://{root}/frag/", "journals": journal}, "stream")
     reader = GazetteStreamReader(opts, default_schema(opts))
     start = reader.initialOffset()
-    try:
-        reader.latestOffset(start, None)  # Should wait for the upload, not fail.
-    except Exception as err:
-        pytest.fail(f"planning failed while a fragment was merely not yet uploaded: {err!r:.300}")
+    end = reader.latestOffset(start, None)  # Stops before the gap: no data loss.
+    assert from_json(end)[journal].offset(journal) <= gap_begin
+
+
+def test_a_gap_older_than_the_grace_is_lost_content(
+    stopped_store: tuple[Path, str, list[str], list[tuple[int, int]]],  # noqa: F811
+) -> None:
+    """A gap whose next fragment was persisted longer ago than storeGapGraceSeconds (0 here)
+    is a loss (a fragment that will not come): reported, not waited on forever."""
+    root, journal, _texts, _spans = stopped_store
+    files = _persisted(root, journal)
+    _b, _e, late = files[len(files) // 2]
+    late.rename(root / "late-upload")
+    options = {"store": f"file://{root}/frag/", "journals": journal, "storeGapGraceSeconds": "0"}
+    opts = parse_read_options(options, "stream")
+    reader = GazetteStreamReader(opts, default_schema(opts))
+    with pytest.raises(GazetteDataLossError, match="no fragment holds it"):
+        micro_batch_texts(reader, reader.initialOffset())
