@@ -149,6 +149,7 @@ class _Buffers:
     ) -> None:
         self._client = client
         self._task = task
+        self._base_clock = base_clock
         self._register = register_name(task.query) if task.streaming else ""
         # The claim of the task's producer, made with its first append in each journal.
         self._claim = (
@@ -189,7 +190,7 @@ class _Buffers:
             if self._register:
                 registers = await read_registers(self._client, journal)
                 value = gl.value_of(registers, self._register)
-                check_not_stale(self._task, journal, value)
+                check_not_stale(self._task, journal, value, self._base_clock)
                 self.query_values[journal] = value
             request = self.requests[journal] = self._fenced(journal)
         return request

@@ -197,20 +197,29 @@ def claims_of(registers: pb.LabelSet) -> list[Claim]:
     return out
 
 
-def check_not_stale(task: TaskIdentity, journal: str, value: str) -> None:
+def check_not_stale(task: TaskIdentity, journal: str, value: str, base_clock: int) -> None:
     """Raise StaleAttemptError if the query's register in `journal` (its value `value`, read by
     the task before its first append there) says that the task's micro-batch is resolved: by
     this run (an attempt Spark gave up on, still running after the commit), or a later
-    micro-batch by any run. A task fences its appends on the value it read, so a stale attempt
-    that read the register before the driver resolved the micro-batch is refused by the
-    broker; this refuses one that read it after, which the fence alone would let through.
+    micro-batch by another run that planned it after this task's micro-batch was planned (its
+    clocks are above the task's base clock `base_clock`: the task is a zombie of a run that
+    died). A task fences its appends on the value it read, so a stale attempt that read the
+    register before the driver resolved the micro-batch is refused by the broker; this refuses
+    one that read it after, which the fence alone would let through.
 
     A micro-batch resolved by *another* run is no reason: a new run re-runs the last
-    micro-batch of the one before, and its driver rolls those rows back (sink_commit.py)."""
+    micro-batch of the one before, and its driver rolls those rows back (sink_commit.py). Nor
+    is a later micro-batch resolved by another run *before* this task's was planned: the query
+    was restarted from an older checkpoint (a backup restored), and re-runs micro-batches an
+    earlier run committed, which its driver rolls back (ROLL_BACK_ONLY)."""
     if not value:
         return
     mark = SinkMark.parse(value)
-    if mark.batch > task.batch or (mark.batch == task.batch and mark.run == task.run):
+    if mark.run == task.run:
+        stale = mark.batch >= task.batch
+    else:
+        stale = mark.batch > task.batch and base_clock <= mark.high_clock
+    if stale:
         raise StaleAttemptError(
             f"{journal}: micro-batch {task.batch} of query {task.query} (run {task.run}) is"
             f" resolved there already (the query's register records micro-batch {mark.batch}"

@@ -398,3 +398,31 @@ async def test_a_re_run_routed_over_other_journals_commits_nothing_it_could_dupl
         a: Decision.ROLL_BACK,
         c: Decision.COMMIT,
     }
+
+
+async def test_a_query_restarted_from_an_older_checkpoint_rolls_back_what_it_re_runs(
+    env: Env,
+) -> None:
+    """Found by review: a query restarted from an older checkpoint (a backup restored) re-runs
+    micro-batches an earlier run committed. Its tasks were refused as stale (StaleAttemptError,
+    every attempt, so the query could never run); they are a new run's, planned after the
+    register's micro-batch was (their clocks are above its): they publish, and the driver
+    rolls back what was committed already, then commits what was not."""
+    journal = await env.journal("sink/restored")
+    first = Query(env, journal, run="run-1")
+    for batch in range(3):
+        base = first.plan()
+        await first.commit(batch, [await first.task(batch, base, 0, [f"b{batch}"])])
+
+    # The checkpoint is restored from a backup taken after micro-batch 0: a new run re-runs 1.
+    second = Query(env, journal, run="run-2")
+    second.base = first.base
+    for batch, decision in ((1, Decision.ROLL_BACK_ONLY), (2, Decision.ROLL_BACK)):
+        base = second.plan()
+        txn = await second.task(batch, base, 0, [f"b{batch}"])
+        assert await second.commit(batch, [txn]) == {journal: decision}
+    base = second.plan()
+    assert await second.commit(3, [await second.task(3, base, 0, ["b3"])]) == {
+        journal: Decision.COMMIT
+    }
+    assert await committed(env, journal) == ["b0", "b1", "b2", "b3"]
