@@ -187,6 +187,7 @@ async def _with_open_at_origin(
         ring_size=opts.ring_size,
         floor=floor,
         new_decoder=decoder_factory(info.content_type, opts.protobuf_class),
+        csv=info.content_type == gl.CONTENT_TYPE_CSV,
     )
     if not open_txns:
         return parts
@@ -243,6 +244,7 @@ async def committed_range(ctx: ReadContext, part: JournalRange) -> CommittedRang
             ring_size=opts.ring_size,
             floor=part.floor,
             new_decoder=new_decoder,
+            csv=part.content_type == gl.CONTENT_TYPE_CSV,
         )
         checkpoint = at_start(checkpoint, part.journal, part.begin, part.open_at_origin)
     return CommittedRange(

@@ -60,11 +60,18 @@ async def open_at_origin(
     ring_size: int,
     floor: int,
     new_decoder: DecoderFactory = json_decoder,
+    csv: bool = False,
 ) -> tuple[OpenAtOrigin, ...]:
     """The transactions open at `origin` (see the module docstring), in producer order."""
     journal = source.journal
     checkpoint = await start_checkpoint(
-        source, origin, lookback=lookback, ring_size=ring_size, floor=floor, new_decoder=new_decoder
+        source,
+        origin,
+        lookback=lookback,
+        ring_size=ring_size,
+        floor=floor,
+        new_decoder=new_decoder,
+        csv=csv,
     )
     pending = {
         int.from_bytes(jp.producer, "big"): (jp.producer, state)

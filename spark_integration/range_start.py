@@ -57,8 +57,12 @@ async def check_boundary(source: JournalSource, offset: int, option: str) -> Non
         )
 
 
-async def _next_boundary(source: JournalSource, offset: int, limit: int) -> int:
-    """The first message boundary at or after `offset`, or `limit` if there is none before."""
+async def _next_boundary(source: JournalSource, offset: int, limit: int, *, csv: bool) -> int:
+    """The first message boundary at or after `offset`, or `limit` if there is none before.
+    `limit` is itself a boundary. In a CSV journal a newline may lie inside a quoted field (a
+    record spanning lines): `_csv_boundary`."""
+    if csv:
+        return await _csv_boundary(source, offset, limit)
     head = await read_bytes(source, offset - 1, offset) if offset else _NEWLINE
     if head == _NEWLINE:
         return offset
@@ -66,6 +70,29 @@ async def _next_boundary(source: JournalSource, offset: int, limit: int) -> int:
         found = chunk.content.find(_NEWLINE)
         if found != -1:
             return chunk.offset + found + 1
+    return limit
+
+
+async def _csv_boundary(source: JournalSource, offset: int, limit: int) -> int:
+    """The first record boundary at or after `offset` in a CSV journal, `limit` being one.
+    Read backwards from `limit` (outside any quoted field), each quote opens or closes one (a
+    quote within a field is doubled: no change), so a newline is a boundary, outside quotes,
+    if and only if an even number of quotes follows it up to `limit` (RFC 4180, as Gazette's
+    CSV framing writes records). Two passes over [offset - 1, limit): the quotes counted, then
+    the newlines tried, a chunk at a time."""
+    if offset == 0:
+        return 0
+    quotes_after = 0
+    async for chunk in source.chunks(offset - 1, limit):
+        quotes_after += chunk.content.count(b'"')
+    async for chunk in source.chunks(offset - 1, limit):
+        content, at = chunk.content, 0
+        while (found := content.find(_NEWLINE, at)) != -1:
+            quotes_after -= content.count(b'"', at, found)
+            if quotes_after % 2 == 0:
+                return chunk.offset + found + 1
+            at = found + 1
+        quotes_after -= content.count(b'"', at)
     return limit
 
 
@@ -77,14 +104,16 @@ async def start_checkpoint(
     ring_size: int,
     floor: int = 0,
     new_decoder: DecoderFactory = json_decoder,
+    csv: bool = False,
 ) -> SequencerCheckpoint:
     """The Sequencer's checkpoint of the journal at `start`, knowing the producers of the
-    `lookback` bytes before it (not before `floor`; see the module docstring)."""
+    `lookback` bytes before it (not before `floor`; see the module docstring); `csv` for a CSV
+    journal, whose records may span lines."""
     journal = source.journal
     if start == 0 or lookback == 0 or start <= floor:
         return SequencerCheckpoint(read_through={journal: start})
     source = source.lenient()
-    window = await _next_boundary(source, max(floor, start - lookback), start)
+    window = await _next_boundary(source, max(floor, start - lookback), start, csv=csv)
     return await scan_committed(
         source,
         window,

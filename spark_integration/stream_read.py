@@ -91,6 +91,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from broker.fragment.verify import DataLossError
+from broker.protocol import labels as gl
 from gazette_consumer.message.clock import clock_span
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from spark_integration import offsets
@@ -266,6 +267,7 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
             ring_size=opts.ring_size,
             floor=floor,
             new_decoder=new_decoder,
+            csv=info.content_type == gl.CONTENT_TYPE_CSV,
         )
         return JournalOffset(checkpoint, offset)
 
