@@ -26,13 +26,19 @@ Which failed attempts left messages in the journal, the producers' claims there 
 is not a winner's, at that claim's base clock (which commits nothing of it: its messages are
 numbered past it), and removes the claims it read. That covers attempts that died and attempts
 of an earlier run of the query that died with its driver. A winner's claim must be there
-(a COMMIT without it is refused: its messages may have been rolled back). The append carries the check
-that the register still holds what was read, so two drivers (a zombie and its successor)
+(a COMMIT without it is refused: its messages may have been rolled back). The append carries
+the check that the register still holds what was read, so two drivers (a zombie and its successor)
 cannot both commit; on REGISTER_MISMATCH it reads again and decides again, at most
 `commit_attempts_max` times. A register ahead of the micro-batch (Spark restored an older
 checkpoint) is ROLL_BACK_ONLY: those micro-batches were committed; the register stays.
 Each commit also removes the registers of other queries that resolved nothing for
 `stale_register_s` (sink_task.py), so that they do not pile up.
+
+Per-journal decisions are exact only if a re-run routes each row to the journal the first run
+did: true of rows naming their journal, or of one journal, not of a keyColumn write whose key
+journals changed between the runs. The register records the routing's fingerprint, and a
+micro-batch that another run committed under another routing is not committed anywhere by a
+re-run (`check_routing`: GazetteSinkError).
 
 Concurrent queries on one journal each have their own register and producers: each commits
 each of its micro-batches once, independently (as Delta's idempotent writes key transactions by
