@@ -66,9 +66,10 @@ from spark_integration.sink_task import (
     ProducerClaimedError,
     TaskIdentity,
     check_not_stale,
+    claims_of,
     register_name,
 )
-from spark_integration.write_framing import WriteFraming, write_content_type
+from spark_integration.write_framing import JSON_LINES, WriteFraming, write_content_type
 
 # A journal's framed messages are appended once this many bytes are buffered; all buffers
 # together are flushed, largest first, once they hold `publish_buffers_bytes_max`.
@@ -157,6 +158,11 @@ class _Buffers:
         )
         # The request of each journal appended to so far (with its fences).
         self.requests: dict[str, pb.AppendRequest] = {}
+        # Per journal, the stale claims of the task's partition its first append takes over
+        # (Claim.stale_for): rolled back at their base clocks and removed with that append.
+        self.takeovers: dict[str, list[Claim]] = {}
+        # How each journal's messages are framed (the takeovers' rollbacks are framed alike).
+        self.framings: Mapping[str, WriteFraming] = {}
         # Journals an append of the task landed in (and, streaming, where it holds the claim).
         self.appended: set[str] = set()
         # The query's register in each journal, as read before the first append (streaming).
@@ -192,6 +198,7 @@ class _Buffers:
                 value = gl.value_of(registers, self._register)
                 check_not_stale(self._task, journal, value, self._base_clock)
                 self.query_values[journal] = value
+                self._take_over(journal, registers)
             request = self.requests[journal] = self._fenced(journal)
         return request
 
@@ -215,11 +222,18 @@ class _Buffers:
         if self._claim is not None:
             if rollback or journal in self.appended:
                 include.append(self._claim.label())
+                if rollback:
+                    request.subtract_registers.CopyFrom(_label_set([self._claim.label()]))
             else:
-                exclude.append(pb.Label(name=self._claim.name))
+                # The first append: takes its producer's claim if nobody holds it (or a stale
+                # claim holds it), and takes the stale claims of its partition over.
+                stale = [claim.label() for claim in self.takeovers.get(journal, ())]
+                include += stale
+                if all(label.name != self._claim.name for label in stale):
+                    exclude.append(pb.Label(name=self._claim.name))
                 union.append(self._claim.label())
-            if rollback:
-                request.subtract_registers.CopyFrom(pb.LabelSet(labels=[self._claim.label()]))
+                if stale:
+                    request.subtract_registers.CopyFrom(_label_set(stale))
         width = self.widths.get(journal)
         if width is not None:
             include += width.include()
@@ -245,7 +259,8 @@ class _Buffers:
         delay = width_fence_backoff_initial_s
         for attempt in range(1, width_fence_attempts_max + 1):
             try:
-                await append(self._client, await self.request(journal), content)
+                request = await self.request(journal)
+                await append(self._client, request, self._takeover_rollbacks(journal) + content)
                 self._landed(journal)
                 return
             except RegisterMismatchError:
@@ -260,6 +275,24 @@ class _Buffers:
             if attempt > 1:  # A register that keeps moving: the journal re-created meanwhile?
                 await asyncio.sleep(delay)
                 delay = min(width_fence_backoff_max_s, delay * 2)
+
+    def _take_over(self, journal: str, registers: pb.LabelSet) -> None:
+        """The stale claims of the task's partition in `journal` (Claim.stale_for), which its
+        first append there takes over (streaming; a claim would otherwise stay until a commit,
+        and claims of crashed runs pile up to the bound on a journal's registers)."""
+        if self._claim is not None and journal not in self.appended:
+            task = self._task
+            self.takeovers[journal] = [c for c in claims_of(registers) if c.stale_for(task)]
+
+    def _takeover_rollbacks(self, journal: str) -> bytes:
+        """Before the first append's messages: an ACK at its base clock of each claim taken
+        over, which rolls back what that attempt left pending (its messages are numbered past
+        it) and commits nothing."""
+        takeovers = self.takeovers.get(journal)
+        if not takeovers or journal in self.appended:
+            return b""
+        framing = self.framings.get(journal, JSON_LINES)
+        return b"".join(framing.ack(claim.producer, claim.base_clock) for claim in takeovers)
 
     def _landed(self, journal: str) -> None:
         if journal not in self.appended:
@@ -285,7 +318,11 @@ class _Buffers:
             ours = self._claim.encode()
             if held == ours and journal not in self.appended:
                 return True
-            if held != ours and (held or journal in self.appended):
+            holder = Claim.parse(self._claim.name, held) if held else None
+            taken_over = (
+                holder is not None and holder.stale_for(self._task) and journal not in self.appended
+            )
+            if held != ours and (held or journal in self.appended) and not taken_over:
                 raise ProducerClaimedError(
                     f"{journal}: the producer {self._claim.producer.hex()} of partition"
                     f" {self._task.partition} is claimed there by another attempt ({held or 'none'};"
@@ -294,8 +331,11 @@ class _Buffers:
                     " the stage. This attempt appends nothing more and fails; Spark's retry"
                     " publishes under a producer of its own"
                 )
+        if journal not in self.appended:
+            self._take_over(journal, registers)  # The stale claims as they are now.
+            self.requests[journal] = self._fenced(journal)
         if journal not in self.widths:
-            return False  # Empty registers match any check: nothing to look at again.
+            return False
         fence = self.widths[journal]
         self.widths[journal] = await refence(
             self._client, journal, registers, fence.fields, self.columns[journal]
@@ -454,6 +494,7 @@ async def publish_batches(
     buffers = _Buffers(client, task, producer, base_clock)
     # The framing of each journal published to, in first-publish order.
     framings: dict[str, WriteFraming] = {}
+    buffers.framings = framings
     clock = base_clock
     try:
         for batch in batches:

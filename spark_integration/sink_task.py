@@ -28,7 +28,11 @@ required to hold the task's own claim by each later append. An attempt that find
 claimed by another fails (`ProducerClaimedError`) and appends nothing; Spark retries it under a
 producer of its own. The driver's commit rolls back the producer of every claim that is not a
 winner's (at that claim's base clock) and removes the micro-batch's claims with the same
-append, so the claims also tell it exactly which failed attempts left messages where.
+append, so the claims also tell it exactly which failed attempts left messages where. A claim
+that outlives its micro-batch (its run crashed before the commit; an attempt that landed as the
+commit did, or after a ROLL_BACK_ONLY) is stale (`Claim.stale_for`): the first append of the
+next task of its partition takes it over, rolling it back and removing it, so claims of
+crashed runs do not pile up to the bound on a journal's registers.
 
 Clocks. Every task of micro-batch B numbers its messages from the same base clock T_B (taken
 by the driver when it plans B's write, from the wall clock): message i of a task has clock
@@ -143,47 +147,76 @@ def claim_name(producer: ProducerID) -> str:
 @dataclass(frozen=True)
 class Claim:
     """A producer's claim in a journal (see the module docstring): by task attempt
-    `task_attempt_id` of micro-batch `batch` of query `query`, whose messages there are
-    numbered from past `base_clock`; `at_s` (unix seconds) when it was made."""
+    `task_attempt_id` of partition `partition` of micro-batch `batch` of run `run` of query
+    `query`, whose messages there are numbered from past `base_clock`; `at_s` (unix seconds)
+    when it was made."""
 
     producer: ProducerID
     query: str
+    run: str
     batch: int
+    partition: int
     base_clock: int
     task_attempt_id: int
     at_s: int
 
     @classmethod
     def of(cls, task: TaskIdentity, producer: ProducerID, base_clock: int, at_s: int) -> Claim:
-        return cls(producer, task.query, task.batch, base_clock, task.task_attempt_id, at_s)
+        return cls(
+            producer,
+            task.query,
+            task.run,
+            task.batch,
+            task.partition,
+            base_clock,
+            task.task_attempt_id,
+            at_s,
+        )
 
     @property
     def name(self) -> str:
         return claim_name(self.producer)
 
     def encode(self) -> str:
-        return f"{self.query}/{self.batch}/{self.base_clock}/{self.task_attempt_id}/{self.at_s}"
+        return (
+            f"{self.query}/{self.run}/{self.batch}/{self.partition}/{self.base_clock}"
+            f"/{self.task_attempt_id}/{self.at_s}"
+        )
 
     def label(self) -> pb.Label:
         return pb.Label(name=self.name, value=self.encode())
 
+    def stale_for(self, task: TaskIdentity) -> bool:
+        """Whether a task of the same query and partition takes this claim over with its first
+        append (`publish._Buffers`): a claim of another run (which died, or is a zombie: the
+        query runs one run at a time) or of an earlier micro-batch (Spark runs the next only
+        once the driver committed this one: a claim left is an attempt's that died, or that
+        landed as the commit did), never one of the task's own micro-batch (another attempt of
+        it, which may be running)."""
+        return (
+            self.query == task.query
+            and self.partition == task.partition
+            and (self.run != task.run or self.batch < task.batch)
+        )
+
     @classmethod
     def parse(cls, name: str, value: str) -> Claim | None:
         """The claim a register holds, or None if it is not one this sink writes."""
-        parts = value.rsplit("/", 4)
+        parts = value.rsplit("/", 6)
         hex_ = name.removeprefix(CLAIM_PREFIX)
         if (
-            len(parts) != 5
+            len(parts) != 7
             or not name.startswith(CLAIM_PREFIX)
             or len(hex_) != 12
-            or not all(p.isdigit() for p in parts[1:])
+            or not all(p.isdigit() for p in parts[2:])
         ):
             return None
         try:
             producer = producer_id(bytes.fromhex(hex_))
         except ValueError:
             return None
-        return cls(producer, parts[0], *(int(p) for p in parts[1:]))
+        batch, partition, base, attempt_id, at_s = (int(p) for p in parts[2:])
+        return cls(producer, parts[0], parts[1], batch, partition, base, attempt_id, at_s)
 
 
 def claims_of(registers: pb.LabelSet) -> list[Claim]:

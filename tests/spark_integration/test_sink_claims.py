@@ -28,6 +28,7 @@ from spark_integration.publish import (
     read_registers,
 )
 from spark_integration.range_read import CommittedRange
+from spark_integration.sink_commit import Decision
 from spark_integration.sink_task import (
     CLAIM_PREFIX,
     Claim,
@@ -233,3 +234,102 @@ def test_claims_parse_what_they_encode() -> None:
     assert Claim.parse(claim.name, "not/a/claim") is None
     assert Claim.parse(CLAIM_PREFIX + "zz" * 6, claim.encode()) is None
     assert Claim.parse(register_name(Q1), claim.encode()) is None
+
+
+async def _claim_count(env: Env, journal: str) -> int:
+    return sum(name.startswith(CLAIM_PREFIX) for name in await _names(env, journal))
+
+
+async def test_claims_of_crashed_runs_are_taken_over_not_piled_up(env: Env) -> None:
+    """Found by review: a query whose driver crashed mid-micro-batch five times with 200
+    partitions (Spark's default for a stateful query) left 1,000 claims, which only a commit
+    removed; the sixth run's tasks could not add theirs (a journal holds at most 1,024
+    registers) and no run could ever commit again. Now each task's first append takes over
+    the claims of its partition left by other runs (rolled back at their base clocks, removed):
+    the journal's registers shrink as the run goes."""
+    journal = await env.journal("sink/claims-pile-up")
+    framing, dead_base = JSONFraming(), Query(env, journal).plan()
+    claims, pending = [], []
+    for run in range(5):  # Five crashed runs of micro-batch 7, as their tasks left them.
+        for p in range(200):
+            task = TaskIdentity(Q1, f"run-{run}", 7, p, 0, task_attempt_id=run * 1000 + p)
+            claims.append(Claim.of(task, task.producer(), dead_base, int(time.time())).label())
+            pending.append(_continue(framing, task.producer(), dead_base + 1, f"dead-{run}-{p}"))
+    await append(
+        env.client,
+        pb.AppendRequest(
+            journal=journal,
+            union_registers=pb.LabelSet(labels=sorted(claims, key=lambda x: (x.name, x.value))),
+        ),
+        b"".join(pending),
+    )
+    assert await _claim_count(env, journal) == 1000
+
+    sixth = Query(env, journal, run="run-5")
+    sixth.base = dead_base
+    base = sixth.plan()
+    winners = [await sixth.task(7, base, p, [f"r5-p{p}"]) for p in range(200)]
+    assert await sixth.commit(7, winners) == {journal: Decision.COMMIT}
+    assert sorted(await committed(env, journal)) == sorted(f"r5-p{p}" for p in range(200))
+    assert await _claim_count(env, journal) == 0
+
+
+async def test_an_attempt_after_a_roll_back_only_does_not_block_the_next_micro_batch(
+    env: Env,
+) -> None:
+    """Found by review: a restored query's micro-batch 1 is resolved ROLL_BACK_ONLY (the
+    register stays at the earlier run's micro-batch 2), and an attempt of it that Spark gave up
+    on appends afterwards under the run's attempt-0 producer of partition 0. Micro-batch 2's
+    attempt 0 of partition 0 takes that claim over (its micro-batch is earlier) instead of
+    failing with ProducerClaimedError, and the late attempt's rows are never committed."""
+    journal = await env.journal("sink/roll-back-only-zombie")
+    first = Query(env, journal, run="run-1")
+    for batch in range(3):
+        base = first.plan()
+        await first.commit(batch, [await first.task(batch, base, 0, [f"b{batch}"])])
+
+    second = Query(env, journal, run="run-2")
+    second.base = first.base
+    b1 = second.plan()
+    won = await second.task(1, b1, 0, ["b1"])
+    assert await second.commit(1, [won]) == {journal: Decision.ROLL_BACK_ONLY}
+    await second.task(1, b1, 0, ["zombie"])  # Given up on, it appends now.
+
+    b2 = second.plan()
+    txn = await second.task(2, b2, 0, ["b2"])
+    assert await second.commit(2, [txn]) == {journal: Decision.ROLL_BACK}
+    b3 = second.plan()
+    assert await second.commit(3, [await second.task(3, b3, 0, ["b3"])]) == {
+        journal: Decision.COMMIT
+    }
+    assert await committed(env, journal) == ["b0", "b1", "b2", "b3"]
+    assert await _claim_count(env, journal) == 0
+
+
+async def test_a_claim_that_outlived_its_micro_batchs_commit_is_taken_over(env: Env) -> None:
+    """Found by review: the resubmitted stage's attempt 0 of partition 0 made its first append
+    between the driver's read of the registers and its commit append (whose check covers the
+    query's register only), so its claim and its rows outlived the commit. Micro-batch 1's
+    attempt 0 (the same producer) takes the claim over, rolling those rows back, instead of
+    failing with ProducerClaimedError. (The state the race leaves is made here directly.)"""
+    journal = await env.journal("sink/late-claim")
+    q = Query(env, journal)
+    b0 = q.plan()
+    winner = await q.task(0, b0, 0, ["a"], attempt=1)
+    assert await q.commit(0, [winner]) == {journal: Decision.COMMIT}
+
+    late_task = TaskIdentity(Q1, q.run, 0, 0, 0, task_attempt_id=99)
+    producer = late_task.producer()
+    late = Claim.of(late_task, producer, b0, int(time.time()))
+    await append(
+        env.client,
+        pb.AppendRequest(journal=journal, union_registers=pb.LabelSet(labels=[late.label()])),
+        _continue(JSONFraming(), producer, b0 + 1, "zombie"),
+    )
+
+    b1 = q.plan()
+    txn = await q.task(1, b1, 0, ["b"])
+    assert txn.producer == producer.hex()
+    assert await q.commit(1, [txn]) == {journal: Decision.COMMIT}
+    assert await committed(env, journal) == ["a", "b"]
+    assert await _claim_count(env, journal) == 0
