@@ -40,23 +40,7 @@ def test_a_csv_read_from_a_record_boundary_with_a_look_back(broker: str) -> None
     # A look-back that starts inside the first record, before its embedded newline.
     lookback = first_end - (embedded - 3)
 
-    opts = parse_read_options(
-        {
-            "broker": broker,
-            "journals": journal,
-            "startingOffsets": f'{{"{journal}": {first_end}}}',
-            "lookbackBytes": str(lookback),
-        },
-        "batch",
-    )
-    reader = GazetteBatchReader(opts, StructType([StructField("text", StringType())]))
-    got = [
-        row
-        for part in reader.partitions()
-        for batch in reader.read(part)
-        for row in batch.column("text").to_pylist()
-    ]
-    assert got == ["plain", "another"]
+    assert _read_from(broker, journal, first_end, lookback) == ["plain", "another"]
 
 
 def test_a_look_back_starting_inside_many_quoted_newlines(broker: str) -> None:
@@ -78,20 +62,24 @@ def test_a_look_back_starting_inside_many_quoted_newlines(broker: str) -> None:
     while content.count(b'"', 0, start) % 2:  # A newline inside quotes: not its start.
         start = content.rindex(b"\n", 0, start - 1) + 1
     for lookback in range(1, start, 7):
-        opts = parse_read_options(
-            {
-                "broker": broker,
-                "journals": journal,
-                "startingOffsets": f'{{"{journal}": {start}}}',
-                "lookbackBytes": str(lookback),
-            },
-            "batch",
-        )
-        reader = GazetteBatchReader(opts, StructType([StructField("text", StringType())]))
-        got = [
-            row
-            for part in reader.partitions()
-            for batch in reader.read(part)
-            for row in batch.column("text").to_pylist()
-        ]
-        assert got == texts[5:], lookback
+        assert _read_from(broker, journal, start, lookback) == texts[5:], lookback
+
+
+def _read_from(broker: str, journal: str, start: int, lookback: int) -> list[str]:
+    """The texts a read-committed batch read from `start` delivers, looking `lookback` back."""
+    opts = parse_read_options(
+        {
+            "broker": broker,
+            "journals": journal,
+            "startingOffsets": f'{{"{journal}": {start}}}',
+            "lookbackBytes": str(lookback),
+        },
+        "batch",
+    )
+    reader = GazetteBatchReader(opts, StructType([StructField("text", StringType())]))
+    return [
+        row
+        for part in reader.partitions()
+        for batch in reader.read(part)
+        for row in batch.column("text").to_pylist()
+    ]

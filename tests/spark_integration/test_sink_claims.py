@@ -47,6 +47,7 @@ from tests.spark_integration.test_sink_commit import (
     Query,
     _continue,
     committed,
+    restored_after_micro_batch_0,
     source,
     walk_texts,
     written,
@@ -283,13 +284,7 @@ async def test_an_attempt_after_a_roll_back_only_does_not_block_the_next_micro_b
     attempt 0 of partition 0 takes that claim over (its micro-batch is earlier) instead of
     failing with ProducerClaimedError, and the late attempt's rows are never committed."""
     journal = await env.journal("sink/roll-back-only-zombie")
-    first = Query(env, journal, run="run-1")
-    for batch in range(3):
-        base = first.plan()
-        await first.commit(batch, [await first.task(batch, base, 0, [f"b{batch}"])])
-
-    second = Query(env, journal, run="run-2")
-    second.base = first.base
+    second = await restored_after_micro_batch_0(env, journal)
     b1 = second.plan()
     won = await second.task(1, b1, 0, ["b1"])
     assert await second.commit(1, [won]) == {journal: Decision.ROLL_BACK_ONLY}

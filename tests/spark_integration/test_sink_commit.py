@@ -409,14 +409,7 @@ async def test_a_query_restarted_from_an_older_checkpoint_rolls_back_what_it_re_
     register's micro-batch was (their clocks are above its): they publish, and the driver
     rolls back what was committed already, then commits what was not."""
     journal = await env.journal("sink/restored")
-    first = Query(env, journal, run="run-1")
-    for batch in range(3):
-        base = first.plan()
-        await first.commit(batch, [await first.task(batch, base, 0, [f"b{batch}"])])
-
-    # The checkpoint is restored from a backup taken after micro-batch 0: a new run re-runs 1.
-    second = Query(env, journal, run="run-2")
-    second.base = first.base
+    second = await restored_after_micro_batch_0(env, journal)
     for batch, decision in ((1, Decision.ROLL_BACK_ONLY), (2, Decision.ROLL_BACK)):
         base = second.plan()
         txn = await second.task(batch, base, 0, [f"b{batch}"])
@@ -426,3 +419,15 @@ async def test_a_query_restarted_from_an_older_checkpoint_rolls_back_what_it_re_
         journal: Decision.COMMIT
     }
     assert await committed(env, journal) == ["b0", "b1", "b2", "b3"]
+
+
+async def restored_after_micro_batch_0(env: Env, journal: str) -> Query:
+    """Run 1 committed micro-batches 0, 1 and 2 (rows b0, b1, b2); the query's checkpoint is
+    restored from a backup taken after micro-batch 0: the next run, returned, re-runs 1."""
+    first = Query(env, journal, run="run-1")
+    for batch in range(3):
+        base = first.plan()
+        await first.commit(batch, [await first.task(batch, base, 0, [f"b{batch}"])])
+    second = Query(env, journal, run="run-2")
+    second.base = first.base
+    return second
