@@ -351,14 +351,9 @@ class _Buffers:
             await self.flush(journal)
 
 
-def _label_key(label: pb.Label) -> tuple[str, str]:
-    return (label.name, label.value)
-
-
 def _label_set(labels: list[pb.Label]) -> pb.LabelSet:
-    """`labels` as a LabelSet: in (name, value) order, as a LabelSet must be."""
-    ordered: list[pb.Label] = sorted(labels, key=_label_key)
-    return pb.LabelSet(labels=ordered)
+    """`labels` as a LabelSet, in the (name, value) order a LabelSet must have."""
+    return gl.label_set((label.name, label.value) for label in labels)
 
 
 async def _roll_back(

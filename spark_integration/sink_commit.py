@@ -237,11 +237,6 @@ def _stale(registers: pb.LabelSet, own: str, now_s: int) -> list[pb.Label]:
     return out
 
 
-def _label_set(claims: Sequence[Claim]) -> pb.LabelSet:
-    labels: list[pb.Label] = sorted((c.label() for c in claims), key=lambda x: (x.name, x.value))
-    return pb.LabelSet(labels=labels)
-
-
 def _update_request(
     journal: str,
     registers: pb.LabelSet,
@@ -283,7 +278,9 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
         if decision is Decision.ROLL_BACK_ONLY:
             request = pb.AppendRequest(journal=journal)
             if claims:
-                request.subtract_registers.CopyFrom(_label_set(claims))
+                request.subtract_registers.CopyFrom(
+                    gl.label_set((c.name, c.encode()) for c in claims)
+                )
             await append(client, request, txns.rollback_content(journal, claims))
             return decision
         mark = SinkMark(txns.batch, txns.run, txns.high_clock, int(time.time()), txns.routing)
