@@ -1,0 +1,110 @@
+"""The exactly-once sink across a lost executor and a resubmitted write stage, on a real local
+cluster (a standalone master and worker, two executor JVMs: stage_retry_job.py).
+
+A write task that appended part of its rows dies with its executor (SIGKILL of the JVM). Its
+executor's shuffle outputs die with it, so Spark reruns the map stage and resubmits the write
+stage: the partition is written again by attempt 0 of a new stage attempt, under the producer
+the dead attempt had claimed. Read back by an independent read-committed reader (the whole sink
+journal through a Sequencer, not through Spark), the sink holds every source message exactly
+once, and the dead attempt's appends are in the journal, rolled back; the resubmitted
+attempt 0 found the producer claimed and failed (ProducerClaimedError), and Spark's retry of it
+published under a producer of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.spark_integration.spark_testkit import (
+    OUTSIDE,
+    REPO,
+    Msg,
+    append_messages,
+    committed_texts,
+    create_journals,
+    producer,
+    read_all,
+    unique,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]
+
+# Source messages (~1 KiB each), all in the first micro-batch: ~8 MiB per write task, appended
+# a MiB at a time, so that the killed task appended some before it died and had more to go.
+messages_n = 24000
+padding = "x" * 1000
+job_timeout_s = 300.0
+
+
+def test_a_write_stage_resubmitted_after_an_executor_loss_commits_once(
+    broker: str, tmp_path: Path
+) -> None:
+    source, sink = unique("spark/stage-src"), unique("spark/stage-sink")
+    create_journals(broker, [source, sink])
+    p = producer()
+    texts = [f"m{i}" for i in range(messages_n)]
+    for lo in range(0, messages_n, 2000):
+        append_messages(
+            broker,
+            source,
+            [
+                Msg(p, 1000 + i, OUTSIDE, {"text": texts[i], "pad": padding})
+                for i in range(lo, min(lo + 2000, messages_n))
+            ],
+            together=True,
+        )
+    marker, log = tmp_path / "killed", tmp_path / "job.log"
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.spark_integration.stage_retry_job",
+                broker,
+                source,
+                sink,
+                str(tmp_path / "checkpoint"),
+                str(marker),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,  # Its executor JVMs and Python workers: one process group.
+        )
+    try:
+        proc.wait(timeout=job_timeout_s)
+    finally:
+        # Nothing of the local cluster outlives the test, whatever happened.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 0, output[-6000:]
+    assert marker.exists(), "no write task killed its executor"
+    stages = json.loads(output.strip().splitlines()[-1])["stages"]
+    assert any(s["attempt"] > 0 for s in stages), f"no stage was resubmitted: {stages}"
+    # The resubmitted stage's attempt 0 of the partition found the dead attempt's claim on the
+    # producer they share, appended nothing, and failed; its retry published under its own.
+    assert "ProducerClaimedError" in output, "no attempt found its producer claimed"
+
+    written = committed_texts(broker, sink)
+    assert len(written) == len(set(written)), "a message was committed twice"
+    assert sorted(written) == sorted(texts)
+    # The dead attempt's appends are there, rolled back (not only never made).
+    lines = read_all(broker, sink).count(b'"text"')
+    assert lines > messages_n, f"{lines} messages in the sink: the dead attempt appended none"
