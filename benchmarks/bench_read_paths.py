@@ -77,7 +77,7 @@ async def read_committed(
     for content, offset in chunks:
         await read_ahead.channel.put(Chunk(JOURNAL, decoder, content, offset))
     read_ahead._supervisor = asyncio.get_running_loop().create_future()  # type: ignore[assignment]
-    return drain(it.try_next)
+    return drain(lambda: it.try_next())
 
 
 async def read_uncommitted(
@@ -87,11 +87,12 @@ async def read_uncommitted(
     decoder = new_chunk_decoder(spec, 0, Reading)
     for content, offset in chunks:
         await source.put_chunk(decoder, content, offset)
-    return drain(source.try_next)
+    return drain(lambda: source.try_next())
 
 
 def drain(try_next: Callable[[], Any]) -> tuple[int, float]:
-    """Messages returned until none is at hand, and the CPU seconds that took."""
+    """Messages returned until none is at hand, and the CPU seconds that took. `try_next` looks
+    the source's up per call, as a shard's loop does: ReadCommittedIter rebinds its own."""
     count = 0
     began = time.thread_time()
     while try_next() is not None:

@@ -11,7 +11,7 @@ it by TICK_S, so a transaction's size follows from its durations alone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,3 +244,41 @@ async def test_an_application_failing_inside_a_taken_sequence_names_its_message(
     assert source.taken > 0
     assert app.counts == {}
     assert _failed(app.finishes)
+
+
+class RebindingSource(ReadySource):
+    """A ReadySource whose `try_next` is rebound every REBIND_EVERY messages, as
+    ReadCommittedIter rebinds its own to a C iterator over each run of messages that commit
+    alone: a call through an older binding counts as stale (and still works)."""
+
+    REBIND_EVERY = 3
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.binding = 0
+        self.stale_calls = 0
+        self.try_next = self._bound(0)  # type: ignore[method-assign]
+
+    def _bound(self, binding: int) -> Callable[[], Envelope[Any] | None]:
+        def try_next() -> Envelope[Any] | None:
+            if binding != self.binding:
+                self.stale_calls += 1
+            envelope = ReadySource.try_next(self)
+            if envelope is not None and envelope.begin % self.REBIND_EVERY == 0:
+                self.binding += 1
+                self.try_next = self._bound(self.binding)  # type: ignore[method-assign]
+            return envelope
+
+        return try_next
+
+
+async def test_the_loop_calls_the_sources_try_next_as_bound_now(tmp_path: Path) -> None:
+    # Runs of up to CONSUME_RUN_MAX + 1 messages, the binding changing every 3: a loop that
+    # kept the binding it found at a run's start would call stale ones for most messages.
+    count = 2 * CONSUME_RUN_MAX
+    source = RebindingSource(count)
+    app = await _run(tmp_path, source)
+    assert [text for txn in app.txns for text in txn] == [f"m-{i}" for i in range(count)]
+    assert app.counts == {"k": count}
+    assert source.binding >= count // RebindingSource.REBIND_EVERY
+    assert source.stale_calls == 0
