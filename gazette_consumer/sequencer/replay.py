@@ -219,6 +219,13 @@ class Replay(Iterator[Envelope[Any]]):
             self._last_kept = envelopes[hi - 1].clock
 
     async def close(self) -> None:
+        """Stop reading, and let go of what is held: the Sequencer keeps the replay it was
+        given (in its emission) until it is itself dropped, which for a closed iterator may
+        take the cyclic collector; the messages must not wait for that (up to
+        replay_decoded_messages_max of them, kept decoded)."""
+        self._kept.clear()
+        self._retained = None
+        self._content = b""
         if self._reader is not None:
             await self._reader.close()
 
