@@ -13,21 +13,9 @@ import sys
 
 def main(argv: list[str]) -> int:
     broker, source, sink, checkpoint, per_batch = argv
-    from pyspark.sql import SparkSession
+    from tests.spark_integration.job_session import job_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("gazette-driver-kill")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    from spark_integration import GazetteDataSource
-
-    spark.dataSource.register(GazetteDataSource)
+    spark = job_session("local[2]", "gazette-driver-kill")
     query = (
         spark.readStream.format("gazette")
         .option("broker", broker)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +34,27 @@ ACK = Flag.ACK_TXN
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def start_job(module: str, args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """Run `python -m tests.spark_integration.<module> ARGS` (a driver job of its own) in a new
+    process group, its output appended to `log`: its JVMs and Python workers are in the group,
+    so that a `killpg` leaves nothing of it behind."""
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"tests.spark_integration.{module}", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
 
 
 # The log of each broker `broker_process` runs, by its address (see `wait_replica_stopped`).

@@ -94,26 +94,21 @@ def kill_once(broker: str, sink: str, marker: str) -> Any:
 
 def main(argv: list[str]) -> int:
     broker, source, sink, checkpoint, marker = argv
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as f
     from pyspark.sql.types import StringType
 
-    spark = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .appName("gazette-stage-retry")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ROWS_PER_BATCH))
-        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-        .getOrCreate()
-    )
-    # Failed task attempts are logged as warnings: the test looks for the claimed producer's.
-    spark.sparkContext.setLogLevel("WARN")
-    from spark_integration import GazetteDataSource
+    from tests.spark_integration.job_session import job_session
 
-    spark.dataSource.register(GazetteDataSource)
+    # Failed task attempts are logged as warnings: the test looks for the claimed producer's.
+    spark = job_session(
+        "local-cluster[2,1,1024]",
+        "gazette-stage-retry",
+        log_level="WARN",
+        **{
+            "spark.sql.execution.arrow.maxRecordsPerBatch": str(ROWS_PER_BATCH),
+            "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        },
+    )
     udf = f.udf(kill_once(broker, sink, marker), StringType())
     query = (
         spark.readStream.format("gazette")

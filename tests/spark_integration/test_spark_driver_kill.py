@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,12 +21,12 @@ import pytest
 
 from tests.spark_integration.spark_testkit import (
     OUTSIDE,
-    REPO,
     Msg,
     append_messages,
     committed_texts,
     create_journals,
     producer,
+    start_job,
     unique,
 )
 
@@ -45,30 +44,7 @@ poll_s_max = 0.02
 def _driver(
     broker: str, source: str, sink: str, checkpoint: Path, log: Path
 ) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.spark_integration.driver_job",
-                broker,
-                source,
-                sink,
-                str(checkpoint),
-                str(per_batch),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,  # Its JVM and Python workers die with its process group.
-        )
+    return start_job("driver_job", [broker, source, sink, str(checkpoint), str(per_batch)], log)
 
 
 def _batches(checkpoint: Path, kind: str) -> set[int]:

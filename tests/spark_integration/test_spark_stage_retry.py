@@ -17,21 +17,19 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.spark_integration.spark_testkit import (
     OUTSIDE,
-    REPO,
     Msg,
     append_messages,
     committed_texts,
     create_journals,
     producer,
     read_all,
+    start_job,
     unique,
 )
 
@@ -62,30 +60,8 @@ def test_a_write_stage_resubmitted_after_an_executor_loss_commits_once(
             together=True,
         )
     marker, log = tmp_path / "killed", tmp_path / "job.log"
-    env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.spark_integration.stage_retry_job",
-                broker,
-                source,
-                sink,
-                str(tmp_path / "checkpoint"),
-                str(marker),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,  # Its executor JVMs and Python workers: one process group.
-        )
+    args = [broker, source, sink, str(tmp_path / "checkpoint"), str(marker)]
+    proc = start_job("stage_retry_job", args, log)
     try:
         proc.wait(timeout=job_timeout_s)
     finally:
