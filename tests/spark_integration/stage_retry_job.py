@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
         info = tracker.getStageInfo(stage_id)
         if info is not None:
             stages.append({"stage": stage_id, "attempt": info.currentAttemptId, "name": info.name})
-    print(json.dumps({"stages": stages}), flush=True)
+    print("\n" + json.dumps({"stages": stages}), flush=True)  # On a line of its own.
     spark.stop()
     return 0
 

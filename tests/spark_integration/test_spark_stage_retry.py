@@ -35,7 +35,7 @@ from tests.spark_integration.spark_testkit import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]
 
-# Source messages (~1 KiB each), all in the first micro-batch: ~8 MiB per write task, appended
+# Source messages (~1 KiB each), all in the first micro-batch: ~12 MiB per write task, appended
 # a MiB at a time, so that the killed task appended some before it died and had more to go.
 messages_n = 24000
 padding = "x" * 1000
@@ -72,7 +72,10 @@ def test_a_write_stage_resubmitted_after_an_executor_loss_commits_once(
     output = log.read_text()
     assert proc.returncode == 0, output[-6000:]
     assert marker.exists(), "no write task killed its executor"
-    stages = json.loads(output.strip().splitlines()[-1])["stages"]
+    # The job's report (Spark may log more once it stops).
+    report = [line for line in output.splitlines() if line.startswith('{"stages"')]
+    assert report, f"the job printed no report:\n{output[-6000:]}"
+    stages = json.loads(report[-1])["stages"]
     assert any(s["attempt"] > 0 for s in stages), f"no stage was resubmitted: {stages}"
     # The resubmitted stage's attempt 0 of the partition found the dead attempt's claim on the
     # producer they share, appended nothing, and failed; its retry published under its own.
