@@ -334,7 +334,7 @@ class TxnDriver:
                 # Looked up per message, not once per run: a source may rebind it as it goes
                 # (ReadCommittedIter binds it to a C iterator over each piece's run of messages
                 # that commit alone; a stale binding would hand every later message out through
-                # its Python path, ~300 instructions a message more).
+                # its Python path: ~1.5% of the read path, measured in d57a1cd).
                 next_envelope = source.try_next()
             except Exception as err:
                 raise ShardFailedError(self._id, "reading messages", err) from err
