@@ -13,23 +13,18 @@ import sys
 
 def main(argv: list[str]) -> int:
     broker, source, sink, checkpoint, per_batch = argv
-    from tests.spark_integration.job_session import job_session
+    from tests.spark_integration.job_session import job_session, write_available_now
 
     spark = job_session("local[2]", "gazette-driver-kill")
-    query = (
+    source_rows = (
         spark.readStream.format("gazette")
         .option("broker", broker)
         .option("journals", source)
         .option("maxMessagesPerTrigger", per_batch)
         .load()
         .selectExpr("content")
-        .writeStream.format("gazette")
-        .option("broker", broker)
-        .option("journal", sink)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
     )
+    query = write_available_now(source_rows, broker, sink, checkpoint)
     print("started", flush=True)
     query.awaitTermination()
     print("finished", flush=True)

@@ -27,3 +27,17 @@ def job_session(master: str, app_name: str, log_level: str = "ERROR", **conf: st
 
     spark.dataSource.register(GazetteDataSource)
     return spark
+
+
+def write_available_now(df: Any, broker: str, sink: str, checkpoint: str) -> Any:
+    """Start a streaming write of `df` into journal `sink` through the gazette sink,
+    checkpointed at `checkpoint`, over what its source has when it starts
+    (Trigger.AvailableNow); returns the query."""
+    return (
+        df.writeStream.format("gazette")
+        .option("broker", broker)
+        .option("journal", sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )

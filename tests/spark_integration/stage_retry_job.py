@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as f
     from pyspark.sql.types import StringType
 
-    from tests.spark_integration.job_session import job_session
+    from tests.spark_integration.job_session import job_session, write_available_now
 
     # Failed task attempts are logged as warnings: the test looks for the claimed producer's.
     spark = job_session(
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
         },
     )
     udf = f.udf(kill_once(broker, sink, marker), StringType())
-    query = (
+    source_rows = (
         spark.readStream.format("gazette")
         .option("broker", broker)
         .option("journals", source)
@@ -118,13 +118,8 @@ def main(argv: list[str]) -> int:
         .selectExpr("content")
         .repartition(2, "content")
         .select(udf("content").alias("content"))
-        .writeStream.format("gazette")
-        .option("broker", broker)
-        .option("journal", sink)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
     )
+    query = write_available_now(source_rows, broker, sink, checkpoint)
     print("started", flush=True)
     query.awaitTermination()
     tracker = spark.sparkContext.statusTracker()
