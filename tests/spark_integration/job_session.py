@@ -1,8 +1,11 @@
-"""The SparkSession of a driver job of its own (driver_job.py, stage_retry_job.py): on
-loopback, without the UI, two shuffle partitions, the gazette data source registered."""
+"""What the driver jobs of their own (driver_job.py, stage_retry_job.py, speculation_job.py)
+share: their SparkSession (on loopback, without the UI, two shuffle partitions, the gazette data
+source registered), their streaming write, and their UDFs' wait for the sink's claims."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -41,3 +44,27 @@ def write_available_now(df: Any, broker: str, sink: str, checkpoint: str) -> Any
         .trigger(availableNow=True)
         .start()
     )
+
+
+# How long a driver job's UDF waits for the sink's claims to change, and the polling backoff.
+CLAIM_WAIT_S = 120.0
+CLAIM_POLL_S_MAX = 0.2
+
+
+def wait_for_claims(broker: str, sink: str, until: Callable[[list[Any]], bool], what: str) -> None:
+    """Return once `until` holds of the producer claims in journal `sink`'s registers
+    (`spark_integration.sink_task.Claim`s); polled, backing off, for at most CLAIM_WAIT_S, then
+    RuntimeError naming `what` was awaited."""
+    from spark_integration.journal_io import run_with_client
+    from spark_integration.publish import read_registers
+    from spark_integration.sink_task import claims_of
+
+    deadline, wait = time.monotonic() + CLAIM_WAIT_S, 0.01
+    while True:
+        registers = run_with_client(broker, lambda client: read_registers(client, sink))
+        if until(claims_of(registers)):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{sink}: {what} did not happen within {CLAIM_WAIT_S:g} s")
+        time.sleep(wait)
+        wait = min(wait * 2, CLAIM_POLL_S_MAX)

@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,6 @@ from typing import Any
 KILL_AT_ROW = 6000
 
 ROWS_PER_BATCH = 1000
-# How long the killing task waits for the sink's first append of its rows.
-CLAIM_WAIT_S = 120.0
 
 _passed: dict[int, int] = {}  # Rows passed on, per task attempt (taskAttemptId).
 
@@ -49,27 +46,11 @@ def _executor_jvm() -> int:
     raise RuntimeError("no executor JVM among this worker's ancestors")
 
 
-def _wait_for_claim(broker: str, sink: str, task_attempt_id: int) -> None:
-    """Return once task attempt `task_attempt_id` has claimed its producer in `sink` (its first
-    append landed); polled, backing off, for at most CLAIM_WAIT_S."""
-    from spark_integration.journal_io import run_with_client
-    from spark_integration.publish import read_registers
-    from spark_integration.sink_task import claims_of
-
-    deadline, wait = time.monotonic() + CLAIM_WAIT_S, 0.01
-    while True:
-        registers = run_with_client(broker, lambda client: read_registers(client, sink))
-        if any(c.task_attempt_id == task_attempt_id for c in claims_of(registers)):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"task attempt {task_attempt_id} appended nothing to {sink}")
-        time.sleep(wait)
-        wait = min(wait * 2, 0.2)
-
-
 def kill_once(broker: str, sink: str, marker: str) -> Any:
     """A UDF passing its argument through, which kills its executor as described above."""
     from pyspark import TaskContext
+
+    from tests.spark_integration.job_session import wait_for_claims
 
     def pass_through(text: str) -> str:
         ctx = TaskContext.get()
@@ -85,7 +66,12 @@ def kill_once(broker: str, sink: str, marker: str) -> Any:
             os.close(fd)
             # The rows passed on so far are on their way to the sink (in the pipes between
             # this UDF, the JVM and the sink's Python worker): kill once it has appended.
-            _wait_for_claim(broker, sink, attempt)
+            wait_for_claims(
+                broker,
+                sink,
+                lambda claims: any(c.task_attempt_id == attempt for c in claims),
+                f"task attempt {attempt}'s first append",
+            )
             os.kill(_executor_jvm(), signal.SIGKILL)
         return text
 

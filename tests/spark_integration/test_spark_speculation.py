@@ -1,0 +1,92 @@
+"""The exactly-once sink with speculative execution, on a real standalone cluster (a master and
+two workers on different loopback hosts, separate JVMs: speculation_job.py).
+
+The first attempt of a write task appends part of its rows and stalls; Spark copies the task to
+the other host (a speculative attempt, under a producer of its own), takes the copy's result and
+kills the stalled attempt. Read back by an independent read-committed reader (the whole sink
+journal through a Sequencer, not through Spark), the sink holds every source message exactly
+once; the stalled attempt's appends are in the journal, rolled back by the commit that removed
+its claim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.spark_integration.spark_testkit import (
+    OUTSIDE,
+    Msg,
+    append_messages,
+    committed_texts,
+    create_journals,
+    producer,
+    read_all,
+    start_job,
+    unique,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(480)]
+
+# Source messages (~1 KiB each), all in the first micro-batch: ~6 MiB per write task, appended
+# a MiB at a time, so that the stalled attempt appended some and had more to go.
+messages_n = 12000
+padding = "x" * 1000
+job_timeout_s = 360.0
+
+
+def test_a_speculative_copy_of_a_write_task_commits_once(broker: str, tmp_path: Path) -> None:
+    source, sink = unique("spark/spec-src"), unique("spark/spec-sink")
+    create_journals(broker, [source, sink])
+    p = producer()
+    texts = [f"m{i}" for i in range(messages_n)]
+    for lo in range(0, messages_n, 2000):
+        append_messages(
+            broker,
+            source,
+            [
+                Msg(p, 1000 + i, OUTSIDE, {"text": texts[i], "pad": padding})
+                for i in range(lo, min(lo + 2000, messages_n))
+            ],
+            together=True,
+        )
+    marker, log = tmp_path / "stalled", tmp_path / "job.log"
+    args = [
+        broker,
+        source,
+        sink,
+        str(tmp_path / "checkpoint"),
+        str(marker),
+        str(tmp_path / "cluster"),
+    ]
+    proc = start_job("speculation_job", args, log)
+    try:
+        proc.wait(timeout=job_timeout_s)
+    finally:
+        # Nothing of the cluster outlives the test, whatever happened.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 0, output[-6000:]
+    assert marker.exists(), "no write task stalled"
+    stalled = marker.read_text()
+    assert "appended" in stalled, f"the stalled attempt appended nothing: {stalled!r}"
+    # Spark's scheduler copied the stalled task to the other host and, once the copy succeeded,
+    # killed the stalled attempt.
+    assert re.search(r"as speculatable because it ran more than", output), output[-6000:]
+    assert re.search(
+        r"Killing attempt 0 for task 0\.0 in stage \S+ \(TID \d+\) on 127\.0\.0\.\d", output
+    ), output[-6000:]
+
+    written = committed_texts(broker, sink)
+    assert len(written) == len(set(written)), "a message was committed twice"
+    assert sorted(written) == sorted(texts)
+    # The stalled attempt's appends are there, rolled back (not only never made).
+    lines = read_all(broker, sink).count(b'"text"')
+    assert lines > messages_n, f"{lines} messages in the sink: the stalled attempt appended none"
