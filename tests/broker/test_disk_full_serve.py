@@ -1,0 +1,177 @@
+"""A `gazette serve` process whose disk fills up (a real tmpfs of a few MiB, mounted for the
+test, holding its spools, its embedded keyspace and its log, as one disk often holds all
+three; its fragment store is elsewhere): the append that does not fit fails with a typed, retryable error that names the cause
+(UNAVAILABLE, "No space left on device"), not an unexpected one; no acknowledged byte is lost
+and no unacknowledged byte becomes readable; once space returns, appends continue at the
+acknowledged end without a restart; the log lines the full disk swallowed are reported in the
+log once it can be written; and after kill -9 and a restart, the journal reads back exactly
+what was acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client.appender import append
+from broker.client.list_apply import apply_journals, upsert
+from broker.client.retry_reader import RetryReader
+from broker.client.route_cache import JournalClient
+from broker.protocol import protocol_pb2 as pb
+from tests.broker.serve_testkit import gazette_serve
+from tests.broker.test_spool_recovery_serve import kill9, read_timeout_s
+
+JOURNAL = "full/disk"
+OTHER = "full/after"
+DISK_BYTES = 8 << 20
+DISK_BYTES_AFTER = 64 << 20
+APPEND_BYTES = 256 << 10
+# More appends than the disk can take: the loop ends at the first refused one.
+APPENDS_MAX = 2 * DISK_BYTES // APPEND_BYTES
+# Refused appends once the disk is filled to the last byte: the broker logs each (~150 bytes),
+# more than the page its log file already holds can take, so its log loses lines too.
+REFUSED_FULL = 64
+
+
+def spec(name: str) -> pb.JournalSpec:
+    """A journal whose fragments roll only as a journal's first append does (Gazette rolls
+    that one at once), persisted to a store off the full disk: the spool holds the rest."""
+    return pb.JournalSpec(
+        name=name,
+        replication=1,
+        fragment=pb.JournalSpec.Fragment(
+            length=1 << 30,
+            compression_codec=pb.NONE,
+            stores=["file:///"],
+            refresh_interval=Duration(seconds=30),
+            flush_interval=Duration(seconds=3600),
+        ),
+    )
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of DISK_BYTES, unmounted afterwards (root only: skipped otherwise)."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+async def read_exactly(client: JournalClient, length: int) -> bytes:
+    """JOURNAL's first `length` bytes, waiting for them (a blocking read)."""
+    reader = RetryReader(client, pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
+    out = bytearray()
+    try:
+        async with asyncio.timeout(read_timeout_s):
+            while len(out) < length:
+                chunk = await reader.read_chunk()
+                assert chunk.offset == len(out)
+                out += chunk.content
+    finally:
+        await reader.close()
+    return bytes(out)
+
+
+def fill(path: Path) -> Path:
+    """A file taking every byte left on the file system of `path` (another tenant of the
+    disk); returns it."""
+    filler = path / "filler"
+    with filler.open("wb", buffering=0) as out:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    out.write(b"\0" * size)
+            except OSError as err:
+                assert err.errno == errno.ENOSPC, err
+    return filler
+
+
+def resize(path: Path, size: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
+
+async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(
+    disk: Path,
+) -> None:
+    acked = bytearray()
+    store = disk.parent / "store"
+    store.mkdir()
+    with gazette_serve(disk, "--file-root", str(store)) as (port, proc):
+        client = JournalClient(f"http://127.0.0.1:{port}")
+        try:
+            await apply_journals(client, [upsert(spec(JOURNAL))])
+            refused: grpc.aio.AioRpcError | None = None
+            for i in range(APPENDS_MAX):
+                data = bytes([65 + i % 26]) * APPEND_BYTES
+                try:
+                    resp = await append(
+                        client, pb.AppendRequest(journal=JOURNAL), data, attempts_max=1
+                    )
+                except grpc.aio.AioRpcError as err:
+                    refused = err
+                    break
+                assert (resp.commit.begin, resp.commit.end) == (len(acked), len(acked) + len(data))
+                acked += data
+            assert refused is not None, f"{APPENDS_MAX} appends of {APPEND_BYTES} all fit"
+            assert len(acked) >= DISK_BYTES // 2, f"refused after only {len(acked)} bytes"
+            # Typed and retryable, naming the cause.
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+            assert "No space left on device" in (refused.details() or ""), refused
+            # With no byte left for its log either: still that error, not an unexpected one
+            # from the broker's log failing as each refusal is logged.
+            filler = fill(disk)
+            for _ in range(REFUSED_FULL):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    # Larger than the refused one, which left its partial write in the spool
+                    # file's pages (rewritten in place by the next append at the same offset).
+                    await append(
+                        client,
+                        pb.AppendRequest(journal=JOURNAL),
+                        b"x" * (2 * APPEND_BYTES),
+                        attempts_max=1,
+                    )
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+                assert "No space left on device" in (caught.value.details() or "")
+
+            filler.unlink()
+            resize(disk, DISK_BYTES_AFTER)
+            # Without a restart: the next append lands at the acknowledged end, so nothing of
+            # the refused one was committed.
+            resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"after\n")
+            assert resp.commit.begin == len(acked)
+            acked += b"after\n"
+            assert await read_exactly(client, len(acked)) == bytes(acked)
+            # Something the broker logs (a replica starting) once its log can be written.
+            await apply_journals(client, [upsert(spec(OTHER))])
+            resp = await append(client, pb.AppendRequest(journal=OTHER), b"other\n")
+            assert resp.commit.begin == 0
+            kill9(proc)
+        finally:
+            await client.close()
+        log = (disk / "broker.log").read_text(errors="replace")
+        assert "line(s) dropped, not written: OSError: [Errno 28]" in log, log[-4000:]
+
+    with gazette_serve(disk, "--file-root", str(store)) as (port, proc):
+        client = JournalClient(f"http://127.0.0.1:{port}")
+        try:
+            assert await read_exactly(client, len(acked)) == bytes(acked)
+            resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"restarted\n")
+            assert resp.commit.begin == len(acked)
+        finally:
+            await client.close()
