@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Final, NoReturn
@@ -217,11 +218,12 @@ class PrimaryShard:
                 finally:
                     await source.close()
             finally:
+                failing = sys.exc_info()[1]  # What the shard is failing with (it always is).
                 if hints_task is not None:
                     hints_task.cancel()
                     await asyncio.wait([hints_task])
                 self._store = None
-                await store.destroy()
+                await _destroy(self.id, store, failing)
 
     async def _complete_recovery(self) -> Recorder | None:
         if self._recovery is None:
@@ -309,3 +311,20 @@ def _merged(read_through: Mapping[str, int], more: Mapping[str, int]) -> dict[st
 
 def _progressed(shard: PrimaryShard, *, since: ShardProgress | None) -> bool:
     return shard.progress() is not since
+
+
+async def _destroy(shard_id: str, store: Store, failing: BaseException | None) -> None:
+    """`store.destroy()`, whose own error never replaces `failing`, the error the shard stops
+    with: a store whose disk filled fails its commit, then often its close too ("Writer has
+    previous error"), and the commit's error is the cause to report and to classify for a retry.
+    The destroy's error is logged and noted on `failing`; with nothing failing, it is the
+    shard's failure."""
+    try:
+        await store.destroy()
+    except Exception as err:
+        if failing is None:
+            raise ShardFailedError(shard_id, "store.destroy", err) from err
+        _log.warning(
+            "store.destroy failed too, as the shard stopped", shard=shard_id, error=repr(err)
+        )
+        failing.add_note(f"then store.destroy failed too: {err!r}")

@@ -3,7 +3,7 @@
 A replica that fails for a cause the cluster converges out of by itself — a broker restarting
 (UNAVAILABLE, a broken connection, a timeout), a journal briefly not found or without a primary
 while brokers restart, an etcd hiccup, a recovery log journal not created yet, appends that kept
-failing transiently past their own bound — starts over after a back-off, instead of parking in
+failing transiently past their own bound, a store's disk full (StoreIOError, ENOSPC) — starts over after a back-off, instead of parking in
 FAILED until an operator unassigns it. FAILED is kept for what an operator (or the
 application's author) must fix, and its message says what: a refused append
 (INDEX_HAS_GREATER_OFFSET: reset the journal's head; NOT_ALLOWED), a recovery log that is not
@@ -26,6 +26,7 @@ it starts gives up.
 from __future__ import annotations
 
 import enum
+import errno
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,7 +40,7 @@ from broker.keyspace.backend import UnavailableError
 from broker.protocol.status import GazetteError, JournalNotFoundError
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFencedError
-from gazette_consumer.stores.base import FencedError
+from gazette_consumer.stores.base import FencedError, StoreIOError
 
 __all__ = [
     "TRANSIENCE",
@@ -80,6 +81,9 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     # which the failed transaction never committed. Integrity and programming errors stay
     # permanent (they are DBAPIErrors of other classes).
     (sqlalchemy.exc.OperationalError, Transience.TRANSIENT),
+    # A store's local files on a full (or failing) disk: a new instance restores from the
+    # checkpoint once there is room again (a disk that stays full gives up as FAILED).
+    (StoreIOError, Transience.TRANSIENT),
     (ConnectionError, Transience.TRANSIENT),
     (TimeoutError, Transience.TRANSIENT),
 )
@@ -98,6 +102,10 @@ TRANSIENT_GRPC_CODES: Final = frozenset(
     }
 )
 
+# OSErrors of a full disk (a recovery log played into a full data directory, a JSON store's
+# file): transient as a StoreIOError is. Other OSErrors are decided by their types above.
+DISK_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 # Causes followed at most this deep (a chain is short; this bounds a cyclic one).
 _CHAIN_DEPTH_MAX: Final = 32
 
@@ -106,6 +114,8 @@ def _transience_of(err: BaseException) -> Transience | None:
     for kind, transience in TRANSIENCE:
         if isinstance(err, kind):
             return transience
+    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        return Transience.TRANSIENT
     if isinstance(err, GazetteError):
         return Transience.TRANSIENT if err.retriable else Transience.PERMANENT
     if isinstance(err, grpc.aio.AioRpcError):

@@ -24,6 +24,7 @@ A Store holds a shard's state and its consumer checkpoint, and commits both in o
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -99,6 +100,24 @@ class CommitDependencyError(StoreError):
 class PriorCommitFailedError(StoreError):
     """A commit ordered before this one failed, so this one was rolled back unapplied. The
     earlier commit's exception is the `__cause__`."""
+
+
+class StoreIOError(StoreError):
+    """The store's local files could not be written or read: its disk is full, or failed. Its
+    message names the directory and how many bytes its file system has free. A shard starts
+    over from its checkpoint (a transient failure): once the disk has room again, it recovers
+    without an operator; a disk that stays full or broken gives up as FAILED after the retry
+    policy's attempts."""
+
+
+def free_bytes(directory: str | os.PathLike[str]) -> int | None:
+    """Bytes free (to an unprivileged writer) on the file system of `directory`, or None if
+    it cannot be told."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 class StoreStateError(StoreError):

@@ -62,6 +62,12 @@ primary's recorder is fenced, so its commits fail with FencedError.
 
 A failed commit may leave its batch applied locally but not recorded: the store then refuses
 further commits, and the shard restores a new instance (as it does after any failed commit).
+
+Local I/O errors. rocksdict raises RocksDB's failures as plain `Exception`s carrying RocksDB's
+status text; those of status IOError (a full disk, a failed one), and OSErrors of the store's
+own file work, are raised as `StoreIOError`, naming the directory and its free space: RocksDB
+often reports a full disk as "Writer has previous error", its background flush having met the
+ENOSPC, so the free space is what tells the reader why. The shard retries them (transient).
 """
 
 from __future__ import annotations
@@ -86,7 +92,9 @@ from gazette_consumer.stores.base import (
     OpFuture,
     ShardContext,
     StoreError,
+    StoreIOError,
     StoreStateError,
+    free_bytes,
 )
 from gazette_consumer.stores.recorded import RecordedStore
 from gazette_consumer.stores.rocksdb_snapshot import (
@@ -194,7 +202,13 @@ class RocksDBStore(RecordedStore):
         """Play the recovery log into the directory (unless the shard did), take the log over
         (fencing the previous primary), open the database and return its checkpoint."""
         recorded = _recorded_names(await self._take_over(shard))
-        self._baseline, self._db, data = await self._blocking(self._open, recorded)
+        try:
+            self._baseline, self._db, data = await self._blocking(self._open, recorded)
+        except Exception as err:
+            io_error = self._io_error("opening the database", err)
+            if io_error is None:
+                raise
+            raise io_error from err
         if data is None:
             return Checkpoint()
         try:
@@ -261,7 +275,10 @@ class RocksDBStore(RecordedStore):
             raise self._fenced(err) from err
         except BaseException as err:
             self._failed = err
-            raise
+            io_error = self._io_error("committing", err) if isinstance(err, Exception) else None
+            if io_error is None:
+                raise
+            raise io_error from err
         finally:
             self._forget_pending(writes)
             if snapshot is not None:
@@ -297,6 +314,17 @@ class RocksDBStore(RecordedStore):
                 offset += length
         if change.mode == "replace":
             await recorder.rename(name + TEMP_SUFFIX, name)
+
+    def _io_error(self, doing: str, err: Exception) -> StoreIOError | None:
+        """`err` as a StoreIOError if it is a local I/O failure (see the module docstring), else
+        None."""
+        if not (isinstance(err, OSError) or _is_rocksdb_io_error(err)):
+            return None
+        free = free_bytes(self.directory)
+        room = "unknown" if free is None else f"{free:,} bytes"
+        return StoreIOError(
+            f"RocksDBStore at {self.directory}: {doing}: {err} (free on its file system: {room})"
+        )
 
     # --- Blocking work (in the store's thread) -------------------------------------------------
 
@@ -382,6 +410,12 @@ def _close_snapshot(future: asyncio.Future[Snapshot]) -> None:
 def _recorded_names(recorder: Recorder) -> set[str]:
     """Names of the files the log holds at the top of the directory."""
     return {path[1:] for path in recorder.fsm.links if "/" not in path[1:]}
+
+
+def _is_rocksdb_io_error(err: BaseException) -> bool:
+    """Whether `err` is RocksDB's Status IOError as rocksdict raises it: a plain Exception whose
+    text starts with the status name (rocksdict has no error types of its own)."""
+    return type(err) is Exception and str(err).startswith("IO error")
 
 
 def _user_key(key: bytes) -> bytes:

@@ -10,8 +10,6 @@ what was acknowledged."""
 from __future__ import annotations
 
 import asyncio
-import errno
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from tests.broker.serve_testkit import gazette_serve
 from tests.broker.test_spool_recovery_serve import kill9, read_timeout_s
+from tests.small_disk import fill, resize, small_disk
 
 JOURNAL = "full/disk"
 OTHER = "full/after"
@@ -57,20 +56,8 @@ def spec(name: str) -> pb.JournalSpec:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of DISK_BYTES, unmounted afterwards (root only: skipped otherwise)."""
-    path = tmp_path / "disk"
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
+    with small_disk(tmp_path / "disk", DISK_BYTES) as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 async def read_exactly(client: JournalClient, length: int) -> bytes:
@@ -86,24 +73,6 @@ async def read_exactly(client: JournalClient, length: int) -> bytes:
     finally:
         await reader.close()
     return bytes(out)
-
-
-def fill(path: Path) -> Path:
-    """A file taking every byte left on the file system of `path` (another tenant of the
-    disk); returns it."""
-    filler = path / "filler"
-    with filler.open("wb", buffering=0) as out:
-        for size in (1 << 16, 1 << 12, 1):
-            try:
-                while True:
-                    out.write(b"\0" * size)
-            except OSError as err:
-                assert err.errno == errno.ENOSPC, err
-    return filler
-
-
-def resize(path: Path, size: int) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
 
 
 async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(

@@ -6,6 +6,7 @@ the retry state machine, from their types alone. Real in-process brokers, SQLite
 
 from __future__ import annotations
 
+import errno
 import itertools
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from gazette_consumer.shard_retry import (
     classify,
 )
 from gazette_consumer.shard_runner import ShardRunner
-from gazette_consumer.stores.base import CommitDependencyError, FencedError
+from gazette_consumer.stores.base import CommitDependencyError, FencedError, StoreIOError
 from gazette_consumer.stores.jsonfile import JSONFileStore
 from gazette_consumer.txn_driver import ShardFailedError
 from tests.gazette_consumer.recovery_testkit import Texts, create_log, words_spec
@@ -234,6 +235,17 @@ def _rpc(code: grpc.StatusCode, details: str | None = None) -> grpc.aio.AioRpcEr
             ),
             Transience.PERMANENT,
         ),
+        # A store's disk full (test_store_disk_full.py runs it): a new instance restores once
+        # there is room again; other local OSErrors are decided by their types.
+        (
+            _failed("store commit", StoreIOError("RocksDBStore at /d: IO error")),
+            Transience.TRANSIENT,
+        ),
+        (
+            _failed("playing recovery log", OSError(errno.ENOSPC, "No space left on device")),
+            Transience.TRANSIENT,
+        ),
+        (_failed("store commit", PermissionError(errno.EACCES, "denied")), Transience.PERMANENT),
         (_failed("app.consume_message", ValueError("poison")), Transience.PERMANENT),
         (_failed("app.consume_message", ConnectionResetError()), Transience.TRANSIENT),
     ],

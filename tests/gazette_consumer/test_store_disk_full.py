@@ -1,0 +1,104 @@
+"""A shard whose store's disk fills up (a real tmpfs, filled to the last byte by another
+file) rides it out: its commit fails with the store's own reason (SQLite's "database or disk
+is full", RocksDB's "No space left on device"), the shard
+retries with back-off in BACKFILL (not FAILED, and not silently), and once space returns it
+serves again without an operator, every input message counted exactly once. Both kinds of
+store a disk holds: a SQLite database, and a RocksDB store recorded to its recovery log (played
+into the runner's data directory on that disk)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker.client.append_service import AppendService
+from broker.protocol import consumer_pb2 as cpb
+from gazette_consumer.shard_retry import ShardRetryPolicy
+from gazette_consumer.shard_runner import ShardRunner
+from tests.gazette_consumer.recovery_testkit import Texts, create_log, words_spec
+from tests.gazette_consumer.shard_testkit import (
+    CountingApp,
+    Notifier,
+    Producer,
+    broker_env,
+    read_counts,
+    shard_spec,
+    sqlite_engine,
+)
+from tests.gazette_consumer.stores.test_rocksdb_store import RocksWordCount, logged_counts
+from tests.small_disk import fill, small_disk
+
+Code = cpb.ReplicaStatus.Code
+ROOT = "/test/disk-full"
+DISK_BYTES = 4 << 20
+# Quick retries, with room for the test to give the space back: a cause that outlives them
+# gives up as FAILED (test_shard_transient_failures.py).
+QUICK = ShardRetryPolicy(initial_s=0.05, max_s=0.2, attempts_max=200)
+# Keys of the transaction that meets the full disk: new rows, so the database and its WAL must
+# grow (a commit that only rewrites pages the WAL already holds needs no new space).
+NEW_KEYS = 3000
+KEY_PAD = "k" * 200
+
+
+async def test_a_store_on_a_full_disk_retries_then_serves_exactly_once(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", DISK_BYTES) as disk:
+        async with broker_env() as env, sqlite_engine(disk) as engine:
+            source = await env.journal("in/disk-full")
+            app, changed = CountingApp(engine), Notifier()
+            async with (
+                AppendService(env.client) as appends,
+                ShardRunner(app, env.client, root=ROOT, retry=QUICK) as runner,
+            ):
+                handle = runner.start(shard_spec("shard-full", [source]), on_change=changed.notify)
+                producer = Producer(appends, "p")
+                for i in range(10):
+                    await producer.committed(source, f"before-{i % 3}")
+                end = (await (await producer.committed(source, "before-0"))).commit.end
+                await changed.read_through(handle, source, end)
+                assert handle.status().code == Code.PRIMARY
+
+                filler = fill(disk)
+                for i in range(NEW_KEYS):
+                    await producer.committed(source, f"{KEY_PAD}-{i}")
+                end = (await (await producer.committed(source, "last"))).commit.end
+                # Its commit cannot be written: retried, with SQLite's reason, not FAILED.
+                await changed.until(lambda: handle.retrying is not None)
+                assert handle.retrying is not None
+                assert "database or disk is full" in handle.retrying.error, handle.retrying.error
+                assert handle.status().code == Code.BACKFILL
+
+                filler.unlink()
+                await changed.read_through(handle, source, end)
+                assert handle.status().code == Code.PRIMARY
+                assert handle.retrying is None
+            assert await read_counts(engine, "shard-full") == dict(producer.expected)
+
+
+async def test_a_recorded_rocksdb_store_on_a_full_disk_retries_then_serves_exactly_once(
+    tmp_path: Path,
+) -> None:
+    with small_disk(tmp_path / "disk", DISK_BYTES) as disk:
+        async with broker_env() as env, AppendService(env.client) as appends:
+            source = await env.journal("in/words-disk-full")
+            spec = words_spec("shard-rocks-full", source)
+            log = await create_log(env, spec)
+            texts, changed = Texts(appends), Notifier()
+            async with ShardRunner(
+                RocksWordCount(), env.client, root=ROOT, data_dir=disk, retry=QUICK
+            ) as runner:
+                handle = runner.start(spec, on_change=changed.notify)
+                end = await texts.send(source, ["the quick fox", "the lazy dog"])
+                await changed.read_through(handle, source, end)
+
+                filler = fill(disk)
+                # New words, enough to flush memtables into new SST files on the full disk.
+                lines = [" ".join(f"w{i}x{j}" for j in range(50)) for i in range(200)]
+                end = await texts.send(source, lines)
+                await changed.until(lambda: handle.retrying is not None)
+                assert handle.retrying is not None
+                assert "No space left on device" in handle.retrying.error, handle.retrying.error
+                assert handle.status().code == Code.BACKFILL
+
+                filler.unlink()
+                await changed.read_through(handle, source, end)
+                assert handle.status().code == Code.PRIMARY
+            assert await logged_counts(env.client, log, tmp_path / "check") == texts.expected
