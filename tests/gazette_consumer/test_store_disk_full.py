@@ -1,10 +1,10 @@
-"""A shard whose store's disk fills up (a real tmpfs, filled to the last byte by another
-file) rides it out: its commit fails with the store's own reason (SQLite's "database or disk
-is full", RocksDB's "No space left on device"), the shard
-retries with back-off in BACKFILL (not FAILED, and not silently), and once space returns it
-serves again without an operator, every input message counted exactly once. Both kinds of
-store a disk holds: a SQLite database, and a RocksDB store recorded to its recovery log (played
-into the runner's data directory on that disk)."""
+"""A shard whose store's disk fills up (a real tmpfs, filled to the last byte by another file)
+rides it out: its commit fails with the store's own reason (SQLite's "database or disk is
+full"; "No space left on device" for a RocksDB store and a JSON file store), the shard retries
+with back-off in BACKFILL (not FAILED, and not silently), and once space returns it serves
+again without an operator, every input message counted exactly once. Every kind of store a
+disk holds: a SQLite database, and RocksDB and JSON file stores recorded to their recovery logs
+(played into the runner's data directory on that disk)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from pathlib import Path
 
 from broker.client.append_service import AppendService
 from broker.protocol import consumer_pb2 as cpb
+from examples.word_count import WordCount, counts_of
 from gazette_consumer.shard_retry import ShardRetryPolicy
 from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.stores.jsonfile import JSONFileStore
 from tests.gazette_consumer.recovery_testkit import Texts, create_log, words_spec
 from tests.gazette_consumer.shard_testkit import (
     CountingApp,
@@ -102,3 +104,36 @@ async def test_a_recorded_rocksdb_store_on_a_full_disk_retries_then_serves_exact
                 await changed.read_through(handle, source, end)
                 assert handle.status().code == Code.PRIMARY
             assert await logged_counts(env.client, log, tmp_path / "check") == texts.expected
+
+
+async def test_a_recorded_json_store_on_a_full_disk_retries_then_serves_exactly_once(
+    tmp_path: Path,
+) -> None:
+    with small_disk(tmp_path / "disk", DISK_BYTES) as disk:
+        async with broker_env() as env, AppendService(env.client) as appends:
+            source = await env.journal("in/json-disk-full")
+            spec = words_spec("shard-json-full", source)
+            await create_log(env, spec)
+            texts, changed = Texts(appends), Notifier()
+            async with ShardRunner(
+                WordCount(), env.client, root=ROOT, data_dir=disk, retry=QUICK
+            ) as runner:
+                handle = runner.start(spec, on_change=changed.notify)
+                end = await texts.send(source, ["the quick fox", "the lazy dog"])
+                await changed.read_through(handle, source, end)
+
+                filler = fill(disk)
+                lines = [" ".join(f"w{i}x{j}" for j in range(50)) for i in range(200)]
+                end = await texts.send(source, lines)
+                await changed.until(lambda: handle.retrying is not None)
+                assert handle.retrying is not None
+                assert "No space left on device" in handle.retrying.error, handle.retrying.error
+                assert handle.status().code == Code.BACKFILL
+
+                filler.unlink()
+                await changed.read_through(handle, source, end)
+                assert handle.status().code == Code.PRIMARY
+                assert handle.primary is not None
+                store = handle.primary.store
+                assert isinstance(store, JSONFileStore)
+                assert counts_of(store) == texts.expected
