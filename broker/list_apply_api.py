@@ -39,6 +39,7 @@ import grpc.aio
 
 from broker.keyspace.backend import (
     Backend,
+    BackendFailedError,
     Compare,
     CompareResult,
     CompareTarget,
@@ -318,7 +319,7 @@ class ListApplyAPI:
                 )
         try:
             txn = await self._backend.txn(compares, ops)
-        except UnavailableError as err:
+        except (UnavailableError, BackendFailedError) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
         except KeySpaceError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"etcd transaction: {err}")

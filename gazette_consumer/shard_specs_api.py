@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 
 from broker.keyspace.backend import (
     Backend,
+    BackendFailedError,
     Compare,
     CompareResult,
     CompareTarget,
@@ -302,7 +303,7 @@ class ShardSpecsAPI:
         """Run one guarded transaction; once it applied, wait until the mirror shows it."""
         try:
             txn = await self._backend.txn(compares, ops)
-        except UnavailableError as err:
+        except (UnavailableError, BackendFailedError) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
         except KeySpaceError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"etcd transaction: {err}")

@@ -8,6 +8,7 @@ must pass is ``broker.keyspace.conformance.check_keyspace``.
 
 from broker.keyspace.backend import (
     Backend,
+    BackendFailedError,
     CompactedError,
     Compare,
     CompareResult,
@@ -51,6 +52,7 @@ __all__ = [
     "ApplyIssue",
     "Backend",
     "BackendClosedError",
+    "BackendFailedError",
     "CompactedError",
     "Compare",
     "CompareResult",

@@ -57,6 +57,12 @@ class UnavailableError(KeySpaceError):
     """The backend could not be reached; the operation may be retried."""
 
 
+class BackendFailedError(KeySpaceError):
+    """The backend itself cannot serve (its storage failed, or it is closing): not the fault
+    of the request, which an API answers as UNAVAILABLE (another broker, or this one once
+    restarted, may serve it), never as an invalid argument."""
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     """Response header: the store revision the response reflects."""

@@ -42,9 +42,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from broker.keyspace.backend import (
     Backend,
+    BackendFailedError,
     Compare,
     Header,
-    KeySpaceError,
     Op,
     RangeResponse,
     TxnResponse,
@@ -74,11 +74,11 @@ watch_queue_responses_max_default = 1024
 watch_batch_events_max_default = 1000
 
 
-class BackendClosedError(KeySpaceError):
+class BackendClosedError(BackendFailedError):
     """The embedded backend client (or its store) was closed."""
 
 
-class KeySpaceStorageError(KeySpaceError):
+class KeySpaceStorageError(BackendFailedError):
     """The persisted store could not write or sync its log (or snapshot): it refuses every
     request from then on, since memory may hold changes the disk does not. Not retryable."""
 

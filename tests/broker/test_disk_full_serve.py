@@ -17,17 +17,19 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client.appender import append
-from broker.client.list_apply import apply_journals, upsert
+from broker.client.appender import append, attempts_max_default
+from broker.client.list_apply import apply_journals, list_journals, upsert
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
-from tests.broker.serve_testkit import gazette_serve
+from tests.broker.serve_testkit import gazette_serve, stop_timeout_s
 from tests.broker.test_spool_recovery_serve import kill9, read_timeout_s
 from tests.small_disk import fill, resize, small_disk
 
 JOURNAL = "full/disk"
 OTHER = "full/after"
+KEYSPACE_PREFIX = "full/keyspace-"
+KEYSPACE_CHANGES_MAX = 64
 DISK_BYTES = 8 << 20
 DISK_BYTES_AFTER = 64 << 20
 APPEND_BYTES = 256 << 10
@@ -88,9 +90,12 @@ async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(
             refused: grpc.aio.AioRpcError | None = None
             for i in range(APPENDS_MAX):
                 data = bytes([65 + i % 26]) * APPEND_BYTES
+                # Retried only while the new journal may still be without a primary: a
+                # refusal is not retried, to be seen as it is.
+                attempts = 1 if acked else attempts_max_default
                 try:
                     resp = await append(
-                        client, pb.AppendRequest(journal=JOURNAL), data, attempts_max=1
+                        client, pb.AppendRequest(journal=JOURNAL), data, attempts_max=attempts
                     )
                 except grpc.aio.AioRpcError as err:
                     refused = err
@@ -142,5 +147,64 @@ async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(
             assert await read_exactly(client, len(acked)) == bytes(acked)
             resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"restarted\n")
             assert resp.commit.begin == len(acked)
+            resp = await append(client, pb.AppendRequest(journal=OTHER), b"again\n")
+            assert resp.commit.begin == len(b"other\n")
+        finally:
+            await client.close()
+
+
+async def test_a_keyspace_change_on_a_full_disk_is_refused_and_the_broker_stops(
+    disk: Path,
+) -> None:
+    """The embedded keyspace's write-ahead log on the full disk: a change it cannot log is
+    refused with UNAVAILABLE naming the cause (not INVALID_ARGUMENT: the request was fine), and
+    the broker stops (fail-stop, as etcd does when its log cannot be written: memory may hold a
+    change the disk does not). Restarted with room, it holds exactly the changes it
+    acknowledged, and the journals' acknowledged content."""
+    store, logs = disk.parent / "store", disk.parent / "logs"
+    store.mkdir()
+    logs.mkdir()
+    applied: list[str] = []
+    # Its log elsewhere this time, to read why it stopped.
+    serve_args = ("--data-dir", str(disk), "--file-root", str(store))
+    with gazette_serve(logs, *serve_args) as (port, proc):
+        client = JournalClient(f"http://127.0.0.1:{port}")
+        try:
+            await apply_journals(client, [upsert(spec(JOURNAL))])
+            resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"before\n")
+            assert resp.commit.end == len(b"before\n")
+            fill(disk)
+            # Changes fit into the log file's last page for a while; then one is refused.
+            refused: grpc.aio.AioRpcError | None = None
+            for i in range(KEYSPACE_CHANGES_MAX):
+                name = f"{KEYSPACE_PREFIX}{i}"
+                try:
+                    await apply_journals(client, [upsert(spec(name))])
+                except grpc.aio.AioRpcError as err:
+                    refused = err
+                    break
+                applied.append(name)
+            assert refused is not None, f"{KEYSPACE_CHANGES_MAX} keyspace changes fit"
+            # Refused as UNAVAILABLE: by the keyspace itself, or by the broker stopping because
+            # a write of its own (a lease, an assignment) met the full disk first.
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+            assert proc.wait(timeout=stop_timeout_s) == 1
+        finally:
+            await client.close()
+    # It says why, and what to do, as its last words (not a traceback).
+    last = (logs / "broker.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("gazette serve: embedded keyspace"), last
+    assert "No space left on device" in last and "restart the process" in last, last
+
+    (disk / "filler").unlink()
+    with gazette_serve(logs, *serve_args) as (port, proc):
+        client = JournalClient(f"http://127.0.0.1:{port}")
+        try:
+            listed = await list_journals(client)
+            names = {j.spec.name for j in listed.journals}
+            assert names == {JOURNAL, *applied}, sorted(names)
+            assert await read_exactly(client, len(b"before\n")) == b"before\n"
+            resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"after\n")
+            assert resp.commit.begin == len(b"before\n")
         finally:
             await client.close()
