@@ -21,12 +21,13 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append
 from broker.client.list_apply import apply_journals, upsert
+from broker.client.reader import Reader
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.fragment.spool_dir import journal_dir_name
 from broker.fragment.spool_record import decode_file, slot_bytes_min, slot_offset
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import IndexHasGreaterOffsetError
+from broker.protocol.status import IndexHasGreaterOffsetError, OffsetNotYetAvailableError
 from tests.broker.serve_testkit import gazette_serve, stop_timeout_s
 from tests.e2e.e2e_workload import fragment_files, stored_prefix
 
@@ -197,3 +198,43 @@ async def test_a_lost_data_directory_still_needs_reset_head(tmp_path: Path) -> N
             assert (resp.commit.begin, resp.commit.end) == (3, 7)
             assert sigterm(proc) == 0
         assert stored(root) == b"abcdefg"
+
+
+async def test_a_journal_without_a_store_keeps_only_its_open_fragment(tmp_path: Path) -> None:
+    """README, "Data directory": with no fragment store, a completed fragment lives only as long
+    as the broker process (as in Gazette). A journal's first append completes a fragment of its
+    own (Gazette rolls a journal's first write at the next append), so after kill -9 the
+    restarted broker serves the journal from the end of that append: offset 0 is a hole."""
+    no_store = spec()
+    del no_store.fragment.stores[:]
+    with gazette_serve(tmp_path) as (port, proc):
+        client = JournalClient(f"http://127.0.0.1:{port}")
+        try:
+            await apply_journals(client, [upsert(no_store)])
+            assert await commit(client, b"first\n") == (0, 6)
+            assert await commit(client, b"second\n") == (6, 13)
+            kill9(proc)
+        finally:
+            await client.close()
+
+    with gazette_serve(tmp_path) as (port, proc):
+        client = JournalClient(f"http://127.0.0.1:{port}")
+        try:
+            await apply_journals(client, [upsert(no_store, expect_mod_revision=-1)])
+            resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"third\n")
+            assert (resp.commit.begin, resp.commit.end) == (13, 19)
+            reader = Reader(client, pb.ReadRequest(journal=JOURNAL, offset=0, block=False))
+            with pytest.raises(OffsetNotYetAvailableError):
+                await reader.read_chunk()
+            await reader.close()
+            reader = Reader(client, pb.ReadRequest(journal=JOURNAL, offset=6, block=True))
+            content = bytearray()
+            async with asyncio.timeout(read_timeout_s):
+                while len(content) < 13:
+                    chunk = await reader.read_chunk()
+                    assert chunk.offset == 6 + len(content)
+                    content += chunk.content
+            await reader.close()
+            assert content == b"second\nthird\n"
+        finally:
+            await client.close()
