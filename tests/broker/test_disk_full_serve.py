@@ -9,7 +9,6 @@ what was acknowledged."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +18,10 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append, attempts_max_default
 from broker.client.list_apply import apply_journals, list_journals, upsert
-from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from tests.broker.serve_testkit import gazette_serve, stop_timeout_s
-from tests.broker.test_spool_recovery_serve import kill9, read_timeout_s
+from tests.broker.test_spool_recovery_serve import kill9, read_exactly
 from tests.small_disk import fill, resize, small_disk
 
 JOURNAL = "full/disk"
@@ -60,21 +58,6 @@ def spec(name: str) -> pb.JournalSpec:
 def disk(tmp_path: Path) -> Iterator[Path]:
     with small_disk(tmp_path / "disk", DISK_BYTES) as path:
         yield path
-
-
-async def read_exactly(client: JournalClient, length: int) -> bytes:
-    """JOURNAL's first `length` bytes, waiting for them (a blocking read)."""
-    reader = RetryReader(client, pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
-    out = bytearray()
-    try:
-        async with asyncio.timeout(read_timeout_s):
-            while len(out) < length:
-                chunk = await reader.read_chunk()
-                assert chunk.offset == len(out)
-                out += chunk.content
-    finally:
-        await reader.close()
-    return bytes(out)
 
 
 async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(
@@ -130,7 +113,7 @@ async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(
             resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"after\n")
             assert resp.commit.begin == len(acked)
             acked += b"after\n"
-            assert await read_exactly(client, len(acked)) == bytes(acked)
+            assert await read_exactly(client, len(acked), JOURNAL) == bytes(acked)
             # Something the broker logs (a replica starting) once its log can be written.
             await apply_journals(client, [upsert(spec(OTHER))])
             resp = await append(client, pb.AppendRequest(journal=OTHER), b"other\n")
@@ -144,7 +127,7 @@ async def test_a_full_disk_refuses_appends_with_a_typed_error_and_loses_nothing(
     with gazette_serve(disk, "--file-root", str(store)) as (port, proc):
         client = JournalClient(f"http://127.0.0.1:{port}")
         try:
-            assert await read_exactly(client, len(acked)) == bytes(acked)
+            assert await read_exactly(client, len(acked), JOURNAL) == bytes(acked)
             resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"restarted\n")
             assert resp.commit.begin == len(acked)
             resp = await append(client, pb.AppendRequest(journal=OTHER), b"again\n")
@@ -203,7 +186,7 @@ async def test_a_keyspace_change_on_a_full_disk_is_refused_and_the_broker_stops(
             listed = await list_journals(client)
             names = {j.spec.name for j in listed.journals}
             assert names == {JOURNAL, *applied}, sorted(names)
-            assert await read_exactly(client, len(b"before\n")) == b"before\n"
+            assert await read_exactly(client, len(b"before\n"), JOURNAL) == b"before\n"
             resp = await append(client, pb.AppendRequest(journal=JOURNAL), b"after\n")
             assert resp.commit.begin == len(b"before\n")
         finally:

@@ -75,9 +75,9 @@ async def commit(client: JournalClient, data: bytes) -> tuple[int, int]:
     return resp.commit.begin, resp.commit.end
 
 
-async def read_exactly(client: JournalClient, length: int) -> bytes:
-    """The journal's first `length` bytes, waiting for them (a blocking read)."""
-    reader = RetryReader(client, pb.ReadRequest(journal=JOURNAL, offset=0, block=True))
+async def read_exactly(client: JournalClient, length: int, journal: str = JOURNAL) -> bytes:
+    """`journal`'s first `length` bytes, waiting for them (a blocking read)."""
+    reader = RetryReader(client, pb.ReadRequest(journal=journal, offset=0, block=True))
     out = bytearray()
     try:
         async with asyncio.timeout(read_timeout_s):

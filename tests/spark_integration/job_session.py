@@ -32,6 +32,21 @@ def job_session(master: str, app_name: str, log_level: str = "ERROR", **conf: st
     return spark
 
 
+def shuffled_through(spark: Any, broker: str, source: str, udf: Any) -> Any:
+    """A stream of journal `source`'s message contents, repartitioned by content into two
+    partitions (a shuffle: the write stage's tasks read from every executor), each passed
+    through `udf` in the write stage."""
+    return (
+        spark.readStream.format("gazette")
+        .option("broker", broker)
+        .option("journals", source)
+        .load()
+        .selectExpr("content")
+        .repartition(2, "content")
+        .select(udf("content").alias("content"))
+    )
+
+
 def write_available_now(df: Any, broker: str, sink: str, checkpoint: str) -> Any:
     """Start a streaming write of `df` into journal `sink` through the gazette sink,
     checkpointed at `checkpoint`, over what its source has when it starts

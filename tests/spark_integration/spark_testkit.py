@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,22 @@ def start_job(module: str, args: Sequence[str], log: Path) -> subprocess.Popen[b
             cwd=REPO,
             start_new_session=True,
         )
+
+
+def run_job(module: str, args: Sequence[str], log: Path, timeout_s: float) -> str:
+    """`start_job`, waited for at most `timeout_s`, its whole process group killed afterwards
+    whatever happened (nothing of its cluster outlives the test); asserts it exited 0 and
+    returns its output."""
+    proc = start_job(module, args, log)
+    try:
+        proc.wait(timeout=timeout_s)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 0, output[-6000:]
+    return output
 
 
 # The log of each broker `broker_process` runs, by its address (see `wait_replica_stopped`).
@@ -187,6 +204,23 @@ def append_messages(
         return spans
 
     return list(_run(go()))
+
+
+def append_texts(
+    broker: str, journal: str, texts: Sequence[str], pad: str = "", *, per_append: int = 2000
+) -> None:
+    """Committed JSON messages {"text": t, "pad": pad} of one producer, `per_append` of them
+    (a reader sees all or none) per append."""
+    p = producer()
+    for lo in range(0, len(texts), per_append):
+        batch = range(lo, min(lo + per_append, len(texts)))
+        fields = [{"text": texts[i], "pad": pad} if pad else {"text": texts[i]} for i in batch]
+        append_messages(
+            broker,
+            journal,
+            [Msg(p, 1000 + i, OUTSIDE, f) for i, f in zip(batch, fields, strict=True)],
+            together=True,
+        )
 
 
 def append_raw(broker: str, journal: str, content: bytes) -> None:

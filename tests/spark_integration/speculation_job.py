@@ -94,7 +94,11 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as f
     from pyspark.sql.types import StringType
 
-    from tests.spark_integration.job_session import job_session, write_available_now
+    from tests.spark_integration.job_session import (
+        job_session,
+        shuffled_through,
+        write_available_now,
+    )
     from tests.spark_integration.standalone_cluster import (
         EXECUTOR_MEMORY,
         standalone_cluster,
@@ -121,15 +125,7 @@ def main(argv: list[str]) -> int:
         )
         wait_for_executors(spark, WORKER_HOSTS, EXECUTORS_WAIT_S)
         udf = f.udf(stall_once(broker, sink, marker), StringType())
-        source_rows = (
-            spark.readStream.format("gazette")
-            .option("broker", broker)
-            .option("journals", source)
-            .load()
-            .selectExpr("content")
-            .repartition(2, "content")
-            .select(udf("content").alias("content"))
-        )
+        source_rows = shuffled_through(spark, broker, source, udf)
         query = write_available_now(source_rows, broker, sink, checkpoint)
         print("started", flush=True)
         query.awaitTermination()

@@ -11,23 +11,17 @@ its claim.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
 
 from tests.spark_integration.spark_testkit import (
-    OUTSIDE,
-    Msg,
-    append_messages,
+    append_texts,
     committed_texts,
     create_journals,
-    producer,
     read_all,
-    start_job,
+    run_job,
     unique,
 )
 
@@ -43,18 +37,8 @@ job_timeout_s = 360.0
 def test_a_speculative_copy_of_a_write_task_commits_once(broker: str, tmp_path: Path) -> None:
     source, sink = unique("spark/spec-src"), unique("spark/spec-sink")
     create_journals(broker, [source, sink])
-    p = producer()
     texts = [f"m{i}" for i in range(messages_n)]
-    for lo in range(0, messages_n, 2000):
-        append_messages(
-            broker,
-            source,
-            [
-                Msg(p, 1000 + i, OUTSIDE, {"text": texts[i], "pad": padding})
-                for i in range(lo, min(lo + 2000, messages_n))
-            ],
-            together=True,
-        )
+    append_texts(broker, source, texts, padding)
     marker, log = tmp_path / "stalled", tmp_path / "job.log"
     args = [
         broker,
@@ -64,16 +48,7 @@ def test_a_speculative_copy_of_a_write_task_commits_once(broker: str, tmp_path: 
         str(marker),
         str(tmp_path / "cluster"),
     ]
-    proc = start_job("speculation_job", args, log)
-    try:
-        proc.wait(timeout=job_timeout_s)
-    finally:
-        # Nothing of the cluster outlives the test, whatever happened.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    output = log.read_text()
-    assert proc.returncode == 0, output[-6000:]
+    output = run_job("speculation_job", args, log, job_timeout_s)
     assert marker.exists(), "no write task stalled"
     stalled = marker.read_text()
     assert "appended" in stalled, f"the stalled attempt appended nothing: {stalled!r}"

@@ -13,23 +13,17 @@ published under a producer of its own.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from tests.spark_integration.spark_testkit import (
-    OUTSIDE,
-    Msg,
-    append_messages,
+    append_texts,
     committed_texts,
     create_journals,
-    producer,
     read_all,
-    start_job,
+    run_job,
     unique,
 )
 
@@ -47,30 +41,11 @@ def test_a_write_stage_resubmitted_after_an_executor_loss_commits_once(
 ) -> None:
     source, sink = unique("spark/stage-src"), unique("spark/stage-sink")
     create_journals(broker, [source, sink])
-    p = producer()
     texts = [f"m{i}" for i in range(messages_n)]
-    for lo in range(0, messages_n, 2000):
-        append_messages(
-            broker,
-            source,
-            [
-                Msg(p, 1000 + i, OUTSIDE, {"text": texts[i], "pad": padding})
-                for i in range(lo, min(lo + 2000, messages_n))
-            ],
-            together=True,
-        )
+    append_texts(broker, source, texts, padding)
     marker, log = tmp_path / "killed", tmp_path / "job.log"
     args = [broker, source, sink, str(tmp_path / "checkpoint"), str(marker)]
-    proc = start_job("stage_retry_job", args, log)
-    try:
-        proc.wait(timeout=job_timeout_s)
-    finally:
-        # Nothing of the local cluster outlives the test, whatever happened.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    output = log.read_text()
-    assert proc.returncode == 0, output[-6000:]
+    output = run_job("stage_retry_job", args, log, job_timeout_s)
     assert marker.exists(), "no write task killed its executor"
     # The job's report (Spark may log more once it stops).
     report = [line for line in output.splitlines() if line.startswith('{"stages"')]
