@@ -3,12 +3,12 @@
 A replica that fails for a cause the cluster converges out of by itself — a broker restarting
 (UNAVAILABLE, a broken connection, a timeout), a journal briefly not found or without a primary
 while brokers restart, an etcd hiccup, a recovery log journal not created yet, appends that kept
-failing transiently past their own bound, a store's disk full (StoreIOError, ENOSPC) — starts over after a back-off, instead of parking in
-FAILED until an operator unassigns it. FAILED is kept for what an operator (or the
-application's author) must fix, and its message says what: a refused append
-(INDEX_HAS_GREATER_OFFSET: reset the journal's head; NOT_ALLOWED), a recovery log that is not
-one, a store fenced by a newer primary, the Application's own exceptions, or a transient cause
-that persisted through `attempts_max` attempts.
+failing transiently past their own bound, a store's disk full (StoreIOError, ENOSPC) — starts
+over after a back-off, instead of parking in FAILED until an operator unassigns it. FAILED is
+kept for what an operator (or the application's author) must fix, and its message says what: a
+refused append (INDEX_HAS_GREATER_OFFSET: reset the journal's head; NOT_ALLOWED), a recovery
+log that is not one, a store fenced by a newer primary, the Application's own exceptions, or a
+transient cause that persisted through `attempts_max` attempts.
 
 `classify(err)` decides from the error's type, walking its chain of causes (`__cause__`, then
 an unsuppressed `__context__`) outermost first: the first error whose type the table
