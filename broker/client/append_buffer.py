@@ -14,11 +14,13 @@ them). Spill files are anonymous (`tempfile.TemporaryFile`), so nothing is left 
 even if the process dies.
 
 Everything here is synchronous: a write to a spill file goes to the OS page cache, as Gazette's
-buffered file writes do.
+buffered file writes do. Only writing can fail (a full disk): dropping content and closing a
+buffer never do I/O that can, so the cleanup of a failing writer never hides its error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -30,6 +32,8 @@ memory_bytes_max_default: Final = 32 << 20
 spill_bytes_max_default: Final = 1 << 30
 # Spill files are read back in pieces of this size when an append is sent.
 spill_read_bytes: Final = 1 << 20
+# Writes to a spill file are gathered in memory up to this size (a larger one goes at once).
+spill_write_bytes: Final = 64 << 10
 
 
 class AppendBufferError(RuntimeError):
@@ -93,6 +97,14 @@ class AppendBuffer:
     the service reads them for every write). `checkpoint()` marks the end of released content;
     `rollback()` drops what was written after the mark (an aborted writer). `chunks()` yields
     the content for sending; `close()` refunds the budget and deletes the file.
+
+    A spilled buffer's content is the memory part, then the file's first `_flushed` bytes,
+    then `_pending` (writes gathered up to `spill_write_bytes`, so that a publisher's small
+    messages do not cost a system call each). Writes go to explicit offsets (`os.pwrite`) of
+    an unbuffered file, so only `write` ever does fallible I/O: `rollback`, `chunks` and
+    `close` never write, and a full disk cannot make them fail. Bytes of the file past
+    `_flushed` (a partial write, a rollback) are never read, and are overwritten by later
+    writes.
     """
 
     __slots__ = (
@@ -100,8 +112,10 @@ class AppendBuffer:
         "_closed",
         "_file",
         "_file_bytes",
+        "_flushed",
         "_mark",
         "_memory",
+        "_pending",
         "size",
         "spilled",
     )
@@ -110,7 +124,9 @@ class AppendBuffer:
         self._budget = budget
         self._memory = bytearray()
         self._file: IO[bytes] | None = None
-        self._file_bytes = 0
+        self._file_bytes = 0  # _flushed + len(_pending): the spilled part of the content.
+        self._flushed = 0
+        self._pending = bytearray()
         self._mark = 0
         self._closed = False
         self.size = 0
@@ -129,7 +145,7 @@ class AppendBuffer:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append `data`: to memory if it fits the budget and nothing was spilled yet, else to
-        this buffer's spill file. An OSError from the file leaves the buffer as it was."""
+        this buffer's spill file. An OSError from the file leaves the content as it was."""
         if self._closed:
             raise AppendBufferError("append buffer is closed")
         size = len(data)
@@ -140,17 +156,46 @@ class AppendBuffer:
             self.size += size
             return
         if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="gazette-append-", dir=budget.spill_dir)
+            self._file = tempfile.TemporaryFile(
+                buffering=0, prefix="gazette-append-", dir=budget.spill_dir
+            )
             self.spilled = True
-        try:
-            self._file.write(data)
-        except BaseException:
-            # A partial write (disk full) must not leave bytes that are not counted.
-            self._truncate_file(self._file_bytes)
-            raise
+        if len(self._pending) + size > spill_write_bytes:
+            self._flush_pending()
+        if size > spill_write_bytes:
+            self._pwrite(data, self._flushed)
+            self._flushed += size
+        else:
+            self._pending += data
         self._file_bytes += size
         budget.spill_bytes += size
         self.size += size
+
+    def _flush_pending(self) -> None:
+        """Write `_pending` at `_flushed`. On an error, what was written stays written (and
+        counted as flushed), the rest stays pending: the content is unchanged either way."""
+        assert self._file is not None
+        fd = self._file.fileno()
+        view = memoryview(self._pending)
+        try:
+            while view:
+                written = os.pwrite(fd, view, self._flushed)
+                self._flushed += written
+                view = view[written:]
+        finally:
+            done = len(self._pending) - len(view)
+            view.release()
+            del self._pending[:done]
+
+    def _pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write all of `data` at `offset` (a partial write continues; an error propagates)."""
+        assert self._file is not None
+        fd = self._file.fileno()
+        with memoryview(data) as view:
+            while view:
+                written = os.pwrite(fd, view, offset)
+                offset += written
+                view = view[written:]
 
     def write_released(self, data: bytes | bytearray | memoryview) -> None:
         """`write(data)` then `checkpoint()`, for a writer that releases at once (nothing
@@ -177,24 +222,27 @@ class AppendBuffer:
         return added
 
     def rollback(self) -> None:
-        """Drop content written since the last checkpoint."""
+        """Drop content written since the last checkpoint. Does no I/O that can fail."""
         memory = len(self._memory)
         if self._mark >= memory:
-            self._truncate_file(self._mark - memory)
+            self._truncate_spill(self._mark - memory)
         else:
-            self._truncate_file(0)
+            self._truncate_spill(0)
             self._budget.memory_bytes -= memory - self._mark
             del self._memory[self._mark :]
         self.size = self._mark
 
-    def _truncate_file(self, size: int) -> None:
-        if self._file is None:
-            return
-        self._file.flush()
-        self._file.truncate(size)
-        self._file.seek(size)
-        self._budget.spill_bytes -= self._file_bytes - size
-        self.size -= self._file_bytes - size
+    def _truncate_spill(self, size: int) -> None:
+        """Keep the first `size` bytes of the spilled part (by dropping pending bytes, or by
+        forgetting flushed ones: never by writing)."""
+        if size >= self._flushed:
+            del self._pending[size - self._flushed :]
+        else:
+            self._pending.clear()
+            self._flushed = size
+        dropped = self._file_bytes - size
+        self._budget.spill_bytes -= dropped
+        self.size -= dropped
         self._file_bytes = size
 
     def chunks(self, chunk_bytes_max: int) -> Iterator[bytes | memoryview]:
@@ -207,26 +255,32 @@ class AppendBuffer:
             yield view[start : start + chunk_bytes_max]
         if self._file is None:
             return
-        self._file.flush()
         step = min(chunk_bytes_max, spill_read_bytes)
         start = 0
-        while start < self._file_bytes:
-            piece = os.pread(self._file.fileno(), min(step, self._file_bytes - start), start)
+        while start < self._flushed:
+            piece = os.pread(self._file.fileno(), min(step, self._flushed - start), start)
             if not piece:
-                raise AppendBufferError(f"spill file ended at {start} of {self._file_bytes} bytes")
+                raise AppendBufferError(f"spill file ended at {start} of {self._flushed} bytes")
             start += len(piece)
             yield piece
+        pending = bytes(self._pending)  # A copy: the buffer stays writable meanwhile.
+        for start in range(0, len(pending), chunk_bytes_max):
+            yield pending[start : start + chunk_bytes_max]
 
     def close(self) -> None:
-        """Refund the budget and delete the spill file. Idempotent."""
+        """Refund the budget and delete the spill file. Idempotent, and never raises: it runs
+        in the cleanup of a failing writer or service, whose own error must not be replaced
+        (the file is unbuffered, so closing it writes nothing)."""
         if self._closed:
             return
         self._closed = True
         self._budget.memory_bytes -= len(self._memory)
         self._budget.spill_bytes -= self._file_bytes
         self._memory = bytearray()
-        self._file_bytes = 0
+        self._pending = bytearray()
+        self._file_bytes = self._flushed = 0
         self.size = 0
         if self._file is not None:
             file, self._file = self._file, None
-            file.close()
+            with contextlib.suppress(OSError):  # close(2) releases the descriptor regardless.
+                file.close()

@@ -450,11 +450,12 @@ class Publisher(Generic[A]):
             # Held from here to release: no await, so clocks reach the journal in order.
             try:
                 self._sequence_run(run, flags, set_slot)
-                frames = framing.marshal_many(run)
+                appended.write(framing.marshal_many(run))
             except BaseException:
-                appended.abort()  # Nothing of this run was written.
+                # Nothing of this run was written (a write that fails, a full spill disk,
+                # leaves the batch as it was): the batch goes on without it, never held.
+                appended.abort()
                 raise
-            appended.write(frames)
             appended.release()
             if id(appended) not in joined:
                 joined.add(id(appended))
@@ -555,11 +556,10 @@ class Publisher(Generic[A]):
             appended = await self._appender.start_append(journal)
         # Held from here to release: no await, so clocks reach the journal in order.
         try:
-            frame = self._sequence(message, framing, flags)
+            appended.write(self._sequence(message, framing, flags))
         except BaseException:
             appended.abort()  # Nothing was written: the batch goes on without this message.
             raise
-        appended.write(frame)
         appended.release()
         return appended
 
