@@ -32,7 +32,7 @@ import asyncio
 import functools
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, NoReturn
 
 from broker.client.append_service import AppendService, AsyncAppend
@@ -216,7 +216,10 @@ class PrimaryShard:
                     self._notifier.notify()
                     await self._driver.run()
                 finally:
-                    await source.close()
+                    # An Application's own source may fail to close: never instead of the
+                    # error (or the cancellation) the shard stops with.
+                    failing = sys.exc_info()[1]
+                    await _cleanup(self.id, "source.close", source.close(), failing)
             finally:
                 failing = sys.exc_info()[1]  # What the shard is failing with (it always is).
                 if hints_task is not None:
@@ -317,14 +320,21 @@ async def _destroy(shard_id: str, store: Store, failing: BaseException | None) -
     """`store.destroy()`, whose own error never replaces `failing`, the error the shard stops
     with: a store whose disk filled fails its commit, then often its close too ("Writer has
     previous error"), and the commit's error is the cause to report and to classify for a retry.
-    The destroy's error is logged and noted on `failing`; with nothing failing, it is the
-    shard's failure."""
+    """
+    await _cleanup(shard_id, "store.destroy", store.destroy(), failing)
+
+
+async def _cleanup(
+    shard_id: str, step: str, cleanup: Awaitable[None], failing: BaseException | None
+) -> None:
+    """Await `cleanup` (`step` names it) as a stopping shard does, whose own error never
+    replaces `failing`, what the shard stops with (an error, or the cancellation of a stop:
+    replacing that would make a stopping shard fail, or retry). The cleanup's error is logged
+    and noted on `failing`; with nothing failing, it is the shard's failure."""
     try:
-        await store.destroy()
+        await cleanup
     except Exception as err:
         if failing is None:
-            raise ShardFailedError(shard_id, "store.destroy", err) from err
-        _log.warning(
-            "store.destroy failed too, as the shard stopped", shard=shard_id, error=repr(err)
-        )
-        failing.add_note(f"then store.destroy failed too: {err!r}")
+            raise ShardFailedError(shard_id, step, err) from err
+        _log.warning(f"{step} failed too, as the shard stopped", shard=shard_id, error=repr(err))
+        failing.add_note(f"then {step} failed too: {err!r}")

@@ -142,6 +142,12 @@ class LocalShard:
         cancelled; transient failures are retried after a back-off (module docstring)."""
         while True:
             failure = await self._attempt()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Stopped while it failed (a cleanup's error swallowed the cancellation): a stop
+                # is never turned into a retry, nor into FAILED.
+                get_logger(__name__).warning("shard failed as it stopped", error=str(failure))
+                raise asyncio.CancelledError
             served_s = None if self._serving_since is None else self._clock() - self._serving_since
             self._serving_since = None
             decision = self._retries.on_failure(failure, served_s=served_s)
@@ -181,7 +187,11 @@ class LocalShard:
         except ShardFailedError as err:
             return err
         except Exception as err:  # A bug of the runner; still only this shard's problem.
-            return ShardFailedError(self.id, "shard runner", err)
+            # Chained, as every ShardFailedError is: its cause decides whether it is retried
+            # (an OSError of a full disk from a teardown is transient here as anywhere else).
+            failed = ShardFailedError(self.id, "shard runner", err)
+            failed.__cause__ = err
+            return failed
         finally:
             if self._primary is not None:
                 self._progress = self._primary.progress()

@@ -258,8 +258,16 @@ class TxnDriver:
             else:
                 assert timeout is not None, f"nothing to wait for in {step}"
                 await asyncio.sleep(timeout)
-        finally:
-            envelope = None if read is None else await self._settle_read(read)
+        except BaseException as err:
+            # Cancelled (the shard stops): the read is stopped, but its own failure must not
+            # replace the cancellation (the shard would fail, or retry, instead of stopping).
+            if read is not None:
+                try:
+                    await self._settle_read(read)
+                except ShardFailedError as read_err:
+                    err.add_note(f"then the pending read failed too: {read_err}")
+            raise
+        envelope = None if read is None else await self._settle_read(read)
         if envelope is not None:
             await self._consume(envelope)
 

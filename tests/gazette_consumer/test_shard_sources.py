@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.application import MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through
 from gazette_consumer.message.message import Envelope
@@ -27,6 +30,7 @@ from tests.gazette_consumer.shard_testkit import (
     sqlite_engine,
 )
 
+Code = cpb.ReplicaStatus.Code
 LISTED = "virtual/listed"
 
 
@@ -171,3 +175,76 @@ async def test_one_upstream_ack_is_consumed_in_one_transaction(tmp_path: Path) -
         # The timers expire at every look: each plain message closed its own transaction, but
         # the twenty messages of the ACK stayed together in one.
         assert app.begins == len(app.finishes) == 4
+
+
+class BreakingSource(ListSource):
+    """A misbehaving Application's source: once its messages are taken, `next()` fails at
+    once, or (while `app.fail_on_cancel`) when it is cancelled, breaking the "cancellable"
+    contract; and `close()` fails."""
+
+    def __init__(self, app: BreakingApp) -> None:
+        super().__init__(["a", "b"], 0)
+        self.app = app
+
+    async def next(self) -> Envelope[Any]:
+        envelope = self.try_next()
+        if envelope is not None:
+            return envelope
+        if not self.app.wait_for_messages:
+            raise RuntimeError("the source broke")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.app.fail_on_cancel:
+                raise ConnectionError("the source broke as it was cancelled") from None
+            raise  # The shard's own cancellations of a read, which it does routinely.
+        raise AssertionError("unreachable: the event is never set")
+
+    async def close(self) -> None:
+        raise ConnectionError("the source failed to close too")
+
+
+@dataclass
+class BreakingApp(CountingApp):
+    wait_for_messages: bool = False
+    fail_on_cancel: bool = False
+
+    def new_message_source(
+        self, shard: Shard, store: Store, checkpoint: Checkpoint
+    ) -> MessageSource | None:
+        return BreakingSource(self)
+
+
+async def test_a_source_failing_to_close_never_hides_why_its_shard_failed(
+    tmp_path: Path,
+) -> None:
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        changed = Notifier()
+        async with ShardRunner(BreakingApp(engine), env.client, root="/test/breaking") as runner:
+            handle = runner.start(shard_spec("shard-breaking", []), on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == Code.FAILED)
+        [error] = handle.status().errors
+        # The reading error, a bug of the application (permanent): not the close's, which
+        # would have been retried as a connection error.
+        assert "reading messages: RuntimeError: the source broke" in error
+        assert handle.retrying is None
+
+
+async def test_a_source_failing_as_its_shard_stops_lets_it_stop(tmp_path: Path) -> None:
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        app = BreakingApp(engine, wait_for_messages=True)
+        changed = Notifier()
+        async with ShardRunner(app, env.client, root="/test/breaking") as runner:
+            handle = runner.start(shard_spec("shard-stopping", []), on_change=changed.notify)
+            await changed.until(lambda: handle.progress().read_through.get(LISTED, 0) == 2)
+            # The stop's cancellation meets a read and a close that fail (transiently, by
+            # their types): the shard stops all the same, neither retried nor FAILED, and the
+            # cancellation itself reached the runner (no failure stood in for it).
+            app.fail_on_cancel = True
+            with structlog.testing.capture_logs() as logs:
+                await asyncio.wait_for(runner.stop("shard-stopping"), 10)
+            assert handle.retrying is None and handle.status().code != Code.FAILED
+        assert await read_counts(engine, "shard-stopping") == {"a": 1, "b": 1}
+        events = [log["event"] for log in logs]
+        assert "source.close failed too, as the shard stopped" in events
+        assert "shard failed as it stopped" not in events

@@ -6,6 +6,7 @@ the retry state machine, from their types alone. Real in-process brokers, SQLite
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import itertools
 from pathlib import Path
@@ -31,6 +32,8 @@ from broker.protocol.status import (
 from examples.word_count import WordCount, counts_of
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFailedError, RecorderFencedError
+from gazette_consumer.shard import PrimaryShard
+from gazette_consumer.shard_handle import ShardRole, ShardStart
 from gazette_consumer.shard_retry import (
     GiveUp,
     RetryAfter,
@@ -39,7 +42,7 @@ from gazette_consumer.shard_retry import (
     Transience,
     classify,
 )
-from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.stores.base import CommitDependencyError, FencedError, StoreIOError
 from gazette_consumer.stores.jsonfile import JSONFileStore
 from gazette_consumer.txn_driver import ShardFailedError
@@ -143,6 +146,24 @@ async def test_a_transient_cause_that_persists_gives_up_as_failed(tmp_path: Path
         [error] = handle.status().errors
         assert "reading messages: JournalNotFoundError" in error
         assert "persisted through 3 attempts" in error and "unassign --failed" in error
+
+
+async def test_an_error_outside_the_shards_steps_is_classified_by_its_cause() -> None:
+    # An error that escapes a primary outside its named steps is reported as the runner's,
+    # with the error itself as the cause: a full disk is then retried as anywhere else, and
+    # only a cause of no known kind parks the shard in FAILED.
+    causes = iter([OSError(errno.ENOSPC, "No space left on device"), ValueError("a bug")])
+
+    def new_primary(*_args: object) -> PrimaryShard:
+        raise next(causes)
+
+    start = ShardStart(shard_spec("shard-runner", ["in/x"]), ShardRole.PRIMARY, "fqn", lambda: None)
+    shard = LocalShard(start, new_primary, retry=QUICK, sleep=lambda _s: asyncio.sleep(0))
+    await asyncio.wait_for(shard.run(), 10)
+    assert shard.retrying is not None and shard.retrying.attempt == 1
+    assert "No space left on device" in shard.retrying.error
+    [error] = shard.status().errors
+    assert shard.status().code == Code.FAILED and "shard runner: ValueError: a bug" in error
 
 
 # --- Classification and the retry state machine --------------------------------------------------
