@@ -370,8 +370,11 @@ class RocksDBStore(RecordedStore):
         db = rocksdict.Rdict(str(self.directory), self._options())
         try:
             data = db.get(CHECKPOINT_KEY)
-        except BaseException:
-            db.close()
+        except BaseException as err:
+            try:
+                db.close()
+            except Exception as close_err:  # Often "previous error": never instead of get's.
+                err.add_note(f"then closing the database failed too: {close_err!r}")
             raise
         assert data is None or isinstance(data, bytes)
         return baseline, db, data
