@@ -40,9 +40,10 @@ from broker.quorum.errors import (
     LogFullError,
     NotLeaderError,
     PendingAppendsFullError,
+    ProtocolError,
 )
 from broker.quorum_shell.journals import QuorumJournals
-from broker.quorum_shell.node import AppendOutcomeUnknownError
+from broker.quorum_shell.node import AppendOutcomeUnknownError, LogWriteError
 from broker.quorum_shell.registers import label_set_of, register_check, register_update
 from broker.request_stream import read_to_end
 from broker.topology import make_header, same_id
@@ -148,6 +149,16 @@ async def quorum_append(
         raise AssertionError("not reached") from err
     except AppendOutcomeUnknownError as err:
         await _abort(context, grpc.StatusCode.UNAVAILABLE, f"outcome unknown: {err}")
+        raise AssertionError("not reached") from err
+    except (LogWriteError, ProtocolError) as err:
+        # This member stopped (its log could not be written, say its disk is full): it
+        # leads no more, and appended nothing. The others elect a leader; clients retry.
+        await _abort(
+            context,
+            grpc.StatusCode.UNAVAILABLE,
+            f"journal {journal!r}: the quorum member on this broker failed ({err}); nothing"
+            " appended: the journal's other members elect a new leader",
+        )
         raise AssertionError("not reached") from err
     if fragment is None:
         return pb.AppendResponse(

@@ -43,7 +43,10 @@ Durability: with a data directory each node's member log is a file (log_file.py,
 broker starting many nodes must not stall its event loop: its lease refresh is due every
 TTL/3). A journal's node is not started again until its previous node (and file) is closed; a
 log file that cannot be replayed (LogFileCorruptError, OSError) is kept in `errors` and the
-journal gets no node on this broker until it restarts.
+journal gets no node on this broker until it restarts, unless it failed for want of room
+(ENOSPC, EDQUOT): that is tried again after a back-off. A node that stops because its log
+could not be written (LogWriteError, a full disk) is started again from its file after a
+back-off (`_restart_failed`), so the member rejoins once there is room.
 
 Lost disks (member_dir.py, member_registry.py): with a data directory the broker has an
 incarnation id, and each node first *joins*: a new log file gets a `joining` mark before it is
@@ -60,12 +63,14 @@ member record in the keyspace are read as empty (term_record.py, members_record.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from broker import metrics
+from broker.client.append_errors import backoff_s
 from broker.fragment.naming import sum_from_digest
 from broker.fragment.stores.registry import StoreRegistry
 from broker.keyspace.backend import Backend
@@ -93,7 +98,7 @@ from broker.quorum_shell.member_dir import (
     write_mark,
 )
 from broker.quorum_shell.member_registry import Joiner, MemberRegistry
-from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
+from broker.quorum_shell.node import COORDINATOR_SUFFIX, LogWriteError, QuorumNode
 from broker.quorum_shell.read_barrier import (
     QuorumReadUnavailableError,
     read_index_wait_s,
@@ -122,6 +127,16 @@ log = get_logger(__name__)
 # would not finish sooner (one GIL), but each is one more the event loop's thread waits behind
 # for the GIL, and one more log's records in memory at once.
 log_replays_concurrent_max = 1
+
+# A node that stopped because its log could not be written (LogWriteError: say its disk is
+# full) is started again from its file after a back-off, doubling from the first to the last
+# of these, and again while it keeps failing; a node that ran `node_restart_healthy_s` before
+# failing starts from the first again. So does opening a log that failed for want of room.
+node_restart_initial_s = 1.0
+node_restart_max_s = 60.0
+node_restart_healthy_s = 300.0
+# OSErrors of a full disk (opening a log retries on these; others keep the journal in `errors`).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 async def _gather(*coros: Coroutine[Any, Any, None]) -> None:
@@ -223,6 +238,11 @@ class QuorumJournals:
         self._transports: dict[str, GrpcTransport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
+        # Per journal: the task that restarts its node if it fails (see _restart_failed),
+        # and the consecutive restarts so far (the back-off's attempt).
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self.restarts: dict[str, int] = {}
+        self._open_retries: set[asyncio.Task[None]] = set()
 
     # --- The replication RPC -------------------------------------------------------------
 
@@ -320,6 +340,9 @@ class QuorumJournals:
             self._transports[journal] = transport
             log.info("quorum node starting", journal=journal, ensemble=ensemble)
             self._spawn(node.start())
+            self._watchers[journal] = asyncio.get_running_loop().create_task(
+                self._restart_failed(journal, node)
+            )
             applier = CommitApplier(
                 node, self._replica_of, self._spec_of, self._clock, stores=self._stores
             )
@@ -429,6 +452,10 @@ class QuorumJournals:
             except (LogFileCorruptError, MemberDirError, OSError) as err:
                 self.errors[journal] = err
                 log.error("quorum log not opened: no node", journal=journal, error=str(err))
+                if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+                    retry = asyncio.get_running_loop().create_task(self._retry_open(journal, err))
+                    self._open_retries.add(retry)
+                    retry.add_done_callback(self._open_retries.discard)
                 return
             except Exception as err:  # a bug: kept and logged, as the observer raised it before
                 self.errors[journal] = err
@@ -449,6 +476,48 @@ class QuorumJournals:
         opened = self._opened.pop(journal, None)
         if opened is not None:
             opened[0].close()
+
+    def _next_restart_s(self, journal: str, ran_s: float) -> tuple[int, float]:
+        attempt = 1 if ran_s >= node_restart_healthy_s else self.restarts.get(journal, 0) + 1
+        self.restarts[journal] = attempt
+        return attempt, backoff_s(attempt, node_restart_initial_s, node_restart_max_s)
+
+    async def _restart_failed(self, journal: str, node: QuorumNode) -> None:
+        """Start `journal`'s node again from its file once it failed for want of a log write
+        (see node_restart_initial_s): it rejoins, the leader catches it up, and it counts in
+        the majority again. Without this, a member whose disk filled once stayed out until its
+        broker restarted, the journal one more failure away from stopping. A ProtocolError (an
+        impossible message: a bug) leaves the node stopped, for an operator."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await node.failed.wait()
+        if not isinstance(node.failure, LogWriteError):
+            return
+        attempt, delay_s = self._next_restart_s(journal, loop.time() - started)
+        log.warning(
+            "quorum node failed: starting it again from its log",
+            journal=journal,
+            attempt=attempt,
+            delay_s=delay_s,
+            error=str(node.failure),
+        )
+        await asyncio.sleep(delay_s)
+        if not self._stopped and self.nodes.get(journal) is node:
+            self._close_later(journal)  # its close observes: a new node opens the file
+
+    async def _retry_open(self, journal: str, err: OSError) -> None:
+        """Open `journal`'s log again after a back-off: it failed for want of room."""
+        attempt, delay_s = self._next_restart_s(journal, 0.0)
+        log.warning(
+            "quorum log not opened for want of room: trying again",
+            journal=journal,
+            attempt=attempt,
+            delay_s=delay_s,
+        )
+        await asyncio.sleep(delay_s)
+        if not self._stopped and self.errors.get(journal) is err:
+            del self.errors[journal]
+            self.observe()
 
     def _close_later(self, journal: str) -> None:
         parts = self._detach(journal)
@@ -473,6 +542,9 @@ class QuorumJournals:
         starts a new one), returning what remains to be stopped."""
         self.appliers.pop(journal, None)
         self._routes.pop(journal, None)
+        watcher = self._watchers.pop(journal, None)
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
         return (
             self.nodes.pop(journal, None),
             self._applier_tasks.pop(journal, None),
@@ -500,6 +572,8 @@ class QuorumJournals:
 
     async def stop(self) -> None:
         self._stopped = True
+        for retry in list(self._open_retries):
+            retry.cancel()
         for journal in list(self.nodes):
             await self._stop_node(journal)
         await asyncio.gather(*self._closing.values(), return_exceptions=True)

@@ -16,6 +16,7 @@ which happens as the core compacts or truncates, it is rewritten from the log's 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Final
@@ -157,6 +158,8 @@ class QuorumLogFile:
             os.replace(tmp, self.path)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):  # a partial copy (a full disk) frees its room
+                os.unlink(tmp)
             raise
         if self._fsync:
             fsync_dir(self.path.parent)

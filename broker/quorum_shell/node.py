@@ -19,7 +19,8 @@ Durability. With a log file (log_file.py: a broker with a data directory) the me
 rebuilt from it, and every change the core makes is appended to it after each call into the
 core and before anything that call produced is sent or answered (`_persist`, first thing in
 `_flush`): a follower's acknowledgement, a NewTerm answer, a leader counting itself, a commit
-readers may see. A write that fails stops the node (`failure`, a `LogWriteError`). Without a
+readers may see. A write that fails stops the node (`failure`, a `LogWriteError`; `failed` is
+set), and its owner (journals.py) starts a new node from the file after a back-off. Without a
 file the log is in memory: a process crash loses it (tests, and brokers without --data-dir).
 
 Lost disks. With a `joiner` (member_registry.py: a broker with a data directory) the node first
@@ -161,6 +162,7 @@ class QuorumNode:
         # the log could not be persisted: the node stops taking part (it neither acknowledges
         # nor leads) and the error is kept for its owner.
         self.failure: ProtocolError | LogWriteError | None = None
+        self.failed = asyncio.Event()  # set with `failure` (what the node's owner waits on)
         self.register_error: Exception | None = None  # the last failed register request
         # Set whenever the cores may have changed (a message, a tick, an answer): observers
         # (tests, metrics) wait on it rather than polling.
@@ -374,6 +376,7 @@ class QuorumNode:
 
     def _fail(self, err: ProtocolError | LogWriteError) -> None:
         self.failure = err
+        self.failed.set()
         log.error("quorum node failed", journal=self.journal, node=self.name, error=str(err))
         self._fail_pending(f"{type(err).__name__}: {err}")
         self.progress.set()  # observers see the failure

@@ -1,0 +1,112 @@
+"""A quorum member whose disk fills up (three in-process brokers, each data directory on a
+real tmpfs of its own, filled to the last byte by another file): the member stops (it must
+not acknowledge what it cannot persist: `LogWriteError`, naming the cause), and the journal
+stays writable at the majority, as quorum mode promises for a minority of replicas down,
+whether the full member was the leader or a follower. No acknowledged append is lost or
+written twice. Once there is room again, its broker starts the member again from its log
+(after a back-off, without a restart), the member catches up, and it is again one of a
+majority: with another member stopped, the journal still commits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import grpc
+import pytest
+from broker_testkit import Cluster
+
+from broker.protocol import protocol_pb2 as pb
+from broker.quorum_shell.node import LogWriteError
+from broker.server import Broker
+from tests.broker.quorum.quorum_brokers_testkit import (
+    broker_name,
+    create_quorum_journal,
+    start_brokers,
+    term_record,
+    until,
+)
+from tests.small_disk import fill, small_disk
+
+J = "quorum/full"
+DISK_BYTES = 4 << 20
+RECORD_BYTES = 8 << 10
+# Bound of each append's retries while the journal elects (one or a few 1-s timeouts).
+wait_s = 30.0
+
+
+async def _append(cluster: Cluster, via: Broker, data: bytes) -> pb.AppendResponse:
+    """One append through `via`, tried again while the journal has no leader (bounded)."""
+    async with asyncio.timeout(wait_s):
+        while True:
+            try:
+                resp = await cluster.append(via, J, [data])
+                if resp.status == pb.OK:
+                    return resp
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            await asyncio.sleep(0.05)  # a client's backoff, not a synchronisation
+
+
+async def _append_all(cluster: Cluster, via: Broker, tag: str, n: int, acked: bytearray) -> None:
+    """`n` appends, each landing exactly at the acknowledged end (each larger than a page:
+    a file's last page has room for small ones even on a full disk)."""
+    for i in range(n):
+        data = f"{tag}{i:03d} ".encode() + tag.encode() * RECORD_BYTES + b"\n"
+        resp = await _append(cluster, via, data)
+        assert (resp.commit.begin, resp.commit.end) == (len(acked), len(acked) + len(data))
+        acked += data
+
+
+async def _committed(b: Broker, acked: bytes) -> None:
+    def holds() -> bool:
+        node = b.quorum.nodes.get(J)  # None until a restarted broker's node starts
+        return node is not None and node.commit_offset >= len(acked)
+
+    await until(f"{broker_name(b)} knows the commit", holds)
+    assert b.quorum.nodes[J].read_committed(0) == acked
+
+
+@pytest.mark.parametrize("full", ["leader", "follower"])
+async def test_a_member_whose_disk_fills_stops_and_the_majority_commits(
+    cluster: Cluster, tmp_path: Path, full: str
+) -> None:
+    with contextlib.ExitStack() as disks:
+        for i in range(3):
+            disks.enter_context(small_disk(tmp_path / f"b{i}", DISK_BYTES))
+        brokers = await start_brokers(cluster, tmp_path, 3)
+        await create_quorum_journal(cluster, J, brokers)
+        acked = bytearray()
+        await _append_all(cluster, brokers[0], "a", 5, acked)
+        await until(
+            "the register settled with a leader",
+            lambda: (r := term_record(brokers[0], J)) is not None and bool(r.leader) and r.settled,
+        )
+        record = term_record(brokers[0], J)
+        assert record is not None
+        names = [broker_name(b) for b in brokers]
+        i_full = names.index(record.leader)
+        if full == "follower":
+            i_full = (i_full + 1) % 3
+        others = [b for i, b in enumerate(brokers) if i != i_full]
+
+        filler = fill(tmp_path / f"b{i_full}")
+        await _append_all(cluster, others[0], "b", 20, acked)
+        failed = brokers[i_full].quorum.nodes[J]
+        assert isinstance(failed.failure, LogWriteError), failed.failure
+        assert "No space left on device" in str(failed.failure)
+        for b in others:
+            await _committed(b, acked)
+
+        # Room again: the broker starts the member again from its log, by itself; the
+        # leader catches it up, and it counts again: with another member stopped, the
+        # journal still commits.
+        filler.unlink()
+        await _committed(brokers[i_full], acked)
+        assert brokers[i_full].quorum.nodes[J] is not failed
+        assert brokers[i_full].quorum.restarts[J] >= 1
+        await cluster.stop_broker(others[0])
+        await _append_all(cluster, brokers[i_full], "c", 5, acked)
+        await _committed(others[1], acked)
+        await _committed(brokers[i_full], acked)
