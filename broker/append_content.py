@@ -33,6 +33,7 @@ from broker.append_state import (
 from broker.append_suspend import CONTENT_FORBIDDEN
 from broker.fragment.naming import sum_from_digest
 from broker.pipeline import Pipeline, local_offload_bytes_min
+from broker.pipeline_sync import AppendOutcomeUnknownError
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import ContentChunk
 from broker.protocol.validate import ValidationError
@@ -124,6 +125,7 @@ class ContentPhase(AppendRun):
 
         if err is None and eof and pln.send_err() is None and self.status == pb.OK:
             proposal = pln.spool.next()
+            self.commit_proposed = fragment.end > fragment.begin
             if fragment.end > fragment.begin:
                 self.registers = apply_register_updates(self.registers, self.req)
         else:
@@ -173,10 +175,17 @@ class ContentPhase(AppendRun):
 
         if self.err is not None or self.status != pb.OK:
             self.state = State.ERROR
-        elif (recv_err := pln.recv_err()) is not None:
-            self._fail(recv_err)
-        elif send_err is not None:
-            self._fail(send_err)
+        elif (failed := pln.recv_err() or send_err) is not None:
+            if self.commit_proposed:
+                # The local spool took the commit as it was sent: say so, rather than let the
+                # client believe that nothing was appended.
+                unknown = AppendOutcomeUnknownError(
+                    f"outcome unknown: the commit was proposed to every replica, then {failed};"
+                    " this primary holds it, so it may be read, and a retry may append it twice"
+                )
+                unknown.__cause__ = failed
+                failed = unknown
+            self._fail(failed)
         else:
             await self._finish_sum()
             metrics.PIPELINE_COMMITS.inc()

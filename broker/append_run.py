@@ -70,6 +70,9 @@ class AppendRun:
         # True while requests are on the wire whose answers or rollback are still owed: giving
         # the pipeline back then would hand the next append someone else's responses.
         self._pln_dirty = False
+        # Whether this append proposed its commit (of content) to the replicas: a failure
+        # read afterwards leaves its outcome unknown (append_content.py).
+        self.commit_proposed = False
         # The etcd revision to resolve at: first the client's (Gazette's min_etcd_revision),
         # then whatever a step learns (a peer's later route, our own etcd update).
         self.read_through_rev = req.min_etcd_revision

@@ -18,6 +18,12 @@ class PeerError(Exception):
     """A peer's stream failed, or answered something it should not have."""
 
 
+class AppendOutcomeUnknownError(PeerError):
+    """A peer failed after the append's commit was proposed to every replica: the primary
+    (and the peers that took it) committed the content, so it may be read and a retry may
+    append it twice, as in Gazette (an append's error never promises it was not written)."""
+
+
 @dataclass
 class SyncResult:
     """What synchronisation asks of the primary next (all zero: the pipeline is in sync)."""
