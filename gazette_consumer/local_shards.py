@@ -35,6 +35,7 @@ from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.lifecycle import Assigned, Lifecycle, Promote, Start, Stop, UpdateSpec
 from gazette_consumer.lifecycle import status_update as next_status
+from gazette_consumer.metrics import forget_shard
 from gazette_consumer.shard_handle import ShardHandle, ShardProgress, ShardStart, StartShard
 from gazette_consumer.topology import (
     FAILED,
@@ -253,9 +254,14 @@ class LocalShards:
                 await handle.stop()
         except TimeoutError:
             log.error("local shard did not stop in time", shard=shard, wait_s=self._stop_wait_s)
+            return
         except Exception:
             # Its stop broke, not the process: the other shards keep running.
             log.exception("stopping local shard failed", shard=shard)
+            return
+        if shard not in (self._local or {}):
+            # Gone from this process (not started again meanwhile): its metrics go too.
+            forget_shard(shard)
 
     def _on_change_of(self, shard: str, token: object) -> Callable[[], None]:
         def on_change() -> None:

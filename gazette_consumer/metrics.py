@@ -24,6 +24,7 @@ metric costs anything per message.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Final
@@ -42,7 +43,7 @@ from prometheus_client import (
 from gazette_consumer.stores.base import OpFuture
 from gazette_consumer.transaction import ClosedTxn
 
-__all__ = ["ShardMetrics", "serve_metrics"]
+__all__ = ["ShardMetrics", "forget_shard", "serve_metrics"]
 
 # Seconds: transactions last from sub-millisecond to their max duration (Gazette's default 1s),
 # stalled ones longer.
@@ -80,6 +81,27 @@ READ_THROUGH: Final = Gauge(
     "Source journal offset through which the shard's last completed transaction read.",
     ["shard", "journal"],
 )
+
+
+def forget_shard(shard: str) -> None:
+    """Drop `shard`'s series from every per-shard metric: a shard that left this process (its
+    assignment went to another member, or it was disabled or deleted) is no longer exported,
+    and a process that sees many shards come and go does not grow with them. A shard that
+    comes back starts its series afresh (Prometheus takes that as a counter reset, as after a
+    process restart). Call it only while no ShardMetrics of `shard` is in use: one would go on
+    recording into series no longer exported."""
+    for metric in (TRANSACTIONS, MESSAGES, TXN_DURATION, COMMIT_LATENCY, COMMIT_FAILURES):
+        with contextlib.suppress(KeyError):
+            metric.remove(shard)
+    journals = {
+        sample.labels["journal"]
+        for family in READ_THROUGH.collect()
+        for sample in family.samples
+        if sample.labels.get("shard") == shard
+    }
+    for journal in journals:
+        with contextlib.suppress(KeyError):
+            READ_THROUGH.remove(shard, journal)
 
 
 class ShardMetrics:

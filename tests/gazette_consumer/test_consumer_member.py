@@ -10,11 +10,13 @@ import shutil
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import REGISTRY
 
 from broker.allocator import MemberNotFoundError
 from broker.keyspace.backend import Backend, LeaseNotFoundError
 from broker.keyspace.embedded import EmbeddedStore
 from broker.protocol import consumer_pb2 as cpb
+from gazette_consumer.metrics import ShardMetrics
 from gazette_consumer.shard_handle import ShardHandle, ShardRole, ShardStart
 from gazette_consumer.topology import lookup_member
 from tests.gazette_consumer.consumer_testkit import (
@@ -27,6 +29,8 @@ from tests.gazette_consumer.consumer_testkit import (
 )
 
 SHARDS = [f"shard-{i:03d}" for i in range(6)]
+READ_THROUGH = "gazette_consumer_shard_read_through_bytes"
+TRANSACTIONS = "gazette_consumer_shard_transactions_total"
 
 
 @pytest.fixture
@@ -252,16 +256,25 @@ async def test_a_start_shard_that_raises_fails_only_its_shard(group: Group) -> N
     assert node.member.failure is None
 
 
-async def test_disabling_a_shard_stops_its_replicas(group: Group) -> None:
+async def test_disabling_a_shard_stops_its_replicas_and_drops_its_metrics(group: Group) -> None:
     node = await group.join("zone-a", "consumer-a")
     await group.put_shard(shard_spec("shard-d"))
     await group.until(primary_and_standbys(group, ["shard-d"], standbys=0))
+    # The series a primary of it records (FakeShard records none of its own).
+    ShardMetrics("shard-d").progressed({"in/d": 42})
+    read_through = {"shard": "shard-d", "journal": "in/d"}
+    assert REGISTRY.get_sample_value(READ_THROUGH, read_through) == 42
     spec = shard_spec("shard-d")
     spec.disable = True
     await group.put_shard(spec)
     await group.until(lambda: None if not group.assignments() else str(group.assignments()))
     async with asyncio.timeout(30):
         await node.shards.started[0].stopped.wait()
+        # Gone from the process: its series are no longer exported (checked until the stop's
+        # last step, which follows the shard's own, has run).
+        while REGISTRY.get_sample_value(READ_THROUGH, read_through) is not None:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert REGISTRY.get_sample_value(TRANSACTIONS, {"shard": "shard-d"}) is None
 
 
 @pytest.mark.etcd
