@@ -100,7 +100,8 @@ def state_of(
     """One journal's state: the register's term, leader and ensemble (and `previous` while a
     change is not settled); `election` is "leader" (one is appointed), "electing" (none yet)
     or "blocked" (a member's coordinator found too many members lost), with the blocked term,
-    lost members and voters needed; `kept`: members whose node runs only for the register."""
+    lost members and voters needed; `kept`: members whose node runs only for the register;
+    `failed`: members whose node stopped, and why (started again after a back-off)."""
     term = register.term if register is not None else 0
     leader = register.leader if register is not None else ""
     state: dict[str, Any] = {"term": term, "leader": leader}
@@ -131,6 +132,9 @@ def state_of(
     kept = sorted({m.member for m in members if m.kept})
     if kept:
         state["kept"] = kept
+    failed = {m.member: m.failed for m in sorted(members, key=lambda m: m.member) if m.failed}
+    if failed:
+        state["failed"] = failed
     if unanswered:
         state["unanswered"] = sorted(unanswered)
     return state

@@ -20,6 +20,8 @@ def state_text(state: dict[str, Any]) -> str:
         text = f"term {state['term']} electing"
     if state.get("kept"):
         text += f" kept {','.join(state['kept'])}"
+    for member, why in state.get("failed", {}).items():
+        text += f" FAILED {member}: {why}"
     if state.get("unanswered"):
         text += f" (unanswered {','.join(state['unanswered'])})"
     return text

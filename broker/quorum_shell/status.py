@@ -13,8 +13,9 @@ at most `status_journals_max` journals; the answer holds, per journal:
 - from the broker's own node of the journal, if it has one: whether this member is *lost* (back
   from a lost disk, not caught up: no vote), whether its coordinator found the election
   *blocked* (ElectionBlocked: too many members lost their disk; only an operator can unblock
-  it), and whether the node is *kept* only because the term register names this member, the
-  journal not being assigned here (journals.py). Only a member knows these, so
+  it), whether the node is *kept* only because the term register names this member, the
+  journal not being assigned here (journals.py), and why the node *failed*, if it stopped
+  (its log could not be written: the broker starts it again after a back-off). Only a member knows these, so
   a client asks every member (gazctl asks the route's and the register's).
 
 Sans-IO codec and view here; `status_handler` serves it, `fetch_status` calls it.
@@ -71,6 +72,9 @@ class JournalStatus:
     # The node runs only because the term register names this member, the journal not being
     # assigned to this broker (QuorumNode.kept_unassigned).
     kept: bool = False
+    # Why this member's node stopped ("" while it runs): its log could not be written (a full
+    # disk: the broker starts it again after a back-off), or an impossible message.
+    failed: str = ""
     previous: tuple[str, ...] = ()  # the register's, while an ensemble change is not settled
     # (member, endpoint) of the members the register names, as their BrokerSpecs announce
     # them (those not announced are left out).
@@ -108,6 +112,7 @@ def journal_status(
         lost=node.member.lost_state,
         blocked=None if blocked is None else _blocked(blocked),
         kept=node.kept_unassigned,
+        failed="" if node.failure is None else f"{type(node.failure).__name__}: {node.failure}",
     )
 
 
@@ -172,6 +177,8 @@ def encode_response(statuses: Sequence[JournalStatus]) -> bytes:
             doc["lost"] = s.lost
             if s.kept:  # left out otherwise: answers as before this field existed
                 doc["kept"] = True
+            if s.failed:  # likewise
+                doc["failed"] = s.failed
         if s.blocked is not None:
             b = s.blocked
             doc["blocked"] = {
@@ -201,6 +208,7 @@ def decode_response(raw: bytes) -> dict[str, JournalStatus]:
                 member=_typed(d.get("member", ""), str),
                 lost=_typed(d.get("lost", False), bool),
                 kept=_typed(d.get("kept", False), bool),
+                failed=_typed(d.get("failed", ""), str),
                 previous=tuple(_typed(m, str) for m in d.get("previous", ())),
                 endpoints=tuple(
                     (_typed(m, str), _typed(e, str))

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from broker_testkit import Cluster
+from broker_testkit import ROOT, Cluster
 
+from broker.cli.quorum_state import state_of, state_text
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import LogWriteError
+from broker.quorum_shell.status import decode_response, encode_response, journal_status
 from broker.server import Broker
 from tests.broker.quorum.quorum_brokers_testkit import (
     broker_name,
@@ -96,6 +98,12 @@ async def test_a_member_whose_disk_fills_stops_and_the_majority_commits(
         failed = brokers[i_full].quorum.nodes[J]
         assert isinstance(failed.failure, LogWriteError), failed.failure
         assert "No space left on device" in str(failed.failure)
+        # What an operator sees (gazctl journals list, the gateway): the member, and why.
+        status = journal_status(brokers[i_full].ks, ROOT, J, failed)
+        [answered] = decode_response(encode_response([status])).values()
+        cell = state_text(state_of(None, [answered], []))
+        assert f"FAILED {names[i_full]}: LogWriteError: " in cell
+        assert "No space left on device" in cell
         for b in others:
             await _committed(b, acked)
 
