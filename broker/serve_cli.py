@@ -25,7 +25,7 @@ from broker.fragment.stores.registry import new_registry
 from broker.gc_tuning import freeze_startup_heap
 from broker.hand_off import handoff_wait_s_default
 from broker.keyspace.backend import Backend
-from broker.keyspace.embedded import EmbeddedStore, KeySpaceStorageError
+from broker.keyspace.embedded import EmbeddedStore, storage_error_within
 from broker.keyspace.etcd import EtcdAuthError
 from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
@@ -379,25 +379,6 @@ async def _start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
     return True
 
 
-def _keyspace_storage_error(err: BaseException) -> KeySpaceStorageError | None:
-    """The KeySpaceStorageError within `err` (an exception group's, or a cause), if any."""
-    pending, seen = [err], 0
-    while pending and seen < _ERROR_WALK_MAX:
-        current = pending.pop()
-        seen += 1
-        if isinstance(current, KeySpaceStorageError):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        if current.__cause__ is not None:
-            pending.append(current.__cause__)
-    return None
-
-
-# Errors looked at, at most, in an exception group's tree (it is small; this bounds a cycle).
-_ERROR_WALK_MAX = 256
-
-
 def _embedded_store(data_dir: str | None, fsync: bool) -> EmbeddedStore:
     """The embedded keyspace: persisted under ``data_dir``/keyspace, else in memory."""
     if data_dir is None:
@@ -475,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseExceptionGroup as group:
         # The embedded keyspace could not write its log (a full disk): it fails the broker's
         # tasks, whose group ends the process. Its message says what to do; no traceback.
-        storage = _keyspace_storage_error(group)
+        storage = storage_error_within(group)
         if storage is None:
             raise
         sys.exit(f"gazette serve: {storage}")

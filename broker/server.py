@@ -61,6 +61,7 @@ from broker.grpc_transport import PEER_KEEPALIVE_SERVER_OPTIONS, with_options
 from broker.hand_off import hand_off, handoff_wait_s_default
 from broker.journal_service import SERVER_OPTIONS, JournalService
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
+from broker.keyspace.embedded import log_failure
 from broker.keyspace.keyspace import KeySpace
 from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
 from broker.list_apply_api import ListApplyAPI
@@ -417,11 +418,11 @@ class Broker:
                 await self.resolver.run()
                 for task in daemons:
                     task.cancel()
-        except Exception:
+        except Exception as exc:
             # A lost lease, a dead keyspace watch, a failed replica: this broker's view of the
             # cluster can no longer be trusted. Stop answering at once, rather than serve (or
             # proxy) on it until someone calls stop().
-            log.exception("broker failed; no longer serving", broker=repr(self))
+            log_failure(log, "broker failed; no longer serving", exc, broker=repr(self))
             self.gate.close()
             server = self._server
             if server is not None:

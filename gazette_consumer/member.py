@@ -48,6 +48,7 @@ from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, message_bytes_max
 from broker.grpc_transport import PEER_KEEPALIVE_SERVER_OPTIONS
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
+from broker.keyspace.embedded import log_failure
 from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
@@ -266,7 +267,9 @@ class ConsumerMember:
             # A lost lease, a dead watch, a failed allocator: stop serving at once (the
             # TaskGroup has already stopped the local shards: see LocalShards.run).
             if not isinstance(exc, asyncio.CancelledError):
-                log.exception("consumer member failed; no longer serving", member=repr(self))
+                log_failure(
+                    log, "consumer member failed; no longer serving", exc, member=repr(self)
+                )
             self.gate.close()
             server = self._server
             if server is not None:

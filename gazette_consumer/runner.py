@@ -50,7 +50,12 @@ from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend
-from broker.keyspace.embedded import EmbeddedStore
+from broker.keyspace.embedded import (
+    EmbeddedStore,
+    KeySpaceStorageError,
+    log_failure,
+    storage_error_within,
+)
 from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
@@ -423,8 +428,8 @@ async def _run_member(
     await asyncio.gather(stopping, waiting, return_exceptions=True)
     try:
         await member.stop(graceful=True)
-    except Exception:
-        log.exception("consumer failed")
+    except Exception as exc:
+        log_failure(log, "consumer failed", exc)
         return EXIT_FAILED
     return 0
 
@@ -528,6 +533,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except (KeySpaceDirError, CorruptLogError) as exc:  # Locked, unusable or corrupt.
         print(f"gazette-consumer: --data-dir: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (BaseExceptionGroup, KeySpaceStorageError) as exc:
+        # The embedded keyspace could not write its log (a full disk): it fails the process's
+        # tasks, whose group ends it. Its message says what to do; no traceback.
+        storage = storage_error_within(exc)
+        if storage is None:
+            raise
+        print(f"gazette-consumer: {storage}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED

@@ -175,9 +175,11 @@ async def test_a_keyspace_change_on_a_full_disk_is_refused_and_the_broker_stops(
         finally:
             await client.close()
     # It says why, and what to do, as its last words (not a traceback).
-    last = (logs / "broker.log").read_text().strip().splitlines()[-1]
+    logged = (logs / "broker.log").read_text()
+    last = logged.strip().splitlines()[-1]
     assert last.startswith("gazette serve: embedded keyspace"), last
     assert "No space left on device" in last and "restart the process" in last, last
+    assert "Traceback" not in logged  # The components it stops say why, without one either.
 
     (disk / "filler").unlink()
     with gazette_serve(logs, *serve_args) as (port, proc):
