@@ -123,6 +123,8 @@ class ContentPhase(AppendRun):
         if eof and fragment.end == fragment.begin and has_register_updates(self.req):
             err = RegisterUpdateWithEmptyAppendError()
 
+        if err is None and eof:
+            pln.note_ended_peers()
         if err is None and eof and pln.send_err() is None and self.status == pb.OK:
             proposal = pln.spool.next()
             self.commit_proposed = fragment.end > fragment.begin

@@ -416,6 +416,17 @@ class Pipeline:
         spool.must_apply(pb.ReplicateRequest(proposal=spool.fragment, registers=spool.registers))
         self._spool_slot.put(spool)
 
+    def note_ended_peers(self) -> None:
+        """Take a peer whose stream has already ended for one that failed: before close_send
+        a peer ends its stream only by failing (a full disk, say). An append that is about to
+        propose its commit calls this, and proposes the rollback instead if a peer failed: its
+        outcome is then certain (nothing committed) instead of unknown, and a client's retry
+        does not append the content a second time while that peer keeps failing."""
+        for peer in self._peers:
+            call = peer.call
+            if call is not None and peer.send_err is None and not peer.ended and call.done():
+                peer.send_err = PeerError("its stream ended before the commit (the peer failed)")
+
     def send_err(self) -> BaseException | None:
         for peer in self._peers:
             if peer.send_err is not None:
