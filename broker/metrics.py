@@ -94,6 +94,13 @@ QUORUM_LOG_OPENED: Final = Counter(
     " (the files of a deleted journal of the same name: removed, and the member starts fresh).",
     ["outcome"],
 )
+QUORUM_NODE_RESTARTS: Final = Counter(
+    "gazette_quorum_node_restarts_total",
+    "Quorum nodes this broker started again after they stopped because their member log could"
+    " not be written (a full disk, say), or their log could not be opened for want of room, by"
+    " journal. Growing: a member that keeps failing (its broker's data directory needs room).",
+    ["journal"],
+)
 QUORUM_LOST_DISKS: Final = Counter(
     "gazette_quorum_lost_disk_starts_total",
     "Quorum members this broker started as lost: the keyspace shows the member joined the"

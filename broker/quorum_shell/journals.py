@@ -480,6 +480,7 @@ class QuorumJournals:
     def _next_restart_s(self, journal: str, ran_s: float) -> tuple[int, float]:
         attempt = 1 if ran_s >= node_restart_healthy_s else self.restarts.get(journal, 0) + 1
         self.restarts[journal] = attempt
+        metrics.QUORUM_NODE_RESTARTS.labels(journal).inc()
         return attempt, backoff_s(attempt, node_restart_initial_s, node_restart_max_s)
 
     async def _restart_failed(self, journal: str, node: QuorumNode) -> None:

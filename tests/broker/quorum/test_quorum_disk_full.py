@@ -18,6 +18,7 @@ import pytest
 from broker_testkit import ROOT, Cluster
 
 from broker.cli.quorum_state import state_of, state_text
+from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import LogWriteError
 from broker.quorum_shell.status import decode_response, encode_response, journal_status
@@ -114,6 +115,7 @@ async def test_a_member_whose_disk_fills_stops_and_the_majority_commits(
         await _committed(brokers[i_full], acked)
         assert brokers[i_full].quorum.nodes[J] is not failed
         assert brokers[i_full].quorum.restarts[J] >= 1
+        assert value_of("gazette_quorum_node_restarts_total", {"journal": J}) >= 1
         await cluster.stop_broker(others[0])
         await _append_all(cluster, brokers[i_full], "c", 5, acked)
         await _committed(others[1], acked)
