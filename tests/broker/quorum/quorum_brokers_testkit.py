@@ -8,9 +8,11 @@ import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
 from broker_testkit import ROOT, Cluster, journal_spec
 
 from broker.protocol import labels as gl
+from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.quorum.register import TermRecord
 from broker.quorum_shell.term_record import QuorumTerm
@@ -62,3 +64,21 @@ async def until(what: str, condition: Callable[[], bool], wait_s: float = WAIT_S
                 await asyncio.sleep(0.02)
     except TimeoutError:
         raise AssertionError(f"not within {wait_s} s: {what}") from None
+
+
+async def append_until_ok(
+    cluster: Cluster, via: Broker, journal: str, data: bytes, wait_s: float = WAIT_S
+) -> pb.AppendResponse:
+    """One append of `data` through `via`, tried again (bounded) while it is answered
+    UNAVAILABLE or not OK (the journal electing, a leader gone); any other error fails the
+    test. The callers check where each record lands: an attempt whose outcome was unknown and
+    that committed after all would show there, written twice."""
+    async with asyncio.timeout(wait_s):
+        while True:
+            try:
+                resp = await cluster.append(via, journal, [data])
+                if resp.status == pb.OK:
+                    return resp
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            await asyncio.sleep(0.05)  # a client's backoff, not a synchronisation

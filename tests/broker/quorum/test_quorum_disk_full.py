@@ -9,11 +9,9 @@ majority: with another member stopped, the journal still commits."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from pathlib import Path
 
-import grpc
 import pytest
 from broker_testkit import ROOT, Cluster
 
@@ -24,6 +22,7 @@ from broker.quorum_shell.node import LogWriteError
 from broker.quorum_shell.status import decode_response, encode_response, journal_status
 from broker.server import Broker
 from tests.broker.quorum.quorum_brokers_testkit import (
+    append_until_ok,
     broker_name,
     create_quorum_journal,
     start_brokers,
@@ -40,16 +39,7 @@ wait_s = 30.0
 
 
 async def _append(cluster: Cluster, via: Broker, data: bytes) -> pb.AppendResponse:
-    """One append through `via`, tried again while the journal has no leader (bounded)."""
-    async with asyncio.timeout(wait_s):
-        while True:
-            try:
-                resp = await cluster.append(via, J, [data])
-                if resp.status == pb.OK:
-                    return resp
-            except grpc.aio.AioRpcError as err:
-                assert err.code() == grpc.StatusCode.UNAVAILABLE, err
-            await asyncio.sleep(0.05)  # a client's backoff, not a synchronisation
+    return await append_until_ok(cluster, via, J, data, wait_s)
 
 
 async def _append_all(cluster: Cluster, via: Broker, tag: str, n: int, acked: bytearray) -> None:

@@ -12,10 +12,8 @@ a restart): Y alone, one of three, could never elect again.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import grpc
 from broker_testkit import ROOT, Cluster
 
 from broker.protocol import protocol_pb2 as pb
@@ -23,6 +21,7 @@ from broker.quorum_shell.node import QuorumNode
 from broker.quorum_shell.status import journal_status
 from broker.server import Broker
 from tests.broker.quorum.quorum_brokers_testkit import (
+    append_until_ok,
     broker_name,
     create_quorum_journal,
     start_broker,
@@ -37,19 +36,7 @@ wait_s = 30.0
 
 
 async def _append(cluster: Cluster, via: Broker, data: bytes) -> pb.AppendResponse:
-    """One append through `via`, tried again while the journal elects (bounded). Each
-    attempt's outcome is known: the record is the same, and the test checks it lands once."""
-    async with asyncio.timeout(wait_s):
-        while True:
-            try:
-                resp = await cluster.append(via, J, [data])
-                if resp.status == pb.OK:
-                    return resp
-            except grpc.aio.AioRpcError as err:
-                # Proxied to a leader that is gone (not reached: nothing sent) until the
-                # next one is elected.
-                assert err.code() == grpc.StatusCode.UNAVAILABLE, err
-            await asyncio.sleep(0.05)  # a client's backoff, not a synchronisation
+    return await append_until_ok(cluster, via, J, data, wait_s)
 
 
 async def test_a_member_named_by_the_register_keeps_its_node_unassigned_and_restarted(

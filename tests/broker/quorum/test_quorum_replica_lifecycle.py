@@ -8,14 +8,12 @@ applier gave it), assignments written as the allocator writes them.
 
 from __future__ import annotations
 
-import asyncio
-
-import grpc
 from broker_testkit import Cluster
 
 from broker.protocol import protocol_pb2 as pb
 from broker.server import Broker
 from tests.broker.quorum.quorum_brokers_testkit import (
+    append_until_ok,
     broker_name,
     create_quorum_journal,
     term_record,
@@ -27,17 +25,7 @@ wait_s = 30.0
 
 
 async def _append(cluster: Cluster, via: Broker, data: bytes) -> pb.AppendResponse:
-    """One append through `via`, tried again while the journal elects (bounded). Each
-    attempt's outcome is known: nothing is retried once acknowledged."""
-    async with asyncio.timeout(wait_s):
-        while True:
-            try:
-                resp = await cluster.append(via, J, [data])
-                if resp.status == pb.OK:
-                    return resp
-            except grpc.aio.AioRpcError as err:
-                assert err.code() == grpc.StatusCode.UNAVAILABLE, err
-            await asyncio.sleep(0.05)  # a client's backoff, not a synchronisation
+    return await append_until_ok(cluster, via, J, data, wait_s)
 
 
 async def _read_here(cluster: Cluster, broker: Broker) -> tuple[bytes, int]:
