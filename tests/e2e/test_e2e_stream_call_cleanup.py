@@ -119,7 +119,7 @@ async def test_etcd_watch_and_keepalive_through_etcd_kill_leave_no_pending_strea
             await assert_nothing_left(loop_reports)
 
             await etcd.start()  # Same ports, same data.
-            assert await backend.lease_keepalive_once(lease) > 0
+            assert await _keepalive_once_back(backend, lease) > 0
             put = await backend.put(b"/cleanup/b", b"2")
             again = backend.watch(b"/cleanup/", b"/cleanup0", start_revision=put.revision)
             assert [e.kv.key for e in (await anext(again)).events] == [b"/cleanup/b"]
@@ -127,3 +127,20 @@ async def test_etcd_watch_and_keepalive_through_etcd_kill_leave_no_pending_strea
             await assert_nothing_left(loop_reports)
         finally:
             await backend.close()
+
+
+# How long a caller retries after etcd is back: the channel reconnects on its own back-off
+# (etcd_conn.reconnect_backoff_max_ms, 2 s, grown while etcd was down), so the first calls
+# may still find it down (found by CI: a 0.5 s dial timeout, two rounds, missed it).
+reconnect_wait_s = 15.0
+
+
+async def _keepalive_once_back(backend: EtcdBackend, lease: int) -> int:
+    """`lease_keepalive_once`, retried (bounded) while the backend is UnavailableError, as a
+    caller retries it."""
+    async with asyncio.timeout(reconnect_wait_s):
+        while True:
+            try:
+                return await backend.lease_keepalive_once(lease)
+            except UnavailableError:
+                await asyncio.sleep(0.1)  # a caller's back-off, not a synchronisation
