@@ -26,7 +26,6 @@ it starts gives up.
 from __future__ import annotations
 
 import enum
-import errno
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,6 +34,7 @@ import grpc.aio
 import sqlalchemy.exc
 
 from broker.client.append_errors import AppendRetriesExhaustedError
+from broker.disk_errors import is_disk_full
 from broker.grpc_transport import send_failed
 from broker.keyspace.backend import UnavailableError
 from broker.protocol.status import GazetteError, JournalNotFoundError
@@ -102,10 +102,6 @@ TRANSIENT_GRPC_CODES: Final = frozenset(
     }
 )
 
-# OSErrors of a full disk (a recovery log played into a full data directory, a JSON store's
-# file): transient as a StoreIOError is. Other OSErrors are decided by their types above.
-DISK_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
-
 # Causes followed at most this deep (a chain is short; this bounds a cyclic one).
 _CHAIN_DEPTH_MAX: Final = 32
 
@@ -114,7 +110,9 @@ def _transience_of(err: BaseException) -> Transience | None:
     for kind, transience in TRANSIENCE:
         if isinstance(err, kind):
             return transience
-    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+    # A full disk (a recovery log played into a full data directory, a JSON store's file) is
+    # transient as a StoreIOError is. Other OSErrors are decided by their types above.
+    if is_disk_full(err):
         return Transience.TRANSIENT
     if isinstance(err, GazetteError):
         return Transience.TRANSIENT if err.retriable else Transience.PERMANENT

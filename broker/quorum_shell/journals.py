@@ -63,7 +63,6 @@ member record in the keyspace are read as empty (term_record.py, members_record.
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import time
 from collections.abc import Callable, Coroutine
@@ -71,6 +70,7 @@ from typing import Any
 
 from broker import metrics
 from broker.client.append_errors import backoff_s
+from broker.disk_errors import is_disk_full
 from broker.fragment.naming import sum_from_digest
 from broker.fragment.stores.registry import StoreRegistry
 from broker.keyspace.backend import Backend
@@ -135,8 +135,6 @@ log_replays_concurrent_max = 1
 node_restart_initial_s = 1.0
 node_restart_max_s = 60.0
 node_restart_healthy_s = 300.0
-# OSErrors of a full disk (opening a log retries on these; others keep the journal in `errors`).
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 async def _gather(*coros: Coroutine[Any, Any, None]) -> None:
@@ -452,7 +450,7 @@ class QuorumJournals:
             except (LogFileCorruptError, MemberDirError, OSError) as err:
                 self.errors[journal] = err
                 log.error("quorum log not opened: no node", journal=journal, error=str(err))
-                if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+                if is_disk_full(err):  # retried; other errors keep the journal in `errors`
                     retry = asyncio.get_running_loop().create_task(self._retry_open(journal, err))
                     self._open_retries.add(retry)
                     retry.add_done_callback(self._open_retries.discard)
