@@ -17,17 +17,20 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
+from broker.cli.shards_prune import live_segments, plan_log
 from broker.client.list_apply import list_all_fragments
 from broker.client.reader import open_url
 from broker.client.route_cache import JournalClient
-from broker.fragment.naming import parse_content_name
+from broker.fragment.naming import content_path, parse_content_name
 from broker.fragment.stores.base import FragmentReader
 from broker.fragment.stores.registry import new_registry
 from broker.fragment.verify import DataLossError, FragmentIntegrityError, IntegrityFailure
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.recorded_op_pb2 import FSMHints
+from gazette_consumer.recoverylog.fsm import new_random_author
 from gazette_consumer.recoverylog.log_source import LogSource, StoredFragmentLostError
-from gazette_consumer.recoverylog.player import Player
+from gazette_consumer.recoverylog.player import Player, play_and_handoff
+from gazette_consumer.recoverylog.recorder import Recorder
 from tests.broker.broker_testkit import Cluster, journal_spec
 from tests.gazette_consumer.recoverylog.test_recoverylog_playback import LocalFiles, primary, tree
 
@@ -73,12 +76,12 @@ async def record_history(env: StoreEnv, directory: Path) -> LocalFiles:
     return files
 
 
-async def persisted_through(env: StoreEnv, offset: int) -> list[pb.Fragment]:
+async def persisted_through(env: StoreEnv, offset: int, log: str = LOG) -> list[pb.Fragment]:
     """Wait until the log's fragments are persisted up to `offset` (the persister closes and
     uploads them in the background: there is no event to wait on); return them."""
     async with asyncio.timeout(PERSIST_TIMEOUT_S):
         while True:
-            listing = await list_all_fragments(env.client, pb.FragmentsRequest(journal=LOG))
+            listing = await list_all_fragments(env.client, pb.FragmentsRequest(journal=log))
             stored = [f.spec for f in listing.fragments if f.spec.backing_store]
             if stored and max(f.end for f in stored) >= offset:
                 return stored
@@ -265,3 +268,59 @@ async def test_hints_skipping_history_between_files_read_from_the_store(
     # begun when the player skipped is read whole, to verify it): most of the churn is not read.
     assert 0 < direct.direct_bytes
     assert direct.direct_bytes + direct.broker_bytes < churn_end - churn_begin
+
+
+async def test_a_long_lived_file_does_not_make_playback_read_dead_fragments(
+    tmp_path: Path,
+) -> None:
+    # A MANIFEST edited after each of three 6 MiB files that are then removed (compaction
+    # outputs compacted away): the MANIFEST's segments are split at the dead files, so the
+    # player reads the fragments holding its edits and the live file, not the dead 18 MiB.
+    # Hints a player made (exact offsets) then let a prune delete the dead fragments, and the
+    # pruned log still plays back.
+    root = tmp_path / "store"
+    (root / "frag").mkdir(parents=True)
+    cluster = Cluster(stores=new_registry(file_root=root))
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    client = JournalClient(broker.endpoint)
+    try:
+        log = "recovery/direct/long-lived"
+        await cluster.create(journal_spec(log, length=1 << 20, stores=["file:///frag/"]), [broker])
+        author = new_random_author()
+        recovered = await play_and_handoff(client, FSMHints(log=log), tmp_path / "a", author)
+        recorder = Recorder(
+            client, recovered.fsm, author, tmp_path / "a", write_head=recovered.write_head
+        )
+        files = LocalFiles(recorder)
+        await files.write("MANIFEST", b"manifest")
+        for i in range(3):
+            await files.write(f"{i}.sst", os.urandom(6 << 20))
+            await recorder.flush()
+            await files.write("MANIFEST", b"+edit", offset=8 + 5 * i)
+            await files.remove(f"{i}.sst")
+        await files.write("kept.sst", os.urandom(100_000))
+        hints = await recorder.build_hints()
+        head = recorder.write_head
+        stored = await persisted_through(StoreEnv(client, root), head - (1 << 20), log)
+
+        player = Player(client, hints, tmp_path / "b", direct_reads=True)
+        player.finish_at_write_head()
+        played = await player.play()
+        assert tree(tmp_path / "b") == tree(tmp_path / "a")
+        read = player.direct_bytes + player.broker_bytes
+        assert player.direct_bytes > 0
+        assert read < head // 3, f"read {read} of a {head} byte log"
+
+        # The player's hints: every segment's end exact. A prune keeps the fragments they
+        # reach and deletes the dead ones between; the pruned log plays back the same.
+        plan = plan_log(log, live_segments(played.fsm.build_hints()), stored)
+        assert sum(f.end - f.begin for f in plan.prune) > 12 << 20
+        for fragment in plan.prune:
+            (root / "frag" / content_path(fragment)).unlink()
+        replayer = Player(client, played.fsm.build_hints(), tmp_path / "c", direct_reads=True)
+        replayer.finish_at_write_head()
+        await replayer.play()
+        assert tree(tmp_path / "c") == tree(tmp_path / "a")
+    finally:
+        await client.close()
+        await cluster.close()

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from broker.protocol.recorded_op_pb2 import FSMHints, Property, RecordedOp
 from gazette_consumer.recoverylog.fsm import (
     FSM,
+    SEGMENT_GAP_BYTES,
+    SEGMENTS_PER_FNODE_MAX,
     ChecksumMismatchError,
     ExpectedHintedFnodeError,
     InvalidHintsError,
@@ -326,4 +328,123 @@ def test_zombie_ops_are_never_applied(script: list[tuple[bool, str, str, str]], 
     assert (reader.next_seq_no, reader.next_checksum) == (
         valid.fsm.next_seq_no,
         valid.fsm.next_checksum,
+    )
+
+
+# --- Segments of a long-lived file --------------------------------------------------------------
+
+MIB = 1 << 20
+B = 0xB  # The author after a hand-off.
+
+
+class OffsetLog:
+    """A log whose ops carry exact offsets (as a player reads them): each op takes `size`."""
+
+    def __init__(self) -> None:
+        self.fsm, self.ops, self.offset = FSM(LOG), list[tuple[RecordedOp, bytes]](), 0
+
+    def add(self, size: int, author: int = A, **body: object) -> RecordedOp:
+        op, payload = sequenced(self.fsm, author, **body)
+        op.first_offset, op.last_offset = self.offset, self.offset + size
+        self.offset += size
+        assert self.fsm.apply(op, payload) is Outcome.APPLIED
+        self.ops.append((op, payload))
+        return op
+
+    def replay(self) -> tuple[FSM, list[RecordedOp]]:
+        """An FSM from this log's hints, fed every op in log order as a player is (skipping
+        those outside the hinted segments), and the ops it applied."""
+        replay, applied = FSM.from_hints(self.fsm.build_hints()), []
+        for op, payload in self.ops:
+            try:
+                replay.apply(op, payload)
+            except (WrongSeqNoError, NotHintedAuthorError):
+                continue
+            applied.append(op)
+        return replay, applied
+
+
+def write(fnode: int) -> dict[str, object]:
+    return {"write": RecordedOp.Write(fnode=fnode, length=1)}
+
+
+def test_a_long_lived_file_gets_a_segment_per_distant_run_and_replay_skips_between() -> None:
+    log = OffsetLog()
+    manifest = log.add(100, **create("/MANIFEST")).seq_no
+    log.add(100, **write(manifest))
+    dead: list[int] = []
+    for i in range(3):  # A compaction's output, later compacted away: 6 MiB of dead history.
+        sst = log.add(100, **create(f"/{i}.sst")).seq_no
+        dead += [sst] + [log.add(MIB, **write(sst)).seq_no for _ in range(6)]
+        log.add(100, **write(manifest))
+        dead.append(log.add(100, unlink=RecordedOp.Link(fnode=sst, path=f"/{i}.sst")).seq_no)
+    kept = log.add(100, **create("/kept")).seq_no
+    log.add(100, **write(kept))
+
+    segments = log.fsm.live_nodes[manifest].segments
+    assert [(s.first_seq_no, s.last_seq_no) for s in segments] == [
+        (manifest, manifest + 1),
+        *[(seq_no, seq_no) for seq_no in (manifest + 9, manifest + 18, manifest + 27)],
+    ]
+    assert all(s.author == A and s.last_offset > s.first_offset for s in segments)
+    replay, applied = log.replay()
+    assert not {op.seq_no for op in applied} & set(dead)  # No byte of dead history read.
+    assert replay.links == log.fsm.links and not replay.has_remaining_hints
+    assert (replay.next_seq_no, replay.next_checksum) == (
+        log.fsm.next_seq_no,
+        log.fsm.next_checksum,
+    )
+
+
+def test_near_ops_of_a_file_stay_one_segment() -> None:
+    log = OffsetLog()
+    manifest = log.add(100, **create("/MANIFEST")).seq_no
+    for _ in range(10):  # Other files' ops between, but never SEGMENT_GAP_BYTES of them.
+        log.add(SEGMENT_GAP_BYTES // 2)
+        log.add(100, **write(manifest))
+    assert len(log.fsm.live_nodes[manifest].segments) == 1
+
+
+def test_segments_of_a_file_are_bounded_keeping_the_largest_gaps() -> None:
+    log = OffsetLog()
+    manifest = log.add(100, **create("/MANIFEST")).seq_no
+    gaps = [SEGMENT_GAP_BYTES + (i * 7919 % 97) * MIB for i in range(1, 2 * SEGMENTS_PER_FNODE_MAX)]
+    starts = []
+    for gap in gaps:
+        log.add(gap)  # A no-op standing for other files' history.
+        starts.append((gap, log.add(100, **write(manifest)).seq_no))
+    segments = log.fsm.live_nodes[manifest].segments
+    assert len(segments) == SEGMENTS_PER_FNODE_MAX
+    # The merges took the smallest gaps: the segments left begin after the largest ones.
+    widest = sorted(starts, reverse=True)[: SEGMENTS_PER_FNODE_MAX - 1]
+    assert [s.first_seq_no for s in segments[1:]] == sorted(seq_no for _, seq_no in widest)
+    replay, applied = log.replay()
+    assert {op.seq_no for op in applied} >= {seq_no for _, seq_no in starts}
+    assert (replay.next_seq_no, replay.next_checksum) == (
+        log.fsm.next_seq_no,
+        log.fsm.next_checksum,
+    )
+
+
+def test_bounding_segments_never_merges_across_a_hand_off() -> None:
+    log = OffsetLog()
+    manifest = log.add(100, **create("/MANIFEST")).seq_no
+    for author in (A, B):
+        if author == B:
+            # B takes the log over: its hand-off, then at once a write. The gap between A's
+            # last segment and B's first is the smallest of all, yet theirs never merge.
+            log.add(100, author=B)
+            log.add(100, author=B, **write(manifest))
+        for _ in range(SEGMENTS_PER_FNODE_MAX):
+            log.add(2 * SEGMENT_GAP_BYTES, author=author)
+            log.add(100, author=author, **write(manifest))
+    segments = log.fsm.live_nodes[manifest].segments
+    assert len(segments) == SEGMENTS_PER_FNODE_MAX
+    authors = [s.author for s in segments]
+    assert authors == sorted(authors) and set(authors) == {A, B}  # A's run, then B's.
+    replay, applied = log.replay()
+    assert sum(op.author == B for op in applied) >= SEGMENTS_PER_FNODE_MAX
+    assert (replay.next_seq_no, replay.next_checksum) == (
+        log.fsm.next_seq_no,
+        log.fsm.next_checksum,
     )
