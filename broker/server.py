@@ -325,7 +325,9 @@ class Broker:
         server.add_generic_rpc_handlers(
             [
                 deliver_handler(self.quorum.route),
-                status_handler(self.ks, cfg.root, self.quorum.nodes),
+                status_handler(
+                    self.ks, cfg.root, self.quorum.nodes, self.quorum.errors, self.quorum.name
+                ),
             ]
         )
         port, scheme = bind_port(server, f"{cfg.host}:{cfg.port}", cfg.tls)

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.task_dump",
             "broker.grpc_transport",
             "broker.durable_file",
+            "broker.disk_errors",
             "broker.lazy_exports",
         ),
     ),

@@ -44,7 +44,8 @@ broker starting many nodes must not stall its event loop: its lease refresh is d
 TTL/3). A journal's node is not started again until its previous node (and file) is closed; a
 log file that cannot be replayed (LogFileCorruptError, OSError) is kept in `errors` and the
 journal gets no node on this broker until it restarts, unless it failed for want of room
-(ENOSPC, EDQUOT): that is tried again after a back-off. A node that stops because its log
+(ENOSPC, EDQUOT): that is tried again after a back-off. Either way Status reports the
+member failed ("log not opened: ..."), so the journal does not look whole meanwhile. A node that stops because its log
 could not be written (LogWriteError, a full disk) is started again from its file after a
 back-off (`_restart_failed`), so the member rejoins once there is room.
 

@@ -82,9 +82,18 @@ class JournalStatus:
 
 
 def journal_status(
-    ks: KeySpace[Decoded], root: str, journal: str, node: QuorumNode | None
+    ks: KeySpace[Decoded],
+    root: str,
+    journal: str,
+    node: QuorumNode | None,
+    *,
+    open_error: Exception | None = None,
+    member: str = "",
 ) -> JournalStatus:
-    """The status of `journal` from the mirror and this broker's `node` of it (None: none)."""
+    """The status of `journal` from the mirror and this broker's `node` of it (None: none).
+    Without a node because its log could not be opened (`open_error`: a full disk, a corrupt
+    file), this broker (`member`) reports itself failed, saying why: else the journal would
+    look whole while one of its members takes no part."""
     entry = ks.get(quorum_term_key(root, journal))
     term = entry.decoded if entry is not None else None
     item = lookup_item(ks, root, journal)
@@ -104,7 +113,10 @@ def journal_status(
     else:
         status = JournalStatus(journal, 0, "", ())
     if node is None:
-        return status
+        if open_error is None or not member:
+            return status
+        why = f"log not opened: {type(open_error).__name__}: {open_error}"
+        return replace(status, member=member, failed=why)
     blocked = node.election_blocked
     return replace(
         status,
@@ -249,10 +261,16 @@ def _typed(value: Any, kind: type) -> Any:
 
 
 def status_handler(
-    ks: KeySpace[Decoded], root: str, nodes: Mapping[str, QuorumNode]
+    ks: KeySpace[Decoded],
+    root: str,
+    nodes: Mapping[str, QuorumNode],
+    open_errors: Mapping[str, Exception] | None = None,
+    member: str = "",
 ) -> grpc.GenericRpcHandler:
-    """Serves Status from the mirror `ks` and this broker's `nodes` (by journal). A malformed
-    request is refused INVALID_ARGUMENT, naming what was wrong."""
+    """Serves Status from the mirror `ks` and this broker's (`member`'s) `nodes` and the
+    errors of logs it could not open (`open_errors`), by journal. A malformed request is
+    refused INVALID_ARGUMENT, naming what was wrong."""
+    errors: Mapping[str, Exception] = open_errors if open_errors is not None else {}
 
     async def status(raw: bytes, context: Any) -> bytes:
         try:
@@ -260,7 +278,12 @@ def status_handler(
         except StatusDecodeError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise AssertionError("not reached") from err
-        return encode_response([journal_status(ks, root, j, nodes.get(j)) for j in journals])
+        return encode_response(
+            [
+                journal_status(ks, root, j, nodes.get(j), open_error=errors.get(j), member=member)
+                for j in journals
+            ]
+        )
 
     handler = grpc.unary_unary_rpc_method_handler(
         status, request_deserializer=None, response_serializer=None

@@ -5,13 +5,16 @@ stays writable at the majority, as quorum mode promises for a minority of replic
 whether the full member was the leader or a follower. No acknowledged append is lost or
 written twice. Once there is room again, its broker starts the member again from its log
 (after a back-off, without a restart), the member catches up, and it is again one of a
-majority: with another member stopped, the journal still commits."""
+majority: with another member stopped, the journal still commits. A member whose disk is
+full before its log is even started reports itself failed in Status, and joins once there is
+room."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
+import grpc
 import pytest
 from broker_testkit import ROOT, Cluster
 
@@ -19,7 +22,12 @@ from broker.cli.quorum_state import state_of, state_text
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import LogWriteError
-from broker.quorum_shell.status import decode_response, encode_response, journal_status
+from broker.quorum_shell.status import (
+    decode_response,
+    encode_response,
+    fetch_status,
+    journal_status,
+)
 from broker.server import Broker
 from tests.broker.quorum.quorum_brokers_testkit import (
     append_until_ok,
@@ -110,3 +118,43 @@ async def test_a_member_whose_disk_fills_stops_and_the_majority_commits(
         await _append_all(cluster, brokers[i_full], "c", 5, acked)
         await _committed(others[1], acked)
         await _committed(brokers[i_full], acked)
+
+
+async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_joins_later(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The disk is full before the journal is created: the member's log file cannot even be
+    # started (its header is written at once). The journal commits at the other two; the
+    # member reports itself failed, saying why, where an operator looks (Status, as gazctl
+    # asks it); once there is room, its broker opens the log by itself, the member joins, is
+    # caught up, and counts in a majority again.
+    with contextlib.ExitStack() as disks:
+        for i in range(3):
+            disks.enter_context(small_disk(tmp_path / f"b{i}", DISK_BYTES))
+        brokers = await start_brokers(cluster, tmp_path, 3)
+        full, others = brokers[2], brokers[:2]
+        filler = fill(tmp_path / "b2")
+        await create_quorum_journal(cluster, J, brokers)
+        acked = bytearray()
+        await _append_all(cluster, others[0], "a", 5, acked)
+        await until("the full member's log was refused", lambda: J in full.quorum.errors)
+        assert J not in full.quorum.nodes
+        channel = grpc.aio.insecure_channel(full.endpoint.removeprefix("http://"))
+        try:
+            [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
+        finally:
+            await channel.close()
+        cell = state_text(state_of(None, [answered], []))
+        assert f"FAILED {broker_name(full)}: log not opened: OSError: " in cell, cell
+        assert "No space left on device" in cell, cell
+        for b in others:
+            await _committed(b, acked)
+
+        filler.unlink()
+        await _committed(full, acked)
+        assert J not in full.quorum.errors
+        assert full.quorum.restarts[J] >= 1
+        await cluster.stop_broker(others[0])
+        await _append_all(cluster, full, "b", 5, acked)
+        await _committed(others[1], acked)
+        await _committed(full, acked)
