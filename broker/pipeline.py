@@ -38,7 +38,7 @@ import grpc
 
 from broker import metrics
 from broker.fragment.spool import Spool
-from broker.grpc_transport import close_stream_call_soon
+from broker.grpc_transport import close_stream_call_soon, send_failed
 from broker.logging import get_logger
 from broker.peer_dialer import Dialer as Dialer
 from broker.peer_dialer import message_bytes_max as message_bytes_max
@@ -595,6 +595,11 @@ class Pipeline:
 def _describe(peer: _Peer, err: BaseException, verb: str) -> PeerError:
     if isinstance(err, grpc.aio.AioRpcError):
         detail = f"{err.code().name}: {err.details()}"
+        if send_failed(err):
+            # gRPC's own failure to send on a stream the peer already ended (a full disk
+            # there, say): the peer's status lost the race with our write, so only its log
+            # has the reason. Say where to look rather than leave "Internal error" alone.
+            detail += f" (the stream broke: {format_id(peer.member)}'s log says why)"
     else:
         detail = str(err) or type(err).__name__
     out = PeerError(f"{verb} {format_id(peer.member)}: {detail}")
