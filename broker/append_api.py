@@ -288,7 +288,7 @@ class AppendApi:
             except (ResolveError, TimeoutError, WatchStoppedError) as err:
                 await read_to_end(stream)  # So that the client hears why (request_stream.py).
                 code, detail = _grpc_error(err)
-                await context.abort(code, f"append: {detail}")
+                await context.abort(code, f"append to {first.journal}: {detail}")
                 raise AssertionError("not reached") from err
             etcd, local = res.header.etcd, res.local_id
             appended = quorum_append(
@@ -374,7 +374,9 @@ class AppendApi:
             # Not for a client that went away, nor one refused for falling behind the minimum
             # rate: reading on would only let it hold the broker longer.
             await read_to_end(stream)
-        await context.abort(code, f"append: {detail}")
+        # Named: a client that writes many journals (a Spark task, a shard) shows the refusal
+        # as it came, and "send to <broker>: No space left on device" alone hides which one.
+        await context.abort(code, f"append to {first.journal}: {detail}")
         raise AssertionError("not reached")  # context.abort raises.
 
 

@@ -132,7 +132,8 @@ async def test_registers_accumulated_over_appends_stay_within_the_limit(
         await cluster.append(broker, "limits/accumulated", [b"two"], union_registers=second)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == (
-        f"append: union_registers: the journal's registers would hold {2 * half} labels, over"
+        "append to limits/accumulated: union_registers: the journal's registers would hold"
+        f" {2 * half} labels, over"
         f" labels_per_set_max ({labels_per_set_max}): subtract some first"
     )
     # Nothing was written, the registers are as they were; subtracting first makes room.
