@@ -24,6 +24,11 @@ Writes:
                 none). Messages are framed as the label says (write_framing.py)
     protobufClass the message class ("module:Class") rows of protobuf journals are encoded
                 to (arrow_protobuf.py); protobuf journals are refused without it
+    appendAttempts  how many times a task tries each append of its rows that a broker
+                refuses as unavailable (a full disk, a broker restarting, no primary yet),
+                after back-offs doubling from 0.05 s up to 5 s, before the task fails and
+                Spark retries it: 1 to 100, default 10 (about 16 s). As Kafka's sink takes
+                the producer's retries: lower it to fail tasks sooner to Spark's own retry
 Streaming writes also accept the options Spark itself passes on (checkpointLocation,
 queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
@@ -36,6 +41,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from broker.client.appender import attempts_max_default
 from broker.client.route_cache import EndpointError, grpc_target
 from broker.protocol import labels
 from broker.protocol.selector import parse_selector
@@ -53,8 +59,19 @@ CONTENT_TYPES: Final = (
     labels.CONTENT_TYPE_PROTO_FIXED,
 )
 BATCH_WRITE_OPTIONS: Final = frozenset(
-    ("broker", "journal", "selector", "keyColumn", "mapping", "contentType", "protobufClass")
+    (
+        "broker",
+        "journal",
+        "selector",
+        "keyColumn",
+        "mapping",
+        "contentType",
+        "protobufClass",
+        "appendAttempts",
+    )
 )
+# Bounds of option appendAttempts (its default is the append client's own).
+append_attempts_max: Final = 100
 # Spark passes the query's checkpointLocation and queryName on to a streaming sink.
 STREAM_WRITE_OPTIONS: Final = frozenset((*BATCH_WRITE_OPTIONS, "checkpointLocation", "queryName"))
 # Options this data source once had, and what to do instead.
@@ -82,6 +99,7 @@ class WriteOptions:
     mapping: str
     content_type: str  # "" : each journal's label decides.
     protobuf_class: str = ""  # "module:Class" of protobuf journals' messages.
+    append_attempts: int = attempts_max_default  # Tries of each append of a task's rows.
 
 
 def check_known(options: Mapping[str, str], known: Collection[str], what: str) -> None:
@@ -271,4 +289,7 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         mapping=mapping,
         content_type=content_type,
         protobuf_class=protobuf_class,
+        append_attempts=int_option(
+            options, "appendAttempts", attempts_max_default, 1, append_attempts_max
+        ),
     )

@@ -41,7 +41,7 @@ from typing import Any, Final
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
-from broker.client.appender import append
+from broker.client.appender import append, attempts_max_default
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
 from broker.protocol import labels as gl
@@ -147,8 +147,10 @@ class _Buffers:
         task: TaskIdentity,
         producer: ProducerID,
         base_clock: int,
+        append_attempts: int = attempts_max_default,
     ) -> None:
         self._client = client
+        self._append_attempts = append_attempts  # Option appendAttempts: tries per append.
         self._task = task
         self._base_clock = base_clock
         self._register = register_name(task.query) if task.streaming else ""
@@ -260,7 +262,12 @@ class _Buffers:
         for attempt in range(1, width_fence_attempts_max + 1):
             try:
                 request = await self.request(journal)
-                await append(self._client, request, self._takeover_rollbacks(journal) + content)
+                await append(
+                    self._client,
+                    request,
+                    self._takeover_rollbacks(journal) + content,
+                    attempts_max=self._append_attempts,
+                )
                 self._landed(journal)
                 return
             except RegisterMismatchError:
@@ -367,7 +374,12 @@ async def _roll_back(
     for journal in buffers.requests:
         try:
             content = rollback if isinstance(rollback, bytes) else rollback[journal]
-            await append(client, buffers._fenced(journal, rollback=True), content)
+            await append(
+                client,
+                buffers._fenced(journal, rollback=True),
+                content,
+                attempts_max=buffers._append_attempts,
+            )
         except RegisterMismatchError:
             pass  # Resolved by the driver already, or not ours to roll back.
         except Exception as err:  # The task's own error is what matters.
@@ -482,11 +494,14 @@ async def publish_batches(
     batches: Iterable[pa.RecordBatch],
     base_clock: int,
     task: TaskIdentity,
+    *,
+    append_attempts: int = attempts_max_default,
 ) -> PublishedTxn:
     """Publish the rows of `batches` as task `task`'s transaction, numbered from
-    `base_clock`."""
+    `base_clock`, each append (a failed task's rollbacks too) tried up to `append_attempts`
+    times (option appendAttempts)."""
     producer = task.producer()
-    buffers = _Buffers(client, task, producer, base_clock)
+    buffers = _Buffers(client, task, producer, base_clock, append_attempts)
     # The framing of each journal published to, in first-publish order.
     framings: dict[str, WriteFraming] = {}
     buffers.framings = framings
@@ -551,5 +566,8 @@ def publish_partition(
     task = TaskIdentity.current(streaming)
     batches = _as_batches(items)
     return run_with_client(
-        opts.broker, lambda client: publish_batches(client, shape, batches, base_clock, task)
+        opts.broker,
+        lambda client: publish_batches(
+            client, shape, batches, base_clock, task, append_attempts=opts.append_attempts
+        ),
     )

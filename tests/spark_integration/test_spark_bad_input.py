@@ -98,8 +98,8 @@ def test_unknown_write_options_are_refused() -> None:
         parse_write_options({"broker": "h:1", "journals": "aa/b"})
     with pytest.raises(
         GazetteOptionError,
-        match="are: broker, checkpointLocation, contentType, journal, keyColumn, mapping,"
-        " protobufClass, queryName, selector",
+        match="are: appendAttempts, broker, checkpointLocation, contentType, journal, keyColumn,"
+        " mapping, protobufClass, queryName, selector",
     ):
         parse_write_options({"broker": "h:1", "path": "/tmp/x"}, streaming=True)
 
