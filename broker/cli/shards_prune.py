@@ -5,7 +5,9 @@
 A recovery log holds every write a shard's store ever made, so without pruning it grows
 without bound. Hints (FSMHints) name the segments of the log that hold the live files; a player
 reads only those, and everything from the last one on. A fragment that intersects no hinted
-segment of any shard using the log is never read again, and is deleted from its store.
+segment of any shard using the log (a live file's segments of one author taken as one, from the
+first's start to the last's end: see `live_segments`) is never read again, neither by a player
+of these hints nor of hints made from them, and is deleted from its store.
 
 As Gazette's: every hint of every selected shard is consulted, the primary hints and each
 backup (a shard may be recovered from any of them); a log is pruned only if every one of them
@@ -64,10 +66,27 @@ class LogPlan:
 
 def live_segments(hints: FSMHints) -> list[Segment]:
     """The segments of `hints`' live files, merged, the last made open-ended (0 last offset):
-    playback reads on past the last hinted segment through the log's end."""
+    playback reads on past the last hinted segment through the log's end.
+
+    A live file's consecutive segments of one author are taken as one, from the first's start
+    to the last's end: what lies between them stays. Our FSM splits a long-lived file's
+    segments at gaps (recoverylog/fsm.py) so that a player skips them, but an FSM that plays
+    those hints may join them again: ours when it bounds a file's segments (merging the
+    closest pair of an author), Gazette's always (it extends a file's last segment over every
+    later op of its author). Hints made then would need the ops between, so they are kept."""
     segments: list[Segment] = []
     for node in hints.live_nodes:
-        segments.extend(Segment.from_proto(s, hints.log) for s in node.segments)
+        runs: list[Segment] = []
+        for proto in node.segments:
+            segment = Segment.from_proto(proto, hints.log)
+            last = runs[-1] if runs else None
+            if last is not None and (last.author, last.log) == (segment.author, segment.log):
+                runs[-1] = replace(
+                    last, last_seq_no=segment.last_seq_no, last_offset=segment.last_offset
+                )
+            else:
+                runs.append(segment)
+        segments.extend(runs)
     merged = merge_segments(segments)
     if merged:
         merged[-1] = replace(merged[-1], last_offset=0)

@@ -29,11 +29,13 @@ Segments of a long-lived file. Gazette extends a fnode's last segment over every
 the same author, so a file appended to for the store's whole life (RocksDB's MANIFEST and info
 LOG) has one segment spanning the whole log, and a player reads every byte ever recorded,
 compacted-away files included (2.8 GiB of log for 1 GiB of state, in the playback benchmark).
-Here an op more than `SEGMENT_GAP_BYTES` of log past the fnode's previous op starts a new
-segment of the same author, so the player skips what lies between; past
+Here an op more than `SEGMENT_GAP_BYTES` of log past the end of the fnode's previous op
+starts a new segment of the same author, so the player skips what lies between; past
 `SEGMENTS_PER_FNODE_MAX` segments, the two of one author with the smallest gap between them
 are merged again (reading that gap), which bounds the hints. Hints stay Gazette's format: its
-FSM and player take same-author segments with gaps between them (SegmentSet, seeking to each).
+FSM and player take same-author segments with gaps between them (SegmentSet, seeking to each),
+though its FSM joins them again in the hints it makes. So `gazctl shards prune` keeps what lies
+between a file's segments of one author (broker/cli/shards_prune.py): only players skip it.
 """
 
 from __future__ import annotations
@@ -131,8 +133,8 @@ class Outcome(enum.Enum):
 class FnodeState:
     links: set[str]
     segments: list[Segment] = field(default_factory=list)
-    # The log offset (as the op's first_offset: exact when read, a lower bound when recorded)
-    # of the last op of each segment: where the gap to the next segment begins.
+    # Where the gap after each segment begins: the end of its last op when read (exact), else
+    # that op's start (recorded: the write head before it, a lower bound).
     last_op_offsets: list[int] = field(default_factory=list)
 
 
@@ -296,7 +298,7 @@ class FSM:
             and op.first_offset - ends[-1] <= SEGMENT_GAP_BYTES
         ):
             segments[-1] = replace(segments[-1], last_seq_no=op.seq_no, last_offset=op.last_offset)
-            ends[-1] = op.first_offset
+            ends[-1] = op.last_offset or op.first_offset
             return
         segments.append(
             Segment(
@@ -309,7 +311,7 @@ class FSM:
                 log=log,
             )
         )
-        ends.append(op.first_offset)
+        ends.append(op.last_offset or op.first_offset)
         if len(segments) > SEGMENTS_PER_FNODE_MAX:
             _merge_closest(node)
 

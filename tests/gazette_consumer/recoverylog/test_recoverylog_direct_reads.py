@@ -26,7 +26,7 @@ from broker.fragment.stores.base import FragmentReader
 from broker.fragment.stores.registry import new_registry
 from broker.fragment.verify import DataLossError, FragmentIntegrityError, IntegrityFailure
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.recorded_op_pb2 import FSMHints
+from broker.protocol.recorded_op_pb2 import FSMHints, Segment
 from gazette_consumer.recoverylog.fsm import new_random_author
 from gazette_consumer.recoverylog.log_source import LogSource, StoredFragmentLostError
 from gazette_consumer.recoverylog.player import Player, play_and_handoff
@@ -276,8 +276,7 @@ async def test_a_long_lived_file_does_not_make_playback_read_dead_fragments(
     # A MANIFEST edited after each of three 6 MiB files that are then removed (compaction
     # outputs compacted away): the MANIFEST's segments are split at the dead files, so the
     # player reads the fragments holding its edits and the live file, not the dead 18 MiB.
-    # Hints a player made (exact offsets) then let a prune delete the dead fragments, and the
-    # pruned log still plays back.
+    # A prune by hints a player made keeps what hints made from them would need.
     root = tmp_path / "store"
     (root / "frag").mkdir(parents=True)
     cluster = Cluster(stores=new_registry(file_root=root))
@@ -311,16 +310,49 @@ async def test_a_long_lived_file_does_not_make_playback_read_dead_fragments(
         assert player.direct_bytes > 0
         assert read < head // 3, f"read {read} of a {head} byte log"
 
-        # The player's hints: every segment's end exact. A prune keeps the fragments they
-        # reach and deletes the dead ones between; the pruned log plays back the same.
-        plan = plan_log(log, live_segments(played.fsm.build_hints()), stored)
-        assert sum(f.end - f.begin for f in plan.prune) > 12 << 20
+        # The player's hints (every segment's end exact) split the MANIFEST's segments at the
+        # dead files too. A prune by them still keeps what lies between a file's segments of
+        # one author: an FSM playing these hints may join them again (Gazette's does: it
+        # extends a file's segment over every later op of its author), and a player of the
+        # hints it makes then needs those ops. Here the MANIFEST's run spans the log from its
+        # creation on: only what came before (the first hand-off) may go.
+        hints_played = played.fsm.build_hints()
+        plan = plan_log(log, live_segments(hints_played), stored)
+        manifest_begins = hints_played.live_nodes[0].segments[0].first_offset
+        assert all(f.end <= manifest_begins for f in plan.prune), [
+            (f.begin, f.end) for f in plan.prune
+        ]
         for fragment in plan.prune:
             (root / "frag" / content_path(fragment)).unlink()
-        replayer = Player(client, played.fsm.build_hints(), tmp_path / "c", direct_reads=True)
-        replayer.finish_at_write_head()
-        await replayer.play()
-        assert tree(tmp_path / "c") == tree(tmp_path / "a")
+        joined = joined_runs(hints_played)
+        assert len(joined.live_nodes[0].segments) < len(hints_played.live_nodes[0].segments)
+        for replay_hints, into in ((hints_played, "c"), (joined, "d")):
+            replayer = Player(client, replay_hints, tmp_path / into, direct_reads=True)
+            replayer.finish_at_write_head()
+            await replayer.play()
+            assert tree(tmp_path / into) == tree(tmp_path / "a")
     finally:
         await client.close()
         await cluster.close()
+
+
+def joined_runs(hints: FSMHints) -> FSMHints:
+    """`hints` with each live file's consecutive segments of one author joined into one, as
+    Gazette's FSM rebuilds them when it plays split hints."""
+    out = FSMHints()
+    out.CopyFrom(hints)
+    for node in out.live_nodes:
+        runs: list[Segment] = []
+        for segment in node.segments:
+            if runs and runs[-1].author == segment.author and runs[-1].log == segment.log:
+                runs[-1].last_seq_no, runs[-1].last_offset = (
+                    segment.last_seq_no,
+                    segment.last_offset,
+                )
+            else:
+                copied = Segment()
+                copied.CopyFrom(segment)
+                runs.append(copied)
+        del node.segments[:]
+        node.segments.extend(runs)
+    return out

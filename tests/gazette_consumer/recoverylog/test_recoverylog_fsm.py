@@ -405,6 +405,16 @@ def test_near_ops_of_a_file_stay_one_segment() -> None:
     assert len(log.fsm.live_nodes[manifest].segments) == 1
 
 
+def test_a_large_op_is_no_gap() -> None:
+    # Gaps are measured from the end of the file's previous op: one large write (a Go
+    # recorder's, say) followed by the next op of the file skips nothing, so it is one segment.
+    log = OffsetLog()
+    manifest = log.add(100, **create("/MANIFEST")).seq_no
+    log.add(2 * SEGMENT_GAP_BYTES, **write(manifest))
+    log.add(100, **write(manifest))
+    assert len(log.fsm.live_nodes[manifest].segments) == 1
+
+
 def test_segments_of_a_file_are_bounded_keeping_the_largest_gaps() -> None:
     log = OffsetLog()
     manifest = log.add(100, **create("/MANIFEST")).seq_no
