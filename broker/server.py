@@ -326,7 +326,11 @@ class Broker:
             [
                 deliver_handler(self.quorum.route),
                 status_handler(
-                    self.ks, cfg.root, self.quorum.nodes, self.quorum.errors, self.quorum.name
+                    self.ks,
+                    cfg.root,
+                    self.quorum.nodes,
+                    self.quorum.open_failures,
+                    self.quorum.name,
                 ),
             ]
         )

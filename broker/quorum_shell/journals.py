@@ -45,7 +45,8 @@ TTL/3). A journal's node is not started again until its previous node (and file)
 log file that cannot be replayed (LogFileCorruptError, OSError) is kept in `errors` and the
 journal gets no node on this broker until it restarts, unless it failed for want of room
 (ENOSPC, EDQUOT): that is tried again after a back-off. Either way Status reports the
-member failed ("log not opened: ..."), so the journal does not look whole meanwhile. A node that stops because its log
+member failed ("log not opened: ...": `open_failures`, kept until an open succeeds or the
+journal leaves this broker), so the journal does not look whole meanwhile. A node that stops because its log
 could not be written (LogWriteError, a full disk) is started again from its file after a
 back-off (`_restart_failed`), so the member rejoins once there is room.
 
@@ -212,6 +213,10 @@ class QuorumJournals:
         self.incarnation = load_incarnation(data_dir) if data_dir is not None else None
         # Journals whose log file could not be opened (see the module docstring).
         self.errors: dict[str, Exception] = {}
+        # What Status reports for a journal without a node here: its log's last open failure,
+        # kept while the open is tried again and until one succeeds (or the journal leaves
+        # this broker), so that the member does not look whole meanwhile.
+        self.open_failures: dict[str, Exception] = {}
         # Journals whose node is being stopped: no new node until its file is closed.
         self._closing: dict[str, asyncio.Task[None]] = {}
         # Journals whose log is being opened (replayed) in a worker thread, and those opened
@@ -298,6 +303,9 @@ class QuorumJournals:
                 # live majority of them elects without waiting for the others to come back.
                 wanted[journal] = registered
         kept = self._keep_registered(wanted)
+        for journal in list(self.open_failures):
+            if journal not in wanted:
+                del self.open_failures[journal]  # no longer this broker's to report
         for journal in list(self.nodes):
             if journal not in wanted:
                 self._close_later(journal)
@@ -449,7 +457,7 @@ class QuorumJournals:
                         fsync=self._fsync,
                     )
             except (LogFileCorruptError, MemberDirError, OSError) as err:
-                self.errors[journal] = err
+                self.errors[journal] = self.open_failures[journal] = err
                 log.error("quorum log not opened: no node", journal=journal, error=str(err))
                 if is_disk_full(err):  # retried; other errors keep the journal in `errors`
                     retry = asyncio.get_running_loop().create_task(self._retry_open(journal, err))
@@ -457,7 +465,7 @@ class QuorumJournals:
                     retry.add_done_callback(self._open_retries.discard)
                 return
             except Exception as err:  # a bug: kept and logged, as the observer raised it before
-                self.errors[journal] = err
+                self.errors[journal] = self.open_failures[journal] = err
                 log.exception("quorum log not opened: no node", journal=journal)
                 return
             finally:
@@ -466,6 +474,7 @@ class QuorumJournals:
                 opened[0].close()  # stopped, or re-created meanwhile: opened again if wanted
             else:
                 self._opened[journal] = opened
+                self.open_failures.pop(journal, None)
             self.observe()
 
         # Not cancelled by stop(): the thread could not be, and its file must be closed.

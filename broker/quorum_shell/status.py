@@ -15,7 +15,8 @@ at most `status_journals_max` journals; the answer holds, per journal:
   *blocked* (ElectionBlocked: too many members lost their disk; only an operator can unblock
   it), whether the node is *kept* only because the term register names this member, the
   journal not being assigned here (journals.py), and why the node *failed*, if it stopped
-  (its log could not be written: the broker starts it again after a back-off). Only a member knows these, so
+  (its log could not be written: the broker starts it again after a back-off), or why there is
+  no node (its log could not be opened: "log not opened: ..."). Only a member knows these, so
   a client asks every member (gazctl asks the route's and the register's).
 
 Sans-IO codec and view here; `status_handler` serves it, `fetch_status` calls it.
@@ -66,14 +67,15 @@ class JournalStatus:
     term: int  # the term register's (0: no term claimed yet)
     leader: str  # the leader the register names ("" while electing)
     ensemble: tuple[str, ...]
-    member: str = ""  # this broker's member name, if it runs a node of the journal
+    member: str = ""  # this broker's member name, if it runs a node (or failed to open its log)
     lost: bool = False  # this member is back from a lost disk and not caught up
     blocked: Blocked | None = None  # this member's coordinator found the election blocked
     # The node runs only because the term register names this member, the journal not being
     # assigned to this broker (QuorumNode.kept_unassigned).
     kept: bool = False
     # Why this member's node stopped ("" while it runs): its log could not be written (a full
-    # disk: the broker starts it again after a back-off), or an impossible message.
+    # disk: the broker starts it again after a back-off), or an impossible message; or why it
+    # has none ("log not opened: ...").
     failed: str = ""
     previous: tuple[str, ...] = ()  # the register's, while an ensemble change is not settled
     # (member, endpoint) of the members the register names, as their BrokerSpecs announce

@@ -154,6 +154,12 @@ async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_
         await _committed(full, acked)
         assert J not in full.quorum.errors
         assert full.quorum.restarts[J] >= 1
+        channel = grpc.aio.insecure_channel(full.endpoint.removeprefix("http://"))
+        try:
+            [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
+        finally:
+            await channel.close()
+        assert (answered.member, answered.failed) == (broker_name(full), "")  # whole again
         await cluster.stop_broker(others[0])
         await _append_all(cluster, full, "b", 5, acked)
         await _committed(others[1], acked)
