@@ -27,8 +27,9 @@ Writes:
     appendAttempts  how many times a task tries each append of its rows that a broker
                 refuses as unavailable (a full disk, a broker restarting, no primary yet),
                 after back-offs doubling from 0.05 s up to 5 s, before the task fails and
-                Spark retries it: 1 to 100, default 10 (about 16 s). As Kafka's sink takes
-                the producer's retries: lower it to fail tasks sooner to Spark's own retry
+                Spark retries it (its rollbacks too): 1 to 100, default 10 (about 16 s
+                each). As Kafka's sink takes the producer's retries: lower it to hand
+                failures to Spark's own task retry sooner
 Streaming writes also accept the options Spark itself passes on (checkpointLocation,
 queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
 """
@@ -41,7 +42,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from broker.client.appender import attempts_max_default
 from broker.client.route_cache import EndpointError, grpc_target
 from broker.protocol import labels
 from broker.protocol.selector import parse_selector
@@ -70,7 +70,10 @@ BATCH_WRITE_OPTIONS: Final = frozenset(
         "appendAttempts",
     )
 )
-# Bounds of option appendAttempts (its default is the append client's own).
+# Option appendAttempts: its default is the append client's own (broker.client.appender's
+# attempts_max_default, which a test checks it equals: not imported, as read tasks must not
+# load the append client), and its bound.
+append_attempts_default: Final = 10
 append_attempts_max: Final = 100
 # Spark passes the query's checkpointLocation and queryName on to a streaming sink.
 STREAM_WRITE_OPTIONS: Final = frozenset((*BATCH_WRITE_OPTIONS, "checkpointLocation", "queryName"))
@@ -99,7 +102,7 @@ class WriteOptions:
     mapping: str
     content_type: str  # "" : each journal's label decides.
     protobuf_class: str = ""  # "module:Class" of protobuf journals' messages.
-    append_attempts: int = attempts_max_default  # Tries of each append of a task's rows.
+    append_attempts: int = append_attempts_default  # Tries of each append of a task's rows.
 
 
 def check_known(options: Mapping[str, str], known: Collection[str], what: str) -> None:
@@ -290,6 +293,6 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         content_type=content_type,
         protobuf_class=protobuf_class,
         append_attempts=int_option(
-            options, "appendAttempts", attempts_max_default, 1, append_attempts_max
+            options, "appendAttempts", append_attempts_default, 1, append_attempts_max
         ),
     )

@@ -119,9 +119,14 @@ def ack_message(framing: JSONFraming, producer: ProducerID, clock: int) -> bytes
     return framing.marshal(JSONRow({UUID_FIELD: str(build_uuid(producer, clock, Flag.ACK_TXN))}))
 
 
-async def read_registers(client: JournalClient, journal: str) -> pb.LabelSet:
-    """The journal's registers, as an append of nothing returns them."""
-    response = await append(client, pb.AppendRequest(journal=journal), b"")
+async def read_registers(
+    client: JournalClient, journal: str, attempts_max: int = attempts_max_default
+) -> pb.LabelSet:
+    """The journal's registers, as an append of nothing returns them (tried up to
+    `attempts_max` times)."""
+    response = await append(
+        client, pb.AppendRequest(journal=journal), b"", attempts_max=attempts_max
+    )
     return response.registers
 
 
@@ -196,7 +201,7 @@ class _Buffers:
         request = self.requests.get(journal)
         if request is None:
             if self._register:
-                registers = await read_registers(self._client, journal)
+                registers = await read_registers(self._client, journal, self._append_attempts)
                 value = gl.value_of(registers, self._register)
                 check_not_stale(self._task, journal, value, self._base_clock)
                 self.query_values[journal] = value
@@ -312,7 +317,7 @@ class _Buffers:
         False if it may be tried again (the width fence taken again: csv_width.refence raises
         GazetteCSVWidthError if the width is another). Raises RegisterMismatchError if the
         query's register moved, ProducerClaimedError if another attempt holds the claim."""
-        registers = await read_registers(self._client, journal)
+        registers = await read_registers(self._client, journal, self._append_attempts)
         if self._register and gl.value_of(registers, self._register) != self.query_values.get(
             journal
         ):

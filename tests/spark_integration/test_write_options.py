@@ -22,6 +22,7 @@ from spark_integration.sink_task import TaskIdentity
 
 BASE = {"broker": "h:1", "journal": "aa/b"}
 JOURNAL = "aa/b"
+QUERY = "11111111-1111-1111-1111-111111111111"
 
 
 @pytest.mark.parametrize("streaming", [False, True])
@@ -60,11 +61,16 @@ def test_append_attempts_bound_each_append_and_are_checked(streaming: bool) -> N
             parse_write_options({**BASE, "appendAttempts": bad}, streaming=streaming)
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize(("attempts", "retries"), [(1, 0), (3, 2)])
-async def test_a_task_tries_each_append_append_attempts_times(attempts: int, retries: int) -> None:
-    # A broker that cannot be reached (nothing listens on its port): every try of the task's
-    # append, and of its rollback after it fails, is refused UNAVAILABLE. Each is tried
-    # `attempts` times: retried `attempts - 1` times after a back-off.
+async def test_a_task_tries_each_append_append_attempts_times(
+    attempts: int, retries: int, streaming: bool
+) -> None:
+    # A broker that cannot be reached (nothing listens on its port): every try is refused
+    # UNAVAILABLE, and each append is tried `attempts` times (retried `attempts - 1` times after
+    # a back-off): a batch task's append of its rows, then its rollback; a streaming task's
+    # first, the append of nothing that reads the journal's registers (it then has nothing to
+    # roll back).
     client = JournalClient(f"http://127.0.0.1:{free_port()}")
     shape = RowShape(
         content_column=True,
@@ -73,19 +79,13 @@ async def test_a_task_tries_each_append_append_attempts_times(attempts: int, ret
         content_types=((JOURNAL, labels.CONTENT_TYPE_JSON_LINES),),
     )
     rows = batches_of_rows([{"content": json.dumps({"n": 1})}])
+    task = TaskIdentity(QUERY, "run-1", 0, 0, 0) if streaming else TaskIdentity("", "", -1, 0, 0)
     try:
         with structlog.testing.capture_logs() as logs, pytest.raises(grpc.aio.AioRpcError) as err:
-            await publish_batches(
-                client,
-                shape,
-                rows,
-                1 << 60,
-                TaskIdentity("", "", -1, 0, 0),
-                append_attempts=attempts,
-            )
+            await publish_batches(client, shape, rows, 1 << 60, task, append_attempts=attempts)
     finally:
         await client.close()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     tries = [e for e in logs if e["event"] == "append failed (will retry)"]
-    # The rows' append, then the rollback's, each retried.
-    assert [e["attempt"] for e in tries] == [*range(1, retries + 1)] * 2
+    appends = 1 if streaming else 2
+    assert [e["attempt"] for e in tries] == [*range(1, retries + 1)] * appends
