@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,13 @@ def small_disk(path: Path, size: int) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@contextlib.contextmanager
+def small_disks(paths: Sequence[Path], size: int) -> Iterator[list[Path]]:
+    """A `small_disk` of `size` bytes at each of `paths` (one per broker, say)."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(small_disk(path, size)) for path in paths]
 
 
 def fill(path: Path) -> Path:

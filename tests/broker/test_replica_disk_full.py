@@ -14,7 +14,6 @@ majority instead: tests/broker/quorum/test_quorum_disk_full.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import grpc
@@ -24,7 +23,7 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from tests.broker.broker_testkit import Cluster, journal_spec
 from tests.broker.test_spool_recovery_serve import read_exactly
-from tests.small_disk import fill, small_disk
+from tests.small_disk import fill, small_disks
 
 JOURNALS = [f"replicated/full-{i}" for i in range(6)]
 DISK_BYTES = 8 << 20
@@ -35,9 +34,7 @@ APPEND_BYTES = 64 << 10
 async def test_a_full_follower_fails_appends_typed_and_loses_nothing(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    with contextlib.ExitStack() as disks:
-        for i in range(3):
-            disks.enter_context(small_disk(tmp_path / f"b{i}", DISK_BYTES))
+    with small_disks([tmp_path / f"b{i}" for i in range(3)], DISK_BYTES):
         brokers = [
             await cluster.start_broker(
                 f"zone-{i}", f"broker-{i}", data_dir=str(tmp_path / f"b{i}"), memory_spools=False

@@ -353,10 +353,18 @@ class TextSource:
 
 
 def start_copy(
-    spark: Any, broker: str, source: str, sink: str, checkpoint: Path, **options: str
+    spark: Any,
+    broker: str,
+    source: str,
+    sink: str,
+    checkpoint: Path,
+    *,
+    sink_broker: str = "",
+    **options: str,
 ) -> Any:
-    """A streaming query copying the (text, n) rows of `source` to `sink` through the data
-    source (with `options` for the sink), checkpointed at `checkpoint`: started."""
+    """A streaming query copying the (text, n) rows of `source` to `sink` (on `sink_broker`,
+    default `broker`) through the data source (with `options` for the sink), checkpointed at
+    `checkpoint`: started."""
     return (
         spark.readStream.format("gazette")
         .option("broker", broker)
@@ -364,7 +372,7 @@ def start_copy(
         .schema("text STRING, n LONG")
         .load()
         .writeStream.format("gazette")
-        .option("broker", broker)
+        .option("broker", sink_broker or broker)
         .option("journal", sink)
         .options(**options)
         .option("checkpointLocation", str(checkpoint))

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from broker.client import JournalClient, apply_journals, upsert
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from tests.broker.serve_testkit import gazette_serve
+from tests.broker.test_disk_full_serve import spec as disk_full_spec
 from tests.small_disk import resize, small_disk
 from tests.spark_integration.spark_testkit import (
     CONTINUE,
@@ -36,6 +36,7 @@ from tests.spark_integration.spark_testkit import (
     create_journals,
     read_all,
     reader,
+    start_copy,
     unique,
     uuid_flags,
 )
@@ -64,20 +65,13 @@ APPEND_ATTEMPTS = "2"
 def sink_spec(name: str) -> pb.JournalSpec:
     """A JSON-lines journal whose fragments roll only as its first append does: the spool on the
     small disk holds the rest, and its store (off that disk) takes what was persisted."""
-    return pb.JournalSpec(
-        name=name,
-        replication=1,
-        labels=pb.LabelSet(
+    out = disk_full_spec(name)
+    out.labels.CopyFrom(
+        pb.LabelSet(
             labels=[pb.Label(name=labels.CONTENT_TYPE, value=labels.CONTENT_TYPE_JSON_LINES)]
-        ),
-        fragment=pb.JournalSpec.Fragment(
-            length=1 << 30,
-            compression_codec=pb.NONE,
-            stores=["file:///"],
-            refresh_interval=Duration(seconds=30),
-            flush_interval=Duration(seconds=3600),
-        ),
+        )
     )
+    return out
 
 
 def create_sink(broker: str, name: str) -> None:
@@ -96,6 +90,24 @@ def committed_bodies(broker: str, journal: str) -> list[dict[str, Any]]:
     (spark_testkit.committed), apart from the data source's read path."""
     bodies = [json.loads(line) for line in read_all(broker, journal).splitlines()]
     return list(committed(journal, [(uuid.UUID(b["UUID"]), b) for b in bodies]))
+
+
+def failed_uncommitted(
+    spark: Any, failed: BaseException, broker: str, journal: str, proc: Any
+) -> None:
+    """The write failed on the driver with the broker's refusal as the last task attempt met
+    it (naming the journal and the cause), the broker still runs, and the rows appended
+    before the disk filled are all uncommitted: nothing is readable read-committed."""
+    text = str(failed)
+    assert "StatusCode.UNAVAILABLE" in text, text[-3000:]
+    assert CAUSE in text, text[-3000:]
+    assert f"append to {journal}: " in text, text[-3000:]
+    assert proc.poll() is None, "the broker stopped"
+    flags = uuid_flags(read_all(broker, journal))
+    assert flags.count(CONTINUE) > 0, flags
+    assert all(flag != 0 for flag in flags), "a message outside a transaction"
+    assert committed_bodies(broker, journal) == []
+    assert reader(spark, broker, journals=journal).load().count() == 0
 
 
 @pytest.fixture
@@ -130,18 +142,7 @@ def test_batch_write_fails_naming_the_full_disk_and_commits_nothing(  # type: ig
 
     with pytest.raises(PythonException) as failed:
         write()
-    # The cause, on the driver: the broker's refusal, as the last task attempt met it.
-    assert "StatusCode.UNAVAILABLE" in str(failed.value), str(failed.value)[-3000:]
-    assert CAUSE in str(failed.value), str(failed.value)[-3000:]
-    assert f"append to {journal}: " in str(failed.value), str(failed.value)[-3000:]
-    assert proc.poll() is None, "the broker stopped"
-
-    # Mid-job: rows were appended before the disk filled, all of them uncommitted.
-    flags = uuid_flags(read_all(broker, journal))
-    assert flags.count(CONTINUE) > 0, flags
-    assert all(flag != 0 for flag in flags), "a message outside a transaction"
-    assert committed_bodies(broker, journal) == []
-    assert reader(spark, broker, journals=journal).load().count() == 0
+    failed_uncommitted(spark, failed.value, broker, journal, proc)
 
     # Room again, the broker still running: the same job, run again, lands exactly once.
     resize(disk, DISK_BYTES_AFTER)
@@ -167,18 +168,14 @@ def test_streaming_write_fails_naming_the_full_disk_and_restarts_exactly_once(  
         texts += add([f"{i:06d}-" + "x" * STREAM_PAD for i in range(lo, lo + 1000)])
 
     def start() -> Any:
-        return (
-            spark.readStream.format("gazette")
-            .option("broker", broker)
-            .option("journals", source)
-            .schema("text STRING, n LONG")
-            .load()
-            .writeStream.format("gazette")
-            .option("broker", sink_broker)
-            .option("journal", sink)
-            .option("appendAttempts", APPEND_ATTEMPTS)
-            .option("checkpointLocation", str(tmp_path / "cp"))
-            .start()
+        return start_copy(
+            spark,
+            broker,
+            source,
+            sink,
+            tmp_path / "cp",
+            sink_broker=sink_broker,
+            appendAttempts=APPEND_ATTEMPTS,
         )
 
     query = start()
@@ -188,16 +185,7 @@ def test_streaming_write_fails_naming_the_full_disk_and_restarts_exactly_once(  
             query.awaitTermination(STREAM_FAIL_S_MAX)
     finally:
         query.stop()
-    assert "StatusCode.UNAVAILABLE" in str(failed.value), str(failed.value)[-3000:]
-    assert CAUSE in str(failed.value), str(failed.value)[-3000:]
-    assert f"append to {sink}: " in str(failed.value), str(failed.value)[-3000:]
-    assert proc.poll() is None, "the broker stopped"
-
-    flags = uuid_flags(read_all(sink_broker, sink))
-    assert flags.count(CONTINUE) > 0, flags
-    assert all(flag != 0 for flag in flags), "a message outside a transaction"
-    assert committed_bodies(sink_broker, sink) == []
-    assert reader(spark, sink_broker, journals=sink).load().count() == 0
+    failed_uncommitted(spark, failed.value, sink_broker, sink, proc)
 
     # Room again: restarted from its checkpoint, the query delivers every row exactly once.
     resize(disk, DISK_BYTES_AFTER)

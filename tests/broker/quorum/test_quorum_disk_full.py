@@ -11,7 +11,6 @@ room."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import grpc
@@ -23,6 +22,7 @@ from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import LogWriteError
 from broker.quorum_shell.status import (
+    JournalStatus,
     decode_response,
     encode_response,
     fetch_status,
@@ -37,7 +37,7 @@ from tests.broker.quorum.quorum_brokers_testkit import (
     term_record,
     until,
 )
-from tests.small_disk import fill, small_disk
+from tests.small_disk import fill, small_disks
 
 J = "quorum/full"
 DISK_BYTES = 4 << 20
@@ -60,6 +60,16 @@ async def _append_all(cluster: Cluster, via: Broker, tag: str, n: int, acked: by
         acked += data
 
 
+async def _status(b: Broker) -> JournalStatus:
+    """J's status as `b` answers Status over gRPC (what gazctl asks each member)."""
+    channel = grpc.aio.insecure_channel(b.endpoint.removeprefix("http://"))
+    try:
+        [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
+    finally:
+        await channel.close()
+    return answered
+
+
 async def _committed(b: Broker, acked: bytes) -> None:
     def holds() -> bool:
         node = b.quorum.nodes.get(J)  # None until a restarted broker's node starts
@@ -73,9 +83,7 @@ async def _committed(b: Broker, acked: bytes) -> None:
 async def test_a_member_whose_disk_fills_stops_and_the_majority_commits(
     cluster: Cluster, tmp_path: Path, full: str
 ) -> None:
-    with contextlib.ExitStack() as disks:
-        for i in range(3):
-            disks.enter_context(small_disk(tmp_path / f"b{i}", DISK_BYTES))
+    with small_disks([tmp_path / f"b{i}" for i in range(3)], DISK_BYTES):
         brokers = await start_brokers(cluster, tmp_path, 3)
         await create_quorum_journal(cluster, J, brokers)
         acked = bytearray()
@@ -128,9 +136,7 @@ async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_
     # member reports itself failed, saying why, where an operator looks (Status, as gazctl
     # asks it); once there is room, its broker opens the log by itself, the member joins, is
     # caught up, and counts in a majority again.
-    with contextlib.ExitStack() as disks:
-        for i in range(3):
-            disks.enter_context(small_disk(tmp_path / f"b{i}", DISK_BYTES))
+    with small_disks([tmp_path / f"b{i}" for i in range(3)], DISK_BYTES):
         brokers = await start_brokers(cluster, tmp_path, 3)
         full, others = brokers[2], brokers[:2]
         filler = fill(tmp_path / "b2")
@@ -139,11 +145,7 @@ async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_
         await _append_all(cluster, others[0], "a", 5, acked)
         await until("the full member's log was refused", lambda: J in full.quorum.errors)
         assert J not in full.quorum.nodes
-        channel = grpc.aio.insecure_channel(full.endpoint.removeprefix("http://"))
-        try:
-            [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
-        finally:
-            await channel.close()
+        answered = await _status(full)
         cell = state_text(state_of(None, [answered], []))
         assert f"FAILED {broker_name(full)}: log not opened: OSError: " in cell, cell
         assert "No space left on device" in cell, cell
@@ -154,11 +156,7 @@ async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_
         await _committed(full, acked)
         assert J not in full.quorum.errors
         assert full.quorum.restarts[J] >= 1
-        channel = grpc.aio.insecure_channel(full.endpoint.removeprefix("http://"))
-        try:
-            [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
-        finally:
-            await channel.close()
+        answered = await _status(full)
         assert (answered.member, answered.failed) == (broker_name(full), "")  # whole again
         await cluster.stop_broker(others[0])
         await _append_all(cluster, full, "b", 5, acked)
