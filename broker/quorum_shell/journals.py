@@ -46,9 +46,9 @@ log file that cannot be replayed (LogFileCorruptError, OSError) is kept in `erro
 journal gets no node on this broker until it restarts, unless it failed for want of room
 (ENOSPC, EDQUOT): that is tried again after a back-off. Either way Status reports the
 member failed ("log not opened: ...": `open_failures`, kept until an open succeeds or the
-journal leaves this broker), so the journal does not look whole meanwhile. A node that stops because its log
-could not be written (LogWriteError, a full disk) is started again from its file after a
-back-off (`_restart_failed`), so the member rejoins once there is room.
+journal leaves this broker), so the journal does not look whole meanwhile. A node that stops
+because its log could not be written (LogWriteError, a full disk) is started again from its
+file after a back-off (`_restart_failed`), so the member rejoins once there is room.
 
 Lost disks (member_dir.py, member_registry.py): with a data directory the broker has an
 incarnation id, and each node first *joins*: a new log file gets a `joining` mark before it is
