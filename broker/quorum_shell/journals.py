@@ -43,7 +43,8 @@ Durability: with a data directory each node's member log is a file (log_file.py,
 broker starting many nodes must not stall its event loop: its lease refresh is due every
 TTL/3). A journal's node is not started again until its previous node (and file) is closed; a
 log file that cannot be replayed (LogFileCorruptError, OSError) is kept in `errors` and the
-journal gets no node on this broker until it restarts, unless it failed for want of room
+journal gets no node on this broker until it restarts, the journal leaves it or is re-created
+(another journal, whose open moves the earlier files aside), unless it failed for want of room
 (ENOSPC, EDQUOT): that is tried again after a back-off. Either way Status reports the
 member failed ("log not opened: ...": `open_failures`, kept until an open succeeds or the
 journal leaves this broker), so the journal does not look whole meanwhile. A node that stops
@@ -278,6 +279,10 @@ class QuorumJournals:
                 # Deleted and re-created under the same name while its node ran: the node
                 # (of the earlier journal) stops; the next one starts on fresh files.
                 continue
+            if self._revisions.get(journal, revision) != revision:
+                # Re-created: the earlier journal's log could not be opened; this journal's
+                # is another (open_member_log moves the earlier files aside).
+                self._forget_open_failure(journal)
             self._revisions[journal] = revision
             route = route_from_assignments(assignment_of(e) for e in entries)
             attach_endpoints(route, ks, root)
@@ -303,9 +308,10 @@ class QuorumJournals:
                 # live majority of them elects without waiting for the others to come back.
                 wanted[journal] = registered
         kept = self._keep_registered(wanted)
-        for journal in list(self.open_failures):
+        for journal in self.errors.keys() | self.open_failures.keys():
             if journal not in wanted:
-                del self.open_failures[journal]  # no longer this broker's to report
+                # No longer this broker's: not reported, and opened again if it comes back.
+                self._forget_open_failure(journal)
         for journal in list(self.nodes):
             if journal not in wanted:
                 self._close_later(journal)
@@ -431,6 +437,10 @@ class QuorumJournals:
             member = lookup_member(self._ks, self._root, zone, suffix)
             if member is not None and member.spec.process_spec.endpoint:
                 transport.endpoints[name] = member.spec.process_spec.endpoint
+
+    def _forget_open_failure(self, journal: str) -> None:
+        self.errors.pop(journal, None)
+        self.open_failures.pop(journal, None)
 
     def _open_log_later(self, journal: str) -> None:
         """Open the journal's log file (replaying it) and its member's joiner in a worker
