@@ -44,10 +44,12 @@ install: $(STAMP)
 demo: install
 	$(PY) -m gazette_consumer.demo
 
-## system-deps: etcd (Debian etcd-server), PostgreSQL 15 server binaries, Java for Spark.
+## system-deps: etcd and etcdctl (Debian etcd-server, etcd-client), PostgreSQL 15 server
+## binaries, Java for Spark.
 system-deps:
 	@need=""; \
 	command -v etcd >/dev/null || need="$$need etcd-server"; \
+	command -v etcdctl >/dev/null || need="$$need etcd-client"; \
 	test -x /usr/lib/postgresql/15/bin/initdb || need="$$need postgresql-15"; \
 	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
 	if [ -n "$$need" ]; then \

@@ -45,6 +45,7 @@ from broker.keyspace.backend import (
     CompareTarget,
     Header,
     KeySpaceError,
+    NoSpaceError,
     OpDelete,
     OpPut,
     UnavailableError,
@@ -319,6 +320,9 @@ class ListApplyAPI:
                 )
         try:
             txn = await self._backend.txn(compares, ops)
+        except NoSpaceError as err:
+            # Nothing was written; a retry is refused alike until an operator acts.
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"etcd transaction: {err}")
         except (UnavailableError, BackendFailedError) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
         except KeySpaceError as err:

@@ -198,6 +198,12 @@ ALLOCATOR_ROUNDS: Final = Counter(
     "gazette_allocator_converge_total",
     "Rounds of the allocator's convergence loop run while this member led.",
 )
+ALLOCATOR_ROUND_FAILURES: Final = Counter(
+    "gazette_allocator_round_failures_total",
+    "Leader rounds whose transaction was not applied, by why: compare (the state moved on),"
+    " unavailable (etcd unreachable, a lease gone), no_space (etcd's NOSPACE alarm).",
+    ["reason"],
+)
 
 # --- Operator interfaces (broker/http_gateway.py, broker/auth.py) ---------------------------------
 

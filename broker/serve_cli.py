@@ -24,7 +24,7 @@ from broker.broker_config import BrokerConfig, lease_ttl_s_default
 from broker.fragment.stores.registry import new_registry
 from broker.gc_tuning import freeze_startup_heap
 from broker.hand_off import handoff_wait_s_default
-from broker.keyspace.backend import Backend
+from broker.keyspace.backend import Backend, NoSpaceError
 from broker.keyspace.embedded import EmbeddedStore, storage_error_within
 from broker.keyspace.etcd import EtcdAuthError
 from broker.keyspace.persisted import KeySpaceDirError
@@ -460,5 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         if storage is None:
             raise
         sys.exit(f"gazette serve: {storage}")
-    except EtcdAuthError as err:  # Wrong or missing --etcd-user/--etcd-password.
+    except (EtcdAuthError, NoSpaceError) as err:
+        # Wrong or missing --etcd-user/--etcd-password; etcd out of space (its lease refused):
+        # the message says what to do.
         sys.exit(f"gazette serve: {err}")

@@ -27,6 +27,7 @@ from broker.keyspace.backend import (
     CompareResult,
     CompareTarget,
     KeySpaceError,
+    NoSpaceError,
     OpPut,
     UnavailableError,
 )
@@ -284,6 +285,14 @@ class LocalShards:
             try:
                 await self._advertise()
                 failures = 0
+            except NoSpaceError as exc:
+                # etcd refuses every write until an operator makes room (the error says how):
+                # tried again at the longest back-off for as long as that lasts, not counted.
+                # Giving up would stop this process's shards, and a process started again could
+                # not even take a lease; the shards go on processing meanwhile.
+                log.error("shard status write refused (will retry)", error=str(exc))
+                await self._sleep(status_write_backoff_max_s)
+                self._dirty.set()
             except UnavailableError as exc:
                 failures += 1
                 if failures >= status_write_attempts_max:

@@ -49,7 +49,7 @@ from broker import task_dump
 from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.gc_tuning import freeze_startup_heap
-from broker.keyspace.backend import Backend
+from broker.keyspace.backend import Backend, NoSpaceError
 from broker.keyspace.embedded import (
     EmbeddedStore,
     KeySpaceStorageError,
@@ -541,6 +541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if storage is None:
             raise
         print(f"gazette-consumer: {storage}", file=sys.stderr)
+        return EXIT_FAILED
+    except NoSpaceError as exc:  # etcd out of space (the lease refused): says what to do.
+        print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED

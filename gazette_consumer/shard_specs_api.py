@@ -43,6 +43,7 @@ from broker.keyspace.backend import (
     CompareResult,
     CompareTarget,
     KeySpaceError,
+    NoSpaceError,
     OpDelete,
     OpGet,
     OpPut,
@@ -303,6 +304,9 @@ class ShardSpecsAPI:
         """Run one guarded transaction; once it applied, wait until the mirror shows it."""
         try:
             txn = await self._backend.txn(compares, ops)
+        except NoSpaceError as err:
+            # Nothing was written; a retry is refused alike until an operator acts.
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"etcd transaction: {err}")
         except (UnavailableError, BackendFailedError) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
         except KeySpaceError as err:

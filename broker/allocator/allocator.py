@@ -22,7 +22,9 @@ member (its key under a lease) and let the mirror reflect it before calling ``se
 holds no assignments. The caller should then revoke its lease promptly: while its member key
 remains it may still be the leader, and no other member allocates. It raises MemberNotFoundError once the member key is gone (the lease
 expired or was revoked: the process must stop serving) and TooManyFailuresError after
-``txn_failures_max`` consecutive rounds whose transactions all failed.
+``txn_failures_max`` consecutive rounds whose transactions all failed, except rounds that etcd
+refused for want of space (NoSpaceError): those are planned again at the next revision or
+wake-up for as long as the alarm lasts, as Gazette's allocator retries every failed round.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from broker import metrics
 from broker.allocator.converge import IsConsistent, Plan, plan, txn_ops_max_default
 from broker.allocator.solver import Solution, solve_state
 from broker.allocator.state import Assignment, Item, MemberId, State, parse_state
-from broker.keyspace.backend import Backend, LeaseNotFoundError, UnavailableError
+from broker.keyspace.backend import Backend, LeaseNotFoundError, NoSpaceError, UnavailableError
 from broker.keyspace.keyspace import Entry, KeySpace
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -83,6 +85,9 @@ class RoundReport:
     # Whether this round solved afresh (rather than reusing the last solution).
     solved: bool
     solution: Solution
+    # Whether the failure was etcd refusing every write (its NOSPACE alarm): not counted
+    # toward ``txn_failures_max`` (see ``serve``).
+    no_space: bool = False
 
     @property
     def idle(self) -> bool:
@@ -207,7 +212,7 @@ async def serve(
                 failures = 0
                 # Plan next from a mirror that reflects our own writes.
                 next_revision = max(next_revision, report.applied_revision)
-            elif report.failed:
+            elif report.failed and not report.no_space:
                 failures += 1
                 if failures >= txn_failures_max:
                     raise TooManyFailuresError(
@@ -252,14 +257,24 @@ async def _round(
     txn_ops_max: int,
 ) -> RoundReport:
     p = plan(state, solution.desired, member, is_consistent=is_consistent, txn_ops_max=txn_ops_max)
-    applied, failed, revision = 0, False, 0
+    applied, failed, no_space, revision = 0, False, False, 0
     for txn in p.txns:
         try:
             resp = await backend.txn(txn.compares, txn.ops)
+        except NoSpaceError as exc:
+            # etcd refuses every write until an operator makes room: planned again at the next
+            # revision or wake-up, and not counted as a failure that stops this member. Giving
+            # up would take this process's assignments away with it, and a process started
+            # again could not even take a lease; what it serves goes on meanwhile.
+            log.error("allocator: transaction refused (will retry)", error=str(exc), round=rounds)
+            metrics.ALLOCATOR_ROUND_FAILURES.labels("no_space").inc()
+            failed = no_space = True
+            break
         except (UnavailableError, LeaseNotFoundError) as exc:
             # Unreachable etcd, or a member's lease gone between our read and this write: the
             # next revision (or wake-up) brings a state to plan from again.
             log.warning("allocator: transaction failed (will retry)", error=str(exc), round=rounds)
+            metrics.ALLOCATOR_ROUND_FAILURES.labels("unavailable").inc()
             failed = True
             break
         if not resp.succeeded:
@@ -268,6 +283,7 @@ async def _round(
                 round=rounds,
                 revision=state.revision,
             )
+            metrics.ALLOCATOR_ROUND_FAILURES.labels("compare").inc()
             failed = True
             break
         applied += 1
@@ -287,4 +303,6 @@ async def _round(
             deferred_adds=p.deferred_adds,
             deferred_removals=p.deferred_removals,
         )
-    return RoundReport(rounds, state.revision, p, applied, revision, failed, solved, solution)
+    return RoundReport(
+        rounds, state.revision, p, applied, revision, failed, solved, solution, no_space
+    )

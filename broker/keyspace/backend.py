@@ -63,6 +63,24 @@ class BackendFailedError(KeySpaceError):
     restarted, may serve it), never as an invalid argument."""
 
 
+class NoSpaceError(BackendFailedError):
+    """etcd refused a write because its database reached its quota (its NOSPACE alarm is
+    raised: ``--quota-backend-bytes``). Reads, watches, lease renewals and deletes still work;
+    every write is refused until an operator makes room and disarms the alarm, so the message
+    says how. Not retried as a transport failure: a retry is refused alike until then."""
+
+    remedy = (
+        "etcd is out of space (its NOSPACE alarm is raised; reads and lease renewals still"
+        " work, writes are refused until an operator acts): compact its history and"
+        " defragment it (etcdctl compact <revision>; etcdctl defrag), or raise"
+        " --quota-backend-bytes, then disarm the alarm (etcdctl alarm disarm)"
+    )
+
+    def __init__(self, rpc: str, details: str) -> None:
+        super().__init__(f"etcd {rpc}: {details}: {self.remedy}")
+        self.details = details
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     """Response header: the store revision the response reflects."""

@@ -17,6 +17,9 @@ from broker.keyspace import backend as b
 unavailable_codes = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # etcd's answers to a token it no longer accepts (rpctypes): authenticate again, and re-send.
 stale_token_errors = ("invalid auth token", "revision of auth store is old")
+# etcd's answer to a write once its database reached its quota (rpctypes.ErrGRPCNoSpace,
+# RESOURCE_EXHAUSTED): the NOSPACE alarm is raised and stays until an operator disarms it.
+no_space_error = "database space exceeded"
 
 
 class EtcdAuthError(b.KeySpaceError):
@@ -55,6 +58,8 @@ async def translate(
         return b.FutureRevisionError(f"etcd {rpc}: revision {revision}: {details}")
     if "has been compacted" in details:
         return b.CompactedError(revision, await compact_revision())
+    if no_space_error in details:
+        return b.NoSpaceError(rpc, details)
     return EtcdError(rpc, err.code(), details)
 
 

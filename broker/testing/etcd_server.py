@@ -23,6 +23,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -90,6 +91,7 @@ class EtcdServer(AsyncLifecycle):
         ready_timeout_s: float = ready_timeout_s_default,
         stop_timeout_s: float = stop_timeout_s_default,
         tls: EtcdServerTls | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         binary = shutil.which("etcd")
         if binary is None:
@@ -105,6 +107,8 @@ class EtcdServer(AsyncLifecycle):
         self._client_port = 0
         self._peer_port = 0
         self._tls = tls
+        # More etcd flags (e.g. ``--quota-backend-bytes``), after the harness's own.
+        self._extra_args = list(extra_args)
         # The root user's password once enable_auth() ran (the readiness probe then signs in).
         self._root_password = ""
         # True between pause() (SIGSTOP) and resume() (SIGCONT).
@@ -245,6 +249,7 @@ class EtcdServer(AsyncLifecycle):
             "--logger=zap",
             "--log-outputs=stderr",
             *self._tls_args(),
+            *self._extra_args,
         ]
 
     async def _start_once(self) -> None:

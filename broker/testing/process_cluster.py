@@ -131,6 +131,7 @@ class ProcessCluster(AsyncLifecycle):
         http_gateway: bool = False,
         keep_ports: bool = False,
         env: Mapping[str, str] | None = None,
+        etcd_args: Sequence[str] = (),
     ) -> None:
         suffixes = [suffix for _, suffix in brokers]
         if len(set(suffixes)) != len(suffixes):
@@ -152,7 +153,7 @@ class ProcessCluster(AsyncLifecycle):
             BrokerProcess(zone, suffix, self.dir / suffix, self.dir / f"{suffix}.log")
             for zone, suffix in brokers
         ]
-        self.etcd = EtcdServer(self.dir / "etcd")
+        self.etcd = EtcdServer(self.dir / "etcd", extra_args=etcd_args)
         self.ks: KeySpace[Decoded] = new_keyspace(root)
         self._admin: EtcdBackend | None = None
         self._watch: asyncio.Task[None] | None = None
