@@ -12,6 +12,8 @@ STAMP := $(VENV)/.installed
 # hold it when the cluster starts.
 PG_PORT ?= 25432
 PG_DIR := /tmp/gazette-test-pg-$(PG_PORT)
+# pytest-xdist workers of `make test`'s first phase (0: the tests run in the pytest process).
+PYTEST_WORKERS ?= 2
 APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
 # Sans-IO modules are type-checked with --strict; the rest with the default settings.
@@ -95,11 +97,20 @@ typecheck: install
 	$(VENV)/bin/mypy --strict $(wildcard $(MYPY_STRICT))
 	$(VENV)/bin/mypy broker gazette_consumer spark_integration
 
+## pytest: the suite in two phases: every test not marked `serial` on PYTEST_WORKERS processes
+## (pytest-xdist), then the `serial` ones alone (a whole cluster under faults, with time bounds
+## that assume the machine to themselves). Both phases run; either failing fails the target.
+## PYTEST_ARGS (a selection of your own) runs that once instead, in one process.
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider --durations=30
 pytest: install system-deps azurite
 	@set -e; scripts/pg_cluster.sh start $(PG_DIR) $(PG_PORT); \
 	trap 'scripts/pg_cluster.sh stop $(PG_DIR) $(PG_PORT)' EXIT; \
-	GAZETTE_TEST_PG_URL="postgresql+psycopg://gazette@127.0.0.1:$(PG_PORT)/gazette" \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
+	export GAZETTE_TEST_PG_URL="postgresql+psycopg://gazette@127.0.0.1:$(PG_PORT)/gazette"; \
+	$(if $(strip $(PYTEST_ARGS)),$(PYTEST) $(PYTEST_ARGS),$(PYTEST_PHASES))
+PYTEST_PHASES := rc=0; \
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist worksteal -m "not serial" || rc=$$?; \
+	$(PYTEST) -m serial || rc=$$?; \
+	exit $$rc
 
 ## test: set up, provision etcd/PostgreSQL/Java, lint, type-check and run the whole suite.
 test: lint typecheck pytest

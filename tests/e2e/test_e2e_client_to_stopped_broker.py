@@ -151,8 +151,18 @@ async def test_readers_and_appends_fail_over_from_a_stopped_broker(
     # The shard's client: its default broker is the survivor (any broker proxies; its answer
     # teaches the route, which names the stopped broker), then it reads from A directly.
     client = cluster.client(survivor)
+    # The survivor may not have seen the journal yet (the mirror that found it ready is this
+    # test's own): the first read carries the revision to read through, as a client that had
+    # applied the journal would (the broker waits for it; without it, JOURNAL_NOT_FOUND).
+    seen = cluster.ks.header
+    through = pb.Header(
+        route=pb.Route(primary=-1),
+        etcd=pb.Header.Etcd(cluster_id=seen.cluster_id, revision=seen.revision),
+    )
     with pytest.raises(OffsetNotYetAvailableError):
-        await Reader(client, pb.ReadRequest(journal=JOURNAL, block=False)).read_chunk()
+        await Reader(
+            client, pb.ReadRequest(journal=JOURNAL, block=False, header=through)
+        ).read_chunk()
     assert client.endpoint_for(JOURNAL, require_primary=False) == stopped.endpoint
     head = pb.ReadRequest(journal=JOURNAL, offset=0, block=True)
     plain = Reader(client, head)

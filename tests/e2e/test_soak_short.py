@@ -34,6 +34,7 @@ from examples.stream_sum.soak.run import SoakConfig, run_soak
 from examples.stream_sum.soak.stack import StackConfig
 
 pytestmark = [
+    pytest.mark.serial,
     pytest.mark.etcd,
     pytest.mark.postgres,
     requires_etcd,

@@ -30,7 +30,7 @@ from tests.spark_integration.spark_testkit import (
     unique,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.serial, pytest.mark.spark, pytest.mark.timeout(420)]
 
 # Messages in the source journal, and at most this many per micro-batch: ~12 micro-batches.
 messages_n = 3000

@@ -25,7 +25,7 @@ from tests.spark_integration.spark_testkit import (
     unique,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.serial, pytest.mark.spark, pytest.mark.timeout(480)]
 
 # Source messages (~1 KiB each), all in the first micro-batch: ~6 MiB per write task, appended
 # a MiB at a time, so that the stalled attempt appended some and had more to go.

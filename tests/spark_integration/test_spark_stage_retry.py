@@ -27,7 +27,7 @@ from tests.spark_integration.spark_testkit import (
     unique,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.serial, pytest.mark.spark, pytest.mark.timeout(420)]
 
 # Source messages (~1 KiB each), all in the first micro-batch: ~12 MiB per write task, appended
 # a MiB at a time, so that the killed task appended some before it died and had more to go.
