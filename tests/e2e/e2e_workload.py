@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import hashlib
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +49,22 @@ FOUR_BROKERS = [
 failure_pause_s = 0.05
 
 RECORD = re.compile(rb"(\d{2}):(\d{6}):([a-z0-9/-]+):(x*)\n")
+
+
+def gazctl(
+    *args: str, stdin: str = "", env: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """``gazctl <args>`` as a process, its output as text (not checked: the caller looks at the
+    exit code and stderr)."""
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli.gazctl", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def journal_spec(

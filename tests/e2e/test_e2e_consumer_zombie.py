@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -30,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import journal_spec, requires_etcd
+from e2e_workload import gazctl, journal_spec, requires_etcd
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.append_service import AppendService
@@ -89,15 +86,11 @@ def shard_spec() -> cpb.ShardSpec:
 
 
 def gazctl_list(consumer: ConsumerProcess) -> list[dict[str, str]]:
-    env = dict(os.environ, CONSUMER_ADDRESS=consumer.endpoint.removeprefix("http://"))
-    done = subprocess.run(
-        [sys.executable, "-m", "broker.cli.gazctl", "shards", "list", "--format", "json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=WAIT_S,
-        check=True,
+    address = consumer.endpoint.removeprefix("http://")
+    done = gazctl(
+        "shards", "list", "--format", "json", env={"CONSUMER_ADDRESS": address}, timeout_s=WAIT_S
     )
+    assert done.returncode == 0, done.stderr
     records: list[dict[str, str]] = json.loads(done.stdout)
     return records
 

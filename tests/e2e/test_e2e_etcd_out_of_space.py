@@ -20,12 +20,11 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_workload import journal_spec, requires_etcd
+from e2e_workload import gazctl, journal_spec, requires_etcd
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append
@@ -61,15 +60,7 @@ wait_s = 30.0
 
 
 def _gazctl(b: BrokerProcess, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    broker = b.endpoint.removeprefix("http://")
-    return subprocess.run(
-        [sys.executable, "-m", "broker.cli.gazctl", "--broker", broker, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=wait_s,
-        check=False,
-    )
+    return gazctl("--broker", b.endpoint.removeprefix("http://"), *args, stdin=stdin)
 
 
 def _etcdctl(cluster: ProcessCluster, *args: str) -> str:
@@ -224,16 +215,8 @@ async def _log_says(path: Path, text: str, times: int = 1) -> None:
 
 
 def _gazctl_shards_apply(consumer: ConsumerProcess, space: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CONSUMER_ADDRESS": consumer.endpoint.removeprefix("http://")}
-    return subprocess.run(
-        [sys.executable, "-m", "broker.cli.gazctl", "shards", "apply", "-f", "-"],
-        input=space,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=wait_s,
-        check=False,
-    )
+    address = consumer.endpoint.removeprefix("http://")
+    return gazctl("shards", "apply", "-f", "-", stdin=space, env={"CONSUMER_ADDRESS": address})
 
 
 async def test_a_consumer_keeps_serving_while_etcd_is_full_and_its_status_shows_after(

@@ -3,17 +3,26 @@ rides it out: its commit fails with the store's own reason (SQLite's "database o
 full"; "No space left on device" for a RocksDB store and a JSON file store), the shard retries
 with back-off in BACKFILL (not FAILED, and not silently), and once space returns it serves
 again without an operator, every input message counted exactly once. Every kind of store a
-disk holds: a SQLite database, and RocksDB and JSON file stores recorded to their recovery logs
-(played into the runner's data directory on that disk)."""
+disk holds: a SQLite database, a PostgreSQL server's data directory (a durable cluster of its
+own; its error is psycopg's DiskFull), and RocksDB and JSON file stores recorded to their
+recovery logs (played into the runner's data directory on that disk)."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from broker.client.append_service import AppendService
 from broker.protocol import consumer_pb2 as cpb
+from broker.testing.pg_server import BIN_DIR as PG_BIN_DIR
+from broker.testing.pg_server import PgServer
 from examples.word_count import WordCount, counts_of
 from gazette_consumer.shard_retry import ShardRetryPolicy
 from gazette_consumer.shard_runner import ShardRunner
@@ -24,6 +33,7 @@ from tests.gazette_consumer.shard_testkit import (
     Notifier,
     Producer,
     broker_env,
+    prepare_engine,
     read_counts,
     shard_spec,
     sqlite_engine,
@@ -41,11 +51,52 @@ QUICK = ShardRetryPolicy(initial_s=0.05, max_s=0.2, attempts_max=200)
 # grow (a commit that only rewrites pages the WAL already holds needs no new space).
 NEW_KEYS = 3000
 KEY_PAD = "k" * 200
+# A PostgreSQL cluster's disk: about 40 MB after initdb (with its first WAL segment), and room
+# to run.
+PG_DISK_BYTES = 96 << 20
 
 
-async def test_a_store_on_a_full_disk_retries_then_serves_exactly_once(tmp_path: Path) -> None:
-    with small_disk(tmp_path / "disk", DISK_BYTES) as disk:
-        async with broker_env() as env, sqlite_engine(disk) as engine:
+@pytest.fixture
+def sql_disk_dir() -> Iterator[Path]:
+    """Where a SQL store's disk is mounted: a directory that the postgres system user (which
+    owns a PostgreSQL cluster when the tests run as root) can reach, unlike tmp_path (0700)."""
+    base = Path(tempfile.mkdtemp(prefix="gazette-sql-disk-"))
+    base.chmod(0o755)
+    try:
+        yield base / "disk"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def sql_store_on(kind: str, disk: Path) -> AsyncIterator[tuple[Engine, str]]:
+    """A SQL engine whose database lives on `disk`, and the text of its full-disk error: a
+    SQLite file, or a durable PostgreSQL cluster of its own (broker/testing/pg_server.py:
+    fsync=on, synchronous_commit=on), its data directory on the disk."""
+    if kind == "sqlite":
+        async with sqlite_engine(disk) as engine:
+            yield engine, "database or disk is full"
+        return
+    if not (PG_BIN_DIR / "initdb").exists():
+        pytest.skip("PostgreSQL 15 not installed: run `make system-deps`")
+    async with PgServer(disk) as pg:
+        engine = await prepare_engine(sa.create_engine(pg.url))
+        try:
+            # psycopg's DiskFull: "could not extend file ...: No space left on device". (A
+            # commit that needs a new WAL segment makes PostgreSQL PANIC and restart instead: a
+            # crashed server, which the soak's PostgreSQL crashes cover.)
+            yield engine, "No space left on device"
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_sql_store_on_a_full_disk_retries_then_serves_exactly_once(
+    sql_disk_dir: Path, kind: str
+) -> None:
+    disk_bytes = DISK_BYTES if kind == "sqlite" else PG_DISK_BYTES
+    with small_disk(sql_disk_dir, disk_bytes) as disk:
+        async with broker_env() as env, sql_store_on(kind, disk) as (engine, disk_full):
             source = await env.journal("in/disk-full")
             app, changed = CountingApp(engine), Notifier()
             async with (
@@ -64,10 +115,10 @@ async def test_a_store_on_a_full_disk_retries_then_serves_exactly_once(tmp_path:
                 for i in range(NEW_KEYS):
                     await producer.committed(source, f"{KEY_PAD}-{i}")
                 end = (await (await producer.committed(source, "last"))).commit.end
-                # Its commit cannot be written: retried, with SQLite's reason, not FAILED.
+                # Its commit cannot be written: retried, with the database's reason, not FAILED.
                 await changed.until(lambda: handle.retrying is not None)
                 assert handle.retrying is not None
-                assert "database or disk is full" in handle.retrying.error, handle.retrying.error
+                assert disk_full in handle.retrying.error, handle.retrying.error
                 assert handle.status().code == Code.BACKFILL
 
                 filler.unlink()

@@ -15,6 +15,7 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.quorum.register import TermRecord
+from broker.quorum_shell.status import JournalStatus, fetch_status
 from broker.quorum_shell.term_record import QuorumTerm
 from broker.server import Broker
 from broker.topology import quorum_term_key
@@ -53,6 +54,16 @@ def term_record(b: Broker, journal: str) -> TermRecord | None:
     entry = b.ks.get(quorum_term_key(ROOT, journal))
     term = entry.decoded if entry is not None else None
     return term.record if isinstance(term, QuorumTerm) else None
+
+
+async def member_status(b: Broker, journal: str, wait_s: float = WAIT_S) -> JournalStatus:
+    """`journal`'s status as `b` answers Status over gRPC (what gazctl asks each member)."""
+    channel = grpc.aio.insecure_channel(b.endpoint.removeprefix("http://"))
+    try:
+        [answered] = (await fetch_status(channel, [journal], timeout_s=wait_s)).values()
+    finally:
+        await channel.close()
+    return answered
 
 
 async def until(what: str, condition: Callable[[], bool], wait_s: float = WAIT_S) -> None:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
 from broker_testkit import ROOT, Cluster
 
 from broker.cli.quorum_state import state_of, state_text
 from broker.quorum_shell.log_file import log_path
 from broker.quorum_shell.member_dir import read_journal_revision, retired_dir
-from broker.quorum_shell.status import JournalStatus, fetch_status
 from broker.server import Broker
 from broker.topology import item_key
 from tests.broker.quorum.quorum_brokers_testkit import (
     append_until_ok,
     broker_name,
     create_quorum_journal,
+    member_status,
     start_broker,
     start_brokers,
     until,
@@ -31,15 +30,6 @@ from tests.broker.quorum.quorum_brokers_testkit import (
 J = "quorum/damaged"
 # Bound of each append's retries and each wait while the journal elects.
 wait_s = 30.0
-
-
-async def _status(b: Broker) -> JournalStatus:
-    channel = grpc.aio.insecure_channel(b.endpoint.removeprefix("http://"))
-    try:
-        [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
-    finally:
-        await channel.close()
-    return answered
 
 
 async def _append_all(cluster: Cluster, via: Broker, tag: str, n: int, acked: bytearray) -> None:
@@ -81,7 +71,7 @@ async def test_a_damaged_member_log_is_refused_reported_and_left_behind_by_a_new
 
     await until("the damaged log was refused", lambda: J in b2.quorum.errors, wait_s)
     assert J not in b2.quorum.nodes
-    cell = state_text(state_of(None, [await _status(b2)], []))
+    cell = state_text(state_of(None, [await member_status(b2, J, wait_s)], []))
     assert f"FAILED {broker_name(b2)}: log not opened: LogFileCorruptError: " in cell, cell
     assert path.read_bytes() == damaged  # refused, not repaired or cut
     await _append_all(cluster, others[0], "b", 3, acked)
@@ -98,7 +88,7 @@ async def test_a_damaged_member_log_is_refused_reported_and_left_behind_by_a_new
     await _append_all(cluster, others[0], "c", 3, fresh)  # the first lands at offset 0
     await _committed(b2, fresh)
     assert J not in b2.quorum.errors
-    answered = await _status(b2)
+    answered = await member_status(b2, J, wait_s)
     assert (answered.member, answered.failed) == (broker_name(b2), "")
     assert damaged_revision is not None
     aside = retired_dir(str(data_dir), J, damaged_revision)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
 import pytest
 from broker_testkit import ROOT, Cluster
 
@@ -22,10 +21,8 @@ from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.quorum_shell.node import LogWriteError
 from broker.quorum_shell.status import (
-    JournalStatus,
     decode_response,
     encode_response,
-    fetch_status,
     journal_status,
 )
 from broker.server import Broker
@@ -33,6 +30,7 @@ from tests.broker.quorum.quorum_brokers_testkit import (
     append_until_ok,
     broker_name,
     create_quorum_journal,
+    member_status,
     start_brokers,
     term_record,
     until,
@@ -58,16 +56,6 @@ async def _append_all(cluster: Cluster, via: Broker, tag: str, n: int, acked: by
         resp = await _append(cluster, via, data)
         assert (resp.commit.begin, resp.commit.end) == (len(acked), len(acked) + len(data))
         acked += data
-
-
-async def _status(b: Broker) -> JournalStatus:
-    """J's status as `b` answers Status over gRPC (what gazctl asks each member)."""
-    channel = grpc.aio.insecure_channel(b.endpoint.removeprefix("http://"))
-    try:
-        [answered] = (await fetch_status(channel, [J], timeout_s=wait_s)).values()
-    finally:
-        await channel.close()
-    return answered
 
 
 async def _committed(b: Broker, acked: bytes) -> None:
@@ -145,7 +133,7 @@ async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_
         await _append_all(cluster, others[0], "a", 5, acked)
         await until("the full member's log was refused", lambda: J in full.quorum.errors)
         assert J not in full.quorum.nodes
-        answered = await _status(full)
+        answered = await member_status(full, J, wait_s)
         cell = state_text(state_of(None, [answered], []))
         assert f"FAILED {broker_name(full)}: log not opened: OSError: " in cell, cell
         assert "No space left on device" in cell, cell
@@ -156,7 +144,7 @@ async def test_a_member_whose_log_cannot_be_opened_for_want_of_room_says_so_and_
         await _committed(full, acked)
         assert J not in full.quorum.errors
         assert full.quorum.restarts[J] >= 1
-        answered = await _status(full)
+        answered = await member_status(full, J, wait_s)
         assert (answered.member, answered.failed) == (broker_name(full), "")  # whole again
         await cluster.stop_broker(others[0])
         await _append_all(cluster, full, "b", 5, acked)
