@@ -99,7 +99,8 @@ typecheck: install
 
 ## pytest: the suite in two phases: every test not marked `serial` on PYTEST_WORKERS processes
 ## (pytest-xdist), then the `serial` ones alone (a whole cluster under faults, with time bounds
-## that assume the machine to themselves). Both phases run; either failing fails the target.
+## that assume the machine to themselves). The second runs unless the first was interrupted or
+## could not run (pytest's exit codes above 1); either failing fails the target.
 ## PYTEST_ARGS (a selection of your own) runs that once instead, in one process.
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider --durations=30
 pytest: install system-deps azurite
@@ -109,6 +110,7 @@ pytest: install system-deps azurite
 	$(if $(strip $(PYTEST_ARGS)),$(PYTEST) $(PYTEST_ARGS),$(PYTEST_PHASES))
 PYTEST_PHASES := rc=0; \
 	$(PYTEST) -n $(PYTEST_WORKERS) --dist worksteal -m "not serial" || rc=$$?; \
+	if [ $$rc -gt 1 ]; then exit $$rc; fi; \
 	$(PYTEST) -m serial || rc=$$?; \
 	exit $$rc
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from broker.allocator import journal_replication
-from broker.keyspace.backend import Backend
+from broker.keyspace.backend import Backend, NoSpaceError
 from broker.keyspace.keyspace import KeySpace
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -72,6 +72,12 @@ async def hand_off(
                     )
                     return True
                 revision = ks.header.revision + 1
+    except NoSpaceError as err:
+        # etcd out of space refuses the announcement: the allocator could not move the
+        # journals anyway. The broker stops without handing them off (its lease's expiry
+        # releases them), as after a hand-off that ran out of time.
+        log.error("broker exiting: hand-off not announced", broker=broker, error=str(err))
+        return False
     except TimeoutError:
         log.warning(
             "broker exiting: journals not handed off in time",

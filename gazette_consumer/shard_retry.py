@@ -36,7 +36,7 @@ import sqlalchemy.exc
 from broker.client.append_errors import AppendRetriesExhaustedError
 from broker.disk_errors import is_disk_full
 from broker.grpc_transport import send_failed
-from broker.keyspace.backend import UnavailableError
+from broker.keyspace.backend import NoSpaceError, UnavailableError
 from broker.protocol.status import GazetteError, JournalNotFoundError
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFencedError
@@ -76,6 +76,10 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     (JournalNotFoundError, Transience.TRANSIENT),
     # etcd unreachable for a while.
     (UnavailableError, Transience.TRANSIENT),
+    # etcd out of space (its NOSPACE alarm): the recovered hints cannot be stored until an
+    # operator makes room; tried again as for a full local disk (one that stays full gives up
+    # as FAILED after the policy's attempts).
+    (NoSpaceError, Transience.TRANSIENT),
     # A SQL store's database restarting or unreachable (connection refused or reset, the server
     # shutting down, SQLite's "database is locked"): the shard recovers from its checkpoint,
     # which the failed transaction never committed. Integrity and programming errors stay

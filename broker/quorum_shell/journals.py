@@ -218,6 +218,9 @@ class QuorumJournals:
         # kept while the open is tried again and until one succeeds (or the journal leaves
         # this broker), so that the member does not look whole meanwhile.
         self.open_failures: dict[str, Exception] = {}
+        # The journals the last observe wanted a node for (assigned here, or kept by their
+        # register): what `_still_wanted` asks.
+        self._wanted: frozenset[str] = frozenset()
         # Journals whose node is being stopped: no new node until its file is closed.
         self._closing: dict[str, asyncio.Task[None]] = {}
         # Journals whose log is being opened (replayed) in a worker thread, and those opened
@@ -308,6 +311,7 @@ class QuorumJournals:
                 # live majority of them elects without waiting for the others to come back.
                 wanted[journal] = registered
         kept = self._keep_registered(wanted)
+        self._wanted = frozenset(wanted)
         for journal in self.errors.keys() | self.open_failures.keys():
             if journal not in wanted:
                 # No longer this broker's: not reported, and opened again if it comes back.
@@ -438,6 +442,16 @@ class QuorumJournals:
             if member is not None and member.spec.process_spec.endpoint:
                 transport.endpoints[name] = member.spec.process_spec.endpoint
 
+    def _still_wanted(self, journal: str, revision: int) -> bool:
+        """Whether an open of `journal`'s log at `revision` that just ended still matters: the
+        broker runs, the journal was not re-created meanwhile, and it is still this broker's
+        as of the last observe (an open that failed after the journal left or was re-created
+        must not leave its error to the next journal of that name, which `observe` could no
+        longer forget)."""
+        if self._stopped or self._revisions.get(journal) != revision:
+            return False
+        return journal in self._wanted
+
     def _forget_open_failure(self, journal: str) -> None:
         self.errors.pop(journal, None)
         self.open_failures.pop(journal, None)
@@ -467,16 +481,24 @@ class QuorumJournals:
                         fsync=self._fsync,
                     )
             except (LogFileCorruptError, MemberDirError, OSError) as err:
-                self.errors[journal] = self.open_failures[journal] = err
-                log.error("quorum log not opened: no node", journal=journal, error=str(err))
-                if is_disk_full(err):  # retried; other errors keep the journal in `errors`
-                    retry = asyncio.get_running_loop().create_task(self._retry_open(journal, err))
-                    self._open_retries.add(retry)
-                    retry.add_done_callback(self._open_retries.discard)
+                if self._still_wanted(journal, revision):
+                    self.errors[journal] = self.open_failures[journal] = err
+                    log.error("quorum log not opened: no node", journal=journal, error=str(err))
+                    if is_disk_full(err):  # retried; other errors keep the journal in `errors`
+                        retry = asyncio.get_running_loop().create_task(
+                            self._retry_open(journal, err)
+                        )
+                        self._open_retries.add(retry)
+                        retry.add_done_callback(self._open_retries.discard)
+                self._opening.pop(journal, None)
+                self.observe()
                 return
             except Exception as err:  # a bug: kept and logged, as the observer raised it before
-                self.errors[journal] = self.open_failures[journal] = err
-                log.exception("quorum log not opened: no node", journal=journal)
+                if self._still_wanted(journal, revision):
+                    self.errors[journal] = self.open_failures[journal] = err
+                    log.exception("quorum log not opened: no node", journal=journal)
+                self._opening.pop(journal, None)
+                self.observe()
                 return
             finally:
                 self._opening.pop(journal, None)

@@ -53,7 +53,7 @@ FILLER_PREFIX = b"/filler/"
 FILLER_VALUE_BYTES = 1 << 20
 # Bound on the filler's puts: the quota is reached well before.
 FILLERS_MAX = 4 * QUOTA_BYTES // FILLER_VALUE_BYTES
-JOURNALS = [f"nospace/j{i}" for i in range(4)]
+JOURNALS = [f"nospace/j{i}" for i in range(6)]
 NEW_JOURNAL = "nospace/new"
 # Bound of each wait on the processes (a lease of 3 s expires, an allocator round runs).
 wait_s = 30.0
@@ -120,7 +120,7 @@ async def _append_all(
 
 async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_recovers() -> None:
     cluster = ProcessCluster(
-        [("zone-a", "broker-a"), ("zone-b", "broker-b")],
+        [("zone-a", "broker-a"), ("zone-b", "broker-b"), ("zone-a", "broker-c")],
         lease_ttl_s=3,
         http_gateway=True,
         etcd_args=[f"--quota-backend-bytes={QUOTA_BYTES}"],
@@ -128,11 +128,11 @@ async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_reco
     async with cluster:
         await cluster.apply([journal_spec(j, 1, cluster.store_url) for j in JOURNALS])
         await cluster.wait_until(cluster.journals_ready(JOURNALS, 1))
-        survivor, victim = cluster.brokers
+        survivor, victim, leaver = cluster.brokers
         kept = [j for j in JOURNALS if cluster.primary(j) is survivor]
-        orphaned = [j for j in JOURNALS if cluster.primary(j) is victim]
-        if not kept or not orphaned:  # the allocator spreads journals over both brokers
-            pytest.fail(f"journals not on both brokers: {kept} {orphaned}")
+        orphaned = [j for j in JOURNALS if cluster.primary(j) in (victim, leaver)]
+        if not kept or len(orphaned) != len(JOURNALS) - len(kept):  # the allocator spreads them
+            pytest.fail(f"journals not on every broker: {kept} {orphaned}")
         acked = {j: bytearray() for j in kept}
         await _append_all(cluster, survivor, acked)
 
@@ -154,9 +154,14 @@ async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_reco
                 NEW_JOURNAL not in _gazctl(survivor, "journals", "list", "--format", "json").stdout
             )
 
+            # A broker asked to stop (SIGTERM) cannot announce its hand-off: it stops all the
+            # same, exit 0, saying why (it ended with the refusal, exit 1).
+            code, _ = await cluster.terminate(leaver)
+            assert code == 0, leaver.log_path.read_text(errors="replace")[-3000:]
+            assert "hand-off not announced" in leaver.log_path.read_text(errors="replace")
             # A broker killed meanwhile: its lease expires (etcd takes the delete), and the
-            # survivor's allocator, leading, cannot reassign its journals. It keeps trying,
-            # and keeps serving.
+            # survivor's allocator, leading now, cannot reassign the journals of either. It
+            # keeps trying, and keeps serving.
             await cluster.kill(victim)
             await cluster.wait_until(cluster.member_gone(victim), wait_s)
             async with asyncio.timeout(wait_s):
@@ -165,10 +170,14 @@ async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_reco
                     await asyncio.sleep(0.1)
             assert survivor.running, "the survivor exited: its allocator gave up"
             await _append_all(cluster, survivor, acked)
-            # A broker started while the alarm lasts exits, saying why.
+            # A broker started while the alarm lasts exits 1, saying why, on one line.
+            logged = victim.log_path.stat().st_size
             with pytest.raises(ProcessClusterError):
                 await cluster.start_broker(victim)
-            said = victim.log_path.read_text(errors="replace")
+            assert victim.returncode == 1
+            with victim.log_path.open("rb") as log:
+                log.seek(logged)
+                said = log.read().decode(errors="replace")
             assert "gazette serve: etcd LeaseGrant: " in said, said
             assert "etcd is out of space" in said and "Traceback" not in said, said
 

@@ -21,7 +21,7 @@ from broker.client.append_errors import (
     DependencyFailedError,
 )
 from broker.client.append_service import AppendService
-from broker.keyspace.backend import UnavailableError
+from broker.keyspace.backend import NoSpaceError, UnavailableError
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.status import (
     IndexHasGreaterOffsetError,
@@ -264,6 +264,12 @@ def _rpc(code: grpc.StatusCode, details: str | None = None) -> grpc.aio.AioRpcEr
         ),
         (
             _failed("playing recovery log", OSError(errno.ENOSPC, "No space left on device")),
+            Transience.TRANSIENT,
+        ),
+        # etcd out of space: a recovering shard cannot store its recovered hints until there
+        # is room (test_e2e_etcd_out_of_space.py); tried again, not FAILED at once.
+        (
+            _failed("storing recovered hints", NoSpaceError("Txn", "database space exceeded")),
             Transience.TRANSIENT,
         ),
         (_failed("store commit", PermissionError(errno.EACCES, "denied")), Transience.PERMANENT),
