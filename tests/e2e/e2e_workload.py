@@ -29,9 +29,11 @@ from broker.client.appender import append
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.fragment.stores.file_store import PARTIAL_PREFIX
+from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
+from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 
 requires_etcd = pytest.mark.skipif(
     shutil.which("etcd") is None, reason="etcd not installed: run `make system-deps`"
@@ -80,6 +82,16 @@ def journal_spec(
             refresh_interval=Duration(seconds=1),
         ),
     )
+
+
+async def apply_json_journals(cluster: ProcessCluster, names: Sequence[str]) -> None:
+    """JSON-lines journals (replication 1, uncompressed: a consumer's source and output),
+    applied and ready."""
+    specs = [journal_spec(name, 1, cluster.store_url, codec=pb.NONE) for name in names]
+    for spec in specs:
+        spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
+    await cluster.apply(specs)
+    await cluster.wait_until(cluster.journals_ready(list(names), 1))
 
 
 def record(writer: int, seq: int, journal: str, padding: int = 40) -> bytes:

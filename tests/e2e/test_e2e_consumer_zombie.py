@@ -27,13 +27,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import gazctl, journal_spec, requires_etcd
+from e2e_workload import apply_json_journals, gazctl, requires_etcd
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.append_service import AppendService
 from broker.client.async_append import AsyncAppend
 from broker.protocol import consumer_pb2 as cpb
-from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.etcd_server import EtcdServer
 from broker.testing.process_cluster import ProcessCluster
@@ -117,11 +116,7 @@ async def test_the_newer_primary_fences_the_older_process(
         ProcessCluster([("zone-a", "broker-a1")], lease_ttl_s=3) as cluster,
         EtcdServer(tmp_path / "etcd-b") as etcd_b,
     ):
-        specs = [journal_spec(j, 1, cluster.store_url, codec=pb.NONE) for j in (SOURCE, OUTPUT)]
-        for spec in specs:
-            spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
-        await cluster.apply(specs)
-        await cluster.wait_until(cluster.journals_ready([SOURCE, OUTPUT], 1))
+        await apply_json_journals(cluster, [SOURCE, OUTPUT])
         broker = cluster.brokers[0].endpoint.removeprefix("http://")
 
         def consumer(name: str, etcd: str) -> ConsumerProcess:

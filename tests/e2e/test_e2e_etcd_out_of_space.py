@@ -24,17 +24,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_workload import gazctl, journal_spec, requires_etcd
+from e2e_workload import apply_json_journals, gazctl, journal_spec, requires_etcd
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append
 from broker.keyspace.backend import NoSpaceError
 from broker.keyspace.etcd import EtcdBackend
 from broker.protocol import consumer_pb2 as cpb
-from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster, ProcessClusterError
-from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.shard_client import ShardClient
 from gazette_consumer.shard_client import upsert as shard_upsert
 from tests.broker.test_spool_recovery_serve import read_exactly
@@ -240,11 +238,7 @@ async def test_a_consumer_keeps_serving_while_etcd_is_full_and_its_status_shows_
         etcd_args=[f"--quota-backend-bytes={QUOTA_BYTES}"],
     )
     async with cluster:
-        specs = [journal_spec(j, 1, cluster.store_url, codec=pb.NONE) for j in (SOURCE, OUTPUT)]
-        for spec in specs:
-            spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
-        await cluster.apply(specs)
-        await cluster.wait_until(cluster.journals_ready([SOURCE, OUTPUT], 1))
+        await apply_json_journals(cluster, [SOURCE, OUTPUT])
         broker = cluster.brokers[0].endpoint.removeprefix("http://")
         log_path = tmp_path / "consumer.log"
         consumer = ConsumerProcess(
