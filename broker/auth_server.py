@@ -21,9 +21,9 @@ A selector is matched against a journal's labels plus its meta-labels ("name", a
 each '/'), with "prefix" selector labels read as name prefixes, exactly as List selects.
 
 Streams that outlive their token (a blocking Read, a List watch) are ended at its expiry with
-UNAUTHENTICATED; the client re-authorizes and resumes. Appends and Replicate streams are checked
-when they start only: cutting a pipeline or an append mid-way would fail work that was
-authorized when it began.
+UNAUTHENTICATED, after any response being written (never cut half-way); the client
+re-authorizes and resumes. Appends and Replicate streams are checked when they start only:
+cutting a pipeline or an append mid-way would fail work that was authorized when it began.
 
 Handlers run with the verified claims in `broker.auth.verified_claims`, so that requests the
 broker proxies on carry the caller's claims (re-signed), not the broker's own power.
@@ -147,7 +147,7 @@ class AuthInterceptor(TokenInterceptor):
                 responses = self._until_expiry(inner(request, context), claims, context)
                 await write_responses(responses, context, journal=request.journal)
             else:
-                await self._within_expiry(inner(request, context), claims, context)
+                await self._within_expiry(inner, request, claims, context)
 
         return rebuild_handler(handler, read)
 
@@ -262,20 +262,62 @@ class AuthInterceptor(TokenInterceptor):
         finally:
             await responses.aclose()  # type: ignore[attr-defined]
 
-    async def _within_expiry(self, handling: Awaitable[None], claims: Claims, context: Any) -> None:
-        """Await `handling` (a streaming handler that writes its responses) until the claims
-        expire; then end the RPC with UNAUTHENTICATED. The deadline covers the whole call, a
-        write in progress included, as Gazette's context deadline does: grpc.aio then delivers
-        the messages already sent, and the status after them."""
+    async def _within_expiry(
+        self, handler: Callable[[Any, Any], Awaitable[None]], request: Any, claims: Claims,
+        context: Any,
+    ) -> None:  # fmt: skip
+        """Run `handler` (a streaming handler that writes its responses) until the claims
+        expire; then end the RPC with UNAUTHENTICATED, after the messages already written.
+
+        The expiry never cuts a write: one in progress completes first (`_WritesBeforeExpiry`).
+        grpc.aio cannot end a call whose write was cancelled: until the first write completes
+        it has not recorded the initial metadata as sent, so the status it sends next carries
+        them again, core refuses that batch (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS), and the
+        client waits forever. A write that flow control holds completes when the client reads
+        on, or fails when it goes away, as without authorization."""
         deadline = asyncio.get_running_loop().time() + (claims.expires_at - self._clock())
         timeout = asyncio.timeout_at(deadline)
         try:
             async with timeout:
-                await handling
+                await handler(request, _WritesBeforeExpiry(context, timeout, deadline))
         except TimeoutError:
             if not timeout.expired():
                 raise
             await abort_expired(context)
+        except _ExpiredBeforeWrite:
+            await abort_expired(context)
+
+
+class _ExpiredBeforeWrite(Exception):
+    """The claims expired before a write began (raised into the handler in place of it)."""
+
+
+class _WritesBeforeExpiry:
+    """A servicer context whose writes the expiry `timeout` waits for: put off while a write is
+    in progress, and set back to `deadline` after it (due at once if that has passed). A write
+    begun after the deadline raises _ExpiredBeforeWrite instead: back-to-back writes would
+    otherwise put the expiry off for as long as there is content to send. Everything else is
+    the wrapped context's."""
+
+    def __init__(self, context: Any, timeout: asyncio.Timeout, deadline: float) -> None:
+        self._context = context
+        self._timeout = timeout
+        self._deadline = deadline
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def write(self, message: Any) -> None:
+        if self._timeout.expired():  # The handler writes on while it is being cancelled.
+            await self._context.write(message)
+            return
+        self._timeout.reschedule(None)
+        if asyncio.get_running_loop().time() >= self._deadline:
+            raise _ExpiredBeforeWrite()
+        try:
+            await self._context.write(message)
+        finally:
+            self._timeout.reschedule(self._deadline)
 
 
 class ResolverScope:

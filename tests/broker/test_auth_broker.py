@@ -4,6 +4,7 @@ streams end when their token expires; the HTTP gateway and environment-configure
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 
@@ -38,6 +39,7 @@ from broker.client.route_cache import ChannelPool
 from broker.http_gateway import HttpGateway
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pbg
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import JournalNotFoundError, OffsetNotYetAvailableError
 from broker.server import Broker
@@ -49,6 +51,7 @@ SIGNER = KeyedAuth([KEY])
 FORGER = KeyedAuth([OTHER_KEY])
 J = "auth/journal"
 OTHER = "other/journal"
+EXPIRED = {"reason": "expired"}
 
 
 def token(capability: int, selector: str = "", *, signer: KeyedAuth = SIGNER) -> str:
@@ -304,3 +307,33 @@ async def test_a_refused_append_reports_its_status_however_much_the_client_strea
     ]
     assert outcomes == expected * 30
     assert await read_all(b, J) == b""
+
+
+async def test_a_read_whose_token_expires_during_a_held_write_ends_after_it(
+    cluster: Cluster,
+) -> None:
+    # The client does not read while its token expires, so the broker is inside a write that
+    # flow control holds. Once the client reads on, it gets what was sent, then the status.
+    # (tests/broker/test_auth_expiry_writes.py: why the expiry must not cut the write.)
+    b = await start(cluster)
+    await cluster.create(journal_spec(J), [b])
+    data = bytes(range(256)) * (4 * 64 * 1024)  # 64 MiB: more than any flow-control window.
+    await append(b, token(APPEND), J, data)
+    expired_before = value_of("gazette_auth_rejections_total", EXPIRED)
+    expires_at = int(time.time()) + 1
+    short = SIGNER.sign(Claims(READ, expires_at=expires_at), 60)
+    interceptors = client_interceptors(TokenAuthorizer(short))
+    target = b.endpoint.removeprefix("http://")
+    async with grpc.aio.insecure_channel(target, interceptors=interceptors) as channel:
+        call = pbg.JournalStub(channel).Read(pb.ReadRequest(journal=J, offset=0, block=True))
+        assert (await call.read()).status == pb.OK  # The metadata response: the read is served.
+        await asyncio.sleep(expires_at - time.time() + 0.2)  # Until the token has expired.
+        got = b""
+        with pytest.raises(grpc.aio.AioRpcError) as expired:
+            while True:
+                response = await asyncio.wait_for(call.read(), 30)
+                assert response is not grpc.aio.EOF, "the read ended without a status"
+                got += response.content
+        assert expired.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert data.startswith(got) and 0 < len(got) < len(data)
+    assert value_of("gazette_auth_rejections_total", EXPIRED) == expired_before + 1
