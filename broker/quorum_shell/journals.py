@@ -470,47 +470,46 @@ class QuorumJournals:
 
         async def open_log() -> None:
             try:
-                async with self._replaying:
-                    opened = await asyncio.to_thread(
-                        open_member_log,
-                        data_dir,
-                        journal,
-                        self.name,
-                        incarnation,
-                        registry,
-                        fsync=self._fsync,
-                    )
-            except (LogFileCorruptError, MemberDirError, OSError) as err:
-                if self._still_wanted(journal, revision):
-                    self.errors[journal] = self.open_failures[journal] = err
-                    log.error("quorum log not opened: no node", journal=journal, error=str(err))
-                    if is_disk_full(err):  # retried; other errors keep the journal in `errors`
-                        retry = asyncio.get_running_loop().create_task(
-                            self._retry_open(journal, err)
+                try:
+                    async with self._replaying:
+                        opened = await asyncio.to_thread(
+                            open_member_log,
+                            data_dir,
+                            journal,
+                            self.name,
+                            incarnation,
+                            registry,
+                            fsync=self._fsync,
                         )
-                        self._open_retries.add(retry)
-                        retry.add_done_callback(self._open_retries.discard)
-                self._opening.pop(journal, None)
-                self.observe()
-                return
-            except Exception as err:  # a bug: kept and logged, as the observer raised it before
-                if self._still_wanted(journal, revision):
-                    self.errors[journal] = self.open_failures[journal] = err
-                    log.exception("quorum log not opened: no node", journal=journal)
-                self._opening.pop(journal, None)
-                self.observe()
-                return
-            finally:
-                self._opening.pop(journal, None)
-            if self._stopped or self._revisions.get(journal) != revision:
-                opened[0].close()  # stopped, or re-created meanwhile: opened again if wanted
+                finally:
+                    self._opening.pop(journal, None)
+            except Exception as err:
+                self._open_failed(journal, revision, err)
             else:
-                self._opened[journal] = opened
-                self.open_failures.pop(journal, None)
+                if self._stopped or self._revisions.get(journal) != revision:
+                    opened[0].close()  # stopped, or re-created meanwhile: opened again if wanted
+                else:
+                    self._opened[journal] = opened
+                    self.open_failures.pop(journal, None)
             self.observe()
 
         # Not cancelled by stop(): the thread could not be, and its file must be closed.
         self._opening[journal] = asyncio.get_running_loop().create_task(open_log())
+
+    def _open_failed(self, journal: str, revision: int, err: Exception) -> None:
+        """Keep the error of a log that could not be opened (no node), unless its journal has
+        left meanwhile or been re-created; a full disk is retried. Called in the `except`."""
+        if not self._still_wanted(journal, revision):
+            return
+        self.errors[journal] = self.open_failures[journal] = err
+        if not isinstance(err, (LogFileCorruptError, MemberDirError, OSError)):
+            log.exception("quorum log not opened: no node", journal=journal)  # a bug
+            return
+        log.error("quorum log not opened: no node", journal=journal, error=str(err))
+        if is_disk_full(err):  # retried; other errors keep the journal in `errors`
+            retry = asyncio.get_running_loop().create_task(self._retry_open(journal, err))
+            self._open_retries.add(retry)
+            retry.add_done_callback(self._open_retries.discard)
 
     def _discard_opened(self, journal: str) -> None:
         opened = self._opened.pop(journal, None)
