@@ -37,18 +37,16 @@ from typing import Final, NamedTuple
 import grpc
 import grpc.aio
 
+from broker.apply_txn import apply_txn
 from broker.keyspace.backend import (
     Backend,
-    BackendFailedError,
     Compare,
     CompareResult,
     CompareTarget,
     Header,
     KeySpaceError,
-    NoSpaceError,
     OpDelete,
     OpPut,
-    UnavailableError,
 )
 from broker.keyspace.keyspace import Entry, KeySpace
 from broker.loop_slices import LoopSlices, loop_hold_s_max
@@ -318,29 +316,14 @@ class ListApplyAPI:
                 compares.append(
                     Compare(key, CompareTarget.MOD, CompareResult.EQUAL, change.expect_mod_revision)
                 )
-        try:
-            txn = await self._backend.txn(compares, ops)
-        except NoSpaceError as err:
-            # Nothing was written; a retry is refused alike until an operator acts.
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"etcd transaction: {err}")
-        except (UnavailableError, BackendFailedError) as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
-        except KeySpaceError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"etcd transaction: {err}")
-        revision = txn.header.revision
-        if not txn.succeeded:
+        succeeded, revision = await apply_txn(
+            self._backend, self._ks, compares, ops, context,
+            revision_wait_s=self._revision_wait_s, viewer="this broker",
+        )  # fmt: skip
+        if not succeeded:
             return pb.ApplyResponse(
                 status=pb.ETCD_TRANSACTION_FAILED, header=self._header(revision)
             )
-        if ops:
-            try:
-                await self._ks.wait_for_revision(revision, self._revision_wait_s)
-            except (TimeoutError, KeySpaceError) as err:
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"applied at revision {revision}, but this broker's view of etcd did not"
-                    f" catch up: {err}",
-                )
         return pb.ApplyResponse(status=pb.OK, header=self._header(revision))
 
 

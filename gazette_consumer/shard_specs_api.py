@@ -36,18 +36,16 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from broker.apply_txn import apply_txn
 from broker.keyspace.backend import (
     Backend,
-    BackendFailedError,
     Compare,
     CompareResult,
     CompareTarget,
     KeySpaceError,
-    NoSpaceError,
     OpDelete,
     OpGet,
     OpPut,
-    UnavailableError,
 )
 from broker.keyspace.keyspace import KeySpace
 from broker.loop_slices import LoopSlices
@@ -302,26 +300,10 @@ class ShardSpecsAPI:
         self, compares: list[Compare], ops: list[OpPut | OpDelete], context: Context
     ) -> tuple[bool, int]:
         """Run one guarded transaction; once it applied, wait until the mirror shows it."""
-        try:
-            txn = await self._backend.txn(compares, ops)
-        except NoSpaceError as err:
-            # Nothing was written; a retry is refused alike until an operator acts.
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"etcd transaction: {err}")
-        except (UnavailableError, BackendFailedError) as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd transaction: {err}")
-        except KeySpaceError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"etcd transaction: {err}")
-        revision = txn.header.revision
-        if txn.succeeded and ops:
-            try:
-                await self._ks.wait_for_revision(revision, self._revision_wait_s)
-            except (TimeoutError, KeySpaceError) as err:
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"applied at revision {revision}, but this consumer's view of etcd did not"
-                    f" catch up: {err}",
-                )
-        return txn.succeeded, revision
+        return await apply_txn(
+            self._backend, self._ks, compares, ops, context,
+            revision_wait_s=self._revision_wait_s, viewer="this consumer",
+        )  # fmt: skip
 
     # --- Unassign ---
 
