@@ -86,6 +86,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.replicate_api",
             "broker.fragments_api",
             "broker.list_apply_api",
+            "broker.apply_txn",
             "broker.service_handlers",
             "broker.journal_service",
             "broker.http_gateway",
