@@ -101,7 +101,8 @@ def state_of(
     change is not settled); `election` is "leader" (one is appointed), "electing" (none yet)
     or "blocked" (a member's coordinator found too many members lost), with the blocked term,
     lost members and voters needed; `kept`: members whose node runs only for the register;
-    `failed`: members whose node stopped, and why (started again after a back-off)."""
+    `failed`: members whose node stopped, and why (started again after a back-off);
+    `register_errors`: members whose last term register request failed, and why."""
     term = register.term if register is not None else 0
     leader = register.leader if register is not None else ""
     state: dict[str, Any] = {"term": term, "leader": leader}
@@ -135,6 +136,13 @@ def state_of(
     failed = {m.member: m.failed for m in sorted(members, key=lambda m: m.member) if m.failed}
     if failed:
         state["failed"] = failed
+    register_errors = {
+        m.member: m.register_error
+        for m in sorted(members, key=lambda m: m.member)
+        if m.register_error
+    }
+    if register_errors:
+        state["register_errors"] = register_errors
     if unanswered:
         state["unanswered"] = sorted(unanswered)
     return state

@@ -22,6 +22,8 @@ def state_text(state: dict[str, Any]) -> str:
         text += f" kept {','.join(state['kept'])}"
     for member, why in state.get("failed", {}).items():
         text += f" FAILED {member}: {why}"
+    for member, why in state.get("register_errors", {}).items():
+        text += f" TERM REGISTER {member}: {why}"
     if state.get("unanswered"):
         text += f" (unanswered {','.join(state['unanswered'])})"
     return text

@@ -163,7 +163,8 @@ class QuorumNode:
         # nor leads) and the error is kept for its owner.
         self.failure: ProtocolError | LogWriteError | None = None
         self.failed = asyncio.Event()  # set with `failure` (what the node's owner waits on)
-        self.register_error: Exception | None = None  # the last failed register request
+        # Why the last register request failed; None once one succeeds (status.py shows it).
+        self.register_error: Exception | None = None
         # Set whenever the cores may have changed (a message, a tick, an answer): observers
         # (tests, metrics) wait on it rather than polling.
         self.progress = asyncio.Event()
@@ -480,6 +481,7 @@ class QuorumNode:
         while True:
             try:
                 reply = await self._register.answer(RegisterRead(self.coordinator.name, 0))
+                self.register_error = None
                 return reply.current.record.term
             except (KeySpaceError, TermRecordDecodeError) as err:
                 self.register_error = err
@@ -496,6 +498,7 @@ class QuorumNode:
             self.register_error = err
             log.warning("quorum term register", journal=self.journal, error=str(err))
             return
+        self.register_error = None
         if self.failure is None:
             self.coordinator.handle(reply, self.now())
             self._flush()

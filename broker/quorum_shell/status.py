@@ -16,7 +16,9 @@ at most `status_journals_max` journals; the answer holds, per journal:
   it), whether the node is *kept* only because the term register names this member, the
   journal not being assigned here (journals.py), and why the node *failed*, if it stopped
   (its log could not be written: the broker starts it again after a back-off), or why there is
-  no node (its log could not be opened: "log not opened: ..."). Only a member knows these, so
+  no node (its log could not be opened: "log not opened: ..."), and why its last request to
+  the term register failed (an election that cannot finish: etcd out of space or
+  unreachable). Only a member knows these, so
   a client asks every member (gazctl asks the route's and the register's).
 
 Sans-IO codec and view here; `status_handler` serves it, `fetch_status` calls it.
@@ -77,6 +79,9 @@ class JournalStatus:
     # disk: the broker starts it again after a back-off), or an impossible message; or why it
     # has none ("log not opened: ...").
     failed: str = ""
+    # Why this member's last request to the term register failed ("" if it succeeded): an
+    # election that does not finish says why (etcd out of space or unreachable).
+    register_error: str = ""
     previous: tuple[str, ...] = ()  # the register's, while an ensemble change is not settled
     # (member, endpoint) of the members the register names, as their BrokerSpecs announce
     # them (those not announced are left out).
@@ -127,7 +132,12 @@ def journal_status(
         blocked=None if blocked is None else _blocked(blocked),
         kept=node.kept_unassigned,
         failed="" if node.failure is None else f"{type(node.failure).__name__}: {node.failure}",
+        register_error=_why(node.register_error),
     )
+
+
+def _why(err: Exception | None) -> str:
+    return "" if err is None else f"{type(err).__name__}: {err}"
 
 
 def _endpoints(
@@ -193,6 +203,8 @@ def encode_response(statuses: Sequence[JournalStatus]) -> bytes:
                 doc["kept"] = True
             if s.failed:  # likewise
                 doc["failed"] = s.failed
+            if s.register_error:  # likewise
+                doc["register_error"] = s.register_error
         if s.blocked is not None:
             b = s.blocked
             doc["blocked"] = {
@@ -223,6 +235,7 @@ def decode_response(raw: bytes) -> dict[str, JournalStatus]:
                 lost=_typed(d.get("lost", False), bool),
                 kept=_typed(d.get("kept", False), bool),
                 failed=_typed(d.get("failed", ""), str),
+                register_error=_typed(d.get("register_error", ""), str),
                 previous=tuple(_typed(m, str) for m in d.get("previous", ())),
                 endpoints=tuple(
                     (_typed(m, str), _typed(e, str))

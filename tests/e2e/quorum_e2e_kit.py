@@ -37,11 +37,17 @@ async def quorum_cluster(
     extra_args: Sequence[str] = (),
     http_gateway: bool = False,
     fragment_length: int = 1 << 20,
+    etcd_args: Sequence[str] = (),
 ) -> AsyncIterator[ProcessCluster]:
     """Three broker processes on etcd (two zones), and `journal` at R=3 in quorum mode, ready
-    on all three (`extra_args` for `gazette serve`, fragments of `fragment_length`)."""
+    on all three (`extra_args` for `gazette serve`, fragments of `fragment_length`, etcd
+    started with `etcd_args`)."""
     async with ProcessCluster(
-        THREE_BROKERS, lease_ttl_s=LEASE_TTL_S, extra_args=extra_args, http_gateway=http_gateway
+        THREE_BROKERS,
+        lease_ttl_s=LEASE_TTL_S,
+        extra_args=extra_args,
+        http_gateway=http_gateway,
+        etcd_args=etcd_args,
     ) as c:
         spec = journal_spec(journal, 3, c.store_url, length=fragment_length)
         spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))

@@ -17,18 +17,16 @@ the orphaned journals again: they take appends, and nothing acknowledged was los
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import aiohttp
 import pytest
 from e2e_workload import apply_json_journals, gazctl, journal_spec, requires_etcd
+from etcd_space_kit import QUOTA_ARGS, fill, make_room, requires_etcdctl
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append
-from broker.keyspace.backend import NoSpaceError
 from broker.keyspace.etcd import EtcdBackend
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
@@ -41,16 +39,9 @@ from tests.gazette_consumer.consumer_testkit import ConsumerProcess, stat_throug
 pytestmark = [
     pytest.mark.etcd,
     requires_etcd,
-    pytest.mark.skipif(
-        shutil.which("etcdctl") is None, reason="etcdctl not installed: run `make system-deps`"
-    ),
+    requires_etcdctl,
 ]
 
-QUOTA_BYTES = 4 << 20
-FILLER_PREFIX = b"/filler/"
-FILLER_VALUE_BYTES = 1 << 20
-# Bound on the filler's puts: the quota is reached well before.
-FILLERS_MAX = 4 * QUOTA_BYTES // FILLER_VALUE_BYTES
 JOURNALS = [f"nospace/j{i}" for i in range(6)]
 NEW_JOURNAL = "nospace/new"
 # Bound of each wait on the processes (a lease of 3 s expires, an allocator round runs).
@@ -61,35 +52,12 @@ def _gazctl(b: BrokerProcess, *args: str, stdin: str = "") -> subprocess.Complet
     return gazctl("--broker", b.endpoint.removeprefix("http://"), *args, stdin=stdin)
 
 
-def _etcdctl(cluster: ProcessCluster, *args: str) -> str:
-    done = subprocess.run(
-        ["etcdctl", "--endpoints", cluster.etcd.endpoint, *args],
-        capture_output=True,
-        text=True,
-        timeout=wait_s,
-        check=True,
-        env={**os.environ, "ETCDCTL_API": "3"},
-    )
-    return done.stdout
-
-
 def _new_journal_yaml(cluster: ProcessCluster) -> str:
     return (
         f"name: {NEW_JOURNAL}\nreplication: 1\n"
         "fragment: {length: 1048576, compression_codec: NONE, refresh_interval: 1s,"
         f" stores: ['{cluster.store_url}']}}\n"
     )
-
-
-async def _fill(admin: EtcdBackend) -> NoSpaceError:
-    """Put FILLER_VALUE_BYTES values until etcd refuses one for want of space; that refusal."""
-    value = os.urandom(FILLER_VALUE_BYTES)
-    for i in range(FILLERS_MAX):
-        try:
-            await admin.put(FILLER_PREFIX + str(i).encode(), value)
-        except NoSpaceError as err:
-            return err
-    raise AssertionError(f"{FILLERS_MAX} puts of {FILLER_VALUE_BYTES} bytes all fit")
 
 
 async def _no_space_rounds(b: BrokerProcess) -> float:
@@ -121,7 +89,7 @@ async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_reco
         [("zone-a", "broker-a"), ("zone-b", "broker-b"), ("zone-a", "broker-c")],
         lease_ttl_s=3,
         http_gateway=True,
-        etcd_args=[f"--quota-backend-bytes={QUOTA_BYTES}"],
+        etcd_args=QUOTA_ARGS,
     )
     async with cluster:
         await cluster.apply([journal_spec(j, 1, cluster.store_url) for j in JOURNALS])
@@ -136,7 +104,7 @@ async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_reco
 
         admin = EtcdBackend([cluster.etcd.endpoint])
         try:
-            refused = await _fill(admin)
+            refused = await fill(admin)
             assert "etcdctl alarm disarm" in str(refused), refused
 
             # The data plane goes on.
@@ -181,11 +149,7 @@ async def test_a_full_etcd_keeps_the_data_plane_refuses_changes_clearly_and_reco
 
             # The operator makes room: the filler goes, etcd is compacted, defragmented and
             # disarmed.
-            header, _ = await admin.delete(FILLER_PREFIX, FILLER_PREFIX[:-1] + b"0")
-            _etcdctl(cluster, "compact", str(header.revision))
-            _etcdctl(cluster, "defrag")
-            _etcdctl(cluster, "alarm", "disarm")
-            assert _etcdctl(cluster, "alarm", "list").strip() == ""
+            await make_room(cluster, admin)
         finally:
             await admin.close()
 
@@ -235,7 +199,7 @@ async def test_a_consumer_keeps_serving_while_etcd_is_full_and_its_status_shows_
     cluster = ProcessCluster(
         [("zone-a", "broker-a")],
         lease_ttl_s=3,
-        etcd_args=[f"--quota-backend-bytes={QUOTA_BYTES}"],
+        etcd_args=QUOTA_ARGS,
     )
     async with cluster:
         await apply_json_journals(cluster, [SOURCE, OUTPUT])
@@ -269,7 +233,7 @@ async def test_a_consumer_keeps_serving_while_etcd_is_full_and_its_status_shows_
             first = await append(client, pb.AppendRequest(journal=SOURCE), b'{"key": "red"}\n')
             await stat_through(consumer, SHARD, {SOURCE: first.commit.end})
 
-            await _fill(admin)
+            await fill(admin)
             space = (
                 f"shards:\n- id: nospace-001\n  max_txn_duration: 1s\n"
                 f"  sources:\n  - journal: {SOURCE}\n"
@@ -283,10 +247,7 @@ async def test_a_consumer_keeps_serving_while_etcd_is_full_and_its_status_shows_
             await _log_says(log_path, "shard status write refused", times=2)
             assert consumer.running, "the consumer process gave up"
 
-            header, _ = await admin.delete(FILLER_PREFIX, FILLER_PREFIX[:-1] + b"0")
-            _etcdctl(cluster, "compact", str(header.revision))
-            _etcdctl(cluster, "defrag")
-            _etcdctl(cluster, "alarm", "disarm")
+            await make_room(cluster, admin)
             async with asyncio.timeout(wait_s), ShardClient(consumer.endpoint) as shards:
                 while True:
                     listed = await shards.list_shards()
