@@ -165,6 +165,8 @@ class QuorumNode:
         self.failed = asyncio.Event()  # set with `failure` (what the node's owner waits on)
         # Why the last register request failed; None once one succeeds (status.py shows it).
         self.register_error: Exception | None = None
+        self._register_requests = 0  # register requests sent so far
+        self._register_outcome_of = 0  # the request whose outcome register_error is
         # Set whenever the cores may have changed (a message, a tick, an answer): observers
         # (tests, metrics) wait on it rather than polling.
         self.progress = asyncio.Event()
@@ -479,12 +481,13 @@ class QuorumNode:
         giving up (the member must not take part below it); the last error is kept."""
         backoff = join_backoff_initial_s
         while True:
+            sent = self._register_sent()
             try:
                 reply = await self._register.answer(RegisterRead(self.coordinator.name, 0))
-                self.register_error = None
+                self._register_outcome(sent, None)
                 return reply.current.record.term
             except (KeySpaceError, TermRecordDecodeError) as err:
-                self.register_error = err
+                self._register_outcome(sent, err)
                 log.warning("quorum term register", journal=self.journal, error=str(err))
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, join_backoff_max_s)
@@ -492,16 +495,32 @@ class QuorumNode:
     async def _ask_register(self, request: RegisterRead | RegisterCas) -> None:
         # A failed request is not retried here: the coordinator re-sends it on its bounded
         # backoff. The error is kept (and logged) for the node's owner to report.
+        sent = self._register_sent()
         try:
             reply = await self._register.answer(request)
         except (KeySpaceError, TermRecordDecodeError) as err:
-            self.register_error = err
+            self._register_outcome(sent, err)
             log.warning("quorum term register", journal=self.journal, error=str(err))
             return
-        self.register_error = None
+        self._register_outcome(sent, None)
         if self.failure is None:
             self.coordinator.handle(reply, self.now())
             self._flush()
+
+    def _register_sent(self) -> int:
+        """The sequence number of a register request being sent (see _register_outcome)."""
+        self._register_requests += 1
+        return self._register_requests
+
+    def _register_outcome(self, sent: int, err: Exception | None) -> None:
+        """Keep the outcome of request `sent` as `register_error`, unless a request sent after
+        it has already ended: requests overlap (the coordinator re-sends one every backoff
+        while an earlier one may wait for etcd's timeout), and the outcome to show is the
+        newest, not the last to end (a stale timeout shown on a healthy journal)."""
+        if sent < self._register_outcome_of:
+            return
+        self._register_outcome_of = sent
+        self.register_error = err
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

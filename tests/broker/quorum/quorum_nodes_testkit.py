@@ -19,7 +19,7 @@ from broker.quorum.errors import NotLeaderError
 from broker.quorum_shell.journals import open_member_log
 from broker.quorum_shell.member_dir import load_incarnation
 from broker.quorum_shell.member_registry import MemberRegistry
-from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode
+from broker.quorum_shell.node import COORDINATOR_SUFFIX, QuorumNode, Register
 from broker.quorum_shell.term_register import KeyspaceTermRegister
 from broker.quorum_shell.transport import GrpcTransport, Receiver, deliver_handler
 
@@ -66,11 +66,13 @@ class Cluster:
         mark_lost: bool = True,
         ensemble: tuple[str, ...] = NAMES,
         unknown: frozenset[str] = frozenset(),
+        register: Callable[[Register], Register] = lambda r: r,
     ) -> QuorumNode:
         """Start `name`'s node on its data directory. `mark_lost=False` builds it as brokers
         did before lost disks were marked: no joiner, so its member always votes. `ensemble`:
         the one its broker would start it with (its route). `unknown`: message types its
-        server refuses as a broker of an earlier version, without them, does."""
+        server refuses as a broker of an earlier version, without them, does. `register`
+        wraps its term register (faults between the node and etcd)."""
         server = grpc.aio.server()
         port = server.add_insecure_port(f"127.0.0.1:{self.ports.get(name, 0)}")
         self.ports[name] = port
@@ -83,7 +85,7 @@ class Cluster:
             J,
             name,
             ensemble,
-            KeyspaceTermRegister(backend, ROOT, J, ensemble, self.journal_revision),
+            register(KeyspaceTermRegister(backend, ROOT, J, ensemble, self.journal_revision)),
             transport,
             seed=len(self.ports),
             log_file=log_file,
