@@ -24,9 +24,12 @@ TOKEN_EXPIRES_AT = int(time.time()) + 3600
 EXPIRES_IN_S = 0.5
 PAST_EXPIRY_S = 1.0  # How long after EXPIRES_IN_S the client waits, or the handler stalls.
 READ_WAIT_S = 10.0
-# One response larger than the client's flow-control window before it reads (and under its
-# 4 MiB message limit): its write is held until the client reads.
-HELD = pb.ReadResponse(status=pb.OK, offset=0, content=b"c" * (3 << 20))
+# One response far larger than what the client's transport takes in before it reads: its write
+# is held until the client reads (the client's message limit is raised for it).
+HELD = pb.ReadResponse(status=pb.OK, offset=0, content=b"c" * (48 << 20))
+CLIENT_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+# How long after the call started each handler's write completed, by journal.
+written_after_s: dict[str, float] = {}
 IN_FLIGHT = pb.ReadResponse(status=pb.OK, offset=0, content=b"in flight")
 NOT_SENT = pb.ReadResponse(status=pb.OK, offset=0, write_head=7)
 
@@ -47,8 +50,10 @@ def stall_the_event_loop(seconds: float) -> None:
 
 
 async def read(request: pb.ReadRequest, context: Any) -> None:
+    started = time.monotonic()
     if request.journal == "held":
         await context.write(HELD)
+        written_after_s["held"] = time.monotonic() - started
     elif request.journal == "in flight":
         # The write is handed to grpc, then the event loop stalls past the expiry: grpc's
         # completion of the write and the expiry are both due when it runs again.
@@ -84,7 +89,7 @@ async def channel() -> Any:
     interceptors = client_interceptors(TokenAuthorizer(token))
     try:
         async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", interceptors=interceptors
+            f"127.0.0.1:{port}", interceptors=interceptors, options=CLIENT_OPTIONS
         ) as channel:
             yield channel
     finally:
@@ -109,6 +114,7 @@ async def test_a_first_write_held_past_the_expiry_completes_then_the_status_foll
     await asyncio.sleep(EXPIRES_IN_S + PAST_EXPIRY_S)  # The client reads nothing meanwhile.
     assert await asyncio.wait_for(call.read(), READ_WAIT_S) == HELD
     await expired(call)
+    assert written_after_s["held"] > EXPIRES_IN_S  # The write was held past the expiry.
 
 
 async def test_a_write_in_flight_at_the_expiry_completes_then_the_status_follows(
