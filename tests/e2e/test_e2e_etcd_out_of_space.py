@@ -246,6 +246,20 @@ async def test_a_consumer_keeps_serving_while_etcd_is_full_and_its_status_shows_
             # Refused twice (a retry after the longest back-off): the process outlived one.
             await _log_says(log_path, "shard status write refused", times=2)
             assert consumer.running, "the consumer process gave up"
+            # A consumer process started while the alarm lasts cannot take a lease: it exits
+            # 1, saying why on one line (no traceback).
+            late_log = tmp_path / "late-consumer.log"
+            late = ConsumerProcess(
+                [*consumer.args[: consumer.args.index("--id")], "--id", "consumer-b",
+                 *("--port", "0", "--broker", broker)],
+                late_log,
+                env={"COUNTER_DATA_DIR": str(tmp_path / "late-db")},
+            )  # fmt: skip
+            with pytest.raises(ProcessClusterError):
+                await late.start()
+            assert late.returncode == 1, late_log.read_text(errors="replace")[-2000:]
+            said = late_log.read_text(errors="replace")
+            assert "etcd is out of space" in said and "Traceback" not in said, said
 
             await make_room(cluster, admin)
             async with asyncio.timeout(wait_s), ShardClient(consumer.endpoint) as shards:
