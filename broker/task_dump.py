@@ -22,7 +22,8 @@ frames_max: Final = 12
 chain_depth_max: Final = 256
 
 DUMP_SIGNAL: Final = signal.SIGUSR1
-# The dump's last line (what a waiting reader of the log looks for).
+# The start of the dump's first line, and its last line (what a reader of the log looks for).
+BEGIN_MARKER: Final = "--- task dump: "
 END_MARKER: Final = "--- end of task dump ---"
 
 
@@ -35,7 +36,7 @@ def dump_tasks(out: TextIO | None = None) -> int:
     """Write every task of the running loop and its stack to ``out`` (stderr); how many."""
     tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
     buf = io.StringIO()
-    buf.write(f"--- task dump: {len(tasks)} task(s) ---\n")
+    buf.write(f"{BEGIN_MARKER}{len(tasks)} task(s) ---\n")
     for task in tasks:
         buf.write(f"- {task.get_name()}: {task!r:.300}\n")
         for line in _stack_lines(task):

@@ -152,23 +152,25 @@ class ServedProcess:
             async with asyncio.timeout(timeout_s):
                 code = await proc.wait()
         except TimeoutError:
-            dumped = await self._dump_tasks()
+            dump = await self._dump_tasks()
             await self.kill()
-            where = f"its tasks dumped in {self.log_path}" if dumped else "no task dump"
+            # The dump's head holds the main task (what the exit waits on): it goes into the
+            # error whole, up to log_tail_bytes, as the log may not outlive the run.
+            where = f"its tasks dumped in {self.log_path}" if dump else "no task dump"
+            shown = dump[:log_tail_bytes] if dump else self.log_tail()
             raise ServedProcessError(
-                f"{self.name} still running {timeout_s}s after SIGTERM ({where}):\n"
-                f"{self.log_tail()}"
+                f"{self.name} still running {timeout_s}s after SIGTERM ({where}):\n{shown}"
             ) from None
         await self._reap()
         return code
 
-    async def _dump_tasks(self) -> bool:
+    async def _dump_tasks(self) -> str:
         """Ask the running process for its task dump and wait (bounded) until its log holds
-        the dump's end; whether it does. A process without the handler dies of SIGUSR1: it
-        is being killed anyway."""
+        the dump's end; the dump ("" if none came). A process without the handler dies of
+        SIGUSR1: it is being killed anyway."""
         proc = self.process
         if proc is None or proc.returncode is not None:
-            return False
+            return ""
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         proc.send_signal(task_dump.DUMP_SIGNAL)
         loop = asyncio.get_running_loop()
@@ -176,10 +178,13 @@ class ServedProcess:
         while proc.returncode is None and loop.time() < deadline:
             with self.log_path.open("rb") as log:
                 log.seek(start)
-                if task_dump.END_MARKER.encode() in log.read():
-                    return True
+                written = log.read().decode(errors="replace")
+            begin = written.find(task_dump.BEGIN_MARKER)
+            end = written.find(task_dump.END_MARKER, max(begin, 0))
+            if begin >= 0 and end >= 0:
+                return written[begin : end + len(task_dump.END_MARKER)]
             await asyncio.sleep(task_dump_poll_s)
-        return False
+        return ""
 
     def pause(self) -> None:
         """SIGSTOP: it answers nothing (its sockets stay open), and does not know."""

@@ -162,6 +162,9 @@ async def run_soak(config: SoakConfig, out: Callable[[str], None] = print) -> So
                 reader.cancel()
                 await asyncio.gather(publishing, reader, return_exceptions=True)
                 await ctx.close()
+                if any(r.findings for r in records):
+                    stack.keep_logs()
+                    out(f"soak: findings: the logs are kept under {stack.dir}")
     result = SoakResult(
         records=records,
         findings=[(f"{r.index} {r.kind}", f) for r in records for f in r.findings],

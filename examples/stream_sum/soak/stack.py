@@ -134,6 +134,11 @@ class SoakStack:
     def dir(self) -> Path:
         return self.cluster.dir
 
+    def keep_logs(self) -> None:
+        """Keep the cluster's directory (every process's log, the task dumps) after the stack
+        stops: a failed soak's findings point into it."""
+        self.cluster.keep_dir = True
+
     # --- Lifecycle ---
 
     async def start(self) -> None:
