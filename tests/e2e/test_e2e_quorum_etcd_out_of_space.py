@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -46,6 +47,17 @@ def _quorum_state(via: BrokerProcess) -> dict[str, Any]:
     return state
 
 
+async def _until_state(
+    via: BrokerProcess, holds: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The journal's quorum state as `via` lists it, once `holds` is true of it (bounded by
+    wait_s): another process's election offers no event to await, so it is polled."""
+    async with asyncio.timeout(wait_s):
+        while not holds(state := _quorum_state(via)):  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+    return state
+
+
 async def test_a_quorum_journal_waits_for_room_in_etcd_to_elect_and_says_so() -> None:
     async with quorum_cluster(JOURNAL, etcd_args=QUOTA_ARGS) as cluster:
         journal = Journal(cluster, JOURNAL)
@@ -68,10 +80,7 @@ async def test_a_quorum_journal_waits_for_room_in_etcd_to_elect_and_says_so() ->
                     backoff_cap_s=0.1,
                 )
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
-            async with asyncio.timeout(wait_s):
-                # Another process's election offers no event to await: polled.
-                while not (state := _quorum_state(survivors[0])).get("register_errors"):  # noqa: ASYNC110
-                    await asyncio.sleep(0.2)
+            state = await _until_state(survivors[0], lambda s: "register_errors" in s)
             errors = state["register_errors"]
             assert set(errors) <= {f"{b.zone}#{b.suffix}" for b in survivors}, state
             assert all("etcd is out of space" in why for why in errors.values()), errors
@@ -86,11 +95,10 @@ async def test_a_quorum_journal_waits_for_room_in_etcd_to_elect_and_says_so() ->
 
         journal.leader = None
         await journal.append_round("after")  # At the end of everything acknowledged.
-        assert journal.leader in survivors
+        new_leader = journal.leader
+        assert new_leader is not None and new_leader in survivors
         await journal.check_every_member(survivors)
         # The error goes as each member's next register request succeeds (a survivor that
         # lost the election retries its claim within the coordinator's backoff).
-        async with asyncio.timeout(wait_s):
-            while "register_errors" in (state := _quorum_state(journal.leader)):  # noqa: ASYNC110
-                await asyncio.sleep(0.2)
+        state = await _until_state(new_leader, lambda s: "register_errors" not in s)
         assert state["election"] == "leader", state
