@@ -49,7 +49,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.append_rate import TokenBucket
 from broker.fragment.index import FragmentIndex, IndexRefresher
@@ -62,13 +62,15 @@ from broker.fragment.spool_types import RecoveredSpool
 from broker.fragment.stores.registry import StoreRegistry
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
+from broker.slot import Slot as Slot
+from broker.slot import SlotInvalidatedError as SlotInvalidatedError
+from broker.slot import SlotStateError as SlotStateError
 
 if TYPE_CHECKING:
     from broker.pipeline import Pipeline
 
 log = get_logger(__name__)
 
-T = TypeVar("T")
 
 # How long a stopping replica waits for an append to return its pipeline, and for a Replicate
 # stream to return its spool. Both watch for invalidation and give them back promptly; a peer
@@ -105,90 +107,6 @@ def pulse_retry_delay_s(failures: int, interval_s: float) -> float:
         return interval_s
     backoff = pulse_retry_backoff_initial_s * 2.0 ** (failures - 1)
     return min(backoff, pulse_retry_backoff_max_s, interval_s)
-
-
-class SlotInvalidatedError(Exception):
-    """The resolution a caller waited under was invalidated before it could take the value."""
-
-
-class SlotStateError(RuntimeError):
-    """A value was put into an occupied slot: two owners at once, a bug."""
-
-
-class Slot(Generic[T]):
-    """A one-value hand-off (an ``asyncio.Queue(maxsize=1)``): ``take`` waits for the value and
-    makes the caller its owner; the owner gives it back with ``put``."""
-
-    __slots__ = ("_name", "_queue")
-
-    def __init__(self, name: str, value: T) -> None:
-        self._name = name
-        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize=1)
-        self._queue.put_nowait(value)
-
-    @classmethod
-    def empty(cls, name: str) -> Slot[T]:
-        """A slot whose value is handed over later, with ``put``."""
-        slot: Slot[T] = cls.__new__(cls)
-        slot._name = name
-        slot._queue = asyncio.Queue(maxsize=1)
-        return slot
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def available(self) -> bool:
-        return not self._queue.empty()
-
-    def take_nowait(self) -> T | None:
-        """The value if it is there now (the caller owns it), else None."""
-        try:
-            return self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-
-    async def take(self, invalidated: asyncio.Event) -> T:
-        """Wait for the value; raise SlotInvalidatedError if ``invalidated`` is set first.
-
-        The value is never lost: if it arrives in the same instant as the invalidation, or as
-        a cancellation of the caller, it is put back before this returns or raises.
-        """
-        if invalidated.is_set():
-            raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        getter = asyncio.ensure_future(self._queue.get())
-        waiter = asyncio.ensure_future(invalidated.wait())
-        try:
-            await asyncio.wait((getter, waiter), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            # Cancelled: the value stays in (or goes back to) the slot.
-            self._abandon(getter, waiter)
-            raise
-        # From here on nothing awaits: once the value is taken, a cancellation arriving at an
-        # await before it reached the caller would lose it (and with it the journal's pipeline
-        # or spool, for good). The cancelled helpers need not be awaited.
-        # Post-check, as Gazette does: even with the value in hand, an invalidation that became
-        # visible at the same moment wins, so that the caller re-resolves.
-        if getter.done() and not invalidated.is_set():
-            waiter.cancel()
-            return getter.result()
-        self._abandon(getter, waiter)
-        raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
-
-    def _abandon(self, getter: asyncio.Future[T], waiter: asyncio.Future[Any]) -> None:
-        waiter.cancel()
-        getter.cancel()
-        if getter.done() and not getter.cancelled():
-            self._queue.put_nowait(getter.result())
-
-    def put(self, value: T) -> None:
-        """Give the value back (or hand a new one over)."""
-        try:
-            self._queue.put_nowait(value)
-        except asyncio.QueueFull:
-            raise SlotStateError(f"{self._name}: put into an occupied slot") from None
 
 
 async def wait_first(events: Sequence[asyncio.Event], timeout_s: float | None) -> bool:

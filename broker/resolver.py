@@ -33,6 +33,7 @@ from broker.resolve_errors import (  # noqa: F401 (re-exported)
     ResolveError,
     ResolverStoppedError,
 )
+from broker.slot import Signal
 from broker.topology import (
     Decoded,
     JournalItem,
@@ -97,7 +98,8 @@ class _LocalReplica:
     replica: Replica
     # (key, mod revision) of each assignment, to detect changes.
     assignments: list[tuple[bytes, int]]
-    signal: asyncio.Event
+    # Invalidates the resolutions made under the replica's current assignments.
+    signal: Signal
 
 
 def _assignment_keys(entries: list[Entry[Decoded]]) -> list[tuple[bytes, int]]:
@@ -305,14 +307,14 @@ class Resolver:
             if local is None:
                 log.info("starting local journal replica", journal=journal)
                 replica = self._new_replica(journal)
-                local = _LocalReplica(replica, keys, asyncio.Event())
+                local = _LocalReplica(replica, keys, Signal())
                 self._tg.create_task(replica.serve(), name=f"replica {journal}")
                 started.append(journal)
             elif local.assignments != keys:
                 # The route (or its advertised consistency) changed: wake whoever waits under
                 # the old resolution so that they re-resolve.
                 local.signal.set()
-                local.signal = asyncio.Event()
+                local.signal = Signal()
                 local.assignments = keys
             nxt[journal] = local
         self._replicas = nxt

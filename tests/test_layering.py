@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "replica and pipeline",
         (
             "broker.replica",
+            "broker.slot",
             "broker.pipeline",
             "broker.pipeline_sync",
             "broker.peer_dialer",

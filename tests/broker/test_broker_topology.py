@@ -21,6 +21,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
 from broker.protocol.validate import ValidationError, validate_journal_spec
 from broker.replica import Slot, SlotInvalidatedError, SlotStateError, wait_first
+from broker.slot import Signal
 from broker.topology import (
     Assignment,
     JournalItem,
@@ -210,9 +211,14 @@ def test_may_write_and_desired_replication() -> None:
 # --- The one-slot hand-off ----------------------------------------------------------------------
 
 
-async def test_slot_hands_its_value_to_one_owner_at_a_time() -> None:
+# A resolution's invalidation is a Signal (no task per waiter); any other event works too.
+EVENTS = [asyncio.Event, Signal]
+
+
+@pytest.mark.parametrize("event", EVENTS)
+async def test_slot_hands_its_value_to_one_owner_at_a_time(event: type[asyncio.Event]) -> None:
     slot = Slot("test", "value")
-    never = asyncio.Event()
+    never = event()
     assert await slot.take(never) == "value"
     waiter = asyncio.ensure_future(slot.take(never))
     await asyncio.sleep(0)
@@ -224,10 +230,13 @@ async def test_slot_hands_its_value_to_one_owner_at_a_time() -> None:
         slot.put("second owner")
 
 
-async def test_slot_take_is_abandoned_on_invalidation_without_losing_the_value() -> None:
+@pytest.mark.parametrize("event", EVENTS)
+async def test_slot_take_is_abandoned_on_invalidation_without_losing_the_value(
+    event: type[asyncio.Event],
+) -> None:
     slot: Slot[str] = Slot("test", "value")
     assert slot.take_nowait() == "value"
-    invalidated = asyncio.Event()
+    invalidated = event()
     waiter = asyncio.ensure_future(slot.take(invalidated))
     await asyncio.sleep(0)
     # Both happen in the same instant: the invalidation wins, the value stays in the slot.
@@ -238,10 +247,11 @@ async def test_slot_take_is_abandoned_on_invalidation_without_losing_the_value()
     assert slot.take_nowait() == "value"
 
 
-async def test_slot_take_cancelled_puts_a_received_value_back() -> None:
+@pytest.mark.parametrize("event", EVENTS)
+async def test_slot_take_cancelled_puts_a_received_value_back(event: type[asyncio.Event]) -> None:
     slot: Slot[str] = Slot("test", "value")
     assert slot.take_nowait() == "value"
-    waiter = asyncio.ensure_future(slot.take(asyncio.Event()))
+    waiter = asyncio.ensure_future(slot.take(event()))
     await asyncio.sleep(0)
     slot.put("value")
     waiter.cancel()
@@ -250,15 +260,18 @@ async def test_slot_take_cancelled_puts_a_received_value_back() -> None:
     assert slot.take_nowait() == "value"
 
 
+@pytest.mark.parametrize("event", EVENTS)
 @pytest.mark.parametrize("steps", range(8))
-async def test_slot_value_is_never_lost_whenever_the_taker_is_cancelled(steps: int) -> None:
+async def test_slot_value_is_never_lost_whenever_the_taker_is_cancelled(
+    steps: int, event: type[asyncio.Event]
+) -> None:
     # The value arrives, then the taker is cancelled after `steps` turns of the event loop:
     # wherever the cancellation lands, the taker either got the value or it is back in the
     # slot. (A take that awaited again after getting it lost it to a cancellation there: the
     # journal's pipeline was then gone for good, and every later append waited forever.)
     slot: Slot[str] = Slot("test", "value")
     assert slot.take_nowait() == "value"
-    taker = asyncio.ensure_future(slot.take(asyncio.Event()))
+    taker = asyncio.ensure_future(slot.take(event()))
     await asyncio.sleep(0)
     slot.put("value")
     for _ in range(steps):
@@ -270,6 +283,49 @@ async def test_slot_value_is_never_lost_whenever_the_taker_is_cancelled(steps: i
         got = None
     in_slot = slot.take_nowait()
     assert (got, in_slot) in {("value", None), (None, "value")}
+
+
+@pytest.mark.parametrize("event", EVENTS)
+async def test_slot_hands_the_value_to_its_waiters_in_turn(event: type[asyncio.Event]) -> None:
+    # What `put` gives back goes straight to the longest waiter: no one barges in between.
+    slot: Slot[str] = Slot("test", "value")
+    assert slot.take_nowait() == "value"
+    never = event()
+    first = asyncio.ensure_future(slot.take(never))
+    second = asyncio.ensure_future(slot.take(never))
+    await asyncio.sleep(0)
+    slot.put("value")
+    assert slot.take_nowait() is None  # Handed to `first` already.
+    assert await first == "value"
+    assert not second.done()
+    slot.put("value")
+    assert await second == "value"
+
+
+async def test_an_invalidated_waiter_leaves_the_others_their_turn() -> None:
+    slot: Slot[str] = Slot("test", "value")
+    assert slot.take_nowait() == "value"
+    old, new = Signal(), Signal()
+    under_old = asyncio.ensure_future(slot.take(old))
+    under_new = asyncio.ensure_future(slot.take(new))
+    await asyncio.sleep(0)
+    old.set()
+    with pytest.raises(SlotInvalidatedError):
+        await under_old
+    slot.put("value")
+    assert await under_new == "value"
+
+
+async def test_a_take_under_a_signal_waits_without_a_task_of_its_own() -> None:
+    slot: Slot[str] = Slot("test", "value")
+    assert slot.take_nowait() == "value"
+    before = len(asyncio.all_tasks())
+    taker = asyncio.ensure_future(slot.take(Signal()))
+    await asyncio.sleep(0)
+    assert not taker.done()
+    assert len(asyncio.all_tasks()) == before + 1  # The taker alone.
+    slot.put("value")
+    assert await taker == "value"
 
 
 async def test_wait_first() -> None:
