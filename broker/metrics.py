@@ -15,7 +15,7 @@ here blocks or allocates per call beyond prometheus_client's own lock-protected 
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
@@ -219,9 +219,17 @@ AUTH_REJECTIONS: Final = Counter(
 )
 
 
+# APPENDS' child counter of each status (bounded by the enum): `labels()` looks the child up
+# under a lock, by the status's name, on every append.
+_appends_by_status: dict[int, Any] = {}
+
+
 def record_append(status: int, committed_bytes: int = 0) -> None:
     """One Append RPC answered with `status` (a protocol.Status), committing `committed_bytes`."""
-    APPENDS.labels(pb.Status.Name(status)).inc()
+    child = _appends_by_status.get(status)
+    if child is None:
+        child = _appends_by_status[status] = APPENDS.labels(pb.Status.Name(status))
+    child.inc()
     if committed_bytes:
         APPEND_BYTES.inc(committed_bytes)
 

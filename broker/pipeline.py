@@ -227,7 +227,13 @@ class Pipeline:
         peer and by the local spool before a cancellation of the caller (a client that went
         away just after its end of stream) is re-raised. Abandoned half-way, a commit would
         leave replicas holding content their primary rolled back: reads through the primary
-        would stop short of it until a replica persisted it, minutes later."""
+        would stop short of it until a replica persisted it, minutes later.
+
+        With no peer to send to (R=1, or every peer failed), only the local spool takes it,
+        without a wait in which a cancellation could land: no task is needed to shield it."""
+        if not self._sending_peers():
+            self._apply_request_locally(request)
+            return
         task = asyncio.ensure_future(self._scatter(request))
         cancelled = False
         while not task.done():
@@ -245,6 +251,10 @@ class Pipeline:
         await _each(
             [self._send(peer, self._addressed(peer, request)) for peer in self._sending_peers()]
         )
+        self._apply_request_locally(request)
+
+    def _apply_request_locally(self, request: pb.ReplicateRequest) -> None:
+        """Apply a scattered request to the local spool (unless it failed before)."""
         local = self._peers[self._primary]
         if local.send_err is None:
             try:

@@ -20,9 +20,11 @@ their own; their validators are re-exported here, where callers have always foun
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
+from typing import Final
 from urllib.parse import urlsplit
 
 from broker.protocol import consumer_pb2 as cpb
@@ -71,6 +73,17 @@ def split_journal_meta(name: str) -> tuple[str, str]:
 def validate_journal_name(name: str) -> None:
     """A journal name: a clean path of [4, 512] bytes, with an optional ";metadata" segment
     which is itself a clean path of [1, 512] bytes."""
+    _validate_journal_name(name)
+
+
+# Valid names are remembered (a bounded LRU; an invalid name raises, which is not cached, so it
+# is checked again each time): every append checks its journal's name, and a broker serves a
+# bounded set of journals. Checking one costs ~10 us; a hit, a dictionary lookup.
+journal_names_remembered_max: Final = 4096
+
+
+@functools.lru_cache(maxsize=journal_names_remembered_max)
+def _validate_journal_name(name: str) -> None:
     base, meta = split_journal_meta(name)
     validate_path_component(base, JOURNAL_NAME_LEN_MIN, JOURNAL_NAME_LEN_MAX)
     if meta:
@@ -277,9 +290,13 @@ def _fmt_duration(nanos: int) -> str:
     return ("-" if nanos < 0 else "") + text + "s"
 
 
+# Every codec but INVALID; fixed by the protocol (built once: this is on the append path).
+_CODECS: Final = frozenset(v for _, v in pb.CompressionCodec.items() if v != pb.INVALID)
+
+
 def validate_compression_codec(codec: int) -> None:
-    codecs = dict(pb.CompressionCodec.items())
-    if codec == pb.INVALID or codec not in codecs.values():
+    if codec not in _CODECS:
+        codecs = dict(pb.CompressionCodec.items())
         names = ", ".join(name for name in codecs if name != "INVALID")
         shown = next((name for name, value in codecs.items() if value == codec), str(codec))
         raise ValidationError(f"must be one of {names} (got {shown})")
