@@ -18,6 +18,7 @@ import hashlib
 from broker import metrics
 from broker.append_rules import (
     apply_register_updates,
+    complete_despite_cancellation,
     has_register_updates,
     may_write,
     validate_content_chunk,
@@ -163,17 +164,15 @@ class ContentPhase(AppendRun):
             pln.release_spool()
             replica.pipeline_slot.put(None)  # The next append builds a new pipeline.
         try:
-            if send_err is not None:
-                await pln.close_send()
-            # Our turn comes when every append that sent before us has read its responses.
-            await wait_for.wait()
-            await pln.gather_ok()
-            if send_err is not None:
-                await pln.gather_eof()
+            if send_err is not None or not wait_for.is_set() or pln.has_peers_to_read():
+                # Completes even if the client goes away meanwhile: responses left unread
+                # would be taken by the next append for its own.
+                await complete_despite_cancellation(self._read_in_turn(pln, send_err, wait_for))
+            # Else (R=1, our turn already): nothing to read and nothing to wait for.
         finally:
             close_after.set()
-        if send_err is not None:
-            pln.abort_streams()
+            if send_err is not None:
+                pln.abort_streams()
 
         if self.err is not None or self.status != pb.OK:
             self.state = State.ERROR
@@ -192,6 +191,18 @@ class ContentPhase(AppendRun):
             await self._finish_sum()
             metrics.PIPELINE_COMMITS.inc()
             self.state = State.FINISHED
+
+    @staticmethod
+    async def _read_in_turn(
+        pln: Pipeline, send_err: BaseException | None, wait_for: asyncio.Event
+    ) -> None:
+        if send_err is not None:
+            await pln.close_send()
+        # Our turn comes when every append that sent before us has read its responses.
+        await wait_for.wait()
+        await pln.gather_ok()
+        if send_err is not None:
+            await pln.gather_eof()
 
     # --- The append's own sum ---
 

@@ -472,6 +472,13 @@ class Pipeline:
             raise PeerError(f"unexpected message {msg!r}")
         return msg
 
+    def has_peers_to_read(self) -> bool:
+        """Whether ``gather`` has a peer to read from (none at R=1)."""
+        return any(
+            index != self._primary and peer.call is not None and peer.recv_err is None
+            for index, peer in enumerate(self._peers)
+        )
+
     async def gather(self) -> None:
         """Read the next response of every healthy peer (from all at once)."""
         await _each(

@@ -582,6 +582,33 @@ async def test_read_acknowledgements_are_read_in_order_by_pipelined_appends(
     assert local_content(b, J) == (0, b"onetwo")
 
 
+@pytest.mark.parametrize("replication", [1, 2])
+async def test_a_finished_append_has_read_its_own_acknowledgements(
+    cluster: Cluster, replication: int
+) -> None:
+    # Each append reads its replicas' answers before it finishes (at R=1 there is none to
+    # read, and nothing is waited for). One left unread would be taken by the next append
+    # for its own, and the last one would come before the stream's end at close.
+    a = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)
+    await cluster.create(journal_spec(J, replication=replication), [a, b][:replication])
+    for content in (b"one", b"two"):
+        fsm = fsm_of(a)
+        await run_to(fsm, State.STREAM_CONTENT)
+        await finish(fsm, [content])
+        assert fsm.state is State.FINISHED, (fsm.status, fsm.err)
+    pln = replica_of(a, J).pipeline_slot.take_nowait()
+    assert pln is not None and not pln.broken
+    assert pln.has_peers_to_read() is (replication > 1)
+    pln.begin_shutdown()
+    await pln.finish_shutdown(expect_err=False)
+    assert pln.recv_err() is None  # After the close came each peer's end of stream.
+    replica_of(a, J).pipeline_slot.put(None)
+    assert local_content(a, J) == (0, b"onetwo")
+    if replication > 1:
+        assert local_content(b, J) == (0, b"onetwo")
+
+
 async def test_read_acknowledgements_fails_when_a_peer_dies_mid_append(
     cluster: Cluster,
 ) -> None:
