@@ -102,6 +102,25 @@ class _LocalReplica:
     signal: Signal
 
 
+@dataclass(frozen=True)
+class _Routed:
+    """What a journal resolves to at one keyspace revision, whoever asks: read from the mirror
+    once per revision (resolve_cache_journals_max), not on every append."""
+
+    assignments: list[Entry[Decoded]]
+    item: Entry[Decoded] | None
+    spec: pb.JournalSpec | None
+    # The allocator's route, with endpoints; and the route clients are told (leader_route.py).
+    route: pb.Route
+    told: pb.Route
+
+
+# Journals whose routing is kept for the current keyspace revision; past it, the cache starts
+# over. (Every append resolves its journal: about a tenth of a small append's broker time went
+# to reading the same assignments, spec and members from the mirror again.)
+resolve_cache_journals_max = 4096
+
+
 def _assignment_keys(entries: list[Entry[Decoded]]) -> list[tuple[bytes, int]]:
     return [(e.kv.key, e.kv.mod_revision) for e in entries]
 
@@ -134,6 +153,11 @@ class Resolver:
         # replacing one), once `replicas` holds it: a quorum journal's node may run before
         # its replica exists (quorum_shell/journals.py), and its applier waits for this.
         self.replica_started: list[Callable[[str], None]] = []
+        # _Routed by journal, valid at the keyspace revision _routed_revision (and this
+        # broker's ID as of it): nothing in the mirror changes without its revision changing.
+        self._routed: dict[str, _Routed] = {}
+        self._routed_revision = -1
+        self._routed_local_id = _MISSING_ID
 
     # --- Lifecycle ---
 
@@ -170,8 +194,38 @@ class Resolver:
 
     def local_id(self) -> pb.ProcessSpec.ID:
         """This broker's ID, if its member key is in the keyspace."""
-        member = lookup_member(self.ks, self.root, self._local_id.zone, self._local_id.suffix)
-        return self._local_id if member is not None else _MISSING_ID
+        self._routed_at_current_revision()
+        return self._routed_local_id
+
+    def _routed_at_current_revision(self) -> dict[str, _Routed]:
+        """The routing cache, emptied (and this broker's ID looked up again) if the keyspace
+        moved on since it was filled."""
+        revision = self.ks.header.revision
+        if revision != self._routed_revision or len(self._routed) >= resolve_cache_journals_max:
+            self._routed = {}
+            self._routed_revision = revision
+            member = lookup_member(self.ks, self.root, self._local_id.zone, self._local_id.suffix)
+            self._routed_local_id = self._local_id if member is not None else _MISSING_ID
+        return self._routed
+
+    def _routed_now(self, journal: str) -> _Routed:
+        cache = self._routed_at_current_revision()
+        routed = cache.get(journal)
+        if routed is not None:
+            return routed
+        assignments = journal_assignments(self.ks, self.root, journal)
+        item = lookup_item(self.ks, self.root, journal)
+        spec = (
+            item.decoded.spec
+            if item is not None and isinstance(item.decoded, JournalItem)
+            else None
+        )
+        route = route_from_assignments(assignment_of(e) for e in assignments)
+        attach_endpoints(route, self.ks, self.root)
+        revision = item.kv.create_revision if item is not None else 0
+        told = leader_route(self.ks, self.root, spec, revision, route)
+        routed = cache[journal] = _Routed(assignments, item, spec, route, told)
+        return routed
 
     async def resolve(
         self,
@@ -211,16 +265,9 @@ class Resolver:
     def _resolve_now(
         self, journal: str, local_id: pb.ProcessSpec.ID, require_primary: bool, may_proxy: bool
     ) -> Resolution:
-        assignments = journal_assignments(self.ks, self.root, journal)
-        item = lookup_item(self.ks, self.root, journal)
-        spec = (
-            item.decoded.spec
-            if item is not None and isinstance(item.decoded, JournalItem)
-            else None
-        )
-
-        route = route_from_assignments(assignment_of(e) for e in assignments)
-        attach_endpoints(route, self.ks, self.root)
+        # Shared by every resolution at this revision: read, never changed, by their users.
+        routed = self._routed_now(journal)
+        spec, route, item = routed.spec, routed.route, routed.item
 
         process_id = pb.ProcessSpec.ID()
         if require_primary and route.primary != -1:
@@ -247,16 +294,14 @@ class Resolver:
             process_id = local_id
         # The broker to talk to (process_id) and the status follow the allocator's route; only
         # the route clients are told names a quorum journal's leader (leader_route.py).
-        revision = item.kv.create_revision if item is not None else 0
-        told = leader_route(self.ks, self.root, spec, revision, route)
-        header = make_header(process_id, told, etcd_header(self.ks.header))
+        header = make_header(process_id, routed.told, etcd_header(self.ks.header))
         return Resolution(
             status=status,
             header=header,
             local_id=local_id,
             journal=journal,
             spec=spec,
-            assignments=assignments,
+            assignments=routed.assignments,
             replica=replica,
             route=route,
             invalidated=invalidated,

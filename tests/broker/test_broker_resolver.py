@@ -128,3 +128,25 @@ async def test_a_replica_leaving_the_route_ends_its_replication_stream(cluster: 
         await leaving.wait_stopped()
     resp = await cluster.append(a, J, [b"y"])
     assert (resp.status, resp.commit.begin) == (pb.OK, 1)
+
+
+async def test_a_journal_is_routed_once_per_revision_and_again_when_it_moves(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.start_broker("zone-a", "broker-a", pulse_enabled=False)
+    b = await cluster.start_broker("zone-b", "broker-b", pulse_enabled=False)
+    await cluster.create(journal_spec(J, replication=2), [a])
+    first = await b.resolver.resolve(J, require_primary=True, may_proxy=True)
+    again = await b.resolver.resolve(J, require_primary=False, may_proxy=True)
+    # At one revision, the route is read from the mirror once and shared, read-only; each
+    # resolution has its own header and status.
+    assert again.route is first.route and again.header is not first.header
+    assert (first.status, again.status) == (pb.OK, pb.OK)
+    assert list(first.header.route.members) == [a.id]
+
+    await cluster.assign(J, [b, a])  # Every broker sees it before this returns.
+    moved = await b.resolver.resolve(J, require_primary=True, may_proxy=True)
+    assert moved.route is not first.route
+    assert list(moved.header.route.members) == [a.id, b.id]
+    assert moved.header.process_id == b.id and moved.is_local
+    assert moved.header.etcd.revision > first.header.etcd.revision
