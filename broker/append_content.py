@@ -188,8 +188,8 @@ class ContentPhase(AppendRun):
                 failed = unknown
             self._fail(failed)
         else:
+            metrics.PIPELINE_COMMITS.inc()  # Acknowledged by every replica.
             await self._finish_sum()
-            metrics.PIPELINE_COMMITS.inc()
             self.state = State.FINISHED
 
     @staticmethod

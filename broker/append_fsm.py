@@ -143,7 +143,8 @@ class AppendFSM(RoutePhase, SyncPhase, PreconditionsPhase, ContentPhase):
                     # acknowledgements read, so that the next append does not take them.
                     await complete_despite_cancellation(self._roll_back(ClientAbortedError()))
                     raise
-            # Its reading of the replicas' answers completes despite a cancellation.
+            # Its reading of the replicas' answers completes despite a cancellation (then only
+            # the append's own sum, for a client gone, may be left unfinished).
             await self.on_read_acknowledgements()
         finally:
             self.return_pipeline()

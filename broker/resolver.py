@@ -155,6 +155,9 @@ class Resolver:
         self.replica_started: list[Callable[[str], None]] = []
         # _Routed by journal, valid at the keyspace revision _routed_revision (and this
         # broker's ID as of it): nothing in the mirror changes without its revision changing.
+        # (That holds as long as the events of one revision reach the mirror together, as
+        # etcd and the embedded keyspace send them: KeySpace.apply would take a revision split
+        # across watch responses without moving its header.)
         self._routed: dict[str, _Routed] = {}
         self._routed_revision = -1
         self._routed_local_id = _MISSING_ID

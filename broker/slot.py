@@ -25,7 +25,8 @@ class SlotInvalidatedError(Exception):
 
 
 class SlotStateError(RuntimeError):
-    """A value was put into an occupied slot: two owners at once, a bug."""
+    """A value was put by a non-owner (into a full slot, or while on its way to a waiter): two
+    owners at once, a bug."""
 
 
 class Signal(asyncio.Event):
@@ -63,12 +64,16 @@ class Slot(Generic[T]):
     """A one-value hand-off: ``take`` waits for the value and makes the caller its owner; the
     owner gives it back with ``put``, which hands it to the longest waiter if there is one."""
 
-    __slots__ = ("_full", "_name", "_value", "_waiters")
+    __slots__ = ("_full", "_name", "_owned", "_value", "_waiters")
 
     def __init__(self, name: str, value: T) -> None:
         self._name = name
         self._value: T | None = value
         self._full = True
+        # Whether an owner holds the value (took it, or is to hand it over): only then may it
+        # be put. Neither in the slot nor owned, it is on its way to a waiter (handed by put,
+        # that waiter not yet resumed): a put then is a second owner, a bug.
+        self._owned = False
         self._waiters: deque[asyncio.Future[object]] = deque()
 
     @classmethod
@@ -78,6 +83,7 @@ class Slot(Generic[T]):
         slot._name = name
         slot._value = None
         slot._full = False
+        slot._owned = True  # By whoever hands it over.
         slot._waiters = deque()
         return slot
 
@@ -93,7 +99,7 @@ class Slot(Generic[T]):
         if not self._full:
             return None
         value = self._value
-        self._value, self._full = None, False
+        self._value, self._full, self._owned = None, False, True
         return value
 
     async def take(self, invalidated: asyncio.Event) -> T:
@@ -107,7 +113,7 @@ class Slot(Generic[T]):
             raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
         if self._full:
             value = cast(T, self._value)  # A full slot holds a T.
-            self._value, self._full = None, False
+            self._value, self._full, self._owned = None, False, True
             return value
         waiter: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -141,6 +147,7 @@ class Slot(Generic[T]):
         if got is _INVALIDATED or invalidated.is_set():
             self._abandon(waiter)
             raise SlotInvalidatedError(f"{self._name}: resolution invalidated")
+        self._owned = True
         return cast(T, got)  # put() hands waiters a T.
 
     def _abandon(self, waiter: asyncio.Future[object]) -> None:
@@ -148,7 +155,7 @@ class Slot(Generic[T]):
         if not waiter.done():
             waiter.cancel()
         elif not waiter.cancelled() and waiter.result() is not _INVALIDATED:
-            self.put(cast(T, waiter.result()))  # put() hands waiters a T.
+            self._give(cast(T, waiter.result()))  # put() hands waiters a T.
         try:
             self._waiters.remove(waiter)
         except ValueError:
@@ -157,8 +164,17 @@ class Slot(Generic[T]):
     def put(self, value: T) -> None:
         """Give the value back (or hand a new one over): to the longest waiter still waiting,
         else into the slot."""
-        if self._full:
-            raise SlotStateError(f"{self._name}: put into an occupied slot")
+        if not self._owned:
+            raise SlotStateError(
+                f"{self._name}: put without owning the value (in the slot, or on its way to"
+                " a waiter): two owners"
+            )
+        self._owned = False
+        self._give(value)
+
+    def _give(self, value: T) -> None:
+        """The value to the longest waiter still waiting (handed: on its way), else into the
+        slot."""
         waiters = self._waiters
         while waiters:
             waiter = waiters.popleft()

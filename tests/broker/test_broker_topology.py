@@ -302,6 +302,21 @@ async def test_slot_hands_the_value_to_its_waiters_in_turn(event: type[asyncio.E
     assert await second == "value"
 
 
+async def test_a_second_put_is_refused_while_the_value_is_on_its_way_to_a_waiter() -> None:
+    slot: Slot[str] = Slot("test", "value")
+    assert slot.take_nowait() == "value"
+    waiter = asyncio.ensure_future(slot.take(Signal()))
+    await asyncio.sleep(0)
+    slot.put("value")  # Handed to the waiter, which has not run yet.
+    with pytest.raises(SlotStateError):
+        slot.put("second owner")
+    assert await waiter == "value"
+    empty: Slot[str] = Slot.empty("handed over later")
+    empty.put("value")
+    with pytest.raises(SlotStateError):
+        empty.put("second owner")
+
+
 async def test_an_invalidated_waiter_leaves_the_others_their_turn() -> None:
     slot: Slot[str] = Slot("test", "value")
     assert slot.take_nowait() == "value"
