@@ -120,7 +120,8 @@ def test_restart_before_micro_batch_0_commits_keeps_its_rows(spark, broker, tmp_
         for text in texts:
             clock += 1
             messages.append(Msg(p, clock, OUTSIDE, {"text": text}))
-        append_messages(broker, journal, messages)
+        # In one append: the running query's next micro-batch holds all of them or none.
+        append_messages(broker, journal, messages, together=True)
 
     add("before-start")
     checkpoint = tmp_path / "cp"
