@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 
@@ -44,7 +43,12 @@ from broker.append_fsm import (
     IndexNotReadyError,
     State,
 )
-from broker.append_rate import MinRateCredit, min_rate_burst_s_default
+from broker.append_receive import (
+    ChunkReceiver,
+    FlowControlUnderflowError,
+    flow_control_burst_s_default,
+    min_append_rate_bytes_per_s_default,
+)
 from broker.grpc_transport import close_stream_call
 from broker.keyspace.backend import KeySpaceError
 from broker.keyspace.keyspace import WatchStoppedError
@@ -76,18 +80,6 @@ from broker.topology import as_status, member_index, validate_header
 
 log = get_logger(__name__)
 
-# Gazette's MinAppendRate (64 KiB/s), and the window over which a client must sustain it
-# (Gazette's one second admits no gap longer than a second; see append_rate.MinRateCredit).
-min_append_rate_bytes_per_s_default = 1 << 16
-flow_control_burst_s_default = min_rate_burst_s_default
-
-
-class FlowControlUnderflowError(Exception):
-    """The client did not sustain the minimum append rate."""
-
-    def __init__(self, min_rate: int) -> None:
-        super().__init__(f"client stream did not sustain the minimum append rate ({min_rate} B/s)")
-
 
 def validate_append_request(req: pb.AppendRequest) -> None:
     """The first message of an Append stream."""
@@ -115,64 +107,6 @@ def validate_append_request(req: pb.AppendRequest) -> None:
             "suspend",
         )
     validate_min_etcd_revision(req)
-
-
-class ChunkReceiver:
-    """Reads an Append stream's content messages under the minimum-rate policy: the client's
-    credit (append_rate.MinRateCredit) bounds how long each message is waited for, and the
-    append fails when it runs out. Time the broker holds the stream back to honour the journal's
-    maximum rate (``throttle``) is not charged to the client.
-    """
-
-    def __init__(
-        self,
-        stream: AsyncIterator[AppendMessage],
-        *,
-        min_rate_bytes_per_s: int = min_append_rate_bytes_per_s_default,
-        burst_s: float = flow_control_burst_s_default,
-        clock: Callable[[], float] = time.monotonic,
-        throttle: Callable[[int, float], float] | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        if min_rate_bytes_per_s <= 0 or burst_s <= 0:
-            raise ValueError("flow control: min_rate_bytes_per_s and burst_s must be > 0")
-        self._stream = stream
-        self._min_rate = min_rate_bytes_per_s
-        # Its clock starts with the first receive (STREAM_CONTENT), not with the RPC: waiting
-        # for the journal's pipeline is not the client's doing.
-        self._credit = MinRateCredit(min_rate_bytes_per_s, burst_s=burst_s)
-        self._clock = clock
-        self._throttle = throttle
-        self._sleep = sleep
-        self.total_chunks = 0
-        self.delayed_chunks = 0
-
-    async def recv(self) -> tuple[AppendMessage | None, BaseException | None]:
-        wait_s = self._credit.wait_s(self._clock())
-        if wait_s <= 0:
-            return None, FlowControlUnderflowError(self._min_rate)
-        try:
-            async with asyncio.timeout(wait_s):
-                req = await anext(self._stream)
-        except StopAsyncIteration:
-            return None, None
-        except TimeoutError:
-            return None, FlowControlUnderflowError(self._min_rate)
-        except grpc.RpcError as exc:
-            return None, exc
-        now = self._clock()
-        size = len(req.content)
-        self._credit.on_chunk(size, now)
-        self.total_chunks += 1
-        if self._throttle is not None and size:
-            delay = self._throttle(size, now)
-            if delay > 0:
-                # Held back to keep the journal within its maximum rate. The broker held the
-                # stream, not the client: the wait is not charged to the client's credit.
-                self.delayed_chunks += 1
-                await self._sleep(delay)
-                self._credit.resume(self._clock())
-        return req, None
 
 
 async def proxy_append(
@@ -340,7 +274,10 @@ class AppendApi:
                 burst_s=self._burst_s,
                 throttle=fsm.throttle,
             )
-            await fsm.run(receiver.recv)
+            try:
+                await fsm.run(receiver.recv)
+            finally:
+                receiver.close()
             res = fsm.resolved
             if fsm.state is not State.PROXY or res is None:
                 break

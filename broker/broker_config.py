@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
+from broker.append_receive import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.fragment.store_health import HealthSchedule
 from broker.pipeline import pipeline_close_wait_s_default
 from broker.replica import pulse_interval_s_default, shutdown_wait_s_default

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import task_dump
-from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
+from broker.append_receive import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.auth import decode_keys
 from broker.broker_config import BrokerConfig, lease_ttl_s_default
 from broker.fragment.stores.registry import new_registry

@@ -80,6 +80,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "RPCs",
         (
             "broker.append_api",
+            "broker.append_receive",
             "broker.read_api",
             "broker.read_resolve",
             "broker.read_serve",

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from broker_testkit import Cluster, journal_spec, local_content
 
-from broker.append_api import min_append_rate_bytes_per_s_default
+from broker.append_receive import min_append_rate_bytes_per_s_default
 from broker.protocol import protocol_pb2 as pb
 
 J = "flow/journal"

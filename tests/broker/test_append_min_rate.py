@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.append_api import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.append_rate import MinRateCredit, min_rate_burst_s_default
+from broker.append_receive import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 
 RATE = min_append_rate_bytes_per_s_default  # 64 KiB/s.
 MiB = 1 << 20

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from broker_testkit import Cluster, journal_spec, local_content
 
-from broker.append_api import ChunkReceiver, FlowControlUnderflowError
 from broker.append_fsm import AppendFSM, State
 from broker.append_rate import burst_bytes_for
+from broker.append_receive import ChunkReceiver, FlowControlUnderflowError
 from broker.protocol import protocol_pb2 as pb
 from broker.server import Broker
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.append_api import ChunkReceiver, FlowControlUnderflowError
+from broker.append_receive import ChunkReceiver, FlowControlUnderflowError
 from broker.append_rules import (
     apply_register_updates,
     complete_despite_cancellation,
