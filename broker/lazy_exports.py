@@ -10,6 +10,7 @@ sets `__getattr__ = lazy_getattr(__name__, _EXPORTS)`; it imports the names unde
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +25,10 @@ def lazy_getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], An
         module = where.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(module), name)
+        value = getattr(importlib.import_module(module), name)
+        # Kept as the package's own attribute: later uses (`client.append(...)` per append)
+        # find it without this function and its import_module call.
+        setattr(sys.modules[package], name, value)
+        return value
 
     return __getattr__

@@ -37,3 +37,15 @@ def test_a_lazy_name_is_imported_only_when_used() -> None:
         "print(before, 'gazette_consumer.sequencer.read_iter' in sys.modules)\n"
     )
     assert run_fresh(code) == "False True"
+
+
+def test_a_resolved_name_becomes_the_packages_own_attribute() -> None:
+    # Used per call (`client.append(...)`), a name is resolved once: afterwards it is found in
+    # the package's namespace without its __getattr__.
+    code = (
+        "import broker.client as c\n"
+        "before = 'append' in vars(c)\n"
+        "first = c.append\n"
+        "print(before, vars(c).get('append') is first, c.append is first)\n"
+    )
+    assert run_fresh(code) == "False True True"
