@@ -17,7 +17,11 @@ A ``Broker`` is one broker of a cluster, runnable in-process (tests, the embedde
    ``is_ready()`` (``/debug/ready``) turns true.
 
 Any of those failing fails the broker (``stop()`` re-raises): a broker that lost its lease or its
-view of etcd must not go on serving. Stopping is graceful: the gRPC server drains (appends in
+view of etcd must not go on serving. It stops answering at once; with scratch or memory spools
+(which go with the process) it then stops its replicas and persists their fragments as a
+graceful stop does, since they may hold the last copy of acknowledged content (an etcd outage
+past the lease TTL fails every broker at once); durable spools are left to a restart's
+recovery (docs/reliability.md, "A broker that fails"). Stopping is graceful: the gRPC server drains (appends in
 flight roll back), local replicas roll their spools (completing fragments for the persister),
 queued fragments are persisted within a bound, and the lease is revoked.
 
@@ -412,6 +416,9 @@ class Broker:
     async def _run(self) -> None:
         persister = self.persister
         assert self._keepalive is not None  # Started by _announce.
+        # Shielded from the group's cancellation: when a daemon fails, the replicas may still
+        # stop in order (below), completing their fragments for the persister.
+        serving = asyncio.ensure_future(self.resolver.run())
         try:
             async with asyncio.TaskGroup() as tg:
                 daemons = [
@@ -421,7 +428,7 @@ class Broker:
                 ]
                 if persister is not None:
                     daemons.append(tg.create_task(persister.run()))
-                await self.resolver.run()
+                await asyncio.shield(serving)
                 for task in daemons:
                     task.cancel()
         except Exception as exc:
@@ -433,17 +440,49 @@ class Broker:
             server = self._server
             if server is not None:
                 await server.stop(0)
+            if self.spool_dir is None:
+                # Then persist what this broker holds, as a graceful stop does: scratch spools
+                # (no --data-dir) and memory spools go with the process, and may be the last
+                # copy of acknowledged content (an etcd outage longer than the lease TTL fails
+                # every broker at once). Gazette's brokers do the same on any exit (their
+                # replicas stop, then the persister finishes). Durable spools are left as they
+                # are: a restart recovers them, and checks first whether the journal went on
+                # without this broker (fragment/spool_recovery.py), which persisting now could
+                # not (see docs/reliability.md, "a broker that fails").
+                await self._stop_replicas(serving)
+                await self._drain_persister()
             raise
-        if persister is not None:
-            # Replicas completed their last fragments as they stopped: persist them now.
-            persister.close()
-            try:
-                async with asyncio.timeout(self.config.persist_drain_s):
-                    await persister.run(drain=True)
-            except TimeoutError:
-                log.warning(
-                    "stopping broker: fragments left unpersisted", pending=persister.pending
-                )
+        finally:
+            if not serving.done():  # Failed with durable spools, or this task was cancelled.
+                serving.cancel()
+                with contextlib.suppress(BaseException):
+                    await serving
+        await self._drain_persister()
+
+    async def _stop_replicas(self, serving: asyncio.Future[None]) -> None:
+        """Stop every local replica and wait (bounded) until they did: each completes its
+        fragment for the persister. Each replica bounds its own wait for the appends and
+        replications holding its spool (``shutdown_wait_s``, twice)."""
+        self.resolver.stop_serving()
+        try:
+            async with asyncio.timeout(2 * self.config.shutdown_wait_s + self.config.stop_grace_s):
+                await serving
+        except TimeoutError:
+            log.warning("broker failed: its replicas did not stop in time", broker=repr(self))
+        except Exception as err:  # Failed before (the failure being handled), or as it stopped.
+            log.warning("broker failed: stopping its replicas failed", error=str(err))
+
+    async def _drain_persister(self) -> None:
+        """Persist the fragments replicas completed as they stopped, within a bound."""
+        persister = self.persister
+        if persister is None:
+            return
+        persister.close()
+        try:
+            async with asyncio.timeout(self.config.persist_drain_s):
+                await persister.run(drain=True)
+        except TimeoutError:
+            log.warning("stopping broker: fragments left unpersisted", pending=persister.pending)
 
     async def hand_off(self, timeout_s: float = handoff_wait_s_default) -> bool:
         """Announce that this broker is exiting, then wait until it serves no journal

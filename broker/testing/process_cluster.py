@@ -132,6 +132,7 @@ class ProcessCluster(AsyncLifecycle):
         keep_ports: bool = False,
         env: Mapping[str, str] | None = None,
         etcd_args: Sequence[str] = (),
+        durable_spools: bool = True,
     ) -> None:
         suffixes = [suffix for _, suffix in brokers]
         if len(set(suffixes)) != len(suffixes):
@@ -149,6 +150,9 @@ class ProcessCluster(AsyncLifecycle):
         self.http_gateway = http_gateway
         self.keep_ports = keep_ports
         self.env = dict(env or {})
+        # False: brokers run without --data-dir (spools are unlinked scratch files, the
+        # default of `gazette serve`), so a broker's exit loses what it has not persisted.
+        self.durable_spools = durable_spools
         self.brokers = [
             BrokerProcess(zone, suffix, self.dir / suffix, self.dir / f"{suffix}.log")
             for zone, suffix in brokers
@@ -205,7 +209,8 @@ class ProcessCluster(AsyncLifecycle):
             *("--port", str(b.port)),
             *(("--http-port", str(b.http_port)) if self.http_gateway else ()),
             *("--etcd", self.etcd.endpoint, "--root", self.root),
-            *("--file-root", str(self.dir), "--data-dir", str(b.data_dir)),
+            *("--file-root", str(self.dir)),
+            *(("--data-dir", str(b.data_dir)) if self.durable_spools else ()),
             *("--lease-ttl", str(self.lease_ttl_s)),
             *self.extra_args,
         ]
