@@ -15,7 +15,9 @@ other client:
   ``X-Fragment-Last-Modified`` and ``X-Route-Token``; the body streams content. A non-blocking
   read ends at the write head; a blocking one waits there for more, until the client goes away.
   A later offset jump ends the body (its bytes would not follow on), as in Gazette: the client
-  continues from the offset it reached. ``HEAD`` is the same without content.
+  continues from the offset it reached. A Read the broker ends early (its replica of the journal
+  went away) is read on from where it stopped, so a non-blocking body reaches the write head
+  (Gazette's gateway ends such a body short, as if complete). ``HEAD`` is the same without content.
 - ``PUT /<journal>`` appends the request body as ONE transaction: it is streamed through an
   `Appender` (never held in memory), and commits only once the whole body has arrived. A client
   that disconnects, or a body over ``append_bytes_max``, rolls everything back. The answer (200)
@@ -64,7 +66,7 @@ from broker.client.reader import (
     ReadProtocolError,
     validate_read_request,
 )
-from broker.client.rerouting_reader import ReroutingReader
+from broker.client.rerouting_reader import ReadEndedEarlyError, ReroutingReader
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.fragment.naming import content_name, digest_of_sum
 from broker.http_journals import LISTING_PATH, journal_listing
@@ -423,6 +425,7 @@ class HttpGateway:
             ReadProtocolError,
             FragmentContentError,
             DataLossError,
+            ReadEndedEarlyError,
         ) as err:
             log.warning("http gateway: read broke off", journal=reader.request.journal, error=err)
             if request.transport is not None:
@@ -492,6 +495,8 @@ def _rpc_failure(err: BaseException) -> web.Response | None:
         code = err.code()
         headers = {"WWW-Authenticate": "Bearer"} if code == grpc.StatusCode.UNAUTHENTICATED else {}
         return _text(http_status_of_grpc(code), f"{code.name}: {err.details()}", headers)
+    if isinstance(err, ReadEndedEarlyError):  # The journal's replicas kept going away.
+        return _text(503, f"UNAVAILABLE: {err}")
     if isinstance(err, ReadProtocolError | FragmentContentError | ValidationError):
         log.warning("http gateway: broker answer rejected", error=str(err))
         return _text(502, f"bad answer from the broker: {err}")

@@ -8,12 +8,21 @@ Read goes to the default broker (whose answer teaches the current route) or to a
 member, and continues at the offset reached, after a growing back-off; at most
 ``attempts_max`` failures in a row (an attempt that received an OK response resets the count).
 
+A Read stream the broker ends before the read is done is re-dispatched the same way. A broker
+ends a Read cleanly, without an error, when its replica of the journal goes away mid-read (the
+journal moved, or the broker is stopping), as Gazette's brokers do; a plain Reader then ends
+too, short of what was asked: a non-blocking read short of the write head, with nothing to say
+that content was left unread (the HTTP gateway served such a body as complete). Only a read
+that got all it asked for ends: its `end_offset` reached, or the metadata of a
+`metadata_only` one. Early ends in a row, with no content between them, count as failed
+attempts.
+
 Unlike `RetryReader`, which rides out long outages for consumers, it gives up after about a
 second and a half (a caller answering a request, the HTTP gateway, reports the failure rather
-than hold its client), and it keeps the metadata of the Reader that failed last (``response``),
-so that a caller can report the write head of a non-blocking read at the head, say. Every
-other error (a non-retriable status, JOURNAL_NOT_FOUND, OFFSET_NOT_YET_AVAILABLE, a gRPC error a
-retry cannot fix) is raised at once; the end of a Read stream ends the reader, as a Reader's.
+than hold its client): ReadEndedEarlyError after ``attempts_max`` early ends in a row. It keeps
+the metadata of the Reader that failed last (``response``), so that a caller can report the
+write head of a non-blocking read at the head, say. Every other error (a non-retriable status,
+JOURNAL_NOT_FOUND, OFFSET_NOT_YET_AVAILABLE, a gRPC error a retry cannot fix) is raised at once.
 """
 
 from __future__ import annotations
@@ -38,6 +47,19 @@ attempts_max_default: Final = 6
 # Back-off before re-dispatching: doubling from the initial value, capped.
 backoff_initial_s: Final = 0.05
 backoff_max_s: Final = 1.0
+
+
+class ReadEndedEarlyError(Exception):
+    """Read streams of a journal ended, ``attempts`` times in a row without content, before
+    the read was done (each broker's replica of it went away as it was read)."""
+
+    def __init__(self, journal: str, offset: int, attempts: int) -> None:
+        super().__init__(
+            f"reading {journal} at offset {offset}: {attempts} Read streams in a row ended"
+            " before the read was done (the journal's replicas went away); read again"
+        )
+        self.journal = journal
+        self.offset = offset
 
 
 def rerouting_backoff_s(attempt: int) -> float:
@@ -83,10 +105,10 @@ class ReroutingReader:
     async def read_chunk(self) -> Chunk:
         attempt = 0
         while True:
+            spent = self.reader
             try:
-                return await self.reader.read_chunk()
+                chunk = await spent.read_chunk()
             except Exception as err:
-                spent = self.reader
                 attempt = 1 if spent.ok_responses else attempt + 1
                 if not reroutes(err) or attempt >= self._attempts_max:
                     raise
@@ -97,6 +119,20 @@ class ReroutingReader:
                     attempt=attempt,
                     error=str(err),
                 )
+            else:
+                if chunk.content or self._read_done(spent):
+                    return chunk
+                # Ended before the read was done (its broker's replica went away), with no
+                # content since this call began: content would have been returned.
+                attempt += 1
+                if attempt >= self._attempts_max:
+                    raise ReadEndedEarlyError(spent.request.journal, spent.offset, attempt)
+                log.info(
+                    "read ended early; re-dispatched",
+                    journal=spent.request.journal,
+                    offset=spent.offset,
+                    attempt=attempt,
+                )
             # The route that led here is stale, or names a broker that cannot serve.
             self.client.update_route(spent.request.journal, None)
             request = pb.ReadRequest()
@@ -105,6 +141,14 @@ class ReroutingReader:
             self.reader.jumps = spent.jumps
             self.reroutes += 1
             await self._sleep(rerouting_backoff_s(attempt))
+
+    @staticmethod
+    def _read_done(reader: Reader) -> bool:
+        """Whether a Reader that ended got everything its request asked for."""
+        request = reader.request
+        if request.metadata_only:
+            return True
+        return request.end_offset != 0 and reader.offset >= request.end_offset
 
     async def close(self) -> None:
         await self.reader.close()

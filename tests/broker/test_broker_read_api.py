@@ -18,6 +18,11 @@ from google.protobuf.duration_pb2 import Duration
 from broker.client.appender import Appender, append
 from broker.client.list_apply import list_all_fragments
 from broker.client.reader import Reader
+from broker.client.rerouting_reader import (
+    ReadEndedEarlyError,
+    ReroutingReader,
+    rerouting_backoff_s,
+)
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.fragment import codecs
@@ -518,3 +523,85 @@ async def test_e2e_reads_a_persisted_fragment_by_its_url(tmp_path: Any) -> None:
     finally:
         await client.close()
         await cluster.close()
+
+
+# --- A Read the broker ends early (its replica went away), through a ReroutingReader ---
+
+# Bounds the waits of these tests for what they expect (each expected event comes much sooner).
+REROUTE_BOUND_S = 10.0
+
+
+async def test_a_rerouting_reader_reads_on_when_the_replica_goes_away_mid_read() -> None:
+    async with broker() as b:
+        commit(b.index, 0, b"0123456789")
+        client = JournalClient(b.endpoint)
+        pauses: list[float] = []
+
+        async def pause(delay_s: float) -> None:
+            pauses.append(delay_s)
+
+        request = pb.ReadRequest(journal=JOURNAL, offset=0, block=True)
+        reader = ReroutingReader(client, request, sleep=pause)
+        try:
+            async with asyncio.timeout(REROUTE_BOUND_S):
+                got = bytearray()
+                while len(got) < 10:
+                    chunk = await reader.read_chunk()
+                    assert chunk.offset == len(got) and chunk.content
+                    got += chunk.content
+                pending = asyncio.ensure_future(reader.read_chunk())
+                await b.index.waiting.wait()  # The Read waits at the head, on this replica.
+                # The journal moves: its next replica holds the same content. This one goes
+                # away, which ends its Read cleanly (as Gazette's brokers do).
+                moved = WatchedIndex(clock=lambda: NOW)
+                commit(moved, 0, b"0123456789")
+                b.resolver.replica = Replica(moved)
+                b.index.close()
+                # Read on from offset 10 on the next replica (a plain Reader would have ended).
+                await moved.waiting.wait()
+                assert not pending.done()
+                commit(moved, 10, b"abc")
+                chunk = await pending
+            assert (chunk.offset, chunk.content) == (10, b"abc")
+            assert reader.reroutes == 1 and pauses == [rerouting_backoff_s(1)]
+        finally:
+            await reader.close()
+            await client.close()
+
+
+async def test_a_rerouting_reader_ends_where_the_read_is_done() -> None:
+    async with broker() as b:
+        commit(b.index, 0, b"0123456789")
+        client = JournalClient(b.endpoint)
+        try:
+            bounded = ReroutingReader(client, pb.ReadRequest(journal=JOURNAL, end_offset=6))
+            chunks = [await bounded.read_chunk() for _ in range(3)]
+            assert [(c.offset, c.content) for c in chunks] == [(0, b"0123"), (4, b"45"), (6, b"")]
+            meta = ReroutingReader(client, pb.ReadRequest(journal=JOURNAL, metadata_only=True))
+            assert (await meta.read_chunk()).content == b""
+            assert meta.response.write_head == 10
+            assert bounded.reroutes == meta.reroutes == 0
+        finally:
+            await client.close()
+
+
+async def test_read_streams_that_keep_ending_early_fail_the_rerouting_reader() -> None:
+    async with broker() as b:
+        commit(b.index, 0, b"0123456789")
+        b.index.close()  # Every Read of it ends at once, cleanly.
+        client = JournalClient(b.endpoint)
+        pauses: list[float] = []
+
+        async def pause(delay_s: float) -> None:
+            pauses.append(delay_s)
+
+        reader = ReroutingReader(
+            client, pb.ReadRequest(journal=JOURNAL), attempts_max=3, sleep=pause
+        )
+        try:
+            with pytest.raises(ReadEndedEarlyError, match="3 Read streams in a row ended"):
+                await reader.read_chunk()
+            assert pauses == [rerouting_backoff_s(1), rerouting_backoff_s(2)]
+        finally:
+            await reader.close()
+            await client.close()
