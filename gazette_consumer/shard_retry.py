@@ -37,7 +37,11 @@ from broker.client.append_errors import AppendRetriesExhaustedError
 from broker.disk_errors import is_disk_full
 from broker.grpc_transport import send_failed
 from broker.keyspace.backend import NoSpaceError, UnavailableError
-from broker.protocol.status import GazetteError, JournalNotFoundError
+from broker.protocol.status import (
+    FragmentStoreUnhealthyError,
+    GazetteError,
+    JournalNotFoundError,
+)
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFencedError
 from gazette_consumer.stores.base import FencedError, StoreIOError
@@ -76,6 +80,11 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     (JournalNotFoundError, Transience.TRANSIENT),
     # etcd unreachable for a while.
     (UnavailableError, Transience.TRANSIENT),
+    # A journal's fragment store found down by the primary's health check: its appends are
+    # refused (as in Gazette) until a check passes again (every 100 s at most while down).
+    # The append service does not retry it (nor does Gazette's); the shard starts over after a
+    # back-off, as for a full disk (a store down past the policy's attempts ends FAILED).
+    (FragmentStoreUnhealthyError, Transience.TRANSIENT),
     # etcd out of space (its NOSPACE alarm): the recovered hints cannot be stored until an
     # operator makes room; tried again as for a full local disk (one that stays full gives up
     # as FAILED after the policy's attempts).

@@ -19,11 +19,13 @@ import sqlalchemy.exc
 from broker.client.append_errors import (
     AppendRetriesExhaustedError,
     DependencyFailedError,
+    JournalFailedError,
 )
 from broker.client.append_service import AppendService
 from broker.keyspace.backend import NoSpaceError, UnavailableError
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.status import (
+    FragmentStoreUnhealthyError,
     IndexHasGreaterOffsetError,
     JournalNotFoundError,
     NoJournalPrimaryBrokerError,
@@ -270,6 +272,15 @@ def _rpc(code: grpc.StatusCode, details: str | None = None) -> grpc.aio.AioRpcEr
         # is room (test_e2e_etcd_out_of_space.py); tried again, not FAILED at once.
         (
             _failed("storing recovered hints", NoSpaceError("Txn", "database space exceeded")),
+            Transience.TRANSIENT,
+        ),
+        # A journal's fragment store found down: appends to it are refused until it is back
+        # (docs/reliability.md); the shard tries again rather than end FAILED at once.
+        (
+            _failed(
+                "publishing",
+                JournalFailedError("out/j", FragmentStoreUnhealthyError("s3: timeout")),
+            ),
             Transience.TRANSIENT,
         ),
         (_failed("store commit", PermissionError(errno.EACCES, "denied")), Transience.PERMANENT),
