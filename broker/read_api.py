@@ -63,7 +63,7 @@ from broker.client.reader import (
     validate_read_request,
 )
 from broker.client.route_cache import ChannelPool
-from broker.fragment.index import IndexClosedError
+from broker.fragment.index import IndexClosedError, retention_s
 from broker.fragment.stores.base import StoreError
 from broker.fragment.stores.registry import StoreRegistry
 from broker.fragment.verify import FragmentIntegrityError
@@ -214,6 +214,7 @@ class ReadAPI:
             self._registry,
             chunk_bytes_max=self._chunk_bytes_max,
             hole_wait_warning_s=self._hole_wait_warning_s,
+            retention_s=retention_s(spec) if spec is not None else 0.0,
         )
         try:
             async for response in responses:

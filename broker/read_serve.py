@@ -52,9 +52,12 @@ async def serve_read(
     *,
     chunk_bytes_max: int = chunk_bytes_max_default,
     hole_wait_warning_s: float = hole_wait_warning_s_default,
+    retention_s: float = 0.0,
 ) -> AsyncGenerator[pb.ReadResponse, None]:
     """The responses of a read served from `index` (see the module docstring). Raises
-    IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails."""
+    IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails.
+    `retention_s` is the journal's fragment retention (0: forever): a stored fragment found
+    missing past it was pruned, and the read goes on past it (`FragmentIndex.forget_pruned`)."""
     req = pb.ReadRequest()
     req.CopyFrom(request)
     first = True
@@ -83,7 +86,9 @@ async def serve_read(
         if result.file is not None:
             content = _local_content(result.file, fragment, req.offset, chunk_bytes_max)
         else:
-            content = _store_content(registry, fragment, req.offset, chunk_bytes_max)
+            content = _store_content(
+                registry, fragment, req.offset, chunk_bytes_max, index, retention_s
+            )
         try:
             async for chunk in content:
                 if req.end_offset:
@@ -99,6 +104,8 @@ async def serve_read(
             closed_files += 1
             if closed_files > closed_file_requeries_max:
                 raise
+        except _PrunedError:
+            pass  # Dropped from the index: where the read goes on is queried again.
         finally:
             await content.aclose()
 
@@ -124,6 +131,11 @@ async def _metadata(result: QueryResult, registry: StoreRegistry) -> pb.ReadResp
 
 class FileClosedError(Exception):
     """A local fragment's file was closed while being read."""
+
+
+class _PrunedError(Exception):
+    """A stored fragment's file was missing, past the journal's retention: the index dropped
+    it (pruned since its last listing)."""
 
 
 async def _local_content(
@@ -152,13 +164,22 @@ async def _local_content(
 
 
 async def _store_content(
-    registry: StoreRegistry, fragment: pb.Fragment, offset: int, chunk_bytes_max: int
+    registry: StoreRegistry,
+    fragment: pb.Fragment,
+    offset: int,
+    chunk_bytes_max: int,
+    index: FragmentIndex,
+    retention_s: float,
 ) -> AsyncGenerator[bytes, None]:
     # The index lists this fragment, so its file must exist: a missing one is lost content,
-    # not a store that is unavailable for a moment.
+    # not a store that is unavailable for a moment; unless the journal's retention had it
+    # pruned since the index's last listing (a lagging reader would otherwise fail on
+    # DATA_LOSS until the next listing, where it jumps the pruned range).
     try:
         raw = await registry.get(fragment.backing_store).open(fragment)
     except FragmentNotFoundError as err:
+        if index.forget_pruned(fragment, retention_s):
+            raise _PrunedError() from err
         raise missing_fragment_error(fragment, err) from err
     # Verified against the fragment's name as it is read (FragmentIntegrityError).
     try:

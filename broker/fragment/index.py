@@ -36,7 +36,8 @@ fragment covers them again, and a read of one, or a jump over one, answers with 
 (`QueryResult.lost`) instead of blocking or skipping: the broker fails the read with DATA_LOSS
 (read_api.py). A listing may run while this broker uploads a fragment, and miss it: fragments
 indexed by `add_persisted` after the listing began (`listing_mark`) are kept, not taken for
-vanished.
+vanished. A fragment a read finds missing from its store past the journal's retention was
+pruned since the last listing, not lost: the read drops it (`forget_pruned`) and goes on.
 
 The index is driven by one event loop and holds no I/O of its own; `IndexRefresher` (below) is
 the small async shell that lists the stores periodically.
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.fragment.cover_set import CoverSet
-from broker.fragment.lost import LostFragment, lost_in_gap, update_lost
+from broker.fragment.lost import LostFragment, lost_in_gap, past_retention, update_lost
 from broker.fragment.spool import LocalFragment
 from broker.fragment.spool_file import SpoolFile
 from broker.fragment.stores.base import StoreError, StoreListing
@@ -278,6 +279,31 @@ class FragmentIndex:
         self._recent_persisted.append((self._persisted_seq, entry))
         del self._recent_persisted[:-recent_persisted_max]
         self._wake()
+
+    def forget_pruned(self, fragment: pb.Fragment, retention_s: float) -> bool:
+        """A read found `fragment`'s file missing from its store. If it is a remote fragment of
+        the index past the journal's retention (`retention_s`, 0: forever), it was pruned
+        (`gazctl journals prune`) since the last listing: drop it now, as the next listing
+        would, so that reads go on past it rather than fail. True if dropped; otherwise the
+        missing file is lost content, and the caller says so."""
+        self._check_open()
+        if not past_retention(fragment, retention_s, self._clock()):
+            return False
+        kept = [
+            entry for entry in self._set if entry.file is not None or entry.fragment != fragment
+        ]
+        if len(kept) == len(self._set):
+            return False  # Not (or no longer) a remote fragment of the index.
+        log.info(
+            "fragment pruned since the last listing: dropped from the index",
+            journal=self.journal,
+            begin=fragment.begin,
+            end=fragment.end,
+            store=fragment.backing_store,
+        )
+        self._set = CoverSet(kept)
+        self._wake()
+        return True
 
     def close(self, *, close_files: bool = True) -> None:
         """Stop the index: waiters raise IndexClosedError, updates are refused. With

@@ -63,6 +63,12 @@ class LostFragment:
         )
 
 
+def past_retention(fragment: pb.Fragment, retention_s: float, now: float) -> bool:
+    """Whether `fragment` is past the journal's retention (0: forever), with the pruning
+    tool's clock skew allowed for: its file's absence is pruning, not loss."""
+    return retention_s > 0 and fragment.mod_time + retention_s <= now + retention_clock_skew_s
+
+
 def covered(runs: list[tuple[int, int]], begin: int, end: int) -> bool:
     """Whether [begin, end) lies within one of `runs` (CoverSet.contiguous_runs)."""
     i = bisect.bisect_right(runs, begin, key=lambda run: run[0]) - 1
@@ -85,7 +91,7 @@ def update_lost(
     before the listing) and `damaged`. `retention_s` is the journal's (0: forever)."""
 
     def pruned(fragment: pb.Fragment) -> bool:
-        return retention_s > 0 and (fragment.mod_time + retention_s <= now + retention_clock_skew_s)
+        return past_retention(fragment, retention_s, now)
 
     out: CoverSet[LostFragment] = CoverSet()
     for old in lost:

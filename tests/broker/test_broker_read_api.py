@@ -605,3 +605,52 @@ async def test_read_streams_that_keep_ending_early_fail_the_rerouting_reader() -
         finally:
             await reader.close()
             await client.close()
+
+
+# --- A stored fragment pruned since the index's last listing ---
+
+DAY_S = 86400
+
+
+async def _prune_first_of_two(b: Broker, retention_days: int) -> tuple[pb.Fragment, pb.Fragment]:
+    """Two stored fragments persisted two days ago, listed; then the first one's file is
+    removed from the store (as `gazctl journals prune` does), before the next listing. The
+    journal keeps fragments for `retention_days`."""
+    first = store_fragment(0, b"0123456789", CompressionCodec.NONE)
+    second = store_fragment(10, b"abcdef", CompressionCodec.NONE)
+    await b.store.put(first, b"0123456789")
+    await b.store.put(second, b"abcdef")
+    listed = await b.store.list(JOURNAL)
+    for fragment in listed:
+        fragment.mod_time = int(NOW) - 2 * DAY_S
+    b.index.replace_remote(listed)
+    b.resolver.spec = pb.JournalSpec(
+        name=JOURNAL,
+        fragment=pb.JournalSpec.Fragment(retention=Duration(seconds=retention_days * DAY_S)),
+    )
+    pruned = next(f for f in listed if f.begin == 0)
+    await b.store.delete(pruned)
+    return pruned, next(f for f in listed if f.begin == 10)
+
+
+async def test_a_fragment_pruned_since_the_last_listing_is_read_past_not_data_loss() -> None:
+    async with broker() as b:
+        pruned, kept = await _prune_first_of_two(b, retention_days=1)
+        # A reader lagging inside the pruned fragment goes on past it, as it will once the
+        # next listing no longer shows it (an offset jump), instead of failing on DATA_LOSS.
+        responses = await read_all(b.stub, offset=3)
+        assert content_of(responses) == [(10, b"abcd"), (14, b"ef")]
+        assert responses[-1].status == pb.OFFSET_NOT_YET_AVAILABLE
+        assert [f.begin for f in b.index.fragments()] == [kept.begin]
+        assert b.index.lost_fragments() == []
+        assert pruned.begin not in [f.begin for f in b.index.fragments()]
+
+
+async def test_a_fragment_missing_within_its_retention_is_still_data_loss() -> None:
+    async with broker() as b:
+        pruned, kept = await _prune_first_of_two(b, retention_days=10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await read_all(b.stub, offset=3)
+        assert caught.value.code() == grpc.StatusCode.DATA_LOSS
+        # Still indexed: an operator must look (the next listing records it as lost).
+        assert [f.begin for f in b.index.fragments()] == [pruned.begin, kept.begin]
