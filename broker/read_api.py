@@ -90,6 +90,7 @@ from broker.read_resolve import (
 )
 from broker.read_serve import (
     FileClosedError,
+    FragmentPrunedError,
     chunk_bytes_max_default,
     closed_file_requeries_max,
     fragment_url_ttl_s,
@@ -234,7 +235,9 @@ class ReadAPI:
                 error=str(err),
             )
             await context.abort(grpc.StatusCode.DATA_LOSS, f"reading {request.journal}: {err}")
-        except (StoreError, FragmentContentError, FileClosedError) as err:
+        except (StoreError, FragmentContentError, FileClosedError, FragmentPrunedError) as err:
+            # (Pruned since the last listing: not loss. The index lists the stores again; a
+            # read retried after that goes on past the pruned range.)
             log.warning("read failed", journal=request.journal, error=str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading {request.journal}: {err}")
         finally:

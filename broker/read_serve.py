@@ -57,7 +57,8 @@ async def serve_read(
     """The responses of a read served from `index` (see the module docstring). Raises
     IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails.
     `retention_s` is the journal's fragment retention (0: forever): a stored fragment found
-    missing past it was pruned, and the read goes on past it (`FragmentIndex.forget_pruned`)."""
+    missing past it was pruned since the last listing (FragmentPrunedError, and the index lists
+    the stores again: `FragmentIndex.pruned_since_listing`)."""
     req = pb.ReadRequest()
     req.CopyFrom(request)
     first = True
@@ -104,8 +105,6 @@ async def serve_read(
             closed_files += 1
             if closed_files > closed_file_requeries_max:
                 raise
-        except _PrunedError:
-            pass  # Dropped from the index: where the read goes on is queried again.
         finally:
             await content.aclose()
 
@@ -133,9 +132,18 @@ class FileClosedError(Exception):
     """A local fragment's file was closed while being read."""
 
 
-class _PrunedError(Exception):
-    """A stored fragment's file was missing, past the journal's retention: the index dropped
-    it (pruned since its last listing)."""
+class FragmentPrunedError(Exception):
+    """A listed fragment's file is missing from its store, past the journal's retention: it
+    was pruned since the index's last listing (not lost). The index lists the stores again;
+    a read retried after that goes on past the pruned range."""
+
+    def __init__(self, fragment: pb.Fragment) -> None:
+        super().__init__(
+            f"fragment [{fragment.begin}, {fragment.end}) of {fragment.journal} was pruned by"
+            " the journal's retention since the last store listing; listing the stores again:"
+            " read again"
+        )
+        self.fragment = fragment
 
 
 async def _local_content(
@@ -178,8 +186,8 @@ async def _store_content(
     try:
         raw = await registry.get(fragment.backing_store).open(fragment)
     except FragmentNotFoundError as err:
-        if index.forget_pruned(fragment, retention_s):
-            raise _PrunedError() from err
+        if index.pruned_since_listing(fragment, retention_s):
+            raise FragmentPrunedError(fragment) from err
         raise missing_fragment_error(fragment, err) from err
     # Verified against the fragment's name as it is read (FragmentIntegrityError).
     try:

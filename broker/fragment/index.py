@@ -37,7 +37,9 @@ fragment covers them again, and a read of one, or a jump over one, answers with 
 (read_api.py). A listing may run while this broker uploads a fragment, and miss it: fragments
 indexed by `add_persisted` after the listing began (`listing_mark`) are kept, not taken for
 vanished. A fragment a read finds missing from its store past the journal's retention was
-pruned since the last listing, not lost: the read drops it (`forget_pruned`) and goes on.
+pruned since the last listing, not lost: the read fails UNAVAILABLE (retried) and the
+refresher lists the stores again at once (`pruned_since_listing`), after which reads go on
+past the pruned range as the listing shows it.
 
 The index is driven by one event loop and holds no I/O of its own; `IndexRefresher` (below) is
 the small async shell that lists the stores periodically.
@@ -75,6 +77,9 @@ recent_persisted_max: Final = 4096
 # same range; the clamp protects against a spec that bypassed validation).
 refresh_interval_min_s: Final = 1.0
 refresh_interval_max_s: Final = 24 * 3600.0
+# A listing asked for by a read (a fragment pruned since the last one) waits this long first,
+# so that one listing serves every read that asks meanwhile.
+relist_delay_s: Final = 1.0
 # One listing of all of a journal's stores may take at most this long before it counts as failed.
 store_list_timeout_s_default: Final = 300.0
 # A failed listing is retried sooner than the next regular refresh: first after this delay,
@@ -154,6 +159,9 @@ class FragmentIndex:
         # Replaced on every update; waiters hold the one current when they started waiting.
         self._changed = asyncio.Event()
         self.first_refresh = asyncio.Event()
+        # Set when a read found a listed fragment pruned: the refresher lists the stores soon
+        # rather than at its interval (`IndexRefresher`).
+        self.relist_wanted = asyncio.Event()
         self._closed = False
 
     # --- Views ------------------------------------------------------------------------------
@@ -280,29 +288,27 @@ class FragmentIndex:
         del self._recent_persisted[:-recent_persisted_max]
         self._wake()
 
-    def forget_pruned(self, fragment: pb.Fragment, retention_s: float) -> bool:
-        """A read found `fragment`'s file missing from its store. If it is a remote fragment of
-        the index past the journal's retention (`retention_s`, 0: forever), it was pruned
-        (`gazctl journals prune`) since the last listing: drop it now, as the next listing
-        would, so that reads go on past it rather than fail. True if dropped; otherwise the
-        missing file is lost content, and the caller says so."""
+    def pruned_since_listing(self, fragment: pb.Fragment, retention_s: float) -> bool:
+        """A read found `fragment`'s file missing from its store. True if it is a remote
+        fragment of the index past the journal's retention (`retention_s`, 0: forever): it was
+        pruned (`gazctl journals prune`) since the last listing, which is not loss. The index
+        then asks for a new listing (`relist_wanted`) rather than drop it itself: a listing
+        also brings back shorter fragments it covered, which may still hold part of its range.
+        False: the missing file is lost content, and the caller says so."""
         self._check_open()
         if not past_retention(fragment, retention_s, self._clock()):
             return False
-        kept = [
-            entry for entry in self._set if entry.file is not None or entry.fragment != fragment
-        ]
-        if len(kept) == len(self._set):
-            return False  # Not (or no longer) a remote fragment of the index.
-        log.info(
-            "fragment pruned since the last listing: dropped from the index",
-            journal=self.journal,
-            begin=fragment.begin,
-            end=fragment.end,
-            store=fragment.backing_store,
-        )
-        self._set = CoverSet(kept)
-        self._wake()
+        if not any(entry.file is None and entry.fragment == fragment for entry in self._set):
+            return False
+        if not self.relist_wanted.is_set():
+            log.info(
+                "fragment pruned since the last listing: listing the stores again",
+                journal=self.journal,
+                begin=fragment.begin,
+                end=fragment.end,
+                store=fragment.backing_store,
+            )
+            self.relist_wanted.set()
         return True
 
     def close(self, *, close_files: bool = True) -> None:
@@ -499,10 +505,28 @@ class IndexRefresher:
         return interval
 
     async def run(self) -> None:
-        """Refresh until cancelled or the index is closed."""
+        """Refresh until cancelled or the index is closed; sooner when the index asks for a
+        listing (`FragmentIndex.relist_wanted`), at most every `relist_delay_s`."""
         while not self._index.closed:
             try:
                 delay = await self.step()
             except IndexClosedError:
                 return  # Closed during a listing: the replica is going away.
-            await self._sleep(delay)
+            await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        wanted = self._index.relist_wanted
+        if not wanted.is_set():
+            sleeping = asyncio.ensure_future(self._sleep(delay))
+            woken = asyncio.ensure_future(wanted.wait())
+            try:
+                await asyncio.wait({sleeping, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (sleeping, woken):
+                    task.cancel()
+                await asyncio.gather(sleeping, woken, return_exceptions=True)
+        if wanted.is_set():
+            # Requests within the delay are served by one listing (bounded rate, however many
+            # readers find the same fragment pruned).
+            await self._sleep(relist_delay_s)
+            wanted.clear()

@@ -612,45 +612,59 @@ async def test_read_streams_that_keep_ending_early_fail_the_rerouting_reader() -
 DAY_S = 86400
 
 
-async def _prune_first_of_two(b: Broker, retention_days: int) -> tuple[pb.Fragment, pb.Fragment]:
-    """Two stored fragments persisted two days ago, listed; then the first one's file is
-    removed from the store (as `gazctl journals prune` does), before the next listing. The
-    journal keeps fragments for `retention_days`."""
-    first = store_fragment(0, b"0123456789", CompressionCodec.NONE)
-    second = store_fragment(10, b"abcdef", CompressionCodec.NONE)
-    await b.store.put(first, b"0123456789")
-    await b.store.put(second, b"abcdef")
-    listed = await b.store.list(JOURNAL)
+def _aged(listed: list[pb.Fragment], days_by_begin: dict[int, int]) -> list[pb.Fragment]:
+    """The listing with each fragment persisted `days_by_begin[begin]` days ago."""
     for fragment in listed:
-        fragment.mod_time = int(NOW) - 2 * DAY_S
-    b.index.replace_remote(listed)
+        fragment.mod_time = int(NOW) - days_by_begin[fragment.begin] * DAY_S
+    return listed
+
+
+async def _prune_under_a_listing(b: Broker, retention_days: int) -> pb.Fragment:
+    """Stored: [0, 10) persisted 4 days ago; [5, 10) (the same bytes, persisted again by
+    another broker, covered by the first in the index) and [10, 16), 1 day ago; listed. Then
+    [0, 10)'s file is removed (as `gazctl journals prune` does), before the next listing. The
+    journal keeps fragments for `retention_days`. Returns the pruned fragment."""
+    content = b"0123456789abcdef"
+    pieces = [(0, 10), (5, 10), (10, 16)]
+    for begin, end in pieces:
+        fragment = store_fragment(begin, content[begin:end], CompressionCodec.NONE)
+        await b.store.put(fragment, content[begin:end])
+    ages = {0: 4, 5: 1, 10: 1}
+    b.index.replace_remote(_aged(await b.store.list(JOURNAL), ages))
+    assert [(f.begin, f.end) for f in b.index.fragments()] == [(0, 10), (10, 16)]
     b.resolver.spec = pb.JournalSpec(
         name=JOURNAL,
         fragment=pb.JournalSpec.Fragment(retention=Duration(seconds=retention_days * DAY_S)),
     )
-    pruned = next(f for f in listed if f.begin == 0)
+    (pruned,) = [f for f in b.index.fragments() if f.begin == 0]
     await b.store.delete(pruned)
-    return pruned, next(f for f in listed if f.begin == 10)
+    return pruned
 
 
-async def test_a_fragment_pruned_since_the_last_listing_is_read_past_not_data_loss() -> None:
+async def test_a_fragment_pruned_since_the_last_listing_is_retried_then_read_past() -> None:
     async with broker() as b:
-        pruned, kept = await _prune_first_of_two(b, retention_days=1)
-        # A reader lagging inside the pruned fragment goes on past it, as it will once the
-        # next listing no longer shows it (an offset jump), instead of failing on DATA_LOSS.
-        responses = await read_all(b.stub, offset=3)
-        assert content_of(responses) == [(10, b"abcd"), (14, b"ef")]
-        assert responses[-1].status == pb.OFFSET_NOT_YET_AVAILABLE
-        assert [f.begin for f in b.index.fragments()] == [kept.begin]
+        await _prune_under_a_listing(b, retention_days=3)
+        # A reader lagging inside the pruned fragment is told to read again (UNAVAILABLE,
+        # retried), not DATA_LOSS (not retried: a shard would end FAILED); the index asks its
+        # refresher for a listing now.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await read_all(b.stub, offset=3)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "pruned" in (caught.value.details() or "")
+        assert b.index.relist_wanted.is_set()
         assert b.index.lost_fragments() == []
-        assert pruned.begin not in [f.begin for f in b.index.fragments()]
+        # The listing: [0, 10) gone, [5, 10) back. The read goes on at 5, not past it.
+        b.index.replace_remote(_aged(await b.store.list(JOURNAL), {5: 1, 10: 1}))
+        responses = await read_all(b.stub, offset=3)
+        assert content_of(responses) == [(5, b"5678"), (9, b"9"), (10, b"abcd"), (14, b"ef")]
+        assert b.index.lost_fragments() == []
 
 
 async def test_a_fragment_missing_within_its_retention_is_still_data_loss() -> None:
     async with broker() as b:
-        pruned, kept = await _prune_first_of_two(b, retention_days=10)
+        pruned = await _prune_under_a_listing(b, retention_days=10)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await read_all(b.stub, offset=3)
         assert caught.value.code() == grpc.StatusCode.DATA_LOSS
-        # Still indexed: an operator must look (the next listing records it as lost).
-        assert [f.begin for f in b.index.fragments()] == [pruned.begin, kept.begin]
+        assert not b.index.relist_wanted.is_set()
+        assert pruned.begin in [f.begin for f in b.index.fragments()]

@@ -19,6 +19,7 @@ from broker.fragment.index import (
     IndexRefresher,
     offset_jump_age_s,
     refresh_interval_s,
+    relist_delay_s,
 )
 from broker.fragment.spool import LocalFragment
 from broker.fragment.spool_file import MemorySpoolFile
@@ -320,6 +321,47 @@ async def test_refresher_run_sleeps_the_interval_and_stops_when_closed() -> None
     registry = StoreRegistry({})
     await IndexRefresher(index, lambda: spec_with([], refresh_s=5), registry, sleep=sleep).run()
     assert slept == [5.0, 5.0, 5.0]
+
+
+async def test_refresher_lists_again_soon_when_the_index_asks() -> None:
+    # A read that finds a listed fragment pruned asks for a listing (relist_wanted): the
+    # refresher serves it after a short pause rather than at its interval (an hour here).
+    buckets = MemoryBuckets(clock=lambda: NOW)
+    url = "memory://relist/"
+    registry = StoreRegistry({"memory": lambda u: MemoryStore(u, buckets=buckets)})
+    index = new_index()
+    slept: list[float] = []
+    never = asyncio.Event()
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+        if delay != relist_delay_s:
+            await never.wait()  # The regular interval does not pass in this test.
+
+    refresher = IndexRefresher(
+        index, lambda: spec_with([url], refresh_s=3600), registry, sleep=sleep
+    )
+    running = asyncio.create_task(refresher.run())
+    try:
+        async with asyncio.timeout(10):
+            await index.first_refresh.wait()
+            content = b"listed later"
+            fragment = pb.Fragment(
+                journal=JOURNAL,
+                begin=0,
+                end=len(content),
+                sum=naming.content_sum(content),
+                compression_codec=naming.pb_codec(CompressionCodec.NONE),
+            )
+            await registry.get(url).put(fragment, content)
+            index.relist_wanted.set()
+            result = await index.wait_for(0)  # Listed by the next listing.
+        assert result.fragment is not None and result.fragment.end == len(content)
+        assert slept == [3600.0, relist_delay_s]
+        assert not index.relist_wanted.is_set()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
 
 
 def test_refresh_interval_is_clamped() -> None:
