@@ -71,7 +71,7 @@ from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
 from broker.list_apply_api import ListApplyAPI
 from broker.logging import get_logger
 from broker.peer_dialer import PEER_READ_CHANNEL_OPTIONS
-from broker.pipeline import Dialer
+from broker.pipeline import Dialer, pipeline_close_wait_s_default
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import is_quorum_journal
 from broker.protocol.validate import validate_broker_spec
@@ -441,16 +441,22 @@ class Broker:
             if server is not None:
                 await server.stop(0)
             if self.spool_dir is None:
-                # Then persist what this broker holds, as a graceful stop does: scratch spools
+                # Persist what this broker holds, as a graceful stop does: scratch spools
                 # (no --data-dir) and memory spools go with the process, and may be the last
                 # copy of acknowledged content (an etcd outage longer than the lease TTL fails
                 # every broker at once). Gazette's brokers do the same on any exit (their
                 # replicas stop, then the persister finishes). Durable spools are left as they
                 # are: a restart recovers them, and checks first whether the journal went on
                 # without this broker (fragment/spool_recovery.py), which persisting now could
-                # not (see docs/reliability.md, "a broker that fails").
-                await self._stop_replicas(serving)
-                await self._drain_persister()
+                # not (see docs/reliability.md, "a broker that fails"). The cancelled RPCs'
+                # handlers first give back the pipelines and spools they hold (appends roll
+                # back), as in stop(). Whatever fails here, the failure reported is the first.
+                try:
+                    await self.rpcs.drain()
+                    await self._stop_replicas(serving)
+                    await self._drain_persister()
+                except Exception as err:
+                    log.error("broker failed: persisting what it held failed", error=str(err))
             raise
         finally:
             if not serving.done():  # Failed with durable spools, or this task was cancelled.
@@ -461,15 +467,21 @@ class Broker:
 
     async def _stop_replicas(self, serving: asyncio.Future[None]) -> None:
         """Stop every local replica and wait (bounded) until they did: each completes its
-        fragment for the persister. Each replica bounds its own wait for the appends and
-        replications holding its spool (``shutdown_wait_s``, twice)."""
+        fragment for the persister. A replica bounds its own shutdown: the pipeline
+        (``shutdown_wait_s``), its close (``pipeline_close_wait_s_default``), then the spool
+        (``shutdown_wait_s``); past all of it, the rest is left to the caller's cancellation.
+        Never raises: the failure being handled is what the caller reports."""
         self.resolver.stop_serving()
-        try:
-            async with asyncio.timeout(2 * self.config.shutdown_wait_s + self.config.stop_grace_s):
-                await serving
-        except TimeoutError:
+        bound_s = (
+            2 * self.config.shutdown_wait_s
+            + pipeline_close_wait_s_default
+            + self.config.stop_grace_s
+        )
+        await asyncio.wait([serving], timeout=bound_s)
+        if not serving.done():
             log.warning("broker failed: its replicas did not stop in time", broker=repr(self))
-        except Exception as err:  # Failed before (the failure being handled), or as it stopped.
+        elif not serving.cancelled() and (err := serving.exception()) is not None:
+            # Failed before (the failure being handled, or part of it), or as it stopped.
             log.warning("broker failed: stopping its replicas failed", error=str(err))
 
     async def _drain_persister(self) -> None:

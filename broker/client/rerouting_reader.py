@@ -104,6 +104,8 @@ class ReroutingReader:
 
     async def read_chunk(self) -> Chunk:
         attempt = 0
+        ended = 0  # Early ends in this call: counted apart, so that failures between them
+        # (whose count an OK response resets) cannot make them unbounded.
         while True:
             spent = self.reader
             try:
@@ -124,9 +126,10 @@ class ReroutingReader:
                     return chunk
                 # Ended before the read was done (its broker's replica went away), with no
                 # content since this call began: content would have been returned.
-                attempt += 1
-                if attempt >= self._attempts_max:
-                    raise ReadEndedEarlyError(spent.request.journal, spent.offset, attempt)
+                ended += 1
+                attempt = max(attempt + 1, ended)
+                if ended >= self._attempts_max:
+                    raise ReadEndedEarlyError(spent.request.journal, spent.offset, ended)
                 log.info(
                     "read ended early; re-dispatched",
                     journal=spent.request.journal,
