@@ -21,9 +21,11 @@ view of etcd must not go on serving. It stops answering at once; with scratch or
 (which go with the process) it then stops its replicas and persists their fragments as a
 graceful stop does, since they may hold the last copy of acknowledged content (an etcd outage
 past the lease TTL fails every broker at once); durable spools are left to a restart's
-recovery (docs/reliability.md, "A broker that fails"). Stopping is graceful: the gRPC server drains (appends in
-flight roll back), local replicas roll their spools (completing fragments for the persister),
-queued fragments are persisted within a bound, and the lease is revoked.
+recovery (docs/reliability.md, "A broker that fails").
+
+Stopping is graceful: the gRPC server drains (appends in flight roll back), local replicas roll
+their spools (completing fragments for the persister), queued fragments are persisted within a
+bound, and the lease is revoked.
 
 A graceful *exit* (``gazette serve`` on SIGTERM, as Gazette's broker does) first hands the
 broker's journals off (``hand_off``): it re-announces itself with a zero journal limit, keeps
