@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import grpc
 import grpc.aio
 import pytest
@@ -32,6 +33,7 @@ from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.memory_store import MemoryBuckets, MemoryStore
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI
+from broker.http_gateway import HttpGateway
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import OffsetNotYetAvailableError
@@ -668,3 +670,37 @@ async def test_a_fragment_missing_within_its_retention_is_still_data_loss() -> N
         assert caught.value.code() == grpc.StatusCode.DATA_LOSS
         assert not b.index.relist_wanted.is_set()
         assert pruned.begin in [f.begin for f in b.index.fragments()]
+
+
+async def test_a_gateway_read_goes_on_when_the_replica_goes_away_mid_read() -> None:
+    # The HTTP gateway reads through a ReroutingReader: a blocking GET whose Read the broker
+    # ends (its replica went away) goes on from the next replica, instead of ending the body
+    # as if the read were over.
+    async with broker() as b:
+        commit(b.index, 0, b"0123456789")
+        client = JournalClient(b.endpoint)
+        gateway = HttpGateway(client)
+        port = await gateway.start("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{port}/{JOURNAL}?offset=10&block=true"
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with asyncio.timeout(REROUTE_BOUND_S):
+                    reading = asyncio.ensure_future(_read_three(session, url))
+                    await b.index.waiting.wait()  # The gateway's Read waits at the head.
+                    moved = WatchedIndex(clock=lambda: NOW)
+                    commit(moved, 0, b"0123456789")
+                    b.resolver.replica = Replica(moved)
+                    b.index.close()  # Ends that Read cleanly.
+                    await moved.waiting.wait()  # Read again, from the next replica.
+                    assert not reading.done()
+                    commit(moved, 10, b"abc")
+                    status, body = await reading
+            assert (status, body) == (206, b"abc")
+        finally:
+            await gateway.stop()
+            await client.close()
+
+
+async def _read_three(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+    async with session.get(url) as resp:
+        return resp.status, await resp.content.readexactly(3)
