@@ -131,7 +131,7 @@ class Servicer(pb_grpc.JournalServicer):  # type: ignore[misc]
 
 
 @contextlib.asynccontextmanager
-async def serving(servicer: Servicer) -> AsyncIterator[str]:
+async def serving(servicer: pb_grpc.JournalServicer) -> AsyncIterator[str]:
     """Serve ``servicer`` on a loopback port: its ``http://`` endpoint."""
     server = grpc.aio.server()
     pb_grpc.add_JournalServicer_to_server(servicer, server)

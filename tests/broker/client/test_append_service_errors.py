@@ -23,6 +23,7 @@ from broker.client.append_errors import (
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import (
     IndexHasGreaterOffsetError,
     JournalNotFoundError,
@@ -31,6 +32,7 @@ from broker.protocol.status import (
 )
 from broker.protocol.validate import ValidationError
 from tests.broker.broker_testkit import Cluster, journal_spec, local_content
+from tests.broker.read_testkit import serving
 
 J = "test/errors"
 
@@ -334,3 +336,36 @@ async def test_a_writer_is_back_within_a_second_of_its_journal(
     assert response.commit.end == len(b"after the outage\n") and back.is_set()
     assert now[0] - back_at <= 1.0
     assert service.stats.retries >= 5
+
+
+class _Unanswering(pb_grpc.JournalServicer):  # type: ignore[misc]
+    """A broker that reads an Append whole and then never answers (a hung process)."""
+
+    def __init__(self) -> None:
+        self.appends = 0
+        self.read_whole = asyncio.Event()
+
+    async def Append(self, requests, context):  # type: ignore[no-untyped-def]
+        self.appends += 1
+        async for _ in requests:
+            pass
+        self.read_whole.set()
+        await asyncio.Event().wait()  # Never answers.
+
+
+async def test_an_append_the_broker_never_answers_is_bounded_and_retried() -> None:
+    # append_timeout_s bounds each attempt; the attempts end in AppendRetriesExhaustedError
+    # (with the timeout as its cause), not a wait for ever.
+    servicer = _Unanswering()
+    async with serving(servicer) as endpoint:
+        client = JournalClient(endpoint)
+        service = AppendService(client, append_timeout_s=0.2, retry_s_max=1.0)
+        try:
+            async with asyncio.timeout(10), service:
+                failed = await append_line(service, J, b"into a black hole\n")
+                with pytest.raises(AppendRetriesExhaustedError) as exhausted:
+                    await failed
+        finally:
+            await client.close()
+    assert isinstance(exhausted.value.__cause__, TimeoutError)
+    assert servicer.read_whole.is_set() and servicer.appends == service.stats.rpcs >= 2
