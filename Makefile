@@ -19,7 +19,7 @@ APT_GET := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninterac
 # Sans-IO modules are type-checked with --strict; the rest with the default settings.
 MYPY_STRICT := broker/durable_file.py broker/disk_errors.py broker/keyspace/backend.py broker/keyspace/mvcc.py broker/keyspace/mvcc_state.py broker/keyspace/keyspace.py broker/keyspace/embedded.py broker/keyspace/conformance.py broker/keyspace/conformance_kit.py broker/keyspace/conformance_kv.py broker/keyspace/conformance_leases.py broker/keyspace/conformance_watch.py broker/keyspace/conformance_mirror.py broker/allocator broker/fragment/cover_set.py broker/apply_txn.py broker/slot.py \
 	broker/fragment/naming.py broker/fragment/spool.py broker/fragment/spool_state.py broker/fragment/spool_types.py broker/fragment/spool_roll.py broker/fragment/spool_compression.py broker/fragment/spool_file.py broker/fragment/spool_record.py broker/fragment/spool_recovery.py broker/fragment/spool_named.py broker/fragment/codecs.py \
-	broker/append_rate.py broker/append_receive.py broker/malloc_tuning.py broker/protocol/content_wire.py broker/protocol/selector.py broker/protocol/validate.py \
+	broker/append_rate.py broker/append_receive.py broker/read_staging.py broker/malloc_tuning.py broker/protocol/content_wire.py broker/protocol/selector.py broker/protocol/validate.py \
 	broker/protocol/validation_error.py broker/protocol/tokens.py broker/protocol/urls.py broker/protocol/media_type.py broker/protocol/limits.py broker/protocol/labels.py \
 	broker/cli/strict_yaml.py broker/cli/yaml_shape.py broker/loop_slices.py broker/lazy_exports.py broker/rpc_tasks.py \
 	gazette_consumer/message gazette_consumer/sequencer gazette_consumer/transaction.py gazette_consumer/shard_spec.py broker/logging.py \

@@ -54,6 +54,18 @@ READ_BYTES: Final = Counter(
     "Journal content bytes this broker's Read RPCs streamed from its local fragment index.",
 )
 
+READ_STAGED: Final = Counter(
+    "gazette_read_staged_fragments_total",
+    "Stored fragments staged to local scratch and verified whole before a Read served them.",
+)
+READ_STAGED_BYTES: Final = Gauge(
+    "gazette_read_staged_bytes",
+    "Bytes of stored fragments staged for Reads (reserved by live staged copies).",
+)
+READ_STAGING_WAITS: Final = Counter(
+    "gazette_read_staging_waits_total",
+    "Reads that waited for room to stage a stored fragment.",
+)
 DATA_LOSS_READS: Final = Counter(
     "gazette_read_data_loss_total",
     "Read RPCs this broker failed with DATA_LOSS: a fragment file did not verify against its"

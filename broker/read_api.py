@@ -96,6 +96,7 @@ from broker.read_serve import (
     fragment_url_ttl_s,
     serve_read,
 )
+from broker.read_staging import StagingArea, StagingError
 
 log = get_logger(__name__)
 
@@ -147,6 +148,7 @@ class ReadAPI:
         chunk_bytes_max: int = chunk_bytes_max_default,
         hole_wait_warning_s: float = hole_wait_warning_s_default,
         quorum: QuorumReads | None = None,
+        staging: StagingArea | None = None,
     ) -> None:
         if chunk_bytes_max < 1:
             raise ValueError(f"chunk_bytes_max: must be >= 1 (got {chunk_bytes_max})")
@@ -160,6 +162,9 @@ class ReadAPI:
         self._hole_wait_warning_s = hole_wait_warning_s
         # Quorum journals' read barrier (None: served as all-replicas journals are).
         self._quorum = quorum
+        # Where stored fragments are verified whole before they are served (None: those over
+        # 1 MiB are verified as they stream).
+        self._staging = staging
 
     async def read(
         self, request: pb.ReadRequest, context: Context
@@ -216,6 +221,7 @@ class ReadAPI:
             chunk_bytes_max=self._chunk_bytes_max,
             hole_wait_warning_s=self._hole_wait_warning_s,
             retention_s=retention_s(spec) if spec is not None else 0.0,
+            staging=self._staging,
         )
         try:
             async for response in responses:
@@ -235,9 +241,16 @@ class ReadAPI:
                 error=str(err),
             )
             await context.abort(grpc.StatusCode.DATA_LOSS, f"reading {request.journal}: {err}")
-        except (StoreError, FragmentContentError, FileClosedError, FragmentPrunedError) as err:
+        except (
+            StoreError,
+            FragmentContentError,
+            FileClosedError,
+            FragmentPrunedError,
+            StagingError,
+        ) as err:
             # (Pruned since the last listing: not loss. The index lists the stores again; a
-            # read retried after that goes on past the pruned range.)
+            # read retried after that goes on past the pruned range. A fragment that could not
+            # be staged is not lost either.)
             log.warning("read failed", journal=request.journal, error=str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"reading {request.journal}: {err}")
         finally:

@@ -12,8 +12,10 @@ A served read is a loop over the replica's FragmentIndex, exactly as Gazette's:
 3. Stop after it if the client wanted `metadata_only`, if the fragment is persisted and the
    client reads store files itself (`do_not_proxy`), or if `end_offset` is reached.
 4. Stream the fragment's content from the offset in chunks of at most `chunk_bytes_max`: from
-   the local spool file if the fragment is local, else from the store (decompressed). Stop at
-   `end_offset`; otherwise go to 1 at the fragment's end.
+   the local spool file if the fragment is local, else from the store (decompressed and
+   verified against the fragment's name before any byte is served: in memory up to 1 MiB,
+   through a staged scratch copy beyond, read_staging.py). Stop at `end_offset`; otherwise
+   go to 1 at the fragment's end.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from broker.client.reader import (
 )
 from broker.fragment.index import FragmentIndex, QueryResult
 from broker.fragment.spool_file import SpoolFile
-from broker.fragment.stores.base import FragmentNotFoundError
+from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import protocol_pb2 as pb
 from broker.read_hole import hole_wait_warning_s_default, wait_covered
+from broker.read_staging import StagingArea
 
 # Content chunks of a Read stream are at most this large (Gazette's 128 KiB).
 chunk_bytes_max_default: Final = 1 << 17
@@ -53,12 +56,15 @@ async def serve_read(
     chunk_bytes_max: int = chunk_bytes_max_default,
     hole_wait_warning_s: float = hole_wait_warning_s_default,
     retention_s: float = 0.0,
+    staging: StagingArea | None = None,
 ) -> AsyncGenerator[pb.ReadResponse, None]:
     """The responses of a read served from `index` (see the module docstring). Raises
     IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails.
     `retention_s` is the journal's fragment retention (0: forever): a stored fragment found
     missing past it was pruned since the last listing (FragmentPrunedError, and the index lists
-    the stores again: `FragmentIndex.pruned_since_listing`)."""
+    the stores again: `FragmentIndex.pruned_since_listing`). Stored fragments `staging`
+    stages are verified whole before their first byte is served (StagingError if it cannot);
+    without it, those longer than 1 MiB are verified as they stream."""
     req = pb.ReadRequest()
     req.CopyFrom(request)
     first = True
@@ -88,7 +94,7 @@ async def serve_read(
             content = _local_content(result.file, fragment, req.offset, chunk_bytes_max)
         else:
             content = _store_content(
-                registry, fragment, req.offset, chunk_bytes_max, index, retention_s
+                registry, fragment, req.offset, chunk_bytes_max, index, retention_s, staging
             )
         try:
             async for chunk in content:
@@ -178,18 +184,33 @@ async def _store_content(
     chunk_bytes_max: int,
     index: FragmentIndex,
     retention_s: float,
+    staging: StagingArea | None,
 ) -> AsyncGenerator[bytes, None]:
-    # The index lists this fragment, so its file must exist: a missing one is lost content,
-    # not a store that is unavailable for a moment; unless the journal's retention had it
-    # pruned since the index's last listing (a lagging reader would otherwise fail on
-    # DATA_LOSS until the next listing, where it jumps the pruned range).
-    try:
-        raw = await registry.get(fragment.backing_store).open(fragment)
-    except FragmentNotFoundError as err:
-        if index.pruned_since_listing(fragment, retention_s):
-            raise FragmentPrunedError(fragment) from err
-        raise missing_fragment_error(fragment, err) from err
-    # Verified against the fragment's name as it is read (FragmentIntegrityError).
+    async def open_raw() -> FragmentReader:
+        # The index lists this fragment, so its file must exist: a missing one is lost
+        # content, not a store that is unavailable for a moment; unless the journal's
+        # retention had it pruned since the index's last listing (a lagging reader would
+        # otherwise fail on DATA_LOSS until the next listing, where it jumps the pruned range).
+        try:
+            return await registry.get(fragment.backing_store).open(fragment)
+        except FragmentNotFoundError as err:
+            if index.pruned_since_listing(fragment, retention_s):
+                raise FragmentPrunedError(fragment) from err
+            raise missing_fragment_error(fragment, err) from err
+
+    if staging is not None and staging.stages(fragment):
+        # Verified whole in a scratch copy before its first byte is served.
+        async with staging.staged(fragment, open_raw) as file:
+            staged = _local_content(file, fragment, offset, chunk_bytes_max)
+            try:
+                async for data in staged:
+                    yield data
+            finally:
+                await staged.aclose()
+        return
+    raw = await open_raw()
+    # Verified against the fragment's name as it is read (FragmentIntegrityError): whole
+    # before the first byte up to 1 MiB, else as it streams.
     try:
         reader = FragmentContentReader(
             raw, fragment, offset, chunk_bytes_max=chunk_bytes_max, store=fragment.backing_store

@@ -38,6 +38,7 @@ from broker.protocol.validate import (
     ValidationError,
     validate_token,
 )
+from broker.read_staging import stage_bytes_max_default
 from broker.security_flags import (
     add_etcd_options,
     add_server_tls_options,
@@ -79,6 +80,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0 (got {value})")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
     return value
 
 
@@ -232,6 +243,16 @@ def _parser() -> argparse.ArgumentParser:
         " store holds: appends past it are refused (RESOURCE_EXHAUSTED) until uploads catch"
         " up; the log compacts at half of it (default 64 MiB)",
     )
+    serve.add_argument(
+        "--read-stage-bytes-max",
+        dest="stage_bytes_max",
+        type=_non_negative_int,
+        default=stage_bytes_max_default,
+        help="bytes of stored fragments over 1 MiB this broker holds at once in scratch files"
+        " (unlinked, in --spool-dir or the data directory) to verify them whole before a Read"
+        " serves their first byte; a longer fragment is verified as it streams; 0: none"
+        " staged (default 4 GiB)",
+    )
     add_server_tls_options(serve)
     add_etcd_options(serve)
     demo = sub.add_parser("demo", help="run the embedded end-to-end demo")
@@ -290,6 +311,7 @@ async def _serve(args: argparse.Namespace) -> None:
             min_append_rate_bytes_per_s=args.min_append_rate_bytes_per_s,
             flow_control_burst_s=args.flow_control_burst_s,
             quorum_log_bytes_max=args.quorum_log_bytes_max,
+            stage_bytes_max=args.stage_bytes_max,
         ),
         stores=new_registry(file_root=args.file_root),
     )

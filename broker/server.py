@@ -83,6 +83,7 @@ from broker.quorum_shell.pulse import quorum_pulse
 from broker.quorum_shell.status import status_handler
 from broker.quorum_shell.transport import deliver_handler
 from broker.read_api import ReadAPI
+from broker.read_staging import StagingArea
 from broker.readiness import ReadinessGate, check_own_member
 from broker.replica import PulseResult, Replica, ReplicaEnv
 from broker.replicate_api import ReplicateApi
@@ -240,6 +241,13 @@ class Broker:
             return self.spool_dir.new_scratch_file()
         return TempSpoolFile(self.config.spool_dir)
 
+    def _new_stage_file(self) -> SpoolFile:
+        """Scratch files of stored fragments staged for Reads (read_staging.py): on disk even
+        with memory spools, whose blocks are for appends (a staged copy can be GiBs)."""
+        if self.spool_dir is not None:
+            return self.spool_dir.new_scratch_file()
+        return TempSpoolFile(self.config.spool_dir)
+
     async def _recover_spools(self) -> None:
         """Recover the durable spools of a previous run (fragment/spool_dir.py), before the
         broker serves anything: their journals' replicas resume from them once assigned."""
@@ -319,7 +327,19 @@ class Broker:
                 quorum=self.quorum,
             ),
             ReplicateApi(self.resolver),
-            ReadAPI(self.resolver, registry, self.channels, zone=cfg.zone, quorum=self.quorum),
+            ReadAPI(
+                self.resolver,
+                registry,
+                self.channels,
+                zone=cfg.zone,
+                quorum=self.quorum,
+                # Stored fragments are verified whole in scratch files on disk.
+                staging=StagingArea(
+                    self._new_stage_file,
+                    bytes_max=cfg.stage_bytes_max,
+                    wait_s=cfg.stage_wait_s,
+                ),
+            ),
             FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),
             StoreHealthAPI(self.store_health, self._unrouted_header),

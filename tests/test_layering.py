@@ -85,6 +85,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.read_resolve",
             "broker.read_serve",
             "broker.read_hole",
+            "broker.read_staging",
             "broker.replicate_api",
             "broker.fragments_api",
             "broker.list_apply_api",

@@ -1,0 +1,317 @@
+"""StagingArea (broker/read_staging.py): a stored fragment too long to verify in memory is
+decoded into a scratch file and verified whole before a read gets any of it; reads of one
+fragment share one copy; the area's room is bounded and waited for; nothing is kept past its
+last read, or after a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator
+
+import pytest
+from broker_testkit import wait_until
+
+from broker.client.reader import verify_whole_bytes_max_default
+from broker.fragment import naming
+from broker.fragment.spool_file import MemorySpoolFile, SpoolFile
+from broker.fragment.stores.base import BytesReader, FragmentReader
+from broker.fragment.verify import FragmentIntegrityError, IntegrityFailure
+from broker.metrics import value_of
+from broker.protocol import protocol_pb2 as pb
+from broker.read_staging import (
+    StagingArea,
+    StagingError,
+    StagingFullError,
+    stage_bytes_max_default,
+)
+from broker.serve_cli import _parse_args
+
+MiB = 1 << 20
+WAIT_S = 10.0
+
+
+def content_of(size: int, seed: int = 0) -> bytes:
+    line = bytes((ord("a") + (seed + i) % 26) for i in range(63)) + b"\n"
+    return (line * (size // len(line) + 1))[:size]
+
+
+def fragment_of(content: bytes, begin: int = 0, codec: int = pb.NONE) -> pb.Fragment:
+    return pb.Fragment(
+        journal="staging/journal",
+        begin=begin,
+        end=begin + len(content),
+        sum=naming.content_sum(content),
+        compression_codec=codec,
+        backing_store="memory://bucket/",
+    )
+
+
+class Opener:
+    """Opens a stored file of `stored` bytes, counting opens; with `gate`, the first read waits
+    for it (a slow store) and reports that reading began."""
+
+    def __init__(self, stored: bytes, gate: asyncio.Event | None = None) -> None:
+        self.stored = stored
+        self.gate = gate
+        self.opens = 0
+        self.closed = 0
+        self.reading = asyncio.Event()
+        self.closed_event = asyncio.Event()
+
+    async def __call__(self) -> FragmentReader:
+        self.opens += 1
+        return _Gated(self)
+
+
+class _Gated(FragmentReader):
+    def __init__(self, opener: Opener) -> None:
+        self._opener = opener
+        self._inner = BytesReader(opener.stored)
+
+    async def read(self, size: int = 1 << 16) -> bytes:
+        self._opener.reading.set()
+        if self._opener.gate is not None:
+            await self._opener.gate.wait()
+        return await self._inner.read(size)
+
+    async def aclose(self) -> None:
+        self._opener.closed += 1
+        self._opener.closed_event.set()
+        await self._inner.aclose()
+
+
+def new_memory_file() -> SpoolFile:
+    return MemorySpoolFile()
+
+
+async def read_whole(file: SpoolFile, fragment: pb.Fragment) -> bytes:
+    return file.pread(fragment.end - fragment.begin, 0)
+
+
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP], ids=["NONE", "GZIP"])
+async def test_a_large_fragment_is_staged_whole_and_verified(codec: int) -> None:
+    content = content_of(3 * MiB)
+    fragment = fragment_of(content, begin=1000, codec=codec)
+    stored = gzip.compress(content) if codec == pb.GZIP else content
+    area = StagingArea(new_memory_file)
+    assert area.stages(fragment)
+    staged = value_of("gazette_read_staged_fragments_total")
+    async with area.staged(fragment, Opener(stored)) as file:
+        assert await read_whole(file, fragment) == content
+        assert area.used == len(content)
+        kept = file
+    assert kept.closed and area.used == 0
+    assert value_of("gazette_read_staged_fragments_total") == staged + 1
+
+
+async def test_a_fragment_damaged_in_its_middle_serves_no_byte() -> None:
+    content = content_of(3 * MiB)
+    fragment = fragment_of(content)
+    # One byte changed half-way: as long as the fragment, valid framing, other content.
+    damaged = bytearray(content)
+    damaged[len(content) // 2] ^= 0x20
+    opener = Opener(bytes(damaged))
+    area = StagingArea(new_memory_file)
+    entered = False
+    with pytest.raises(FragmentIntegrityError) as caught:
+        async with area.staged(fragment, opener):
+            entered = True
+    assert not entered
+    err = caught.value
+    assert err.failure is IntegrityFailure.SHA1_MISMATCH and err.delivered == 0
+    assert "delivered" not in str(err)
+    assert area.used == 0 and opener.closed == 1
+    # A failure is not kept: the next read opens the store again (and fails again).
+    with pytest.raises(FragmentIntegrityError):
+        async with area.staged(fragment, opener):
+            pass
+    assert opener.opens == 2
+
+
+async def test_small_and_oversized_fragments_are_not_staged() -> None:
+    area = StagingArea(new_memory_file, bytes_max=8 * MiB)
+    assert not area.stages(fragment_of(content_of(verify_whole_bytes_max_default)))
+    assert area.stages(fragment_of(content_of(verify_whole_bytes_max_default + 1)))
+    assert area.stages(fragment_of(content_of(8 * MiB)))
+    assert not area.stages(fragment_of(content_of(8 * MiB + 1)))
+    assert not StagingArea(new_memory_file, bytes_max=0).stages(fragment_of(content_of(2 * MiB)))
+
+
+async def test_reads_of_one_fragment_share_one_copy() -> None:
+    content = content_of(2 * MiB)
+    fragment = fragment_of(content)
+    gate = asyncio.Event()
+    opener = Opener(content, gate)
+    area = StagingArea(new_memory_file)
+    first_in, first_out, first_left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    files: list[SpoolFile] = []
+
+    async def first() -> None:
+        async with area.staged(fragment, opener) as file:
+            files.append(file)
+            first_in.set()
+            await first_out.wait()
+        first_left.set()
+
+    async def second() -> bytes:
+        async with area.staged(fragment, opener) as file:
+            files.append(file)
+            await first_in.wait()
+            first_out.set()
+            await first_left.wait()
+            # The first read let go of the copy: it stays open for this one.
+            assert not file.closed
+            return await read_whole(file, fragment)
+
+    # Created together: the second joins the staging the first started (tasks start in order).
+    tasks = [asyncio.create_task(first()), asyncio.create_task(second())]
+    async with asyncio.timeout(WAIT_S):
+        await opener.reading.wait()
+        gate.set()
+        _, got = await asyncio.gather(*tasks)
+    assert got == content
+    assert opener.opens == 1 and files[0] is files[1]
+    assert files[0].closed and area.used == 0
+
+
+async def test_a_read_that_goes_away_cancels_a_staging_no_other_read_wants() -> None:
+    content = content_of(2 * MiB)
+    fragment = fragment_of(content)
+    opener = Opener(content, asyncio.Event())  # Never opens the gate.
+    area = StagingArea(new_memory_file)
+
+    async def read() -> None:
+        async with area.staged(fragment, opener):
+            raise AssertionError("a staging that never completes was entered")
+
+    task = asyncio.create_task(read())
+    async with asyncio.timeout(WAIT_S):
+        await opener.reading.wait()
+        assert area.used == len(content)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The staging task closes its store reader once its cancellation lands.
+        await opener.closed_event.wait()
+    assert area.used == 0
+
+
+async def test_a_read_that_goes_away_leaves_the_staging_to_another_read() -> None:
+    content = content_of(2 * MiB)
+    fragment = fragment_of(content)
+    gate = asyncio.Event()
+    opener = Opener(content, gate)
+    area = StagingArea(new_memory_file)
+
+    async def read() -> bytes:
+        async with area.staged(fragment, opener) as file:
+            return await read_whole(file, fragment)
+
+    leaving = asyncio.create_task(read())
+    staying = asyncio.create_task(read())
+    async with asyncio.timeout(WAIT_S):
+        await opener.reading.wait()  # Both joined: tasks start in the order they were created.
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        gate.set()
+        assert await staying == content
+    assert opener.opens == 1 and area.used == 0
+
+
+async def test_room_is_waited_for_then_refused() -> None:
+    a, b = content_of(2 * MiB, 1), content_of(2 * MiB, 2)
+    fa, fb = fragment_of(a), fragment_of(b, begin=len(a))
+    area = StagingArea(new_memory_file, bytes_max=3 * MiB, wait_s=WAIT_S)
+    waits = value_of("gazette_read_staging_waits_total")
+    release, held = asyncio.Event(), asyncio.Event()
+
+    async def hold_a() -> None:
+        async with area.staged(fa, Opener(a)):
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold_a())
+    async with asyncio.timeout(WAIT_S):
+        await held.wait()
+        opener_b = Opener(b)
+
+        async def read_b() -> bytes:
+            async with area.staged(fb, opener_b) as file:
+                return await read_whole(file, fb)
+
+        waiting = asyncio.create_task(read_b())
+        await wait_until(lambda: value_of("gazette_read_staging_waits_total") > waits)
+        assert opener_b.opens == 0 and not waiting.done()
+        release.set()
+        assert await waiting == b
+        await holder
+    assert area.used == 0
+
+    # Held for longer than the area's wait: refused, naming what was wanted.
+    short = StagingArea(new_memory_file, bytes_max=3 * MiB, wait_s=0.05)
+    release, held = asyncio.Event(), asyncio.Event()
+
+    async def hold_a_short() -> None:
+        async with short.staged(fa, Opener(a)):
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold_a_short())
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await held.wait()
+            with pytest.raises(StagingFullError) as caught:
+                async with short.staged(fb, Opener(b)):
+                    pass
+    finally:
+        release.set()
+        await holder
+    assert fb.journal in str(caught.value) and "read again" in str(caught.value)
+    assert isinstance(caught.value, StagingError)
+    assert short.used == 0
+
+
+async def test_a_failing_scratch_file_is_a_staging_error_not_data_loss() -> None:
+    content = content_of(3 * MiB)
+    fragment = fragment_of(content)
+    area = StagingArea(lambda: MemorySpoolFile(bytes_max=MiB))  # A disk that fills up.
+    with pytest.raises(StagingError) as caught:
+        async with area.staged(fragment, Opener(content)):
+            pass
+    assert not isinstance(caught.value, FragmentIntegrityError)
+    assert "scratch file" in str(caught.value) and isinstance(caught.value.__cause__, OSError)
+    assert area.used == 0
+
+
+async def test_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="bytes_max"):
+        StagingArea(new_memory_file, bytes_max=-1)
+    with pytest.raises(ValueError, match="wait_s"):
+        StagingArea(new_memory_file, wait_s=-1)
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    yield
+    others = [
+        t
+        for t in asyncio.all_tasks()
+        if t is not asyncio.current_task() and t.get_name().startswith("stage ")
+    ]
+    for task in others:
+        await asyncio.wait([task], timeout=WAIT_S)
+    assert all(t.done() for t in others)
+
+
+@pytest.mark.parametrize("value", ["-1", "lots"])
+def test_the_serve_flag_refuses_a_bad_size(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse_args(["serve", "--read-stage-bytes-max", value])
+    assert "argument --read-stage-bytes-max:" in capsys.readouterr().err
+
+
+def test_the_serve_flag_sets_the_room() -> None:
+    assert _parse_args(["serve"]).stage_bytes_max == stage_bytes_max_default == 4 << 30
+    assert _parse_args(["serve", "--read-stage-bytes-max", "0"]).stage_bytes_max == 0
