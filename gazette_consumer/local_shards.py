@@ -36,7 +36,6 @@ from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.lifecycle import Assigned, Lifecycle, Promote, Start, Stop, UpdateSpec
 from gazette_consumer.lifecycle import status_update as next_status
-from gazette_consumer.metrics import forget_shard
 from gazette_consumer.shard_handle import ShardHandle, ShardProgress, ShardStart, StartShard
 from gazette_consumer.topology import (
     FAILED,
@@ -250,19 +249,17 @@ class LocalShards:
             entry.notify()
 
     async def _stop(self, shard: str, handle: ShardHandle) -> None:
+        """Stop a replica that left this process. Its metric series go with the last use of
+        them in the process (metrics.py), not with this stop: a replica of the shard started
+        again meanwhile, or another member's in this process, may still record into them."""
         try:
             async with asyncio.timeout(self._stop_wait_s):
                 await handle.stop()
         except TimeoutError:
             log.error("local shard did not stop in time", shard=shard, wait_s=self._stop_wait_s)
-            return
         except Exception:
             # Its stop broke, not the process: the other shards keep running.
             log.exception("stopping local shard failed", shard=shard)
-            return
-        if shard not in (self._local or {}):
-            # Gone from this process (not started again meanwhile): its metrics go too.
-            forget_shard(shard)
 
     def _on_change_of(self, shard: str, token: object) -> Callable[[], None]:
         def on_change() -> None:

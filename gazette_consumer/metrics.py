@@ -20,14 +20,25 @@ The collectors are module-level, in prometheus_client's default registry (as in
 The transaction loop records through a `ShardMetrics`, whose children are looked up once per
 primary assignment; messages are counted per transaction (``ClosedTxn.consumed``), so that no
 metric costs anything per message.
+
+A shard's series live as long as something in the process uses them: each `ShardSeriesUse`
+(a `ShardMetrics` is one) counts, and closing the shard's last one drops its series
+(`forget_shard`), so that a process that runs shard after shard does not grow with them. The
+transaction loop uses them while it runs; a replica (``LocalShard``) from its start until it is
+stopped, so that its counters survive the attempts it retries, and a replica that failed for
+good still exports its read-through (its lag keeps showing) until it is stopped. A use closed
+while another is open (a second runner of the same shard ID, a replica started again before
+the old one stopped) drops nothing: the other goes on recording into the same series.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from types import TracebackType
+from typing import Final, Self
 
 from aiohttp import web
 from prometheus_client import (
@@ -43,7 +54,7 @@ from prometheus_client import (
 from gazette_consumer.stores.base import OpFuture
 from gazette_consumer.transaction import ClosedTxn
 
-__all__ = ["ShardMetrics", "forget_shard", "serve_metrics"]
+__all__ = ["ShardMetrics", "ShardSeriesUse", "forget_shard", "serve_metrics"]
 
 # Seconds: transactions last from sub-millisecond to their max duration (Gazette's default 1s),
 # stalled ones longer.
@@ -88,8 +99,8 @@ def forget_shard(shard: str) -> None:
     assignment went to another member, or it was disabled or deleted) is no longer exported,
     and a process that sees many shards come and go does not grow with them. A shard that
     comes back starts its series afresh (Prometheus takes that as a counter reset, as after a
-    process restart). Call it only while no ShardMetrics of `shard` is in use: one would go on
-    recording into series no longer exported."""
+    process restart). Closing a shard's last `ShardSeriesUse` calls it; called while one is
+    open, that use would go on recording into series no longer exported."""
     for metric in (TRANSACTIONS, MESSAGES, TXN_DURATION, COMMIT_LATENCY, COMMIT_FAILURES):
         with contextlib.suppress(KeyError):
             metric.remove(shard)
@@ -104,11 +115,62 @@ def forget_shard(shard: str) -> None:
             READ_THROUGH.remove(shard, journal)
 
 
-class ShardMetrics:
-    """The metrics of one shard, recorded by its transaction loop (on the event loop)."""
+# Open ShardSeriesUses per shard ID (absent: none). Only the event loop opens and closes them;
+# the lock costs nothing at a shard's start and stop, and keeps a count and the series it
+# guards changing together should another thread ever do so (see ShardSeriesUse.close).
+_uses: dict[str, int] = {}
+_uses_lock = threading.Lock()
+
+
+class ShardSeriesUse:
+    """One use of `shard`'s series in this process, from its creation until `close()` (or the
+    end of a ``with`` block); closing the shard's last open use drops its series
+    (`forget_shard`). A plain use records nothing and creates no series: a replica holds one
+    so that its series outlive the transaction loops of its attempts (see the module
+    docstring). Closing twice is closing once."""
 
     def __init__(self, shard: str) -> None:
         self.shard = shard
+        with _uses_lock:
+            _uses[shard] = _uses.get(shard, 0) + 1
+        self._open = True
+
+    def close(self) -> None:
+        with _uses_lock:
+            if not self._open:
+                return
+            self._open = False
+            left = _uses[self.shard] - 1
+            if left:
+                _uses[self.shard] = left
+                return
+            del _uses[self.shard]
+            # Under the lock: a use opened meanwhile must find the series either still there
+            # or already gone, never lose the children it just looked up.
+            forget_shard(self.shard)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ShardMetrics(ShardSeriesUse):
+    """The metrics of one shard, recorded by its transaction loop (on the event loop): a use
+    of its series (`ShardSeriesUse`), to be closed when the loop ends and not recorded into
+    after (`progressed` would create series that nothing drops)."""
+
+    def __init__(self, shard: str) -> None:
+        # Counted before the children are looked up: a last use closing meanwhile then drops
+        # the series before these look them up again, never after (which would leave this one
+        # recording into children no longer exported).
+        super().__init__(shard)
         self._transactions = TRANSACTIONS.labels(shard)
         self._messages = MESSAGES.labels(shard)
         self._duration = TXN_DURATION.labels(shard)

@@ -40,6 +40,7 @@ from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from gazette_consumer.application import Application
 from gazette_consumer.hints import HintStore
+from gazette_consumer.metrics import ShardSeriesUse
 from gazette_consumer.recovery import ShardRecovery
 from gazette_consumer.shard import PrimaryShard, ShardFailedError
 from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, StartShard
@@ -91,6 +92,10 @@ class LocalShard:
         self.retrying: RetryAfter | None = None
         """The last transient failure, while the replica waits to start over or starts over
         (None once it serves again, or if it never failed)."""
+        # The shard's metric series are kept from the replica's start until it is stopped
+        # (metrics.py), across its attempts: a retry does not reset its counters, and once it
+        # failed for good its read-through (and so its lag) is still exported.
+        self._series = ShardSeriesUse(start.spec.id)
 
     @property
     def id(self) -> str:
@@ -126,6 +131,10 @@ class LocalShard:
         self._spec = spec
 
     async def stop(self) -> None:
+        # Released at once rather than once stopped: a stop that never ends (a member gives up
+        # waiting) must not keep the series forever. A transaction loop still running keeps
+        # them until it ends.
+        self._series.close()
         task = self._task
         if task is not None and not task.done():
             task.cancel()
@@ -284,6 +293,10 @@ class ShardRunner:
             for shard in list(self._shards.values()):
                 await shard.stop()
         except BaseException as err:
+            # Interrupted (cancelled, say): the shards not stopped yet end with the group, and
+            # let go of their series here, as a stop would have.
+            for shard in self._shards.values():
+                shard._series.close()
             await self._tg.__aexit__(type(err), err, err.__traceback__)
             raise
         # Every shard's task has ended (and they never raise but for cancellation), so the
@@ -307,6 +320,11 @@ class ShardRunner:
         # Set by a callback rather than by run() itself: a task cancelled before it first ran
         # never executes its body.
         task.add_done_callback(lambda _task: shard._done.set())
+        replaced = self._shards.get(start.spec.id)
+        if replaced is not None and replaced._done.is_set():
+            # Ended without a stop (it failed for good), and out of the runner's reach from now
+            # on: it lets go of the series here, after the new replica took them up.
+            replaced._series.close()
         self._shards[start.spec.id] = shard
         return shard
 

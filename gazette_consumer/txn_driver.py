@@ -119,11 +119,15 @@ class TxnDriver:
         # Read-through offsets the source reached without delivering a message while the prior
         # transaction was completing: reported once it has (None: nothing to report).
         self._idle_read_through: Mapping[str, int] | None = None
-        self._metrics = ShardMetrics(self._id)
+        self._metrics: ShardMetrics  # Opened by run(), for as long as the loop runs.
 
     async def run(self) -> NoReturn:
         fsm = self.fsm
         phase = fsm.phase
+        # Opened here rather than in __init__ (a driver never run would keep the shard's series
+        # forever), and closed in the `finally` below whichever way the loop ends: the shard's
+        # last use of its series closing drops them (metrics.py).
+        self._metrics = ShardMetrics(self._id)
         try:
             while True:
                 self._observe_prior()
@@ -162,6 +166,8 @@ class TxnDriver:
             if isinstance(err, ShardFailedError):
                 raise
             raise ShardFailedError(self._id, "transaction loop", err) from err
+        finally:
+            self._metrics.close()
 
     # --- Observing without waiting -------------------------------------------------------------
 

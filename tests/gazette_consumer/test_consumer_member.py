@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
@@ -16,8 +17,8 @@ from broker.allocator import MemberNotFoundError
 from broker.keyspace.backend import Backend, LeaseNotFoundError
 from broker.keyspace.embedded import EmbeddedStore
 from broker.protocol import consumer_pb2 as cpb
-from gazette_consumer.metrics import ShardMetrics
 from gazette_consumer.shard_handle import ShardHandle, ShardRole, ShardStart
+from gazette_consumer.shard_runner import ShardRunner
 from gazette_consumer.topology import lookup_member
 from tests.gazette_consumer.consumer_testkit import (
     ROOT,
@@ -27,6 +28,7 @@ from tests.gazette_consumer.consumer_testkit import (
     primary_and_standbys,
     shard_spec,
 )
+from tests.gazette_consumer.shard_testkit import CountingApp, Producer, shard_env
 
 SHARDS = [f"shard-{i:03d}" for i in range(6)]
 READ_THROUGH = "gazette_consumer_shard_read_through_bytes"
@@ -256,25 +258,46 @@ async def test_a_start_shard_that_raises_fails_only_its_shard(group: Group) -> N
     assert node.member.failure is None
 
 
-async def test_disabling_a_shard_stops_its_replicas_and_drops_its_metrics(group: Group) -> None:
-    node = await group.join("zone-a", "consumer-a")
-    await group.put_shard(shard_spec("shard-d"))
-    await group.until(primary_and_standbys(group, ["shard-d"], standbys=0))
-    # The series a primary of it records (FakeShard records none of its own).
-    ShardMetrics("shard-d").progressed({"in/d": 42})
+async def test_disabling_a_shard_stops_its_replicas_and_drops_its_metrics(
+    group: Group, tmp_path: Path
+) -> None:
     read_through = {"shard": "shard-d", "journal": "in/d"}
-    assert REGISTRY.get_sample_value(READ_THROUGH, read_through) == 42
-    spec = shard_spec("shard-d")
-    spec.disable = True
-    await group.put_shard(spec)
-    await group.until(lambda: None if not group.assignments() else str(group.assignments()))
-    async with asyncio.timeout(30):
-        await node.shards.started[0].stopped.wait()
-        # Gone from the process: its series are no longer exported (checked until the stop's
-        # last step, which follows the shard's own, has run).
-        while REGISTRY.get_sample_value(READ_THROUGH, read_through) is not None:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-    assert REGISTRY.get_sample_value(TRANSACTIONS, {"shard": "shard-d"}) is None
+
+    async def primary_read(runner: ShardRunner, end: int) -> None:
+        """Until the shard's primary has read in/d through `end`."""
+        await group.until(primary_and_standbys(group, ["shard-d"], standbys=0))
+        primary = runner.shard("shard-d").primary
+        assert primary is not None
+        async with asyncio.timeout(30):
+            await primary.wait_until(lambda p: p.progress().read_through.get("in/d", 0) >= end)
+
+    async with shard_env(tmp_path) as (env, engine, appends):
+        await env.journal("in/d")
+        producer = Producer(appends, "p")
+        async with ShardRunner(CountingApp(engine), env.client, root=ROOT) as runner:
+            await group.join("zone-a", "consumer-a", start_shard=runner.start_shard)
+            spec = shard_spec("shard-d", sources=("in/d",))
+            await group.put_shard(spec)
+            end = (await (await producer.committed("in/d", "k"))).commit.end
+            await primary_read(runner, end)
+            assert REGISTRY.get_sample_value(READ_THROUGH, read_through) == end
+
+            spec.disable = True
+            await group.put_shard(spec)
+            await group.until(lambda: None if not group.assignments() else str(group.assignments()))
+            async with asyncio.timeout(30):
+                await runner.shard("shard-d").wait_stopped()
+            # Gone from the process: its series are no longer exported.
+            assert REGISTRY.get_sample_value(READ_THROUGH, read_through) is None
+            assert REGISTRY.get_sample_value(TRANSACTIONS, {"shard": "shard-d"}) is None
+
+            # Back in the process: it records and exports again, its series started afresh.
+            spec.disable = False
+            await group.put_shard(spec)
+            end = (await (await producer.committed("in/d", "k"))).commit.end
+            await primary_read(runner, end)
+            assert REGISTRY.get_sample_value(READ_THROUGH, read_through) == end
+            assert REGISTRY.get_sample_value(TRANSACTIONS, {"shard": "shard-d"}) == 1
 
 
 @pytest.mark.etcd
