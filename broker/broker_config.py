@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from broker.append_receive import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.fragment.store_health import HealthSchedule
 from broker.pipeline import pipeline_close_wait_s_default
-from broker.read_staging import stage_bytes_max_default, stage_wait_s_default
+from broker.read_staging import stage_bytes_max_default
 from broker.replica import pulse_interval_s_default, shutdown_wait_s_default
 from broker.resolver import revision_wait_s_default
 from broker.tls import ClientTls, ServerTls
@@ -73,8 +73,7 @@ class BrokerConfig:
     # holds (QuorumConfig.log_bytes_max; None: its default, 64 MiB): appends past it are
     # refused RESOURCE_EXHAUSTED, and the log compacts at half of it.
     quorum_log_bytes_max: int | None = None
-    # Stored fragments over 1 MiB that Reads serve are verified whole in scratch files first
-    # (read_staging.py): at most this many bytes of them at once (0: none staged, such
-    # fragments are verified as they stream), a Read waiting at most stage_wait_s for room.
+    # Stored fragments over 1 MiB are verified whole before a Read serves them: staged in
+    # scratch files, at most this many bytes of them at once, else read twice (read_staging.py;
+    # 0: always read twice).
     stage_bytes_max: int = stage_bytes_max_default
-    stage_wait_s: float = stage_wait_s_default

@@ -54,17 +54,15 @@ READ_BYTES: Final = Counter(
     "Journal content bytes this broker's Read RPCs streamed from its local fragment index.",
 )
 
-READ_STAGED: Final = Counter(
-    "gazette_read_staged_fragments_total",
-    "Stored fragments staged to local scratch and verified whole before a Read served them.",
+READ_VERIFIED_WHOLE: Final = Counter(
+    "gazette_read_verified_whole_fragments_total",
+    "Stored fragments over 1 MiB verified whole before a Read served them, by how: staged"
+    " (decoded into a scratch copy, served from it) or first_pass (read twice, no room for a copy).",
+    ["how"],
 )
 READ_STAGED_BYTES: Final = Gauge(
     "gazette_read_staged_bytes",
-    "Bytes of stored fragments staged for Reads (reserved by live staged copies).",
-)
-READ_STAGING_WAITS: Final = Counter(
-    "gazette_read_staging_waits_total",
-    "Reads that waited for room to stage a stored fragment.",
+    "Bytes of stored fragments' scratch copies staged for Reads (read_staging.py).",
 )
 DATA_LOSS_READS: Final = Counter(
     "gazette_read_data_loss_total",

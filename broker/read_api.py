@@ -162,8 +162,8 @@ class ReadAPI:
         self._hole_wait_warning_s = hole_wait_warning_s
         # Quorum journals' read barrier (None: served as all-replicas journals are).
         self._quorum = quorum
-        # Where stored fragments are verified whole before they are served (None: those over
-        # 1 MiB are verified as they stream).
+        # Where stored fragments over 1 MiB are staged to be verified whole before they are
+        # served (None: they are read twice, a first pass verifying them).
         self._staging = staging
 
     async def read(

@@ -14,8 +14,8 @@ A served read is a loop over the replica's FragmentIndex, exactly as Gazette's:
 4. Stream the fragment's content from the offset in chunks of at most `chunk_bytes_max`: from
    the local spool file if the fragment is local, else from the store (decompressed and
    verified against the fragment's name before any byte is served: in memory up to 1 MiB,
-   through a staged scratch copy beyond, read_staging.py). Stop at `end_offset`; otherwise
-   go to 1 at the fragment's end.
+   beyond through a staged scratch copy or a first pass over the file, read_staging.py).
+   Stop at `end_offset`; otherwise go to 1 at the fragment's end.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from broker.client.reader import (
     FragmentContentError,
     FragmentContentReader,
     missing_fragment_error,
+    verify_whole_bytes_max_default,
 )
 from broker.fragment.index import FragmentIndex, QueryResult
 from broker.fragment.spool_file import SpoolFile
@@ -35,13 +36,14 @@ from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import protocol_pb2 as pb
 from broker.read_hole import hole_wait_warning_s_default, wait_covered
-from broker.read_staging import StagingArea
+from broker.read_staging import StagingArea, StagingError
 
 # Content chunks of a Read stream are at most this large (Gazette's 128 KiB).
 chunk_bytes_max_default: Final = 1 << 17
 # Signed fragment URLs in read metadata are valid this long: long enough to open the file, not
 # to pass it around. Gazette's value.
 fragment_url_ttl_s: Final = 60.0
+_FIRST_PASS: Final = metrics.READ_VERIFIED_WHOLE.labels(how="first_pass")
 # A local fragment whose file is closed under a read (it was just persisted) is re-queried; if
 # the index keeps answering with closed files this many times in a row, something is broken.
 closed_file_requeries_max: Final = 8
@@ -62,9 +64,9 @@ async def serve_read(
     IndexClosedError if the index closes, StoreError / FragmentContentError if a store fails.
     `retention_s` is the journal's fragment retention (0: forever): a stored fragment found
     missing past it was pruned since the last listing (FragmentPrunedError, and the index lists
-    the stores again: `FragmentIndex.pruned_since_listing`). Stored fragments `staging`
-    stages are verified whole before their first byte is served (StagingError if it cannot);
-    without it, those longer than 1 MiB are verified as they stream."""
+    the stores again: `FragmentIndex.pruned_since_listing`). Stored fragments over 1 MiB are
+    staged in `staging` if it has room (StagingError if a scratch file fails), else read twice
+    (read_staging.py)."""
     req = pb.ReadRequest()
     req.CopyFrom(request)
     first = True
@@ -198,19 +200,32 @@ async def _store_content(
                 raise FragmentPrunedError(fragment) from err
             raise missing_fragment_error(fragment, err) from err
 
-    if staging is not None and staging.stages(fragment):
-        # Verified whole in a scratch copy before its first byte is served.
-        async with staging.staged(fragment, open_raw) as file:
-            staged = _local_content(file, fragment, offset, chunk_bytes_max)
-            try:
-                async for data in staged:
-                    yield data
-            finally:
-                await staged.aclose()
-        return
+    if fragment.end - fragment.begin > verify_whole_bytes_max_default:
+        # Too long to verify in memory: verified whole all the same before its first byte is
+        # served (read_staging.py), from a staged copy if there is room for one.
+        claim = staging.claim(fragment, open_raw) if staging is not None else None
+        if claim is not None:
+            async with claim as file:
+                staged = _local_content(file, fragment, offset, chunk_bytes_max)
+                try:
+                    async for data in staged:
+                        yield data
+                except OSError as err:  # Reading the scratch file back: not the fragment's.
+                    raise StagingError(
+                        f"reading the staged copy of fragment [{fragment.begin},"
+                        f" {fragment.end}) of {fragment.journal} failed: {err}; read again"
+                    ) from err
+                finally:
+                    await staged.aclose()
+            return
+        # No room for a copy now: a first pass verifies it, a second streams it.
+        await _verify_whole(await open_raw(), fragment)
+        _FIRST_PASS.inc()
     raw = await open_raw()
-    # Verified against the fragment's name as it is read (FragmentIntegrityError): whole
-    # before the first byte up to 1 MiB, else as it streams.
+    # Verified against the fragment's name as it is read (FragmentIntegrityError): up to 1 MiB
+    # whole before its first byte; a longer one was verified above, and is verified again as it
+    # streams (a file that changed between the two reads fails at its end, saying how many of
+    # its bytes were served).
     try:
         reader = FragmentContentReader(
             raw, fragment, offset, chunk_bytes_max=chunk_bytes_max, store=fragment.backing_store
@@ -221,5 +236,23 @@ async def _store_content(
     try:
         while data := await reader.read():
             yield data
+    finally:
+        await reader.aclose()
+
+
+async def _verify_whole(raw: FragmentReader, fragment: pb.Fragment) -> None:
+    """Decode and verify the fragment's stored file, keeping none of it (FragmentIntegrityError,
+    with nothing served, if it is not the fragment's content)."""
+    try:
+        # From the fragment's end: every decoded byte is dropped, none kept.
+        reader = FragmentContentReader(
+            raw, fragment, fragment.end, verify_whole_bytes_max=0, store=fragment.backing_store
+        )
+    except BaseException:
+        await raw.aclose()
+        raise
+    try:
+        if await reader.read():
+            raise AssertionError("a reader from the fragment's end returned content")
     finally:
         await reader.aclose()

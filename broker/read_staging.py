@@ -1,77 +1,66 @@
-"""Staging: a stored fragment is verified whole before a broker serves any byte of it.
+"""Verifying a stored fragment whole before a broker serves any byte of it.
 
 A fragment's SHA1 can only be checked at its end (verify.py). A read that streams a stored
 fragment as it decodes it has served every byte of it by the time a mismatch shows: a consumer
 shard has processed, and may have committed, whatever the damaged bytes decoded to before its
 read fails with DATA_LOSS. FragmentContentReader verifies fragments up to 1 MiB in memory
-before handing out their first byte; a broker stages larger ones (Gazette's default fragment
-length is 512 MiB): it decodes the stored file into a local scratch file on disk (unlinked: in
-the spool directory, or the data directory's scratch; never in memory, even with memory
-spools), verifies it, and serves the read from that file.
+before handing out their first byte; for longer ones (Gazette's default fragment length is
+512 MiB) a broker does one of two things:
 
-- Shared: reads of the same fragment at the same time share one staged copy (one download).
-- Bounded: a broker holds at most `bytes_max` staged bytes at once. A read that needs room
-  waits up to `wait_s` for other reads to finish with theirs, then fails StagingFullError (the
-  broker answers UNAVAILABLE, which clients retry with back-off). A fragment longer than
-  `bytes_max` is never staged: it streams, verified at its end as before, and its error then
-  says how many bytes were served (`delivered`).
-- What it costs: the first byte of a large stored fragment waits for its whole download and
-  decode, and the broker's disk takes a write and a read of it (the page cache's, usually).
-  Reads near the write head read spools, not stores, and are not staged.
+- **Staged** (`StagingArea`): it decodes the stored file into an unlinked scratch file (where
+  the spools' scratch goes: the data directory, `--spool-dir`, or the system's temporary
+  directory; never memory blocks, even with memory spools), verifies it, and serves the read
+  from that file. Reads of one fragment at the same time share one copy (one download). The
+  area holds at most `bytes_max` bytes of copies at once.
+- **Verified first** (read_serve.py): with no room for a copy now (other reads hold it, or the
+  fragment is longer than the whole room), the read decodes and verifies the stored file once
+  without keeping it, then reads it again and streams it (verified again as it streams). It
+  costs a second download, not a wait: a client that stops reading and so holds its copy
+  makes other reads slower, never unavailable. Its one gap: a file that changes between the
+  two reads fails at its end, after its bytes were served (the error says how many).
 
-A staged copy lives while a read uses it: the last read to let go of it closes its file and
-frees its room; if no read wants it any more before it is complete, the staging is cancelled.
+What either costs: the first byte of a large stored fragment waits for its whole download and
+decode (as long as reading it all would have taken). Reads near the write head read spools,
+not stores, and are neither.
+
+A staged copy lives while a read uses it: the last read to let go of it has its file closed and
+its room freed (once a write in progress has ended); if no read wants it any more before it is
+complete, the staging is cancelled. A staging that fails is not kept: the next read stages
+afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
 from typing import Final
 
 from broker import metrics
 from broker.client.reader import FragmentContentReader, verify_whole_bytes_max_default
 from broker.fragment import naming
 from broker.fragment.spool_file import SpoolFile
-from broker.fragment.stores.base import FragmentReader
+from broker.fragment.stores.base import FragmentReader, run_blocking_put
 from broker.fragment.verify import FragmentIntegrityError
 from broker.protocol import protocol_pb2 as pb
 
-__all__ = [
-    "StagingArea",
-    "StagingError",
-    "StagingFullError",
-    "stage_bytes_max_default",
-    "stage_wait_s_default",
-]
+__all__ = ["StagedCopy", "StagingArea", "StagingError", "stage_bytes_max_default"]
 
-# Staged bytes one broker holds at once: room for several reads of Gazette's default 512 MiB
-# fragments, on the disk of the spools.
+# Bytes of staged copies one broker holds at once: room for several reads of Gazette's default
+# 512 MiB fragments, on the disk of the spools' scratch.
 stage_bytes_max_default: Final = 4 << 30
-# How long a read waits for room before UNAVAILABLE: long enough for a read of a staged
-# fragment to finish, short enough that a client hears of a broker that stays full.
-stage_wait_s_default: Final = 30.0
-# Pieces a staged file is written in (the decoded stream's; a write per piece).
-_stage_piece_bytes: Final = 1 << 20
+# Pieces a staged file is written in, each by a worker thread (a full disk's write-back can
+# block a write for long: never the event loop's).
+_stage_piece_bytes: Final = 4 << 20
+
+_STAGED: Final = metrics.READ_VERIFIED_WHOLE.labels(how="staged")
 
 
 class StagingError(Exception):
-    """A fragment could not be staged here (no room, a failing scratch file): not the
-    fragment's fault; the broker answers UNAVAILABLE and the read can be tried again."""
-
-
-class StagingFullError(StagingError):
-    """No room to stage a fragment came free within the wait: read again later."""
-
-    def __init__(self, fragment: pb.Fragment, size: int, used: int, bytes_max: int, wait_s: float):
-        super().__init__(
-            f"no room to verify fragment [{fragment.begin}, {fragment.end}) of"
-            f" {fragment.journal} before serving it: {size} bytes wanted, {used} of {bytes_max}"
-            f" staged for other reads after waiting {wait_s:g}s; read again"
-        )
-        self.fragment = fragment
+    """A fragment could not be staged here (its scratch file failed): not the fragment's
+    fault; the broker answers UNAVAILABLE and the read can be tried again."""
 
 
 def _scratch_error(fragment: pb.Fragment, err: OSError) -> StagingError:
@@ -85,88 +74,88 @@ OpenRaw = Callable[[], Awaitable[FragmentReader]]
 
 
 @dataclass(eq=False)
-class _Staged:
+class _Entry:
     key: str
     fragment: pb.Fragment
     file: SpoolFile
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] | None = None  # Filling the file: set as soon as it is made.
     users: int = 0
-    released: bool = field(default=False)
+    released: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.fragment.end - self.fragment.begin
 
 
 class StagingArea:
     """Where one broker stages stored fragments (see the module docstring). `new_file` makes
-    the scratch files; used on the event loop only."""
+    the scratch files. Used on the event loop only."""
 
     def __init__(
         self,
         new_file: Callable[[], SpoolFile],
         *,
         bytes_max: int = stage_bytes_max_default,
-        wait_s: float = stage_wait_s_default,
         whole_in_memory_bytes_max: int = verify_whole_bytes_max_default,
     ) -> None:
         if bytes_max < 0:
             raise ValueError(f"bytes_max: must be >= 0 (got {bytes_max})")
-        if wait_s < 0:
-            raise ValueError(f"wait_s: must be >= 0 (got {wait_s})")
         self._new_file = new_file
         self.bytes_max = bytes_max
-        self.wait_s = wait_s
-        self._in_memory_max = whole_in_memory_bytes_max
-        self._entries: dict[str, _Staged] = {}
-        self.used = 0  # Bytes reserved by live staged copies.
-        self._freed = asyncio.Event()
+        self.in_memory_bytes_max = whole_in_memory_bytes_max
+        self._entries: dict[str, _Entry] = {}
+        self.used = 0  # Bytes of live copies (files not yet closed).
 
-    def stages(self, fragment: pb.Fragment) -> bool:
-        """Whether a read of `fragment` from its store is staged: it is too long to be
-        verified in memory, and short enough to fit the area."""
-        return self._in_memory_max < fragment.end - fragment.begin <= self.bytes_max
-
-    @contextlib.asynccontextmanager
-    async def staged(self, fragment: pb.Fragment, open_raw: OpenRaw) -> AsyncIterator[SpoolFile]:
-        """The fragment's whole content in a file at positions offset - begin, verified
-        against its name. Raises what opening (`open_raw`) or reading the store file raises,
-        FragmentIntegrityError if it is not the fragment's content (nothing served), and
-        StagingFullError."""
+    def claim(self, fragment: pb.Fragment, open_raw: OpenRaw) -> StagedCopy | None:
+        """A share of `fragment`'s staged copy: joining the one staged or being staged, else
+        staging it now (its file opened through `open_raw`). None if there is no room for it
+        now. Enter the claim at once (``async with``): entering waits until the copy is
+        complete and verified; leaving lets go of it. Raises StagingError if the scratch file
+        cannot be made."""
         key = fragment.backing_store + "\0" + naming.content_path(fragment)
         entry = self._entries.get(key)
         if entry is None:
-            await self._reserve(fragment)
-            entry = self._entries.get(key)  # Staged by another read while this one waited?
-            if entry is None:
-                entry = self._start(key, fragment, open_raw)
-            else:
-                self._free(fragment.end - fragment.begin)
+            size = fragment.end - fragment.begin
+            if self.used + size > self.bytes_max:
+                return None
+            entry = self._start(key, fragment, open_raw)
         entry.users += 1
-        try:
-            assert entry.task is not None
-            # Shielded: a read that goes away does not cancel the staging other reads await.
-            await asyncio.shield(entry.task)
-            yield entry.file
-        finally:
-            entry.users -= 1
-            if entry.users == 0:
-                self._release(entry)
+        return StagedCopy(self, entry)
 
-    def _start(self, key: str, fragment: pb.Fragment, open_raw: OpenRaw) -> _Staged:
+    def _start(self, key: str, fragment: pb.Fragment, open_raw: OpenRaw) -> _Entry:
         try:
             file = self._new_file()
-        except BaseException as err:
-            self._free(fragment.end - fragment.begin)
-            if isinstance(err, OSError):
-                raise _scratch_error(fragment, err) from err
-            raise
-        entry = _Staged(key, fragment, file)
-        self._entries[key] = entry
+        except OSError as err:
+            raise _scratch_error(fragment, err) from err
+        self.used += fragment.end - fragment.begin
+        metrics.READ_STAGED_BYTES.inc(fragment.end - fragment.begin)
+        entry = _Entry(key, fragment, file)
         entry.task = asyncio.create_task(self._fill(entry, open_raw), name=f"stage {key}")
+        self._entries[key] = entry
         return entry
 
-    async def _fill(self, entry: _Staged, open_raw: OpenRaw) -> None:
-        fragment = entry.fragment
+    async def _fill(self, entry: _Entry, open_raw: OpenRaw) -> None:
         try:
-            raw = await open_raw()
-            # Streamed (not whole in memory); a mismatch shows at the end, with nothing served.
+            await self._decode_into(entry, open_raw)
+        except FragmentIntegrityError as err:
+            self._forget(entry)
+            # Its bytes went to the scratch file, not to any reader.
+            raise err.with_delivered(0) from err
+        except BaseException:
+            self._forget(entry)
+            raise
+        finally:
+            if entry.released:
+                # Every read let go of it while it was being staged: closed here, after any
+                # write of it in a worker thread has ended.
+                self._close(entry)
+        _STAGED.inc()
+
+    async def _decode_into(self, entry: _Entry, open_raw: OpenRaw) -> None:
+        fragment = entry.fragment
+        raw = await open_raw()
+        try:
+            # Streamed (not whole in memory): a mismatch shows at the end, nothing served.
             reader = FragmentContentReader(
                 raw,
                 fragment,
@@ -175,61 +164,71 @@ class StagingArea:
                 verify_whole_bytes_max=0,
                 store=fragment.backing_store,
             )
-            try:
-                position = 0
-                while piece := await reader.read():
-                    # In the event loop, as spools write: the page cache takes it.
-                    try:
-                        entry.file.pwrite(piece, position)
-                    except OSError as err:  # A full or failing disk: not the fragment's.
-                        raise _scratch_error(fragment, err) from err
-                    position += len(piece)
-            finally:
-                await reader.aclose()
-        except FragmentIntegrityError as err:
-            self._forget(entry)
-            # Its bytes went to the staged file, not to any reader.
-            raise err.with_delivered(0) from err
         except BaseException:
-            # A failure is not kept: the next read of the fragment stages it afresh.
-            self._forget(entry)
+            await raw.aclose()
             raise
-        metrics.READ_STAGED.inc()
+        try:
+            position = 0
+            while piece := await reader.read():
+                try:
+                    # Ends before a cancellation propagates: the file is closed after.
+                    await run_blocking_put(partial(entry.file.pwrite, piece, position))
+                except OSError as err:  # A full or failing disk: not the fragment's.
+                    raise _scratch_error(fragment, err) from err
+                position += len(piece)
+        finally:
+            await reader.aclose()
 
-    def _forget(self, entry: _Staged) -> None:
+    def _forget(self, entry: _Entry) -> None:
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
 
-    def _release(self, entry: _Staged) -> None:
-        if entry.released:
+    def _leave(self, entry: _Entry) -> None:
+        entry.users -= 1
+        if entry.users or entry.released:
             return
         entry.released = True
         self._forget(entry)
-        if entry.task is not None and not entry.task.done():
-            # No read wants it any more. Its writes are synchronous, so once cancelled it
-            # never touches the file again.
+        if entry.task is None or entry.task.done():
+            self._close(entry)
+        else:
+            # No read wants it any more: the task, cancelled, closes it as it ends (_fill).
             entry.task.cancel()
+
+    def _close(self, entry: _Entry) -> None:
         entry.file.close()
-        self._free(entry.fragment.end - entry.fragment.begin)
+        self.used -= entry.size
+        metrics.READ_STAGED_BYTES.dec(entry.size)
 
-    async def _reserve(self, fragment: pb.Fragment) -> None:
-        size = fragment.end - fragment.begin
-        if self.used + size > self.bytes_max:
-            metrics.READ_STAGING_WAITS.inc()
-            try:
-                async with asyncio.timeout(self.wait_s):
-                    while self.used + size > self.bytes_max:
-                        await self._freed.wait()
-            except TimeoutError:
-                raise StagingFullError(
-                    fragment, size, self.used, self.bytes_max, self.wait_s
-                ) from None
-        self.used += size
-        metrics.READ_STAGED_BYTES.inc(size)
 
-    def _free(self, size: int) -> None:
-        self.used -= size
-        metrics.READ_STAGED_BYTES.dec(size)
-        # Wake every waiter to look again; a new Event for the next wait.
-        self._freed.set()
-        self._freed = asyncio.Event()
+class StagedCopy:
+    """A read's share of a staged copy (StagingArea.claim): ``async with`` it for the file."""
+
+    def __init__(self, area: StagingArea, entry: _Entry) -> None:
+        self._area = area
+        self._entry = entry
+        self._left = False
+
+    async def __aenter__(self) -> SpoolFile:
+        task = self._entry.task
+        assert task is not None
+        try:
+            # Shielded: a read that goes away does not cancel the staging others await.
+            await asyncio.shield(task)
+        except BaseException:
+            self._leave()
+            raise
+        return self._entry.file
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        if not self._left:
+            self._left = True
+            self._area._leave(self._entry)

@@ -249,9 +249,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=stage_bytes_max_default,
         help="bytes of stored fragments over 1 MiB this broker holds at once in scratch files"
-        " (unlinked, in --spool-dir or the data directory) to verify them whole before a Read"
-        " serves their first byte; a longer fragment is verified as it streams; 0: none"
-        " staged (default 4 GiB)",
+        " (unlinked, where the spools' scratch goes) to verify them whole before a Read serves"
+        " their first byte; a fragment with no room is read twice instead, a first pass"
+        " verifying it; 0: always read twice (default 4 GiB)",
     )
     add_server_tls_options(serve)
     add_etcd_options(serve)

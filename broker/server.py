@@ -242,8 +242,9 @@ class Broker:
         return TempSpoolFile(self.config.spool_dir)
 
     def _new_stage_file(self) -> SpoolFile:
-        """Scratch files of stored fragments staged for Reads (read_staging.py): on disk even
-        with memory spools, whose blocks are for appends (a staged copy can be GiBs)."""
+        """Scratch files of stored fragments staged for Reads (read_staging.py): files where
+        the spools' scratch goes, never memory blocks (which are for appends; a staged copy
+        can be GiBs)."""
         if self.spool_dir is not None:
             return self.spool_dir.new_scratch_file()
         return TempSpoolFile(self.config.spool_dir)
@@ -334,11 +335,7 @@ class Broker:
                 zone=cfg.zone,
                 quorum=self.quorum,
                 # Stored fragments are verified whole in scratch files on disk.
-                staging=StagingArea(
-                    self._new_stage_file,
-                    bytes_max=cfg.stage_bytes_max,
-                    wait_s=cfg.stage_wait_s,
-                ),
+                staging=StagingArea(self._new_stage_file, bytes_max=cfg.stage_bytes_max),
             ),
             FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),

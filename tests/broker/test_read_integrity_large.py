@@ -1,9 +1,8 @@
 """A stored fragment longer than 1 MiB, damaged in its middle, serves no byte through a broker:
-its SHA1 can only be checked at its end, so the broker stages it (broker/read_staging.py) and
-verifies it whole before streaming it. Read through gRPC and through the HTTP gateway, the
-journal yields the good fragment before it, then DATA_LOSS naming the damaged one; never the
-damaged bytes. A broker with staging turned off streams it as it decodes it and its DATA_LOSS
-says how many bytes it had served."""
+its SHA1 can only be checked at its end, so the broker verifies it whole before streaming it
+(broker/read_staging.py): from a staged scratch copy, or with no room for one, in a first pass
+over the file. Read through gRPC and through the HTTP gateway, the journal yields the good
+fragment before it, then DATA_LOSS naming the damaged one; never the damaged bytes."""
 
 from __future__ import annotations
 
@@ -14,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import grpc
+import grpc.aio
 import pytest
 from broker_testkit import Cluster, journal_spec, replica_of, wait_until
 
 from broker.client.appender import append
-from broker.client.reader import DataLossError
+from broker.client.reader import DataLossError, Reader
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.fragment import naming
@@ -107,12 +108,16 @@ async def read_until_error(client: JournalClient) -> tuple[bytes, BaseException 
         await reader.close()
 
 
+def verified(how: str) -> float:
+    return value_of("gazette_read_verified_whole_fragments_total", {"how": how})
+
+
 async def test_an_intact_large_fragment_is_staged_and_read_whole(env: Env) -> None:
-    staged = value_of("gazette_read_staged_fragments_total")
+    staged = verified("staged")
     got, err = await read_until_error(env.client)
     assert err is None and got == b"".join(PIECES)
     # Both persisted fragments are longer than 1 MiB (the third is read from the spool).
-    assert value_of("gazette_read_staged_fragments_total") == staged + 2
+    assert verified("staged") == staged + 2
     assert value_of("gazette_read_staged_bytes") == 0
 
 
@@ -150,19 +155,21 @@ async def test_http_gateway_serves_no_byte_of_a_large_damaged_fragment(env: Env)
         await gateway.stop()
 
 
-async def test_without_staging_the_damaged_bytes_stream_and_the_error_says_so(
-    tmp_path: Path,
-) -> None:
-    # stage_bytes_max=0: what a broker did before staging, and still does for a fragment
-    # longer than its staging room.
-    env = await start(tmp_path, pb.NONE, stage_bytes_max=0)
+@pytest.mark.parametrize("codec", [pb.NONE, pb.GZIP], ids=["NONE", "GZIP"])
+async def test_with_no_room_to_stage_a_first_pass_verifies(tmp_path: Path, codec: int) -> None:
+    # stage_bytes_max=0: no room for any copy (as when other reads hold it all).
+    env = await start(tmp_path, codec, stage_bytes_max=0)
     try:
+        first_passes, staged = verified("first_pass"), verified("staged")
+        got, err = await read_until_error(env.client)
+        assert err is None and got == b"".join(PIECES)
+        assert verified("first_pass") == first_passes + 2 and verified("staged") == staged
+
         fragment = env.damage_middle()
         got, err = await read_until_error(env.client)
         assert isinstance(err, DataLossError), err
-        span = fragment.end - fragment.begin
-        assert f"{span} bytes of it were already delivered" in str(err), str(err)
-        assert got[: len(PIECES[0])] == PIECES[0] and len(got) == len(PIECES[0]) + span
+        assert naming.content_name(fragment) in str(err) and "delivered" not in str(err)
+        assert got == PIECES[0]
     finally:
         await env.client.close()
         await env.cluster.close()
@@ -171,12 +178,29 @@ async def test_without_staging_the_damaged_bytes_stream_and_the_error_says_so(
 async def test_a_broker_with_a_data_directory_stages_in_its_scratch(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
-    env = await start(tmp_path, pb.NONE, data_dir=str(data), memory_spools=True)
+    env = await start(tmp_path, pb.NONE, data_dir=str(data), memory_spools=False)
     try:
-        staged = value_of("gazette_read_staged_fragments_total")
+        # Its scratch directory made unusable (a file in its place): a read of a stored
+        # fragment cannot stage it there, and says so (UNAVAILABLE, not data loss); so the
+        # copies go there.
+        scratch = data / "spool-scratch"
+        assert scratch.is_dir()
+        scratch.rename(data / "moved-away")
+        scratch.write_bytes(b"")
+        reader = Reader(env.client, pb.ReadRequest(journal=J, offset=0, block=False))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async with asyncio.timeout(WAIT_S):
+                await reader.read_chunk()
+        await reader.close()
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "scratch file" in str(caught.value.details()), caught.value.details()
+
+        scratch.unlink()
+        (data / "moved-away").rename(scratch)
+        staged = verified("staged")
         got, err = await read_until_error(env.client)
         assert err is None and got == b"".join(PIECES)
-        assert value_of("gazette_read_staged_fragments_total") == staged + 2
+        assert verified("staged") == staged + 2
     finally:
         await env.client.close()
         await env.cluster.close()

@@ -1,7 +1,7 @@
 """StagingArea (broker/read_staging.py): a stored fragment too long to verify in memory is
 decoded into a scratch file and verified whole before a read gets any of it; reads of one
-fragment share one copy; the area's room is bounded and waited for; nothing is kept past its
-last read, or after a failure."""
+fragment share one copy; the area's room is bounded (no room: no claim, the read verifies in
+a first pass instead); nothing is kept past its last read, or after a failure."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import gzip
 from collections.abc import AsyncIterator
 
 import pytest
-from broker_testkit import wait_until
 
-from broker.client.reader import verify_whole_bytes_max_default
 from broker.fragment import naming
 from broker.fragment.spool_file import MemorySpoolFile, SpoolFile
 from broker.fragment.stores.base import BytesReader, FragmentReader
@@ -20,9 +18,9 @@ from broker.fragment.verify import FragmentIntegrityError, IntegrityFailure
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.read_staging import (
+    StagedCopy,
     StagingArea,
     StagingError,
-    StagingFullError,
     stage_bytes_max_default,
 )
 from broker.serve_cli import _parse_args
@@ -81,6 +79,18 @@ class _Gated(FragmentReader):
         await self._inner.aclose()
 
 
+def staged(area: StagingArea, fragment: pb.Fragment, opener: Opener) -> StagedCopy:
+    claim = area.claim(fragment, opener)
+    assert claim is not None, "no room"
+    return claim
+
+
+def staging_tasks() -> list[asyncio.Task[object]]:
+    tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("stage ")]
+    assert tasks, "no staging task"
+    return tasks
+
+
 def new_memory_file() -> SpoolFile:
     return MemorySpoolFile()
 
@@ -95,14 +105,13 @@ async def test_a_large_fragment_is_staged_whole_and_verified(codec: int) -> None
     fragment = fragment_of(content, begin=1000, codec=codec)
     stored = gzip.compress(content) if codec == pb.GZIP else content
     area = StagingArea(new_memory_file)
-    assert area.stages(fragment)
-    staged = value_of("gazette_read_staged_fragments_total")
-    async with area.staged(fragment, Opener(stored)) as file:
+    before = value_of("gazette_read_verified_whole_fragments_total", {"how": "staged"})
+    async with staged(area, fragment, Opener(stored)) as file:
         assert await read_whole(file, fragment) == content
         assert area.used == len(content)
         kept = file
     assert kept.closed and area.used == 0
-    assert value_of("gazette_read_staged_fragments_total") == staged + 1
+    assert value_of("gazette_read_verified_whole_fragments_total", {"how": "staged"}) == before + 1
 
 
 async def test_a_fragment_damaged_in_its_middle_serves_no_byte() -> None:
@@ -115,7 +124,7 @@ async def test_a_fragment_damaged_in_its_middle_serves_no_byte() -> None:
     area = StagingArea(new_memory_file)
     entered = False
     with pytest.raises(FragmentIntegrityError) as caught:
-        async with area.staged(fragment, opener):
+        async with staged(area, fragment, opener):
             entered = True
     assert not entered
     err = caught.value
@@ -124,18 +133,28 @@ async def test_a_fragment_damaged_in_its_middle_serves_no_byte() -> None:
     assert area.used == 0 and opener.closed == 1
     # A failure is not kept: the next read opens the store again (and fails again).
     with pytest.raises(FragmentIntegrityError):
-        async with area.staged(fragment, opener):
+        async with staged(area, fragment, opener):
             pass
     assert opener.opens == 2
 
 
-async def test_small_and_oversized_fragments_are_not_staged() -> None:
-    area = StagingArea(new_memory_file, bytes_max=8 * MiB)
-    assert not area.stages(fragment_of(content_of(verify_whole_bytes_max_default)))
-    assert area.stages(fragment_of(content_of(verify_whole_bytes_max_default + 1)))
-    assert area.stages(fragment_of(content_of(8 * MiB)))
-    assert not area.stages(fragment_of(content_of(8 * MiB + 1)))
-    assert not StagingArea(new_memory_file, bytes_max=0).stages(fragment_of(content_of(2 * MiB)))
+async def test_no_room_no_claim_and_room_comes_back_when_a_copy_closes() -> None:
+    a, b = content_of(2 * MiB, 1), content_of(2 * MiB, 2)
+    fa, fb = fragment_of(a), fragment_of(b, begin=len(a))
+    area = StagingArea(new_memory_file, bytes_max=3 * MiB)
+    # Longer than the whole room: never a claim.
+    assert area.claim(fragment_of(content_of(3 * MiB + 1)), Opener(b"")) is None
+    assert StagingArea(new_memory_file, bytes_max=0).claim(fa, Opener(a)) is None
+    opener_b = Opener(b)
+    async with staged(area, fa, Opener(a)):
+        assert area.used == len(a)
+        assert area.claim(fb, opener_b) is None  # No room while a's copy is held.
+        # A read of a fragment already staged joins its copy, room or not.
+        async with staged(area, fa, Opener(a)) as file:
+            assert await read_whole(file, fa) == a
+    assert area.used == 0 and opener_b.opens == 0
+    async with staged(area, fb, opener_b) as file:
+        assert await read_whole(file, fb) == b
 
 
 async def test_reads_of_one_fragment_share_one_copy() -> None:
@@ -148,14 +167,14 @@ async def test_reads_of_one_fragment_share_one_copy() -> None:
     files: list[SpoolFile] = []
 
     async def first() -> None:
-        async with area.staged(fragment, opener) as file:
+        async with staged(area, fragment, opener) as file:
             files.append(file)
             first_in.set()
             await first_out.wait()
         first_left.set()
 
     async def second() -> bytes:
-        async with area.staged(fragment, opener) as file:
+        async with staged(area, fragment, opener) as file:
             files.append(file)
             await first_in.wait()
             first_out.set()
@@ -182,7 +201,7 @@ async def test_a_read_that_goes_away_cancels_a_staging_no_other_read_wants() -> 
     area = StagingArea(new_memory_file)
 
     async def read() -> None:
-        async with area.staged(fragment, opener):
+        async with staged(area, fragment, opener):
             raise AssertionError("a staging that never completes was entered")
 
     task = asyncio.create_task(read())
@@ -205,7 +224,7 @@ async def test_a_read_that_goes_away_leaves_the_staging_to_another_read() -> Non
     area = StagingArea(new_memory_file)
 
     async def read() -> bytes:
-        async with area.staged(fragment, opener) as file:
+        async with staged(area, fragment, opener) as file:
             return await read_whole(file, fragment)
 
     leaving = asyncio.create_task(read())
@@ -220,57 +239,21 @@ async def test_a_read_that_goes_away_leaves_the_staging_to_another_read() -> Non
     assert opener.opens == 1 and area.used == 0
 
 
-async def test_room_is_waited_for_then_refused() -> None:
-    a, b = content_of(2 * MiB, 1), content_of(2 * MiB, 2)
-    fa, fb = fragment_of(a), fragment_of(b, begin=len(a))
-    area = StagingArea(new_memory_file, bytes_max=3 * MiB, wait_s=WAIT_S)
-    waits = value_of("gazette_read_staging_waits_total")
-    release, held = asyncio.Event(), asyncio.Event()
-
-    async def hold_a() -> None:
-        async with area.staged(fa, Opener(a)):
-            held.set()
-            await release.wait()
-
-    holder = asyncio.create_task(hold_a())
+async def test_a_copy_left_while_its_staging_writes_is_closed_once_the_write_ends() -> None:
+    content = content_of(3 * MiB)
+    fragment = fragment_of(content)
+    area = StagingArea(new_memory_file)
+    opener = Opener(content)
+    claim = staged(area, fragment, opener)
+    entered = asyncio.create_task(claim.__aenter__())
     async with asyncio.timeout(WAIT_S):
-        await held.wait()
-        opener_b = Opener(b)
-
-        async def read_b() -> bytes:
-            async with area.staged(fb, opener_b) as file:
-                return await read_whole(file, fb)
-
-        waiting = asyncio.create_task(read_b())
-        await wait_until(lambda: value_of("gazette_read_staging_waits_total") > waits)
-        assert opener_b.opens == 0 and not waiting.done()
-        release.set()
-        assert await waiting == b
-        await holder
+        await opener.reading.wait()
+        entered.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await entered
+        # The room is the file's: freed as the staging task ends, after its write.
+        await asyncio.wait(staging_tasks())
     assert area.used == 0
-
-    # Held for longer than the area's wait: refused, naming what was wanted.
-    short = StagingArea(new_memory_file, bytes_max=3 * MiB, wait_s=0.05)
-    release, held = asyncio.Event(), asyncio.Event()
-
-    async def hold_a_short() -> None:
-        async with short.staged(fa, Opener(a)):
-            held.set()
-            await release.wait()
-
-    holder = asyncio.create_task(hold_a_short())
-    try:
-        async with asyncio.timeout(WAIT_S):
-            await held.wait()
-            with pytest.raises(StagingFullError) as caught:
-                async with short.staged(fb, Opener(b)):
-                    pass
-    finally:
-        release.set()
-        await holder
-    assert fb.journal in str(caught.value) and "read again" in str(caught.value)
-    assert isinstance(caught.value, StagingError)
-    assert short.used == 0
 
 
 async def test_a_failing_scratch_file_is_a_staging_error_not_data_loss() -> None:
@@ -278,7 +261,7 @@ async def test_a_failing_scratch_file_is_a_staging_error_not_data_loss() -> None
     fragment = fragment_of(content)
     area = StagingArea(lambda: MemorySpoolFile(bytes_max=MiB))  # A disk that fills up.
     with pytest.raises(StagingError) as caught:
-        async with area.staged(fragment, Opener(content)):
+        async with staged(area, fragment, Opener(content)):
             pass
     assert not isinstance(caught.value, FragmentIntegrityError)
     assert "scratch file" in str(caught.value) and isinstance(caught.value.__cause__, OSError)
@@ -288,8 +271,6 @@ async def test_a_failing_scratch_file_is_a_staging_error_not_data_loss() -> None
 async def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="bytes_max"):
         StagingArea(new_memory_file, bytes_max=-1)
-    with pytest.raises(ValueError, match="wait_s"):
-        StagingArea(new_memory_file, wait_s=-1)
 
 
 @pytest.fixture(autouse=True)
