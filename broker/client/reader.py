@@ -388,7 +388,7 @@ class Reader:
             and last.fragment_url
             and last.HasField("fragment")
             and not self.request.metadata_only
-            and not self._reached_end_offset()
+            and not self.reached_end_offset
         ):
             self._direct = await open_fragment(
                 last.fragment,
@@ -403,7 +403,7 @@ class Reader:
 
     async def _read_direct(self, direct: FragmentContentReader) -> Chunk:
         try:
-            content = b"" if self._reached_end_offset() else await direct.read()
+            content = b"" if self.reached_end_offset else await direct.read()
         except BaseException:
             await self.close()
             raise
@@ -417,7 +417,9 @@ class Reader:
         self.request.offset += len(content)
         return Chunk(start, content)
 
-    def _reached_end_offset(self) -> bool:
+    @property
+    def reached_end_offset(self) -> bool:
+        """Whether the request has an `end_offset` and the read got to it."""
         end = self.request.end_offset
         return end != 0 and self.request.offset >= end
 

@@ -148,10 +148,7 @@ class ReroutingReader:
     @staticmethod
     def _read_done(reader: Reader) -> bool:
         """Whether a Reader that ended got everything its request asked for."""
-        request = reader.request
-        if request.metadata_only:
-            return True
-        return request.end_offset != 0 and reader.offset >= request.end_offset
+        return reader.request.metadata_only or reader.reached_end_offset
 
     async def close(self) -> None:
         await self.reader.close()
