@@ -59,10 +59,12 @@ class ServeProcess:
 
 @contextlib.asynccontextmanager
 async def gazette_serve(
-    data_dir: Path, extra_args: Sequence[str] = ()
+    data_dir: Path, extra_args: Sequence[str] = (), *, tree: str | None = None
 ) -> AsyncIterator[ServeProcess]:
     """`gazette serve --port 0 --data-dir data_dir --file-root data_dir *extra_args` (see the
-    module docstring). `file:///` fragment stores of its journals live under `data_dir`."""
+    module docstring). `file:///` fragment stores of its journals live under `data_dir`.
+    `tree`: run the broker of another source tree (a worktree of another commit, for an A/B),
+    from that directory (first on its import path)."""
     _make_dir(data_dir)
     args = [
         *("serve", "--port", "0", "--data-dir", str(data_dir)),
@@ -74,6 +76,7 @@ async def gazette_serve(
         ["-c", "from broker.serve_cli import main; main()", *args],
         expect=(_SERVING,),
         ready_timeout_s=READY_TIMEOUT_S,
+        cwd=tree,
     )
     try:
         yield ServeProcess(printed[_SERVING], proc.pid, data_dir, args)

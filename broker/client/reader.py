@@ -123,6 +123,14 @@ class FragmentContentReader:
         self._raw = raw
         self._decoder = VerifyingDecoder(fragment, store)
         self._chunk_bytes_max = chunk_bytes_max
+        # Uncompressed, the file is the content: read it in pieces as large as those handed
+        # out (each read may be a hop to a worker thread). Compressed, a raw piece is bounded
+        # by what one decompression step may produce.
+        self._raw_read_bytes = (
+            max(raw_chunk_bytes_max, chunk_bytes_max)
+            if fragment.compression_codec == pb.NONE
+            else raw_chunk_bytes_max
+        )
         self._whole = fragment.end - fragment.begin <= verify_whole_bytes_max
         self._position = fragment.begin  # Journal offset of the next decompressed byte.
         self._delivered = 0  # Bytes of the fragment returned so far.
@@ -159,7 +167,7 @@ class FragmentContentReader:
             self._take(await self._decompress_next())
 
     async def _decompress_next(self) -> bytes:
-        data = await self._raw.read(raw_chunk_bytes_max)
+        data = await self._raw.read(self._raw_read_bytes)
         try:
             if data:
                 return self._decoder.feed(data)
