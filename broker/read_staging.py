@@ -11,9 +11,11 @@ before handing out their first byte; for longer ones (Gazette's default fragment
   the spools' scratch goes: the data directory, `--spool-dir`, or the system's temporary
   directory; never memory blocks, even with memory spools), verifies it, and serves the read
   from that file. Reads of one fragment at the same time share one copy (one download). The
-  area holds at most `bytes_max` bytes of copies at once.
-- **Verified first** (read_serve.py): with no room for a copy now (other reads hold it, or the
-  fragment is longer than the whole room), the read decodes and verifies the stored file once
+  area holds at most `bytes_max` bytes of copies at once, and stages a copy only if the file
+  system keeps a quarter of its size free after it, or 8 GiB on a larger one (spools write
+  there too: a read must not make an append fail for want of disk).
+- **Verified first** (read_serve.py): with no room for a copy now (other reads hold it, the
+  fragment is longer than the whole room, or the disk is fuller than that), the read decodes and verifies the stored file once
   without keeping it, then reads it again and streams it (verified again as it streams). It
   costs a second download, not a wait: a client that stops reading and so holds its copy
   makes other reads slower, never unavailable. Its one gap: a file that changes between the
@@ -32,11 +34,12 @@ afresh.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Final
+from typing import Final, NamedTuple
 
 from broker import metrics
 from broker.client.reader import FragmentContentReader, verify_whole_bytes_max_default
@@ -46,7 +49,15 @@ from broker.fragment.stores.base import FragmentReader, run_blocking_put
 from broker.fragment.verify import FragmentIntegrityError
 from broker.protocol import protocol_pb2 as pb
 
-__all__ = ["StagedCopy", "StagingArea", "StagingError", "stage_bytes_max_default"]
+__all__ = [
+    "DiskSpace",
+    "StagedCopy",
+    "StagingArea",
+    "StagingError",
+    "disk_space_of",
+    "keep_free_fraction_default",
+    "stage_bytes_max_default",
+]
 
 # Bytes of staged copies one broker holds at once: room for several reads of Gazette's default
 # 512 MiB fragments, on the disk of the spools' scratch.
@@ -55,7 +66,29 @@ stage_bytes_max_default: Final = 4 << 30
 # block a write for long: never the event loop's).
 _stage_piece_bytes: Final = 4 << 20
 
+# A copy is staged only if its file system keeps this fraction of its size free after it, or
+# keep_free_bytes_max on a larger one (spools write there too).
+keep_free_fraction_default: Final = 0.25
+keep_free_bytes_max: Final = 8 << 30
+
 _STAGED: Final = metrics.READ_VERIFIED_WHOLE.labels(how="staged")
+
+
+class DiskSpace(NamedTuple):
+    """Bytes of a file system: free (to an unprivileged user) and its size."""
+
+    free: int
+    total: int
+
+
+def disk_space_of(directory: str) -> Callable[[], DiskSpace]:
+    """The space of the file system holding `directory`, asked each time (statvfs)."""
+
+    def space() -> DiskSpace:
+        st = os.statvfs(directory)
+        return DiskSpace(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+
+    return space
 
 
 class StagingError(Exception):
@@ -96,12 +129,20 @@ class StagingArea:
         new_file: Callable[[], SpoolFile],
         *,
         bytes_max: int = stage_bytes_max_default,
+        disk_space: Callable[[], DiskSpace] | None = None,
+        keep_free_fraction: float = keep_free_fraction_default,
         whole_in_memory_bytes_max: int = verify_whole_bytes_max_default,
     ) -> None:
         if bytes_max < 0:
             raise ValueError(f"bytes_max: must be >= 0 (got {bytes_max})")
+        if not 0 <= keep_free_fraction < 1:
+            raise ValueError(f"keep_free_fraction: must be in [0, 1) (got {keep_free_fraction})")
         self._new_file = new_file
         self.bytes_max = bytes_max
+        # The scratch files' file system (None: not looked at), and how much of it a copy
+        # must leave free: spools write there too, and an append must not fail for a read.
+        self._disk_space = disk_space
+        self._keep_free_fraction = keep_free_fraction
         self.in_memory_bytes_max = whole_in_memory_bytes_max
         self._entries: dict[str, _Entry] = {}
         self.used = 0  # Bytes of live copies (files not yet closed).
@@ -116,11 +157,21 @@ class StagingArea:
         entry = self._entries.get(key)
         if entry is None:
             size = fragment.end - fragment.begin
-            if self.used + size > self.bytes_max:
+            if self.used + size > self.bytes_max or not self._disk_keeps_free(size):
                 return None
             entry = self._start(key, fragment, open_raw)
         entry.users += 1
         return StagedCopy(self, entry)
+
+    def _disk_keeps_free(self, size: int) -> bool:
+        if self._disk_space is None:
+            return True
+        try:
+            space = self._disk_space()
+        except OSError:
+            return False  # Cannot tell: read twice rather than risk the spools' room.
+        keep = min(space.total * self._keep_free_fraction, keep_free_bytes_max)
+        return space.free - size >= keep
 
     def _start(self, key: str, fragment: pb.Fragment, open_raw: OpenRaw) -> _Entry:
         try:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -83,7 +84,7 @@ from broker.quorum_shell.pulse import quorum_pulse
 from broker.quorum_shell.status import status_handler
 from broker.quorum_shell.transport import deliver_handler
 from broker.read_api import ReadAPI
-from broker.read_staging import StagingArea
+from broker.read_staging import StagingArea, disk_space_of
 from broker.readiness import ReadinessGate, check_own_member
 from broker.replica import PulseResult, Replica, ReplicaEnv
 from broker.replicate_api import ReplicateApi
@@ -245,9 +246,12 @@ class Broker:
         """Scratch files of stored fragments staged for Reads (read_staging.py): files where
         the spools' scratch goes, never memory blocks (which are for appends; a staged copy
         can be GiBs)."""
+        return TempSpoolFile(self._stage_dir())
+
+    def _stage_dir(self) -> str:
         if self.spool_dir is not None:
-            return self.spool_dir.new_scratch_file()
-        return TempSpoolFile(self.config.spool_dir)
+            return str(self.spool_dir.scratch)
+        return self.config.spool_dir or tempfile.gettempdir()
 
     async def _recover_spools(self) -> None:
         """Recover the durable spools of a previous run (fragment/spool_dir.py), before the
@@ -335,7 +339,11 @@ class Broker:
                 zone=cfg.zone,
                 quorum=self.quorum,
                 # Stored fragments are verified whole in scratch files on disk.
-                staging=StagingArea(self._new_stage_file, bytes_max=cfg.stage_bytes_max),
+                staging=StagingArea(
+                    self._new_stage_file,
+                    bytes_max=cfg.stage_bytes_max,
+                    disk_space=disk_space_of(self._stage_dir()),
+                ),
             ),
             FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),

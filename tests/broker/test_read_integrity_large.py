@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from broker.http_gateway import HttpGateway
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.server import Broker
+from tests.small_disk import small_disk
 
 J = "integrity/large"
 STORE = "file:///fragments/"
@@ -204,3 +206,35 @@ async def test_a_broker_with_a_data_directory_stages_in_its_scratch(tmp_path: Pa
     finally:
         await env.client.close()
         await env.cluster.close()
+
+
+def take_all_but(directory: Path, keep: int) -> Path:
+    """A file taking all but `keep` bytes of the free space of `directory`'s file system."""
+    st = os.statvfs(directory)
+    filler = directory / "filler"
+    filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - keep))
+    return filler
+
+
+async def test_no_copy_is_staged_where_it_would_leave_the_disk_too_full(tmp_path: Path) -> None:
+    # The data directory (spools and scratch) on a disk of its own; the store elsewhere.
+    with small_disk(tmp_path / "disk", 32 * MiB) as disk:
+        env = await start(tmp_path, pb.NONE, data_dir=str(disk / "data"), memory_spools=False)
+        try:
+            # 6 MiB free of 32: a 1.5 MiB copy would leave 4.5, under a quarter (8): each
+            # stored fragment is read twice instead, and the spools keep their room.
+            filler = take_all_but(disk, 6 * MiB)
+            first_passes, staged = verified("first_pass"), verified("staged")
+            got, err = await read_until_error(env.client)
+            assert err is None and got == b"".join(PIECES)
+            assert verified("first_pass") == first_passes + 2 and verified("staged") == staged
+            await append(env.client, pb.AppendRequest(journal=J), b"appends go on\n")
+
+            filler.unlink()
+            got, err = await read_until_error(env.client)
+            assert err is None and got.startswith(b"".join(PIECES))
+            # (The append rolled the third fragment: it may be stored, and staged, by now.)
+            assert verified("staged") >= staged + 2
+        finally:
+            await env.client.close()
+            await env.cluster.close()

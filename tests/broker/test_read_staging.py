@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -18,6 +18,7 @@ from broker.fragment.verify import FragmentIntegrityError, IntegrityFailure
 from broker.metrics import value_of
 from broker.protocol import protocol_pb2 as pb
 from broker.read_staging import (
+    DiskSpace,
     StagedCopy,
     StagingArea,
     StagingError,
@@ -296,3 +297,44 @@ def test_the_serve_flag_refuses_a_bad_size(value: str, capsys: pytest.CaptureFix
 def test_the_serve_flag_sets_the_room() -> None:
     assert _parse_args(["serve"]).stage_bytes_max == stage_bytes_max_default == 4 << 30
     assert _parse_args(["serve", "--read-stage-bytes-max", "0"]).stage_bytes_max == 0
+
+
+def space(free: int, total: int = 100 * MiB) -> Callable[[], DiskSpace]:
+    return lambda: DiskSpace(free, total)
+
+
+async def test_a_copy_is_staged_only_if_the_disk_keeps_a_quarter_free() -> None:
+    content = content_of(2 * MiB)
+    fragment = fragment_of(content)
+    # 100 MiB disk: a 2 MiB copy needs 27 MiB free (25 MiB left after it).
+    assert (
+        StagingArea(new_memory_file, disk_space=space(26 * MiB)).claim(fragment, Opener(content))
+        is None
+    )
+    area = StagingArea(new_memory_file, disk_space=space(27 * MiB))
+    async with staged(area, fragment, Opener(content)) as file:
+        assert await read_whole(file, fragment) == content
+    # Zero keeps nothing back; a disk that cannot be asked is taken as full.
+    nothing_back = StagingArea(new_memory_file, disk_space=space(2 * MiB), keep_free_fraction=0)
+    async with staged(nothing_back, fragment, Opener(content)) as file:
+        assert await read_whole(file, fragment) == content
+
+    def unknowable() -> DiskSpace:
+        raise FileNotFoundError("no such directory")
+
+    assert (
+        StagingArea(new_memory_file, disk_space=unknowable).claim(fragment, Opener(content)) is None
+    )
+    with pytest.raises(ValueError, match="keep_free_fraction"):
+        StagingArea(new_memory_file, keep_free_fraction=1.0)
+
+
+async def test_a_large_disk_keeps_8_gib_free_not_a_quarter() -> None:
+    content = content_of(2 * MiB)
+    fragment = fragment_of(content)
+    disk = 1 << 40  # 1 TiB: a quarter would be 256 GiB.
+    full = StagingArea(new_memory_file, disk_space=space((8 << 30) + MiB, disk))
+    assert full.claim(fragment, Opener(content)) is None
+    area = StagingArea(new_memory_file, disk_space=space((8 << 30) + 2 * MiB, disk))
+    async with staged(area, fragment, Opener(content)) as file:
+        assert await read_whole(file, fragment) == content
