@@ -4,7 +4,9 @@ The player reads the log from the first hinted segment (from offset 0 without hi
 to each next hinted segment, decodes ops (ops.py), applies them to an FSM (fsm.py) and reenacts
 the applied ones (staged_files.py): a Create makes a staged file `.fnodes/<fnode>`, a Write's
 content goes into it, an Unlink of a file's last link removes it. Ops the FSM rejects (a
-zombie's, a duplicate, a dead branch) are skipped, their write content discarded. When playback
+zombie's, a duplicate, a dead branch) are skipped, their write content discarded; an op showing
+that ops of the history are missing (a seq_no gap after the same author's last op, or a first
+op beyond 1 from the log's start) fails playback instead (`_skips_history`). When playback
 completes, every live fnode is hard-linked at its paths, the properties are written, and all of
 it is synced to disk before `play()` returns.
 
@@ -51,7 +53,7 @@ from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.recorded_op_pb2 import FSMHints, RecordedOp
-from gazette_consumer.recoverylog.fsm import FSM, FSMError, Outcome, op_kind
+from gazette_consumer.recoverylog.fsm import FSM, FSMError, Outcome, WrongSeqNoError, op_kind
 from gazette_consumer.recoverylog.log_source import LogChunk, LogSource
 from gazette_consumer.recoverylog.ops import (
     Content,
@@ -144,6 +146,9 @@ class Player:
         self._write_fnode = 0
         # Where playback began reading: the first hinted segment's offset (0 without hints).
         self.read_from = 0
+        # Without hinted segments the history is played from its first op (seq_no 1).
+        self._from_log_start = not self.fsm.has_remaining_hints
+        self._last_author: int | None = None  # Of the last op applied (_skips_history).
 
     @property
     def log(self) -> str:
@@ -331,10 +336,20 @@ class Player:
         try:
             outcome = self.fsm.apply(op, decoded.payload)
         except FSMError as err:
+            if isinstance(err, WrongSeqNoError) and self._skips_history(op):
+                raise CorruptLogError(
+                    self.log,
+                    op.first_offset,
+                    f"ops {self.fsm.next_seq_no}..{op.seq_no - 1} of the history are missing"
+                    f" from the log (op {op.seq_no} of author {op.author:#x} follows"
+                    f" {self._history_so_far()}): content lost; the recorded state cannot be"
+                    " recovered from this log",
+                ) from err
             # A zombie's op, a duplicate, or a dead branch: not part of the history.
             log.debug("recovery log op skipped", log=self.log, error=str(err))
             self._reenact = False
             return
+        self._last_author = op.author
         applied = outcome is Outcome.APPLIED
         if self._handoff and op.author == self._handoff and op_kind(op) == "noop":
             self._handoff_applied = applied or self._handoff_applied
@@ -347,6 +362,26 @@ class Player:
             self._write_fnode = op.write.fnode
         elif op.HasField("unlink") and op.unlink.fnode not in self.fsm.live_nodes:
             self._files.unlink(op.unlink.fnode)
+
+    def _skips_history(self, op: RecordedOp) -> bool:
+        """Whether `op`, refused for its seq_no, shows that ops of the history are missing
+        (rather than being a zombie's, a duplicate, or a dead branch's, which are skipped).
+
+        One author numbers its ops without a gap, so an op of the author of the last op
+        applied whose seq_no is beyond the next one follows lost ops of the history. So does
+        a first op beyond 1 where playback began at the log's start (no hints): the log's
+        beginning is gone. Without this check such a gap is skipped like a zombie's ops and
+        the state recovered is an older one, or empty (Gazette's player does skip it)."""
+        if op.seq_no <= self.fsm.next_seq_no:
+            return False
+        if self._last_author is not None:
+            return op.author == self._last_author
+        return self._from_log_start and self.fsm.next_seq_no == 1
+
+    def _history_so_far(self) -> str:
+        if self._last_author is None:
+            return "the log's start"
+        return f"op {self.fsm.next_seq_no - 1} of author {self._last_author:#x}"
 
     # --- Reading -------------------------------------------------------------------------------
 

@@ -234,6 +234,18 @@ class Recorder:
                     f" {batch_bytes} bytes of ops were being appended"
                 )
                 raise
+            if response.commit.begin < self.write_head:
+                # The log's head went back below what this recorder had read or appended
+                # through: every replica lost the log's last content (a journal reset after
+                # they all died). Ops this recorder made durable are gone from the log, and
+                # these new ones follow a gap no player can cross: nothing recorded from here
+                # on could be recovered. As Gazette's recorder ("broker data loss?").
+                self._failed = RecorderFailedError(
+                    f"recorder {self.author:#x} of {self.log}: its append landed at"
+                    f" {response.commit.begin}, below the write head {self.write_head} it had"
+                    " read or appended through: the log lost content (broker data loss?)"
+                )
+                raise self._failed
             self.write_head = max(self.write_head, response.commit.end)
 
     barrier = flush
