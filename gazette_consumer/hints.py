@@ -19,7 +19,9 @@ changed its `recovery_log_prefix`, and old hints would play the wrong journal.
 Hints are advisory: stale hints are still correct (they name a prefix of the log's history,
 which only grows), so a write that races another primary's loses nothing but skipped history.
 This is why, unlike Gazette, the writes are not guarded by the writer's assignment (our
-`ShardStart` does not carry it); a zombie's recorder is fenced, so it cannot build new hints.
+`ShardStart` does not carry it); a zombie's recorder is fenced, so it cannot build new hints
+(building them appends to the log with the author register checked, even when nothing is to be
+flushed: Recorder.build_hints).
 
 Values are written as Gazette's consumers write and read them: Go's encoding/json of FSMHints
 (`encode_hints_json`), so that a Go consumer taking a shard over recovers from our hints;

@@ -251,14 +251,41 @@ class Recorder:
     barrier = flush
 
     async def build_hints(self) -> FSMHints:
-        """Hints of the recorded state, once every op they name is durable.
+        """Hints of the recorded state, once every op they name is durable and this recorder
+        is still the log's author (RecorderFencedError otherwise).
 
         The hints are taken first, then the ops recorded so far are flushed: ops recorded
         while the flush waits (a pipelined commit, say) are not named by these hints, so
-        hints never name an op the log may lack."""
+        hints never name an op the log may lack. With nothing to flush, a zero-byte append
+        checks the author register all the same (as Gazette's hints barrier): a zombie
+        resumed after another primary took the log over is fenced here, rather than store
+        its stale hints over the new primary's."""
         hints = self.fsm.build_hints()
-        await self.flush()
+        if self._pending:
+            await self.flush()
+        else:
+            await self._fenced_barrier()
         return hints
+
+    async def _fenced_barrier(self) -> None:
+        async with self._lock:
+            self._check_usable()
+            request = pb.AppendRequest(journal=self.log, check_registers=self._check)
+            try:
+                await append(
+                    self.client,
+                    request,
+                    b"",
+                    attempts_max=append_attempts_max,
+                    backoff_cap_s=append_backoff_cap_s,
+                    sleep=self._sleep,
+                )
+            except RegisterMismatchError as err:
+                self._failed = RecorderFencedError(
+                    f"recorder {self.author:#x} of {self.log}: fenced (another author took over "
+                    "the log)"
+                )
+                raise self._failed from err
 
     # --- Internals ---------------------------------------------------------------------------
 

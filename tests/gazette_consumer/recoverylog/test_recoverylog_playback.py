@@ -201,6 +201,23 @@ async def test_zombie_is_fenced_and_never_applied(env, tmp_path: Path) -> None: 
     }
 
 
+async def test_a_zombie_with_nothing_to_flush_cannot_build_hints(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = await env.new_log()
+    _, old = await primary(env.client, log, tmp_path / "old")
+    await old.write("shared", b"committed by the old primary")
+    hints = await old.recorder.build_hints()  # Still the author: hints are built.
+    assert hints.live_nodes
+
+    _, new = await primary(env.client, log, tmp_path / "new")  # Hands off: fences `old`.
+    await new.write("fresh", b"by the new primary")
+    await new.recorder.flush()
+    # The zombie resumes with nothing pending: building hints checks the register all the
+    # same, so that its stale hints never replace the new primary's.
+    with pytest.raises(RecorderFencedError):
+        await old.recorder.build_hints()
+    assert (await new.recorder.build_hints()).live_nodes
+
+
 async def test_unfenced_zombie_frames_are_skipped(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = await env.new_log()
     _, old = await primary(env.client, log, tmp_path / "old")
