@@ -34,15 +34,18 @@ from broker.fragment.index import FragmentIndex, QueryResult
 from broker.fragment.spool_file import SpoolFile
 from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader
 from broker.fragment.stores.registry import StoreRegistry
+from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.read_hole import hole_wait_warning_s_default, wait_covered
-from broker.read_staging import StagingArea, StagingError
+from broker.read_staging import OpenRaw, StagedCopy, StagingArea, StagingError
 
 # Content chunks of a Read stream are at most this large (Gazette's 128 KiB).
 chunk_bytes_max_default: Final = 1 << 17
 # Signed fragment URLs in read metadata are valid this long: long enough to open the file, not
 # to pass it around. Gazette's value.
 fragment_url_ttl_s: Final = 60.0
+log = get_logger(__name__)
+
 _FIRST_PASS: Final = metrics.READ_VERIFIED_WHOLE.labels(how="first_pass")
 # A local fragment whose file is closed under a read (it was just persisted) is re-queried; if
 # the index keeps answering with closed files this many times in a row, something is broken.
@@ -203,9 +206,9 @@ async def _store_content(
     if fragment.end - fragment.begin > verify_whole_bytes_max_default:
         # Too long to verify in memory: verified whole all the same before its first byte is
         # served (read_staging.py), from a staged copy if there is room for one.
-        claim = staging.claim(fragment, open_raw) if staging is not None else None
-        if claim is not None:
-            async with claim as file:
+        file, claim = await _staged_copy(staging, fragment, open_raw)
+        if file is not None and claim is not None:
+            try:
                 staged = _local_content(file, fragment, offset, chunk_bytes_max)
                 try:
                     async for data in staged:
@@ -217,8 +220,11 @@ async def _store_content(
                     ) from err
                 finally:
                     await staged.aclose()
+            finally:
+                await claim.__aexit__(None, None, None)
             return
-        # No room for a copy now: a first pass verifies it, a second streams it.
+        # No room for a copy now (or its scratch file failed): a first pass verifies it, a
+        # second streams it.
         await _verify_whole(await open_raw(), fragment)
         _FIRST_PASS.inc()
     raw = await open_raw()
@@ -238,6 +244,30 @@ async def _store_content(
             yield data
     finally:
         await reader.aclose()
+
+
+async def _staged_copy(
+    staging: StagingArea | None, fragment: pb.Fragment, open_raw: OpenRaw
+) -> tuple[SpoolFile | None, StagedCopy | None]:
+    """The fragment's staged copy, complete and verified, with the claim to leave once read;
+    (None, None) without a copy: no staging area, no room, or its scratch file failed (a full
+    disk, say: the read goes twice over the stored file instead of failing). Raises what
+    reading the stored file raises (FragmentIntegrityError: damaged, nothing served)."""
+    if staging is None:
+        return None, None
+    try:
+        claim = staging.claim(fragment, open_raw)
+        if claim is None:
+            return None, None
+        return await claim.__aenter__(), claim  # Left by __aenter__ itself if it raises.
+    except StagingError as err:
+        log.warning(
+            "staging a stored fragment failed; reading it twice",
+            journal=fragment.journal,
+            fragment=fragment.begin,
+            error=str(err),
+        )
+        return None, None
 
 
 async def _verify_whole(raw: FragmentReader, fragment: pb.Fragment) -> None:

@@ -51,6 +51,7 @@ from broker.protocol import protocol_pb2 as pb
 
 __all__ = [
     "DiskSpace",
+    "OpenRaw",
     "StagedCopy",
     "StagingArea",
     "StagingError",
