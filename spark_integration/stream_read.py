@@ -246,7 +246,11 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
         source = ctx.source(info.name, info.fragments.overlapping(0, info.head))
         if isinstance(starting, Mapping) and starting.get(info.name, -1) >= 0:
             await check_boundary(source, offset, "startingOffsets")
-        return await self._start_at(ctx, info, offset, source)
+        start = await self._start_at(ctx, info, offset, source)
+        # The journal's create revision from the start, not only once a micro-batch reads it:
+        # a journal idle since the start, deleted and created again while the query is down,
+        # is otherwise read on from its old offset.
+        return dataclasses.replace(start, created=info.create_revision)
 
     async def _start_at(
         self, ctx: ReadContext, info: JournalInfo, offset: int, source: Any = None

@@ -80,3 +80,37 @@ def test_offsets_without_a_create_revision_are_still_read() -> None:
     assert parsed.created == 0 and "created" not in to_json({"j/a": parsed})["j/a"]
     with pytest.raises(ValueError, match="created must be an integer"):
         from_json({"j/a": {"offset": 10, "created": -1}})
+
+
+def test_a_journal_idle_since_the_start_recreated_while_down_is_data_loss(broker: str) -> None:
+    """Found by review (2026-11-29): the create revision was kept only once a micro-batch read
+    the journal, so one idle since the query's start (at its write head) carried none: deleted,
+    created again and written past its old offset while the query was down, it was read on
+    from there, its first messages skipped without an error."""
+    busy, idle = unique("stream/busy"), unique("stream/idle")
+    create_journals(broker, [busy, idle])
+    b, i, p = Journal(broker, busy), Journal(broker, idle), producer()
+    for n in range(3):
+        i.add(p, OUTSIDE, f"old-{n}")
+    options = {
+        "broker": broker,
+        "journals": f"{busy},{idle}",
+        "startingOffsets": "latest",
+        "idleWaitMs": "0",
+    }
+    opts = parse_read_options(options, "stream")
+    reader = GazetteStreamReader(opts, default_schema(opts))
+    start = reader.initialOffset()
+    assert from_json(start)[idle].created > 0  # Kept from the start.
+    b.add(p, OUTSIDE, "busy-0")
+    first, end = micro_batch_texts(reader, start)
+    assert first == ["busy-0"]  # The idle journal read nothing.
+
+    delete_journal(broker, idle)
+    create_journals(broker, [idle])
+    p2 = producer()
+    for n in range(5):
+        i.add(p2, OUTSIDE, f"new-{n}")
+    restarted = GazetteStreamReader(opts, default_schema(opts))
+    with pytest.raises(GazetteDataLossError, match="deleted and created again since the query"):
+        micro_batch_texts(restarted, end)
