@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING
 from broker.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
-    from spark_integration.batch_commit import GazettePartialCommitError
+    from spark_integration.batch_commit import (
+        GazetteCommitOutcomeUnknownError,
+        GazettePartialCommitError,
+    )
     from spark_integration.journal_io import GazetteJournalError
     from spark_integration.offsets import GazetteOffsetError
     from spark_integration.options import GazetteOptionError
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 # cost every worker its imports before it reads a byte.
 _EXPORTS = {
     "META_SCHEMA": "spark_integration.rows",
+    "GazetteCommitOutcomeUnknownError": "spark_integration.batch_commit",
     "GazetteDataSource": "spark_integration.source",
     "GazetteJournalError": "spark_integration.journal_io",
     "GazetteOffsetError": "spark_integration.offsets",
@@ -51,6 +55,7 @@ __getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 __all__ = [
     "META_SCHEMA",
+    "GazetteCommitOutcomeUnknownError",
     "GazetteDataSource",
     "GazetteJournalError",
     "GazetteOffsetError",

@@ -22,23 +22,74 @@ from broker.client.appender import append
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import JournalNotFoundError
+from broker.protocol.status import JournalNotFoundError, StatusError
 from spark_integration.journal_io import GazetteJournalError
 
 
 class GazettePartialCommitError(GazetteJournalError):
-    """A batch write's commit landed in some journals and not in others."""
+    """A batch write's commit landed in some journals and not in others (or, in `unknown`,
+    perhaps: an ACK append that failed after an attempt whose response was lost)."""
 
-    def __init__(self, committed: Sequence[str], failed: Mapping[str, BaseException]) -> None:
+    def __init__(
+        self,
+        committed: Sequence[str],
+        failed: Mapping[str, BaseException],
+        unknown: Sequence[str] = (),
+    ) -> None:
         self.committed = sorted(committed)
         self.failed = dict(sorted(failed.items()))
+        self.unknown = sorted(unknown)
+        refused = sorted(j for j in self.failed if j not in self.unknown)
         reasons = "; ".join(f"{j}: {type(e).__name__}: {e}" for j, e in self.failed.items())
         super().__init__(
             f"the write's rows were committed to {len(self.committed)} journal(s)"
-            f" {self.committed} but not to {sorted(self.failed)} ({reasons}). Re-running the"
-            " whole write would add the committed journals' rows again: write only the rows of"
-            " the journals not committed"
+            f" {self.committed} but not to {refused}"
+            + (
+                f", and may or may not have been to {self.unknown} (an ACK append whose"
+                " response was lost may have landed: read those journals' committed rows"
+                " before writing their rows again)"
+                if self.unknown
+                else ""
+            )
+            + f" ({reasons}). Re-running the whole write would add the committed journals'"
+            " rows again: write only the rows of the journals not committed"
         )
+
+
+class GazetteCommitOutcomeUnknownError(GazetteJournalError):
+    """A batch write's commit failed in every journal, but in `unknown` after an ACK append
+    whose response was lost: its rows there may be committed."""
+
+    def __init__(self, failed: Mapping[str, BaseException], unknown: Sequence[str]) -> None:
+        self.failed = dict(sorted(failed.items()))
+        self.unknown = sorted(unknown)
+        reasons = "; ".join(f"{j}: {type(e).__name__}: {e}" for j, e in self.failed.items())
+        super().__init__(
+            f"the write's commit failed, and whether its rows were committed to {self.unknown}"
+            " is unknown: an ACK append whose response was lost may have landed. Read those"
+            " journals' committed rows before writing their rows again (re-running the whole"
+            f" write could add them twice) ({reasons})"
+        )
+
+
+def commit_outcome(journals: Sequence[str], results: Sequence[object]) -> None:
+    """Raise what the ACK appends' `results` (None or the exception, per journal) mean for
+    the write: nothing if all landed; the error as it came if every journal refused (a status:
+    nothing appended); GazetteCommitOutcomeUnknownError if none is known to have landed but
+    some failed after an attempt that may have (not a status: a lost response, a timeout, retries
+    exhausted); else GazettePartialCommitError naming the three sets."""
+    failed = {j: r for j, r in zip(journals, results, strict=True) if isinstance(r, BaseException)}
+    if not failed:
+        return
+    # A status answer means the broker refused the append: nothing of it was written. Any
+    # other failure may follow an attempt that landed without its response reaching us.
+    unknown = [j for j, err in failed.items() if not isinstance(err, StatusError)]
+    committed = [journal for journal in journals if journal not in failed]
+    if not committed:
+        if unknown:
+            raise GazetteCommitOutcomeUnknownError(failed, unknown)
+        raise next(iter(failed.values()))  # Nothing committed: the error as it came.
+    raise GazettePartialCommitError(committed, failed, unknown)
 
 
 async def check_writable(client: JournalClient, journal: str) -> None:
@@ -85,13 +136,7 @@ async def commit_acks(
         ),
         return_exceptions=True,
     )
-    failed = {j: r for j, r in zip(journals, results, strict=True) if isinstance(r, BaseException)}
-    if not failed:
-        return
-    committed = [journal for journal in journals if journal not in failed]
-    if not committed:
-        raise next(iter(failed.values()))  # Nothing committed: the error as it came.
-    raise GazettePartialCommitError(committed, failed)
+    commit_outcome(journals, results)
 
 
 async def roll_back(client: JournalClient, rollbacks: Mapping[str, list[bytes]]) -> None:

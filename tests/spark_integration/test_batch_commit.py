@@ -19,9 +19,16 @@ import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
 from broker.client import JournalClient, apply_journals, delete, upsert
+from broker.client.append_errors import AppendRetriesExhaustedError
 from broker.client.list_apply import list_journals
 from broker.protocol import protocol_pb2 as pb
-from spark_integration.batch_commit import GazettePartialCommitError, commit_acks
+from broker.protocol.status import JournalNotFoundError
+from spark_integration.batch_commit import (
+    GazetteCommitOutcomeUnknownError,
+    GazettePartialCommitError,
+    commit_acks,
+    commit_outcome,
+)
 from spark_integration.journal_io import GazetteJournalError
 from spark_integration.options import parse_write_options
 from spark_integration.write import GazetteBatchWriter, _group
@@ -113,3 +120,28 @@ def test_a_failure_after_the_check_is_a_partial_commit_naming_both_sets(broker: 
     assert failed.value.committed == [j1] and list(failed.value.failed) == [j2]
     assert "write only the rows of the journals not committed" in str(failed.value)
     assert committed_texts(broker, j1) == ["a-0", "a-1", "a-2"]
+
+
+def test_a_commit_that_may_have_landed_is_reported_as_unknown_not_as_not_committed() -> None:
+    """Found by review (2026-11-29): an ACK append that failed after an attempt whose response
+    was lost (retries exhausted, a timeout, a transport error) may have landed; it was reported
+    as not committed, and the advice to write those rows again duplicated them. A status (the
+    broker refused the append) is still known not to have landed."""
+    lost = AppendRetriesExhaustedError("j/b", 3, 9.0, TimeoutError("no response"))
+    refused = JournalNotFoundError("j/c")
+
+    commit_outcome(["j/a", "j/b"], [None, None])  # All landed: nothing to say.
+    with pytest.raises(JournalNotFoundError):  # Every journal refused: the error as it came.
+        commit_outcome(["j/c"], [refused])
+    with pytest.raises(GazetteCommitOutcomeUnknownError) as unknown:
+        commit_outcome(["j/b", "j/c"], [lost, refused])
+    assert unknown.value.unknown == ["j/b"] and "j/b" in str(unknown.value)
+    assert "may have landed" in str(unknown.value)
+
+    with pytest.raises(GazettePartialCommitError) as partial:
+        commit_outcome(["j/a", "j/b", "j/c"], [None, lost, refused])
+    err = partial.value
+    assert err.committed == ["j/a"] and list(err.failed) == ["j/b", "j/c"]
+    assert err.unknown == ["j/b"]
+    text = str(err)
+    assert "but not to ['j/c']" in text and "may or may not have been to ['j/b']" in text
