@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from broker.client.appender import append
+from broker.client.appender import append, maybe_landed
 from broker.client.list_apply import get_journal
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import JournalNotFoundError, StatusError
+from broker.protocol.status import JournalNotFoundError
 from spark_integration.journal_io import GazetteJournalError
 
 
@@ -77,13 +77,15 @@ def commit_outcome(journals: Sequence[str], results: Sequence[object]) -> None:
     the write: nothing if all landed; the error as it came if every journal refused (a status:
     nothing appended); GazetteCommitOutcomeUnknownError if none is known to have landed but
     some failed after an attempt that may have (not a status: a lost response, a timeout, retries
-    exhausted); else GazettePartialCommitError naming the three sets."""
+    exhausted, or a status after such an attempt: appender.maybe_landed); else
+    GazettePartialCommitError naming the three sets."""
     failed = {j: r for j, r in zip(journals, results, strict=True) if isinstance(r, BaseException)}
     if not failed:
         return
-    # A status answer means the broker refused the append: nothing of it was written. Any
-    # other failure may follow an attempt that landed without its response reaching us.
-    unknown = [j for j, err in failed.items() if not isinstance(err, StatusError)]
+    # A status answer to every attempt means the broker refused the append: nothing of it
+    # was written. An attempt that failed otherwise may have landed without its response
+    # reaching us, whatever the attempts after it were told (appender.maybe_landed).
+    unknown = [j for j, err in failed.items() if maybe_landed(err)]
     committed = [journal for journal in journals if journal not in failed]
     if not committed:
         if unknown:

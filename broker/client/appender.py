@@ -28,6 +28,7 @@ or registers to make a retry conditional.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final
@@ -41,7 +42,7 @@ from broker.grpc_transport import close_stream_call, send_failed
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.content_wire import encode_append_content, passthrough_serializer
-from broker.protocol.status import GazetteError, raise_for_status
+from broker.protocol.status import GazetteError, StatusError, raise_for_status
 from broker.protocol.validate import ValidationError, at, validate_journal_name, validate_label_set
 
 log = get_logger(__name__)
@@ -269,6 +270,17 @@ class Appender:
 _RETRIED_GRPC_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 
+_MAYBE_LANDED: Final = "gazette_append_maybe_landed"
+
+
+def maybe_landed(err: BaseException) -> bool:
+    """Whether an append that `append()` gave up on with `err` may have been appended all the
+    same: an attempt of it ended without a broker's answer (a lost response, a broken call),
+    and may have committed first, whatever the attempts after it were told. False only when
+    every attempt was refused by a broker's status, which appends nothing."""
+    return bool(getattr(err, _MAYBE_LANDED, not isinstance(err, StatusError)))
+
+
 def retriable(err: BaseException) -> bool:
     """Whether `append` tries a failed attempt again: the broker says so, or it was
     unreachable (or the connection to it broke)."""
@@ -306,6 +318,7 @@ async def append(
         raise ValueError(f"backoff_cap_s: must be >= {backoff_initial_s} (got {backoff_cap_s})")
     pieces = [content] if isinstance(content, bytes | bytearray | memoryview) else list(content)
     attempt = 0
+    unanswered = False  # Whether an attempt failed without a broker's answer (maybe_landed).
     while True:
         attempt += 1
         appender = Appender(client, request, chunk_bytes_max=chunk_bytes_max)
@@ -317,7 +330,10 @@ async def append(
                 raise AppenderStateError("append finished without a response")
             return appender.response
         except Exception as err:
+            unanswered = unanswered or not isinstance(err, StatusError)
             if not retriable(err) or attempt >= attempts_max:
+                with contextlib.suppress(AttributeError):
+                    setattr(err, _MAYBE_LANDED, unanswered)
                 raise
             if isinstance(err, grpc.aio.AioRpcError):
                 # The broker we sent to may be gone: ask the default broker next time.

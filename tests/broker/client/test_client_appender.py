@@ -13,11 +13,15 @@ import grpc
 import grpc.aio
 import pytest
 
-from broker.client.appender import Appender, AppenderStateError, append
+from broker.client.appender import Appender, AppenderStateError, append, maybe_landed
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.protocol.status import NotJournalPrimaryBrokerError, WrongAppendOffsetError
+from broker.protocol.status import (
+    NoJournalPrimaryBrokerError,
+    NotJournalPrimaryBrokerError,
+    WrongAppendOffsetError,
+)
 from broker.protocol.validate import ValidationError
 
 JOURNAL = "a/journal"
@@ -41,6 +45,8 @@ class FakeAppendBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
         self.content = b""
         self.received: list[Received] = []
         self.refusals: list[int] = []
+        # RPCs whose append commits, then whose response is lost (the call fails UNAVAILABLE).
+        self.lost_responses = 0
         self.aborted = asyncio.Event()
 
     def header(self) -> pb.Header:
@@ -67,7 +73,7 @@ class FakeAppendBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
     async def _append(self, got: Received, requests: Any, context: Any) -> pb.AppendResponse:
         first = await anext(aiter(requests))
         got.request = first
-        if self.refusals:
+        if self.refusals and not self.lost_responses:  # Responses are lost first.
             got.refused = True
             return pb.AppendResponse(status=self.refusals.pop(0), header=self.header())
         if first.offset and first.offset != len(self.content):
@@ -82,6 +88,9 @@ class FakeAppendBroker(pb_grpc.JournalServicer):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.ABORTED, "stream ended without a commit")
         begin = len(self.content)
         self.content += b"".join(got.chunks)
+        if self.lost_responses:
+            self.lost_responses -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost after the commit")
         commit = pb.Fragment(
             journal=JOURNAL, begin=begin, end=len(self.content), compression_codec=pb.NONE
         )
@@ -235,3 +244,30 @@ def test_a_call_broken_as_it_closes_is_a_typed_retriable_error() -> None:
         f"appending to {JOURNAL}: the Append call broke as it closed:"
         ' Failed "execute_batch": (SendCloseFromClientOperation,)'
     )
+
+
+async def _no_sleep(_s: float) -> None:
+    return None
+
+
+async def test_an_append_refused_after_a_lost_response_may_have_landed() -> None:
+    """Found by review (2026-11-29): the last attempt's status (a failover's
+    NO_JOURNAL_PRIMARY_BROKER) said nothing of an earlier attempt that committed and lost its
+    response. `maybe_landed` tells a caller deciding whether to write again (the Spark batch
+    commit): true once any attempt went unanswered; false when every attempt was refused."""
+    async with serving() as (broker, client):
+        broker.lost_responses = 1
+        broker.refusals = [pb.NO_JOURNAL_PRIMARY_BROKER] * 2
+        with pytest.raises(NoJournalPrimaryBrokerError) as caught:
+            await append(
+                client, pb.AppendRequest(journal=JOURNAL), b"x", attempts_max=3, sleep=_no_sleep
+            )
+        assert broker.content == b"x"  # It did land, on the first attempt.
+        assert maybe_landed(caught.value)
+
+        broker.refusals = [pb.NO_JOURNAL_PRIMARY_BROKER] * 3
+        with pytest.raises(NoJournalPrimaryBrokerError) as refused:
+            await append(
+                client, pb.AppendRequest(journal=JOURNAL), b"y", attempts_max=3, sleep=_no_sleep
+            )
+        assert not maybe_landed(refused.value) and broker.content == b"x"
