@@ -9,8 +9,8 @@ before handing out their first byte; for longer ones (Gazette's default fragment
 
 - **Staged** (`StagingArea`): it decodes the stored file into an unlinked scratch file (where
   the spools' scratch goes: the data directory, `--spool-dir`, or the system's temporary
-  directory; never memory blocks, even with memory spools), verifies it, and serves the read
-  from that file. Reads of one fragment at the same time share one copy (one download). The
+  directory, which may be a memory-backed tmpfs: give such a broker `--spool-dir`; never the
+  memory spools' blocks), verifies it, and serves the read from that file. Reads of one fragment at the same time share one copy (one download). The
   area holds at most `bytes_max` bytes of copies at once, and stages a copy only if the file
   system keeps a quarter of its size free after it, or 8 GiB on a larger one (spools write
   there too: a read must not make an append fail for want of disk).
@@ -47,6 +47,7 @@ from broker.fragment import naming
 from broker.fragment.spool_file import SpoolFile
 from broker.fragment.stores.base import FragmentReader, run_blocking_put
 from broker.fragment.verify import FragmentIntegrityError
+from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
 
 __all__ = [
@@ -66,6 +67,8 @@ stage_bytes_max_default: Final = 4 << 30
 # Pieces a staged file is written in, each by a worker thread (a full disk's write-back can
 # block a write for long: never the event loop's).
 _stage_piece_bytes: Final = 4 << 20
+
+log = get_logger(__name__)
 
 # A copy is staged only if its file system keeps this fraction of its size free after it, or
 # keep_free_bytes_max on a larger one (spools write there too).
@@ -147,6 +150,8 @@ class StagingArea:
         self.in_memory_bytes_max = whole_in_memory_bytes_max
         self._entries: dict[str, _Entry] = {}
         self.used = 0  # Bytes of live copies (files not yet closed).
+        self.filling = 0  # Bytes of copies still being written (their disk not yet taken).
+        self._disk_unknown_logged = False
 
     def claim(self, fragment: pb.Fragment, open_raw: OpenRaw) -> StagedCopy | None:
         """A share of `fragment`'s staged copy: joining the one staged or being staged, else
@@ -169,10 +174,17 @@ class StagingArea:
             return True
         try:
             space = self._disk_space()
-        except OSError:
-            return False  # Cannot tell: read twice rather than risk the spools' room.
+        except OSError as err:
+            # Cannot tell: read twice rather than risk the spools' room; said once.
+            if not self._disk_unknown_logged:
+                self._disk_unknown_logged = True
+                log.warning(
+                    "staging: the scratch disk's space is unknown; reading twice", error=str(err)
+                )
+            return False
         keep = min(space.total * self._keep_free_fraction, keep_free_bytes_max)
-        return space.free - size >= keep
+        # Copies still being written will take the rest of their size: counted as taken.
+        return space.free - (self.filling + size) >= keep
 
     def _start(self, key: str, fragment: pb.Fragment, open_raw: OpenRaw) -> _Entry:
         try:
@@ -180,6 +192,7 @@ class StagingArea:
         except OSError as err:
             raise _scratch_error(fragment, err) from err
         self.used += fragment.end - fragment.begin
+        self.filling += fragment.end - fragment.begin
         metrics.READ_STAGED_BYTES.inc(fragment.end - fragment.begin)
         entry = _Entry(key, fragment, file)
         entry.task = asyncio.create_task(self._fill(entry, open_raw), name=f"stage {key}")
@@ -197,10 +210,7 @@ class StagingArea:
             self._forget(entry)
             raise
         finally:
-            if entry.released:
-                # Every read let go of it while it was being staged: closed here, after any
-                # write of it in a worker thread has ended.
-                self._close(entry)
+            self.filling -= entry.size
         _STAGED.inc()
 
     async def _decode_into(self, entry: _Entry, open_raw: OpenRaw) -> None:
@@ -244,13 +254,17 @@ class StagingArea:
         if entry.task is None or entry.task.done():
             self._close(entry)
         else:
-            # No read wants it any more: the task, cancelled, closes it as it ends (_fill).
+            # No read wants it any more. Closed once the task has ended (even one cancelled
+            # before its first step), after any write of it in a worker thread.
             entry.task.cancel()
+            entry.task.add_done_callback(lambda _task: self._close(entry))
 
     def _close(self, entry: _Entry) -> None:
-        entry.file.close()
-        self.used -= entry.size
-        metrics.READ_STAGED_BYTES.dec(entry.size)
+        try:
+            entry.file.close()
+        finally:
+            self.used -= entry.size
+            metrics.READ_STAGED_BYTES.dec(entry.size)
 
 
 class StagedCopy:
