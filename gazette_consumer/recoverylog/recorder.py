@@ -203,22 +203,10 @@ class Recorder:
                 return
             batch_bytes = self._pending_bytes
             batch, self._pending, self._pending_bytes = self._pending, [], 0
-            request = pb.AppendRequest(journal=self.log, check_registers=self._check)
             try:
-                response = await append(
-                    self.client,
-                    request,
-                    batch,
-                    attempts_max=append_attempts_max,
-                    backoff_cap_s=append_backoff_cap_s,
-                    sleep=self._sleep,
-                )
-            except RegisterMismatchError as err:
-                self._failed = RecorderFencedError(
-                    f"recorder {self.author:#x} of {self.log}: fenced (another author took over "
-                    "the log); its pending ops were not appended"
-                )
-                raise self._failed from err
+                response = await self._append_checked(batch, "; its pending ops were not appended")
+            except RecorderFencedError:
+                raise
             except Exception as err:
                 self._failed = RecorderFailedError(
                     f"recorder {self.author:#x} of {self.log}: append failed: {err!r}"
@@ -270,22 +258,28 @@ class Recorder:
     async def _fenced_barrier(self) -> None:
         async with self._lock:
             self._check_usable()
-            request = pb.AppendRequest(journal=self.log, check_registers=self._check)
-            try:
-                await append(
-                    self.client,
-                    request,
-                    b"",
-                    attempts_max=append_attempts_max,
-                    backoff_cap_s=append_backoff_cap_s,
-                    sleep=self._sleep,
-                )
-            except RegisterMismatchError as err:
-                self._failed = RecorderFencedError(
-                    f"recorder {self.author:#x} of {self.log}: fenced (another author took over "
-                    "the log)"
-                )
-                raise self._failed from err
+            await self._append_checked(b"", "")
+
+    async def _append_checked(self, content: bytes | list[bytes], fenced: str) -> pb.AppendResponse:
+        """Append `content` with the author register checked. RecorderFencedError (the
+        recorder unusable from then on, `fenced` added to its message) if another author took
+        over the log; other failures as `append` raises them."""
+        request = pb.AppendRequest(journal=self.log, check_registers=self._check)
+        try:
+            return await append(
+                self.client,
+                request,
+                content,
+                attempts_max=append_attempts_max,
+                backoff_cap_s=append_backoff_cap_s,
+                sleep=self._sleep,
+            )
+        except RegisterMismatchError as err:
+            self._failed = RecorderFencedError(
+                f"recorder {self.author:#x} of {self.log}: fenced (another author took over "
+                f"the log){fenced}"
+            )
+            raise self._failed from err
 
     # --- Internals ---------------------------------------------------------------------------
 
