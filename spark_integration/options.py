@@ -30,8 +30,14 @@ Writes:
                 Spark retries it (its rollbacks too): 1 to 100, default 10 (about 16 s
                 each). As Kafka's sink takes the producer's retries: lower it to hand
                 failures to Spark's own task retry sooner
-Streaming writes also accept the options Spark itself passes on (checkpointLocation,
-queryName); a streaming write is identified by its Spark query id (see sink_commit.py).
+Streaming writes also take:
+    replayCheck rows (default) or none: whether a micro-batch a new run of the query re-runs
+                must hold, in each journal, as many rows as the run that committed it did
+                (sink_rows.py). With none, a re-run planned otherwise (a checkpoint restored
+                from an older copy; a query that is not deterministic) loses or repeats rows
+                without an error
+and the options Spark itself passes on (checkpointLocation, queryName); a streaming write is
+identified by its Spark query id (see sink_commit.py).
 """
 
 from __future__ import annotations
@@ -76,7 +82,10 @@ BATCH_WRITE_OPTIONS: Final = frozenset(
 append_attempts_default: Final = 10
 append_attempts_max: Final = 100
 # Spark passes the query's checkpointLocation and queryName on to a streaming sink.
-STREAM_WRITE_OPTIONS: Final = frozenset((*BATCH_WRITE_OPTIONS, "checkpointLocation", "queryName"))
+STREAM_WRITE_OPTIONS: Final = frozenset(
+    (*BATCH_WRITE_OPTIONS, "replayCheck", "checkpointLocation", "queryName")
+)
+REPLAY_CHECKS: Final = ("rows", "none")
 # Options this data source once had, and what to do instead.
 _RETIRED: Final = {
     "sinkid": "is no longer used: a streaming write is identified by its Spark query id, which"
@@ -103,6 +112,7 @@ class WriteOptions:
     content_type: str  # "" : each journal's label decides.
     protobuf_class: str = ""  # "module:Class" of protobuf journals' messages.
     append_attempts: int = append_attempts_default  # Tries of each append of a task's rows.
+    replay_check: bool = True  # Option replayCheck (streaming writes): rows, or none.
 
 
 def check_known(options: Mapping[str, str], known: Collection[str], what: str) -> None:
@@ -284,6 +294,11 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         raise GazetteOptionError(
             "protobufClass", f"is for protobuf journals, and option contentType is {content_type}"
         )
+    replay_check = get(options, "replayCheck").lower() or REPLAY_CHECKS[0]
+    if replay_check not in REPLAY_CHECKS:
+        raise GazetteOptionError(
+            "replayCheck", f"must be one of {', '.join(REPLAY_CHECKS)} (got {replay_check!r})"
+        )
     return WriteOptions(
         broker=broker,
         journal=journal,
@@ -295,4 +310,5 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         append_attempts=int_option(
             options, "appendAttempts", append_attempts_default, 1, append_attempts_max
         ),
+        replay_check=replay_check == "rows",
     )

@@ -102,6 +102,8 @@ class PublishedTxn(WriterCommitMessage):  # type: ignore[misc]
     rollbacks: dict[str, bytes] = field(default_factory=dict)
     # How each journal's messages are framed (what the driver's own ACKs must match).
     framings: dict[str, WriteFraming] = field(default_factory=dict)
+    # The rows published in each journal (the driver checks re-runs by them: sink_rows.py).
+    journal_rows: dict[str, int] = field(default_factory=dict)
 
 
 def continue_uuid_text(producer: ProducerID, clock: int) -> str:
@@ -511,6 +513,7 @@ async def publish_batches(
     framings: dict[str, WriteFraming] = {}
     buffers.framings = framings
     clock = base_clock
+    journal_rows: dict[str, int] = {}
     try:
         for batch in batches:
             if not batch.num_rows:
@@ -526,6 +529,7 @@ async def publish_batches(
             for journal, lines in encode_routes(
                 shape, batch, routes, producer, clock + 1, framings
             ):
+                journal_rows[journal] = journal_rows.get(journal, 0) + len(lines)
                 await buffers.add_lines(journal, lines)
             clock += batch.num_rows
         await buffers.flush_all()
@@ -543,6 +547,7 @@ async def publish_batches(
         acks={j: f.ack(producer, clock + 1) for j, f in framings.items()},
         rollbacks={j: f.ack(producer, base_clock) for j, f in framings.items()},
         framings=framings,
+        journal_rows=journal_rows,
     )
 
 

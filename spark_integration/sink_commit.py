@@ -40,6 +40,12 @@ journals changed between the runs. The register records the routing's fingerprin
 micro-batch that another run committed under another routing is not committed anywhere by a
 re-run (`check_routing`: GazetteSinkError).
 
+ROLL_BACK and ROLL_BACK_ONLY are exact only if the re-run holds the rows the committed run did:
+each COMMIT also records how many rows the micro-batch committed in the journal
+(sink_rows.py), and a re-run holding another number there is refused (`check_replay`:
+ReplayMismatchError). `commit_batch` checks every journal before it appends to any, so a
+micro-batch refused in one journal is committed in none.
+
 Concurrent queries on one journal each have their own register and producers: each commits
 each of its micro-batches once, independently (as Delta's idempotent writes key transactions by
 query id). Kafka's transactional producers fence by transactional id instead; here the
@@ -61,6 +67,12 @@ from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import RegisterMismatchError
 from spark_integration.publish import PublishedTxn, read_registers
+from spark_integration.sink_rows import (
+    ROWS_PREFIX,
+    BatchRows,
+    ReplayMismatchError,
+    rows_register_name,
+)
 from spark_integration.sink_task import (
     REGISTER_PREFIX,
     Claim,
@@ -98,9 +110,19 @@ class BatchTxns:
     winners: tuple[PublishedTxn, ...]
     # How the micro-batch's rows were routed to journals (RowShape.routing).
     routing: str = ""
+    # Whether a re-run must hold the rows the committed run held, in number (option
+    # replayCheck: sink_rows.py).
+    replay_check: bool = True
 
     @classmethod
-    def of(cls, messages: Sequence[Any], batch: int, routing: str = "") -> BatchTxns | None:
+    def of(
+        cls,
+        messages: Sequence[Any],
+        batch: int,
+        routing: str = "",
+        *,
+        replay_check: bool = True,
+    ) -> BatchTxns | None:
         """None when no task sent a message (nothing was published)."""
         winners = tuple(m for m in messages if isinstance(m, PublishedTxn))
         if not winners:
@@ -122,11 +144,17 @@ class BatchTxns:
                     f"micro-batch {batch}: a task of query {task.query} run {task.run} batch"
                     f" {task.batch} in the commit of query {first.query} run {first.run}"
                 )
-        return cls(first.query, first.run, batch, winners[0].base_clock, winners, routing)
+        return cls(
+            first.query, first.run, batch, winners[0].base_clock, winners, routing, replay_check
+        )
 
     @property
     def journals(self) -> list[str]:
         return sorted({journal for txn in self.winners for journal in txn.acks})
+
+    def rows_in(self, journal: str) -> int:
+        """The rows the winners published in `journal`."""
+        return sum(txn.journal_rows.get(journal, 0) for txn in self.winners)
 
     @property
     def high_clock(self) -> int:
@@ -217,14 +245,73 @@ def decide(current: SinkMark | None, txns: BatchTxns) -> Decision:
     return Decision.ROLL_BACK_ONLY
 
 
+def check_replay(
+    journal: str,
+    txns: BatchTxns,
+    decision: Decision,
+    current: SinkMark | None,
+    record: BatchRows | None,
+) -> None:
+    """Raise ReplayMismatchError if `decision` takes this run's rows of the micro-batch in
+    `journal` for rows an earlier run committed there (ROLL_BACK, ROLL_BACK_ONLY), and the
+    journal's `record` says that run committed another number of rows (or no longer says: it
+    was pruned past the micro-batch). A record that stops short of the register (`current`),
+    or none, was left by a version of this sink that kept none: not checked."""
+    if not txns.replay_check or decision not in (Decision.ROLL_BACK, Decision.ROLL_BACK_ONLY):
+        return
+    if record is None or current is None:
+        return
+    batch, rows = txns.batch, txns.rows_in(journal)
+    recorded = record.rows_of(batch)
+    if recorded == rows or (recorded is None and batch > record.upto):
+        return
+    advice = (
+        " Committing it would lose rows or write them twice, so nothing of it is committed."
+        " Start the query on a new checkpoint, reading its source from the offsets it should"
+        " go on from; or, if the query's output may differ between runs by design (it is not"
+        " deterministic), set the sink's option replayCheck to 'none'"
+    )
+    if recorded is None:
+        raise ReplayMismatchError(
+            f"micro-batch {batch}: run {current.run} of the query committed micro-batches up to"
+            f" {current.batch} in {journal}, which no longer records how many rows micro-batch"
+            f" {batch} held (it records {record.since} to {record.upto}): the query re-runs"
+            " micro-batches committed long ago (its checkpoint was restored from an old copy)."
+            + advice
+        )
+    raise ReplayMismatchError(
+        f"micro-batch {batch}: an earlier run of the query committed {recorded} rows of it in"
+        f" {journal}; this run's holds {rows}: the query planned the micro-batch differently"
+        " (its checkpoint was restored from an older copy, or its source or query is not"
+        " deterministic)." + advice
+    )
+
+
+def next_record(
+    journal: str, txns: BatchTxns, current: SinkMark | None, record: BatchRows | None
+) -> BatchRows:
+    """The journal's record of the query's micro-batches once this one committed there."""
+    rows = txns.rows_in(journal)
+    if record is None or current is None or record.upto != current.batch:
+        return BatchRows.first(txns.batch, rows)
+    return record.after(txns.batch, rows)
+
+
 def _mark_of(registers: pb.LabelSet, register: str) -> SinkMark | None:
     value = gl.value_of(registers, register)
     return SinkMark.parse(value) if value else None
 
 
+def _record_of(registers: pb.LabelSet, query: str) -> BatchRows | None:
+    value = gl.value_of(registers, rows_register_name(query))
+    return BatchRows.parse(value) if value else None
+
+
 def _stale(registers: pb.LabelSet, own: str, now_s: int) -> list[pb.Label]:
-    """Registers of other queries that resolved nothing for `stale_register_s`."""
+    """Registers of other queries that resolved nothing for `stale_register_s`, with their
+    records of rows (sink_rows.py)."""
     out = []
+    stale_queries = set()
     for label in registers.labels:
         if label.name == own or not label.name.startswith(REGISTER_PREFIX):
             continue
@@ -234,6 +321,13 @@ def _stale(registers: pb.LabelSet, own: str, now_s: int) -> list[pb.Label]:
             continue  # Not one of ours after all: leave it.
         if mark.at_s < now_s - stale_register_s:
             out.append(pb.Label(name=label.name, value=label.value))
+            stale_queries.add(label.name.removeprefix(REGISTER_PREFIX))
+    out.extend(
+        pb.Label(name=label.name, value=label.value)
+        for label in registers.labels
+        if label.name.startswith(ROWS_PREFIX)
+        and label.name.removeprefix(ROWS_PREFIX) in stale_queries
+    )
     return out
 
 
@@ -243,9 +337,11 @@ def _update_request(
     register: str,
     mark: SinkMark,
     claims: Sequence[Claim] = (),
+    record: tuple[str, BatchRows] | None = None,
 ) -> pb.AppendRequest:
     """The resolving append: checks that the query's register holds what was read, sets it to
-    `mark`, and removes the query's `claims` read and other queries' stale registers."""
+    `mark` (and the register named by `record` to its value, if given), and removes the query's
+    `claims` read and other queries' stale registers."""
     current = gl.value_of(registers, register)
     if current:
         check = pb.LabelSelector(
@@ -253,27 +349,43 @@ def _update_request(
         )
     else:
         check = pb.LabelSelector(exclude=pb.LabelSet(labels=[pb.Label(name=register)]))
+    union = [pb.Label(name=register, value=mark.encode())]
+    stale = [c.label() for c in claims] + _stale(registers, register, mark.at_s)
+    if record is not None:
+        name, value = record[0], record[1].encode()
+        union.append(pb.Label(name=name, value=value))
+        stale.extend(
+            pb.Label(name=name, value=label.value)
+            for label in registers.labels
+            if label.name == name and label.value != value
+        )
+    union.sort(key=lambda x: (x.name, x.value))
     request = pb.AppendRequest(
         journal=journal,
         check_registers=check,
-        union_registers=pb.LabelSet(labels=[pb.Label(name=register, value=mark.encode())]),
+        union_registers=pb.LabelSet(labels=union),
     )
-    stale = [c.label() for c in claims] + _stale(registers, register, mark.at_s)
     stale.sort(key=lambda x: (x.name, x.value))
     if stale:
         request.subtract_registers.CopyFrom(pb.LabelSet(labels=stale))
     return request
 
 
-async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -> Decision:
-    """Resolve the micro-batch in `journal` (see the module docstring); return what was done."""
+async def commit_journal(
+    client: JournalClient, journal: str, txns: BatchTxns, registers: pb.LabelSet | None = None
+) -> Decision:
+    """Resolve the micro-batch in `journal` (see the module docstring), starting from its
+    `registers` if they were read already; return what was done."""
     register = register_name(txns.query)
     delay = commit_backoff_initial_s
     for attempt in range(1, commit_attempts_max + 1):
-        registers = await read_registers(client, journal)
-        decision = decide(_mark_of(registers, register), txns)
+        if registers is None or attempt > 1:
+            registers = await read_registers(client, journal)
+        current, record = _mark_of(registers, register), _record_of(registers, txns.query)
+        decision = decide(current, txns)
         if decision is Decision.DONE:
             return decision
+        check_replay(journal, txns, decision, current, record)
         claims = txns.claims_to_resolve(registers, int(time.time()))
         if decision is Decision.ROLL_BACK_ONLY:
             request = pb.AppendRequest(journal=journal)
@@ -284,12 +396,14 @@ async def commit_journal(client: JournalClient, journal: str, txns: BatchTxns) -
             await append(client, request, txns.rollback_content(journal, claims))
             return decision
         mark = SinkMark(txns.batch, txns.run, txns.high_clock, int(time.time()), txns.routing)
+        rows: tuple[str, BatchRows] | None = None
         if decision is Decision.COMMIT:
             txns.check_winners_claimed(journal, claims)
             content = txns.commit_content(journal, claims)
+            rows = (rows_register_name(txns.query), next_record(journal, txns, current, record))
         else:
             content = txns.rollback_content(journal, claims)
-        request = _update_request(journal, registers, register, mark, claims)
+        request = _update_request(journal, registers, register, mark, claims, rows)
         try:
             await append(client, request, content)
         except RegisterMismatchError:
@@ -334,14 +448,22 @@ def check_routing(txns: BatchTxns, marks: dict[str, SinkMark | None]) -> None:
 
 
 async def commit_batch(client: JournalClient, txns: BatchTxns) -> dict[str, Decision]:
+    """Resolve the micro-batch in each of its journals; first, check every journal (routing,
+    re-runs), so that a micro-batch refused in one is committed in none."""
     journals = txns.journals
+    register = register_name(txns.query)
+    found = await asyncio.gather(*(read_registers(client, j) for j in journals))
+    marks = {j: _mark_of(r, register) for j, r in zip(journals, found, strict=True)}
     if txns.routing:
-        register = register_name(txns.query)
-        found = await asyncio.gather(*(read_registers(client, j) for j in journals))
-        check_routing(
-            txns, {j: _mark_of(r, register) for j, r in zip(journals, found, strict=True)}
-        )
-    decisions = await asyncio.gather(*(commit_journal(client, j, txns) for j in journals))
+        check_routing(txns, marks)
+    for journal, registers in zip(journals, found, strict=True):
+        current = marks[journal]
+        decision = decide(current, txns)
+        if decision is not Decision.DONE:
+            check_replay(journal, txns, decision, current, _record_of(registers, txns.query))
+    decisions = await asyncio.gather(
+        *(commit_journal(client, j, txns, r) for j, r in zip(journals, found, strict=True))
+    )
     return dict(zip(journals, decisions, strict=True))
 
 

@@ -249,7 +249,9 @@ class GazetteStreamWriter(_StreamWriterBase):  # type: ignore[misc]
         return publish_partition(self.opts, self.shape, iterator, self.base_clock, streaming=True)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        txns = BatchTxns.of(messages, batchId, self.shape.routing)
+        txns = BatchTxns.of(
+            messages, batchId, self.shape.routing, replay_check=self.opts.replay_check
+        )
         if txns is not None:
             run_with_client(self.opts.broker, lambda client: commit_batch(client, txns))
 

@@ -29,6 +29,7 @@ from spark_integration.publish import (
 )
 from spark_integration.range_read import CommittedRange
 from spark_integration.sink_commit import Decision
+from spark_integration.sink_rows import rows_register_name
 from spark_integration.sink_task import (
     CLAIM_PREFIX,
     Claim,
@@ -76,7 +77,10 @@ async def test_a_resubmitted_stage_commits_each_row_once(env: Env) -> None:
     winner = await q.task(0, b0, 0, list(reversed(rows)), attempt=1)  # Its retry.
     await q.commit(0, [winner])
     assert sorted(await committed(env, journal)) == rows
-    assert await _names(env, journal) == [register_name(Q1)]  # The claims are gone.
+    assert await _names(env, journal) == [
+        rows_register_name(Q1),
+        register_name(Q1),
+    ]  # The claims are gone.
 
     b1 = q.plan()
     t1 = await q.task(1, b1, 0, ["next"])
@@ -113,7 +117,7 @@ async def test_interleaved_attempts_of_one_producer_cannot_both_append(env: Env)
     winner = _published(new, producer, base, rows=3)
     await q.commit(0, [winner])
     assert sorted(await committed(env, journal)) == ["new-1", "new-2", "new-3"]
-    assert await _names(env, journal) == [register_name(Q1)]
+    assert await _names(env, journal) == [rows_register_name(Q1), register_name(Q1)]
 
 
 def _published(buffers: _Buffers, producer: ProducerID, base: int, rows: int) -> PublishedTxn:
@@ -190,7 +194,7 @@ async def test_a_dead_runs_claims_are_rolled_back_by_the_next_run(env: Env) -> N
     walk = CommittedRange(source(env, journal), 0, head, ring_size=64)
     assert sorted(await walk_texts(walk)) == ["b6-0", "b6-1"]
     assert all(state.begin == -1 for state in walk.checkpoint().producers.values())
-    assert await _names(env, journal) == [register_name(Q1)]
+    assert await _names(env, journal) == [rows_register_name(Q1), register_name(Q1)]
 
 
 async def test_another_querys_stale_claim_is_rolled_back_and_removed(env: Env) -> None:
@@ -215,6 +219,7 @@ async def test_another_querys_stale_claim_is_rolled_back_and_removed(env: Env) -
 
     assert await _names(env, journal) == [
         claim_name(TaskIdentity(Q2, "gone", 3, 1, 0).producer()),
+        rows_register_name(Q1),
         register_name(Q1),
     ]
     walk = CommittedRange(

@@ -28,6 +28,7 @@ from spark_integration.publish import (
 from spark_integration.range_read import CommittedRange, read_uncommitted
 from spark_integration.raw_json import JSONRow
 from spark_integration.sink_commit import BatchTxns, Decision, commit_batch, decide
+from spark_integration.sink_rows import rows_register_name
 from spark_integration.sink_task import (
     GazetteSinkError,
     SinkMark,
@@ -274,7 +275,7 @@ async def test_stale_registers_of_other_queries_are_pruned(env: Env) -> None:
     base = q.plan()
     await q.commit(0, [await q.task(0, base, 0, ["a"])])
     names = [label.name for label in (await read_registers(env.client, journal)).labels]
-    assert names == [register_name(Q1)]
+    assert names == [rows_register_name(Q1), register_name(Q1)]
 
 
 def test_decisions() -> None:

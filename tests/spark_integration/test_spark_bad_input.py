@@ -99,7 +99,7 @@ def test_unknown_write_options_are_refused() -> None:
     with pytest.raises(
         GazetteOptionError,
         match="are: appendAttempts, broker, checkpointLocation, contentType, journal, keyColumn,"
-        " mapping, protobufClass, queryName, selector",
+        " mapping, protobufClass, queryName, replayCheck, selector",
     ):
         parse_write_options({"broker": "h:1", "path": "/tmp/x"}, streaming=True)
 

@@ -115,6 +115,36 @@ def test_a_rerun_micro_batch_commits_once(spark, broker, tmp_path: Path) -> None
     assert uuid_flags(read_all(broker, sink)).count(1) == 90
 
 
+def test_a_checkpoint_restored_from_an_older_copy_that_re_plans_is_refused(  # type: ignore[no-untyped-def]
+    spark, broker, tmp_path: Path
+) -> None:
+    """The query's checkpoint is restored from a copy taken after micro-batch 0, once
+    micro-batch 1 (b) committed, and more rows (c) arrived since: Spark re-plans micro-batch 1
+    over b and c. Rolled back as committed already, c would be lost without an error (found by
+    review, 2026-11-29); the sink refuses the micro-batch instead, and the query fails saying
+    why. Nothing of it is committed."""
+    source = Source(broker)
+    sink = unique("spark/sink")
+    create_journals(broker, [sink])
+    cp, backup = tmp_path / "cp", tmp_path / "backup"
+    first = source.add([f"a-{i}" for i in range(10)])
+    run(start(spark, broker, source.journal, sink, cp))
+    shutil.copytree(cp, backup)
+    second = source.add([f"b-{i}" for i in range(10)])
+    run(start(spark, broker, source.journal, sink, cp))
+    assert sorted(committed_texts(broker, sink)) == sorted(first + second)
+
+    shutil.rmtree(cp)
+    shutil.copytree(backup, cp)
+    source.add([f"c-{i}" for i in range(10)])
+    query = start(spark, broker, source.journal, sink, cp)
+    with pytest.raises(Exception, match="planned the micro-batch differently") as raised:
+        run(query)
+    assert "committed 10 rows of it" in str(raised.value)
+    assert "holds 20" in str(raised.value)
+    assert sorted(committed_texts(broker, sink)) == sorted(first + second)
+
+
 def test_a_task_that_fails_once_commits_once(spark, broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Partition 0's first attempt fails midway, after publishing some rows; its retry
     commits. The next micro-batch's first attempt publishes under the failed attempt's producer
