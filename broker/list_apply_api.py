@@ -27,6 +27,15 @@ nothing is applied and the answer is ETCD_TRANSACTION_FAILED. Every upsert is va
 (`validate_journal_spec`), and a bad one fails the whole request with INVALID_ARGUMENT naming
 the change and field (`changes[2].upsert.fragment.length: ...`). A successful Apply answers once
 this broker's KeySpace reflects the transaction, so a List that follows sees it.
+
+The replication mode of a live journal (label `gazette.dev/replication-mode`) cannot change: its
+members' content would be taken over by the other mode's as if it were empty (acknowledged
+appends overwritten, reads stalled; docs/design/quorum.md). An upsert changing it is refused
+with INVALID_ARGUMENT, nothing applied (delete the journal and create it again, or create
+another). The check reads the KeySpace mirror, which may lag etcd: so each upsert without an
+expectation of its own is guarded on the revision the mirror shows, and if such a guard fails
+(the spec changed meanwhile) the mirror catches up and the request is checked and tried again,
+at most `apply_attempts_max` times (then UNAVAILABLE, nothing applied).
 """
 
 from __future__ import annotations
@@ -89,6 +98,9 @@ list_response_bytes_max: Final = 4 << 20
 list_loop_hold_s_max: Final = loop_hold_s_max
 # How long an Apply waits for the KeySpace to reflect its own transaction.
 apply_revision_wait_s: Final = 10.0
+# Tries of an Apply whose guards on the mirror's revisions failed (see the module docstring).
+apply_attempts_max: Final = 4
+
 # A watching List re-checks its end of stream at least this often while nothing changes.
 watch_poll_s: Final = 60.0
 
@@ -303,28 +315,106 @@ class ListApplyAPI:
             await validate_apply_request_sliced(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
-        compares: list[Compare] = []
-        ops: list[OpPut | OpDelete] = []
-        for change in request.changes:
-            if change.HasField("upsert"):
-                key = item_key(self._root, change.upsert.name).encode()
-                ops.append(OpPut(key, change.upsert.SerializeToString()))
-            else:
-                key = item_key(self._root, change.delete).encode()
-                ops.append(OpDelete(key))
-            if change.expect_mod_revision != -1:
-                compares.append(
-                    Compare(key, CompareTarget.MOD, CompareResult.EQUAL, change.expect_mod_revision)
-                )
-        succeeded, revision = await apply_txn(
-            self._backend, self._ks, compares, ops, context,
-            revision_wait_s=self._revision_wait_s, viewer="this broker",
-        )  # fmt: skip
-        if not succeeded:
-            return pb.ApplyResponse(
-                status=pb.ETCD_TRANSACTION_FAILED, header=self._header(revision)
+        # The mirror must show what the client's expectations name, to check the changes.
+        await self._mirror_reaches(
+            max((c.expect_mod_revision for c in request.changes), default=-1), context
+        )
+        for _ in range(apply_attempts_max):
+            compares, ops, guarded = _txn(self._root, self._ks, request)
+            problem = self._mode_change(request)
+            if problem:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{problem}")
+            succeeded, revision = await apply_txn(
+                self._backend, self._ks, compares, ops, context,
+                revision_wait_s=self._revision_wait_s, viewer="this broker",
+            )  # fmt: skip
+            if succeeded:
+                return pb.ApplyResponse(status=pb.OK, header=self._header(revision))
+            if not guarded:
+                break
+            # A guard of its own, or the client's, failed: which, the mirror tells once it
+            # shows the revision the transaction was refused at.
+            await self._mirror_reaches(revision, context)
+            if not self._expectations_hold(request):
+                break
+        else:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the journals changed under {apply_attempts_max} tries of this Apply; nothing"
+                " applied: try again",
             )
-        return pb.ApplyResponse(status=pb.OK, header=self._header(revision))
+        return pb.ApplyResponse(status=pb.ETCD_TRANSACTION_FAILED, header=self._header(revision))
+
+    def _mode_change(self, request: pb.ApplyRequest) -> str:
+        """What is wrong if an upsert changes a live journal's replication mode (see the
+        module docstring), else ""."""
+        for i, change in enumerate(request.changes):
+            if not change.HasField("upsert"):
+                continue
+            current = self._ks.get(item_key(self._root, change.upsert.name))
+            if current is None or not isinstance(current.decoded, JournalItem):
+                continue
+            was = gl.value_of(current.decoded.spec.labels, gl.REPLICATION_MODE)
+            now = gl.value_of(change.upsert.labels, gl.REPLICATION_MODE)
+            was, now = (
+                was or gl.REPLICATION_MODE_ALL_REPLICAS,
+                now or gl.REPLICATION_MODE_ALL_REPLICAS,
+            )
+            if was != now:
+                return (
+                    f"changes[{i}].upsert.labels: journal {change.upsert.name!r} is replicated"
+                    f" {was!r} ({gl.REPLICATION_MODE}); a live journal's mode cannot change to"
+                    f" {now!r} (its content would be overwritten): create another journal, or"
+                    " delete this one and create it again"
+                )
+        return ""
+
+    def _expectations_hold(self, request: pb.ApplyRequest) -> bool:
+        """Whether the mirror shows each spec at the revision the client expects."""
+        for change in request.changes:
+            if change.expect_mod_revision == -1:
+                continue
+            name = change.upsert.name if change.HasField("upsert") else change.delete
+            current = self._ks.get(item_key(self._root, name))
+            if (current.kv.mod_revision if current else 0) != change.expect_mod_revision:
+                return False
+        return True
+
+    async def _mirror_reaches(self, revision: int, context: Context) -> None:
+        if revision <= self._ks.header.revision:
+            return
+        try:
+            await self._ks.wait_for_revision(revision, self._revision_wait_s)
+        except (TimeoutError, KeySpaceError) as err:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"this broker's view of etcd did not reach revision {revision}: {err}; nothing"
+                " applied",
+            )
+
+
+def _txn(
+    root: str, ks: KeySpace[Decoded], request: pb.ApplyRequest
+) -> tuple[list[Compare], list[OpPut | OpDelete], bool]:
+    """The request's compares and operations, and whether any compare is a guard of its own
+    (an upsert without an expectation, on the revision the mirror shows)."""
+    compares: list[Compare] = []
+    ops: list[OpPut | OpDelete] = []
+    guarded = False
+    for change in request.changes:
+        if change.HasField("upsert"):
+            key = item_key(root, change.upsert.name).encode()
+            ops.append(OpPut(key, change.upsert.SerializeToString()))
+        else:
+            key = item_key(root, change.delete).encode()
+            ops.append(OpDelete(key))
+        expect = change.expect_mod_revision
+        if expect == -1 and change.HasField("upsert"):
+            current = ks.get(key)
+            expect, guarded = (current.kv.mod_revision if current else 0), True
+        if expect != -1:
+            compares.append(Compare(key, CompareTarget.MOD, CompareResult.EQUAL, expect))
+    return compares, ops, guarded
 
 
 def _pinned(ks: KeySpace[Decoded]) -> KeySpace[Decoded]:

@@ -29,7 +29,7 @@ from broker.list_apply_api import ListApplyAPI, apply_changes_max
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.status import EtcdTransactionFailedError, JournalNotFoundError
-from broker.topology import Decoded, assignment_key, member_key, new_keyspace
+from broker.topology import Decoded, assignment_key, item_key, member_key, new_keyspace
 
 ROOT = "/gazette/cluster"
 LOCAL = pb.ProcessSpec.ID(zone="zone-a", suffix="broker-a")
@@ -71,12 +71,22 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def env(journals_per_response: int = 1000) -> AsyncIterator[Env]:
+async def env(
+    journals_per_response: int = 1000, *, watch: bool = True, revision_wait_s: float = 10.0
+) -> AsyncIterator[Env]:
+    """A ListApplyAPI over an embedded store; without `watch`, its mirror stays as loaded."""
     store = EmbeddedStore()
     backend = store.connect()
     ks = new_keyspace(ROOT)
     await ks.load(backend)
-    api = ListApplyAPI(ks, backend, ROOT, LOCAL, journals_per_response=journals_per_response)
+    api = ListApplyAPI(
+        ks,
+        backend,
+        ROOT,
+        LOCAL,
+        journals_per_response=journals_per_response,
+        revision_wait_s=revision_wait_s,
+    )
     server = grpc.aio.server()
     pb_grpc.add_JournalServicer_to_server(Servicer(api), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -84,11 +94,12 @@ async def env(journals_per_response: int = 1000) -> AsyncIterator[Env]:
     client = JournalClient(f"http://127.0.0.1:{port}")
     try:
         async with asyncio.TaskGroup() as tg:
-            watch = tg.create_task(ks.watch(backend))
+            watching = tg.create_task(ks.watch(backend)) if watch else None
             try:
                 yield Env(backend, ks, client, client.default_stub())
             finally:
-                watch.cancel()
+                if watching is not None:
+                    watching.cancel()
     finally:
         await client.close()
         await server.stop(None)
@@ -157,6 +168,64 @@ async def test_a_stale_expectation_fails_the_whole_transaction() -> None:
         await apply_journals(e.client, [upsert(spec("a/one"), -1)])
         with pytest.raises(EtcdTransactionFailedError):
             await apply_journals(e.client, [upsert(spec("a/one"), 0)])
+
+
+async def test_a_live_journals_replication_mode_cannot_change() -> None:
+    """Found by audit (2026-11-29): a journal relabelled from all-replicas to quorum took
+    acknowledged quorum appends over its committed content, and its reads stalled. A change of
+    the label is refused, nothing applied; other changes of the spec, and a journal deleted and
+    created again in the other mode, are fine."""
+    quorum = {"gazette.dev/replication-mode": "quorum"}
+    async with env() as e:
+        await apply_journals(e.client, [upsert(spec("a/one")), upsert(_labelled("a/two", quorum))])
+        for journal, labels, was, now in (
+            ("a/one", quorum, "all-replicas", "quorum"),
+            ("a/two", {}, "quorum", "all-replicas"),
+            ("a/two", {"gazette.dev/replication-mode": "all-replicas"}, "quorum", "all-replicas"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await apply_journals(
+                    e.client, [upsert(spec("a/three")), upsert(_labelled(journal, labels), -1)]
+                )
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (
+                f"changes[1].upsert.labels: journal {journal!r} is replicated {was!r}"
+                f" (gazette.dev/replication-mode); a live journal's mode cannot change to {now!r}"
+            ) in (info.value.details() or "")
+        assert names(await list_journals(e.client)) == ["a/one", "a/two"]
+        assert (await get_journal(e.client, "a/one")) == spec("a/one")
+
+        await apply_journals(e.client, [upsert(_labelled("a/two", quorum | {"owner": "me"}), -1)])
+        await apply_journals(e.client, [delete("a/one")])
+        await apply_journals(e.client, [upsert(_labelled("a/one", quorum))])
+        assert (await get_journal(e.client, "a/one")) == _labelled("a/one", quorum)
+
+
+async def test_a_mode_change_the_mirror_has_not_seen_yet_is_not_applied() -> None:
+    """The check reads this broker's mirror, which may lag etcd: another writer made a/one a
+    quorum journal, and this broker's mirror still shows it all-replicas. An upsert of the
+    all-replicas spec without an expectation is guarded on the revision the mirror shows, so
+    it is not applied (here the mirror never catches up: UNAVAILABLE, nothing applied)."""
+    quorum = _labelled("a/one", {"gazette.dev/replication-mode": "quorum"})
+    async with env(watch=False, revision_wait_s=0.5) as e:
+        await e.backend.put(item_key(ROOT, "a/one").encode(), spec("a/one").SerializeToString())
+        await e.ks.load(e.backend)  # The mirror shows a/one all-replicas...
+        key = item_key(ROOT, "a/one").encode()
+        await e.backend.put(key, quorum.SerializeToString())  # ...and it is quorum now.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await e.stub.Apply(pb.ApplyRequest(changes=[upsert(spec("a/one"), -1)]))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "did not reach revision" in (info.value.details() or "")
+        stored = (await e.backend.range(key)).kvs[0].value
+        assert pb.JournalSpec.FromString(stored) == quorum
+
+
+def _labelled(name: str, labels: dict[str, str]) -> pb.JournalSpec:
+    out = spec(name)
+    out.labels.CopyFrom(
+        pb.LabelSet(labels=[pb.Label(name=k, value=v) for k, v in sorted(labels.items())])
+    )
+    return out
 
 
 @pytest.mark.parametrize(
