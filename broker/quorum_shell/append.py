@@ -14,6 +14,12 @@ follows (NO_JOURNAL_PRIMARY_BROKER while no leader is known). While no leader is
 election), the append first waits up to `quorum_leader_wait_s` for one. A stream that ends
 without the commit marker appends nothing.
 
+As every Gazette append: content for a journal whose flags do not allow writes is answered
+NOT_ALLOWED; an append naming an `offset` where it would not land WRONG_APPEND_OFFSET; one
+whose fragment stores hold content beyond the log's head INDEX_HAS_GREATER_OFFSET
+(append_offset.py); each with nothing appended. Requests to suspend the journal are refused
+(FAILED_PRECONDITION: not built for quorum journals).
+
 Registers (registers.py): the leader checks `check_registers` against the journal's registers
 as of its log's head and the entry carries the registers its `union_registers` /
 `subtract_registers` leave. A failed check is answered REGISTER_MISMATCH with the registers it
@@ -33,6 +39,7 @@ from typing import Any
 
 import grpc
 
+from broker.append_rules import may_write
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError
 from broker.quorum.errors import (
@@ -42,7 +49,8 @@ from broker.quorum.errors import (
     PendingAppendsFullError,
     ProtocolError,
 )
-from broker.quorum_shell.journals import QuorumJournals
+from broker.quorum_shell.append_offset import AppendOffsetError, StoreAheadOfLogError
+from broker.quorum_shell.journals import IndexNotListedError, QuorumJournals
 from broker.quorum_shell.node import AppendOutcomeUnknownError, LogWriteError
 from broker.quorum_shell.registers import label_set_of, register_check, register_update
 from broker.request_stream import read_to_end
@@ -51,6 +59,11 @@ from broker.topology import make_header, same_id
 # How long an append waits for an election to name a leader before it is answered
 # NO_JOURNAL_PRIMARY_BROKER: a coordinator replaces a silent leader within about 2.5 s.
 quorum_leader_wait_s = 5.0
+
+# Suspension controls that ask to suspend the journal (append_suspend.py): not built for
+# quorum journals. SUSPEND_RESUME, SUSPEND_NO_RESUME and SUSPEND_KEEP leave an unsuspended
+# journal as it is, so plain appends and reset-head go through.
+_SUSPENSIONS = frozenset((pb.AppendRequest.SUSPEND_IF_FLUSHED, pb.AppendRequest.SUSPEND_NOW))
 
 # One quorum append is one entry, carried whole in one Replicate message (wire.py's envelope
 # bound holds it in base64): larger appends are refused RESOURCE_EXHAUSTED.
@@ -131,6 +144,15 @@ async def quorum_append(
             grpc.StatusCode.INVALID_ARGUMENT,
             "the stream ended without the empty commit chunk: nothing appended",
         )
+    if content and not may_write(spec):
+        return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
+    if first.suspend in _SUSPENSIONS:
+        await _abort(
+            context,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"journal {journal!r}: quorum journals are not suspended (not built yet): nothing"
+            " changed",
+        )
     try:
         fragment, registers = await journals.append(
             journal,
@@ -138,9 +160,18 @@ async def quorum_append(
             spec.fragment.compression_codec,
             register_check(first),
             register_update(first),
+            first.offset,
         )
     except NotLeaderError:
         return pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER, header=header)
+    except AppendOffsetError as err:
+        return pb.AppendResponse(status=err.status, header=header)  # type: ignore[arg-type]
+    except StoreAheadOfLogError as err:
+        await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        raise AssertionError("not reached") from err
+    except IndexNotListedError as err:
+        await _abort(context, grpc.StatusCode.UNAVAILABLE, str(err))
+        raise AssertionError("not reached") from err
     except (EmptyRegisterUpdateError, ValidationError) as err:
         await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         raise AssertionError("not reached") from err

@@ -74,6 +74,7 @@ from typing import Any
 from broker import metrics
 from broker.client.append_errors import backoff_s
 from broker.disk_errors import is_disk_full
+from broker.fragment.index import IndexClosedError
 from broker.fragment.naming import sum_from_digest
 from broker.fragment.stores.registry import StoreRegistry
 from broker.keyspace.backend import Backend
@@ -85,6 +86,7 @@ from broker.quorum.config import QuorumConfig
 from broker.quorum.entry import Registers
 from broker.quorum.errors import LogFileCorruptError, NotLeaderError
 from broker.quorum.leader import RegisterCheck, RegistersMismatched, RegisterUpdate
+from broker.quorum_shell.append_offset import check_append_offset
 from broker.quorum_shell.apply import CommitApplier
 from broker.quorum_shell.leader_route import register_leader
 from broker.quorum_shell.log_file import QuorumLogFile, log_path
@@ -130,6 +132,16 @@ log = get_logger(__name__)
 # would not finish sooner (one GIL), but each is one more the event loop's thread waits behind
 # for the GIL, and one more log's records in memory at once.
 log_replays_concurrent_max = 1
+
+# How long an append waits for the journal's fragment index to list its stores for the first
+# time: it cannot know where the journal continues before (as append_run's
+# index_refresh_wait_s for all-replicas journals).
+append_index_wait_s = 30.0
+
+
+class IndexNotListedError(Exception):
+    """An append found the journal's fragment index not listed yet, after waiting for it."""
+
 
 # A node that stopped because its log could not be written (LogWriteError: say its disk is
 # full) is started again from its file after a back-off, doubling from the first to the last
@@ -688,15 +700,37 @@ class QuorumJournals:
         codec: int,
         check: RegisterCheck | None = None,
         update: RegisterUpdate | None = None,
+        offset: int = 0,
     ) -> tuple[pb.Fragment | None, Registers]:
         """Append to the local node, which must lead: the committed fragment of `data` and
-        the registers after it, or (None, the committed registers) if `check` failed."""
+        the registers after it, or (None, the committed registers) if `check` failed. The
+        append lands at the log's head, which must be `offset` if that is given, and not below
+        the end of this broker's fragment index (append_offset.py: AppendOffsetError,
+        StoreAheadOfLogError), once the index has listed the stores (IndexNotListedError after
+        `append_index_wait_s`)."""
+        replica = self._replica_of(journal)
+        if replica is not None and not replica.index.first_refresh.is_set():
+            try:
+                await replica.index.wait_first_refresh(append_index_wait_s)
+            except (TimeoutError, IndexClosedError) as err:
+                raise IndexNotListedError(
+                    f"journal {journal!r}: its fragment stores were not listed yet ({err!r});"
+                    " nothing appended"
+                ) from None
         node = self.nodes.get(journal)
         if node is None:
             # Stopped since the append resolved it, while its content was read (this broker
             # lost the journal's assignment): not the leader, so the client retries.
             raise NotLeaderError(self.name)
-        outcome = await node.append_checked(data, check, update)
+        replica = self._replica_of(journal)
+        # A leader without a replica here (kept by the term register, not assigned here) has
+        # no index: its appends are not checked against the stores.
+        index_end = replica.index.end_offset if replica is not None else 0
+
+        def at(head_end: int) -> None:
+            check_append_offset(journal, head_end, index_end, offset)
+
+        outcome = await node.append_checked(data, check, update, at)
         if isinstance(outcome, RegistersMismatched):
             return None, outcome.registers
         fragment = pb.Fragment(

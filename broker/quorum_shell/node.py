@@ -324,10 +324,15 @@ class QuorumNode:
         data: bytes,
         check: RegisterCheck | None = None,
         update: RegisterUpdate | None = None,
+        at: Callable[[int], None] | None = None,
     ) -> Committed | RegistersMismatched:
-        """Append `data` with a register check and update (see the module docstring)."""
+        """Append `data` with a register check and update (see the module docstring). `at`,
+        given the log's head end (where the append would land), raises to refuse it: called
+        synchronously with the append, so that nothing lands between them."""
         if self.failure is not None:
             raise self.failure
+        if at is not None:
+            at(self.member.log.head_end)
         token = object()
         now = self.now()
         # NotLeaderError, LogFullError, EmptyRegisterUpdateError, what `update` raises: to the
