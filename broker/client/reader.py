@@ -8,7 +8,8 @@ metadata of the next fragment, and so on. The Reader follows that stream:
 - Chunks come out as `Chunk(offset, content)`, so a caller sees where each one starts. The
   offset of a chunk is usually the end of the previous one; it is larger after an *offset jump*
   (the broker skipped a gap left by deleted fragments, or resolved a read of -1 to the write
-  head). Jumps are followed, counted in `jumps`, and visible in the chunk offsets.
+  head). Jumps are followed, counted in `jumps` and in the process's metrics (read_metrics.py),
+  logged as a WARNING, and visible in the chunk offsets.
 - A metadata response with a non-OK status ends the read: once the broker closes the stream,
   `read_chunk` raises that status's typed error (e.g. `OffsetNotYetAvailableError` for a
   non-blocking read at the write head).
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import grpc
 import grpc.aio
 
+from broker.client.read_metrics import count_jump
 from broker.client.route_cache import JournalClient
 from broker.fragment.stores.base import FragmentNotFoundError, FragmentReader
 from broker.fragment.verify import (
@@ -364,8 +366,10 @@ class Reader:
             if response.offset > self.request.offset:
                 if self.request.offset != -1:  # A read of -1 resolving is no jump.
                     self.jumps += 1
-                    log.info(
-                        "read offset jump",
+                    # Content this reader will never see: counted and said (read_metrics.py).
+                    count_jump(self.request.journal, response.offset - self.request.offset)
+                    log.warning(
+                        "read offset jump: content between was removed or lost",
                         journal=self.request.journal,
                         offset=self.request.offset,
                         to=response.offset,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import metrics
 from broker.client.reader import (
     Chunk,
     FragmentContentError,
@@ -76,9 +77,15 @@ async def test_reader_stops_at_end_offset(tmp_path: Path) -> None:
 async def test_reader_follows_offset_jumps(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         await persist(e, 100, b"after a gap", CompressionCodec.NONE)
+        labels = {"journal": JOURNAL}
+        jumps = metrics.value_of("gazette_client_read_offset_jumps_total", labels)
+        skipped = metrics.value_of("gazette_client_read_skipped_bytes_total", labels)
         reader = Reader(e.client, pb.ReadRequest(journal=JOURNAL, offset=0, end_offset=111))
         chunks = await drain(reader)
         assert chunks[0].offset == 100 and reader.jumps == 1
+        # Counted in the process's metrics: what a reader went past is not only a log line.
+        assert metrics.value_of("gazette_client_read_offset_jumps_total", labels) == jumps + 1
+        assert metrics.value_of("gazette_client_read_skipped_bytes_total", labels) == skipped + 100
         assert b"".join(c.content for c in chunks) == b"after a gap"
 
 
