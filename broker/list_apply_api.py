@@ -32,10 +32,11 @@ The replication mode of a live journal (label `gazette.dev/replication-mode`) ca
 members' content would be taken over by the other mode's as if it were empty (acknowledged
 appends overwritten, reads stalled; docs/design/quorum.md). An upsert changing it is refused
 with INVALID_ARGUMENT, nothing applied (delete the journal and create it again, or create
-another). The check reads the KeySpace mirror, which may lag etcd: so each upsert without an
-expectation of its own is guarded on the revision the mirror shows, and if such a guard fails
-(the spec changed meanwhile) the mirror catches up and the request is checked and tried again,
-at most `apply_attempts_max` times (then UNAVAILABLE, nothing applied).
+another). The check reads the KeySpace mirror, which may lag etcd: so each upsert is guarded on
+the revision the mirror shows of its journal too, and if the transaction fails while every
+expectation of the client holds in the mirror once it shows the revision the transaction was
+refused at (a guard failed: the spec changed meanwhile), the request is checked and tried
+again, at most `apply_attempts_max` times (then UNAVAILABLE, nothing applied).
 """
 
 from __future__ import annotations
@@ -315,10 +316,6 @@ class ListApplyAPI:
             await validate_apply_request_sliced(request)
         except ValidationError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
-        # The mirror must show what the client's expectations name, to check the changes.
-        await self._mirror_reaches(
-            max((c.expect_mod_revision for c in request.changes), default=-1), context
-        )
         for _ in range(apply_attempts_max):
             compares, ops, guarded = _txn(self._root, self._ks, request)
             problem = self._mode_change(request)
@@ -396,8 +393,9 @@ class ListApplyAPI:
 def _txn(
     root: str, ks: KeySpace[Decoded], request: pb.ApplyRequest
 ) -> tuple[list[Compare], list[OpPut | OpDelete], bool]:
-    """The request's compares and operations, and whether any compare is a guard of its own
-    (an upsert without an expectation, on the revision the mirror shows)."""
+    """The request's compares and operations, and whether any compare is a guard of its own:
+    each upsert is guarded on the revision the mirror shows of its journal (the spec its mode
+    was checked against), unless that is the client's own expectation."""
     compares: list[Compare] = []
     ops: list[OpPut | OpDelete] = []
     guarded = False
@@ -409,11 +407,14 @@ def _txn(
             key = item_key(root, change.delete).encode()
             ops.append(OpDelete(key))
         expect = change.expect_mod_revision
-        if expect == -1 and change.HasField("upsert"):
-            current = ks.get(key)
-            expect, guarded = (current.kv.mod_revision if current else 0), True
         if expect != -1:
             compares.append(Compare(key, CompareTarget.MOD, CompareResult.EQUAL, expect))
+        if change.HasField("upsert"):
+            current = ks.get(key)
+            shown = current.kv.mod_revision if current else 0
+            if shown != expect:
+                compares.append(Compare(key, CompareTarget.MOD, CompareResult.EQUAL, shown))
+                guarded = True
     return compares, ops, guarded
 
 

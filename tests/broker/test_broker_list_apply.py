@@ -220,6 +220,31 @@ async def test_a_mode_change_the_mirror_has_not_seen_yet_is_not_applied() -> Non
         assert pb.JournalSpec.FromString(stored) == quorum
 
 
+async def test_a_mode_change_expected_at_a_revision_the_mirror_has_not_seen_is_not_applied() -> (
+    None
+):
+    """As above, the client naming the revision it read elsewhere (the quorum spec's): its own
+    expectation holds in etcd, and the guard on the spec the mirror checked still refuses."""
+    quorum = _labelled("a/one", {"gazette.dev/replication-mode": "quorum"})
+    async with env(watch=False, revision_wait_s=0.5) as e:
+        key = item_key(ROOT, "a/one").encode()
+        await e.backend.put(key, spec("a/one").SerializeToString())
+        await e.ks.load(e.backend)
+        header = await e.backend.put(key, quorum.SerializeToString())
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await e.stub.Apply(pb.ApplyRequest(changes=[upsert(spec("a/one"), header.revision)]))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert pb.JournalSpec.FromString((await e.backend.range(key)).kvs[0].value) == quorum
+
+
+async def test_an_expectation_of_a_revision_never_seen_fails_at_once() -> None:
+    async with env() as e:
+        await apply_journals(e.client, [upsert(spec("a/one"))])
+        with pytest.raises(EtcdTransactionFailedError):
+            await apply_journals(e.client, [upsert(spec("a/one"), 1 << 40)])
+        assert (await get_journal(e.client, "a/one")) == spec("a/one")
+
+
 def _labelled(name: str, labels: dict[str, str]) -> pb.JournalSpec:
     out = spec(name)
     out.labels.CopyFrom(
