@@ -55,7 +55,10 @@ Lost disks (member_dir.py, member_registry.py): with a data directory the broker
 incarnation id, and each node first *joins*: a new log file gets a `joining` mark before it is
 created, and the node looks its member up in `<root>/quorum-members/<journal>` (scoped to the
 journal spec's create revision) before it takes part; a member that joined before but whose
-log is new starts lost (no vote until caught up).
+log is new starts lost (no vote until caught up). Without a data directory the member log is
+in memory and empty at every start of a node: the broker draws an incarnation per process, and
+each node joins as one back from a lost disk whenever the record shows its member joined before
+and the term register holds a term (`_memory_joiner`, member_registry.py).
 
 A journal deleted and re-created under the same name is another journal: its spec key's create
 revision differs. A node of the earlier one is stopped; the earlier journal's member files are
@@ -102,7 +105,7 @@ from broker.quorum_shell.member_dir import (
     write_journal_revision,
     write_mark,
 )
-from broker.quorum_shell.member_registry import Joiner, MemberRegistry
+from broker.quorum_shell.member_registry import Joiner, MemberRegistry, memory_incarnation
 from broker.quorum_shell.node import COORDINATOR_SUFFIX, LogWriteError, QuorumNode
 from broker.quorum_shell.read_barrier import (
     QuorumReadUnavailableError,
@@ -222,8 +225,12 @@ class QuorumJournals:
         self.quorum_config: QuorumConfig | None = None
         self._data_dir = data_dir
         self._fsync = fsync
-        # This broker's disk, as members record it when they join (None: no data directory).
-        self.incarnation = load_incarnation(data_dir) if data_dir is not None else None
+        # This broker's disk, as members record it when they join. Without a data directory,
+        # one drawn for this process: its members' logs are in memory, so every start of a
+        # node is a lost disk's (member_registry.py).
+        self.incarnation = (
+            load_incarnation(data_dir) if data_dir is not None else memory_incarnation()
+        )
         # Journals whose log file could not be opened (see the module docstring).
         self.errors: dict[str, Exception] = {}
         # What Status reports for a journal without a node here: its log's last open failure,
@@ -345,7 +352,10 @@ class QuorumJournals:
             if self._data_dir is not None and opened is None:
                 self._open_log_later(journal)
                 continue
-            log_file, joiner = opened if opened is not None else (None, None)
+            if opened is not None:
+                log_file, joiner = opened
+            else:
+                log_file, joiner = None, self._memory_joiner(journal)
             ensemble = tuple(sorted(format_id(m) for m in route.members))
             endpoints = {
                 format_id(m): e for m, e in zip(route.members, route.endpoints, strict=True) if e
@@ -384,6 +394,16 @@ class QuorumJournals:
             uploading = self.appliers.get(journal)
             if uploading is not None:
                 uploading.uploads_for_leader = self._uploads_for_leader(journal)
+
+    def _memory_joiner(self, journal: str) -> Joiner:
+        """The joiner of a node whose member log is in memory (no data directory): its log is
+        empty at every start, so it joins as a member back from a lost disk would (no vote
+        until a leader caught it up) once the keyspace shows it joined before
+        (member_registry.py). Without it, a restarted member voted with its empty log and a
+        majority of such members elected it: the journal went on from offset 0, every
+        acknowledged append gone."""
+        registry = MemberRegistry(self._backend, self._root, journal, self._revisions[journal])
+        return Joiner.in_memory(registry, self.name, self.incarnation)
 
     def _keep_registered(self, wanted: dict[str, pb.Route]) -> set[str]:
         """Add to `wanted` the journals not assigned here (or without a whole route) whose
@@ -476,7 +496,7 @@ class QuorumJournals:
         refresh (docs/reliability.md). A log that cannot be read keeps its error in `errors`
         (no node)."""
         data_dir, incarnation = self._data_dir, self.incarnation
-        assert data_dir is not None and incarnation is not None
+        assert data_dir is not None
         revision = self._revisions[journal]
         registry = MemberRegistry(self._backend, self._root, journal, revision)
 

@@ -11,11 +11,21 @@ key's mod revision (members of one journal may register at once; the loser re-re
 *lost* (`Member.begin_lost`: no vote until caught up). A member not recorded is joining a
 journal for the first time (a fresh journal's late starter included: it never answered, so it
 acknowledged nothing), and votes. `join` runs the rule against the keyspace.
+
+A member whose log is in memory (its broker has no data directory: `Joiner.member_dir` None)
+has a new log at every start of its node, so it is treated as a member that lost its disk at
+every start: lost whenever the record shows it joined before, under the incarnation its broker
+drew for this process (`memory_incarnation`), and with no marks (nothing survives a restart to
+hold them). One exception, since no mark tells a member that recorded itself and stopped
+before it took part: while the term register holds no term, no member ever answered NewTerm
+or acknowledged anything, so an empty log is whole and the member votes (a brand-new journal
+whose members all restarted before the first election still elects).
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -60,6 +70,17 @@ class Decision:
 
 
 _PRUNED: Final = "not recorded, but the record pruned members: it may have joined before"
+_IN_MEMORY: Final = (
+    "its log was in memory (no data directory) and is empty at every start of its node"
+)
+# The prefix of an in-memory member's incarnation (a data directory's is 16 hex digits alone).
+MEMORY_INCARNATION_PREFIX: Final = "memory-"
+
+
+def memory_incarnation() -> str:
+    """A broker without a data directory: the incarnation its members record (new for each
+    process, as a lost disk's would be)."""
+    return MEMORY_INCARNATION_PREFIX + secrets.token_hex(8)
 
 
 def decide(
@@ -138,6 +159,11 @@ class MemberRegistry:
         resp = await self._backend.txn([compare], [OpPut(self.key, value)], [OpGet(self.key)])
         return resp.succeeded
 
+    async def register_term(self) -> int:
+        """The term register's current term (0: the journal never had one)."""
+        resp = await self._backend.range(self._term_key)
+        return versioned_of(resp.kvs, (), self.journal_revision).record.term
+
     async def _register_members(self) -> frozenset[str]:
         """The members the journal's term register names: its ensemble and `previous` (none
         if it has no term yet)."""
@@ -156,11 +182,17 @@ class Joiner:
     registry: MemberRegistry
     member: str
     incarnation: str
-    member_dir: Path
+    member_dir: Path | None  # None: the log is in memory (see the module docstring)
     log_new: bool
     mark_found: Mark | None  # the mark as this start found it (decide's input)
     mark: Mark | None  # the mark on disk now (a new log's `joining` written since)
     last_error: Exception | None = None
+
+    @classmethod
+    def in_memory(cls, registry: MemberRegistry, member: str, incarnation: str) -> Joiner:
+        """The joiner of a member whose log is in memory (see the module docstring): new at
+        every start, no marks."""
+        return cls(registry, member, incarnation, None, True, None, None)
 
     async def join(self) -> Decision:
         backoff = join_backoff_initial_s
@@ -193,13 +225,15 @@ class Joiner:
             incarnation=self.incarnation,
             pruned=record.pruned > 0,
         )
-        if decision.lost and self.mark is not Mark.LOST:
+        if self.member_dir is None:
+            decision = await self._in_memory(decision)
+        elif decision.lost and self.mark is not Mark.LOST:
             write_mark(self.member_dir, Mark.LOST)  # before the keyspace forgets the old disk
             self.mark = Mark.LOST
         if recorded != self.incarnation:
             if not await self.registry.record(record, revision, self.member, self.incarnation):
                 return None  # another member registered meanwhile: read again
-        if not decision.lost and self.mark is Mark.JOINING:
+        if not decision.lost and self.mark is Mark.JOINING and self.member_dir is not None:
             clear_mark(self.member_dir)
             self.mark = None
         if decision.lost:
@@ -211,3 +245,13 @@ class Joiner:
                 reason=decision.reason,
             )
         return decision
+
+    async def _in_memory(self, decision: Decision) -> Decision:
+        """`decide`'s answer for a member whose log is in memory (see the module docstring)."""
+        if not decision.lost:
+            return decision  # never joined (its log is new at every start)
+        if await self.registry.register_term() == 0:
+            return Decision(
+                False, "joins: the journal never had a term, so nothing was acknowledged"
+            )
+        return Decision(True, f"{decision.reason}; {_IN_MEMORY}")

@@ -23,8 +23,10 @@ readers may see. A write that fails stops the node (`failure`, a `LogWriteError`
 set), and its owner (journals.py) starts a new node from the file after a back-off. Without a
 file the log is in memory: a process crash loses it (tests, and brokers without --data-dir).
 
-Lost disks. With a `joiner` (member_registry.py: a broker with a data directory) the node first
-joins: it decides from the keyspace whether its member lost its disk, and takes no part (drops
+Lost disks. With a `joiner` (member_registry.py: every node a broker starts; without a data
+directory its member log is in memory, and the node joins as one back from a lost disk whenever
+the keyspace shows its member joined before and the journal had a term) the node first joins:
+it decides from the keyspace whether its member lost its disk, and takes no part (drops
 every message, starts no coordinator) until it knows. A lost member then reads the term
 register and starts with `Member.begin_lost`: fenced into the register's current term (its
 lost log forgot the term it had joined; a leader deposed before the loss must not align it)
@@ -454,16 +456,14 @@ class QuorumNode:
 
     def _clear_lost_mark(self) -> None:
         """The member is a voter again, and the log that made it one is in its file."""
-        if self.log_file is None:
-            self._lost_marked = False
-            return
-        try:
-            clear_mark(self.log_file.path.parent)
-        except OSError as err:
-            # Kept: a restart then starts it lost again, which is safe (it waits to be caught
-            # up once more); retried on the next flush.
-            log.warning("quorum lost mark not cleared", journal=self.journal, error=str(err))
-            return
+        if self.log_file is not None:  # in memory: no mark (every start is a lost disk's)
+            try:
+                clear_mark(self.log_file.path.parent)
+            except OSError as err:
+                # Kept: a restart then starts it lost again, which is safe (it waits to be
+                # caught up once more); retried on the next flush.
+                log.warning("quorum lost mark not cleared", journal=self.journal, error=str(err))
+                return
         self._lost_marked = False
         log.info("quorum member caught up: votes again", journal=self.journal, node=self.name)
 
