@@ -202,6 +202,11 @@ class CommitPipeline:
         self._last = task
         return commit.result
 
+    async def settled(self) -> None:
+        """Return once every commit submitted so far has finished (applied or failed)."""
+        if self._commits:
+            await asyncio.wait(set(self._commits))
+
     def _forget(self, task: asyncio.Task[BaseException | None]) -> None:
         self._commits.pop(task, None)
 

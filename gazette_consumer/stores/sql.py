@@ -43,6 +43,11 @@ Pipelining. `start_commit` detaches the current transaction and queues its commi
 overlap freely. On SQLite, which has a single writer, engines from `create_sqlite_engine` begin
 every transaction with BEGIN IMMEDIATE: the next transaction's first `run` waits until the
 previous commit releases the database, instead of failing later with a stale-snapshot error.
+It waits for the commits in flight to finish before it begins: a commit of a transaction that
+staged nothing takes the write lock only once its dependencies resolve, and a next transaction
+that took it first would hold what that commit waits for while waiting for that commit (a
+deadlock until the busy timeout, then again after the shard's restart: found by audit,
+2026-11-29).
 """
 
 from __future__ import annotations
@@ -190,6 +195,7 @@ class SQLStore:
         # while a first `run` is still connecting takes that transaction with it.
         self._txn_lock = asyncio.Lock()
         self._destroyed = False
+        self._single_writer = engine.dialect.name == "sqlite"
 
     @property
     def engine(self) -> Engine:
@@ -229,6 +235,11 @@ class SQLStore:
             raise StoreStateError("transaction: restore_checkpoint must come first")
         async with self._txn_lock:
             if self._txn is None:
+                if self._single_writer:
+                    # Every commit in flight holds SQLite's write lock, or will take it (one
+                    # that staged nothing): this transaction begins after them (see the module
+                    # docstring, "Pipelining").
+                    await self._pipeline.settled()
                 # A cancelled begin must not leak its connection (and SQLite's write lock).
                 connection = await self._in_worker(
                     _begin, self._engine, on_cancel=_rollback_and_close

@@ -377,6 +377,37 @@ async def test_pipelined_commit_waits_for_its_dependencies_and_predecessor(
         await store.destroy()
 
 
+async def test_a_commit_that_staged_nothing_and_the_next_transaction_both_go_through(
+    sqlite_engine: Engine,
+) -> None:
+    """Found by audit (2026-11-29): transaction N stages nothing (its application skipped every
+    message), and its commit waits for N's appends; pipelined N+1 stages a change. On SQLite,
+    N+1's BEGIN IMMEDIATE took the write lock that N's commit needed once its appends landed,
+    while N+1 could not commit before N: N failed "database is locked" after the busy
+    timeout (60 s), and again after every restart of the shard. N+1 now begins once N is done."""
+    shard = _shard()
+    store = SQLStore(sqlite_engine)
+    try:
+        await store.restore_checkpoint(shard)
+        appends: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        first = await store.start_commit(shard, sample_checkpoint(1), [appends])
+        following = asyncio.ensure_future(store.run(lambda c: _put(c, "k", b"next")))
+        # The chance to begin that a pipelined shard's next transaction has while N's appends
+        # are in flight (its outcome is checked whether or not it took it).
+        await asyncio.wait({following}, timeout=1.0)
+        appends.set_result(None)
+        assert await _outcome(first) is None
+        await following
+        await (await store.start_commit(shard, sample_checkpoint(2), []))
+        assert await asyncio.to_thread(_row, sqlite_engine, shard.fqn) == (
+            1,
+            encode_checkpoint(sample_checkpoint(2)),
+        )
+        assert await asyncio.to_thread(_get, sqlite_engine, "k") == b"next"
+    finally:
+        await store.destroy()
+
+
 async def test_cancelling_a_commit_future_does_not_cancel_the_commit(
     sqlite_engine: Engine,
 ) -> None:
