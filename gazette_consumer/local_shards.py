@@ -19,6 +19,7 @@ the keyspace update that follows brings a fresh decision.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 from broker.keyspace.backend import (
@@ -229,7 +230,13 @@ class LocalShards:
         token = object()
         try:
             handle = self._start_shard(
-                ShardStart(a.spec, action.role, a.fqn, self._on_change_of(a.shard, token))
+                ShardStart(
+                    a.spec,
+                    action.role,
+                    a.fqn,
+                    self._on_change_of(a.shard, token),
+                    functools.partial(self._still_assigned, a.shard),
+                )
             )
         except Exception as exc:
             log.exception("starting local shard failed", shard=a.shard)
@@ -247,6 +254,18 @@ class LocalShards:
             log.exception("local shard failed a transition", shard=action.shard)
             entry.handle = _FailedHandle(exc, entry.handle)
             entry.notify()
+
+    async def _still_assigned(self, shard: str) -> bool:
+        """Whether etcd itself (a linearizable read, not the mirror) still holds this member's
+        assignment of `shard` that the mirror shows (the same key, created at the same
+        revision: a key of another lease, say this member's successor under the same name,
+        is not it). Raises what reading etcd raises."""
+        zone, suffix = self._member
+        entry = local_assignments(self._ks, self._root, zone, suffix).get(shard)
+        if entry is None or self._stopping.is_set():
+            return False
+        found = await self._backend.range(entry.kv.key)
+        return bool(found.kvs) and found.kvs[0].create_revision == entry.kv.create_revision
 
     async def _stop(self, shard: str, handle: ShardHandle) -> None:
         """Stop a replica that left this process. Its metric series go with the last use of

@@ -25,7 +25,7 @@ any) starts afresh. All calls come from the event loop of the member.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,6 +60,11 @@ class ShardStart:
     fqn: str
     # Call whenever status() or progress() changed. Never blocks; safe to call often.
     on_change: Callable[[], None]
+    # Whether this member still holds the assignment, asked of etcd itself (not of the mirror,
+    # which lags in a process that was paused): what a replica asks before it starts over after
+    # a failure, so that a zombie does not restore the shard again and fence its successor.
+    # None: no etcd (a runner used directly), always held.
+    still_assigned: Callable[[], Awaitable[bool]] | None = None
 
 
 class ShardHandle(Protocol):

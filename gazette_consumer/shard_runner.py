@@ -159,7 +159,25 @@ class LocalShard:
                 raise asyncio.CancelledError
             served_s = None if self._serving_since is None else self._clock() - self._serving_since
             self._serving_since = None
-            decision = self._retries.on_failure(failure, served_s=served_s)
+            held = await self._holds_assignment()
+            if not held:
+                # The assignment left this member while it failed (a paused process, back):
+                # starting over would restore the shard again and fence the replica that took
+                # it over (found by audit, 2026-11-29). The member stops this replica once its
+                # view of etcd catches up.
+                get_logger(__name__).warning(
+                    "shard failed after its assignment left this member; not started over",
+                    shard=self.id,
+                    error=str(failure),
+                )
+                self._fail(f"{failure} (the shard's assignment left this member: not retried)")
+                return
+            # Fenced while etcd says this member holds the assignment: by a zombie (retried).
+            # Without etcd to ask, a fence stays permanent.
+            fenced_but_held = self._start.still_assigned is not None
+            decision = self._retries.on_failure(
+                failure, served_s=served_s, fenced_but_held=fenced_but_held
+            )
             if isinstance(decision, GiveUp):
                 self._fail(decision.message)
                 return
@@ -173,6 +191,13 @@ class LocalShard:
             self.retrying = decision
             self._set_status(cpb.ReplicaStatus(code=Code.BACKFILL))
             await self._sleep(decision.delay_s)
+            if not await self._holds_assignment():
+                get_logger(__name__).warning(
+                    "shard's assignment left this member during its back-off; not started over",
+                    shard=self.id,
+                )
+                self._fail(f"{failure} (the shard's assignment left this member: not retried)")
+                return
 
     async def _attempt(self) -> ShardFailedError:
         """Standby until promoted, then primary, until it fails (returns why) or is cancelled."""
@@ -208,6 +233,28 @@ class LocalShard:
             if self.recovery is not None:
                 await self.recovery.close()
         raise AssertionError("unreachable: PrimaryShard.serve() returns only by raising")
+
+    async def _holds_assignment(self) -> bool:
+        """Whether this member still holds the replica's assignment, asked of etcd (see
+        ShardStart.still_assigned). While etcd cannot be read, asked again after back-offs
+        doubling up to the retry policy's cap: a replica that cannot tell must not restore the
+        shard (a stop cancels the wait)."""
+        check = self._start.still_assigned
+        if check is None:
+            return True
+        delay = self._retries.policy.initial_s
+        while True:
+            try:
+                return await check()
+            except Exception as err:
+                get_logger(__name__).warning(
+                    "shard cannot read its assignment from etcd; asking again",
+                    shard=self.id,
+                    error=str(err),
+                    delay_s=delay,
+                )
+            await self._sleep(delay)
+            delay = min(self._retries.policy.max_s, max(delay * 2, 0.05))
 
     async def _start_recovery(self) -> ShardRecovery | None:
         recovery = self._new_recovery(self._spec)

@@ -1,0 +1,191 @@
+"""A replica whose assignment left its member while it failed does not start over, and one
+fenced by such a zombie while it holds its assignment does (found by audit, 2026-11-29).
+
+Two runners stand for two consumer processes sharing one SQLite database: A, the shard's
+earlier primary (paused, its assignment moved to B meanwhile), and B, its successor. What etcd
+says of each one's assignment is `ShardStart.still_assigned` (a consumer member asks etcd
+itself: LocalShards._still_assigned); here the test decides it. A fails transiently when it
+comes back (its application raises OperationalError, as a database connection killed while it
+was paused does). Before: A started over, restored the shard (the fence went up), and B's next
+commit was fenced: B FAILED for good, and once A's member stopped it nobody served the shard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import sqlalchemy.exc
+
+from broker.client.append_service import AppendService
+from broker.keyspace.embedded import EmbeddedStore
+from broker.protocol import consumer_pb2 as cpb
+from gazette_consumer.local_shards import LocalShards
+from gazette_consumer.shard_handle import ShardRole, ShardStart
+from gazette_consumer.shard_runner import ShardRetryPolicy, ShardRunner
+from gazette_consumer.stores.sql import CHECKPOINTS_TABLE, create_sqlite_engine
+from gazette_consumer.topology import new_keyspace, shard_key
+from tests.gazette_consumer.shard_testkit import (
+    CountingApp,
+    Notifier,
+    Producer,
+    broker_env,
+    prepare_engine,
+    read_counts,
+    shard_spec,
+)
+
+Code = cpb.ReplicaStatus.Code
+RETRY = ShardRetryPolicy(initial_s=0.05, max_s=0.2, attempts_max=10)
+
+
+class FlakyApp(CountingApp):
+    """Fails transiently (as a database whose connection was killed) on "flaky" messages."""
+
+    async def consume_message(self, shard: Any, store: Any, envelope: Any, publisher: Any) -> None:
+        if envelope.message.text.startswith("flaky"):
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection killed"))
+        await super().consume_message(shard, store, envelope, publisher)
+
+
+async def _fence(engine: sa.Engine, fqn: str) -> int:
+    with engine.connect() as connection:
+        return int(
+            connection.exec_driver_sql(
+                f"SELECT fence FROM {CHECKPOINTS_TABLE} WHERE shard_fqn = ?", (fqn,)
+            ).scalar_one()
+        )
+
+
+async def test_a_zombie_that_fails_after_its_assignment_left_is_not_retried(
+    tmp_path: Path,
+) -> None:
+    holder = {"member": "a"}
+
+    async def held_by_a() -> bool:
+        return holder["member"] == "a"
+
+    async def held_by_b() -> bool:
+        return holder["member"] == "b"
+
+    engine_a = await prepare_engine(create_sqlite_engine(tmp_path / "shards.db"))
+    engine_b = create_sqlite_engine(tmp_path / "shards.db")
+    spec = shard_spec("shard-z", ["in/z"])
+    changed = Notifier()
+    try:
+        async with (
+            broker_env() as env,
+            AppendService(env.client) as appends,
+            ShardRunner(FlakyApp(engine_a), env.client, root="/t", retry=RETRY) as runner_a,
+            ShardRunner(CountingApp(engine_b), env.client, root="/t", retry=RETRY) as runner_b,
+        ):
+            source = await env.journal("in/z")
+            fqn = runner_a.fqn(spec.id)
+            producer, flaky = Producer(appends, "ok"), Producer(appends, "flaky")
+            a = runner_a.start_shard(
+                ShardStart(spec, ShardRole.PRIMARY, fqn, changed.notify, held_by_a)
+            )
+            end = (await (await producer.committed(source, "k"))).commit.end
+            await changed.read_through(a, source, end)
+
+            holder["member"] = "b"  # A's assignment moved to B while A was paused.
+            b = runner_b.start_shard(
+                ShardStart(spec, ShardRole.PRIMARY, fqn, changed.notify, held_by_b)
+            )
+            await changed.until(lambda: b.status().code == Code.PRIMARY)
+            fence = await _fence(engine_b, fqn)
+
+            await flaky.committed(source, "f")  # A fails on it (transiently), and B counts it.
+            await changed.until(lambda: a.status().code == Code.FAILED)
+            assert "the shard's assignment left this member: not retried" in a.status().errors[0]
+            for _ in range(3):
+                end = (await (await producer.committed(source, "k"))).commit.end
+            await changed.read_through(b, source, end)
+            assert b.status().code == Code.PRIMARY
+            assert await _fence(engine_b, fqn) == fence  # A never restored again.
+        assert await read_counts(engine_b, "shard-z") == {"k": 4, "f": 1}
+    finally:
+        engine_a.dispose()
+        engine_b.dispose()
+
+
+async def test_a_replica_fenced_by_a_zombie_while_it_holds_its_assignment_starts_over(
+    tmp_path: Path,
+) -> None:
+    """A zombie that cannot ask etcd (no check: a runner used directly) starts over and fences
+    B. B, which etcd says holds the assignment, starts over instead of failing for good: its
+    restore fences the zombie in turn, and B serves on, every message counted once."""
+
+    async def held() -> bool:
+        return True
+
+    engine_a = await prepare_engine(create_sqlite_engine(tmp_path / "shards.db"))
+    engine_b = create_sqlite_engine(tmp_path / "shards.db")
+    spec = shard_spec("shard-z", ["in/z"])
+    changed = Notifier()
+    try:
+        async with (
+            broker_env() as env,
+            AppendService(env.client) as appends,
+            ShardRunner(FlakyApp(engine_a), env.client, root="/t", retry=RETRY) as runner_a,
+            ShardRunner(CountingApp(engine_b), env.client, root="/t", retry=RETRY) as runner_b,
+        ):
+            source = await env.journal("in/z")
+            fqn = runner_a.fqn(spec.id)
+            producer, flaky = Producer(appends, "ok"), Producer(appends, "flaky")
+            a = runner_a.start(spec, on_change=changed.notify)
+            end = (await (await producer.committed(source, "k"))).commit.end
+            await changed.read_through(a, source, end)
+            b = runner_b.start_shard(ShardStart(spec, ShardRole.PRIMARY, fqn, changed.notify, held))
+            await changed.until(lambda: b.status().code == Code.PRIMARY)
+
+            await flaky.committed(source, "f")  # A fails on it, and starts over.
+            await changed.until(lambda: a.status().code == Code.BACKFILL)
+            # A serves again from the checkpoint B committed: its restore fenced B.
+            await changed.until(lambda: a.status().code == Code.PRIMARY)
+            # B's next commit is fenced: B starts over, and its restore fences A, whose next
+            # commit fails for good (A cannot ask etcd). Each message is one more commit of
+            # both (bounded).
+            sent = 1
+            while a.status().code != Code.FAILED and sent < 20:
+                end = (await (await producer.committed(source, "k"))).commit.end
+                sent += 1
+                await changed.read_through(b, source, end)
+            assert a.status().code == Code.FAILED
+            assert "fence is no longer" in a.status().errors[0]
+            assert b.status().code == Code.PRIMARY
+            end = (await (await producer.committed(source, "k"))).commit.end
+            await changed.read_through(b, source, end)
+        assert await read_counts(engine_b, "shard-z") == {"k": sent + 1, "f": 1}
+    finally:
+        engine_a.dispose()
+        engine_b.dispose()
+
+
+async def test_a_member_asks_etcd_whether_it_still_holds_an_assignment() -> None:
+    """LocalShards' check reads etcd itself: its mirror (not watching here: a paused process's)
+    shows the assignment, and etcd says whether it is still that one."""
+    root, shard = "/consumers/zombie", "shard-z"
+    backend = EmbeddedStore().connect()
+    try:
+        spec_key = shard_key(root, shard).encode()
+        assignment = f"{root}/assign/{shard}#zone-a#member-a#0".encode()
+        await backend.put(spec_key, shard_spec(shard, ["in/z"]).SerializeToString())
+        primary = cpb.ReplicaStatus(code=Code.PRIMARY).SerializeToString()
+        await backend.put(assignment, primary)
+        ks = new_keyspace(root)
+        await ks.load(backend)
+
+        def refuse(start: ShardStart) -> Any:
+            raise AssertionError("no shard is started here")
+
+        local = LocalShards(ks, backend, root, "zone-a", "member-a", refuse)
+        assert await local._still_assigned(shard)
+        assert not await local._still_assigned("shard-other")
+        await backend.delete(assignment)  # The assignment moved (the mirror has not seen it).
+        assert not await local._still_assigned(shard)
+        await backend.put(assignment, primary)  # Another lease's, under the same name.
+        assert not await local._still_assigned(shard)
+    finally:
+        await backend.close()
