@@ -12,6 +12,9 @@ commit was fenced: B FAILED for good, and once A's member stopped it nobody serv
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ from tests.gazette_consumer.shard_testkit import (
 
 Code = cpb.ReplicaStatus.Code
 RETRY = ShardRetryPolicy(initial_s=0.05, max_s=0.2, attempts_max=10)
+SPEC = shard_spec("shard-z", ["in/z"])
 
 
 class FlakyApp(CountingApp):
@@ -58,6 +62,47 @@ async def _fence(engine: sa.Engine, fqn: str) -> int:
         )
 
 
+@dataclass
+class TwoProcesses:
+    """Runner A (its application fails transiently on "flaky" messages) and runner B, sharing
+    one SQLite database and one source journal, with a producer of each kind of message."""
+
+    runner_a: ShardRunner
+    runner_b: ShardRunner
+    engine_b: sa.Engine
+    source: str
+    fqn: str
+    producer: Producer
+    flaky: Producer
+    changed: Notifier
+
+
+@contextlib.asynccontextmanager
+async def two_processes(tmp_path: Path) -> AsyncIterator[TwoProcesses]:
+    engine_a = await prepare_engine(create_sqlite_engine(tmp_path / "shards.db"))
+    engine_b = create_sqlite_engine(tmp_path / "shards.db")
+    try:
+        async with (
+            broker_env() as env,
+            AppendService(env.client) as appends,
+            ShardRunner(FlakyApp(engine_a), env.client, root="/t", retry=RETRY) as runner_a,
+            ShardRunner(CountingApp(engine_b), env.client, root="/t", retry=RETRY) as runner_b,
+        ):
+            yield TwoProcesses(
+                runner_a,
+                runner_b,
+                engine_b,
+                await env.journal("in/z"),
+                runner_a.fqn(SPEC.id),
+                Producer(appends, "ok"),
+                Producer(appends, "flaky"),
+                Notifier(),
+            )
+    finally:
+        engine_a.dispose()
+        engine_b.dispose()
+
+
 async def test_a_zombie_that_fails_after_its_assignment_left_is_not_retried(
     tmp_path: Path,
 ) -> None:
@@ -69,45 +114,30 @@ async def test_a_zombie_that_fails_after_its_assignment_left_is_not_retried(
     async def held_by_b() -> bool:
         return holder["member"] == "b"
 
-    engine_a = await prepare_engine(create_sqlite_engine(tmp_path / "shards.db"))
-    engine_b = create_sqlite_engine(tmp_path / "shards.db")
-    spec = shard_spec("shard-z", ["in/z"])
-    changed = Notifier()
-    try:
-        async with (
-            broker_env() as env,
-            AppendService(env.client) as appends,
-            ShardRunner(FlakyApp(engine_a), env.client, root="/t", retry=RETRY) as runner_a,
-            ShardRunner(CountingApp(engine_b), env.client, root="/t", retry=RETRY) as runner_b,
-        ):
-            source = await env.journal("in/z")
-            fqn = runner_a.fqn(spec.id)
-            producer, flaky = Producer(appends, "ok"), Producer(appends, "flaky")
-            a = runner_a.start_shard(
-                ShardStart(spec, ShardRole.PRIMARY, fqn, changed.notify, held_by_a)
-            )
-            end = (await (await producer.committed(source, "k"))).commit.end
-            await changed.read_through(a, source, end)
+    async with two_processes(tmp_path) as t:
+        source, changed = t.source, t.changed
+        a = t.runner_a.start_shard(
+            ShardStart(SPEC, ShardRole.PRIMARY, t.fqn, changed.notify, held_by_a)
+        )
+        end = (await (await t.producer.committed(source, "k"))).commit.end
+        await changed.read_through(a, source, end)
 
-            holder["member"] = "b"  # A's assignment moved to B while A was paused.
-            b = runner_b.start_shard(
-                ShardStart(spec, ShardRole.PRIMARY, fqn, changed.notify, held_by_b)
-            )
-            await changed.until(lambda: b.status().code == Code.PRIMARY)
-            fence = await _fence(engine_b, fqn)
+        holder["member"] = "b"  # A's assignment moved to B while A was paused.
+        b = t.runner_b.start_shard(
+            ShardStart(SPEC, ShardRole.PRIMARY, t.fqn, changed.notify, held_by_b)
+        )
+        await changed.until(lambda: b.status().code == Code.PRIMARY)
+        fence = await _fence(t.engine_b, t.fqn)
 
-            await flaky.committed(source, "f")  # A fails on it (transiently), and B counts it.
-            await changed.until(lambda: a.status().code == Code.FAILED)
-            assert "the shard's assignment left this member: not retried" in a.status().errors[0]
-            for _ in range(3):
-                end = (await (await producer.committed(source, "k"))).commit.end
-            await changed.read_through(b, source, end)
-            assert b.status().code == Code.PRIMARY
-            assert await _fence(engine_b, fqn) == fence  # A never restored again.
-        assert await read_counts(engine_b, "shard-z") == {"k": 4, "f": 1}
-    finally:
-        engine_a.dispose()
-        engine_b.dispose()
+        await t.flaky.committed(source, "f")  # A fails on it (transiently), and B counts it.
+        await changed.until(lambda: a.status().code == Code.FAILED)
+        assert "the shard's assignment left this member: not retried" in a.status().errors[0]
+        for _ in range(3):
+            end = (await (await t.producer.committed(source, "k"))).commit.end
+        await changed.read_through(b, source, end)
+        assert b.status().code == Code.PRIMARY
+        assert await _fence(t.engine_b, t.fqn) == fence  # A never restored again.
+        assert await read_counts(t.engine_b, "shard-z") == {"k": 4, "f": 1}
 
 
 async def test_a_replica_fenced_by_a_zombie_while_it_holds_its_assignment_starts_over(
@@ -120,47 +150,32 @@ async def test_a_replica_fenced_by_a_zombie_while_it_holds_its_assignment_starts
     async def held() -> bool:
         return True
 
-    engine_a = await prepare_engine(create_sqlite_engine(tmp_path / "shards.db"))
-    engine_b = create_sqlite_engine(tmp_path / "shards.db")
-    spec = shard_spec("shard-z", ["in/z"])
-    changed = Notifier()
-    try:
-        async with (
-            broker_env() as env,
-            AppendService(env.client) as appends,
-            ShardRunner(FlakyApp(engine_a), env.client, root="/t", retry=RETRY) as runner_a,
-            ShardRunner(CountingApp(engine_b), env.client, root="/t", retry=RETRY) as runner_b,
-        ):
-            source = await env.journal("in/z")
-            fqn = runner_a.fqn(spec.id)
-            producer, flaky = Producer(appends, "ok"), Producer(appends, "flaky")
-            a = runner_a.start(spec, on_change=changed.notify)
-            end = (await (await producer.committed(source, "k"))).commit.end
-            await changed.read_through(a, source, end)
-            b = runner_b.start_shard(ShardStart(spec, ShardRole.PRIMARY, fqn, changed.notify, held))
-            await changed.until(lambda: b.status().code == Code.PRIMARY)
+    async with two_processes(tmp_path) as t:
+        source, changed = t.source, t.changed
+        a = t.runner_a.start(SPEC, on_change=changed.notify)
+        end = (await (await t.producer.committed(source, "k"))).commit.end
+        await changed.read_through(a, source, end)
+        b = t.runner_b.start_shard(ShardStart(SPEC, ShardRole.PRIMARY, t.fqn, changed.notify, held))
+        await changed.until(lambda: b.status().code == Code.PRIMARY)
 
-            await flaky.committed(source, "f")  # A fails on it, and starts over.
-            await changed.until(lambda: a.status().code == Code.BACKFILL)
-            # A serves again from the checkpoint B committed: its restore fenced B.
-            await changed.until(lambda: a.status().code == Code.PRIMARY)
-            # B's next commit is fenced: B starts over, and its restore fences A, whose next
-            # commit fails for good (A cannot ask etcd). Each message is one more commit of
-            # both (bounded).
-            sent = 1
-            while a.status().code != Code.FAILED and sent < 20:
-                end = (await (await producer.committed(source, "k"))).commit.end
-                sent += 1
-                await changed.read_through(b, source, end)
-            assert a.status().code == Code.FAILED
-            assert "fence is no longer" in a.status().errors[0]
-            assert b.status().code == Code.PRIMARY
-            end = (await (await producer.committed(source, "k"))).commit.end
+        await t.flaky.committed(source, "f")  # A fails on it, and starts over.
+        await changed.until(lambda: a.status().code == Code.BACKFILL)
+        # A serves again from the checkpoint B committed: its restore fenced B.
+        await changed.until(lambda: a.status().code == Code.PRIMARY)
+        # B's next commit is fenced: B starts over, and its restore fences A, whose next
+        # commit fails for good (A cannot ask etcd). Each message is one more commit of
+        # both (bounded).
+        sent = 1
+        while a.status().code != Code.FAILED and sent < 20:
+            end = (await (await t.producer.committed(source, "k"))).commit.end
+            sent += 1
             await changed.read_through(b, source, end)
-        assert await read_counts(engine_b, "shard-z") == {"k": sent + 1, "f": 1}
-    finally:
-        engine_a.dispose()
-        engine_b.dispose()
+        assert a.status().code == Code.FAILED
+        assert "fence is no longer" in a.status().errors[0]
+        assert b.status().code == Code.PRIMARY
+        end = (await (await t.producer.committed(source, "k"))).commit.end
+        await changed.read_through(b, source, end)
+        assert await read_counts(t.engine_b, "shard-z") == {"k": sent + 1, "f": 1}
 
 
 async def test_a_member_asks_etcd_whether_it_still_holds_an_assignment() -> None:
