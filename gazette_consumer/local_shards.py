@@ -31,10 +31,12 @@ from broker.keyspace.backend import (
     NoSpaceError,
     OpPut,
     UnavailableError,
+    prefix_end,
 )
 from broker.keyspace.keyspace import KeySpace
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
+from broker.topology import SEP
 from gazette_consumer.lifecycle import Assigned, Lifecycle, Promote, Start, Stop, UpdateSpec
 from gazette_consumer.lifecycle import status_update as next_status
 from gazette_consumer.shard_handle import ShardHandle, ShardProgress, ShardStart, StartShard
@@ -45,6 +47,7 @@ from gazette_consumer.topology import (
     assignment_of,
     local_assignments,
     lookup_shard,
+    shard_assignments_prefix,
     shard_key,
     status_text,
 )
@@ -256,16 +259,18 @@ class LocalShards:
             entry.notify()
 
     async def _still_assigned(self, shard: str) -> bool:
-        """Whether etcd itself (a linearizable read, not the mirror) still holds this member's
-        assignment of `shard` that the mirror shows (the same key, created at the same
-        revision: a key of another lease, say this member's successor under the same name,
-        is not it). Raises what reading etcd raises."""
+        """Whether etcd itself (a linearizable read, not the mirror) still assigns `shard` to
+        this member under the lease of the assignment the mirror shows: in any slot (a
+        promotion or a packing moves the assignment to another key, keeping its lease), and not
+        under another lease (this member's successor under the same name, after this process's
+        lease expired). Raises what reading etcd raises."""
         zone, suffix = self._member
         entry = local_assignments(self._ks, self._root, zone, suffix).get(shard)
         if entry is None or self._stopping.is_set():
             return False
-        found = await self._backend.range(entry.kv.key)
-        return bool(found.kvs) and found.kvs[0].create_revision == entry.kv.create_revision
+        prefix = (shard_assignments_prefix(self._root, shard) + zone + SEP + suffix + SEP).encode()
+        found = await self._backend.range(prefix, prefix_end(prefix))
+        return any(kv.lease == entry.kv.lease for kv in found.kvs)
 
     async def _stop(self, shard: str, handle: ShardHandle) -> None:
         """Stop a replica that left this process. Its metric series go with the last use of

@@ -180,15 +180,22 @@ async def test_a_replica_fenced_by_a_zombie_while_it_holds_its_assignment_starts
 
 async def test_a_member_asks_etcd_whether_it_still_holds_an_assignment() -> None:
     """LocalShards' check reads etcd itself: its mirror (not watching here: a paused process's)
-    shows the assignment, and etcd says whether it is still that one."""
+    shows the assignment, and etcd says whether this member still holds it under that lease,
+    in any slot (a promotion moves it to slot 0: found by review, a promoted standby that
+    failed meanwhile was taken for a zombie)."""
     root, shard = "/consumers/zombie", "shard-z"
     backend = EmbeddedStore().connect()
     try:
-        spec_key = shard_key(root, shard).encode()
-        assignment = f"{root}/assign/{shard}#zone-a#member-a#0".encode()
-        await backend.put(spec_key, shard_spec(shard, ["in/z"]).SerializeToString())
-        primary = cpb.ReplicaStatus(code=Code.PRIMARY).SerializeToString()
-        await backend.put(assignment, primary)
+        await backend.put(
+            shard_key(root, shard).encode(), shard_spec(shard, ["in/z"]).SerializeToString()
+        )
+        lease, _ = await backend.lease_grant(60)
+        successors_lease, _ = await backend.lease_grant(60)
+        standby, primary = (
+            f"{root}/assign/{shard}#zone-a#member-a#{slot}".encode() for slot in (1, 0)
+        )
+        status = cpb.ReplicaStatus(code=Code.STANDBY).SerializeToString()
+        await backend.put(standby, status, lease=lease)
         ks = new_keyspace(root)
         await ks.load(backend)
 
@@ -198,9 +205,12 @@ async def test_a_member_asks_etcd_whether_it_still_holds_an_assignment() -> None
         local = LocalShards(ks, backend, root, "zone-a", "member-a", refuse)
         assert await local._still_assigned(shard)
         assert not await local._still_assigned("shard-other")
-        await backend.delete(assignment)  # The assignment moved (the mirror has not seen it).
+        await backend.delete(standby)  # Promoted (the mirror has not seen it): slot 0 now.
+        await backend.put(primary, status, lease=lease)
+        assert await local._still_assigned(shard)
+        await backend.delete(primary)  # The assignment moved to another member.
         assert not await local._still_assigned(shard)
-        await backend.put(assignment, primary)  # Another lease's, under the same name.
+        await backend.put(primary, status, lease=successors_lease)  # A successor's, same name.
         assert not await local._still_assigned(shard)
     finally:
         await backend.close()
