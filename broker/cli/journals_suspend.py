@@ -5,7 +5,8 @@ SUSPEND_IF_FLUSHED (``--force``: SUSPEND_NOW) asks its primary to suspend it
 (broker/append_suspend.py): a journal that never held content is suspended FULL (no broker keeps
 it), one whose content is all persisted and idle PARTIAL (one replica keeps it), one with content
 not yet persisted is left as it is unless forced. The next plain append to a suspended journal
-resumes it. One line per journal says where it stands: ``suspended`` or ``not suspended``.
+resumes it. One line per journal says where it stands: ``suspended``, ``not suspended``, or
+``not suspended (quorum)`` (quorum journals are not suspended: not built, and not asked).
 
 Suspension is recorded in the JournalSpec's ``suspend`` field. Operators who apply specs while
 journals are suspended should keep that field as they find it (``journals apply`` writes what
@@ -21,6 +22,7 @@ from typing import Any, Final
 
 from broker.cli.output import FORMAT_HELP, FORMATS, emit
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol.labels import is_quorum_journal
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import JournalNotFoundError, SuspendedError
 
@@ -69,11 +71,13 @@ async def run(args: argparse.Namespace) -> int:
         listing = await client.list_journals(c, args.selector)
         if not listing.journals:
             raise JournalNotFoundError(f"no journals match selector {args.selector!r}")
-        names = [
-            j.spec.name
-            for j in listing.journals
-            if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL
+        unsuspended = [
+            j.spec for j in listing.journals if j.spec.suspend.level != pb.JournalSpec.Suspend.FULL
         ]
+        # Quorum journals are not suspended (not built): reported, not asked (their leader
+        # refuses with FAILED_PRECONDITION).
+        names = [spec.name for spec in unsuspended if not is_quorum_journal(spec.labels)]
+        quorum = [spec.name for spec in unsuspended if is_quorum_journal(spec.labels)]
         bound = asyncio.Semaphore(concurrent_suspends_max)
 
         async def one(name: str) -> dict[str, Any]:
@@ -81,6 +85,8 @@ async def run(args: argparse.Namespace) -> int:
                 return await suspend_journal(c, name, force=args.force)
 
         records = list(await asyncio.gather(*(one(name) for name in names)))
+        records += [{"journal": name, "status": "not suspended (quorum)"} for name in quorum]
+        records.sort(key=lambda r: str(r["journal"]))
     finally:
         await c.close()
     emit(sys.stdout, args.format, records, COLUMNS)

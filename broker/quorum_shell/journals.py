@@ -726,10 +726,19 @@ class QuorumJournals:
         the registers after it, or (None, the committed registers) if `check` failed. The
         append lands at the log's head, which must be `offset` if that is given, and not below
         the end of this broker's fragment index (append_offset.py: AppendOffsetError,
-        StoreAheadOfLogError), once the index has listed the stores (IndexNotListedError after
-        `append_index_wait_s`)."""
+        StoreAheadOfLogError). A log that holds nothing yet first waits for the index to list
+        the stores (IndexNotListedError after `append_index_wait_s`): content it did not write
+        can only be met there (a journal created again over its old store); a log that holds
+        content holds all the journal's committed content, and the stores hold no more, so its
+        appends do not depend on the stores being up."""
+        node = self.nodes.get(journal)
         replica = self._replica_of(journal)
-        if replica is not None and not replica.index.first_refresh.is_set():
+        if (
+            node is not None
+            and node.member.log.head_end == 0
+            and replica is not None
+            and not replica.index.first_refresh.is_set()
+        ):
             try:
                 await replica.index.wait_first_refresh(append_index_wait_s)
             except (TimeoutError, IndexClosedError) as err:
@@ -737,7 +746,7 @@ class QuorumJournals:
                     f"journal {journal!r}: its fragment stores were not listed yet ({err!r});"
                     " nothing appended"
                 ) from None
-        node = self.nodes.get(journal)
+            node = self.nodes.get(journal)
         if node is None:
             # Stopped since the append resolved it, while its content was read (this broker
             # lost the journal's assignment): not the leader, so the client retries.

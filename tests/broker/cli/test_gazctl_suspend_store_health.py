@@ -103,3 +103,29 @@ async def test_suspend(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> 
             await run("--broker", brokers[0].endpoint, "journals", "suspend", "-l", "app=none") == 1
         )
         assert "no journals match selector 'app=none'" in capsys.readouterr().err
+
+
+async def test_suspend_reports_quorum_journals_without_asking_them(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: a quorum journal's leader refuses suspension (not built), and its
+    error failed the whole command, the records of the others unprinted. Quorum journals are
+    reported as they are, and not asked."""
+    brokers = [await cluster.start_broker("zone-a", f"broker-{i}") for i in range(2)]
+    quorum, plain = "suspend/quorum", "suspend/plain"
+    async with allocating(brokers), mirror(cluster) as ks:
+        for name, labels in (
+            (quorum, [("app", "mixed"), ("gazette.dev/replication-mode", "quorum")]),
+            (plain, [("app", "mixed")]),
+        ):
+            spec = journal_spec(name, replication=2, stores=[STORE])
+            for key, value in labels:
+                spec.labels.labels.add(name=key, value=value)
+            await cluster.put_spec(spec)
+        await wait_until(ks, journals_ready(ks, ROOT, [plain], 2), wait_s)
+        at = ("--broker", brokers[0].endpoint, "journals", "suspend", "-l", "app=mixed")
+        assert await run(*at, "--format", "json") == 0
+        out = capsys.readouterr().out
+        assert f'"journal": "{quorum}",\n    "status": "not suspended (quorum)"' in out
+        assert f'"journal": "{plain}",\n    "status": "suspended"' in out
+        assert spec_of(ks, quorum).suspend.level == pb.JournalSpec.Suspend.NONE
