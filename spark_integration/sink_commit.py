@@ -322,11 +322,20 @@ def _stale(registers: pb.LabelSet, own: str, now_s: int) -> list[pb.Label]:
         if mark.at_s < now_s - stale_register_s:
             out.append(pb.Label(name=label.name, value=label.value))
             stale_queries.add(label.name.removeprefix(REGISTER_PREFIX))
+    # A record goes with its query's register; one whose register is gone (removed by a
+    # version of this sink that kept no records) goes too.
+    marked = {
+        label.name.removeprefix(REGISTER_PREFIX)
+        for label in registers.labels
+        if label.name.startswith(REGISTER_PREFIX)
+    }
+    own_query = own.removeprefix(REGISTER_PREFIX)
     out.extend(
         pb.Label(name=label.name, value=label.value)
         for label in registers.labels
         if label.name.startswith(ROWS_PREFIX)
-        and label.name.removeprefix(ROWS_PREFIX) in stale_queries
+        and (query := label.name.removeprefix(ROWS_PREFIX)) != own_query
+        and (query in stale_queries or query not in marked)
     )
     return out
 

@@ -3,8 +3,10 @@
 A read whose answer starts beyond the offset it asked for (an *offset jump*: the content in
 between was removed by retention, or lost, or a read of a hole that the broker gave up waiting
 on) follows it, as Gazette's reader does: whatever lay between is gone for this reader, and
-nothing but these counters and a WARNING says so. Consumers, library users and the Spark
-source's planning all read through `Reader` (reader.py), so a process exports:
+nothing but these counters and a WARNING says so. (Not counted: a read from offset 0, which
+starts at the journal's first content wherever retention left it, and a metadata-only read,
+a probe of the write head.) Consumers, library users and the Spark source's planning all read
+through `Reader` (reader.py), so a process exports:
 
 - ``gazette_client_read_offset_jumps_total{journal}``: offset jumps followed;
 - ``gazette_client_read_skipped_bytes_total{journal}``: the bytes they went past.

@@ -8,8 +8,9 @@ metadata of the next fragment, and so on. The Reader follows that stream:
 - Chunks come out as `Chunk(offset, content)`, so a caller sees where each one starts. The
   offset of a chunk is usually the end of the previous one; it is larger after an *offset jump*
   (the broker skipped a gap left by deleted fragments, or resolved a read of -1 to the write
-  head). Jumps are followed, counted in `jumps` and in the process's metrics (read_metrics.py),
-  logged as a WARNING, and visible in the chunk offsets.
+  head). Jumps are followed, counted in `jumps`, and visible in the chunk offsets; a jump past
+  content the reader asked for (from an offset above 0, not a metadata read) is also counted in
+  the process's metrics (read_metrics.py) and logged as a WARNING.
 - A metadata response with a non-OK status ends the read: once the broker closes the stream,
   `read_chunk` raises that status's typed error (e.g. `OffsetNotYetAvailableError` for a
   non-blocking read at the write head).
@@ -366,14 +367,25 @@ class Reader:
             if response.offset > self.request.offset:
                 if self.request.offset != -1:  # A read of -1 resolving is no jump.
                     self.jumps += 1
-                    # Content this reader will never see: counted and said (read_metrics.py).
-                    count_jump(self.request.journal, response.offset - self.request.offset)
-                    log.warning(
-                        "read offset jump: content between was removed or lost",
-                        journal=self.request.journal,
-                        offset=self.request.offset,
-                        to=response.offset,
-                    )
+                    if self.request.offset > 0 and not self.request.metadata_only:
+                        # Content this reader asked for and will never see: counted and said
+                        # (read_metrics.py). A read from offset 0 starts at the journal's first
+                        # content, wherever retention left it; a metadata read (a probe of the
+                        # write head) reads nothing.
+                        count_jump(self.request.journal, response.offset - self.request.offset)
+                        log.warning(
+                            "read offset jump: content between was removed or lost",
+                            journal=self.request.journal,
+                            offset=self.request.offset,
+                            to=response.offset,
+                        )
+                    else:
+                        log.info(
+                            "read offset jump",
+                            journal=self.request.journal,
+                            offset=self.request.offset,
+                            to=response.offset,
+                        )
                 self.request.offset = response.offset
             elif response.status == pb.OK and response.offset < self.request.offset:
                 raise ReadProtocolError(

@@ -154,8 +154,11 @@ async def test_each_commit_records_its_rows_and_stale_records_go_with_their_regi
 ) -> None:
     journal = await env.journal("replay/record")
     long_ago = int(time.time()) - stale_register_s - 60
+    q3 = "33333333-3333-3333-3333-333333333333"
     stale = [
         pb.Label(name=rows_register_name(Q2), value="3/3/3=1"),
+        # A record whose register an earlier version of the sink removed.
+        pb.Label(name=rows_register_name(q3), value="1/1/1=1"),
         pb.Label(name=register_name(Q2), value=SinkMark(3, "old", 5, long_ago).encode()),
     ]
     await append(

@@ -77,16 +77,38 @@ async def test_reader_stops_at_end_offset(tmp_path: Path) -> None:
 async def test_reader_follows_offset_jumps(tmp_path: Path) -> None:
     async with env(tmp_path) as e:
         await persist(e, 100, b"after a gap", CompressionCodec.NONE)
+        # Stored hours ago: the index jumps a read over the hole before it at once.
+        listed = await e.registry.get(FILE_STORE).list(JOURNAL)
+        for fragment in listed:
+            fragment.mod_time -= 7 * 3600
+        e.index.replace_remote(listed)
         labels = {"journal": JOURNAL}
-        jumps = metrics.value_of("gazette_client_read_offset_jumps_total", labels)
-        skipped = metrics.value_of("gazette_client_read_skipped_bytes_total", labels)
+
+        def counted() -> tuple[float, float]:
+            return (
+                metrics.value_of("gazette_client_read_offset_jumps_total", labels),
+                metrics.value_of("gazette_client_read_skipped_bytes_total", labels),
+            )
+
+        before = counted()
+        # From offset 0: the journal's first content, wherever it begins (not a loss).
         reader = Reader(e.client, pb.ReadRequest(journal=JOURNAL, offset=0, end_offset=111))
         chunks = await drain(reader)
         assert chunks[0].offset == 100 and reader.jumps == 1
-        # Counted in the process's metrics: what a reader went past is not only a log line.
-        assert metrics.value_of("gazette_client_read_offset_jumps_total", labels) == jumps + 1
-        assert metrics.value_of("gazette_client_read_skipped_bytes_total", labels) == skipped + 100
         assert b"".join(c.content for c in chunks) == b"after a gap"
+        assert counted() == before
+        # A probe of the write head reads nothing (not a loss either).
+        probe = Reader(
+            e.client, pb.ReadRequest(journal=JOURNAL, offset=5, block=False, metadata_only=True)
+        )
+        await drain(probe)
+        assert counted() == before
+        # From offset 5: [5, 100) was asked for and is gone. Counted in the process's metrics,
+        # not only a log line.
+        reader = Reader(e.client, pb.ReadRequest(journal=JOURNAL, offset=5, end_offset=111))
+        chunks = await drain(reader)
+        assert chunks[0].offset == 100 and reader.jumps == 1
+        assert counted() == (before[0] + 1, before[1] + 95)
 
 
 @pytest.mark.parametrize("via_registry", [False, True])
