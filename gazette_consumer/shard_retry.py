@@ -149,12 +149,6 @@ def _chain(err: BaseException) -> list[BaseException]:
     return out
 
 
-def is_fenced(err: BaseException) -> bool:
-    """Whether `err` (or a cause of it) says that another instance fenced the shard's store
-    or recovery log."""
-    return any(isinstance(cause, FencedError | RecorderFencedError) for cause in _chain(err))
-
-
 def classify(err: BaseException) -> Transience:
     """Whether a replica that failed with `err` may succeed by starting over (see the module
     docstring)."""
@@ -214,21 +208,13 @@ class ShardRetries:
         self.failures = 0  # Consecutive transient failures.
         self.failing_s = 0.0  # Back-off slept since the first of them.
 
-    def on_failure(
-        self, err: BaseException, *, served_s: float | None, fenced_but_held: bool = False
-    ) -> RetryAfter | GiveUp:
+    def on_failure(self, err: BaseException, *, served_s: float | None) -> RetryAfter | GiveUp:
         """Decide after a failed attempt that served for `served_s` (None: it never reached
-        STANDBY or PRIMARY). With `fenced_but_held` (the replica still holds its assignment,
-        as etcd says), a fenced store or recorder is transient: another instance of the shard
-        fenced it without the assignment (a zombie that restored again), and starting over
-        restores past it, fencing that zombie in turn."""
+        STANDBY or PRIMARY)."""
         policy = self.policy
         if served_s is not None and served_s >= policy.healthy_s:
             self.failures, self.failing_s = 0, 0.0  # A new incident, not the same one.
-        transience = classify(err)
-        if fenced_but_held and is_fenced(err):
-            transience = Transience.TRANSIENT
-        if transience is Transience.PERMANENT:
+        if classify(err) is Transience.PERMANENT:
             return GiveUp(str(err))
         self.failures += 1
         if self.failures >= policy.attempts_max:

@@ -51,7 +51,6 @@ from gazette_consumer.shard_retry import (
     ShardRetryPolicy,
     Transience,
     classify,
-    is_fenced,
 )
 from gazette_consumer.shard_spec import check_runnable, recovery_log
 from gazette_consumer.topology import default_root, shard_key
@@ -167,24 +166,21 @@ class LocalShard:
                 raise asyncio.CancelledError
             served_s = None if self._serving_since is None else self._clock() - self._serving_since
             self._serving_since = None
-            checked = self._start.still_assigned is not None
-            # Only a failure that would be retried asks etcd (a permanent one fails as it is,
-            # even while etcd cannot be read). Fenced while etcd says this member holds the
-            # assignment: by a zombie, retried; without etcd to ask, a fence stays permanent.
-            if checked and (classify(failure) is Transience.TRANSIENT or is_fenced(failure)):
-                if not await self._holds_assignment():
-                    # The assignment left this member while it failed (a paused process,
-                    # back): starting over would restore the shard again and fence the replica
-                    # that took it over (found by audit, 2026-11-29). The member stops this
-                    # replica once its view of etcd catches up.
-                    get_logger(__name__).warning(
-                        "shard failed after its assignment left this member; not started over",
-                        shard=self.id,
-                        error=str(failure),
-                    )
-                    self._fail(f"{failure} (the shard's assignment left this member: not retried)")
-                    return
-            decision = self._retries.on_failure(failure, served_s=served_s, fenced_but_held=checked)
+            # Only a failure that would be retried asks etcd (a permanent one, a fence
+            # included, fails as it is, even while etcd cannot be read).
+            if classify(failure) is Transience.TRANSIENT and not await self._holds_assignment():
+                # The assignment left this member while it failed (a paused process, back):
+                # starting over would restore the shard again and fence the replica that took
+                # it over, which fails for good (found by audit, 2026-11-29). The member stops
+                # this replica once its view of etcd catches up.
+                get_logger(__name__).warning(
+                    "shard failed after its assignment left this member; not started over",
+                    shard=self.id,
+                    error=str(failure),
+                )
+                self._fail(f"{failure} (the shard's assignment left this member: not retried)")
+                return
+            decision = self._retries.on_failure(failure, served_s=served_s)
             if isinstance(decision, GiveUp):
                 self._fail(decision.message)
                 return
