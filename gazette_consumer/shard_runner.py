@@ -44,14 +44,7 @@ from gazette_consumer.metrics import ShardSeriesUse
 from gazette_consumer.recovery import ShardRecovery
 from gazette_consumer.shard import PrimaryShard, ShardFailedError
 from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, StartShard
-from gazette_consumer.shard_retry import (
-    GiveUp,
-    RetryAfter,
-    ShardRetries,
-    ShardRetryPolicy,
-    Transience,
-    classify,
-)
+from gazette_consumer.shard_retry import GiveUp, RetryAfter, ShardRetries, ShardRetryPolicy
 from gazette_consumer.shard_spec import check_runnable, recovery_log
 from gazette_consumer.topology import default_root, shard_key
 from gazette_consumer.txn_driver import run_step
@@ -166,20 +159,6 @@ class LocalShard:
                 raise asyncio.CancelledError
             served_s = None if self._serving_since is None else self._clock() - self._serving_since
             self._serving_since = None
-            # Only a failure that would be retried asks etcd (a permanent one, a fence
-            # included, fails as it is, even while etcd cannot be read).
-            if classify(failure) is Transience.TRANSIENT and not await self._holds_assignment():
-                # The assignment left this member while it failed (a paused process, back):
-                # starting over would restore the shard again and fence the replica that took
-                # it over, which fails for good (found by audit, 2026-11-29). The member stops
-                # this replica once its view of etcd catches up.
-                get_logger(__name__).warning(
-                    "shard failed after its assignment left this member; not started over",
-                    shard=self.id,
-                    error=str(failure),
-                )
-                self._fail(f"{failure} (the shard's assignment left this member: not retried)")
-                return
             decision = self._retries.on_failure(failure, served_s=served_s)
             if isinstance(decision, GiveUp):
                 self._fail(decision.message)
@@ -195,9 +174,15 @@ class LocalShard:
             self._set_status(cpb.ReplicaStatus(code=Code.BACKFILL))
             await self._sleep(decision.delay_s)
             if not await self._holds_assignment():
+                # The assignment left this member while it failed (a paused process, back):
+                # starting over would restore the shard again and fence the replica that took
+                # it over, which then fails for good (found by audit, 2026-11-29). Asked only
+                # before a retry (a permanent failure fails as it is, even while etcd cannot be
+                # read). The member stops this replica once its view of etcd catches up.
                 get_logger(__name__).warning(
-                    "shard's assignment left this member during its back-off; not started over",
+                    "shard's assignment left this member; not started over",
                     shard=self.id,
+                    error=str(failure),
                 )
                 self._fail(f"{failure} (the shard's assignment left this member: not retried)")
                 return
