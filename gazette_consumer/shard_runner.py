@@ -54,6 +54,11 @@ __all__ = ["LocalShard", "ShardRetryPolicy", "ShardRunner", "ShardRunnerError", 
 Code = cpb.ReplicaStatus.Code
 
 
+class AssignmentUnknownError(RuntimeError):
+    """etcd could not be read, within its bound, to tell whether a replica that failed may
+    start over (LocalShard._holds_assignment)."""
+
+
 class ShardRunnerError(RuntimeError):
     """The runner was used out of order (not entered, closed, or a shard ID already running)."""
 
@@ -173,7 +178,12 @@ class LocalShard:
             self.retrying = decision
             self._set_status(cpb.ReplicaStatus(code=Code.BACKFILL))
             await self._sleep(decision.delay_s)
-            if not await self._holds_assignment():
+            try:
+                held = await self._holds_assignment()
+            except AssignmentUnknownError as err:
+                self._fail(f"{failure} (not retried: {err})")
+                return
+            if not held:
                 # The assignment left this member while it failed (a paused process, back):
                 # starting over would restore the shard again and fence the replica that took
                 # it over, which then fails for good (found by audit, 2026-11-29). Asked only
@@ -225,16 +235,23 @@ class LocalShard:
     async def _holds_assignment(self) -> bool:
         """Whether this member still holds the replica's assignment, asked of etcd (see
         ShardStart.still_assigned). While etcd cannot be read, asked again after back-offs
-        doubling up to the retry policy's cap: a replica that cannot tell must not restore the
-        shard (a stop cancels the wait)."""
+        doubling up to the retry policy's cap, at most its `attempts_max` times: a replica that
+        cannot tell must not restore the shard, and one that still cannot after that raises
+        AssignmentUnknownError (a stop cancels the wait)."""
         check = self._start.still_assigned
         if check is None:
             return True
-        delay = self._retries.policy.initial_s
-        while True:
+        policy = self._retries.policy
+        delay = policy.initial_s
+        for attempt in range(1, policy.attempts_max + 1):
             try:
                 return await check()
             except Exception as err:
+                if attempt == policy.attempts_max:
+                    raise AssignmentUnknownError(
+                        f"etcd could not say whether this member still holds the shard's"
+                        f" assignment ({attempt} tries): {err}"
+                    ) from err
                 get_logger(__name__).warning(
                     "shard cannot read its assignment from etcd; asking again",
                     shard=self.id,
@@ -242,7 +259,8 @@ class LocalShard:
                     delay_s=delay,
                 )
             await self._sleep(delay)
-            delay = min(self._retries.policy.max_s, max(delay * 2, 0.05))
+            delay = min(policy.max_s, max(delay * 2, 0.05))
+        raise AssertionError("unreachable: attempts_max >= 1")
 
     async def _start_recovery(self) -> ShardRecovery | None:
         recovery = self._new_recovery(self._spec)

@@ -140,6 +140,29 @@ async def test_a_zombie_that_fails_after_its_assignment_left_is_not_retried(
         assert await read_counts(t.engine_b, "shard-z") == {"k": 4, "f": 1}
 
 
+async def test_a_replica_that_cannot_ask_etcd_fails_after_a_bound(tmp_path: Path) -> None:
+    """etcd cannot be read (the check raises): the failed replica asks again after back-offs,
+    at most the retry policy's attempts, then fails naming why, rather than restore the shard
+    without knowing, or wait without end."""
+    asked = 0
+
+    async def unreachable() -> bool:
+        nonlocal asked
+        asked += 1
+        raise ConnectionError("etcd unreachable")
+
+    async with two_processes(tmp_path) as t:
+        a = t.runner_a.start_shard(
+            ShardStart(SPEC, ShardRole.PRIMARY, t.fqn, t.changed.notify, unreachable)
+        )
+        end = (await (await t.producer.committed(t.source, "k"))).commit.end
+        await t.changed.read_through(a, t.source, end)
+        await t.flaky.committed(t.source, "f")  # A fails on it (transiently).
+        await t.changed.until(lambda: a.status().code == Code.FAILED)
+        assert "etcd could not say whether this member still holds" in a.status().errors[0]
+        assert asked == RETRY.attempts_max
+
+
 async def test_a_member_asks_etcd_whether_it_still_holds_an_assignment() -> None:
     """LocalShards' check reads etcd itself: its mirror (not watching here: a paused process's)
     shows the assignment, and etcd says whether this member still holds it under that lease,
