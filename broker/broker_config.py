@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from broker.append_receive import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.fragment.store_health import HealthSchedule
+from broker.fragments_api import first_refresh_wait_s_default
 from broker.pipeline import pipeline_close_wait_s_default
 from broker.read_staging import stage_bytes_max_default
 from broker.replica import pulse_interval_s_default, shutdown_wait_s_default
@@ -61,6 +62,8 @@ class BrokerConfig:
     persist_drain_s: float = persist_drain_s_default
     peer_response_timeout_s: float = 30.0
     pipeline_close_wait_s: float = pipeline_close_wait_s_default
+    # How long a ListFragments waits for a replica's first store listing before UNAVAILABLE.
+    fragments_listing_wait_s: float = first_refresh_wait_s_default
     # Pre-shared keys (base64, comma/space separated; see broker.auth); "": no authorization.
     auth_keys: str = field(default="", repr=False)
     # Serve TLS (advertising https://) with this certificate (broker.tls); None: in the clear.

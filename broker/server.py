@@ -345,7 +345,13 @@ class Broker:
                     disk_space=disk_space_of(self._stage_dir()),
                 ),
             ),
-            FragmentsAPI(self.resolver, registry, self.channels, zone=cfg.zone),
+            FragmentsAPI(
+                self.resolver,
+                registry,
+                self.channels,
+                zone=cfg.zone,
+                first_refresh_wait_s=cfg.fragments_listing_wait_s,
+            ),
             ListApplyAPI(self.ks, self.backend, cfg.root, self.id),
             StoreHealthAPI(self.store_health, self._unrouted_header),
         )

@@ -40,13 +40,13 @@ from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol.recorded_op_pb2 import FSMHints
-from gazette_consumer.application import Application, MessageSource, shard_labels
+from gazette_consumer.application import Application, shard_labels
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through
 from gazette_consumer.message.publisher import Publisher
 from gazette_consumer.recovery import ShardRecovery
 from gazette_consumer.recoverylog.recorder import Recorder, RecorderError
 from gazette_consumer.shard_handle import ShardProgress
-from gazette_consumer.source import open_source
+from gazette_consumer.source import OpenedSource, open_source
 from gazette_consumer.stores.base import Store
 from gazette_consumer.transaction import ClosedTxn, TxnPhase
 from gazette_consumer.txn_driver import ShardFailedError, TxnDriver, run_step
@@ -200,7 +200,11 @@ class PrimaryShard:
                     hints_task = asyncio.ensure_future(self._store_hints(self._recovery))
                 self._publisher = Publisher(appends)
                 await self._acknowledge_recovered(checkpoint)
-                source = self._open_source(store, checkpoint)
+                opened = await self._open_source(store, checkpoint)
+                source = opened.source
+                if opened.checkpoint is not checkpoint:  # Sources rewound (source_heads.py).
+                    checkpoint = opened.checkpoint
+                    self._record_progress(checkpoint, [])
                 try:
                     self._driver = TxnDriver(
                         self,
@@ -271,9 +275,9 @@ class PrimaryShard:
                     raise ShardFailedError(self.id, step, error) from error
         self._record_progress(checkpoint, acks)
 
-    def _open_source(self, store: Store, checkpoint: Checkpoint) -> MessageSource:
+    async def _open_source(self, store: Store, checkpoint: Checkpoint) -> OpenedSource:
         try:
-            return open_source(
+            return await open_source(
                 self._app, self, store, checkpoint, self._client, on_idle=self._on_source_idle
             )
         except Exception as err:

@@ -6,27 +6,50 @@ checkpoint's producer states; `on_idle` is called when the reader consumed every
 (see `ReadCommittedIter`), so that the shard reports read progress that delivered no message.
 An Application may supply its own `MessageSource` instead (`Application.new_message_source`),
 whose progress is reported only with its transactions.
+
+Before the default reader starts, each source's write head is compared with the checkpoint:
+a checkpoint ahead of a head means the journal lost content the shard had read, and the spec's
+``gazette.dev/checkpoint-ahead`` policy decides (source_heads.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from broker.client.route_cache import JournalClient
 from gazette_consumer.application import Application, MessageSource, Shard
-from gazette_consumer.checkpoint import Checkpoint, to_sequencer_checkpoint
+from gazette_consumer.checkpoint import (
+    Checkpoint,
+    flatten_read_through,
+    to_sequencer_checkpoint,
+)
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from gazette_consumer.shard_spec import read_channel_size, ring_size, start_checkpoint
+from gazette_consumer.source_heads import (
+    checkpoint_ahead_policy,
+    find_sources_behind,
+    resume_checkpoint,
+)
 from gazette_consumer.stores.base import Store
 
-__all__ = ["NoSource", "open_source"]
+__all__ = ["NoSource", "OpenedSource", "open_source"]
 
 
-def open_source(
+@dataclass(frozen=True, slots=True)
+class OpenedSource:
+    """A primary's message source, and the checkpoint it resumes from: the store's, or the
+    store's with sources found behind it rewound (source_heads.py)."""
+
+    source: MessageSource
+    checkpoint: Checkpoint
+
+
+async def open_source(
     app: Application,
     shard: Shard,
     store: Store,
@@ -34,15 +57,22 @@ def open_source(
     client: JournalClient,
     *,
     on_idle: Callable[[], None] | None = None,
-) -> MessageSource:
-    """The Application's own source if it has one, else a reader of the spec's sources."""
+) -> OpenedSource:
+    """The Application's own source if it has one, else a reader of the spec's sources, once
+    no source's write head is found behind the checkpoint (or the spec's policy for one that
+    is has been applied: source_heads.py)."""
     custom = app.new_message_source(shard, store, checkpoint)
     if custom is not None:
-        return custom
+        return OpenedSource(custom, checkpoint)
+    stored = flatten_read_through(checkpoint)
+    asked = {s.journal: stored.get(s.journal, 0) for s in shard.spec.sources}
+    behind = await find_sources_behind(client, asked)
+    policy = checkpoint_ahead_policy(shard.spec)
+    checkpoint = resume_checkpoint(shard.spec.id, policy, behind, checkpoint)
     offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
     if not offsets:
-        return NoSource(resume)
-    return ReadCommittedIter(
+        return OpenedSource(NoSource(resume), checkpoint)
+    reader = ReadCommittedIter(
         client,
         offsets,
         message_type=app.new_message,
@@ -51,6 +81,7 @@ def open_source(
         read_channel_size=read_channel_size(shard.spec),
         on_idle=on_idle,
     )
+    return OpenedSource(reader, checkpoint)
 
 
 class NoSource:

@@ -15,10 +15,11 @@ from typing import Final, TypeVar
 from broker.client.list_apply import get_journal, get_journal_entry, list_journals
 from broker.client.reader import Reader
 from broker.client.route_cache import JournalClient
+from broker.client.write_head import probe_write_head
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import parse_selector
-from broker.protocol.status import JournalNotFoundError, OffsetNotYetAvailableError
+from broker.protocol.status import JournalNotFoundError
 from spark_integration.options import journals_max
 
 T = TypeVar("T")
@@ -113,18 +114,10 @@ async def journal_exists(client: JournalClient, name: str) -> bool:
 
 async def write_head(client: JournalClient, journal: str) -> int:
     """The journal's write head: the offset its next append will land at."""
-    reader = Reader(
-        client, pb.ReadRequest(journal=journal, offset=0, block=False, metadata_only=True)
-    )
     try:
-        await reader.read_chunk()
-    except OffsetNotYetAvailableError:
-        pass  # An empty journal: the metadata response still carries its head.
+        return await probe_write_head(client, journal)
     except JournalNotFoundError:
         raise GazetteJournalError(f"journal {journal!r} does not exist") from None
-    finally:
-        await reader.close()
-    return reader.response.write_head
 
 
 async def write_heads(client: JournalClient, journals: list[str]) -> dict[str, int]:

@@ -90,6 +90,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from broker.client.write_head import confirm_write_head
 from broker.fragment.verify import DataLossError
 from broker.protocol import labels as gl
 from gazette_consumer.message.clock import clock_span
@@ -337,12 +338,16 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 else:
                     await asyncio.sleep(wait_s)  # A store has no append to wait on: poll.
                 heads = await look(ctx)
-            for journal, head in heads.items():
+            for journal, head in list(heads.items()):
                 # With no broker a head is where persisted content ends, which may lag behind
                 # an offset read from a broker: only a broker's write head is known to be all.
                 if ctx.client is not None and head < begin_of(journal):
-                    self._behind(journal, head, begin_of(journal))
-                    del starts[journal]  # Read again from its first offset.
+                    # A broker that has not listed its store yet answers too low a head:
+                    # confirmed by the listing (broker.client.write_head).
+                    head = heads[journal] = await confirm_write_head(ctx.client, journal, head)
+                    if head < begin_of(journal):
+                        self._behind(journal, head, begin_of(journal))
+                        del starts[journal]  # Read again from its first offset.
             active = [j for j, h in heads.items() if j not in starts or h > begin_of(j)]
             infos = {i.name: i for i in await journal_infos(ctx, active)} if active else {}
             self._infos.update(infos)

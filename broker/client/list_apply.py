@@ -158,13 +158,15 @@ async def list_all_fragments(
     request: pb.FragmentsRequest,
     *,
     timeout_s: float | None = rpc_timeout_s_default,
+    require_primary: bool = False,
 ) -> pb.FragmentsResponse:
-    """Every fragment of the request's journal (and time range), joined across pages."""
+    """Every fragment of the request's journal (and time range), joined across pages: from
+    any member of its route, or its primary with `require_primary`."""
     page = pb.FragmentsRequest()
     page.CopyFrom(request)
     out: pb.FragmentsResponse | None = None
     for _ in range(fragment_pages_max):
-        stub = client.stub_for(page.journal, require_primary=False)
+        stub = client.stub_for(page.journal, require_primary=require_primary)
         response: pb.FragmentsResponse = await stub.ListFragments(page, timeout=timeout_s)
         if response.HasField("header"):
             client.update_route(page.journal, response.header)

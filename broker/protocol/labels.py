@@ -47,8 +47,28 @@ REPLICATION_MODE_ALL_REPLICAS = "all-replicas"
 REPLICATION_MODE_QUORUM = "quorum"
 REPLICATION_MODES = (REPLICATION_MODE_ALL_REPLICAS, REPLICATION_MODE_QUORUM)
 
+# What a shard's primary does when its checkpoint is ahead of a source journal's write head
+# (the journal lost content the shard had read: gazette_consumer/source_heads.py). "fail" (or
+# absent): the shard FAILS naming the journal. "rewind": the journal is read again from its
+# start. "wait": Gazette's behaviour, resume at the checkpoint once the head passes it (what was
+# appended below it is skipped). A ShardSpec label; only one value is allowed.
+CHECKPOINT_AHEAD = "gazette.dev/checkpoint-ahead"
+CHECKPOINT_AHEAD_FAIL = "fail"
+CHECKPOINT_AHEAD_REWIND = "rewind"
+CHECKPOINT_AHEAD_WAIT = "wait"
+CHECKPOINT_AHEAD_POLICIES = (CHECKPOINT_AHEAD_FAIL, CHECKPOINT_AHEAD_REWIND, CHECKPOINT_AHEAD_WAIT)
+
 SINGLE_VALUE_LABELS = frozenset(
-    {CONTENT_TYPE, INSTANCE, MANAGED_BY, MESSAGE_SUB_TYPE, MESSAGE_TYPE, REGION, REPLICATION_MODE}
+    {
+        CHECKPOINT_AHEAD,
+        CONTENT_TYPE,
+        INSTANCE,
+        MANAGED_BY,
+        MESSAGE_SUB_TYPE,
+        MESSAGE_TYPE,
+        REGION,
+        REPLICATION_MODE,
+    }
 )
 
 # Meta-labels: derived from a spec's identity at selection time, never stored in the spec.

@@ -235,20 +235,25 @@ def _first_index(label_set: pb.LabelSet, name: str) -> int | None:
     return None
 
 
+def _check_label_value(label_set: pb.LabelSet, name: str, allowed: tuple[str, ...]) -> None:
+    """A well-known label whose value must be one of `allowed`, if present."""
+    index = _first_index(label_set, name)
+    if index is not None and label_set.labels[index].value not in allowed:
+        raise ValidationError(
+            f"label {_quote(name)} must be one of "
+            f"{', '.join(_quote(value) for value in allowed)}"
+            f" (got {_quote(label_set.labels[index].value)})",
+            f"labels[{index}]",
+            "value",
+        )
+
+
 def _validate_journal_label_constraints(label_set: pb.LabelSet) -> None:
     """replication-mode is a known mode; content-type parses as a media type; message-type requires content-type; message-subtype
     requires message-type (readers pick a framing from content-type, then a decoder from the
     message type, so a type without its framing is unusable)."""
     validate_single_value_labels(label_set)
-    mode = _first_index(label_set, gl.REPLICATION_MODE)
-    if mode is not None and label_set.labels[mode].value not in gl.REPLICATION_MODES:
-        raise ValidationError(
-            f"label {_quote(gl.REPLICATION_MODE)} must be one of "
-            f"{', '.join(_quote(value) for value in gl.REPLICATION_MODES)}"
-            f" (got {_quote(label_set.labels[mode].value)})",
-            f"labels[{mode}]",
-            "value",
-        )
+    _check_label_value(label_set, gl.REPLICATION_MODE, gl.REPLICATION_MODES)
     content_type = _first_index(label_set, gl.CONTENT_TYPE)
     message_type = _first_index(label_set, gl.MESSAGE_TYPE)
     sub_type = _first_index(label_set, gl.MESSAGE_SUB_TYPE)
@@ -485,6 +490,7 @@ def validate_shard_spec(spec: cpb.ShardSpec) -> None:
     with at("labels"):
         validate_label_set(spec.labels)
         validate_single_value_labels(spec.labels)
+        _check_label_value(spec.labels, gl.CHECKPOINT_AHEAD, gl.CHECKPOINT_AHEAD_POLICIES)
         # "id" is the meta-label selectors use to pick a shard by ID.
         _check_reserved_labels(spec.labels, gl.SHARD_RESERVED_LABELS)
     with at("sources"):

@@ -12,12 +12,15 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.route_cache import JournalClient
+from broker.fragment.stores.base import ListedObject, StoreURL
+from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.registry import StoreRegistry
 from broker.keyspace.backend import prefix_end
 from broker.keyspace.embedded import EmbeddedBackend, EmbeddedStore
@@ -56,6 +59,19 @@ def journal_spec(
         ),
         flags=flags,
     )
+
+
+class GatedListing(FileStore):
+    """The file:// fragment store, whose listings wait until `opened` is set: a broker
+    started meanwhile has not listed its store yet (a slow or distant store)."""
+
+    def __init__(self, url: StoreURL, root: Path, opened: asyncio.Event) -> None:
+        super().__init__(url, root=root)
+        self._opened = opened
+
+    async def _list(self, prefix: str) -> list[ListedObject]:
+        await self._opened.wait()
+        return await super()._list(prefix)
 
 
 @dataclass

@@ -139,6 +139,7 @@ def test_well_known_names() -> None:
         "app.gazette.dev/message-subtype",
         "app.gazette.dev/message-type",
         "gazette.dev/replication-mode",
+        "gazette.dev/checkpoint-ahead",
         "app.gazette.dev/region",
     }
     assert gl.TAG not in gl.SINGLE_VALUE_LABELS

@@ -638,6 +638,8 @@ SHARD_SPEC_CASES: list[tuple[str, Callable[[cpb.ShardSpec], object], str]] = [
     ("bad label", lambda s: s.labels.labels.add(name="zz", value="a b"), "labels.labels[2].value: must be only letters, numbers and \"-_+/.=%\" (got \"a b\": ' ' at index 1)"),
     ("single-valued label", lambda s: s.labels.labels.insert(1, pb.Label(name="app.gazette.dev/managed-by", value="you")), 'labels.labels[1]: label "app.gazette.dev/managed-by" may have only one value (got "you" after "me")'),
     ("reserved id", lambda s: s.labels.labels.insert(1, pb.Label(name="id", value="x")), 'labels.labels[1].name: must not use reserved label name "id"'),
+    ("checkpoint-ahead policy", lambda s: s.labels.labels.insert(1, pb.Label(name="gazette.dev/checkpoint-ahead", value="skip")), 'labels.labels[1].value: label "gazette.dev/checkpoint-ahead" must be one of "fail", "rewind", "wait" (got "skip")'),
+    ("two checkpoint-ahead policies", lambda s: (s.labels.labels.insert(1, pb.Label(name="gazette.dev/checkpoint-ahead", value="fail")), s.labels.labels.insert(2, pb.Label(name="gazette.dev/checkpoint-ahead", value="wait"))), 'labels.labels[2]: label "gazette.dev/checkpoint-ahead" may have only one value (got "wait" after "fail")'),
     ("bad source", lambda s: _set_sources(s, "a/journal", "b//journal"), 'sources[1].journal: must be a clean path, equal to its normalized form "b/journal" (got "b//journal")'),
     ("unsorted sources", lambda s: _set_sources(s, "b/journal", "a/journal"), 'sources[1].journal: must be in unique, sorted order over sources (got "a/journal" after "b/journal")'),
     ("repeated source", lambda s: _set_sources(s, "a/journal", "a/journal"), 'sources[1].journal: must be in unique, sorted order over sources (got "a/journal" after "a/journal")'),
@@ -669,6 +671,9 @@ def test_shard_spec_rejected(mutate: Callable[[cpb.ShardSpec], object], message:
         # Gazette does not order min and max: the max alone bounds a transaction.
         lambda s: s.min_txn_duration.CopyFrom(Duration(seconds=5)),
         lambda s: s.MergeFrom(cpb.ShardSpec(ring_buffer_size=0, read_channel_size=1 << 20)),
+        lambda s: s.labels.labels.insert(
+            1, pb.Label(name="gazette.dev/checkpoint-ahead", value="rewind")
+        ),
     ],
 )
 def test_shard_spec_boundaries_accepted(mutate: Callable[[cpb.ShardSpec], object]) -> None:

@@ -1,0 +1,153 @@
+"""Source journals whose write head is behind the shard's checkpoint, found at a primary's start.
+
+A shard's checkpoint records how far it read each source journal. That offset can be ahead of
+the journal's write head only if the journal lost content the shard had read: it was deleted
+and created again, its fragments were removed from the store while no broker held them, or
+brokers without durable spools all went away. Resumed there, a shard waits for the head to
+pass its checkpoint and reads on from the checkpoint, skipping everything appended in between:
+new content hidden without an error (Gazette does exactly that). So before a primary reads, it
+asks each source's head, and by default fails naming the journal, both offsets and what to do.
+The ShardSpec label ``gazette.dev/checkpoint-ahead`` chooses otherwise:
+
+- ``fail`` (the default): the shard FAILS with `CheckpointAheadError`; nothing is read or
+  committed. An operator relabels the spec (below) and unassigns the shard
+  (``gazctl shards unassign --failed``) to start it again.
+- ``rewind``: the journal is read again from its start (its source's `min_offset`, else 0) and
+  its producer states are forgotten (they describe the content that is gone); a warning names
+  the journal. The checkpoint moves back with the first transaction that commits.
+- ``wait``: Gazette's behaviour, with a warning: resume at the checkpoint.
+
+Each journal found behind is counted in ``gazette_consumer_source_behind_checkpoint_total``
+(labels ``journal``, ``policy``).
+
+Telling lost content from a broker that has not caught up. The head of a non-blocking read
+comes from the answering broker's fragment index, which, right after that broker started, may
+not have listed its fragment store yet: the head is then too low (quorum journals' reads pass
+their read barrier and are exact). So a head below the checkpoint is only a suspicion,
+confirmed by the journal's fragment listing through its primary (ListFragments waits for the
+index's first listing, broker/fragments_api.py) and a second read
+(`broker.client.write_head.confirm_write_head`); while the listing cannot be had the check
+fails transiently (UNAVAILABLE) and the shard retries. The common case, a head at or past the
+checkpoint, costs one metadata-only read per source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import Counter
+
+from broker.client.route_cache import JournalClient
+from broker.client.write_head import confirm_write_head, probe_write_head
+from broker.logging import get_logger
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol import labels as gl
+
+__all__ = [
+    "BEHIND_TOTAL",
+    "CheckpointAheadError",
+    "SourceBehind",
+    "checkpoint_ahead_policy",
+    "find_sources_behind",
+    "resume_checkpoint",
+]
+
+_log = get_logger(__name__)
+
+# Source heads asked at once when a primary starts (a shard may read hundreds of journals).
+head_probes_max: Final = 16
+
+BEHIND_TOTAL: Final = Counter(
+    "gazette_consumer_source_behind_checkpoint_total",
+    "Source journals found at a primary's start with a write head below the shard's"
+    " checkpoint (content the shard read is gone), by the policy applied",
+    ["journal", "policy"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceBehind:
+    """A source journal whose write head is below the offset the shard's checkpoint read
+    through."""
+
+    journal: str
+    checkpoint: int
+    head: int
+
+
+class CheckpointAheadError(Exception):
+    """The shard's checkpoint is ahead of a source journal's write head (policy ``fail``)."""
+
+    def __init__(self, behind: Sequence[SourceBehind]) -> None:
+        self.behind = tuple(behind)
+        first = self.behind[0]
+        more = f" (and {len(self.behind) - 1} more sources)" if len(self.behind) > 1 else ""
+        super().__init__(
+            f"the checkpoint read source journal {first.journal!r} through offset"
+            f" {first.checkpoint}, but its write head is {first.head}{more}: content the shard"
+            " read is gone (the journal was deleted and created again, or lost fragments), and"
+            f" resuming would skip offsets [{first.head}, {first.checkpoint}) of new content."
+            f" Label the ShardSpec {gl.CHECKPOINT_AHEAD}={gl.CHECKPOINT_AHEAD_REWIND} to read"
+            f" the journal again from its start, or ={gl.CHECKPOINT_AHEAD_WAIT} to resume at"
+            " the checkpoint as Gazette does, then unassign the shard to start it again"
+        )
+
+
+def checkpoint_ahead_policy(spec: cpb.ShardSpec) -> str:
+    """The spec's ``gazette.dev/checkpoint-ahead`` policy (validated with the spec)."""
+    return gl.value_of(spec.labels, gl.CHECKPOINT_AHEAD) or gl.CHECKPOINT_AHEAD_FAIL
+
+
+async def find_sources_behind(
+    client: JournalClient, offsets: Mapping[str, int]
+) -> list[SourceBehind]:
+    """The journals of `offsets` (journal -> the checkpoint's read-through offset) whose write
+    head is below it, confirmed as the module docstring says, in journal order."""
+    gate = asyncio.Semaphore(head_probes_max)
+
+    async def behind(journal: str, checkpoint: int) -> SourceBehind | None:
+        async with gate:
+            head = await probe_write_head(client, journal)
+            if head >= checkpoint:
+                return None
+            head = await confirm_write_head(client, journal, head)
+            return SourceBehind(journal, checkpoint, head) if head < checkpoint else None
+
+    asked = sorted((j, offset) for j, offset in offsets.items() if offset > 0)
+    found = await asyncio.gather(*(behind(j, offset) for j, offset in asked))
+    return [b for b in found if b is not None]
+
+
+def resume_checkpoint(
+    shard: str, policy: str, behind: Sequence[SourceBehind], checkpoint: cpb.Checkpoint
+) -> cpb.Checkpoint:
+    """The checkpoint to resume from given the sources found `behind` and the spec's `policy`:
+    `checkpoint` itself (``wait``, or nothing behind), a copy reading those journals from
+    offset 0 without their producer states (``rewind``); raises CheckpointAheadError
+    (``fail``)."""
+    if not behind:
+        return checkpoint
+    for b in behind:
+        BEHIND_TOTAL.labels(b.journal, policy).inc()
+        _log.warning(
+            "source journal's write head is below the shard's checkpoint",
+            shard=shard,
+            journal=b.journal,
+            checkpoint=b.checkpoint,
+            head=b.head,
+            policy=policy,
+        )
+    if policy == gl.CHECKPOINT_AHEAD_FAIL:
+        raise CheckpointAheadError(behind)
+    if policy == gl.CHECKPOINT_AHEAD_WAIT:
+        return checkpoint
+    rewound = cpb.Checkpoint()
+    rewound.CopyFrom(checkpoint)
+    for b in behind:
+        source = rewound.sources[b.journal]
+        source.read_through = 0
+        del source.producers[:]
+    return rewound

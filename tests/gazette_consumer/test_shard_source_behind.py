@@ -1,0 +1,223 @@
+"""A checkpoint ahead of a source journal's write head (source_heads.py).
+
+The source journal is deleted and created again between two runs of a shard (a broker without a
+fragment store keeps nothing of it), and a producer appends new content, less of it than the
+shard had read. Before, the shard resumed at its checkpoint: it waited for the head to pass it
+and skipped every message appended below, without an error (as Gazette does). Now the primary
+fails naming the journal (the default), reads the journal again from its start (``rewind``) or,
+asked to, behaves as Gazette does (``wait``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from sqlalchemy import Engine
+
+from broker.client.append_service import AppendService
+from broker.client.route_cache import JournalClient
+from broker.client.write_head import probe_write_head
+from broker.fragment import naming
+from broker.fragment.stores.registry import StoreRegistry
+from broker.protocol import consumer_pb2 as cpb
+from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
+from broker.topology import item_key
+from gazette_consumer.checkpoint import flatten_read_through
+from gazette_consumer.shard_retry import Transience, classify
+from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.source_heads import BEHIND_TOTAL, SourceBehind, find_sources_behind
+from tests.broker.broker_testkit import ROOT, Cluster, GatedListing, journal_spec, wait_until
+from tests.gazette_consumer.shard_testkit import (
+    BrokerEnv,
+    CountingApp,
+    Notifier,
+    Producer,
+    read_checkpoint,
+    read_counts,
+    shard_env,
+    shard_spec,
+)
+
+Code = cpb.ReplicaStatus.Code
+JOURNAL = "in/recreated"
+
+
+@dataclass
+class Recreated:
+    env: BrokerEnv
+    engine: Engine
+    appends: AppendService
+    app: CountingApp
+    runner: ShardRunner
+    read_through: int  # Where the first run's checkpoint left the journal.
+
+
+async def _recreate(env: BrokerEnv) -> None:
+    """Delete the journal and create it again: its broker drops the replica, and the new one
+    starts empty (no fragment store lists the old content)."""
+    await env.cluster.assign(JOURNAL, [])
+    header, _ = await env.cluster.admin.delete(item_key(ROOT, JOURNAL).encode())
+    await env.cluster.sync(header.revision)
+    assert env.broker.resolver.replicas.get(JOURNAL) is None
+    await env.journal(JOURNAL)
+
+
+@contextlib.asynccontextmanager
+async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator[Recreated]:
+    """A shard that read four messages of JOURNAL (and stopped), after which JOURNAL was
+    created again and holds one new message ("new"), fewer bytes than the shard had read."""
+    async with shard_env(tmp_path) as (env, engine, appends):
+        await env.journal(JOURNAL)
+        app = CountingApp(engine)
+        changed = Notifier()
+        old = Producer(appends, "old")
+        async with ShardRunner(app, env.client, root="/test/behind") as runner:
+            handle = runner.start(spec, on_change=changed.notify)
+            for _ in range(4):
+                end = await _end(old)
+            await changed.read_through(handle, JOURNAL, end)
+            await runner.stop(spec.id)
+            await _recreate(env)
+            assert await _end(Producer(appends, "new")) < end
+            yield Recreated(env, engine, appends, app, runner, end)
+
+
+async def _end(producer: Producer) -> int:
+    """Publish one committed message keyed by the producer's name; the journal's new head."""
+    return (await (await producer.committed(JOURNAL, producer.name))).commit.end
+
+
+def _labelled(policy: str | None) -> cpb.ShardSpec:
+    spec = shard_spec("shard-behind", [JOURNAL])
+    if policy is not None:
+        spec.labels.CopyFrom(labels.label_set([(labels.CHECKPOINT_AHEAD, policy)]))
+    return spec
+
+
+def _counted(policy: str) -> float:
+    return BEHIND_TOTAL.labels(JOURNAL, policy)._value.get()
+
+
+async def test_a_checkpoint_ahead_of_its_source_fails_the_shard_naming_it(tmp_path: Path) -> None:
+    spec = _labelled(None)
+    before = _counted("fail")
+    async with recreated_source(tmp_path, spec) as r:
+        changed = Notifier()
+        handle = r.runner.start(spec, on_change=changed.notify)
+        await changed.until(lambda: handle.status().code == Code.FAILED)
+        error = handle.status().errors[0]
+        assert "CheckpointAheadError" in error and repr(JOURNAL) in error
+        assert f"through offset {r.read_through}, but its write head is" in error
+        assert f"{labels.CHECKPOINT_AHEAD}=rewind" in error
+        # Nothing of the new content was consumed, and the checkpoint is the first run's.
+        assert await read_counts(r.engine, "shard-behind") == {"old": 4}
+        checkpoint = await read_checkpoint(r.engine, r.runner.fqn("shard-behind"))
+        assert checkpoint is not None
+        assert flatten_read_through(checkpoint)[JOURNAL] == r.read_through
+    assert _counted("fail") == before + 1
+
+
+async def test_rewind_reads_the_journal_again_from_its_start(tmp_path: Path) -> None:
+    spec = _labelled(labels.CHECKPOINT_AHEAD_REWIND)
+    async with recreated_source(tmp_path, spec) as r:
+        changed = Notifier()
+        handle = r.runner.start(spec, on_change=changed.notify)
+        end = await _end(Producer(r.appends, "more"))
+        # Progress starts at the stored checkpoint (past `end`), then moves back.
+        await changed.until(lambda: handle.progress().read_through.get(JOURNAL) == end)
+        assert handle.status().code != Code.FAILED
+        assert await read_counts(r.engine, "shard-behind") == {"old": 4, "new": 1, "more": 1}
+        checkpoint = await read_checkpoint(r.engine, r.runner.fqn("shard-behind"))
+        assert checkpoint is not None and flatten_read_through(checkpoint)[JOURNAL] == end
+
+
+async def test_wait_resumes_at_the_checkpoint_as_gazette_does(tmp_path: Path) -> None:
+    spec = _labelled(labels.CHECKPOINT_AHEAD_WAIT)
+    before = _counted("wait")
+    async with recreated_source(tmp_path, spec) as r:
+        changed = Notifier()
+        handle = r.runner.start(spec, on_change=changed.notify)
+        # Its transaction loop runs once the source is open, past the check of its head.
+        await wait_until(
+            lambda: handle.primary is not None and handle.primary.txn_phase is not None
+        )
+        assert _counted("wait") == before + 1
+        # Append until the head passes the checkpoint: the shard resumes there, skipping what
+        # was appended below it; the checkpoint (the end of the fourth old message) falls
+        # inside a message of the new content, so the shard fails decoding it, as Gazette's
+        # would.
+        more = Producer(r.appends, "more")
+        while await _end(more) <= r.read_through:
+            pass
+        await changed.until(lambda: handle.status().code == Code.FAILED)
+        error = handle.status().errors[0]
+        assert f"MessageDecodeError: journal {JOURNAL} offsets [{r.read_through}," in error
+        assert await read_counts(r.engine, "shard-behind") == {"old": 4}
+    assert _counted("wait") == before + 1
+
+
+async def test_a_healthy_restart_checks_one_head_per_source_and_reads_on(tmp_path: Path) -> None:
+    spec = _labelled(None)
+    async with shard_env(tmp_path) as (env, engine, appends):
+        await env.journal(JOURNAL)
+        app = CountingApp(engine)
+        changed = Notifier()
+        producer = Producer(appends, "p")
+        async with ShardRunner(app, env.client, root="/test/healthy") as runner:
+            for round_ in range(2):
+                handle = runner.start(spec, on_change=changed.notify)
+                end = await _end(producer)
+                await changed.read_through(handle, JOURNAL, end)
+                await runner.stop(spec.id)
+                assert handle.status().code != Code.FAILED, round_
+        assert await read_counts(engine, "shard-behind") == {"p": 2}
+
+
+async def test_a_broker_that_has_not_listed_its_store_is_not_taken_for_lost_content(
+    tmp_path: Path,
+) -> None:
+    """Right after a broker starts, its non-blocking reads answer a write head that does not
+    count its store's fragments yet. That low head alone must not fail a shard: the listing
+    (which waits for the store) decides, and while it cannot, the check fails transiently
+    (the shard retries) instead of calling the content lost."""
+    store_url = "file:///frags/"
+    (tmp_path / "frags").mkdir()
+    opened = asyncio.Event()
+    registry = StoreRegistry({"file": lambda url: GatedListing(url, tmp_path, opened)})
+    content = b'{"key": "k"}\n' * 100
+    persisted = pb.Fragment(
+        journal=JOURNAL,
+        begin=0,
+        end=len(content),
+        sum=naming.content_sum(content),
+        compression_codec=pb.NONE,
+        backing_store=store_url,
+    )
+    await registry.get(store_url).put(persisted, content)
+
+    cluster = Cluster(stores=registry)
+    broker = await cluster.start_broker("zone-a", "broker-a", fragments_listing_wait_s=0.2)
+    client = JournalClient(broker.endpoint)
+    try:
+        await cluster.create(journal_spec(JOURNAL, stores=[store_url]), [broker])
+        assert await probe_write_head(client, JOURNAL) == 0  # Not listed: too low a head.
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await find_sources_behind(client, {JOURNAL: len(content)})
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert classify(failed.value) is Transience.TRANSIENT
+        opened.set()
+        assert await find_sources_behind(client, {JOURNAL: len(content)}) == []
+        # Content truly gone is found once the store is listed.
+        behind = await find_sources_behind(client, {JOURNAL: len(content) + 1})
+        assert behind == [SourceBehind(JOURNAL, len(content) + 1, len(content))]
+    finally:
+        await client.close()
+        await cluster.close()
