@@ -112,6 +112,13 @@ PEER_KEEPALIVE_SERVER_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
 )
 
 
+# Servers own their port: gRPC's core sets SO_REUSEPORT by default, so a second process told to
+# listen on a port in use would share it, and clients would land on either process at random (a
+# broker of another cluster, say). Without it the second bind fails (tls.bind_port), as Go's
+# net.Listen does.
+EXCLUSIVE_PORT_SERVER_OPTIONS: Final[tuple[tuple[str, int], ...]] = (("grpc.so_reuseport", 0),)
+
+
 def with_options(
     base: Iterable[tuple[str, object]], overrides: Iterable[tuple[str, object]]
 ) -> list[tuple[str, object]]:

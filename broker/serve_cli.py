@@ -48,6 +48,7 @@ from broker.security_flags import (
 )
 from broker.serve_watchdog import StopWatchdog, stop_wait_s_default
 from broker.server import Broker
+from broker.tls import PortBindError
 from broker.topology import DEFAULT_ROOT
 
 log = get_logger(__name__)
@@ -482,6 +483,8 @@ def main(argv: list[str] | None = None) -> None:
         if storage is None:
             raise
         sys.exit(f"gazette serve: {storage}")
+    except PortBindError as err:  # --port in use: the message says what to do.
+        sys.exit(f"gazette serve: {err}")
     except (EtcdAuthError, NoSpaceError) as err:
         # Wrong or missing --etcd-user/--etcd-password; etcd out of space (its lease refused):
         # the message says what to do.

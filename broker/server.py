@@ -64,7 +64,11 @@ from broker.fragment.spool_file import SpoolFile, TempSpoolFile
 from broker.fragment.store_health import StoreHealthMonitor
 from broker.fragment.stores.registry import StoreRegistry, new_registry
 from broker.fragments_api import FragmentsAPI, StoreHealthAPI
-from broker.grpc_transport import PEER_KEEPALIVE_SERVER_OPTIONS, with_options
+from broker.grpc_transport import (
+    EXCLUSIVE_PORT_SERVER_OPTIONS,
+    PEER_KEEPALIVE_SERVER_OPTIONS,
+    with_options,
+)
 from broker.hand_off import hand_off, handoff_wait_s_default
 from broker.journal_service import SERVER_OPTIONS, JournalService
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
@@ -321,7 +325,9 @@ class Broker:
         auth = [AuthInterceptor(self.auth, ResolverScope(self.resolver))] if self.auth else []
         # The gate first: a broker that is not ready answers before checking anything else.
         # Peers ping their calls here (grpc_transport.py): accept their rate.
-        options = with_options(SERVER_OPTIONS, PEER_KEEPALIVE_SERVER_OPTIONS)
+        options = with_options(
+            SERVER_OPTIONS, (*PEER_KEEPALIVE_SERVER_OPTIONS, *EXCLUSIVE_PORT_SERVER_OPTIONS)
+        )
         server = grpc.aio.server(options=options, interceptors=[self.rpcs, self.gate, *auth])
         registry = self.store_health.registry
         service = JournalService(

@@ -193,12 +193,28 @@ def client_tls_from_env(environ: Mapping[str, str] | None = None) -> ClientTls |
     )
 
 
+class PortBindError(OSError):
+    """A server could not listen at its address: the port is in use (servers do not share
+    ports: grpc_transport.EXCLUSIVE_PORT_SERVER_OPTIONS), or the host is not this machine's."""
+
+
 def bind_port(server: grpc.aio.Server, address: str, tls: ServerTls | None) -> tuple[int, str]:
     """Add a listening port at `address` (``host:port``; port 0 picks a free one): TLS with
-    `tls`, else in the clear. Returns (bound port, endpoint scheme to advertise)."""
-    if tls is None:
-        return server.add_insecure_port(address), "http"
-    return server.add_secure_port(address, tls.credentials()), "https"
+    `tls`, else in the clear. Returns (bound port, endpoint scheme to advertise). Raises
+    PortBindError if the address cannot be bound."""
+    try:
+        if tls is None:
+            port, scheme = server.add_insecure_port(address), "http"
+        else:
+            port, scheme = server.add_secure_port(address, tls.credentials()), "https"
+    except RuntimeError as err:  # gRPC's "Failed to bind to address ...".
+        raise PortBindError(
+            f"cannot listen on {address}: it is in use by another process, or not an address"
+            " of this host (pick another --port or --host, or stop the other process)"
+        ) from err
+    if port == 0:  # Older gRPC answers a failed bind with port 0.
+        raise PortBindError(f"cannot listen on {address}")
+    return port, scheme
 
 
 def describe_failure(

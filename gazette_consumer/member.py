@@ -46,7 +46,7 @@ from broker.allocator import serve as allocate
 from broker.allocator.announce import announce
 from broker.auth import KeyedAuth, KeyedAuthorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, message_bytes_max
-from broker.grpc_transport import PEER_KEEPALIVE_SERVER_OPTIONS
+from broker.grpc_transport import EXCLUSIVE_PORT_SERVER_OPTIONS, PEER_KEEPALIVE_SERVER_OPTIONS
 from broker.keyspace.backend import Backend, KeySpaceError, LeaseNotFoundError
 from broker.keyspace.embedded import log_failure
 from broker.keyspace.lease import keep_lease_alive_from_grant, lease_kept
@@ -95,6 +95,7 @@ _SERVER_OPTIONS = [
     # calls are in flight, as the brokers' servers accept; by gRPC's default a call that waits
     # long without data (a Stat waiting to read through) would be cut "too_many_pings".
     *PEER_KEEPALIVE_SERVER_OPTIONS,
+    *EXCLUSIVE_PORT_SERVER_OPTIONS,  # A port in use fails the start (tls.bind_port).
 ]
 
 

@@ -77,7 +77,7 @@ from broker.security_flags import (
     peer_tls_of,
     server_tls_of,
 )
-from broker.tls import ClientTls, ServerTls
+from broker.tls import ClientTls, PortBindError, ServerTls
 from gazette_consumer.application import Application, ServiceContext
 from gazette_consumer.hints import HintStore
 from gazette_consumer.member import (
@@ -541,6 +541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if storage is None:
             raise
         print(f"gazette-consumer: {storage}", file=sys.stderr)
+        return EXIT_FAILED
+    except PortBindError as exc:  # --port in use: the message says what to do.
+        print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except NoSpaceError as exc:  # etcd out of space (the lease refused): says what to do.
         print(f"gazette-consumer: {exc}", file=sys.stderr)
