@@ -47,7 +47,7 @@ from gazette_consumer.shard_handle import ShardProgress, ShardRole, ShardStart, 
 from gazette_consumer.shard_retry import GiveUp, RetryAfter, ShardRetries, ShardRetryPolicy
 from gazette_consumer.shard_spec import check_runnable, recovery_log
 from gazette_consumer.topology import default_root, shard_key
-from gazette_consumer.txn_driver import run_step
+from gazette_consumer.txn_driver import StrayCancelledError, run_step, stray_cancellation
 
 __all__ = ["LocalShard", "ShardRetryPolicy", "ShardRunner", "ShardRunnerError", "run_shards"]
 
@@ -223,6 +223,15 @@ class LocalShard:
             # (an OSError of a full disk from a teardown is transient here as anywhere else).
             failed = ShardFailedError(self.id, "shard runner", err)
             failed.__cause__ = err
+            return failed
+        except asyncio.CancelledError as err:
+            if not stray_cancellation():
+                raise  # Stopped.
+            # Not a stop: what raised it failed (txn_driver.StrayCancelledError).
+            stray = StrayCancelledError()
+            stray.__cause__ = err
+            failed = ShardFailedError(self.id, "shard runner", stray)
+            failed.__cause__ = stray
             return failed
         finally:
             if self._primary is not None:

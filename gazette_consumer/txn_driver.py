@@ -72,12 +72,39 @@ class ShardFailedError(Exception):
         self.step = step
 
 
+class StrayCancelledError(RuntimeError):
+    """An Application (or a store, or a source) raised CancelledError while nothing was
+    cancelling the shard: it awaited something another task cancelled. Left to propagate, it
+    would end the shard's task as if it had been stopped, while the shard went on reporting
+    PRIMARY and served nothing (found by the bad-input audit, 2026-11-30)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "raised CancelledError while the shard was not being stopped (it awaited something"
+            " another task cancelled)"
+        )
+
+
+def stray_cancellation() -> bool:
+    """Whether a CancelledError caught now is not a cancellation of the current task (its
+    `cancelling()` count is 0): not a stop, but an error of whatever raised it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
 async def run_step(shard: str, step: str, awaitable: Any) -> Any:
-    """Await `awaitable`, naming `step` in the ShardFailedError it fails with."""
+    """Await `awaitable`, naming `step` in the ShardFailedError it fails with (a CancelledError
+    that does not cancel this task included: `StrayCancelledError`)."""
     try:
         return await awaitable
     except Exception as err:
         raise ShardFailedError(shard, step, err) from err
+    except asyncio.CancelledError as err:
+        if not stray_cancellation():
+            raise
+        stray = StrayCancelledError()
+        stray.__cause__ = err
+        raise ShardFailedError(shard, step, stray) from stray
 
 
 class TxnDriver:
@@ -284,16 +311,35 @@ class TxnDriver:
         return [ack.future for ack in self._prior_acks if not ack.done()]
 
     async def _settle_read(self, read: asyncio.Task[Envelope[Any]]) -> Envelope[Any] | None:
-        """Stop a pending read, keeping a message it returned regardless (none is lost)."""
-        if not read.done():
+        """Stop a pending read, keeping a message it returned regardless (none is lost). A
+        read that ended cancelled without being stopped here raised CancelledError itself (a
+        source that awaited something another task cancelled): a failure, or the loop would
+        start such a read again and again, serving nothing."""
+        stopped = not read.done()
+        if stopped:
             read.cancel()
             await asyncio.wait({read})
         if read.cancelled():
-            return None
+            if stopped:
+                return None
+            raise ShardFailedError(self._id, "reading messages", StrayCancelledError())
         error = read.exception()
         if error is not None:
             raise ShardFailedError(self._id, "reading messages", error) from error
         return read.result()
+
+    def _consume_failed(self, envelope: Envelope[Any], err: BaseException) -> ShardFailedError:
+        """The error `consume_message` of `envelope` fails the shard with; a CancelledError
+        that cancels this task (a stop) is raised as it is."""
+        if isinstance(err, asyncio.CancelledError):
+            if not stray_cancellation():
+                raise err
+            stray = StrayCancelledError()
+            stray.__cause__, err = err, stray
+        step = f"app.consume_message ({envelope.journal} offset {envelope.begin})"
+        failed = ShardFailedError(self._id, step, err)
+        failed.__cause__ = err
+        return failed
 
     async def _consume(self, envelope: Envelope[Any]) -> None:
         """Consume `envelope`, then the messages ready right behind it, as one run (see
@@ -322,9 +368,8 @@ class TxnDriver:
         while True:
             try:
                 await consume_message(shard, store, envelope, publisher)
-            except Exception as err:
-                step = f"app.consume_message ({envelope.journal} offset {envelope.begin})"
-                raise ShardFailedError(self._id, step, err) from err
+            except (Exception, asyncio.CancelledError) as err:
+                raise self._consume_failed(envelope, err)  # noqa: B904 -- chained there.
             if more == CONSUME_RUN_MAX:
                 break
             if source.in_sequence:
@@ -334,11 +379,8 @@ class TxnDriver:
                     for envelope in taken:
                         try:
                             await consume_message(shard, store, envelope, publisher)
-                        except Exception as err:
-                            step = (
-                                f"app.consume_message ({envelope.journal} offset {envelope.begin})"
-                            )
-                            raise ShardFailedError(self._id, step, err) from err
+                        except (Exception, asyncio.CancelledError) as err:
+                            raise self._consume_failed(envelope, err)  # noqa: B904 -- chained there.
                     more += len(taken)
                     if more == CONSUME_RUN_MAX:
                         break

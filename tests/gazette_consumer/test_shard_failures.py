@@ -3,6 +3,7 @@ open transaction commits, and the other shards of the runner keep running."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,3 +247,52 @@ async def test_a_publish_never_awaited_fails_the_commit_instead_of_losing_its_me
     assert isinstance(failed.app, UnawaitedPublishApp) and len(failed.app.unawaited) == 1
     for unawaited in failed.app.unawaited:
         unawaited.close()  # type: ignore[attr-defined]  # A coroutine, never awaited.
+
+
+async def _cancelled_elsewhere() -> None:
+    """Await a future another task cancelled: CancelledError, though nothing cancels us."""
+    other = asyncio.get_running_loop().create_future()
+    other.cancel()
+    await other
+
+
+@dataclass
+class StrayCancelApp(CountingApp):
+    """Raises CancelledError from `consume_message` (or, with `in_begin`, from `begin_txn`) on
+    a message whose text is "stray": it awaited something another task cancelled."""
+
+    in_begin: bool = False
+    stray_next: bool = False
+
+    async def begin_txn(self, shard: Shard, store: Store) -> None:
+        if self.in_begin and self.stray_next:
+            await _cancelled_elsewhere()
+        await super().begin_txn(shard, store)
+
+    async def consume_message(
+        self, shard: Shard, store: Store, envelope: Envelope[Any], publisher: Any
+    ) -> None:
+        if envelope.message.text == "stray" and not self.in_begin:
+            await _cancelled_elsewhere()
+        await super().consume_message(shard, store, envelope, publisher)
+        self.stray_next = True  # The next transaction's begin_txn (with in_begin).
+
+
+@pytest.mark.parametrize("in_begin", [False, True], ids=["consume_message", "begin_txn"])
+async def test_a_stray_cancellation_fails_the_shard_instead_of_ending_it_silently(
+    tmp_path: Path, in_begin: bool
+) -> None:
+    """Before, the CancelledError ended the shard's task as if it had been stopped: the
+    replica went on reporting PRIMARY, served nothing, and logged nothing (found by the
+    bad-input audit, 2026-11-30)."""
+    failed = await _fail_on_second(
+        tmp_path,
+        "stray",
+        lambda engine, _output: StrayCancelApp(engine, in_begin=in_begin),
+        "stray",
+    )
+    error = failed.handle.status().errors[0]
+    step = "app.begin_txn" if in_begin else "app.consume_message (in/stray offset"
+    assert f"{step}" in error and "StrayCancelledError: raised CancelledError while" in error
+    assert failed.counts == {"k": 1}
+    assert failed.checkpoint_unchanged

@@ -190,6 +190,11 @@ class BreakingSource(ListSource):
         envelope = self.try_next()
         if envelope is not None:
             return envelope
+        if self.app.stray_cancel:
+            # It awaits a future another task cancelled: CancelledError, not a stop.
+            other = asyncio.get_running_loop().create_future()
+            other.cancel()
+            await other
         if not self.app.wait_for_messages:
             raise RuntimeError("the source broke")
         try:
@@ -208,6 +213,7 @@ class BreakingSource(ListSource):
 class BreakingApp(CountingApp):
     wait_for_messages: bool = False
     fail_on_cancel: bool = False
+    stray_cancel: bool = False
 
     def new_message_source(
         self, shard: Shard, store: Store, checkpoint: Checkpoint
@@ -228,6 +234,21 @@ async def test_a_source_failing_to_close_never_hides_why_its_shard_failed(
         # would have been retried as a connection error.
         assert "reading messages: RuntimeError: the source broke" in error
         assert handle.retrying is None
+
+
+async def test_a_source_raising_cancelled_error_fails_its_shard(tmp_path: Path) -> None:
+    """Before, the read ended cancelled, the loop took it for one it had stopped and read
+    again, at once, for ever: the shard reported PRIMARY, served nothing and logged nothing
+    (found by the bad-input audit, 2026-11-30)."""
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        changed = Notifier()
+        app = BreakingApp(engine, stray_cancel=True)
+        async with ShardRunner(app, env.client, root="/test/breaking") as runner:
+            handle = runner.start(shard_spec("shard-stray", []), on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == Code.FAILED)
+        [error] = handle.status().errors
+        assert "reading messages: StrayCancelledError: raised CancelledError while" in error
+        assert await read_counts(engine, "shard-stray") == {"a": 1, "b": 1}
 
 
 async def test_a_source_failing_as_its_shard_stops_lets_it_stop(tmp_path: Path) -> None:
