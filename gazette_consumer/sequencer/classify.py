@@ -121,15 +121,10 @@ class SequencerQueueing(SequencerState[E]):
                 # copy's later transactions a second time. Producers never reuse clocks (a
                 # restarted one has a new ProducerID, or clocks from the wall clock above its
                 # last), so the bound is kept: the pending span is discarded (what the older
-                # ACK says), nothing at or below the bound is delivered again (_apply).
-                _log.warning(
-                    "ACK_TXN older than the last ACK: a re-appended copy (or a producer that"
-                    " went back); its pending span is dropped and the bound kept",
-                    journal=env.journal,
-                    producer=env.producer.hex(),
-                    clock=clock,
-                    last_ack=partial.min_clock,
-                )
+                # ACK says), nothing at or below the bound is delivered again (_apply). One
+                # that does go back loses what it writes until its clock passes the bound:
+                # counted and logged (older_acks.py), as a copy is, which looks the same.
+                self._older_ack(env, partial)
                 return _ACK_ROLLBACK
             if clock == partial.min_clock:
                 # A re-sent ACK of the last delivered transaction: the producer restarted, and
@@ -163,6 +158,15 @@ class SequencerQueueing(SequencerState[E]):
                 clock=clock,
             )
         return _OUTSIDE_COMMIT
+
+    def _older_ack(self, env: E, partial: Partial) -> None:
+        """Count and log (rate-limited) an ACK_TXN older than its producer's last ACK."""
+        # Imported here, on the first one: the Sequencer's import pulls in no Prometheus client.
+        from gazette_consumer.sequencer.older_acks import OncePer, note_older_ack
+
+        if self._older_ack_log is None:
+            self._older_ack_log = OncePer()
+        note_older_ack(self._older_ack_log, env.journal, env.producer, env.clock, partial.min_clock)
 
     def _span_in_ring(self, ack: E, partial: Partial) -> bool:
         """True if the ring still holds the pending span from its beginning.

@@ -10,7 +10,7 @@ uses (fast_paths.py), dequeuing, replays and checkpoints (dequeue.py).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from gazette_consumer.sequencer.ring import Partial, SpanRing
 from gazette_consumer.sequencer.types import (
@@ -19,6 +19,9 @@ from gazette_consumer.sequencer.types import (
     SequencerCheckpoint,
     SequencerError,
 )
+
+if TYPE_CHECKING:
+    from gazette_consumer.sequencer.older_acks import OncePer
 
 E = TypeVar("E", bound=Sequenced)
 """The type of envelopes a Sequencer is given, and hands back when they are dequeued."""
@@ -91,3 +94,6 @@ class SequencerState(Generic[E]):
             self._partials[(jp.journal, jp.producer)] = Partial(state.last_ack, state.begin)
         self._emit: Emission[E] | None = None
         self._dequeued: E | None = None
+        # Rate-limits the log lines of ACKs older than their producer's last (classify.py),
+        # made at the first one.
+        self._older_ack_log: OncePer | None = None
