@@ -16,9 +16,11 @@ back, and the log line names it.
   (a copy's, or a regressed producer's). The regressed producer's messages dropped with it
   are not counted: below the bound they are what any duplicate is.
 
-Logged at ERROR, naming the journal, the producer and both clocks, at most once per
+Logged as a warning (a copy is benign, and common after a broker failed over: an error per
+failover would cry wolf), naming the journal, the producer and both clocks, at most once per
 (journal, producer) every `OLDER_ACK_LOG_INTERVAL_S` per Sequencer, with the number of
-lines held back meanwhile. Imported on the first such ACK (classify.py), so that the
+lines held back meanwhile. Every Sequencer reading the journal counts the ACK (a Spark query's
+planner and its partition readers each do). Imported on the first such ACK (classify.py), so that the
 Sequencer's import pulls in no Prometheus client.
 """
 
@@ -100,7 +102,7 @@ def note_older_ack(
     held_back = limit.allow((journal, producer))
     if held_back is None:
         return
-    _log.error(
+    _log.warning(
         "ACK_TXN older than its producer's last ACK: its transaction is dropped, and so is"
         " what the producer writes until its clock passes that ACK (a re-appended copy of"
         " transactions already delivered, or a producer that kept its ProducerID while its"

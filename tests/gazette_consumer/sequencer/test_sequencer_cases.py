@@ -235,4 +235,4 @@ def test_ack_older_than_a_presumed_bound_is_a_quiet_rollback() -> None:
     a1_ack = gen(A, 1, ACK)
     with structlog.testing.capture_logs() as logs:
         assert queue(seq, a1_ack) == [Q.ACK_ROLLBACK]
-    assert [entry["log_level"] for entry in logs] == ["error"]
+    assert [entry["log_level"] for entry in logs] == ["warning"]

@@ -1,5 +1,5 @@
 """ACKs older than their producer's last ACK are counted (``gazette_sequencer_older_acks_total``)
-and logged at ERROR, at most once per producer an interval: a producer that kept its
+and logged as a warning, at most once per producer an interval: a producer that kept its
 ProducerID while its clock went back has its transactions dropped (the rule keeps re-appended
 copies from being delivered twice; classify.py), which must not go unseen. A re-appended copy
 is counted alike: when the Sequencer drops the older ACK, the two look the same (it keeps a
@@ -34,7 +34,8 @@ def older_acks(journal: str) -> float:
 
 
 def errors(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in logs if e["log_level"] == "error"]
+    """The older-ACK lines (warnings)."""
+    return [e for e in logs if e["log_level"] == "warning" and "older" in e["event"]]
 
 
 def on(journal: str, env: SeqEnvelope) -> SeqEnvelope:
