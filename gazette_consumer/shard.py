@@ -189,6 +189,7 @@ class PrimaryShard:
             self._appends = appends
             recorder = await self._complete_recovery()
             store = await run_step(self.id, "app.new_store", self._app.new_store(self, recorder))
+            _require(self.id, "app.new_store", store, "Store", STORE_METHODS)
             self._store = store
             hints_task: asyncio.Task[None] | None = None
             try:
@@ -223,7 +224,7 @@ class PrimaryShard:
                     # An Application's own source may fail to close: never instead of the
                     # error (or the cancellation) the shard stops with.
                     failing = sys.exc_info()[1]
-                    await _cleanup(self.id, "source.close", source.close(), failing)
+                    await _cleanup(self.id, "source.close", source.close, failing)
             finally:
                 failing = sys.exc_info()[1]  # What the shard is failing with (it always is).
                 if hints_task is not None:
@@ -325,20 +326,37 @@ async def _destroy(shard_id: str, store: Store, failing: BaseException | None) -
     with: a store whose disk filled fails its commit, then often its close too ("Writer has
     previous error"), and the commit's error is the cause to report and to classify for a retry.
     """
-    await _cleanup(shard_id, "store.destroy", store.destroy(), failing)
+    await _cleanup(shard_id, "store.destroy", store.destroy, failing)
 
 
 async def _cleanup(
-    shard_id: str, step: str, cleanup: Awaitable[None], failing: BaseException | None
+    shard_id: str, step: str, cleanup: Callable[[], Awaitable[None]], failing: BaseException | None
 ) -> None:
-    """Await `cleanup` (`step` names it) as a stopping shard does, whose own error never
-    replaces `failing`, what the shard stops with (an error, or the cancellation of a stop:
-    replacing that would make a stopping shard fail, or retry). The cleanup's error is logged
-    and noted on `failing`; with nothing failing, it is the shard's failure."""
+    """Call and await `cleanup` (`step` names it) as a stopping shard does, whose own error
+    never replaces `failing`, what the shard stops with (an error, or the cancellation of a
+    stop: replacing that would make a stopping shard fail, or retry). The cleanup's error
+    (calling it included) is logged and noted on `failing`; with nothing failing, it is the
+    shard's failure."""
     try:
-        await cleanup
+        await cleanup()
     except Exception as err:
         if failing is None:
             raise ShardFailedError(shard_id, step, err) from err
         _log.warning(f"{step} failed too, as the shard stopped", shard=shard_id, error=repr(err))
         failing.add_note(f"then {step} failed too: {err!r}")
+
+
+# What an Application's new_store must return has (the Store protocol), checked when it
+# returns: a value without them failed later, in the shard's cleanup, with an AttributeError
+# that named neither the Application nor what it returned (found by the bad-input audit).
+STORE_METHODS: Final = ("restore_checkpoint", "start_commit", "destroy")
+
+
+def _require(shard_id: str, step: str, value: object, kind: str, methods: tuple[str, ...]) -> None:
+    """Raise ShardFailedError(step, TypeError) unless `value` has every one of `methods`."""
+    missing = [name for name in methods if not callable(getattr(value, name, None))]
+    if missing:
+        error = TypeError(
+            f"returned {type(value).__name__}, not a {kind} (it has no {', '.join(missing)})"
+        )
+        raise ShardFailedError(shard_id, step, error)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from broker.client.route_cache import JournalClient
 from gazette_consumer.application import Application, MessageSource, Shard
@@ -38,6 +38,12 @@ from gazette_consumer.source_heads import (
 from gazette_consumer.stores.base import Store
 
 __all__ = ["NoSource", "OpenedSource", "open_source"]
+
+
+# What an Application's own source must have (the MessageSource protocol, `in_sequence`
+# besides), checked when new_message_source returns it: a value without them failed later,
+# in the shard's cleanup, with an AttributeError naming neither (found by the bad-input audit).
+SOURCE_METHODS: Final = ("next", "try_next", "checkpoint", "has_pending", "close")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,13 @@ async def open_source(
     is has been applied: source_heads.py)."""
     custom = app.new_message_source(shard, store, checkpoint)
     if custom is not None:
+        missing = [name for name in SOURCE_METHODS if not callable(getattr(custom, name, None))]
+        missing += [] if hasattr(custom, "in_sequence") else ["in_sequence"]
+        if missing:
+            raise TypeError(
+                f"Application.new_message_source returned {type(custom).__name__}, not a"
+                f" MessageSource (it has no {', '.join(missing)})"
+            )
         return OpenedSource(custom, checkpoint)
     stored = flatten_read_through(checkpoint)
     asked = {s.journal: stored.get(s.journal, 0) for s in shard.spec.sources}

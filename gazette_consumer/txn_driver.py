@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, NoReturn
 
 from broker.client.append_service import AsyncAppend
+from broker.logging import get_logger
 from gazette_consumer.application import Application, MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through, from_sequencer_checkpoint
 from gazette_consumer.message.clock import clock_span
@@ -59,6 +60,9 @@ CONSUME_RUN_MAX = 512
 """Messages consumed in one run after its first, without stepping the transaction loop (see
 `TxnDriver._consume`). Between runs the loop notices the prior transaction's progress (and
 reports it) and its timer: this bounds how late, in messages, it does."""
+
+
+_log = get_logger(__name__)
 
 
 class ShardFailedError(Exception):
@@ -429,7 +433,10 @@ class TxnDriver:
         self._prior_read_through = flatten_read_through(checkpoint)
         began, self._txn_began = self._txn_began, False
         if began:
-            self._app.finished_txn(shard, store, commit)
+            try:
+                self._app.finished_txn(shard, store, commit)
+            except Exception as err:
+                raise ShardFailedError(self._id, "app.finished_txn", err) from err
 
     def _abandon_txn(self, error: Exception | None) -> None:
         """A begun transaction will never commit: tell `finished_txn`, as `begin_txn`
@@ -443,4 +450,14 @@ class TxnDriver:
         else:
             failed.set_exception(error)
             failed.exception()  # Retrieved: asyncio need not report it as lost.
-        self._app.finished_txn(self._shard, self._store, failed)
+        try:
+            self._app.finished_txn(self._shard, self._store, failed)
+        except Exception as err:
+            # Never instead of what the shard stops with (the cause to report and classify).
+            _log.warning(
+                "app.finished_txn failed too, as the transaction was abandoned",
+                shard=self._id,
+                error=repr(err),
+            )
+            if error is not None:
+                error.add_note(f"then app.finished_txn failed too: {err!r}")

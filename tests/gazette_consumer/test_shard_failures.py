@@ -296,3 +296,98 @@ async def test_a_stray_cancellation_fails_the_shard_instead_of_ending_it_silentl
     assert f"{step}" in error and "StrayCancelledError: raised CancelledError while" in error
     assert failed.counts == {"k": 1}
     assert failed.checkpoint_unchanged
+
+
+@dataclass
+class BadResultApp(CountingApp):
+    """An Application returning what it must not: `new_store` returns `store` (instead of a
+    store) unless it is the default; `new_message_source` returns `source` if set."""
+
+    store: Any = "a store"
+    source: Any = None
+
+    async def new_store(self, shard: Shard, recorder: object | None) -> Store:
+        if self.store != "a store":
+            return self.store  # type: ignore[no-any-return]
+        return await super().new_store(shard, recorder)
+
+    def new_message_source(self, shard: Shard, store: Store, checkpoint: Any) -> Any:
+        return self.source
+
+
+@pytest.mark.parametrize(
+    ("app_kwargs", "expected"),
+    [
+        (
+            {"store": None},
+            "app.new_store: TypeError: returned NoneType, not a Store (it has no"
+            " restore_checkpoint, start_commit, destroy)",
+        ),
+        (
+            {"source": 42},
+            "opening the message source: TypeError: Application.new_message_source returned"
+            " int, not a MessageSource (it has no next, try_next, checkpoint, has_pending,"
+            " close, in_sequence)",
+        ),
+    ],
+    ids=["new_store", "new_message_source"],
+)
+async def test_an_application_returning_the_wrong_type_is_named(
+    tmp_path: Path, app_kwargs: dict[str, Any], expected: str
+) -> None:
+    """Before, each failed later in the shard's cleanup ("shard runner: AttributeError: 'int'
+    object has no attribute 'close'"), naming neither the Application's method nor what it
+    returned (found by the bad-input audit, 2026-11-30)."""
+    async with broker_env() as env, sqlite_engine(tmp_path) as engine:
+        journal = await env.journal("in/bad-result")
+        changed = Notifier()
+        app = BadResultApp(engine, **app_kwargs)
+        async with ShardRunner(app, env.client, root="/test/bad-result") as runner:
+            handle = runner.start(shard_spec("shard-bad", [journal]), on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == FAILED)
+        [error] = handle.status().errors
+        assert error == f"shard shard-bad: {expected}"
+
+
+@dataclass
+class FailingFinishedApp(CountingApp):
+    """`finished_txn` raises; so does `consume_message` of a "poison" message (with
+    `poison`)."""
+
+    poison: bool = False
+
+    async def consume_message(
+        self, shard: Shard, store: Store, envelope: Envelope[Any], publisher: Any
+    ) -> None:
+        if self.poison and envelope.message.text == "poison":
+            raise ValueError("the real cause")
+        await super().consume_message(shard, store, envelope, publisher)
+
+    def finished_txn(self, shard: Shard, store: Store, commit: Any) -> None:
+        super().finished_txn(shard, store, commit)
+        raise RuntimeError("finished_txn bug")
+
+
+@pytest.mark.parametrize("poison", [False, True], ids=["at-commit", "abandoned"])
+async def test_a_failing_finished_txn_is_named_and_never_hides_the_cause(
+    tmp_path: Path, poison: bool
+) -> None:
+    """Before, finished_txn's error was reported as the "transaction loop"'s, and when the
+    transaction was abandoned for another error it replaced that error (its journal and
+    offset lost; found by the bad-input audit, 2026-11-30)."""
+    async with shard_env(tmp_path) as (env, engine, appends):
+        journal = await env.journal("in/finished")
+        app = FailingFinishedApp(engine, poison=poison)
+        changed = Notifier()
+        async with ShardRunner(app, env.client, root="/test/finished") as runner:
+            handle = runner.start(shard_spec("shard-fin", [journal]), on_change=changed.notify)
+            text = "poison" if poison else "plain"
+            await Producer(appends, "p").committed_together(journal, [Event(key="k", text=text)])
+            await changed.until(lambda: handle.status().code == FAILED)
+        [error] = handle.status().errors
+        if poison:
+            # The transaction was abandoned: its cause stays the shard's failure.
+            assert "app.consume_message (in/finished offset 0): ValueError: the real cause" in error
+            assert len(app.finishes) == 1 and "the real cause" in str(app.finishes[0].exception())
+        else:
+            assert "app.finished_txn: RuntimeError: finished_txn bug" in error
