@@ -66,11 +66,17 @@ def _covering(refs: Sequence[FragmentRef]) -> tuple[FragmentRef, ...]:
 
 
 async def broker_fragments(client: JournalClient, journal: str, head: int) -> JournalFragments:
-    """The fragments the broker's index knows, persisted ones with signed URLs."""
+    """The fragments the broker's index knows, persisted ones with signed URLs. The head is
+    never below what they hold: `head` came from a non-blocking read, which a broker that has
+    not listed its fragment store yet answers too low (broker/client/write_head.py), and a
+    batch read planned to it would have left out committed content without an error; the
+    listing waits for the store."""
     request = pb.FragmentsRequest(journal=journal, signatureTTL=Duration(seconds=signed_url_ttl_s))
     listing = await list_all_fragments(client, request)
     refs = [FragmentRef.of(item.spec, item.signed_url) for item in listing.fragments]
-    return JournalFragments(journal, _covering([r for r in refs if r.begin < r.end]), head)
+    covering = _covering([r for r in refs if r.begin < r.end])
+    listed = covering[-1].end if covering else 0
+    return JournalFragments(journal, covering, max(head, listed))
 
 
 async def store_fragments(registry: StoreRegistry, store: str, journal: str) -> JournalFragments:

@@ -27,11 +27,13 @@ import grpc.aio
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from broker.client.route_cache import JournalClient
 from broker.fragment import naming
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from spark_integration import offsets
+from spark_integration.fragment_plan import broker_fragments
 from spark_integration.offsets import JournalOffset
 from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
@@ -141,3 +143,19 @@ def test_content_truly_gone_is_still_data_loss(unlisted: Unlisted) -> None:
     start = offsets.to_json({JOURNAL: JournalOffset.at(JOURNAL, len(CONTENT) + 10)})
     with pytest.raises(GazetteDataLossError, match=f"journal {JOURNAL}: content"):
         reader.latestOffset(start, ReadAllAvailable())
+
+
+def test_a_batch_plan_never_ends_below_the_listed_content(unlisted: Unlisted) -> None:
+    """A batch read takes each journal's head from a non-blocking read, which an unlisted
+    broker answers too low: planned to it, the read left out committed content without an
+    error. The listing it plans partitions from waits for the store, and raises the head."""
+    unlisted.open_store()
+
+    async def plan() -> int:
+        client = JournalClient(unlisted.endpoint)
+        try:
+            return (await broker_fragments(client, JOURNAL, 0)).head  # A head read too low.
+        finally:
+            await client.close()
+
+    assert asyncio.run(plan()) == len(CONTENT)
