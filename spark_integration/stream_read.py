@@ -279,9 +279,21 @@ class GazetteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def prepareForTriggerAvailableNow(self) -> None:
         # The offsets read before are not known here: a named journal missing now is judged
         # by latestOffset (an error, or a deleted journal's data loss), which reads them.
-        self._available_now = run_in_context(
-            self.opts, functools.partial(self._heads, read_before=self.opts.journals)
-        )
+        async def heads(ctx: ReadContext) -> dict[str, int]:
+            found = await self._heads(ctx, read_before=self.opts.journals)
+            if ctx.client is None:
+                return found
+            client = ctx.client
+            # What is available now is all that is committed: a head read from a broker that
+            # has not listed its store yet is too low, and the query would end without the
+            # rest (broker.client.write_head). Confirmed once per query, by the listing.
+            confirm = {
+                j: functools.partial(confirm_write_head, client, j, head)
+                for j, head in found.items()
+            }
+            return await gather_bounded(confirm, planning_walks_max)
+
+        self._available_now = run_in_context(self.opts, heads)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_messages_per_trigger:

@@ -159,3 +159,17 @@ def test_a_batch_plan_never_ends_below_the_listed_content(unlisted: Unlisted) ->
             await client.close()
 
     assert asyncio.run(plan()) == len(CONTENT)
+
+
+def test_available_now_captures_every_committed_offset(unlisted: Unlisted) -> None:
+    """Trigger.AvailableNow reads what is committed when the query starts: a head captured
+    from an unlisted broker made the query end early, the rest unread without an error."""
+    options = {"broker": unlisted.endpoint, "journals": JOURNAL, "idleWaitMs": "0"}
+    reader = GazetteStreamReader(parse_read_options(options, "stream"), META_SCHEMA)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        reader.prepareForTriggerAvailableNow()  # The store cannot be listed: no guess.
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    unlisted.open_store()
+    reader.prepareForTriggerAvailableNow()
+    end = offsets.from_json(reader.latestOffset(reader.initialOffset(), ReadAllAvailable()))
+    assert end[JOURNAL].offset(JOURNAL) == len(CONTENT)
