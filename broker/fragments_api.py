@@ -43,7 +43,12 @@ from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.tokens import validate_path_component
 from broker.protocol.urls import FRAGMENT_STORE_SCHEMES, validate_fragment_store
-from broker.protocol.validate import ValidationError, at, validate_journal_name
+from broker.protocol.validate import (
+    ValidationError,
+    at,
+    validate_duration,
+    validate_journal_name,
+)
 from broker.proxy_retry import ProxyAttempts, RetryProxyError
 from broker.read_api import (
     Context,
@@ -82,6 +87,8 @@ def validate_fragments_request(request: pb.FragmentsRequest) -> None:
             f"must be in [0, {page_limit_max}] (got {request.page_limit})", "page_limit"
         )
     if request.HasField("signatureTTL"):
+        with at("signatureTTL"):
+            validate_duration(request.signatureTTL)
         ttl_s = request.signatureTTL.ToNanoseconds() / 1e9
         if not 0 < ttl_s <= signed_url_ttl_max_s:
             raise ValidationError(

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 from urllib.parse import urlsplit
 
+from google.protobuf.duration_pb2 import Duration
+
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol import limits
@@ -295,6 +297,40 @@ def _fmt_duration(nanos: int) -> str:
     return ("-" if nanos < 0 else "") + text + "s"
 
 
+# google.protobuf.Duration's own range, +/- 10,000 years (duration.proto).
+DURATION_SECONDS_MAX: Final = 315_576_000_000
+DURATION_NANOS_MAX: Final = 999_999_999
+# Go's time.Duration, an int64 of nanoseconds (about +/- 292 years): every Duration of Gazette's
+# protocol is a gogoproto stdduration, which Go decodes into one and refuses if it does not fit.
+GO_DURATION_NS_MIN: Final = -(1 << 63)
+GO_DURATION_NS_MAX: Final = (1 << 63) - 1
+
+
+def validate_duration(duration: Duration) -> None:
+    """A google.protobuf.Duration Go would decode (gogo types.DurationFromProto): seconds within
+    +/- 315576000000, nanos within +/- 999999999 and of the same sign as seconds (or zero), and
+    the whole within Go's time.Duration. Anything else is not a duration at all (it does not
+    even render as JSON), so it is refused before any check of the value's meaning."""
+    seconds, nanos = duration.seconds, duration.nanos
+    got = f"(got seconds={seconds}, nanos={nanos})"
+    if not -DURATION_SECONDS_MAX <= seconds <= DURATION_SECONDS_MAX:
+        raise ValidationError(
+            f"seconds must be in [-{DURATION_SECONDS_MAX}, {DURATION_SECONDS_MAX}] {got}"
+        )
+    if not -DURATION_NANOS_MAX <= nanos <= DURATION_NANOS_MAX:
+        raise ValidationError(
+            f"nanos must be in [-{DURATION_NANOS_MAX}, {DURATION_NANOS_MAX}] {got}"
+        )
+    if (seconds < 0 < nanos) or (nanos < 0 < seconds):
+        raise ValidationError(f"seconds and nanos must have the same sign {got}")
+    total_ns = seconds * 1_000_000_000 + nanos
+    if not GO_DURATION_NS_MIN <= total_ns <= GO_DURATION_NS_MAX:
+        raise ValidationError(
+            f"must be in [{_fmt_duration(GO_DURATION_NS_MIN)}, {_fmt_duration(GO_DURATION_NS_MAX)}]"
+            f" (Go's time.Duration) (got {_fmt_duration(total_ns)})"
+        )
+
+
 # Every codec but INVALID; fixed by the protocol (built once: this is on the append path).
 _CODECS: Final = frozenset(v for _, v in pb.CompressionCodec.items() if v != pb.INVALID)
 
@@ -336,6 +372,9 @@ def validate_fragment_config(
                 raise ValidationError(
                     f"a file:// store cannot be used with GZIP_OFFLOAD_DECOMPRESSION (got {_quote(store)})"
                 )
+    for name in ("refresh_interval", "retention", "flush_interval"):
+        with at(name):
+            validate_duration(getattr(fragment, name))
     refresh_ns = fragment.refresh_interval.ToNanoseconds()
     if not REFRESH_INTERVAL_MIN_NS <= refresh_ns <= REFRESH_INTERVAL_MAX_NS:
         raise ValidationError(
@@ -353,7 +392,8 @@ def validate_fragment_config(
     if check_postfix_template:
         with at("path_postfix_template"):
             validate_path_postfix_template(fragment.path_postfix_template)
-    # Retention needs no check: every value is meaningful (<= 0 keeps fragments forever).
+    # Retention needs no check beyond being a duration: every value is meaningful (<= 0 keeps
+    # fragments forever).
 
 
 def validate_journal_spec(spec: pb.JournalSpec, *, check_postfix_template: bool = True) -> None:
@@ -479,6 +519,10 @@ def validate_shard_spec(spec: cpb.ShardSpec) -> None:
     with at("hint_backups"):
         check_min(spec.hint_backups, 0)
         check_count(spec.hint_backups, "hint backups", "hint_backups_max", limits.hint_backups_max)
+    with at("max_txn_duration"):
+        validate_duration(spec.max_txn_duration)
+    with at("min_txn_duration"):
+        validate_duration(spec.min_txn_duration)
     min_txn_ns = spec.min_txn_duration.ToNanoseconds()
     if min_txn_ns < 0:
         raise ValidationError(

@@ -253,6 +253,13 @@ def _labelled(name: str, labels: dict[str, str]) -> pb.JournalSpec:
     return out
 
 
+def _mixed_sign_refresh(name: str) -> pb.JournalSpec:
+    # 10s - 5ns: not a Duration Go can decode, nor one that renders as JSON.
+    out = spec(name)
+    out.fragment.refresh_interval.CopyFrom(Duration(seconds=10, nanos=-5))
+    return out
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -270,6 +277,10 @@ def _labelled(name: str, labels: dict[str, str]) -> pb.JournalSpec:
             "changes[1].expect_mod_revision: must be > 0 or -1",
         ),
         (upsert(spec("a/good")), "changes[1]: must not change journal 'a/good' twice"),
+        (
+            upsert(_mixed_sign_refresh("a/bad")),
+            "changes[1].upsert.fragment.refresh_interval: seconds and nanos must have the same sign",
+        ),
     ],
 )
 async def test_invalid_changes_are_refused_and_nothing_is_applied(
@@ -313,6 +324,18 @@ async def test_list_reports_routes_with_endpoints() -> None:
         assert unassigned.route == pb.Route(primary=-1)
         # The client learned the routes: reads of a/routed now go to a route member.
         assert e.client.endpoint_for("a/routed", require_primary=True) == "http://b:8080"
+
+
+async def test_a_spec_stored_with_an_invalid_duration_is_left_out_of_listings() -> None:
+    # Stored by an older broker, which did not check durations: Go cannot decode it, and it
+    # would not render as JSON or YAML, so it must not break the listing of every journal.
+    async with env() as e:
+        await apply_journals(e.client, [upsert(spec("a/good"))])
+        bad = _mixed_sign_refresh("a/bad")
+        last = await e.backend.put(item_key(ROOT, "a/bad").encode(), bad.SerializeToString())
+        await e.ks.wait_for_revision(last.revision, 5)
+        listing = await list_journals(e.client)
+        assert names(listing) == ["a/good"]
 
 
 async def test_large_listings_are_split_across_messages() -> None:

@@ -421,6 +421,8 @@ async def test_list_fragments_waits_for_the_first_refresh() -> None:
         ({"next_page_token": -1}, "FragmentsRequest.next_page_token"),
         ({"begin_mod_time": 10, "end_mod_time": 5}, "FragmentsRequest.end_mod_time"),
         ({"signatureTTL": Duration(seconds=-1)}, "FragmentsRequest.signatureTTL"),
+        ({"signatureTTL": Duration(seconds=5, nanos=-3)}, "FragmentsRequest.signatureTTL"),
+        ({"signatureTTL": Duration(nanos=2_000_000_000)}, "FragmentsRequest.signatureTTL"),
     ],
 )
 async def test_list_fragments_refuses_invalid_requests(

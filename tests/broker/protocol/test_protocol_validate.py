@@ -17,6 +17,7 @@ from broker.protocol.validate import (
     go_path_clean,
     validate_broker_spec,
     validate_consumer_spec,
+    validate_duration,
     validate_endpoint,
     validate_fragment,
     validate_fragment_store,
@@ -448,6 +449,12 @@ JOURNAL_SPEC_CASES: list[tuple[str, Callable[[pb.JournalSpec], object], str]] = 
     ("refresh too slow", lambda s: s.fragment.refresh_interval.CopyFrom(Duration(seconds=86401)), "fragment.refresh_interval: must be in [1s, 86400s] (got 86401s)"),
     ("flush too fast", lambda s: s.fragment.flush_interval.CopyFrom(Duration(seconds=59)), "fragment.flush_interval: must be zero (disabled) or >= 60s (got 59s)"),
     ("flush negative", lambda s: s.fragment.flush_interval.CopyFrom(Duration(seconds=-1)), "fragment.flush_interval: must be zero (disabled) or >= 60s (got -1s)"),
+    ("refresh mixed signs", lambda s: s.fragment.refresh_interval.CopyFrom(Duration(seconds=10, nanos=-5)), "fragment.refresh_interval: seconds and nanos must have the same sign (got seconds=10, nanos=-5)"),
+    ("refresh nanos overflow", lambda s: s.fragment.refresh_interval.CopyFrom(Duration(nanos=2_000_000_000)), "fragment.refresh_interval: nanos must be in [-999999999, 999999999] (got seconds=0, nanos=2000000000)"),
+    ("retention mixed signs", lambda s: s.fragment.retention.CopyFrom(Duration(seconds=1, nanos=-1)), "fragment.retention: seconds and nanos must have the same sign (got seconds=1, nanos=-1)"),
+    ("retention beyond Duration", lambda s: s.fragment.retention.CopyFrom(Duration(seconds=10**15)), "fragment.retention: seconds must be in [-315576000000, 315576000000] (got seconds=1000000000000000, nanos=0)"),
+    ("retention beyond Go", lambda s: s.fragment.retention.CopyFrom(Duration(seconds=315576000000)), "fragment.retention: must be in [-9223372036.854775808s, 9223372036.854775807s] (Go's time.Duration) (got 315576000000s)"),
+    ("flush mixed signs", lambda s: s.fragment.flush_interval.CopyFrom(Duration(seconds=-3600, nanos=1)), "fragment.flush_interval: seconds and nanos must have the same sign (got seconds=-3600, nanos=1)"),
     ("bad template", lambda s: setattr(s.fragment, "path_postfix_template", "{{ .Nope }}"), 'fragment.path_postfix_template: refers to unknown field ".Nope" (got "{{ .Nope }}")'),
     ("bad flags", lambda s: setattr(s, "flags", 3), "flags: must be one of NOT_SPECIFIED (0), O_RDONLY (1), O_WRONLY (2), O_RDWR (4) (got 3)"),
     ("negative rate", lambda s: setattr(s, "max_append_rate", -1), "max_append_rate: must be >= 0 (got -1)"),
@@ -468,6 +475,40 @@ def test_journal_spec_rejected(mutate: Callable[[pb.JournalSpec], object], messa
 
 
 @pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [
+        (0, 0),
+        (0, -999_999_999),  # Nanos alone may carry either sign.
+        (0, 999_999_999),
+        (-5, 0),
+        (-5, -1),
+        (5, 1),
+        (9_223_372_036, 854_775_807),  # Go's time.Duration, both ends.
+        (-9_223_372_036, -854_775_808),
+    ],
+)
+def test_duration_accepted(seconds: int, nanos: int) -> None:
+    validate_duration(Duration(seconds=seconds, nanos=nanos))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos", "message"),
+    [
+        (1, -1, "seconds and nanos must have the same sign (got seconds=1, nanos=-1)"),
+        (-1, 1, "seconds and nanos must have the same sign (got seconds=-1, nanos=1)"),
+        (0, 1_000_000_000, "nanos must be in [-999999999, 999999999] (got seconds=0, nanos=1000000000)"),
+        (0, -1_000_000_000, "nanos must be in [-999999999, 999999999] (got seconds=0, nanos=-1000000000)"),
+        (315_576_000_001, 0, "seconds must be in [-315576000000, 315576000000] (got seconds=315576000001, nanos=0)"),
+        (-315_576_000_001, 0, "seconds must be in [-315576000000, 315576000000] (got seconds=-315576000001, nanos=0)"),
+        (9_223_372_036, 854_775_808, "must be in [-9223372036.854775808s, 9223372036.854775807s] (Go's time.Duration) (got 9223372036.854775808s)"),
+        (-9_223_372_036, -854_775_809, "must be in [-9223372036.854775808s, 9223372036.854775807s] (Go's time.Duration) (got -9223372036.854775809s)"),
+    ],
+)  # fmt: skip
+def test_duration_rejected(seconds: int, nanos: int, message: str) -> None:
+    _raises(lambda: validate_duration(Duration(seconds=seconds, nanos=nanos)), message)
+
+
+@pytest.mark.parametrize(
     "mutate",
     [
         lambda s: s.fragment.ClearField("stores"),  # No store: streaming only.
@@ -479,6 +520,10 @@ def test_journal_spec_rejected(mutate: Callable[[pb.JournalSpec], object], messa
         lambda s: s.fragment.refresh_interval.CopyFrom(Duration(seconds=86400)),
         lambda s: setattr(s, "replication", 5),
         lambda s: setattr(s.suspend, "level", pb.JournalSpec.Suspend.FULL),
+        lambda s: s.fragment.retention.CopyFrom(Duration(seconds=9_223_372_036, nanos=854_775_807)),
+        lambda s: s.fragment.retention.CopyFrom(
+            Duration(seconds=-9_223_372_036, nanos=-854_775_808)
+        ),
     ],
 )
 def test_journal_spec_boundaries_accepted(mutate: Callable[[pb.JournalSpec], object]) -> None:
@@ -635,6 +680,9 @@ SHARD_SPEC_CASES: list[tuple[str, Callable[[cpb.ShardSpec], object], str]] = [
     ("negative backups", lambda s: setattr(s, "hint_backups", -1), "hint_backups: must be >= 0 (got -1)"),
     ("negative min txn", lambda s: s.min_txn_duration.CopyFrom(Duration(nanos=-1)), "min_txn_duration: must be >= 0s (got -0.000000001s)"),
     ("zero max txn", lambda s: s.ClearField("max_txn_duration"), "max_txn_duration: must be > 0s (got 0s)"),
+    ("max txn mixed signs", lambda s: s.max_txn_duration.CopyFrom(Duration(seconds=1, nanos=-5)), "max_txn_duration: seconds and nanos must have the same sign (got seconds=1, nanos=-5)"),
+    ("max txn nanos overflow", lambda s: s.max_txn_duration.CopyFrom(Duration(nanos=2_000_000_000)), "max_txn_duration: nanos must be in [-999999999, 999999999] (got seconds=0, nanos=2000000000)"),
+    ("min txn beyond Go", lambda s: s.min_txn_duration.CopyFrom(Duration(seconds=9_223_372_037)), "min_txn_duration: must be in [-9223372036.854775808s, 9223372036.854775807s] (Go's time.Duration) (got 9223372037s)"),
     ("bad label", lambda s: s.labels.labels.add(name="zz", value="a b"), "labels.labels[2].value: must be only letters, numbers and \"-_+/.=%\" (got \"a b\": ' ' at index 1)"),
     ("single-valued label", lambda s: s.labels.labels.insert(1, pb.Label(name="app.gazette.dev/managed-by", value="you")), 'labels.labels[1]: label "app.gazette.dev/managed-by" may have only one value (got "you" after "me")'),
     ("reserved id", lambda s: s.labels.labels.insert(1, pb.Label(name="id", value="x")), 'labels.labels[1].name: must not use reserved label name "id"'),
