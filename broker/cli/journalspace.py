@@ -39,10 +39,11 @@ from typing import Any, NamedTuple
 
 from google.protobuf import json_format
 
+from broker.cli.errors import CommandError
 from broker.cli.strict_yaml import YamlInputError, line_of, load_yaml
 from broker.cli.yaml_shape import check_message, shown
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.validate import ValidationError, validate_journal_spec
+from broker.protocol.validate import ValidationError, at, validate_duration, validate_journal_spec
 
 # A journal space of more nodes than this is refused: it would be applied in one etcd
 # transaction per batch, and a typo that generates thousands of journals should not go far.
@@ -272,8 +273,28 @@ def journal_space_doc(listing: Sequence[tuple[pb.JournalSpec, int]]) -> dict[str
     return {"name": root, "children": children}
 
 
+def check_stored_durations(kind: str, name: str, fields: Mapping[str, Any]) -> None:
+    """Refuse, naming the spec, a Duration no JSON or YAML can render (mixed signs, nanos out
+    of range, ...): brokers refuse to store one since, but a spec stored before (or by an
+    older broker) must make gazctl say which spec is bad, not fail on the first."""
+    for path, duration in fields.items():
+        try:
+            with at(path):
+                validate_duration(duration)
+        except ValidationError as exc:
+            raise CommandError(
+                f"{kind} {name!r}: {exc} (a stored spec Gazette cannot decode:"
+                " apply a corrected one, or delete it)"
+            ) from None
+
+
 def spec_to_yaml_dict(spec: pb.JournalSpec) -> dict[str, Any]:
     """A JournalSpec as the YAML mapping ``parse_journal_space`` reads back."""
+    check_stored_durations(
+        "journal",
+        spec.name,
+        {f"fragment.{name}": getattr(spec.fragment, name) for name in _DURATION_FIELDS},
+    )
     doc: dict[str, Any] = json_format.MessageToDict(spec, preserving_proto_field_name=True)
     if "labels" in doc:
         doc["labels"] = doc["labels"].get("labels", [])

@@ -36,7 +36,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from broker.cli.journalspace import format_go_duration, parse_go_duration
+from broker.cli.journalspace import check_stored_durations, format_go_duration, parse_go_duration
 from broker.cli.strict_yaml import YamlInputError, line_of, load_yaml
 from broker.cli.yaml_shape import check_keys, check_message, shown
 from broker.protocol import consumer_pb2 as cpb
@@ -107,9 +107,14 @@ def _spec_from_yaml(fields: Mapping[str, Any], path: str, node: Any = None) -> c
     return spec
 
 
+def _check_durations(spec: cpb.ShardSpec) -> None:
+    check_stored_durations("shard", spec.id, {name: getattr(spec, name) for name in _DURATIONS})
+
+
 def spec_to_yaml(spec: cpb.ShardSpec) -> dict[str, Any]:
     """A (possibly partial) ShardSpec as a shard-space mapping: set fields only, Go durations,
     labels as a list."""
+    _check_durations(spec)
     doc: dict[str, Any] = json_format.MessageToDict(spec, preserving_proto_field_name=True)
     for name in _DURATIONS:
         if name in doc:
@@ -305,6 +310,8 @@ def _parse_shard(node: Any, common: cpb.ShardSpec, path: str, line: int | None) 
 def shard_space_doc(listing: Sequence[tuple[cpb.ShardSpec, int]]) -> dict[str, Any]:
     """A hoisted shard-space document of ``(spec, mod revision)`` pairs, as ``parse_shard_space``
     reads it back (the revisions guard a later apply against concurrent changes)."""
+    for spec, _ in listing:  # Before hoisting, which would lose the ID of a bad one.
+        _check_durations(spec)
     common, rest = hoist([spec for spec, _ in listing])
     shards = []
     for own, (_, revision) in zip(rest, listing, strict=True):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
+from broker.cli.errors import CommandError
 from broker.cli.journalspace import (
     JournalSpaceError,
     format_go_duration,
@@ -101,3 +103,14 @@ def test_bad_documents_name_the_node_and_rule(doc: str, message: str) -> None:
 def test_go_durations(text: str, seconds: float) -> None:
     assert parse_go_duration(text, "x") == seconds
     assert parse_go_duration(format_go_duration(seconds), "x") == seconds
+
+
+def test_a_listed_spec_with_an_invalid_duration_is_named_not_a_traceback() -> None:
+    # Stored by an older broker: it cannot render, and gazctl says which journal it is.
+    spec = pb.JournalSpec(name="a/mixed")
+    spec.fragment.retention.CopyFrom(Duration(seconds=1, nanos=-1))
+    with pytest.raises(CommandError) as info:
+        spec_to_yaml_dict(spec)
+    assert str(info.value).startswith(
+        "journal 'a/mixed': fragment.retention: seconds and nanos must have the same sign"
+    )

@@ -7,12 +7,14 @@ import pytest
 import yaml
 from google.protobuf.duration_pb2 import Duration
 
+from broker.cli.errors import CommandError
 from broker.cli.shardspace import (
     ShardSpaceError,
     hoist,
     parse_shard_space,
     push_down,
     shard_space_doc,
+    spec_to_yaml,
 )
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import protocol_pb2 as pb
@@ -173,3 +175,16 @@ def test_one_shard_hoists_everything_but_its_id() -> None:
     assert doc["shards"] == [{"id": "shard-A", "revision": 9}]
     [change] = parse_shard_space(yaml.safe_dump(doc))
     assert (change.spec, change.revision) == (spec, 9)
+
+
+def test_a_listed_spec_with_an_invalid_duration_is_named_not_a_traceback() -> None:
+    # Stored by an older broker: it cannot render, and gazctl says which shard it is.
+    spec = flat("shard-A", "journal/A")
+    spec.max_txn_duration.CopyFrom(Duration(nanos=2_000_000_000))
+    with pytest.raises(CommandError) as info:
+        shard_space_doc([(spec, 9)])
+    assert str(info.value).startswith(
+        "shard 'shard-A': max_txn_duration: nanos must be in [-999999999, 999999999]"
+    )
+    with pytest.raises(CommandError):
+        spec_to_yaml(spec)
