@@ -137,8 +137,10 @@ _TICKS_S = os.sysconf("SC_CLK_TCK")
 
 
 def duration(seconds: float) -> Duration:
-    whole = int(seconds)
-    return Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
+    # Through whole nanoseconds, so that nanos never round up to 1e9 (0.9999999999s).
+    out = Duration()
+    out.FromNanoseconds(round(seconds * 1e9))
+    return out
 
 
 def spec_of(shard_id: str, source: str, max_txn_s: float, min_txn_s: float) -> cpb.ShardSpec:

@@ -92,7 +92,11 @@ def shard_spec(
     disable_wait_for_ack: bool = True,
 ) -> cpb.ShardSpec:
     def duration(seconds: float) -> Duration:
-        return Duration(seconds=int(seconds), nanos=round((seconds % 1) * 1e9))
+        # Through whole nanoseconds: splitting the float into seconds and a rounded fraction
+        # can give nanos == 1e9 (0.9999999999s), or mixed signs for a negative value.
+        out = Duration()
+        out.FromNanoseconds(round(seconds * 1e9))
+        return out
 
     return cpb.ShardSpec(
         id=shard_id,
