@@ -21,6 +21,7 @@ from broker import task_dump
 from broker.append_receive import flow_control_burst_s_default, min_append_rate_bytes_per_s_default
 from broker.auth import decode_keys
 from broker.broker_config import BrokerConfig, lease_ttl_s_default
+from broker.flag_types import port
 from broker.fragment.stores.registry import new_registry
 from broker.gc_tuning import freeze_startup_heap
 from broker.hand_off import handoff_wait_s_default
@@ -135,11 +136,11 @@ def _parser() -> argparse.ArgumentParser:
         help="address to listen on and to advertise to peers and clients (default: 127.0.0.1)",
     )
     serve.add_argument(
-        "--port", type=int, default=8080, help="gRPC port (0: any free port; default: 8080)"
+        "--port", type=port, default=8080, help="gRPC port (0: any free port; default: 8080)"
     )
     serve.add_argument(
         "--http-port",
-        type=int,
+        type=port,
         default=None,
         help="serve the HTTP gateway, /debug/metrics and /debug/ready here (0: any free port)",
     )

@@ -46,6 +46,7 @@ from broker import client
 from broker.cli.reset_head import reset_head
 from broker.client.append_service import AppendService
 from broker.client.async_append import AsyncAppend
+from broker.flag_types import log_level
 from broker.fragment.naming import parse_content_name
 from broker.keyspace.embedded import EmbeddedStore
 from broker.protocol import consumer_pb2 as cpb
@@ -478,7 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # Warnings are expected on a second run (the broker refuses appends until the heads are
     # reset): the demo reports its own errors, so only errors are logged by default.
-    parser.add_argument("--log-level", default=os.environ.get("GAZETTE_LOG_LEVEL", "error"))
+    parser.add_argument(
+        "--log-level", type=log_level, default=os.environ.get("GAZETTE_LOG_LEVEL", "error")
+    )
     args = parser.parse_args(argv)
     gazette_logging.configure("console", args.log_level)
     return asyncio.run(run(Path(args.data_dir)))

@@ -48,6 +48,7 @@ import grpc.aio
 from broker import task_dump
 from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
+from broker.flag_types import log_level, port
 from broker.gc_tuning import freeze_startup_heap
 from broker.keyspace.backend import Backend, NoSpaceError
 from broker.keyspace.embedded import (
@@ -220,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         help="address to listen on and to advertise to peers and clients (default: 127.0.0.1)",
     )
     serve.add_argument(
-        "--port", type=int, default=9000, help="Shard service gRPC port (0: any free port)"
+        "--port", type=port, default=9000, help="Shard service gRPC port (0: any free port)"
     )
     serve.add_argument(
         "--shard-limit",
@@ -233,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("BROKER_ADDRESS", "127.0.0.1:8080"),
         help="broker address (with --etcd)",
     )
-    serve.add_argument("--broker-port", type=int, default=0, help="embedded broker's port")
+    serve.add_argument("--broker-port", type=port, default=0, help="embedded broker's port")
     serve.add_argument(
         "--data-dir",
         default=None,
@@ -262,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--http-port",
-        type=int,
+        type=port,
         default=None,
         help="serve Prometheus metrics at /debug/metrics on this port (0: any free port)",
     )
@@ -288,7 +289,10 @@ def _parser() -> argparse.ArgumentParser:
     add_server_tls_options(serve)
     add_etcd_options(serve)
     serve.add_argument(
-        "--log-level", default="info", help="debug, info, warning or error (default: info)"
+        "--log-level",
+        type=log_level,
+        default="info",
+        help="debug, info, warning or error (default: info)",
     )
     serve.add_argument(
         "--log-format",
@@ -499,8 +503,6 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValidationError(f"must be >= 0 (got {args.drain_timeout})", "--drain-timeout")
     if args.lease_ttl < 1:
         raise ValidationError(f"must be >= 1 (got {args.lease_ttl})", "--lease-ttl")
-    if args.http_port is not None and not 0 <= args.http_port <= 65535:
-        raise ValidationError(f"must be in [0, 65535] (got {args.http_port})", "--http-port")
     for flag, keys in (("--auth-keys", args.auth_keys), ("--broker-auth-keys",
                                                           args.broker_auth_keys)):  # fmt: skip
         if keys.strip():

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "support",
         (
             "broker.logging",
+            "broker.flag_types",
             "broker.gc_tuning",
             "broker.loop_slices",
             "broker.malloc_tuning",

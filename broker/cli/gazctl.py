@@ -64,6 +64,7 @@ from broker.cli import (
 from broker.cli.errors import CommandError
 from broker.cli.output import FORMAT_HELP, FORMATS, emit
 from broker.cli.strict_yaml import parse_file
+from broker.flag_types import log_level
 from broker.fragment.stores.base import StoreError
 from broker.protocol.selector import parse_selector
 from broker.protocol.status import StatusError
@@ -84,7 +85,10 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port of any broker of the cluster (default: $BROKER_ADDRESS or 127.0.0.1:8080)",
     )
     parser.add_argument(
-        "--log-level", default="warning", help="debug, info, warning or error (default: warning)"
+        "--log-level",
+        type=log_level,
+        default="warning",
+        help="debug, info, warning or error (default: warning)",
     )
     parser.add_argument(
         "--log-format",
