@@ -25,9 +25,10 @@ from broker.flag_types import port
 from broker.fragment.stores.registry import new_registry
 from broker.gc_tuning import freeze_startup_heap
 from broker.hand_off import handoff_wait_s_default
-from broker.keyspace.backend import Backend, NoSpaceError
+from broker.keyspace.backend import Backend, KeySpaceError, NoSpaceError, error_within
 from broker.keyspace.embedded import EmbeddedStore, storage_error_within
 from broker.keyspace.etcd import EtcdAuthError
+from broker.keyspace.etcd_errors import failure_line
 from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
@@ -481,12 +482,19 @@ def main(argv: list[str] | None = None) -> None:
         # The embedded keyspace could not write its log (a full disk): it fails the broker's
         # tasks, whose group ends the process. Its message says what to do; no traceback.
         storage = storage_error_within(group)
-        if storage is None:
+        if storage is not None:
+            sys.exit(f"gazette serve: {storage}")
+        keyspace = error_within(group, KeySpaceError)
+        if keyspace is None:
             raise
-        sys.exit(f"gazette serve: {storage}")
+        sys.exit(f"gazette serve: {failure_line(keyspace, args.etcd)}")
     except PortBindError as err:  # --port in use: the message says what to do.
         sys.exit(f"gazette serve: {err}")
     except (EtcdAuthError, NoSpaceError) as err:
         # Wrong or missing --etcd-user/--etcd-password; etcd out of space (its lease refused):
         # the message says what to do.
         sys.exit(f"gazette serve: {err}")
+    except KeySpaceError as err:
+        # etcd unreachable (at start-up, most often: a wrong --etcd, or etcd not running), or
+        # another of the keyspace's typed errors: one line naming the endpoints, no traceback.
+        sys.exit(f"gazette serve: {failure_line(err, args.etcd)}")

@@ -50,13 +50,14 @@ from broker.auth import Authorizer, client_interceptors
 from broker.client.route_cache import ChannelPool, JournalClient
 from broker.flag_types import log_level, port
 from broker.gc_tuning import freeze_startup_heap
-from broker.keyspace.backend import Backend, NoSpaceError
+from broker.keyspace.backend import Backend, KeySpaceError, NoSpaceError, error_within
 from broker.keyspace.embedded import (
     EmbeddedStore,
     KeySpaceStorageError,
     log_failure,
     storage_error_within,
 )
+from broker.keyspace.etcd_errors import failure_line
 from broker.keyspace.persisted import KeySpaceDirError
 from broker.keyspace.wal import CorruptLogError
 from broker.logging import get_logger
@@ -540,15 +541,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The embedded keyspace could not write its log (a full disk): it fails the process's
         # tasks, whose group ends it. Its message says what to do; no traceback.
         storage = storage_error_within(exc)
-        if storage is None:
+        if storage is not None:
+            print(f"gazette-consumer: {storage}", file=sys.stderr)
+            return EXIT_FAILED
+        keyspace = error_within(exc, KeySpaceError)
+        if keyspace is None:
             raise
-        print(f"gazette-consumer: {storage}", file=sys.stderr)
+        print(f"gazette-consumer: {failure_line(keyspace, args.etcd)}", file=sys.stderr)
         return EXIT_FAILED
     except PortBindError as exc:  # --port in use: the message says what to do.
         print(f"gazette-consumer: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except NoSpaceError as exc:  # etcd out of space (the lease refused): says what to do.
         print(f"gazette-consumer: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeySpaceError as exc:
+        # etcd unreachable (at start-up, most often: a wrong --etcd, or etcd not running), or
+        # another of the keyspace's typed errors: one line naming the endpoints, no traceback.
+        print(f"gazette-consumer: {failure_line(exc, args.etcd)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FAILED

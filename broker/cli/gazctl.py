@@ -173,7 +173,20 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The parsed command line (argparse exits with status 2 on a malformed one)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.noun in ("journals", "shards"):
+        # A malformed address is a usage error too, named by its flag (print-config, which
+        # shows it, and attach-uuids, which has no use for it, take it as it is).
+        from broker.client.route_cache import EndpointError, grpc_target
+
+        for flag in ("--broker", "--consumer"):
+            address = getattr(args, flag.removeprefix("--"), None)
+            try:
+                if address is not None:
+                    grpc_target(address)
+            except EndpointError as err:
+                parser.error(f"argument {flag}: {err.rule}")
     args.argv = argv  # For print-config, which tells flags from defaults.
     return args
 

@@ -113,7 +113,14 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
         if not endpoint:
             raise EndpointError("must not be empty", "endpoint")
         return endpoint, False
-    parts = urlsplit(endpoint)
+    try:
+        parts = urlsplit(endpoint)
+    except ValueError as err:  # An unclosed "[" of an IPv6 address, and the like.
+        raise EndpointError(
+            "must be http://host:port, https://host:port or unix:///path"
+            f" (got {endpoint!r}: {err})",
+            "endpoint",
+        ) from None
     if parts.scheme == "unix":
         return endpoint, False
     if parts.scheme not in ("http", "https") or not parts.netloc:

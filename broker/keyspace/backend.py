@@ -23,10 +23,35 @@ import abc
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 
 class KeySpaceError(Exception):
     """Base class of keyspace backend errors."""
+
+
+# Errors looked at, at most, in an exception group's tree (it is small; this bounds a cycle).
+_ERROR_WALK_MAX = 256
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def error_within(err: BaseException, kind: type[_E]) -> _E | None:
+    """The first `kind` of error within `err` (itself, an exception group's member, or a
+    cause), if any: what a process whose tasks failed reports as it exits, rather than the
+    group's traceback."""
+    pending, seen = [err], 0
+    while pending and seen < _ERROR_WALK_MAX:
+        current = pending.pop()
+        seen += 1
+        if isinstance(current, kind):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        if current.__cause__ is not None:
+            pending.append(current.__cause__)
+    return None
 
 
 class CompactedError(KeySpaceError):

@@ -51,6 +51,7 @@ from broker.keyspace.backend import (
     TxnResponse,
     UnavailableError,
     WatchResponse,
+    error_within,
 )
 from broker.keyspace.embedded_watch import WatchStream
 from broker.keyspace.mvcc import (
@@ -84,10 +85,6 @@ class KeySpaceStorageError(BackendFailedError):
     request from then on, since memory may hold changes the disk does not. Not retryable."""
 
 
-# Errors looked at, at most, in an exception group's tree (it is small; this bounds a cycle).
-_ERROR_WALK_MAX = 256
-
-
 def log_failure(logger: Any, event: str, err: BaseException, **fields: Any) -> None:
     """Log `event` at error level for `err`: with its traceback, unless the embedded keyspace's
     storage failed within it (a known cause, whose message says what to do: the process
@@ -103,17 +100,7 @@ def storage_error_within(err: BaseException) -> KeySpaceStorageError | None:
     """The KeySpaceStorageError within `err` (itself, an exception group's member, or a
     cause), if any: what a process whose tasks the keyspace failed reports as it exits (its
     message says what to do), rather than the group's traceback."""
-    pending, seen = [err], 0
-    while pending and seen < _ERROR_WALK_MAX:
-        current = pending.pop()
-        seen += 1
-        if isinstance(current, KeySpaceStorageError):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        if current.__cause__ is not None:
-            pending.append(current.__cause__)
-    return None
+    return error_within(err, KeySpaceStorageError)
 
 
 class EmbeddedStore:

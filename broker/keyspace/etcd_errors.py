@@ -6,7 +6,7 @@ Used by EtcdBackend (broker/keyspace/etcd.py).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import grpc.aio
@@ -20,6 +20,21 @@ stale_token_errors = ("invalid auth token", "revision of auth store is old")
 # etcd's answer to a write once its database reached its quota (rpctypes.ErrGRPCNoSpace,
 # RESOURCE_EXHAUSTED): the NOSPACE alarm is raised and stays until an operator disarms it.
 no_space_error = "database space exceeded"
+
+
+def failure_line(err: b.KeySpaceError, endpoints: Sequence[str]) -> str:
+    """One line for a process ending on a keyspace error (etcd unreachable at start-up, most
+    often): the --etcd endpoints, the error, and for an unreachable etcd what to check."""
+    if not endpoints:
+        return f"keyspace: {err}"
+    where = "--etcd " + ",".join(endpoints)
+    text = " ".join(str(err).split())
+    if isinstance(err, b.UnavailableError):
+        return (
+            f"cannot reach etcd at {where}: {text} (is etcd running there? check --etcd and"
+            " any --etcd-ca/--etcd-cert/--etcd-user)"
+        )
+    return f"etcd at {where}: {text}"
 
 
 class EtcdAuthError(b.KeySpaceError):

@@ -89,7 +89,7 @@ def test_grpc_targets() -> None:
     assert grpc_target("https://broker.example:443/") == ("broker.example:443", True)
     assert grpc_target("unix:///tmp/broker.sock") == ("unix:///tmp/broker.sock", False)
     assert grpc_target("localhost:8080") == ("localhost:8080", False)
-    for bad in ("", "ftp://host:1", "http://"):
+    for bad in ("", "ftp://host:1", "http://", "http://[::1"):
         with pytest.raises(EndpointError):
             grpc_target(bad)
 
