@@ -442,6 +442,9 @@ def validate_fragment(fragment: pb.Fragment) -> None:
         )
     with at("compression_codec"):
         validate_compression_codec(fragment.compression_codec)
+    # Gazette's rule; a postfix is also parsed back from store listings (fragment/naming.py).
+    with at("path_postfix"):
+        validate_path_component(fragment.path_postfix, 0, JOURNAL_NAME_LEN_MAX)
 
 
 def validate_offsets(offsets: Mapping[str, int]) -> None:

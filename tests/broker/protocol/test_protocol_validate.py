@@ -593,6 +593,14 @@ def test_fragment_message() -> None:
         "compression_codec: must be one of NONE, GZIP, ZSTANDARD, SNAPPY,"
         " GZIP_OFFLOAD_DECOMPRESSION (got INVALID)",
     )
+    fragment.compression_codec, fragment.path_postfix = pb.GZIP, "date=2024-01-01/hour=03"
+    validate_fragment(fragment)
+    fragment.path_postfix = "date=2024-01-01//hour=03"
+    _raises(
+        lambda: validate_fragment(fragment),
+        'path_postfix: must be a clean path, equal to its normalized form "date=2024-01-01/hour=03"'
+        ' (got "date=2024-01-01//hour=03")',
+    )
 
 
 def test_offsets() -> None:
