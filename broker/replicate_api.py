@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from broker.fragment.spool import Spool, SpoolRequestError
+from broker.fragment.spool_types import validate_proposal_request
 from broker.keyspace.keyspace import WatchStoppedError
 from broker.logging import get_logger
 from broker.protocol import protocol_pb2 as pb
@@ -44,12 +45,17 @@ ReplicateMessage = pb.ReplicateRequest | ContentChunk
 
 
 def validate_first_request(req: pb.ReplicateRequest) -> None:
+    """The header, and the proposal request as any spool checks it (a valid fragment, valid
+    registers, no content), as Gazette's ReplicateRequest.Validate does up front: checked only
+    once the spool is taken, a malformed first message would wait for a spool the primary's
+    stream holds, until its deadline, rather than be refused at once."""
     if not req.HasField("header"):
         raise ValidationError("expected in the first message", "header")
     with at("header"):
         validate_header(req.header)
     if not req.HasField("proposal"):
         raise ValidationError("expected in the first message", "proposal")
+    validate_proposal_request(req, req.proposal.journal)
 
 
 def validate_later_request(req: pb.ReplicateRequest) -> None:

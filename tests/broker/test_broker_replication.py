@@ -90,6 +90,72 @@ async def test_replicate_refuses_a_malformed_first_message(cluster: Cluster) -> 
     assert "header: expected in the first message" in (info.value.details() or "")
 
 
+def _proposal(**fields: object) -> pb.ReplicateRequest:
+    request = pb.ReplicateRequest(
+        proposal=pb.Fragment(journal=J, compression_codec=pb.NONE),
+        registers=pb.LabelSet(),
+        acknowledge=True,
+    )
+    for name, value in fields.items():
+        target = request.proposal if hasattr(request.proposal, name) else request
+        if isinstance(value, pb.LabelSet):
+            target.registers.CopyFrom(value)
+        else:
+            setattr(target, name, value)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("first", "detail"),
+    [
+        (_proposal(begin=10, end=5), "proposal.end: must be >= begin (got begin=10, end=5)"),
+        (_proposal(begin=-2, end=-1), "proposal.begin: must be >= 0 (got -2)"),
+        (_proposal(compression_codec=99), "proposal.compression_codec: must be one of"),
+        (_proposal(journal="repl//journal"), "proposal.journal: must be a clean path"),
+        (_proposal(path_postfix="a//b"), "proposal.path_postfix: must be a clean path"),
+        (
+            _proposal(registers=pb.LabelSet(labels=[pb.Label(name="z z", value="1")])),
+            "registers.labels[0].name: must be only letters",
+        ),
+        (_proposal(content=b"X"), "content: unexpected with a proposal (got 1 bytes)"),
+        (_proposal(content_delta=5), "content_delta: unexpected with a proposal (got 5)"),
+    ],
+    ids=[
+        "begin after end",
+        "negative begin",
+        "unknown codec",
+        "bad journal",
+        "bad path postfix",
+        "bad registers",
+        "content",
+        "content delta",
+    ],
+)
+async def test_replicate_refuses_a_malformed_proposal_at_once(
+    cluster: Cluster, first: pb.ReplicateRequest, detail: str
+) -> None:
+    """Refused before the spool is taken: the primary's own stream holds it, so a check made
+    once it was taken waited for it, until the call's deadline."""
+    a = await cluster.start_broker("zone-a", "broker-a")
+    b = await cluster.start_broker("zone-b", "broker-b")
+    await cluster.create(journal_spec(J, replication=2), [a, b])
+    resp = await cluster.append(a, J, [b"abc"])
+    assert resp.status == pb.OK
+    assert not replica_of(b, J).spool_slot.available()  # The primary's stream holds it.
+
+    first.header.CopyFrom(make_header(b.id, resp.header.route, etcd_header(b.ks.header)))
+    call = cluster.stub(b).Replicate(timeout=10)
+    await call.write(first)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert f"replicate: {detail}" in (info.value.details() or "")
+    # Nothing changed: the primary's stream goes on, and the next append follows the first.
+    resp = await cluster.append(a, J, [b"def"])
+    assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 3, 6)
+    assert local_content(b, J) == (0, b"abcdef")
+
+
 @pytest.mark.parametrize(
     ("first", "detail"),
     [
