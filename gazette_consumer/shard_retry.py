@@ -45,6 +45,7 @@ from broker.protocol.status import (
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFencedError
 from gazette_consumer.stores.base import FencedError, StoreIOError
+from gazette_consumer.txn_driver import StrayCancelledError
 
 __all__ = [
     "TRANSIENCE",
@@ -99,6 +100,10 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     (StoreIOError, Transience.TRANSIENT),
     (ConnectionError, Transience.TRANSIENT),
     (TimeoutError, Transience.TRANSIENT),
+    # A CancelledError nobody asked for (txn_driver.StrayCancelledError): an Application's
+    # bug, or a call on a channel the client's pool closed (grpc.aio cancels its RPCs; found
+    # by review): a bug fails again at every attempt and ends FAILED all the same.
+    (StrayCancelledError, Transience.TRANSIENT),
 )
 
 # gRPC codes of a broker restarting, overloaded or unreachable. CANCELLED: a broker that

@@ -45,6 +45,7 @@ from broker.client.write_head import confirm_write_head, probe_write_head
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
+from gazette_consumer.shard_retry import Transience, classify
 
 __all__ = [
     "BEHIND_TOTAL",
@@ -59,6 +60,10 @@ _log = get_logger(__name__)
 
 # Source heads asked at once when a primary starts (a shard may read hundreds of journals).
 head_probes_max: Final = 16
+# Tries of one source's head on a transient error (shard_retry.classify), the first retry
+# after `head_probe_retry_s`, doubling: about 1.5 s in all, then the shard's own retry.
+head_probe_attempts_max: Final = 4
+head_probe_retry_s: Final = 0.2
 
 BEHIND_TOTAL: Final = Counter(
     "gazette_consumer_source_behind_checkpoint_total",
@@ -108,16 +113,40 @@ async def find_sources_behind(
     head is below it, confirmed as the module docstring says, in journal order."""
     gate = asyncio.Semaphore(head_probes_max)
 
+    async def head_of(journal: str, checkpoint: int) -> int:
+        head = await probe_write_head(client, journal)
+        if head >= checkpoint:
+            return head
+        return await confirm_write_head(client, journal, head)
+
     async def behind(journal: str, checkpoint: int) -> SourceBehind | None:
         async with gate:
-            head = await probe_write_head(client, journal)
-            if head >= checkpoint:
-                return None
-            head = await confirm_write_head(client, journal, head)
+            delay_s = head_probe_retry_s
+            for attempt in range(1, head_probe_attempts_max + 1):
+                try:
+                    head = await head_of(journal, checkpoint)
+                    break
+                except Exception as err:
+                    # A broker restarting, a stale route: asked again within a small bound
+                    # rather than restart the shard (its recovery played again) at once.
+                    if (
+                        attempt == head_probe_attempts_max
+                        or classify(err) is not Transience.TRANSIENT
+                    ):
+                        raise
+                    await asyncio.sleep(delay_s)  # A back-off, not a synchronisation.
+                    delay_s *= 2
             return SourceBehind(journal, checkpoint, head) if head < checkpoint else None
 
     asked = sorted((j, offset) for j, offset in offsets.items() if offset > 0)
-    found = await asyncio.gather(*(behind(j, offset) for j, offset in asked))
+    tasks = [asyncio.ensure_future(behind(j, offset)) for j, offset in asked]
+    try:
+        found = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:  # One failed (or the shard stops): the others are not waited on.
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
     return [b for b in found if b is not None]
 
 

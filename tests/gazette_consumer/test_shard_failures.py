@@ -134,16 +134,20 @@ class FailedOnSecond:
 
 
 async def _fail_on_second(
-    tmp_path: Path, name: str, new_app: Callable[[Engine, str], CountingApp], text: str
+    tmp_path: Path,
+    name: str,
+    new_app: Callable[[Engine, str], CountingApp],
+    text: str,
+    retry: ShardRetryPolicy | None = None,
 ) -> FailedOnSecond:
     """A shard of `new_app(engine, output journal)` commits a first message of key "k", then
-    gets a second (of `text`) and must fail."""
+    gets a second (of `text`) and must fail (after `retry`'s attempts if that is transient)."""
     async with shard_env(tmp_path) as (env, engine, appends):
         journal, output = await env.journal(f"in/{name}"), await env.journal(f"out/{name}")
         app = new_app(engine, output)
         changed = Notifier()
         producer = Producer(appends, "p")
-        async with ShardRunner(app, env.client, root=f"/test/{name}") as runner:
+        async with ShardRunner(app, env.client, root=f"/test/{name}", retry=retry) as runner:
             handle = runner.start(shard_spec(f"shard-{name}", [journal]), on_change=changed.notify)
             end = (await (await producer.committed(journal, "k"))).commit.end
             await changed.read_through(handle, journal, end)
@@ -285,11 +289,14 @@ async def test_a_stray_cancellation_fails_the_shard_instead_of_ending_it_silentl
     """Before, the CancelledError ended the shard's task as if it had been stopped: the
     replica went on reporting PRIMARY, served nothing, and logged nothing (found by the
     bad-input audit, 2026-11-30)."""
+    # Transient (a closed channel cancels its calls the same way): tried again, then FAILED.
+    retry = ShardRetryPolicy(initial_s=0.01, max_s=0.01, attempts_max=2)
     failed = await _fail_on_second(
         tmp_path,
         "stray",
         lambda engine, _output: StrayCancelApp(engine, in_begin=in_begin),
         "stray",
+        retry,
     )
     error = failed.handle.status().errors[0]
     step = "app.begin_txn" if in_begin else "app.consume_message (in/stray offset"

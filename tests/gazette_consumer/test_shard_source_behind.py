@@ -25,6 +25,7 @@ from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.client.write_head import probe_write_head
 from broker.fragment import naming
+from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels
@@ -34,7 +35,14 @@ from gazette_consumer.checkpoint import flatten_read_through
 from gazette_consumer.shard_retry import Transience, classify
 from gazette_consumer.shard_runner import ShardRunner
 from gazette_consumer.source_heads import BEHIND_TOTAL, SourceBehind, find_sources_behind
-from tests.broker.broker_testkit import ROOT, Cluster, GatedListing, journal_spec, wait_until
+from tests.broker.broker_testkit import (
+    ROOT,
+    Cluster,
+    GatedListing,
+    journal_spec,
+    replica_of,
+    wait_until,
+)
 from tests.gazette_consumer.shard_testkit import (
     BrokerEnv,
     CountingApp,
@@ -218,6 +226,79 @@ async def test_a_broker_that_has_not_listed_its_store_is_not_taken_for_lost_cont
         # Content truly gone is found once the store is listed.
         behind = await find_sources_behind(client, {JOURNAL: len(content) + 1})
         assert behind == [SourceBehind(JOURNAL, len(content) + 1, len(content))]
+    finally:
+        await client.close()
+        await cluster.close()
+
+
+async def _stored_fragments(tmp_path: Path, sizes: list[int]) -> tuple[StoreRegistry, int]:
+    """A file:// store (under tmp_path/frags) holding fragments of JOURNAL of `sizes` bytes,
+    back to back from offset 0; and where they end."""
+    (tmp_path / "frags").mkdir()
+    registry = StoreRegistry({"file": lambda url: FileStore(url, root=tmp_path)})
+    begin = 0
+    for size in sizes:
+        content = b"x" * (size - 1) + b"\n"
+        fragment = pb.Fragment(
+            journal=JOURNAL,
+            begin=begin,
+            end=begin + size,
+            sum=naming.content_sum(content),
+            compression_codec=pb.NONE,
+            backing_store="file:///frags/",
+        )
+        await registry.get("file:///frags/").put(fragment, content)
+        begin += size
+    return registry, begin
+
+
+async def test_content_lost_at_the_journals_start_does_not_fail_a_shard_past_it(
+    tmp_path: Path,
+) -> None:
+    """The head is probed at offset -1: a probe from offset 0 met the lost range at the
+    journal's start (a fragment file removed out of band) and failed DATA_LOSS, failing for
+    good a shard whose checkpoint was far past it (found by review)."""
+    registry, end = await _stored_fragments(tmp_path, [400, 400, 400])
+    cluster = Cluster(stores=registry)
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    client = JournalClient(broker.endpoint)
+    try:
+        await cluster.create(journal_spec(JOURNAL, stores=["file:///frags/"]), [broker])
+        index = replica_of(broker, JOURNAL).index
+        await index.wait_first_refresh(5.0)
+        [first] = (tmp_path / "frags" / JOURNAL).glob(f"{0:016x}-*")
+        first.unlink()
+        await wait_until(lambda: bool(index.lost_fragments()))  # The next listing's.
+        assert await probe_write_head(client, JOURNAL) == end
+        assert await find_sources_behind(client, {JOURNAL: end}) == []
+    finally:
+        await client.close()
+        await cluster.close()
+
+
+async def test_a_suspended_journal_whose_fragments_are_gone_is_not_behind(
+    tmp_path: Path,
+) -> None:
+    """A suspended journal's next append lands at its suspension offset, whatever its index
+    holds: its fragments pruned (and its broker restarted), the probed head is 0, but a
+    checkpoint at that offset lost nothing (found by review)."""
+    registry, _ = await _stored_fragments(tmp_path, [])
+    cluster = Cluster(stores=registry)
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    client = JournalClient(broker.endpoint)
+    try:
+        spec = journal_spec(JOURNAL, stores=["file:///frags/"])
+        spec.suspend.level = pb.JournalSpec.Suspend.PARTIAL
+        spec.suspend.offset = 5000
+        await cluster.create(spec, [broker])
+        await replica_of(broker, JOURNAL).index.wait_first_refresh(5.0)
+        assert await probe_write_head(client, JOURNAL) == 0
+        assert await find_sources_behind(client, {JOURNAL: 5000}) == []
+        behind = await find_sources_behind(client, {JOURNAL: 5001})
+        assert behind == [SourceBehind(JOURNAL, 5001, 5000)]
+        # Where the next append lands indeed.
+        appended = await cluster.append(broker, JOURNAL, [b'{"key": "a"}\n'])
+        assert appended.commit.begin == 5000
     finally:
         await client.close()
         await cluster.close()

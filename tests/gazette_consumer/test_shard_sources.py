@@ -15,7 +15,7 @@ from gazette_consumer.application import MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.types import SequencerCheckpoint
-from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.shard_runner import ShardRetryPolicy, ShardRunner
 from gazette_consumer.stores.base import Store
 from tests.gazette_consumer.shard_testkit import (
     CountingApp,
@@ -243,7 +243,8 @@ async def test_a_source_raising_cancelled_error_fails_its_shard(tmp_path: Path) 
     async with broker_env() as env, sqlite_engine(tmp_path) as engine:
         changed = Notifier()
         app = BreakingApp(engine, stray_cancel=True)
-        async with ShardRunner(app, env.client, root="/test/breaking") as runner:
+        retry = ShardRetryPolicy(initial_s=0.01, max_s=0.01, attempts_max=2)  # Transient.
+        async with ShardRunner(app, env.client, root="/test/breaking", retry=retry) as runner:
             handle = runner.start(shard_spec("shard-stray", []), on_change=changed.notify)
             await changed.until(lambda: handle.status().code == Code.FAILED)
         [error] = handle.status().errors

@@ -30,6 +30,7 @@ from broker.protocol.status import (
     JournalNotFoundError,
     NoJournalPrimaryBrokerError,
     NotAllowedError,
+    NotJournalPrimaryBrokerError,
 )
 from examples.word_count import WordCount, counts_of
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
@@ -47,7 +48,7 @@ from gazette_consumer.shard_retry import (
 from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.stores.base import CommitDependencyError, FencedError, StoreIOError
 from gazette_consumer.stores.jsonfile import JSONFileStore
-from gazette_consumer.txn_driver import ShardFailedError
+from gazette_consumer.txn_driver import ShardFailedError, StrayCancelledError
 from tests.gazette_consumer.recovery_testkit import Texts, create_log, words_spec
 from tests.gazette_consumer.shard_testkit import (
     CountingApp,
@@ -286,6 +287,14 @@ def _rpc(code: grpc.StatusCode, details: str | None = None) -> grpc.aio.AioRpcEr
         (_failed("store commit", PermissionError(errno.EACCES, "denied")), Transience.PERMANENT),
         (_failed("app.consume_message", ValueError("poison")), Transience.PERMANENT),
         (_failed("app.consume_message", ConnectionResetError()), Transience.TRANSIENT),
+        # A CancelledError nobody asked for: a call on a channel its pool closed (grpc.aio
+        # cancels it) as well as an Application's bug, which fails at every attempt anyway.
+        (_failed("reading messages", StrayCancelledError()), Transience.TRANSIENT),
+        # A listing that could not reach the journal's primary (source_heads.py): retried.
+        (
+            _failed("opening the message source", NotJournalPrimaryBrokerError("in/j")),
+            Transience.TRANSIENT,
+        ),
     ],
 )
 def test_failures_are_classified_by_their_types(err: BaseException, expected: Transience) -> None:
