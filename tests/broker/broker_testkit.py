@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.route_cache import JournalClient
+from broker.fragment import naming
 from broker.fragment.stores.base import ListedObject, StoreURL
 from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.registry import StoreRegistry
@@ -72,6 +73,23 @@ class GatedListing(FileStore):
     async def _list(self, prefix: str) -> list[ListedObject]:
         await self._opened.wait()
         return await super()._list(prefix)
+
+
+async def put_fragment(
+    registry: StoreRegistry, store_url: str, journal: str, begin: int, content: bytes
+) -> pb.Fragment:
+    """Put `content` in the store at `store_url` as `journal`'s fragment from `begin`
+    (uncompressed), as a broker persists one; the fragment."""
+    fragment = pb.Fragment(
+        journal=journal,
+        begin=begin,
+        end=begin + len(content),
+        sum=naming.content_sum(content),
+        compression_codec=pb.NONE,
+        backing_store=store_url,
+    )
+    await registry.get(store_url).put(fragment, content)
+    return fragment
 
 
 @dataclass

@@ -24,7 +24,6 @@ from sqlalchemy import Engine
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.client.write_head import probe_write_head
-from broker.fragment import naming
 from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import consumer_pb2 as cpb
@@ -40,6 +39,7 @@ from tests.broker.broker_testkit import (
     Cluster,
     GatedListing,
     journal_spec,
+    put_fragment,
     replica_of,
     wait_until,
 )
@@ -201,15 +201,7 @@ async def test_a_broker_that_has_not_listed_its_store_is_not_taken_for_lost_cont
     opened = asyncio.Event()
     registry = StoreRegistry({"file": lambda url: GatedListing(url, tmp_path, opened)})
     content = b'{"key": "k"}\n' * 100
-    persisted = pb.Fragment(
-        journal=JOURNAL,
-        begin=0,
-        end=len(content),
-        sum=naming.content_sum(content),
-        compression_codec=pb.NONE,
-        backing_store=store_url,
-    )
-    await registry.get(store_url).put(persisted, content)
+    await put_fragment(registry, store_url, JOURNAL, 0, content)
 
     cluster = Cluster(stores=registry)
     broker = await cluster.start_broker("zone-a", "broker-a", fragments_listing_wait_s=0.2)
@@ -239,16 +231,7 @@ async def _stored_fragments(tmp_path: Path, sizes: list[int]) -> tuple[StoreRegi
     begin = 0
     for size in sizes:
         content = b"x" * (size - 1) + b"\n"
-        fragment = pb.Fragment(
-            journal=JOURNAL,
-            begin=begin,
-            end=begin + size,
-            sum=naming.content_sum(content),
-            compression_codec=pb.NONE,
-            backing_store="file:///frags/",
-        )
-        await registry.get("file:///frags/").put(fragment, content)
-        begin += size
+        begin = (await put_fragment(registry, "file:///frags/", JOURNAL, begin, content)).end
     return registry, begin
 
 

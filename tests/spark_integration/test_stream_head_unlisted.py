@@ -28,10 +28,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from broker.client.route_cache import JournalClient
-from broker.fragment import naming
 from broker.fragment.stores.registry import StoreRegistry
 from broker.protocol import labels
-from broker.protocol import protocol_pb2 as pb
 from spark_integration import offsets
 from spark_integration.fragment_plan import broker_fragments
 from spark_integration.offsets import JournalOffset
@@ -39,7 +37,7 @@ from spark_integration.read_options import parse_read_options
 from spark_integration.rows import META_SCHEMA
 from spark_integration.sources import GazetteDataLossError
 from spark_integration.stream_read import GazetteStreamReader
-from tests.broker.broker_testkit import Cluster, GatedListing, journal_spec
+from tests.broker.broker_testkit import Cluster, GatedListing, journal_spec, put_fragment
 
 pytestmark = pytest.mark.spark
 
@@ -78,15 +76,7 @@ class Unlisted:
         (tmp_path / "frags").mkdir()
         self.opened = asyncio.Event()
         registry = StoreRegistry({"file": lambda url: GatedListing(url, tmp_path, self.opened)})
-        fragment = pb.Fragment(
-            journal=JOURNAL,
-            begin=0,
-            end=len(CONTENT),
-            sum=naming.content_sum(CONTENT),
-            compression_codec=pb.NONE,
-            backing_store=STORE,
-        )
-        await registry.get(STORE).put(fragment, CONTENT)
+        await put_fragment(registry, STORE, JOURNAL, 0, CONTENT)
         self.cluster = Cluster(stores=registry)
         broker = await self.cluster.start_broker("zone-a", "broker-a", fragments_listing_wait_s=0.2)
         spec = journal_spec(JOURNAL, stores=[STORE])
