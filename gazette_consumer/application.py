@@ -52,7 +52,8 @@ from gazette_consumer.stores.base import OpFuture, ShardContext, Store
 if TYPE_CHECKING:
     import grpc.aio
 
-    from broker.client.append_service import AppendService, AsyncAppend
+    from broker.client.append_service import AppendService
+    from broker.client.async_append import AsyncAppend
     from broker.client.route_cache import ChannelPool, JournalClient
     from gazette_consumer.message.publisher import Publisher
     from gazette_consumer.recoverylog.recorder import Recorder

@@ -30,7 +30,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Final, NoReturn
 
-from broker.client.append_service import AsyncAppend
+from broker.client.async_append import AsyncAppend
 from broker.logging import get_logger
 from gazette_consumer.application import Application, MessageSource, Shard
 from gazette_consumer.checkpoint import Checkpoint, flatten_read_through, from_sequencer_checkpoint
