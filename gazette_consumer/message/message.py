@@ -180,9 +180,25 @@ class EnvelopeBuilder:
     (~90 ns each). Producers are interned (one object per producer while the cache lasts), so
     "same producer" is an identity test; a producer re-learned after the cache was cleared ends
     the run early, which is safe (a shorter run, the rest go one by one), never longer.
+
+    With `any_flags`, the run is measured whatever its flags (those of its first message):
+    `lead_span` and `lead_flags` are its length and flags (`lead_run` is `lead_span` where they
+    are OUTSIDE_TXN, else 0). A whole list of one producer's CONTINUE_TXN messages (`lead_span`
+    == the list's length) is what a reader that only sequences a long transaction's messages
+    looks for (`ChunkDecoder.feed_continuing`), at no cost beyond the same comparisons. Not by
+    default: a transaction's messages would then cost those comparisons each, where the run
+    of OUTSIDE_TXN messages ends at the first of them.
     """
 
-    __slots__ = ("_cache_entries_max", "_parts", "_producers", "_uuid_of", "lead_run")
+    __slots__ = (
+        "_cache_entries_max",
+        "_parts",
+        "_producers",
+        "_uuid_of",
+        "lead_flags",
+        "lead_run",
+        "lead_span",
+    )
 
     def __init__(
         self,
@@ -201,13 +217,25 @@ class EnvelopeBuilder:
         self.lead_run = 0
         """Envelopes at the front of the last `build`'s list that form a run (class docstring);
         0 after a build that returned None."""
+        self.lead_span = 0
+        """Envelopes at the front of the last `build`'s list of one producer, with its first's
+        flags (`lead_flags`) and rising clocks, whatever the flags (class docstring); 0 after
+        a build that returned None."""
+        self.lead_flags = -1
+        """The flags of the last `build`'s `lead_span` (-1 if it is 0)."""
 
     def build(
-        self, journal: str, offsets: Sequence[int], messages: Sequence[Any]
+        self,
+        journal: str,
+        offsets: Sequence[int],
+        messages: Sequence[Any],
+        any_flags: bool = False,
     ) -> list[Envelope[Any]] | None:
         """The Envelopes of ``messages[i]``, framed at ``[offsets[i], offsets[i + 1])`` of
         `journal` (so ``len(offsets) == len(messages) + 1``, offsets non-decreasing); None if
-        any message needs `Envelope.of`."""
+        any message needs `Envelope.of`. `any_flags`: see the class docstring (positional, not
+        keyword-only: CPython 3.11 fills a keyword-only default from `__kwdefaults__` at every
+        call, ~1,600 instructions a call here by cachegrind, where this one costs none)."""
         if len(offsets) != len(messages) + 1:
             raise ValueError(
                 f"offsets: {len(offsets)} given for {len(messages)} messages (expected one more)"
@@ -217,15 +245,18 @@ class EnvelopeBuilder:
         # The UUID read as the attribute itself (a specialised attribute read), where calling
         # `UUID_ATTRIBUTE` would allocate an argument tuple per message.
         direct = uuid_of is UUID_ATTRIBUTE
-        outside = _OUTSIDE_TXN
         out: list[Envelope[Any]] = []
         append = out.append
-        self.lead_run = 0
-        # The lead run so far: its producer (None until its first message) and last clock.
-        # `lead` is True while every message so far belongs to it.
+        self.lead_run = self.lead_span = 0
+        self.lead_flags = -1
+        # The lead run so far: its producer (None until its first message), flags and last
+        # clock. `lead` is True while every message so far belongs to it; `span` is its length
+        # once it ended.
         run_producer: ProducerID | None = None
+        run_flags = -1 if any_flags else _OUTSIDE_TXN  # -1: its first message's.
         prev = 0
         lead = True
+        span = 0
         try:
             # `offsets` is one longer than `messages` (checked above): zip stops with them.
             ends = islice(offsets, 1, None)
@@ -235,7 +266,7 @@ class EnvelopeBuilder:
                 if not value:  # No UUID, or the nil UUID: at-least-once.
                     if lead:  # Ends the run (commit_alone takes it alone).
                         lead = False
-                        self.lead_run = len(out)
+                        span = len(out)
                     append(new(journal, begin, end, message, None, ZERO_PRODUCER_ID, 0, 0))
                     continue
                 try:  # A subscript is a specialised instruction; `cache.get` is a call.
@@ -247,19 +278,22 @@ class EnvelopeBuilder:
                     producer, clock, flags = parts
                 clock += value >> 92  # See `_learn`.
                 if lead:
-                    if producer is run_producer and clock > prev and flags == outside:
+                    if producer is run_producer and clock > prev and flags == run_flags:
                         prev = clock
-                    elif run_producer is None and flags == outside:
-                        run_producer, prev = producer, clock  # The run's first message.
+                    elif run_producer is None and (flags == run_flags or run_flags == -1):
+                        run_producer, prev, run_flags = producer, clock, flags  # Its first.
                     else:
                         lead = False
-                        self.lead_run = len(out)
+                        span = len(out)
                 append(new(journal, begin, end, message, uuid, producer, clock, flags))
         except (AttributeError, InvalidUUIDError):  # Not a UUID: Envelope.of says what it is.
-            self.lead_run = 0
             return None
         if lead:
-            self.lead_run = len(out)
+            span = len(out)
+        if span:
+            self.lead_span, self.lead_flags = span, run_flags
+            if run_flags == _OUTSIDE_TXN:
+                self.lead_run = span
         return out
 
     def continuation(

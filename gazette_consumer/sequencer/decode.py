@@ -209,12 +209,25 @@ class ChunkDecoder:
         assert self._decode_payloads is not None  # Else there is no UUID-only decode either.
         try:
             messages = self._decode_payloads(run.payloads)
-            envelopes = self._builder.build(self.journal, run.offsets, messages)
+            envelopes = self._builder.build(self.journal, run.offsets, messages, any_flags=True)
         except Exception:  # Whatever it was, the UUID-only path leaves it to the replay.
             return None
         if envelopes is None:
             return None
         offsets = run.offsets
+        builder = self._builder
+        if (
+            envelopes
+            and builder.lead_span == len(envelopes)
+            and builder.lead_flags == FLAG_CONTINUE_TXN
+            and envelopes[0].clock > after_clock
+            and ((first := envelopes[0].producer) is producer or first == producer)
+        ):
+            # The whole piece continues the span (the usual case in a long transaction's
+            # middle), as the builder measured it: what `continuation_of` would count, without
+            # its loop over the envelopes.
+            self.through = envelopes[-1].end
+            return len(envelopes), offsets[0], envelopes[-1].clock, offsets[-1], [], envelopes
         n, clock = continuation_of(envelopes, producer, after_clock)
         if envelopes:
             self.through = envelopes[-1].end

@@ -124,3 +124,96 @@ def test_decoder_reports_the_lead_run_of_its_fast_path_only() -> None:
     # The general path (here: a frame left incomplete, flushed at the end) measures nothing.
     decoder.feed(b'{"text": "cut', len(content))
     assert decoder.flush() == [] and decoder.lead_run is None
+
+
+def reference_span(envs: list[Envelope[Event]]) -> int:
+    """The run at the front of `envs` whatever its flags: messages with a UUID, of the first
+    one's producer and flags, each with a larger clock than the one before."""
+    n = 0
+    for env in envs:
+        if env.clock == 0 or env.flags != envs[0].flags or env.producer != envs[0].producer:
+            break
+        if n and env.clock <= envs[n - 1].clock:
+            break
+        n += 1
+    return n
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batches=st.lists(st.lists(MSGS, max_size=40), min_size=1, max_size=4),
+    cache_entries_max=st.sampled_from([1, 2, 3, 4096]),
+)
+def test_lead_span_is_the_run_of_any_flags_the_envelopes_form(
+    batches: list[list[tuple[int, int, int, bool]]], cache_entries_max: int
+) -> None:
+    builder = EnvelopeBuilder(cache_entries_max=cache_entries_max)
+    for spec in batches:
+        messages = messages_of(spec)
+        offsets = list(itertools.accumulate((5 + i % 3 for i in range(len(messages))), initial=9))
+        # By default, the run of OUTSIDE_TXN messages only, as lead_run.
+        envs = builder.build(JOURNAL, offsets, messages)
+        assert envs is not None
+        assert builder.lead_span == builder.lead_run <= reference_run(envs)
+        assert builder.lead_flags == (OUT if builder.lead_span else -1)
+        envs = builder.build(JOURNAL, offsets, messages, any_flags=True)
+        assert envs is not None
+        expected = reference_span(envs)
+        if cache_entries_max == 4096:
+            assert builder.lead_span == expected
+        else:
+            assert builder.lead_span <= expected  # Ends early where a producer is re-learned.
+        span = builder.lead_span
+        assert builder.lead_flags == (envs[0].flags if span else -1)
+        # lead_run is the span where it is one of OUTSIDE_TXN messages, as without any_flags.
+        assert builder.lead_run == (span if span and envs[0].flags == OUT else 0)
+        if cache_entries_max == 4096:
+            assert builder.lead_run == reference_run(envs)
+
+
+# As MSGS, mostly one producer's CONTINUE_TXN messages: a long transaction's continuation.
+CONTINUING = st.tuples(
+    st.sampled_from([0] * 12 + [1]),
+    st.sampled_from([1] * 12 + [0, -1, 1 << 36]),
+    st.sampled_from([CONT] * 20 + [OUT, ACK, 0x5]),
+    st.sampled_from([True] * 30 + [False]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.lists(CONTINUING, min_size=1, max_size=30), min_size=1, max_size=4),
+    after_step=st.sampled_from([-1, 0, 1, 2]),
+)
+def test_feed_continuing_whole_counts_what_continuation_of_counts(
+    pieces: list[list[tuple[int, int, int, bool]]], after_step: int
+) -> None:
+    """`ChunkDecoder.feed_continuing(whole=True)` takes a piece whose every message continues
+    the span from the builder's measure (no loop of `continuation_of`): its result must be the
+    general count's, piece after piece, whatever the piece holds."""
+    from gazette_consumer.sequencer.decode import continuation_of
+
+    framing = JSONFraming()
+    fast = ChunkDecoder(JOURNAL, 0, framing, framing.new_decoder(Event))
+    general = ChunkDecoder(JOURNAL, 0, framing, framing.new_decoder(Event))
+    assert fast.decodes_uuids
+    producer = PRODUCERS[0]
+    offset = 0
+    for spec in pieces:
+        messages = messages_of(spec)
+        content = b"".join(framing.marshal(m) for m in messages)
+        envs = general.feed(content, offset)
+        assert len(envs) == len(messages)
+        # A span's clock so far: just below, at or above its first message's.
+        first = next((e.clock for e in envs if e.clock), 1 << 40)
+        after = max(0, first - 1 + after_step)
+        n, begin, clock, end, rest, kept = fast.feed_continuing(
+            content, offset, producer, after, whole=True
+        )
+        want_n, want_clock = continuation_of(envs, producer, after)
+        assert (n, clock) == (want_n, want_clock)
+        assert begin == offset and end == (envs[n - 1].end if n else offset)
+        assert rest == envs[n:]
+        assert kept == (envs[:n] if n else None)
+        assert fast.through == general.through == offset + len(content)
+        offset += len(content)
