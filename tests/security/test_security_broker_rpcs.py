@@ -80,7 +80,11 @@ def journal_rpcs(stub: pbg.JournalStub, broker: Broker) -> list[Rpc]:
             process_id=broker.id, route=pb.Route(primary=-1), etcd=etcd_header(broker.ks.header)
         )
         request = pb.ReplicateRequest(
-            header=header, proposal=pb.Fragment(journal=J), acknowledge=True
+            # A valid proposal (Replicate validates it before the route, as Gazette does).
+            header=header,
+            proposal=pb.Fragment(journal=J, compression_codec=pb.NONE),
+            registers=pb.LabelSet(),
+            acknowledge=True,
         )
         call = stub.Replicate(metadata=md)
         try:
