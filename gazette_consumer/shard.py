@@ -217,6 +217,7 @@ class PrimaryShard:
                         on_progress=self._record_progress,
                         on_phase=self._notifier.notify,
                         on_read=self._record_read,
+                        create_revisions=opened.create_revisions,
                     )
                     self._notifier.notify()
                     await self._driver.run()

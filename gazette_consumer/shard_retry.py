@@ -44,6 +44,7 @@ from broker.protocol.status import (
 )
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFencedError
+from gazette_consumer.source_revisions import SourceRecreatedError
 from gazette_consumer.stores.base import FencedError, StoreIOError
 from gazette_consumer.txn_driver import StrayCancelledError
 
@@ -79,6 +80,10 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     (AppendRetriesExhaustedError, Transience.TRANSIENT),
     # A broker whose view of etcd is behind (it just restarted) does not know the journal yet.
     (JournalNotFoundError, Transience.TRANSIENT),
+    # A source journal created again while the shard read it: the primary starts over, and
+    # its start compares the checkpoint's create revisions (source_revisions.py) under the
+    # spec's checkpoint-ahead policy (fail, by default, naming the journal).
+    (SourceRecreatedError, Transience.TRANSIENT),
     # etcd unreachable for a while.
     (UnavailableError, Transience.TRANSIENT),
     # A journal's fragment store found down by the primary's health check: its appends are

@@ -9,14 +9,17 @@ whose progress is reported only with its transactions.
 
 Before the default reader starts, each source's write head is compared with the checkpoint:
 a checkpoint ahead of a head means the journal lost content the shard had read, and the spec's
-``gazette.dev/checkpoint-ahead`` policy decides (source_heads.py).
+``gazette.dev/checkpoint-ahead`` policy decides (source_heads.py); so does a source whose etcd
+create revision is no longer the one the checkpoint recorded: the journal was deleted and
+created again (source_revisions.py). The reader checks that revision again whenever one of its
+Read RPCs ended, before it reads on.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from broker.client.route_cache import JournalClient
@@ -31,9 +34,15 @@ from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from gazette_consumer.shard_spec import read_channel_size, ring_size, start_checkpoint
 from gazette_consumer.source_heads import (
+    SourceBehind,
     checkpoint_ahead_policy,
     find_sources_behind,
     resume_checkpoint,
+)
+from gazette_consumer.source_revisions import (
+    create_revisions_of,
+    current_create_revisions,
+    verify_source,
 )
 from gazette_consumer.stores.base import Store
 
@@ -53,6 +62,9 @@ class OpenedSource:
 
     source: MessageSource
     checkpoint: Checkpoint
+    # The sources' etcd create revisions, for the checkpoints the shard commits (empty for an
+    # Application's own source: source_revisions.py).
+    create_revisions: Mapping[str, int] = field(default_factory=dict)
 
 
 async def open_source(
@@ -78,13 +90,27 @@ async def open_source(
             )
         return OpenedSource(custom, checkpoint)
     stored = flatten_read_through(checkpoint)
-    asked = {s.journal: stored.get(s.journal, 0) for s in shard.spec.sources}
-    behind = await find_sources_behind(client, asked)
+    journals = [s.journal for s in shard.spec.sources]
+    revisions = await current_create_revisions(client, journals)
+    recorded = create_revisions_of(checkpoint)
+    asked = {j: stored.get(j, 0) for j in journals}
+    behind = {b.journal: b for b in await find_sources_behind(client, asked)}
+    for journal in journals:
+        was, now = recorded.get(journal), revisions[journal]
+        if was is not None and was != now and asked[journal] > 0:
+            head = behind[journal].head if journal in behind else -1
+            behind[journal] = SourceBehind(journal, asked[journal], head, (was, now))
     policy = checkpoint_ahead_policy(shard.spec)
-    checkpoint = resume_checkpoint(shard.spec.id, policy, behind, checkpoint)
+    checkpoint = resume_checkpoint(
+        shard.spec.id, policy, sorted(behind.values(), key=_journal), checkpoint
+    )
     offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
     if not offsets:
-        return OpenedSource(NoSource(resume), checkpoint)
+        return OpenedSource(NoSource(resume), checkpoint, revisions)
+
+    async def verify(journal: str) -> None:
+        await verify_source(client, journal, revisions[journal])
+
     reader = ReadCommittedIter(
         client,
         offsets,
@@ -93,8 +119,13 @@ async def open_source(
         checkpoint=resume,
         read_channel_size=read_channel_size(shard.spec),
         on_idle=on_idle,
+        verify_journal=verify,
     )
-    return OpenedSource(reader, checkpoint)
+    return OpenedSource(reader, checkpoint, revisions)
+
+
+def _journal(behind: SourceBehind) -> str:
+    return behind.journal
 
 
 class NoSource:

@@ -76,25 +76,40 @@ BEHIND_TOTAL: Final = Counter(
 @dataclass(frozen=True, slots=True)
 class SourceBehind:
     """A source journal whose write head is below the offset the shard's checkpoint read
-    through."""
+    through, or (`recreated`: the create revisions the checkpoint recorded and the journal's
+    now, source_revisions.py) that was deleted and created again since, whatever its head."""
 
     journal: str
     checkpoint: int
     head: int
+    recreated: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        if self.recreated is not None:
+            was, now = self.recreated
+            return (
+                f"the checkpoint read source journal {self.journal!r} through offset"
+                f" {self.checkpoint}, but the journal was deleted and created again since"
+                f" (etcd create revision {was}, now {now}): resuming there would skip"
+                f" offsets [0, {self.checkpoint}) of the new journal"
+            )
+        return (
+            f"the checkpoint read source journal {self.journal!r} through offset"
+            f" {self.checkpoint}, but its write head is {self.head}: content the shard read is"
+            " gone (the journal was deleted and created again, or lost fragments), and"
+            f" resuming would skip offsets [{self.head}, {self.checkpoint}) of new content"
+        )
 
 
 class CheckpointAheadError(Exception):
-    """The shard's checkpoint is ahead of a source journal's write head (policy ``fail``)."""
+    """The shard's checkpoint is ahead of a source journal's write head, or read a journal since
+    created again (policy ``fail``)."""
 
     def __init__(self, behind: Sequence[SourceBehind]) -> None:
         self.behind = tuple(behind)
-        first = self.behind[0]
         more = f" (and {len(self.behind) - 1} more sources)" if len(self.behind) > 1 else ""
         super().__init__(
-            f"the checkpoint read source journal {first.journal!r} through offset"
-            f" {first.checkpoint}, but its write head is {first.head}{more}: content the shard"
-            " read is gone (the journal was deleted and created again, or lost fragments), and"
-            f" resuming would skip offsets [{first.head}, {first.checkpoint}) of new content."
+            f"{self.behind[0].describe()}{more}."
             f" Label the ShardSpec {gl.CHECKPOINT_AHEAD}={gl.CHECKPOINT_AHEAD_REWIND} to read"
             f" the journal again from its start, or ={gl.CHECKPOINT_AHEAD_WAIT} to resume at"
             " the checkpoint as Gazette does, then unassign the shard to start it again"
@@ -162,11 +177,12 @@ def resume_checkpoint(
     for b in behind:
         BEHIND_TOTAL.labels(b.journal, policy).inc()
         _log.warning(
-            "source journal's write head is below the shard's checkpoint",
+            "source journal lost what the shard's checkpoint read",
             shard=shard,
             journal=b.journal,
             checkpoint=b.checkpoint,
             head=b.head,
+            recreated=b.recreated,
             policy=policy,
         )
     if policy == gl.CHECKPOINT_AHEAD_FAIL:

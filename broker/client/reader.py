@@ -313,6 +313,9 @@ class Reader:
         self._call: Any = None  # grpc.aio.UnaryStreamCall; the generated stubs are untyped.
         self._last: pb.ReadResponse | None = None
         self._direct: FragmentContentReader | None = None
+        # Whether the stream handed over to a fragment read directly from its store: such a
+        # reader ends when the fragment is read through, an ordinary end (see RetryReader).
+        self.read_directly = False
         self._done = False
 
     @property
@@ -414,6 +417,7 @@ class Reader:
             and not self.request.metadata_only
             and not self.reached_end_offset
         ):
+            self.read_directly = True
             self._direct = await open_fragment(
                 last.fragment,
                 self.request.offset,

@@ -25,8 +25,16 @@ What is surfaced rather than retried:
 - other non-retriable statuses (NOT_ALLOWED, SUSPENDED, ...), gRPC errors that a retry cannot
   fix (invalid argument, unimplemented, permission), and malformed responses;
 - cancellation of the caller's task;
+- what `verify` raises (see below), unless it is retried as the read's own errors are;
 - `attempts_max` consecutive failed attempts (one to two minutes of back-off with the
   defaults): a reader that makes no progress for that long is not going to.
+
+`verify`, if given, is awaited with the journal's name before the first read after a Read RPC
+ended (by an error, or by the broker), but not after a fragment read directly from its store
+(the common, ordinary end of a catching-up read): a caller that must know the journal is still
+the one it was reading (a consumer shard, gazette_consumer/source_revisions.py) checks there.
+Its errors are classified as the read's own: a transient one (the broker it asks is down) is an
+attempt failed, and the check runs again before the next.
 """
 
 from __future__ import annotations
@@ -120,6 +128,7 @@ class RetryReader:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        verify: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         if attempts_max < 1:
             raise ValueError(f"attempts_max: must be >= 1 (got {attempts_max})")
@@ -127,6 +136,8 @@ class RetryReader:
         self._registry = registry
         self._opener = opener
         self._attempts_max = attempts_max
+        self._verify = verify
+        self._verify_pending = False
         self._sleep = sleep
         self._clock = clock
         self._jitter = jitter
@@ -172,6 +183,8 @@ class RetryReader:
         attempt = 0
         while True:
             try:
+                if self._verify_pending:
+                    await self._verify_journal()
                 chunk = await self.reader.read_chunk()
             except Exception as err:
                 # The Reader is spent either way: the next read, now or after surfacing the
@@ -196,6 +209,11 @@ class RetryReader:
             if attempt:
                 await self._sleep(backoff_s(attempt, self._jitter()))
                 self._attempt_started = self._clock()  # The next attempt starts now.
+
+    async def _verify_journal(self) -> None:
+        assert self._verify is not None
+        await self._verify(self.journal)
+        self._verify_pending = False
 
     def _complete(self) -> bool:
         request = self.reader.request
@@ -251,6 +269,10 @@ class RetryReader:
         request = pb.ReadRequest()
         request.CopyFrom(spent.request)
         await spent.close()
+        if self._verify is not None and not spent.read_directly:
+            # The RPC ended (a broker stopping, the journal deleted...): whatever the caller
+            # checks of the journal is checked again before the next one reads on.
+            self._verify_pending = True
         self.reader = self._new_reader(request)
         self.reader.jumps = spent.jumps
         self.reader.response = spent.response

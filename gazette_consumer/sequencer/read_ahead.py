@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from broker.client.list_apply import get_journal
@@ -84,8 +84,10 @@ class ReadAhead:
         framing: Framing | None,
         registry: StoreRegistry | None,
         message_bytes_max: int,
+        verify_journal: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.channel = channel
+        self._verify_journal = verify_journal
         self.specs: dict[str, pb.JournalSpec] = {}
         self._client = client
         self._offsets = offsets
@@ -123,7 +125,9 @@ class ReadAhead:
         )
 
     def new_reader(self, request: pb.ReadRequest) -> RetryReader:
-        return RetryReader(self._client, request, registry=self._registry)
+        return RetryReader(
+            self._client, request, registry=self._registry, verify=self._verify_journal
+        )
 
     async def _supervise(self) -> None:
         try:

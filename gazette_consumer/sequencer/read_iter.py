@@ -33,7 +33,8 @@ Signature::
                       message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT,
                       on_idle: Callable[[], None] | None = None,
                       replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
-                      replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT)
+                      replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT,
+                      verify_journal: Callable[[str], Awaitable[None]] | None = None)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon=0) -> SequencerCheckpoint                has_pending(since) -> bool
     in_sequence: bool               take_sequence(limit) -> list[Envelope]
@@ -64,18 +65,22 @@ returned, and a consumer learns of that progress this way.
 Errors: a reader that fails (a journal that does not exist or has no known content type, a
 non-retriable read error, a message that does not decode: `MessageDecodeError` naming journal
 and offsets) fails `next()`/`try_next()` with its error, once the messages read before it were
-returned, and every call after. Unreadable content is skipped and logged.
+returned, and every call after. Unreadable content is skipped and logged. `verify_journal`, if
+given, is awaited with a journal's name before a reader reads on after a Read RPC of its ended
+(RetryReader's `verify`): what it raises fails the iterator the same way (a shard checks there
+that the journal was not created again: gazette_consumer/source_revisions.py).
 
 Cancellation: `next()` may be cancelled at any await without losing a message: a message leaves
 the iterator only when returned. One task reads the iterator at a time; after `close()`, calls
-raise `ReadIterClosedError` (a `next()` waiting in another task too) and iteration ends.
+raise `ReadIterClosedError` (a `next()` waiting in another task too, and `checkpoint()`: take
+the checkpoint before closing) and iteration ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from itertools import chain, islice
 from operator import length_hint
 from types import TracebackType
@@ -160,6 +165,7 @@ class ReadCommittedIter:
         on_idle: Callable[[], None] | None = None,
         replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
         replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT,
+        verify_journal: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(
@@ -183,6 +189,7 @@ class ReadCommittedIter:
             framing=framing,
             registry=registry,
             message_bytes_max=message_bytes_max,
+            verify_journal=verify_journal,
         )
         # Per journal: offset through which every queued envelope was consumed (with content
         # skipped in between). Checkpoints take the larger of it and the Sequencer's offset.
@@ -537,7 +544,14 @@ class ReadCommittedIter:
 
     def checkpoint(self, horizon: int = 0) -> SequencerCheckpoint:
         """Offsets read through and producer states, consistent with the messages returned so
-        far. `horizon` prunes idle producers (see `Sequencer.checkpoint`)."""
+        far. `horizon` prunes idle producers (see `Sequencer.checkpoint`). Raises
+        ReadIterClosedError after `close()`, which drops what was read but not returned: a
+        checkpoint then would be past messages the caller never saw."""
+        if self._closed:
+            raise ReadIterClosedError(
+                "checkpoint() after close(): the iterator dropped the messages it held"
+                " undelivered, so a checkpoint now would skip them; take it before closing"
+            )
         return checkpoint_of(
             self._seq,
             self._floors,

@@ -17,6 +17,7 @@ import aiohttp
 
 from broker.metrics import value_of
 from broker.protocol import consumer_pb2 as cpb
+from broker.topology import item_key
 from gazette_consumer.metrics import (
     COMMIT_FAILURES,
     COMMIT_LATENCY,
@@ -30,6 +31,7 @@ from gazette_consumer.metrics import (
 from gazette_consumer.shard_runner import ShardRetryPolicy, ShardRunner
 from gazette_consumer.stores.base import FencedError, OpFuture
 from gazette_consumer.transaction import ClosedTxn
+from tests.broker.broker_testkit import ROOT, wait_until
 from tests.gazette_consumer.shard_testkit import (
     WAIT_S,
     CountingApp,
@@ -252,15 +254,24 @@ async def test_a_retrying_shard_keeps_its_series_between_attempts(tmp_path: Path
     shard = "metrics-retrying"
     async with broker_env() as env, sqlite_engine(tmp_path) as engine:
         changed = Notifier()
-        # The first attempt fails (its source journal does not exist): a transient failure,
-        # retried after a back-off long enough to look at the series meanwhile.
+        # The first attempt fails once its transaction loop runs (its source journal is
+        # deleted: JOURNAL_NOT_FOUND), a transient failure, retried after a back-off long
+        # enough to look at the series meanwhile.
         policy = ShardRetryPolicy(initial_s=600.0, max_s=600.0, attempts_max=3)
+        journal = "in/metrics-deleted"
+        await env.journal(journal)
         async with ShardRunner(
             CountingApp(engine), env.client, root="/test/m-retry", retry=policy
         ) as runner:
-            spec = shard_spec(shard, ["in/metrics-never-created"])
+            spec = shard_spec(shard, [journal])
             handle = runner.start(spec, on_change=changed.notify)
+            await wait_until(
+                lambda: handle.primary is not None and handle.primary.txn_phase is not None
+            )
+            await env.cluster.assign(journal, [])
+            await env.cluster.admin.delete(item_key(ROOT, journal).encode())
             await changed.until(lambda: handle.retrying is not None)
+            assert "JOURNAL_NOT_FOUND" in str(handle.retrying)
             assert handle.status().code == Code.BACKFILL
             # The attempt's transaction loop ended; the replica still holds its series.
             assert "gazette_consumer_shard_transactions_total" in series_of(shard)

@@ -203,7 +203,8 @@ async def test_unreadable_source_fails_the_shard(tmp_path: Path) -> None:
             handle = runner.start(shard_spec("shard-u", ["in/missing"]), on_change=changed.notify)
             await changed.until(lambda: handle.status().code == FAILED)
         error = handle.status().errors[0]
-        assert "shard shard-u: reading messages: JournalNotFoundError" in error
+        assert "shard shard-u: opening the message source: JournalNotFoundError" in error
+        assert "source journal 'in/missing' does not exist" in error
         assert "persisted through 2 attempts" in error
         assert app.consumed == []
 

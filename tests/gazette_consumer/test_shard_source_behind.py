@@ -123,7 +123,9 @@ async def test_a_checkpoint_ahead_of_its_source_fails_the_shard_naming_it(tmp_pa
         await changed.until(lambda: handle.status().code == Code.FAILED)
         error = handle.status().errors[0]
         assert "CheckpointAheadError" in error and repr(JOURNAL) in error
-        assert f"through offset {r.read_through}, but its write head is" in error
+        # Its head is below the checkpoint, and it is another journal (source_revisions.py):
+        # the second says more, and is what the error says.
+        assert f"through offset {r.read_through}, but the journal was deleted and created" in error
         assert f"{labels.CHECKPOINT_AHEAD}=rewind" in error
         # Nothing of the new content was consumed, and the checkpoint is the first run's.
         assert await read_counts(r.engine, "shard-behind") == {"old": 4}
@@ -131,6 +133,98 @@ async def test_a_checkpoint_ahead_of_its_source_fails_the_shard_naming_it(tmp_pa
         assert checkpoint is not None
         assert flatten_read_through(checkpoint)[JOURNAL] == r.read_through
     assert _counted("fail") == before + 1
+
+
+async def _grow_past(appends: AppendService, name: str, offset: int) -> int:
+    """Publish messages keyed `name` until the journal's head passes `offset`; how many."""
+    producer, count = Producer(appends, name), 1
+    while await _end(producer) <= offset:
+        count += 1
+    return count
+
+
+async def test_a_journal_created_again_and_grown_past_the_checkpoint_fails_the_shard(
+    tmp_path: Path,
+) -> None:
+    """Its head no longer tells (it passed the checkpoint again): the create revision the
+    checkpoint recorded does. Before, the shard resumed at the checkpoint, inside the new
+    content, without an error."""
+    spec = _labelled(None)
+    async with recreated_source(tmp_path, spec) as r:
+        await _grow_past(r.appends, "more", r.read_through)
+        changed = Notifier()
+        handle = r.runner.start(spec, on_change=changed.notify)
+        await changed.until(lambda: handle.status().code == Code.FAILED)
+        error = handle.status().errors[0]
+        assert "CheckpointAheadError" in error and repr(JOURNAL) in error
+        assert "deleted and created again since (etcd create revision" in error
+        assert await read_counts(r.engine, "shard-behind") == {"old": 4}
+
+
+async def test_rewind_reads_a_journal_created_again_and_grown_past_from_its_start(
+    tmp_path: Path,
+) -> None:
+    spec = _labelled(labels.CHECKPOINT_AHEAD_REWIND)
+    async with recreated_source(tmp_path, spec) as r:
+        more = await _grow_past(r.appends, "more", r.read_through)
+        end = await _end(Producer(r.appends, "last"))
+        changed = Notifier()
+        handle = r.runner.start(spec, on_change=changed.notify)
+        await changed.until(lambda: handle.progress().read_through.get(JOURNAL) == end)
+        assert handle.status().code != Code.FAILED
+        counts = await read_counts(r.engine, "shard-behind")
+        assert counts == {"old": 4, "new": 1, "more": more, "last": 1}
+
+
+@contextlib.asynccontextmanager
+async def reading_shard(
+    tmp_path: Path, spec: cpb.ShardSpec
+) -> AsyncIterator[tuple[Recreated, Notifier]]:
+    """A shard that read four messages of JOURNAL and reads on (blocked at its head) while
+    JOURNAL is deleted and created again."""
+    async with shard_env(tmp_path) as (env, engine, appends):
+        await env.journal(JOURNAL)
+        app = CountingApp(engine)
+        changed = Notifier()
+        old = Producer(appends, "old")
+        async with ShardRunner(app, env.client, root="/test/inflight") as runner:
+            handle = runner.start(spec, on_change=changed.notify)
+            for _ in range(4):
+                end = await _end(old)
+            await changed.read_through(handle, JOURNAL, end)
+            await _recreate(env)
+            yield Recreated(env, engine, appends, app, runner, end), changed
+
+
+async def test_a_journal_created_again_while_the_shard_reads_it_fails_the_shard(
+    tmp_path: Path,
+) -> None:
+    """The reader's Read RPC ends as the journal's replica goes; before the next reads on, the
+    reader checks the journal's create revision. Before, it read the new journal from the old
+    offset (Gazette's RetryReader does the same when the journal is back within its retries)."""
+    spec = _labelled(None)
+    async with reading_shard(tmp_path, spec) as (r, changed):
+        handle = r.runner.shard(spec.id)
+        await _grow_past(r.appends, "more", r.read_through)
+        await changed.until(lambda: handle.status().code == Code.FAILED)
+        error = handle.status().errors[0]
+        assert "CheckpointAheadError" in error and repr(JOURNAL) in error
+        assert "deleted and created again since" in error
+        assert await read_counts(r.engine, "shard-behind") == {"old": 4}
+
+
+async def test_rewind_reads_a_journal_created_again_while_the_shard_read_it(
+    tmp_path: Path,
+) -> None:
+    spec = _labelled(labels.CHECKPOINT_AHEAD_REWIND)
+    async with reading_shard(tmp_path, spec) as (r, changed):
+        handle = r.runner.shard(spec.id)
+        more = await _grow_past(r.appends, "more", r.read_through)
+        end = await _end(Producer(r.appends, "last"))
+        await changed.until(lambda: handle.progress().read_through.get(JOURNAL) == end)
+        assert handle.status().code != Code.FAILED
+        counts = await read_counts(r.engine, "shard-behind")
+        assert counts == {"old": 4, "more": more, "last": 1}
 
 
 async def test_rewind_reads_the_journal_again_from_its_start(tmp_path: Path) -> None:

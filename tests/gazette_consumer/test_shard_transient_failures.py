@@ -147,7 +147,7 @@ async def test_a_transient_cause_that_persists_gives_up_as_failed(tmp_path: Path
             handle = runner.start(spec, on_change=changed.notify)
             await changed.until(lambda: handle.status().code == Code.FAILED)
         [error] = handle.status().errors
-        assert "reading messages: JournalNotFoundError" in error
+        assert "opening the message source: JournalNotFoundError" in error
         assert "persisted through 3 attempts" in error and "unassign --failed" in error
 
 

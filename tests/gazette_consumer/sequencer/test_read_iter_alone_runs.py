@@ -197,10 +197,20 @@ async def test_close_inside_a_run_ends_what_a_caller_kept() -> None:
         kept = it.try_next
         assert it._run_left() == 49 and first.message.text == "r0"
         assert kept().message.text == "r1"  # type: ignore[union-attr]
+        # Taken now, the checkpoint resumes after r1, the last message returned.
+        before = it.checkpoint()
         await it.close()
         for try_next in (kept, it.try_next):
             with pytest.raises(ReadIterClosedError):
                 try_next()
+        # Taken after close(), which dropped r2..r49 undelivered, it would resume past them:
+        # refused, naming why (found by the differential fuzz of 2026-11-30).
+        with pytest.raises(ReadIterClosedError, match="take it before closing"):
+            it.checkpoint()
+        rest = ReadCommittedIter(env.client, {journal: 0}, message_type=Msg, checkpoint=before)
+        async with asyncio.timeout(TIMEOUT_S):
+            assert (await rest.next()).message.text == "r2"
+        await rest.close()
 
 
 async def test_a_horizon_inside_a_mixed_run_prunes_as_the_general_protocol() -> None:
