@@ -69,14 +69,29 @@ def framing_of(
         raise UnknownContentTypeError(f"journal {spec.name}: {err}") from None
 
 
+class MessageTypeError(TypeError):
+    """The message type function (a shard's `Application.new_message`) raised, or returned
+    something other than a class, for a journal: the error names both."""
+
+
 def message_type_of(source: MessageTypeSource, spec: pb.JournalSpec) -> type[Any]:
-    """Resolve a `MessageTypeSource` for `spec`: a class is used as is, anything else is called."""
+    """Resolve a `MessageTypeSource` for `spec`: a class is used as is, anything else is called
+    (what it raises, or a value that is not a class, is a MessageTypeError naming the function
+    and the journal: it would otherwise read as an error of the reader's own)."""
     if isinstance(source, type):
         return source
-    message_type = source(spec)
+    name = getattr(source, "__qualname__", None) or repr(source)
+    try:
+        message_type = source(spec)
+    except Exception as err:
+        raise MessageTypeError(
+            f"journal {spec.name}: the message type function {name} raised"
+            f" {type(err).__name__}: {err}"
+        ) from err
     if not isinstance(message_type, type):
-        raise TypeError(
-            f"journal {spec.name}: message type function returned {message_type!r}, not a type"
+        raise MessageTypeError(
+            f"journal {spec.name}: message type function {name} returned {message_type!r},"
+            " not a type"
         )
     return message_type
 

@@ -4,6 +4,7 @@ skipped and logged, undecodable messages stopping the decoder with a typed error
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import structlog
@@ -19,6 +20,7 @@ from gazette_consumer.message import (
 )
 from gazette_consumer.sequencer.decode import (
     ChunkDecoder,
+    MessageTypeError,
     framing_of,
     message_type_of,
     new_chunk_decoder,
@@ -132,8 +134,21 @@ def test_framing_and_message_type_from_the_spec() -> None:
         framing_of(spec(None))
     assert message_type_of(Msg, spec(None)) is Msg
     assert message_type_of(lambda s: FixedMsg, spec(None)) is FixedMsg
-    with pytest.raises(TypeError, match=f"journal {JOURNAL}: .*returned 'Msg', not a type"):
+    with pytest.raises(MessageTypeError, match=f"journal {JOURNAL}: .*returned 'Msg', not a"):
         message_type_of(lambda s: "Msg", spec(None))  # type: ignore[arg-type, return-value]
+
+    def by_name(journal_spec: pb.JournalSpec) -> type[Any]:
+        return {"other": Msg}[journal_spec.name]
+
+    # What the function raises names it and the journal, with the error as its cause (before,
+    # a shard reported the KeyError alone, as an error of "reading messages").
+    with pytest.raises(MessageTypeError) as raised:
+        message_type_of(by_name, spec(None))
+    assert str(raised.value) == (
+        f"journal {JOURNAL}: the message type function"
+        f" {by_name.__qualname__} raised KeyError: '{JOURNAL}'"
+    )
+    assert isinstance(raised.value.__cause__, KeyError)
 
     decoder = new_chunk_decoder(spec("application/x-ndjson"), 5, Msg)
     [env] = decoder.feed(frames(Msg(text="no uuid")), 5)
