@@ -87,3 +87,19 @@ def test_an_unreachable_etcd_is_one_line_naming_it(argv: tuple[str, ...], prefix
     assert line.endswith(
         "(is etcd running there? check --etcd and any --etcd-ca/--etcd-cert/--etcd-user)"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [(*GAZETTE, "serve", "--port", "0"), (*CONSUMER, "serve", *APP, "--port", "0")],
+    ids=["gazette", "gazette-consumer"],
+)
+def test_a_malformed_etcd_endpoint_is_named_before_anything_dials(argv: tuple[str, ...]) -> None:
+    """An unclosed IPv6 bracket passed the endpoint check and ended, seconds later, as "cannot
+    reach etcd" (found by the bad-input audit)."""
+    status, err = _run(*argv, "--etcd", "http://[::1")
+    assert status != 0, err
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    assert "etcd endpoint 'http://[::1': expected host:port (an IPv6 address in brackets" in last
+    assert "cannot reach" not in err, err

@@ -5,8 +5,11 @@ checks endpoints without loading them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from broker.tls import ClientTls
+
+PORT_MAX: Final = 65535
 
 
 class EndpointError(ValueError):
@@ -31,6 +34,20 @@ def split_endpoint(endpoint: str) -> tuple[str, str]:
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit() or "/" in target:
         raise EndpointError(f"etcd endpoint {endpoint!r}: expected host:port")
+    if int(port) > PORT_MAX:
+        raise EndpointError(f"etcd endpoint {endpoint!r}: port must be in [0, {PORT_MAX}]")
+    # An IPv6 address in brackets ([::1]:2379); any other host without brackets or colons.
+    # Before, a malformed one ("[::1", "::1:2379") passed here and ended, seconds later, as
+    # "cannot reach etcd" (found by the bad-input audit).
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    inner = host[1:-1] if bracketed else host
+    if any(c.isspace() for c in host):
+        raise EndpointError(f"etcd endpoint {endpoint!r}: expected host:port")
+    if "[" in inner or "]" in inner or (":" in inner and not bracketed):
+        raise EndpointError(
+            f"etcd endpoint {endpoint!r}: expected host:port (an IPv6 address in brackets:"
+            " [::1]:2379)"
+        )
     return target, scheme
 
 

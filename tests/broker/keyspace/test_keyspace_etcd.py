@@ -75,6 +75,14 @@ def test_parse_endpoint() -> None:
         parse_endpoint("unix:///run/etcd.sock")
     with pytest.raises(EndpointError, match="expected host:port"):
         parse_endpoint("10.0.0.1")
+    assert parse_endpoint("http://[::1]:2379") == "[::1]:2379"
+    # A malformed host or port is refused here, naming it, rather than dialled (it ended as
+    # "cannot reach etcd" seconds later).
+    for bad in ("http://[::1", "::1:2379", "[::1:2379", "[]:2379", "a b:2379"):
+        with pytest.raises(EndpointError, match="expected host:port"):
+            parse_endpoint(bad)
+    with pytest.raises(EndpointError, match=r"port must be in \[0, 65535\]"):
+        parse_endpoint("localhost:65536")
     with pytest.raises(EndpointError, match="non-empty list"):
         EtcdBackend([])
     with pytest.raises(EndpointError, match="non-empty list"):
