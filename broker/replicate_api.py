@@ -55,6 +55,10 @@ def validate_first_request(req: pb.ReplicateRequest) -> None:
         validate_header(req.header)
     if not req.HasField("proposal"):
         raise ValidationError("expected in the first message", "proposal")
+    if not req.acknowledge:
+        # The first message is the primary's sync proposal, which it awaits the answer of (and
+        # the answer carries this broker's header); Gazette refuses one without it too.
+        raise ValidationError("expected with the header (the first message)", "acknowledge")
     validate_proposal_request(req, req.proposal.journal)
 
 

@@ -119,6 +119,10 @@ def _proposal(**fields: object) -> pb.ReplicateRequest:
         ),
         (_proposal(content=b"X"), "content: unexpected with a proposal (got 1 bytes)"),
         (_proposal(content_delta=5), "content_delta: unexpected with a proposal (got 5)"),
+        (
+            _proposal(acknowledge=False),
+            "acknowledge: expected with the header (the first message)",
+        ),
     ],
     ids=[
         "begin after end",
@@ -129,6 +133,7 @@ def _proposal(**fields: object) -> pb.ReplicateRequest:
         "bad registers",
         "content",
         "content delta",
+        "not acknowledged",
     ],
 )
 async def test_replicate_refuses_a_malformed_proposal_at_once(
