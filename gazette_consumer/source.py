@@ -34,8 +34,8 @@ from gazette_consumer.sequencer.read_iter import ReadCommittedIter
 from gazette_consumer.sequencer.types import SequencerCheckpoint
 from gazette_consumer.shard_spec import read_channel_size, ring_size, start_checkpoint
 from gazette_consumer.source_heads import (
-    SourceBehind,
     checkpoint_ahead_policy,
+    find_recreated,
     find_sources_behind,
     resume_checkpoint,
 )
@@ -94,16 +94,10 @@ async def open_source(
     revisions = await current_create_revisions(client, journals)
     recorded = create_revisions_of(checkpoint)
     asked = {j: stored.get(j, 0) for j in journals}
-    behind = {b.journal: b for b in await find_sources_behind(client, asked)}
-    for journal in journals:
-        was, now = recorded.get(journal), revisions[journal]
-        if was is not None and was != now and asked[journal] > 0:
-            head = behind[journal].head if journal in behind else -1
-            behind[journal] = SourceBehind(journal, asked[journal], head, (was, now))
+    behind = await find_sources_behind(client, asked)
+    behind = await find_recreated(client, asked, recorded, revisions, behind)
     policy = checkpoint_ahead_policy(shard.spec)
-    checkpoint = resume_checkpoint(
-        shard.spec.id, policy, sorted(behind.values(), key=_journal), checkpoint
-    )
+    checkpoint = resume_checkpoint(shard.spec.id, policy, behind, checkpoint)
     offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
     if not offsets:
         return OpenedSource(NoSource(resume), checkpoint, revisions)
@@ -122,10 +116,6 @@ async def open_source(
         verify_journal=verify,
     )
     return OpenedSource(reader, checkpoint, revisions)
-
-
-def _journal(behind: SourceBehind) -> str:
-    return behind.journal
 
 
 class NoSource:

@@ -34,14 +34,18 @@ checkpoint, costs one metadata-only read per source.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from prometheus_client import Counter
 
 from broker.client.route_cache import JournalClient
-from broker.client.write_head import confirm_write_head, probe_write_head
+from broker.client.write_head import (
+    confirm_write_head,
+    probe_write_head,
+    stored_fragment_covers,
+)
 from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
@@ -49,14 +53,17 @@ from gazette_consumer.shard_retry import Transience, classify
 
 __all__ = [
     "BEHIND_TOTAL",
+    "RECREATED_TOTAL",
     "CheckpointAheadError",
     "SourceBehind",
     "checkpoint_ahead_policy",
+    "find_recreated",
     "find_sources_behind",
     "resume_checkpoint",
 ]
 
 _log = get_logger(__name__)
+_T = TypeVar("_T")
 
 # Source heads asked at once when a primary starts (a shard may read hundreds of journals).
 head_probes_max: Final = 16
@@ -64,6 +71,14 @@ head_probes_max: Final = 16
 # after `head_probe_retry_s`, doubling: about 1.5 s in all, then the shard's own retry.
 head_probe_attempts_max: Final = 4
 head_probe_retry_s: Final = 0.2
+
+RECREATED_TOTAL: Final = Counter(
+    "gazette_consumer_source_recreated_total",
+    "Source journals found at a primary's start created again since the shard's checkpoint"
+    " (a new etcd create revision), by what their content at the checkpoint was found to be:"
+    " restored (a stored fragment holds it) or new",
+    ["journal", "found"],
+)
 
 BEHIND_TOTAL: Final = Counter(
     "gazette_consumer_source_behind_checkpoint_total",
@@ -90,8 +105,9 @@ class SourceBehind:
             return (
                 f"the checkpoint read source journal {self.journal!r} through offset"
                 f" {self.checkpoint}, but the journal was deleted and created again since"
-                f" (etcd create revision {was}, now {now}): resuming there would skip"
-                f" offsets [0, {self.checkpoint}) of the new journal"
+                f" (etcd create revision {was}, now {now}) and no fragment in its stores holds"
+                f" the last offset the shard read: resuming there would skip offsets"
+                f" [0, {self.checkpoint}) of the new journal"
             )
         return (
             f"the checkpoint read source journal {self.journal!r} through offset"
@@ -136,21 +152,7 @@ async def find_sources_behind(
 
     async def behind(journal: str, checkpoint: int) -> SourceBehind | None:
         async with gate:
-            delay_s = head_probe_retry_s
-            for attempt in range(1, head_probe_attempts_max + 1):
-                try:
-                    head = await head_of(journal, checkpoint)
-                    break
-                except Exception as err:
-                    # A broker restarting, a stale route: asked again within a small bound
-                    # rather than restart the shard (its recovery played again) at once.
-                    if (
-                        attempt == head_probe_attempts_max
-                        or classify(err) is not Transience.TRANSIENT
-                    ):
-                        raise
-                    await asyncio.sleep(delay_s)  # A back-off, not a synchronisation.
-                    delay_s *= 2
+            head = await _retrying(lambda: head_of(journal, checkpoint))
             return SourceBehind(journal, checkpoint, head) if head < checkpoint else None
 
     asked = sorted((j, offset) for j, offset in offsets.items() if offset > 0)
@@ -163,6 +165,67 @@ async def find_sources_behind(
         if tasks:
             await asyncio.wait(tasks)
     return [b for b in found if b is not None]
+
+
+async def _retrying(ask: Callable[[], Awaitable[_T]]) -> _T:
+    """`ask()`, asked again on a transient error (shard_retry.classify) up to
+    `head_probe_attempts_max` times in all, with a doubling back-off: a broker restarting, a
+    stale route, rather than restart the shard (its recovery played again) at once."""
+    delay_s = head_probe_retry_s
+    for attempt in range(1, head_probe_attempts_max + 1):
+        try:
+            return await ask()
+        except Exception as err:
+            if attempt == head_probe_attempts_max or classify(err) is not Transience.TRANSIENT:
+                raise
+            await asyncio.sleep(delay_s)  # A back-off, not a synchronisation.
+            delay_s *= 2
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def find_recreated(
+    client: JournalClient,
+    offsets: Mapping[str, int],
+    recorded: Mapping[str, int],
+    current: Mapping[str, int],
+    behind: Sequence[SourceBehind],
+) -> list[SourceBehind]:
+    """`behind`, with the journals of `offsets` (journal -> the checkpoint's read-through
+    offset) created again since the checkpoint recorded their create revision (`recorded`;
+    `current` holds the revisions now) whose new content is not the old one, in journal order.
+
+    A new create revision alone is no proof that the content changed: a journal deleted and
+    created again over the same fragment store (specs applied again to a rebuilt etcd, a spec
+    deleted by mistake) has its persisted content back at the same offsets, and Gazette treats
+    it as the same journal (found by review). So one whose primary lists a persisted fragment
+    holding the last offset the shard read is taken for restored (logged, counted, resumed);
+    one whose head is below the checkpoint, or without such a fragment, is new content.
+    Revisions of 0 (brokers before Gazette filled the field) are unknown, never a change."""
+    found = {b.journal: b for b in behind}
+    for journal, offset in sorted(offsets.items()):
+        was, now = recorded.get(journal, 0), current.get(journal, 0)
+        if offset <= 0 or was <= 0 or now <= 0 or was == now:
+            continue
+        if journal in found:
+            found[journal] = SourceBehind(journal, offset, found[journal].head, (was, now))
+            continue
+
+        async def covers(j: str = journal, at: int = offset - 1) -> bool:
+            return await stored_fragment_covers(client, j, at)
+
+        if await _retrying(covers):
+            RECREATED_TOTAL.labels(journal, "restored").inc()
+            _log.warning(
+                "source journal was created again over its fragment store: its content at the"
+                " checkpoint is back, resuming there",
+                journal=journal,
+                checkpoint=offset,
+                create_revisions=(was, now),
+            )
+            continue
+        RECREATED_TOTAL.labels(journal, "new").inc()
+        found[journal] = SourceBehind(journal, offset, -1, (was, now))
+    return [found[j] for j in sorted(found)]
 
 
 def resume_checkpoint(

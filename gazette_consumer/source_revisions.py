@@ -8,10 +8,13 @@ is skipped without an error (Gazette does exactly that). A head below the checkp
 
 So the checkpoint also records, per source, the etcd create revision of the journal its offset
 was read from, and a primary compares it with the journal's current create revision (one List
-of its sources) before it reads: a different revision means the journal was created again, and
-the spec's ``gazette.dev/checkpoint-ahead`` policy decides as for a head found behind. While a
-primary reads, its readers check the create revision again whenever a Read RPC of theirs ended
-(a broker stopping, a journal deleted: `verify_source`), before the next one reads on.
+of its sources) before it reads: a different revision means the journal was created again.
+That alone does not mean its content changed (created again over the same fragment store, it
+has its persisted content back at the same offsets): source_heads.find_recreated decides, and
+the spec's ``gazette.dev/checkpoint-ahead`` policy applies to new content as to a head found
+behind. While a primary reads, its readers check the create revision again whenever a Read RPC
+of theirs ended (a broker stopping, a journal deleted: `verify_source`), before the next one
+reads on; a change restarts the shard, whose start decides as above.
 
 Where it is kept. Gazette's ``consumer.Checkpoint.Source`` has no such field, so the revision is
 written as field number `CREATE_REVISION_FIELD` of the Source, a varint unknown to Gazette's
@@ -118,5 +121,6 @@ async def verify_source(client: JournalClient, journal: str, read_from: int) -> 
     """Raise SourceRecreatedError if `journal`'s create revision is no longer `read_from`
     (JournalNotFoundError if it is gone)."""
     current = (await current_create_revisions(client, [journal]))[journal]
-    if current != read_from:
+    # 0 is unknown (a broker older than the field), never a change.
+    if 0 < read_from != current > 0:
         raise SourceRecreatedError(journal, read_from, current)

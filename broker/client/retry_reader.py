@@ -30,9 +30,10 @@ What is surfaced rather than retried:
   defaults): a reader that makes no progress for that long is not going to.
 
 `verify`, if given, is awaited with the journal's name before the first read after a Read RPC
-ended (by an error, or by the broker), but not after a fragment read directly from its store
-(the common, ordinary end of a catching-up read): a caller that must know the journal is still
-the one it was reading (a consumer shard, gazette_consumer/source_revisions.py) checks there.
+ended (by an error, or by the broker); after a fragment read directly from its store (the
+common, ordinary end of a catching-up read) only if `verify_direct_every_s` passed since the
+last check: a caller that must know the journal is still the one it was reading (a consumer
+shard, gazette_consumer/source_revisions.py) checks there.
 Its errors are classified as the read's own: a transient one (the broker it asks is down) is an
 attempt failed, and the check runs again before the next.
 """
@@ -89,6 +90,10 @@ backoff_jitter: Final = 0.5
 # healthy until then: e.g. blocked at the head of a quiet journal), so the failure count resets.
 attempt_healthy_s: Final = backoff_max_s
 
+# After a fragment read directly from its store, `verify` is awaited again only this long after
+# the last time: a catching-up reader ends an RPC per fragment, and the check is a List RPC.
+verify_direct_every_s: Final = 30.0
+
 # gRPC codes no retry can fix.
 _FATAL_CODES: Final = frozenset(
     {
@@ -140,6 +145,7 @@ class RetryReader:
         self._verify_pending = False
         self._sleep = sleep
         self._clock = clock
+        self._verified_at = clock()
         self._jitter = jitter
         self._attempt_started = 0.0
         self._attempt_offset = 0
@@ -214,6 +220,7 @@ class RetryReader:
         assert self._verify is not None
         await self._verify(self.journal)
         self._verify_pending = False
+        self._verified_at = self._clock()
 
     def _complete(self) -> bool:
         request = self.reader.request
@@ -269,9 +276,12 @@ class RetryReader:
         request = pb.ReadRequest()
         request.CopyFrom(spent.request)
         await spent.close()
-        if self._verify is not None and not spent.read_directly:
+        if self._verify is not None and (
+            not spent.read_directly or self._clock() - self._verified_at >= verify_direct_every_s
+        ):
             # The RPC ended (a broker stopping, the journal deleted...): whatever the caller
-            # checks of the journal is checked again before the next one reads on.
+            # checks of the journal is checked again before the next one reads on. After a
+            # fragment read directly, at most every `verify_direct_every_s`.
             self._verify_pending = True
         self.reader = self._new_reader(request)
         self.reader.jumps = spent.jumps

@@ -24,7 +24,13 @@ from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.status import NotJournalPrimaryBrokerError, OffsetNotYetAvailableError
 
-__all__ = ["confirm_attempts_max", "confirm_write_head", "probe_write_head"]
+__all__ = [
+    "confirm_attempts_max",
+    "confirm_write_head",
+    "primary_listing",
+    "probe_write_head",
+    "stored_fragment_covers",
+]
 
 # Listings `confirm_write_head` asks before giving up on reaching the journal's primary (each
 # answer teaches the client the current route).
@@ -47,14 +53,10 @@ async def probe_write_head(client: JournalClient, journal: str) -> int:
     return reader.response.write_head
 
 
-async def confirm_write_head(client: JournalClient, journal: str, probed: int) -> int:
-    """The write head, given a `probed` one that may be too low (the module docstring): the
-    largest of it, the end of the journal's fragments as listed by its primary (once its
-    fragment store has been listed), its suspension offset, and a second probe. Raises the
-    listing's error (UNAVAILABLE while the store cannot be listed), or
-    NotJournalPrimaryBrokerError (retriable) if a broker other than the journal's primary
-    answered it: the client's route was stale, or the journal has no primary right now, and a
-    replica that joined late may lack the primary's unpersisted content."""
+async def primary_listing(client: JournalClient, journal: str) -> pb.FragmentsResponse:
+    """The journal's fragments as its primary lists them (once its fragment store has been
+    listed). Raises the listing's error, or NotJournalPrimaryBrokerError (retriable) if a
+    broker other than the primary answered each of `confirm_attempts_max` asks."""
     request = pb.FragmentsRequest(journal=journal)
     for attempt in range(1, confirm_attempts_max + 1):
         listing = await list_all_fragments(client, request, require_primary=True)
@@ -62,7 +64,7 @@ async def confirm_write_head(client: JournalClient, journal: str, probed: int) -
         route = header.route
         members = route.members
         if 0 <= route.primary < len(members) and members[route.primary] == header.process_id:
-            break
+            return listing
         # The answer taught the client the route (list_all_fragments): ask again, now of
         # the primary it names, if it names one.
         if attempt == confirm_attempts_max:
@@ -71,6 +73,28 @@ async def confirm_write_head(client: JournalClient, journal: str, probed: int) -
                 f"listing fragments of {journal}: answered by {answered or 'a broker'}, not"
                 " the journal's primary: its write head cannot be confirmed yet"
             )
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def stored_fragment_covers(client: JournalClient, journal: str, offset: int) -> bool:
+    """Whether a fragment persisted to one of the journal's stores (as its primary lists them)
+    holds `offset`: content that outlives the journal's spec, so that a journal deleted and
+    created again over the same store has it back at the same offsets."""
+    listing = await primary_listing(client, journal)
+    return any(
+        f.spec.begin <= offset < f.spec.end and f.spec.mod_time != 0 for f in listing.fragments
+    )
+
+
+async def confirm_write_head(client: JournalClient, journal: str, probed: int) -> int:
+    """The write head, given a `probed` one that may be too low (the module docstring): the
+    largest of it, the end of the journal's fragments as listed by its primary (once its
+    fragment store has been listed), its suspension offset, and a second probe. Raises the
+    listing's error (UNAVAILABLE while the store cannot be listed), or
+    NotJournalPrimaryBrokerError (retriable) if a broker other than the journal's primary
+    answered it: the client's route was stale, or the journal has no primary right now, and a
+    replica that joined late may lack the primary's unpersisted content."""
+    listing = await primary_listing(client, journal)
     listed = max((f.spec.end for f in listing.fragments), default=0)
     suspended = (await get_journal(client, journal)).suspend.offset
     return max(probed, listed, suspended, await probe_write_head(client, journal))

@@ -21,6 +21,7 @@ import grpc.aio
 import pytest
 from sqlalchemy import Engine
 
+from broker.cli.reset_head import reset_head
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.client.write_head import probe_write_head
@@ -31,9 +32,16 @@ from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.topology import item_key
 from gazette_consumer.checkpoint import flatten_read_through
+from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.shard_retry import Transience, classify
 from gazette_consumer.shard_runner import ShardRunner
-from gazette_consumer.source_heads import BEHIND_TOTAL, SourceBehind, find_sources_behind
+from gazette_consumer.source_heads import (
+    BEHIND_TOTAL,
+    RECREATED_TOTAL,
+    SourceBehind,
+    find_recreated,
+    find_sources_behind,
+)
 from tests.broker.broker_testkit import (
     ROOT,
     Cluster,
@@ -52,6 +60,7 @@ from tests.gazette_consumer.shard_testkit import (
     read_counts,
     shard_env,
     shard_spec,
+    sqlite_engine,
 )
 
 Code = cpb.ReplicaStatus.Code
@@ -379,3 +388,76 @@ async def test_a_suspended_journal_whose_fragments_are_gone_is_not_behind(
     finally:
         await client.close()
         await cluster.close()
+
+
+async def test_a_journal_created_again_over_its_fragment_store_is_the_same_journal(
+    tmp_path: Path,
+) -> None:
+    """Deleted and created again with the same fragment store (specs applied again to a rebuilt
+    etcd, a spec deleted by mistake), a journal has its persisted content back at the same
+    offsets, as in Gazette: the new create revision alone must not fail a shard reading it,
+    nor (under ``rewind``) have it read everything twice (found by review). The shard reads
+    on while it happens; its reader's check restarts it, and its start finds the content it
+    read last in a stored fragment."""
+    (tmp_path / "frags").mkdir()
+    registry = StoreRegistry({"file": lambda url: FileStore(url, root=tmp_path)})
+    spec = journal_spec(JOURNAL, stores=["file:///frags/"])
+    spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
+    cluster = Cluster(stores=registry)
+    broker = await cluster.start_broker("zone-a", "broker-a")
+    client = JournalClient(broker.endpoint)
+    restored = RECREATED_TOTAL.labels(JOURNAL, "restored")._value.get()
+    try:
+        async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
+            await cluster.create(spec, [broker])
+            old = Producer(appends, "old")
+            for _ in range(4):
+                end = await _end(old)
+            shard = _labelled(labels.CHECKPOINT_AHEAD_REWIND)  # It must not apply.
+            changed = Notifier()
+            async with ShardRunner(CountingApp(engine), client, root="/test/same") as runner:
+                handle = runner.start(shard, on_change=changed.notify)
+                await changed.read_through(handle, JOURNAL, end)
+                # Its replica stops and persists its spool: the store holds [0, end).
+                await cluster.assign(JOURNAL, [])
+                await wait_until(lambda: _stored_end(tmp_path) >= end)
+                header, _ = await cluster.admin.delete(item_key(ROOT, JOURNAL).encode())
+                await cluster.sync(header.revision)
+                await cluster.create(spec, [broker])
+                await wait_until(lambda: restored < _restored_count())
+                # As in Gazette, its spool starts empty below an index that holds [0, end):
+                # appends are refused until an operator confirms the journal's end.
+                assert await reset_head(client, JOURNAL) == (end, "reset")
+                last = await _end(Producer(appends, "more"))
+                assert last > end  # Appended past the restored content.
+                await changed.read_through(handle, JOURNAL, last)
+                assert handle.status().code != Code.FAILED, handle.status().errors
+            assert await read_counts(engine, "shard-behind") == {"old": 4, "more": 1}
+    finally:
+        await client.close()
+        await cluster.close()
+
+
+def _stored_end(tmp_path: Path) -> int:
+    """Where the fragments stored under tmp_path/frags for JOURNAL end."""
+    names = (tmp_path / "frags" / JOURNAL).glob("*")
+    return max((int(p.name.split("-")[1], 16) for p in names), default=0)
+
+
+def _restored_count() -> float:
+    return RECREATED_TOTAL.labels(JOURNAL, "restored")._value.get()
+
+
+async def test_unknown_create_revisions_are_never_a_change(tmp_path: Path) -> None:
+    """Brokers from before Gazette filled ListResponse.Journal.create_revision answer 0 (found
+    by review): not a journal created again, whatever the checkpoint recorded."""
+    async with shard_env(tmp_path) as (env, _engine, _appends):
+        behind = [SourceBehind("in/b", 50, 10)]
+        found = await find_recreated(
+            env.client,
+            {"in/a": 100, "in/b": 50, "in/c": 0},
+            {"in/a": 7, "in/b": 0, "in/c": 3},
+            {"in/a": 0, "in/b": 9, "in/c": 8},
+            behind,
+        )
+        assert found == behind  # Untouched: nothing asked of the broker either.

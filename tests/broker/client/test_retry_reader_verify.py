@@ -1,0 +1,115 @@
+"""RetryReader's `verify` (a consumer shard's check that its source journal was not created
+again, gazette_consumer/source_revisions.py): awaited before reading on after a Read RPC ended,
+after a fragment read directly only every `verify_direct_every_s`, its transient errors
+retried as the read's own and the others raised. On an injected clock and sleep, against the
+real Read RPC server of read_testkit."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker.client.reader import Chunk
+from broker.client.retry_reader import RetryReader, backoff_s, verify_direct_every_s
+from broker.fragment.codecs import CompressionCodec
+from broker.protocol import protocol_pb2 as pb
+from tests.broker.client.test_retry_reader_backoff import VirtualTime
+from tests.broker.read_testkit import JOURNAL, Replica, WatchedIndex, commit, env, persist
+
+CONTENT = b"0123456789"
+
+
+class Verifier:
+    """Records each check; raises the queued errors first."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.calls: list[str] = []
+        self.errors = list(errors)
+
+    async def __call__(self, journal: str) -> None:
+        self.calls.append(journal)
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+async def _ended_by_the_broker(tmp_path: Path, verify: Verifier) -> tuple[Chunk, VirtualTime]:
+    """A blocking read at the head whose RPC the broker ends (its replica goes away), the
+    journal then served elsewhere with more content: what the reader reads on with."""
+    async with env(tmp_path) as e:
+        commit(e.index, 0, CONTENT)
+        time = VirtualTime()
+        reader = RetryReader(
+            e.client,
+            pb.ReadRequest(journal=JOURNAL, offset=len(CONTENT), block=True),
+            sleep=time.sleep,
+            clock=time.clock,
+            jitter=lambda: 0.0,
+            verify=verify,
+        )
+        blocked = asyncio.ensure_future(reader.read_chunk())
+        old = e.index
+        await old.waiting.wait()
+        assert verify.calls == []  # Not before the first RPC: its opener checked.
+        successor = WatchedIndex()
+        commit(successor, 0, CONTENT)
+        commit(successor, len(CONTENT), b"more")
+        e.resolver.replica = Replica(successor)
+        old.close()
+        try:
+            return await blocked, time
+        finally:
+            await reader.close()
+
+
+async def test_an_rpc_the_broker_ended_is_verified_before_reading_on(tmp_path: Path) -> None:
+    verify = Verifier()
+    chunk, time = await _ended_by_the_broker(tmp_path, verify)
+    assert chunk == Chunk(len(CONTENT), b"more")
+    assert verify.calls == [JOURNAL]
+    assert time.slept == [backoff_s(1)]  # The ended RPC made no progress: one back-off.
+
+
+async def test_a_transient_verify_error_is_an_attempt_retried(tmp_path: Path) -> None:
+    verify = Verifier(ConnectionResetError("the broker asked went away"))
+    chunk, time = await _ended_by_the_broker(tmp_path, verify)
+    assert chunk == Chunk(len(CONTENT), b"more")
+    assert verify.calls == [JOURNAL, JOURNAL]
+    assert time.slept == [backoff_s(1), backoff_s(2)]  # The failed check, one more.
+
+
+async def test_what_verify_finds_is_raised_and_nothing_more_is_read(tmp_path: Path) -> None:
+    class Recreated(Exception):
+        pass
+
+    with pytest.raises(Recreated):
+        await _ended_by_the_broker(tmp_path, Verifier(Recreated("created again")))
+
+
+async def test_fragments_read_directly_are_verified_at_most_every_interval(
+    tmp_path: Path,
+) -> None:
+    async with env(tmp_path) as e:
+        for i in range(4):
+            await persist(e, i * len(CONTENT), CONTENT, CompressionCodec.NONE)
+        time, verify = VirtualTime(), Verifier()
+        reader = RetryReader(
+            e.client,
+            pb.ReadRequest(journal=JOURNAL, offset=0, block=True, do_not_proxy=True),
+            registry=e.registry,
+            sleep=time.sleep,
+            clock=time.clock,
+            verify=verify,
+        )
+        try:
+            # Each fragment is read directly, then the RPC for the next one starts.
+            for i in range(2):
+                assert await reader.read_chunk() == Chunk(i * len(CONTENT), CONTENT)
+            assert verify.calls == []
+            time.now += verify_direct_every_s
+            for i in range(2, 4):
+                assert await reader.read_chunk() == Chunk(i * len(CONTENT), CONTENT)
+            assert verify.calls == [JOURNAL]  # Once the interval passed, once.
+        finally:
+            await reader.close()
