@@ -29,7 +29,6 @@ __all__ = [
     "confirm_write_head",
     "primary_listing",
     "probe_write_head",
-    "stored_fragment_covers",
 ]
 
 # Listings `confirm_write_head` asks before giving up on reaching the journal's primary (each
@@ -74,16 +73,6 @@ async def primary_listing(client: JournalClient, journal: str) -> pb.FragmentsRe
                 " the journal's primary: its write head cannot be confirmed yet"
             )
     raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-async def stored_fragment_covers(client: JournalClient, journal: str, offset: int) -> bool:
-    """Whether a fragment persisted to one of the journal's stores (as its primary lists them)
-    holds `offset`: content that outlives the journal's spec, so that a journal deleted and
-    created again over the same store has it back at the same offsets."""
-    listing = await primary_listing(client, journal)
-    return any(
-        f.spec.begin <= offset < f.spec.end and f.spec.mod_time != 0 for f in listing.fragments
-    )
 
 
 async def confirm_write_head(client: JournalClient, journal: str, probed: int) -> int:

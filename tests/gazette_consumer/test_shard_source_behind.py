@@ -31,10 +31,10 @@ from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.topology import item_key
-from gazette_consumer.checkpoint import flatten_read_through
+from gazette_consumer.checkpoint import build_checkpoint, flatten_read_through
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.shard_retry import Transience, classify
-from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.source_heads import (
     BEHIND_TOTAL,
     RECREATED_TOTAL,
@@ -42,6 +42,7 @@ from gazette_consumer.source_heads import (
     find_recreated,
     find_sources_behind,
 )
+from gazette_consumer.source_revisions import SourceMarks, SourceRecreatedError, verify_source
 from tests.broker.broker_testkit import (
     ROOT,
     Cluster,
@@ -87,6 +88,25 @@ async def _recreate(env: BrokerEnv) -> None:
     await env.journal(JOURNAL)
 
 
+async def read_four(
+    runner: ShardRunner, spec: cpb.ShardSpec, changed: Notifier, appends: AppendService
+) -> tuple[LocalShard, int]:
+    """Start `spec`'s shard and have it read four messages of JOURNAL, its stored checkpoint
+    then holding a fingerprint of JOURNAL's content (source_revisions.py: taken when a shard
+    resumes past offset 0, so read three, restarted, then one more); the running shard and the
+    end of the fourth message."""
+    old = Producer(appends, "old")
+    handle = runner.start(spec, on_change=changed.notify)
+    for _ in range(3):
+        end = await _end(old)
+    await changed.read_through(handle, JOURNAL, end)
+    await runner.stop(spec.id)
+    handle = runner.start(spec, on_change=changed.notify)
+    end = await _end(old)
+    await changed.read_through(handle, JOURNAL, end)
+    return handle, end
+
+
 @contextlib.asynccontextmanager
 async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator[Recreated]:
     """A shard that read four messages of JOURNAL (and stopped), after which JOURNAL was
@@ -95,12 +115,8 @@ async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator
         await env.journal(JOURNAL)
         app = CountingApp(engine)
         changed = Notifier()
-        old = Producer(appends, "old")
         async with ShardRunner(app, env.client, root="/test/behind") as runner:
-            handle = runner.start(spec, on_change=changed.notify)
-            for _ in range(4):
-                end = await _end(old)
-            await changed.read_through(handle, JOURNAL, end)
+            _, end = await read_four(runner, spec, changed, appends)
             await runner.stop(spec.id)
             await _recreate(env)
             assert await _end(Producer(appends, "new")) < end
@@ -195,12 +211,8 @@ async def reading_shard(
         await env.journal(JOURNAL)
         app = CountingApp(engine)
         changed = Notifier()
-        old = Producer(appends, "old")
         async with ShardRunner(app, env.client, root="/test/inflight") as runner:
-            handle = runner.start(spec, on_change=changed.notify)
-            for _ in range(4):
-                end = await _end(old)
-            await changed.read_through(handle, JOURNAL, end)
+            _, end = await read_four(runner, spec, changed, appends)
             await _recreate(env)
             yield Recreated(env, engine, appends, app, runner, end), changed
 
@@ -410,14 +422,10 @@ async def test_a_journal_created_again_over_its_fragment_store_is_the_same_journ
     try:
         async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
             await cluster.create(spec, [broker])
-            old = Producer(appends, "old")
-            for _ in range(4):
-                end = await _end(old)
             shard = _labelled(labels.CHECKPOINT_AHEAD_REWIND)  # It must not apply.
             changed = Notifier()
             async with ShardRunner(CountingApp(engine), client, root="/test/same") as runner:
-                handle = runner.start(shard, on_change=changed.notify)
-                await changed.read_through(handle, JOURNAL, end)
+                handle, end = await read_four(runner, shard, changed, appends)
                 # Its replica stops and persists its spool: the store holds [0, end).
                 await cluster.assign(JOURNAL, [])
                 await wait_until(lambda: _stored_end(tmp_path) >= end)
@@ -448,16 +456,29 @@ def _restored_count() -> float:
     return RECREATED_TOTAL.labels(JOURNAL, "restored")._value.get()
 
 
-async def test_unknown_create_revisions_are_never_a_change(tmp_path: Path) -> None:
+async def test_unknown_revisions_are_no_change_and_no_fingerprint_is_no_restore(
+    tmp_path: Path,
+) -> None:
     """Brokers from before Gazette filled ListResponse.Journal.create_revision answer 0 (found
     by review): not a journal created again, whatever the checkpoint recorded."""
     async with shard_env(tmp_path) as (env, _engine, _appends):
+        await env.journal(JOURNAL)
         behind = [SourceBehind("in/b", 50, 10)]
+        offsets = {"in/a": 100, "in/b": 50, "in/c": 0}
+        checkpoint = build_checkpoint(offsets, {}, {})
+        SourceMarks({"in/a": 7, "in/c": 3}).stamp(checkpoint)  # in/b: none recorded.
         found = await find_recreated(
-            env.client,
-            {"in/a": 100, "in/b": 50, "in/c": 0},
-            {"in/a": 7, "in/b": 0, "in/c": 3},
-            {"in/a": 0, "in/b": 9, "in/c": 8},
-            behind,
+            env.client, offsets, {"in/a": 0, "in/b": 9, "in/c": 8}, checkpoint, behind
         )
-        assert found == behind  # Untouched: nothing asked of the broker either.
+        # Untouched (in/c was never read): nothing asked of the broker either.
+        assert (found.behind, found.restored) == (behind, frozenset())
+        with pytest.raises(SourceRecreatedError):  # The reader's check: a real change.
+            await verify_source(env.client, JOURNAL, 1)
+        await verify_source(env.client, JOURNAL, 0)  # Unknown: never a change.
+        # A changed revision without a recorded fingerprint: nothing tells the content is the
+        # old one, so it is new content (the policy decides), never assumed restored.
+        checkpoint = build_checkpoint({"in/a": 100}, {}, {})
+        SourceMarks({"in/a": 7}).stamp(checkpoint)
+        found = await find_recreated(env.client, {"in/a": 100}, {"in/a": 9}, checkpoint, [])
+        assert found.behind == [SourceBehind("in/a", 100, -1, (7, 9))]
+        assert found.restored == frozenset()
