@@ -217,7 +217,7 @@ class PrimaryShard:
                         on_progress=self._record_progress,
                         on_phase=self._notifier.notify,
                         on_read=self._record_read,
-                        source_marks=opened.marks,
+                        create_revisions=opened.create_revisions,
                     )
                     self._notifier.notify()
                     await self._driver.run()
@@ -225,7 +225,6 @@ class PrimaryShard:
                     # An Application's own source may fail to close: never instead of the
                     # error (or the cancellation) the shard stops with.
                     failing = sys.exc_info()[1]
-                    await opened.marks.close()  # Never raises: fingerprint reads cancelled.
                     await _cleanup(self.id, "source.close", source.close, failing)
             finally:
                 failing = sys.exc_info()[1]  # What the shard is failing with (it always is).

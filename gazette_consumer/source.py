@@ -35,18 +35,13 @@ from gazette_consumer.sequencer.types import SequencerCheckpoint
 from gazette_consumer.shard_spec import read_channel_size, ring_size, start_checkpoint
 from gazette_consumer.source_heads import (
     checkpoint_ahead_policy,
-    each_source,
     find_recreated,
     find_sources_behind,
     resume_checkpoint,
 )
 from gazette_consumer.source_revisions import (
-    Fingerprint,
-    SourceMarks,
-    content_fingerprint,
     create_revisions_of,
     current_create_revisions,
-    fingerprints_of,
     verify_source,
 )
 from gazette_consumer.stores.base import Store
@@ -67,9 +62,9 @@ class OpenedSource:
 
     source: MessageSource
     checkpoint: Checkpoint
-    # What the checkpoints the shard commits record of its sources (none for an Application's
-    # own source: source_revisions.py).
-    marks: SourceMarks = field(default_factory=SourceMarks)
+    # The sources' etcd create revisions, for the checkpoints the shard commits (empty for an
+    # Application's own source: source_revisions.py).
+    create_revisions: Mapping[str, int] = field(default_factory=dict)
 
 
 async def open_source(
@@ -97,16 +92,15 @@ async def open_source(
     stored = flatten_read_through(checkpoint)
     journals = [s.journal for s in shard.spec.sources]
     revisions = await current_create_revisions(client, journals)
+    recorded = create_revisions_of(checkpoint)
     asked = {j: stored.get(j, 0) for j in journals}
     behind = await find_sources_behind(client, asked)
-    found = await find_recreated(client, asked, revisions, checkpoint, behind)
+    behind = find_recreated(asked, recorded, revisions, behind)
     policy = checkpoint_ahead_policy(shard.spec)
-    resumed = resume_checkpoint(shard.spec.id, policy, found.behind, checkpoint)
-    marks = await _marks(client, checkpoint, resumed, revisions, found.restored)
-    checkpoint = resumed
+    checkpoint = resume_checkpoint(shard.spec.id, policy, behind, checkpoint)
     offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
     if not offsets:
-        return OpenedSource(NoSource(resume), checkpoint, marks)
+        return OpenedSource(NoSource(resume), checkpoint, revisions)
 
     async def verify(journal: str) -> None:
         await verify_source(client, journal, revisions[journal])
@@ -121,49 +115,7 @@ async def open_source(
         on_idle=on_idle,
         verify_journal=verify,
     )
-    return OpenedSource(reader, checkpoint, marks)
-
-
-async def _marks(
-    client: JournalClient,
-    stored: Checkpoint,
-    resumed: Checkpoint,
-    revisions: Mapping[str, int],
-    restored: frozenset[str],
-) -> SourceMarks:
-    """The marks of the sources read from `resumed`: their current create revisions, and the
-    fingerprint `stored` recorded for the same incarnation (same revision, or restored), else
-    one read now at the resumed offset (none at offset 0: rewound, or never read)."""
-    recorded = create_revisions_of(stored)
-    kept = fingerprints_of(stored)
-    offsets = flatten_read_through(resumed)
-    fingerprints: dict[str, Fingerprint] = {}
-    missing = []
-
-    async def fetch(journal: str, offset: int) -> Fingerprint | None:
-        fingerprint = await content_fingerprint(client, journal, offset)
-        # Read from the incarnation the revision names only if it is still the journal's
-        # after the read (a journal created again never gets an older revision back): else
-        # the new content's fingerprint would be recorded as the old journal's, and taken
-        # for restored content at the next start.
-        await verify_source(client, journal, revisions[journal])
-        return fingerprint
-
-    for journal, offset in offsets.items():
-        same = recorded.get(journal) == revisions.get(journal) or journal in restored
-        if journal in kept and same and kept[journal].offset <= offset:
-            fingerprints[journal] = kept[journal]
-        elif offset > 0 and journal in revisions:
-            missing.append(journal)
-
-    async def take(journal: str) -> Fingerprint | None:
-        return await fetch(journal, offsets[journal])
-
-    for journal, fingerprint in zip(missing, await each_source(missing, take), strict=True):
-        if fingerprint is not None:
-            fingerprints[journal] = fingerprint
-
-    return SourceMarks(revisions, fingerprints, fetch=fetch)
+    return OpenedSource(reader, checkpoint, revisions)
 
 
 class NoSource:

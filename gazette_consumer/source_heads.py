@@ -46,20 +46,12 @@ from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from gazette_consumer.shard_retry import Transience, classify
-from gazette_consumer.source_revisions import (
-    content_fingerprint,
-    create_revisions_of,
-    fingerprints_of,
-)
 
 __all__ = [
     "BEHIND_TOTAL",
-    "RECREATED_TOTAL",
     "CheckpointAheadError",
-    "Recreated",
     "SourceBehind",
     "checkpoint_ahead_policy",
-    "each_source",
     "find_recreated",
     "find_sources_behind",
     "resume_checkpoint",
@@ -74,14 +66,6 @@ head_probes_max: Final = 16
 # after `head_probe_retry_s`, doubling: about 1.5 s in all, then the shard's own retry.
 head_probe_attempts_max: Final = 4
 head_probe_retry_s: Final = 0.2
-
-RECREATED_TOTAL: Final = Counter(
-    "gazette_consumer_source_recreated_total",
-    "Source journals found at a primary's start created again since the shard's checkpoint"
-    " (a new etcd create revision), by what their content at the checkpoint was found to be:"
-    " restored (its fingerprint matches) or new",
-    ["journal", "found"],
-)
 
 BEHIND_TOTAL: Final = Counter(
     "gazette_consumer_source_behind_checkpoint_total",
@@ -108,9 +92,10 @@ class SourceBehind:
             return (
                 f"the checkpoint read source journal {self.journal!r} through offset"
                 f" {self.checkpoint}, but the journal was deleted and created again since"
-                f" (etcd create revision {was}, now {now}) and no fragment in its stores holds"
-                f" the last offset the shard read: resuming there would skip offsets"
-                f" [0, {self.checkpoint}) of the new journal"
+                f" (etcd create revision {was}, now {now}): if it holds new content, resuming"
+                f" there would skip offsets [0, {self.checkpoint}) of it (rewind); if it was"
+                " restored from its fragment store with the content the shard read, resuming"
+                " there is right (wait, and remove the label once the shard committed)"
             )
         return (
             f"the checkpoint read source journal {self.journal!r} through offset"
@@ -145,6 +130,7 @@ async def find_sources_behind(
 ) -> list[SourceBehind]:
     """The journals of `offsets` (journal -> the checkpoint's read-through offset) whose write
     head is below it, confirmed as the module docstring says, in journal order."""
+    gate = asyncio.Semaphore(head_probes_max)
 
     async def head_of(journal: str, checkpoint: int) -> int:
         head = await probe_write_head(client, journal)
@@ -152,12 +138,20 @@ async def find_sources_behind(
             return head
         return await confirm_write_head(client, journal, head)
 
-    async def behind(journal: str) -> SourceBehind | None:
-        checkpoint = offsets[journal]
-        head = await _retrying(lambda: head_of(journal, checkpoint))
-        return SourceBehind(journal, checkpoint, head) if head < checkpoint else None
+    async def behind(journal: str, checkpoint: int) -> SourceBehind | None:
+        async with gate:
+            head = await _retrying(lambda: head_of(journal, checkpoint))
+            return SourceBehind(journal, checkpoint, head) if head < checkpoint else None
 
-    found = await each_source(sorted(j for j, offset in offsets.items() if offset > 0), behind)
+    asked = sorted((j, offset) for j, offset in offsets.items() if offset > 0)
+    tasks = [asyncio.ensure_future(behind(j, offset)) for j, offset in asked]
+    try:
+        found = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:  # One failed (or the shard stops): the others are not waited on.
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
     return [b for b in found if b is not None]
 
 
@@ -177,89 +171,33 @@ async def _retrying(ask: Callable[[], Awaitable[_T]]) -> _T:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-@dataclass(frozen=True, slots=True)
-class Recreated:
-    """What `find_recreated` found: the sources to apply the spec's policy to (those found
-    behind, and those created again with new content), and those created again with their
-    content at the checkpoint restored (resumed as they are)."""
-
-    behind: list[SourceBehind]
-    restored: frozenset[str]
-
-
-async def find_recreated(
-    client: JournalClient,
+def find_recreated(
     offsets: Mapping[str, int],
+    recorded: Mapping[str, int],
     current: Mapping[str, int],
-    checkpoint: cpb.Checkpoint,
     behind: Sequence[SourceBehind],
-) -> Recreated:
-    """The journals of `offsets` (journal -> the checkpoint's read-through offset) created
-    again since `checkpoint` recorded their create revision (`current` holds the revisions
-    now), told apart by content (source_revisions.py): restored, if the fingerprint the
-    checkpoint recorded matches the journal's bytes now; else new content, added to `behind`
-    (journal order). A revision of 0 (brokers before Gazette filled the field) is unknown,
-    never a change.
+) -> list[SourceBehind]:
+    """`behind`, with the journals of `offsets` (journal -> the checkpoint's read-through
+    offset) created again since the checkpoint recorded their create revision (`recorded`;
+    `current` holds the revisions now), in journal order. A revision of 0 (brokers before
+    Gazette filled the field) is unknown, never a change.
 
-    A first version took a journal whose primary lists a stored fragment holding the last
-    offset read for restored: a journal created again over another (or an emptied) store
-    whose new content was persisted past the checkpoint was then resumed there, skipping
-    what lay below (found by review)."""
-    recorded = create_revisions_of(checkpoint)
-    fingerprints = fingerprints_of(checkpoint)
+    Each is handled as content lost, whatever its head, though a journal created again over
+    the same fragment store has its persisted content back at the same offsets (and Gazette
+    takes it for the same journal): nothing at hand tells that restored content from new
+    content written past the checkpoint since, and only the second is lost silently if the
+    shard resumes. Two attempts to tell them apart were broken by review (a stored fragment
+    holding the last offset read: new content persisted past it; a fingerprint of the bytes
+    below an earlier offset: a store that kept only part of what was read). So the policy
+    decides, and its message names both cases (``wait`` resumes a restored journal)."""
     found = {b.journal: b for b in behind}
-    changed: list[tuple[str, int, tuple[int, int]]] = []
     for journal, offset in sorted(offsets.items()):
         was, now = recorded.get(journal, 0), current.get(journal, 0)
         if offset <= 0 or was <= 0 or now <= 0 or was == now:
             continue
-        if journal in found:
-            found[journal] = SourceBehind(journal, offset, found[journal].head, (was, now))
-        else:
-            changed.append((journal, offset, (was, now)))
-
-    async def same_content(journal: str) -> bool:
-        fingerprint = fingerprints.get(journal)
-        if fingerprint is None:
-            return False
-        now = await _retrying(lambda: content_fingerprint(client, journal, fingerprint.offset))
-        return now == fingerprint
-
-    same = await each_source([journal for journal, _, _ in changed], same_content)
-    restored: set[str] = set()
-    for (journal, offset, revisions), kept in zip(changed, same, strict=True):
-        RECREATED_TOTAL.labels(journal, "restored" if kept else "new").inc()
-        if kept:
-            restored.add(journal)
-            _log.warning(
-                "source journal was created again with its content at the checkpoint restored"
-                " (its fingerprint matches): resuming there",
-                journal=journal,
-                checkpoint=offset,
-                create_revisions=revisions,
-            )
-        else:
-            found[journal] = SourceBehind(journal, offset, -1, revisions)
-    return Recreated([found[j] for j in sorted(found)], frozenset(restored))
-
-
-async def each_source(items: Sequence[str], ask: Callable[[str], Awaitable[_T]]) -> list[_T]:
-    """`ask(item)` for each item, `head_probes_max` at once, in order; the first error raised
-    cancels the others."""
-    gate = asyncio.Semaphore(head_probes_max)
-
-    async def gated(item: str) -> _T:
-        async with gate:
-            return await ask(item)
-
-    tasks = [asyncio.ensure_future(gated(item)) for item in items]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        head = found[journal].head if journal in found else -1
+        found[journal] = SourceBehind(journal, offset, head, (was, now))
+    return [found[j] for j in sorted(found)]
 
 
 def resume_checkpoint(

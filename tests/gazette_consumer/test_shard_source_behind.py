@@ -31,18 +31,17 @@ from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.topology import item_key
-from gazette_consumer.checkpoint import build_checkpoint, flatten_read_through
+from gazette_consumer.checkpoint import flatten_read_through
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.shard_retry import Transience, classify
-from gazette_consumer.shard_runner import LocalShard, ShardRunner
+from gazette_consumer.shard_runner import ShardRunner
 from gazette_consumer.source_heads import (
     BEHIND_TOTAL,
-    RECREATED_TOTAL,
     SourceBehind,
     find_recreated,
     find_sources_behind,
 )
-from gazette_consumer.source_revisions import SourceMarks, SourceRecreatedError, verify_source
+from gazette_consumer.source_revisions import SourceRecreatedError, verify_source
 from tests.broker.broker_testkit import (
     ROOT,
     Cluster,
@@ -88,25 +87,6 @@ async def _recreate(env: BrokerEnv) -> None:
     await env.journal(JOURNAL)
 
 
-async def read_four(
-    runner: ShardRunner, spec: cpb.ShardSpec, changed: Notifier, appends: AppendService
-) -> tuple[LocalShard, int]:
-    """Start `spec`'s shard and have it read four messages of JOURNAL, its stored checkpoint
-    then holding a fingerprint of JOURNAL's content (source_revisions.py: taken when a shard
-    resumes past offset 0, so read three, restarted, then one more); the running shard and the
-    end of the fourth message."""
-    old = Producer(appends, "old")
-    handle = runner.start(spec, on_change=changed.notify)
-    for _ in range(3):
-        end = await _end(old)
-    await changed.read_through(handle, JOURNAL, end)
-    await runner.stop(spec.id)
-    handle = runner.start(spec, on_change=changed.notify)
-    end = await _end(old)
-    await changed.read_through(handle, JOURNAL, end)
-    return handle, end
-
-
 @contextlib.asynccontextmanager
 async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator[Recreated]:
     """A shard that read four messages of JOURNAL (and stopped), after which JOURNAL was
@@ -115,8 +95,12 @@ async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator
         await env.journal(JOURNAL)
         app = CountingApp(engine)
         changed = Notifier()
+        old = Producer(appends, "old")
         async with ShardRunner(app, env.client, root="/test/behind") as runner:
-            _, end = await read_four(runner, spec, changed, appends)
+            handle = runner.start(spec, on_change=changed.notify)
+            for _ in range(4):
+                end = await _end(old)
+            await changed.read_through(handle, JOURNAL, end)
             await runner.stop(spec.id)
             await _recreate(env)
             assert await _end(Producer(appends, "new")) < end
@@ -211,8 +195,12 @@ async def reading_shard(
         await env.journal(JOURNAL)
         app = CountingApp(engine)
         changed = Notifier()
+        old = Producer(appends, "old")
         async with ShardRunner(app, env.client, root="/test/inflight") as runner:
-            _, end = await read_four(runner, spec, changed, appends)
+            handle = runner.start(spec, on_change=changed.notify)
+            for _ in range(4):
+                end = await _end(old)
+            await changed.read_through(handle, JOURNAL, end)
             await _recreate(env)
             yield Recreated(env, engine, appends, app, runner, end), changed
 
@@ -402,15 +390,16 @@ async def test_a_suspended_journal_whose_fragments_are_gone_is_not_behind(
         await cluster.close()
 
 
-async def test_a_journal_created_again_over_its_fragment_store_is_the_same_journal(
+async def test_a_journal_restored_over_its_fragment_store_fails_until_told_to_resume(
     tmp_path: Path,
 ) -> None:
-    """Deleted and created again with the same fragment store (specs applied again to a rebuilt
-    etcd, a spec deleted by mistake), a journal has its persisted content back at the same
-    offsets, as in Gazette: the new create revision alone must not fail a shard reading it,
-    nor (under ``rewind``) have it read everything twice (found by review). The shard reads
-    on while it happens; its reader's check restarts it, and its start finds the content it
-    read last in a stored fragment."""
+    """Deleted and created again over the same fragment store (specs applied again to a
+    rebuilt etcd, a spec deleted by mistake), a journal has its persisted content back at the
+    same offsets. Nothing tells that from new content appended past the checkpoint since
+    (source_heads.find_recreated: two attempts were broken by review), so the shard fails
+    naming both cases, rather than risk skipping new content; labelled ``wait`` it resumes
+    where it was and reads on exactly once. The shard reads while it happens: its reader's
+    check restarts it, and its start decides."""
     (tmp_path / "frags").mkdir()
     registry = StoreRegistry({"file": lambda url: FileStore(url, root=tmp_path)})
     spec = journal_spec(JOURNAL, stores=["file:///frags/"])
@@ -418,26 +407,35 @@ async def test_a_journal_created_again_over_its_fragment_store_is_the_same_journ
     cluster = Cluster(stores=registry)
     broker = await cluster.start_broker("zone-a", "broker-a")
     client = JournalClient(broker.endpoint)
-    restored = RECREATED_TOTAL.labels(JOURNAL, "restored")._value.get()
     try:
         async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
             await cluster.create(spec, [broker])
-            shard = _labelled(labels.CHECKPOINT_AHEAD_REWIND)  # It must not apply.
+            old = Producer(appends, "old")
+            for _ in range(4):
+                end = await _end(old)
+            shard = _labelled(None)
             changed = Notifier()
             async with ShardRunner(CountingApp(engine), client, root="/test/same") as runner:
-                handle, end = await read_four(runner, shard, changed, appends)
+                handle = runner.start(shard, on_change=changed.notify)
+                await changed.read_through(handle, JOURNAL, end)
                 # Its replica stops and persists its spool: the store holds [0, end).
                 await cluster.assign(JOURNAL, [])
                 await wait_until(lambda: _stored_end(tmp_path) >= end)
                 header, _ = await cluster.admin.delete(item_key(ROOT, JOURNAL).encode())
                 await cluster.sync(header.revision)
                 await cluster.create(spec, [broker])
-                await wait_until(lambda: restored < _restored_count())
+                await changed.until(lambda: handle.status().code == Code.FAILED)
+                error = handle.status().errors[0]
+                assert "CheckpointAheadError" in error and "deleted and created again" in error
+                assert "restored from its fragment store" in error and "(wait" in error
                 # As in Gazette, its spool starts empty below an index that holds [0, end):
                 # appends are refused until an operator confirms the journal's end.
                 assert await reset_head(client, JOURNAL) == (end, "reset")
                 last = await _end(Producer(appends, "more"))
                 assert last > end  # Appended past the restored content.
+                await runner.stop(shard.id)
+                waiting = _labelled(labels.CHECKPOINT_AHEAD_WAIT)
+                handle = runner.start(waiting, on_change=changed.notify)
                 await changed.read_through(handle, JOURNAL, last)
                 assert handle.status().code != Code.FAILED, handle.status().errors
             assert await read_counts(engine, "shard-behind") == {"old": 4, "more": 1}
@@ -452,33 +450,19 @@ def _stored_end(tmp_path: Path) -> int:
     return max((int(p.name.split("-")[1], 16) for p in names), default=0)
 
 
-def _restored_count() -> float:
-    return RECREATED_TOTAL.labels(JOURNAL, "restored")._value.get()
-
-
-async def test_unknown_revisions_are_no_change_and_no_fingerprint_is_no_restore(
-    tmp_path: Path,
-) -> None:
+async def test_unknown_create_revisions_are_never_a_change(tmp_path: Path) -> None:
     """Brokers from before Gazette filled ListResponse.Journal.create_revision answer 0 (found
     by review): not a journal created again, whatever the checkpoint recorded."""
     async with shard_env(tmp_path) as (env, _engine, _appends):
-        await env.journal(JOURNAL)
         behind = [SourceBehind("in/b", 50, 10)]
-        offsets = {"in/a": 100, "in/b": 50, "in/c": 0}
-        checkpoint = build_checkpoint(offsets, {}, {})
-        SourceMarks({"in/a": 7, "in/c": 3}).stamp(checkpoint)  # in/b: none recorded.
-        found = await find_recreated(
-            env.client, offsets, {"in/a": 0, "in/b": 9, "in/c": 8}, checkpoint, behind
+        found = find_recreated(
+            {"in/a": 100, "in/b": 50, "in/c": 0},
+            {"in/a": 7, "in/b": 0, "in/c": 3},
+            {"in/a": 0, "in/b": 9, "in/c": 8},
+            behind,
         )
-        # Untouched (in/c was never read): nothing asked of the broker either.
-        assert (found.behind, found.restored) == (behind, frozenset())
+        assert found == behind  # Untouched.
+        await env.journal(JOURNAL)
         with pytest.raises(SourceRecreatedError):  # The reader's check: a real change.
             await verify_source(env.client, JOURNAL, 1)
         await verify_source(env.client, JOURNAL, 0)  # Unknown: never a change.
-        # A changed revision without a recorded fingerprint: nothing tells the content is the
-        # old one, so it is new content (the policy decides), never assumed restored.
-        checkpoint = build_checkpoint({"in/a": 100}, {}, {})
-        SourceMarks({"in/a": 7}).stamp(checkpoint)
-        found = await find_recreated(env.client, {"in/a": 100}, {"in/a": 9}, checkpoint, [])
-        assert found.behind == [SourceBehind("in/a", 100, -1, (7, 9))]
-        assert found.restored == frozenset()
