@@ -34,7 +34,7 @@ from broker.topology import item_key
 from gazette_consumer.checkpoint import flatten_read_through
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
 from gazette_consumer.shard_retry import Transience, classify
-from gazette_consumer.shard_runner import ShardRunner
+from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.source_heads import (
     BEHIND_TOTAL,
     SourceBehind,
@@ -163,11 +163,16 @@ async def test_a_journal_created_again_and_grown_past_the_checkpoint_fails_the_s
         await _grow_past(r.appends, "more", r.read_through)
         changed = Notifier()
         handle = r.runner.start(spec, on_change=changed.notify)
-        await changed.until(lambda: handle.status().code == Code.FAILED)
-        error = handle.status().errors[0]
-        assert "CheckpointAheadError" in error and repr(JOURNAL) in error
-        assert "deleted and created again since (etcd create revision" in error
-        assert await read_counts(r.engine, "shard-behind") == {"old": 4}
+        await _fails_naming_the_recreation(r, handle, changed)
+
+
+async def _fails_naming_the_recreation(r: Recreated, handle: LocalShard, changed: Notifier) -> None:
+    """The shard FAILS naming the journal created again, having consumed only the old content."""
+    await changed.until(lambda: handle.status().code == Code.FAILED)
+    error = handle.status().errors[0]
+    assert "CheckpointAheadError" in error and repr(JOURNAL) in error
+    assert "deleted and created again since (etcd create revision" in error
+    assert await read_counts(r.engine, "shard-behind") == {"old": 4}
 
 
 async def test_rewind_reads_a_journal_created_again_and_grown_past_from_its_start(
@@ -215,11 +220,7 @@ async def test_a_journal_created_again_while_the_shard_reads_it_fails_the_shard(
     async with reading_shard(tmp_path, spec) as (r, changed):
         handle = r.runner.shard(spec.id)
         await _grow_past(r.appends, "more", r.read_through)
-        await changed.until(lambda: handle.status().code == Code.FAILED)
-        error = handle.status().errors[0]
-        assert "CheckpointAheadError" in error and repr(JOURNAL) in error
-        assert "deleted and created again since" in error
-        assert await read_counts(r.engine, "shard-behind") == {"old": 4}
+        await _fails_naming_the_recreation(r, handle, changed)
 
 
 async def test_rewind_reads_a_journal_created_again_while_the_shard_read_it(
