@@ -11,8 +11,8 @@ Before the default reader starts, each source's write head is compared with the 
 a checkpoint ahead of a head means the journal lost content the shard had read, and the spec's
 ``gazette.dev/checkpoint-ahead`` policy decides (source_heads.py); so does a source whose etcd
 create revision is no longer the one the checkpoint recorded: the journal was deleted and
-created again (source_revisions.py). The reader checks that revision again whenever one of its
-Read RPCs ended, before it reads on.
+created again (source_revisions.py). The reader checks that revision again when each of its
+Read RPCs first answers with content, and before the next after one ended.
 """
 
 from __future__ import annotations

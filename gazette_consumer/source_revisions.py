@@ -13,9 +13,10 @@ The spec's ``gazette.dev/checkpoint-ahead`` policy then applies as to a head fou
 (source_heads.find_recreated), even to a journal created again over the same fragment store,
 whose persisted content is back at the same offsets: nothing at hand tells that from new
 content appended past the checkpoint since, which resuming would skip (its docstring says
-why). While a primary reads, its readers check the create revision again whenever a Read RPC
-of theirs ended (a broker stopping, a journal deleted: `verify_source`), before the next one
-reads on; a change restarts the shard, whose start decides as above.
+why). While a primary reads, its readers check the create revision again (`verify_source`)
+when each Read RPC of theirs first answers with content, before handing it out, and before the
+next RPC after one ended (a broker stopping, a journal deleted); a change restarts the shard,
+whose start decides as above.
 
 Where it is kept. Gazette's ``consumer.Checkpoint.Source`` has no such field, so the revision is
 written as field number `CREATE_REVISION_FIELD` of the Source, a varint unknown to Gazette's

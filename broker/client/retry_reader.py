@@ -29,11 +29,16 @@ What is surfaced rather than retried:
 - `attempts_max` consecutive failed attempts (one to two minutes of back-off with the
   defaults): a reader that makes no progress for that long is not going to.
 
-`verify`, if given, is awaited with the journal's name before the first read after a Read RPC
-ended (by an error, or by the broker); after a fragment read directly from its store (the
-common, ordinary end of a catching-up read) only if `verify_direct_every_s` passed since the
-last check: a caller that must know the journal is still the one it was reading (a consumer
-shard, gazette_consumer/source_revisions.py) checks there.
+`verify`, if given, is awaited with the journal's name when a Read RPC first answers with
+content, before that content is handed out (the first RPC's too), and before the next RPC after
+one ended (by an error, or by the broker); after a fragment read directly from its store (the
+common, ordinary end of a catching-up read) both only if `verify_direct_every_s` passed since
+the last check. A caller that must know the journal is still the one it was reading (a
+consumer shard, gazette_consumer/source_revisions.py) checks there: the check after the answer
+leaves no window between a check and the read it covers (an incarnation the broker served
+before the check is the one the check finds, or an older one: revisions only grow), and the
+check before the RPC finds a journal created again at once, rather than once its new content
+passed the offset read.
 Its errors are classified as the read's own: a transient one (the broker it asks is down) is an
 attempt failed, and the check runs again before the next.
 """
@@ -143,6 +148,9 @@ class RetryReader:
         self._attempts_max = attempts_max
         self._verify = verify
         self._verify_pending = False
+        # Check again once the current RPC answered with content, before handing it out (the
+        # first RPC's too): see the module docstring.
+        self._verify_answered = verify is not None
         self._sleep = sleep
         self._clock = clock
         self._verified_at = clock()
@@ -192,6 +200,8 @@ class RetryReader:
                 if self._verify_pending:
                     await self._verify_journal()
                 chunk = await self.reader.read_chunk()
+                if chunk.content and self._verify_answered:
+                    await self._verify_answer(chunk)
             except Exception as err:
                 # The Reader is spent either way: the next read, now or after surfacing the
                 # error, continues with a fresh one where it stopped.
@@ -221,6 +231,16 @@ class RetryReader:
         await self._verify(self.journal)
         self._verify_pending = False
         self._verified_at = self._clock()
+
+    async def _verify_answer(self, chunk: Chunk) -> None:
+        """`verify`, now that the RPC answered with `chunk`; on an error, the chunk is not
+        handed out: the next attempt reads it again."""
+        try:
+            await self._verify_journal()
+        except BaseException:
+            self.reader.request.offset = chunk.offset
+            raise
+        self._verify_answered = False
 
     def _complete(self) -> bool:
         request = self.reader.request
@@ -282,7 +302,7 @@ class RetryReader:
             # The RPC ended (a broker stopping, the journal deleted...): whatever the caller
             # checks of the journal is checked again before the next one reads on. After a
             # fragment read directly, at most every `verify_direct_every_s`.
-            self._verify_pending = True
+            self._verify_pending = self._verify_answered = True
         self.reader = self._new_reader(request)
         self.reader.jumps = spent.jumps
         self.reader.response = spent.response

@@ -124,9 +124,15 @@ class ReadAhead:
             message_bytes_max=self._message_bytes_max,
         )
 
-    def new_reader(self, request: pb.ReadRequest) -> RetryReader:
+    def new_reader(self, request: pb.ReadRequest, *, verify: bool = False) -> RetryReader:
+        """A reader of `request`, checked by `verify_journal` if `verify` (the read-ahead
+        readers are; a replay reads below what they checked, and a check per replay would cost
+        the read path a List RPC each)."""
         return RetryReader(
-            self._client, request, registry=self._registry, verify=self._verify_journal
+            self._client,
+            request,
+            registry=self._registry,
+            verify=self._verify_journal if verify else None,
         )
 
     async def _supervise(self) -> None:
@@ -138,7 +144,8 @@ class ReadAhead:
             self.channel.fail(err)
 
     async def _read_journal(self, journal: str, offset: int) -> None:
-        reader = self.new_reader(pb.ReadRequest(journal=journal, offset=offset, block=True))
+        request = pb.ReadRequest(journal=journal, offset=offset, block=True)
+        reader = self.new_reader(request, verify=True)
         try:
             spec = self.specs[journal] = await get_journal(self._client, journal)
             decoder = self.new_decoder(spec, offset)

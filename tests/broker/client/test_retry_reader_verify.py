@@ -51,7 +51,7 @@ async def _ended_by_the_broker(tmp_path: Path, verify: Verifier) -> tuple[Chunk,
         blocked = asyncio.ensure_future(reader.read_chunk())
         old = e.index
         await old.waiting.wait()
-        assert verify.calls == []  # Not before the first RPC: its opener checked.
+        assert verify.calls == []  # Not before the first RPC answered with content.
         successor = WatchedIndex()
         commit(successor, 0, CONTENT)
         commit(successor, len(CONTENT), b"more")
@@ -67,7 +67,7 @@ async def test_an_rpc_the_broker_ended_is_verified_before_reading_on(tmp_path: P
     verify = Verifier()
     chunk, time = await _ended_by_the_broker(tmp_path, verify)
     assert chunk == Chunk(len(CONTENT), b"more")
-    assert verify.calls == [JOURNAL]
+    assert verify.calls == [JOURNAL, JOURNAL]  # Before the next RPC, and at its answer.
     assert time.slept == [backoff_s(1)]  # The ended RPC made no progress: one back-off.
 
 
@@ -75,8 +75,31 @@ async def test_a_transient_verify_error_is_an_attempt_retried(tmp_path: Path) ->
     verify = Verifier(ConnectionResetError("the broker asked went away"))
     chunk, time = await _ended_by_the_broker(tmp_path, verify)
     assert chunk == Chunk(len(CONTENT), b"more")
-    assert verify.calls == [JOURNAL, JOURNAL]
+    assert verify.calls == [JOURNAL] * 3
     assert time.slept == [backoff_s(1), backoff_s(2)]  # The failed check, one more.
+
+
+async def test_content_whose_answer_fails_its_check_is_read_again(tmp_path: Path) -> None:
+    """The check after an RPC's answer holds its content back: a transient failure of it
+    retries the read from that content's offset, and nothing is handed out twice or lost."""
+    async with env(tmp_path) as e:
+        commit(e.index, 0, CONTENT)
+        time, verify = VirtualTime(), Verifier(ConnectionResetError("the broker asked went away"))
+        reader = RetryReader(
+            e.client,
+            pb.ReadRequest(journal=JOURNAL, offset=0),
+            sleep=time.sleep,
+            clock=time.clock,
+            jitter=lambda: 0.0,
+            verify=verify,
+        )
+        try:
+            assert await reader.read_chunk() == Chunk(0, CONTENT[:4])
+            assert await reader.read_chunk() == Chunk(4, CONTENT[4:8])
+        finally:
+            await reader.close()
+    assert verify.calls == [JOURNAL] * 3  # The failed check at the answer, the next, then it.
+    assert time.slept == [backoff_s(1)]
 
 
 async def test_what_verify_finds_is_raised_and_nothing_more_is_read(tmp_path: Path) -> None:
@@ -103,13 +126,15 @@ async def test_fragments_read_directly_are_verified_at_most_every_interval(
             verify=verify,
         )
         try:
-            # Each fragment is read directly, then the RPC for the next one starts.
+            # Each fragment is read directly, then the RPC for the next one starts. The first
+            # RPC's answer is checked before its content is handed out; the next ones only
+            # once the interval passed (then before the RPC, and at its answer).
             for i in range(2):
                 assert await reader.read_chunk() == Chunk(i * len(CONTENT), CONTENT)
-            assert verify.calls == []
+            assert verify.calls == [JOURNAL]
             time.now += verify_direct_every_s
             for i in range(2, 4):
                 assert await reader.read_chunk() == Chunk(i * len(CONTENT), CONTENT)
-            assert verify.calls == [JOURNAL]  # Once the interval passed, once.
+            assert verify.calls == [JOURNAL] * 3
         finally:
             await reader.close()
