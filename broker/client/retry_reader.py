@@ -151,6 +151,7 @@ class RetryReader:
         # Check again once the current RPC answered with content, before handing it out (the
         # first RPC's too): see the module docstring.
         self._verify_answered = verify is not None
+        self._held: Chunk | None = None
         self._sleep = sleep
         self._clock = clock
         self._verified_at = clock()
@@ -171,7 +172,8 @@ class RetryReader:
 
     @property
     def offset(self) -> int:
-        return self.reader.offset
+        held = self._held
+        return held.offset if held is not None else self.reader.offset
 
     @property
     def request(self) -> pb.ReadRequest:
@@ -194,14 +196,16 @@ class RetryReader:
     async def read_chunk(self) -> Chunk:
         """The next chunk (see Reader.read_chunk), retrying failures (see the module docstring).
         Raises what is not retried, DataLossError among them."""
+        held = self._held
+        if held is not None:  # Read, but its check did not complete (cancelled, or failed).
+            await self._verify_answer(held)
+            return held
         attempt = 0
         while True:
             try:
                 if self._verify_pending:
                     await self._verify_journal()
                 chunk = await self.reader.read_chunk()
-                if chunk.content and self._verify_answered:
-                    await self._verify_answer(chunk)
             except Exception as err:
                 # The Reader is spent either way: the next read, now or after surfacing the
                 # error, continues with a fresh one where it stopped.
@@ -212,6 +216,8 @@ class RetryReader:
                     self.client.update_route(self.journal, None)
                 attempt = self._attempt_after(err, 0 if progressed else attempt)
             else:
+                if chunk.content and self._verify_answered:
+                    await self._verify_answer(chunk)
                 if chunk.content or self._complete():
                     return chunk
                 # The RPC (or a directly read fragment) ended: continue with a new one. One that
@@ -233,13 +239,21 @@ class RetryReader:
         self._verified_at = self._clock()
 
     async def _verify_answer(self, chunk: Chunk) -> None:
-        """`verify`, now that the RPC answered with `chunk`; on an error, the chunk is not
-        handed out: the next attempt reads it again."""
-        try:
-            await self._verify_journal()
-        except BaseException:
-            self.reader.request.offset = chunk.offset
-            raise
+        """`verify`, now that the RPC answered with `chunk`, which is held back meanwhile:
+        transient errors are retried here (as the read's own, bounded alike), leaving the RPC
+        as it is; until the check passes, a cancelled or failed call leaves the chunk held, and
+        the next call checks it again before handing it out (found by review: moving the
+        offset back instead left a reader cancelled here with its RPC ahead of its offset)."""
+        self._held = chunk
+        attempt = 0
+        while True:
+            try:
+                await self._verify_journal()
+                break
+            except Exception as err:
+                attempt = self._attempt_after(err, attempt)
+            await self._sleep(backoff_s(attempt, self._jitter()))
+        self._held = None
         self._verify_answered = False
 
     def _complete(self) -> bool:
@@ -316,6 +330,8 @@ class RetryReader:
         request.offset = offset
         await self.reader.close()
         self.reader = self._new_reader(request)
+        self._held = None
+        self._verify_answered = self._verify is not None  # A new RPC: its answer is checked.
 
     async def close(self) -> None:
         await self.reader.close()
