@@ -88,23 +88,32 @@ async def _recreate(env: BrokerEnv) -> None:
 
 
 @contextlib.asynccontextmanager
-async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator[Recreated]:
-    """A shard that read four messages of JOURNAL (and stopped), after which JOURNAL was
-    created again and holds one new message ("new"), fewer bytes than the shard had read."""
+async def _read_four(
+    tmp_path: Path, spec: cpb.ShardSpec, root: str
+) -> AsyncIterator[tuple[Recreated, Notifier]]:
+    """A shard that read four messages of JOURNAL ("old") and reads on, blocked at its head."""
     async with shard_env(tmp_path) as (env, engine, appends):
         await env.journal(JOURNAL)
         app = CountingApp(engine)
         changed = Notifier()
         old = Producer(appends, "old")
-        async with ShardRunner(app, env.client, root="/test/behind") as runner:
+        async with ShardRunner(app, env.client, root=root) as runner:
             handle = runner.start(spec, on_change=changed.notify)
             for _ in range(4):
                 end = await _end(old)
             await changed.read_through(handle, JOURNAL, end)
-            await runner.stop(spec.id)
-            await _recreate(env)
-            assert await _end(Producer(appends, "new")) < end
-            yield Recreated(env, engine, appends, app, runner, end)
+            yield Recreated(env, engine, appends, app, runner, end), changed
+
+
+@contextlib.asynccontextmanager
+async def recreated_source(tmp_path: Path, spec: cpb.ShardSpec) -> AsyncIterator[Recreated]:
+    """A shard that read four messages of JOURNAL (and stopped), after which JOURNAL was
+    created again and holds one new message ("new"), fewer bytes than the shard had read."""
+    async with _read_four(tmp_path, spec, "/test/behind") as (r, _):
+        await r.runner.stop(spec.id)
+        await _recreate(r.env)
+        assert await _end(Producer(r.appends, "new")) < r.read_through
+        yield r
 
 
 async def _end(producer: Producer) -> int:
@@ -196,18 +205,9 @@ async def reading_shard(
 ) -> AsyncIterator[tuple[Recreated, Notifier]]:
     """A shard that read four messages of JOURNAL and reads on (blocked at its head) while
     JOURNAL is deleted and created again."""
-    async with shard_env(tmp_path) as (env, engine, appends):
-        await env.journal(JOURNAL)
-        app = CountingApp(engine)
-        changed = Notifier()
-        old = Producer(appends, "old")
-        async with ShardRunner(app, env.client, root="/test/inflight") as runner:
-            handle = runner.start(spec, on_change=changed.notify)
-            for _ in range(4):
-                end = await _end(old)
-            await changed.read_through(handle, JOURNAL, end)
-            await _recreate(env)
-            yield Recreated(env, engine, appends, app, runner, end), changed
+    async with _read_four(tmp_path, spec, "/test/inflight") as (r, changed):
+        await _recreate(r.env)
+        yield r, changed
 
 
 async def test_a_journal_created_again_while_the_shard_reads_it_fails_the_shard(

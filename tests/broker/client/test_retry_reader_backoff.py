@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -24,7 +25,15 @@ from broker.client.retry_reader import (
 from broker.fragment import naming
 from broker.fragment.codecs import CompressionCodec
 from broker.protocol import protocol_pb2 as pb
-from tests.broker.read_testkit import JOURNAL, Replica, WatchedIndex, commit, env, persist
+from tests.broker.read_testkit import (
+    JOURNAL,
+    Env,
+    Replica,
+    WatchedIndex,
+    commit,
+    env,
+    persist,
+)
 
 CONTENT = b"0123456789"
 WINDOW_S = 60.0
@@ -52,6 +61,30 @@ class VirtualTime:
         self.now += delay
         if self.now > self.window_s or len(self.slept) > ATTEMPTS_SEEN_MAX:
             raise WindowOver()
+
+
+def blocked_at_head(e: Env, time: VirtualTime, **kwargs: Any) -> RetryReader:
+    """A RetryReader of JOURNAL (which holds CONTENT) from its head, blocking, on `time`."""
+    commit(e.index, 0, CONTENT)
+    return RetryReader(
+        e.client,
+        pb.ReadRequest(journal=JOURNAL, offset=len(CONTENT), block=True),
+        sleep=time.sleep,
+        clock=time.clock,
+        jitter=lambda: 0.0,
+        **kwargs,
+    )
+
+
+def served_elsewhere(e: Env) -> None:
+    """The journal's replica goes away (its blocked Read RPC answers OK without content), and
+    another serves it with CONTENT and b"more" after it."""
+    old = e.index
+    successor = WatchedIndex()
+    commit(successor, 0, CONTENT)
+    commit(successor, len(CONTENT), b"more")
+    e.resolver.replica = Replica(successor)
+    old.close()
 
 
 def make_unreadable(tmp_path: Path, fragment: pb.Fragment) -> None:
@@ -150,26 +183,13 @@ async def test_data_loss_is_never_retried(tmp_path: Path, direct: bool) -> None:
 @pytest.mark.parametrize("healthy", [True, False])
 async def test_only_a_healthy_attempt_resets_the_count(tmp_path: Path, healthy: bool) -> None:
     async with env(tmp_path) as e:
-        commit(e.index, 0, CONTENT)
         time = VirtualTime()
-        reader = RetryReader(
-            e.client,
-            pb.ReadRequest(journal=JOURNAL, offset=len(CONTENT), block=True),
-            sleep=time.sleep,
-            clock=time.clock,
-            jitter=lambda: 0.0,
-        )
+        reader = blocked_at_head(e, time)
         blocked = asyncio.ensure_future(reader.read_chunk())
-        old = e.index
-        await old.waiting.wait()
+        await e.index.waiting.wait()
         if healthy:
             time.now += attempt_healthy_s  # Blocked at the head that long: a healthy attempt.
-        # The replica goes away, answered OK but without content; another serves the journal.
-        successor = WatchedIndex()
-        commit(successor, 0, CONTENT)
-        commit(successor, len(CONTENT), b"more")
-        e.resolver.replica = Replica(successor)
-        old.close()
+        served_elsewhere(e)
         assert await blocked == Chunk(len(CONTENT), b"more")
         await reader.close()
     assert time.slept == ([] if healthy else [backoff_s(1)])

@@ -15,10 +15,13 @@ from broker.client.reader import Chunk
 from broker.client.retry_reader import RetryReader, backoff_s, verify_direct_every_s
 from broker.fragment.codecs import CompressionCodec
 from broker.protocol import protocol_pb2 as pb
-from tests.broker.client.test_retry_reader_backoff import VirtualTime
-from tests.broker.read_testkit import JOURNAL, Replica, WatchedIndex, commit, env, persist
-
-CONTENT = b"0123456789"
+from tests.broker.client.test_retry_reader_backoff import (
+    CONTENT,
+    VirtualTime,
+    blocked_at_head,
+    served_elsewhere,
+)
+from tests.broker.read_testkit import JOURNAL, commit, env, persist
 
 
 class Verifier:
@@ -38,25 +41,12 @@ async def _ended_by_the_broker(tmp_path: Path, verify: Verifier) -> tuple[Chunk,
     """A blocking read at the head whose RPC the broker ends (its replica goes away), the
     journal then served elsewhere with more content: what the reader reads on with."""
     async with env(tmp_path) as e:
-        commit(e.index, 0, CONTENT)
         time = VirtualTime()
-        reader = RetryReader(
-            e.client,
-            pb.ReadRequest(journal=JOURNAL, offset=len(CONTENT), block=True),
-            sleep=time.sleep,
-            clock=time.clock,
-            jitter=lambda: 0.0,
-            verify=verify,
-        )
+        reader = blocked_at_head(e, time, verify=verify)
         blocked = asyncio.ensure_future(reader.read_chunk())
-        old = e.index
-        await old.waiting.wait()
+        await e.index.waiting.wait()
         assert verify.calls == []  # Not before the first RPC answered with content.
-        successor = WatchedIndex()
-        commit(successor, 0, CONTENT)
-        commit(successor, len(CONTENT), b"more")
-        e.resolver.replica = Replica(successor)
-        old.close()
+        served_elsewhere(e)
         try:
             return await blocked, time
         finally:
