@@ -102,8 +102,8 @@ async def open_source(
     if not offsets:
         return OpenedSource(NoSource(resume), checkpoint, revisions)
 
-    async def verify(journal: str) -> None:
-        await verify_source(client, journal, revisions[journal])
+    async def verify(journal: str, at_least: int) -> None:
+        await verify_source(client, journal, revisions[journal], at_least)
 
     reader = ReadCommittedIter(
         client,

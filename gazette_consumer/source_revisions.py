@@ -42,6 +42,7 @@ from broker.protocol.status import JournalNotFoundError
 __all__ = [
     "CREATE_REVISION_FIELD",
     "SourceRecreatedError",
+    "StaleListingError",
     "create_revisions_of",
     "current_create_revisions",
     "stamp_create_revisions",
@@ -103,15 +104,27 @@ def create_revisions_of(cp: cpb.Checkpoint) -> dict[str, int]:
     return out
 
 
+class StaleListingError(ConnectionError):
+    """The broker asked for a journal's create revision answered from an older view of etcd
+    than the read being checked (transient: its view catches up)."""
+
+
 async def current_create_revisions(
-    client: JournalClient, journals: Sequence[str]
+    client: JournalClient, journals: Sequence[str], at_least: int = 0
 ) -> dict[str, int]:
     """The create revision of each of `journals` (one List RPC); raises JournalNotFoundError
-    naming the first journal that does not exist."""
+    naming the first journal that does not exist, and StaleListingError if the broker listed
+    them from an etcd revision below `at_least`."""
     if not journals:
         return {}
     selector = pb.LabelSelector(include=gl.label_set([(gl.META_NAME, j) for j in journals]))
     listed = await list_journals(client, selector)
+    listed_at = listed.header.etcd.revision
+    if listed_at < at_least:
+        raise StaleListingError(
+            f"listing {', '.join(journals)}: the broker answered from etcd revision {listed_at},"
+            f" older than the read being checked ({at_least}); asking again"
+        )
     found = {j.spec.name: j.create_revision for j in listed.journals}
     for journal in journals:
         if journal not in found:
@@ -119,10 +132,14 @@ async def current_create_revisions(
     return found
 
 
-async def verify_source(client: JournalClient, journal: str, read_from: int) -> None:
+async def verify_source(
+    client: JournalClient, journal: str, read_from: int, at_least: int = 0
+) -> None:
     """Raise SourceRecreatedError if `journal`'s create revision is no longer `read_from`
-    (JournalNotFoundError if it is gone)."""
-    current = (await current_create_revisions(client, [journal]))[journal]
+    (JournalNotFoundError if it is gone), as of etcd revision `at_least` or later: that of the
+    read checked, which an older view could show as the incarnation before it
+    (StaleListingError, transient, if the broker asked lags it)."""
+    current = (await current_create_revisions(client, [journal], at_least))[journal]
     # 0 is unknown (a broker older than the field), never a change.
     if 0 < read_from != current > 0:
         raise SourceRecreatedError(journal, read_from, current)

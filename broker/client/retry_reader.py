@@ -38,7 +38,11 @@ consumer shard, gazette_consumer/source_revisions.py) checks there: the check af
 leaves no window between a check and the read it covers (an incarnation the broker served
 before the check is the one the check finds, or an older one: revisions only grow), and the
 check before the RPC finds a journal created again at once, rather than once its new content
-passed the offset read.
+passed the offset read. With the name comes the etcd revision of the answer checked (its
+header's: the keyspace the reading broker served it from; before an RPC, the last answer's;
+0 if none): the check must look at the journal as of that revision or later, since the broker
+it asks may lag the one that served the read, and an older view may show the incarnation
+before the one read.
 Its errors are classified as the read's own: a transient one (the broker it asks is down) is an
 attempt failed, and the check runs again before the next.
 """
@@ -95,6 +99,10 @@ backoff_jitter: Final = 0.5
 # healthy until then: e.g. blocked at the head of a quiet journal), so the failure count resets.
 attempt_healthy_s: Final = backoff_max_s
 
+Verify = Callable[[str, int], Awaitable[None]]
+"""A check of the journal read (see the module docstring): its name, and the etcd revision the
+check must see the journal at, at least."""
+
 # After a fragment read directly from its store, `verify` is awaited again only this long after
 # the last time: a catching-up reader ends an RPC per fragment, and the check is a List RPC.
 verify_direct_every_s: Final = 30.0
@@ -138,7 +146,7 @@ class RetryReader:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
-        verify: Callable[[str], Awaitable[None]] | None = None,
+        verify: Verify | None = None,
     ) -> None:
         if attempts_max < 1:
             raise ValueError(f"attempts_max: must be >= 1 (got {attempts_max})")
@@ -234,7 +242,8 @@ class RetryReader:
 
     async def _verify_journal(self) -> None:
         assert self._verify is not None
-        await self._verify(self.journal)
+        # The current RPC's answer's revision (before it answers: the last RPC's, kept).
+        await self._verify(self.journal, self.reader.response.header.etcd.revision)
         self._verify_pending = False
         self._verified_at = self._clock()
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from broker.client.list_apply import get_journal
-from broker.client.retry_reader import RetryReader
+from broker.client.retry_reader import RetryReader, Verify
 from broker.client.route_cache import JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.validate import ValidationError, at, validate_journal_name
@@ -84,7 +84,7 @@ class ReadAhead:
         framing: Framing | None,
         registry: StoreRegistry | None,
         message_bytes_max: int,
-        verify_journal: Callable[[str], Awaitable[None]] | None = None,
+        verify_journal: Verify | None = None,
     ) -> None:
         self.channel = channel
         self._verify_journal = verify_journal

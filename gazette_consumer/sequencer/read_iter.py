@@ -34,7 +34,7 @@ Signature::
                       on_idle: Callable[[], None] | None = None,
                       replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
                       replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT,
-                      verify_journal: Callable[[str], Awaitable[None]] | None = None)
+                      verify_journal: Verify | None = None)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon=0) -> SequencerCheckpoint                has_pending(since) -> bool
     in_sequence: bool               take_sequence(limit) -> list[Envelope]
@@ -66,8 +66,8 @@ Errors: a reader that fails (a journal that does not exist or has no known conte
 non-retriable read error, a message that does not decode: `MessageDecodeError` naming journal
 and offsets) fails `next()`/`try_next()` with its error, once the messages read before it were
 returned, and every call after. Unreadable content is skipped and logged. `verify_journal`, if
-given, is awaited with a journal's name before a reader reads on after a Read RPC of its ended
-(RetryReader's `verify`): what it raises fails the iterator the same way (a shard checks there
+given, is each read-ahead reader's RetryReader `verify` (awaited with a journal's name and the
+etcd revision of the answer it checks): what it raises fails the iterator the same way (a shard checks there
 that the journal was not created again: gazette_consumer/source_revisions.py).
 
 Cancellation: `next()` may be cancelled at any await without losing a message: a message leaves
@@ -80,12 +80,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from itertools import chain, islice
 from operator import length_hint
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
+from broker.client.retry_reader import Verify
 from broker.client.route_cache import JournalClient
 from broker.protocol.validate import ValidationError
 from gazette_consumer.message.framing import MESSAGE_BYTES_MAX_DEFAULT, Framing
@@ -165,7 +166,7 @@ class ReadCommittedIter:
         on_idle: Callable[[], None] | None = None,
         replay_retained_bytes_max: int = REPLAY_RETAINED_BYTES_MAX_DEFAULT,
         replay_decoded_messages_max: int = REPLAY_DECODED_MESSAGES_MAX_DEFAULT,
-        verify_journal: Callable[[str], Awaitable[None]] | None = None,
+        verify_journal: Verify | None = None,
     ) -> None:
         if isinstance(read_channel_size, bool) or not isinstance(read_channel_size, int):
             raise ValidationError(

@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import Engine
 
 from broker.cli.reset_head import reset_head
+from broker.client.list_apply import list_journals
 from broker.client.append_service import AppendService
 from broker.client.route_cache import JournalClient
 from broker.client.write_head import probe_write_head
@@ -41,7 +42,11 @@ from gazette_consumer.source_heads import (
     find_recreated,
     find_sources_behind,
 )
-from gazette_consumer.source_revisions import SourceRecreatedError, verify_source
+from gazette_consumer.source_revisions import (
+    SourceRecreatedError,
+    StaleListingError,
+    verify_source,
+)
 from tests.broker.broker_testkit import (
     ROOT,
     Cluster,
@@ -467,3 +472,17 @@ async def test_unknown_create_revisions_are_never_a_change(tmp_path: Path) -> No
         with pytest.raises(SourceRecreatedError):  # The reader's check: a real change.
             await verify_source(env.client, JOURNAL, 1)
         await verify_source(env.client, JOURNAL, 0)  # Unknown: never a change.
+
+
+async def test_a_check_from_a_view_older_than_the_read_is_asked_again(tmp_path: Path) -> None:
+    """The reader's check must see the journal as of the revision its read was served from: a
+    broker whose view of etcd lags could still show the incarnation before the one read. A
+    listing from an older revision is a transient error (the reader asks again, backed off)."""
+    async with shard_env(tmp_path) as (env, _engine, _appends):
+        await env.journal(JOURNAL)
+        listed = await list_journals(env.client, f"name={JOURNAL}")
+        created, now = listed.journals[0].create_revision, listed.header.etcd.revision
+        with pytest.raises(StaleListingError, match=f"etcd revision {now}, older than"):
+            await verify_source(env.client, JOURNAL, created, now + 1)
+        assert classify(StaleListingError("x")) == Transience.TRANSIENT
+        await verify_source(env.client, JOURNAL, created, now)  # As fresh as the read: passes.

@@ -33,6 +33,7 @@ from tests.broker.read_testkit import (
     commit,
     env,
     persist,
+    route_header,
 )
 
 CONTENT = b"0123456789"
@@ -76,14 +77,16 @@ def blocked_at_head(e: Env, time: VirtualTime, **kwargs: Any) -> RetryReader:
     )
 
 
-def served_elsewhere(e: Env) -> None:
+def served_elsewhere(e: Env, revision: int = 3) -> None:
     """The journal's replica goes away (its blocked Read RPC answers OK without content), and
-    another serves it with CONTENT and b"more" after it."""
+    another serves it with CONTENT and b"more" after it, its answers' headers at etcd
+    `revision` (the first replica's are at 3)."""
     old = e.index
     successor = WatchedIndex()
     commit(successor, 0, CONTENT)
     commit(successor, len(CONTENT), b"more")
     e.resolver.replica = Replica(successor)
+    e.resolver.header = route_header(e.endpoint, revision=revision)
     old.close()
 
 

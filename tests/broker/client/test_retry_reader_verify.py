@@ -25,14 +25,17 @@ from tests.broker.read_testkit import JOURNAL, commit, env, persist
 
 
 class Verifier:
-    """Records each check; raises the queued errors first."""
+    """Records each check (`calls`: the journal, `revisions`: the revision it must see at
+    least); raises the queued errors first."""
 
     def __init__(self, *errors: Exception) -> None:
         self.calls: list[str] = []
+        self.revisions: list[int] = []
         self.errors = list(errors)
 
-    async def __call__(self, journal: str) -> None:
+    async def __call__(self, journal: str, at_least: int) -> None:
         self.calls.append(journal)
+        self.revisions.append(at_least)
         if self.errors:
             raise self.errors.pop(0)
 
@@ -46,7 +49,7 @@ async def _ended_by_the_broker(tmp_path: Path, verify: Verifier) -> tuple[Chunk,
         blocked = asyncio.ensure_future(reader.read_chunk())
         await e.index.waiting.wait()
         assert verify.calls == []  # Not before the first RPC answered with content.
-        served_elsewhere(e)
+        served_elsewhere(e, revision=9)
         try:
             return await blocked, time
         finally:
@@ -58,6 +61,10 @@ async def test_an_rpc_the_broker_ended_is_verified_before_reading_on(tmp_path: P
     chunk, time = await _ended_by_the_broker(tmp_path, verify)
     assert chunk == Chunk(len(CONTENT), b"more")
     assert verify.calls == [JOURNAL, JOURNAL]  # Before the next RPC, and at its answer.
+    # Each as of the answer it covers (a check from an older view of etcd could find the
+    # incarnation before the one read): before the next RPC none had answered (the ended one
+    # blocked at the head, before its metadata), then the new one's.
+    assert verify.revisions == [0, 9]
     assert time.slept == [backoff_s(1)]  # The ended RPC made no progress: one back-off.
 
 
@@ -106,7 +113,7 @@ async def test_a_read_cancelled_during_the_check_hands_the_content_out_next(
         entered, release = asyncio.Event(), asyncio.Event()
         calls: list[str] = []
 
-        async def verify(journal: str) -> None:
+        async def verify(journal: str, at_least: int) -> None:
             calls.append(journal)
             entered.set()
             await release.wait()
