@@ -28,6 +28,11 @@ nothing is applied and the answer is ETCD_TRANSACTION_FAILED. Every upsert is va
 the change and field (`changes[2].upsert.fragment.length: ...`). A successful Apply answers once
 this broker's KeySpace reflects the transaction, so a List that follows sees it.
 
+A journal named under another (`a/b` under `a`) may not share a fragment store with it: a
+store's listing of the outer journal would take the inner one's files for its own (see
+journal_nesting.py). An upsert making such a pair is refused with INVALID_ARGUMENT naming both,
+nothing applied.
+
 The replication mode of a live journal (label `gazette.dev/replication-mode`) cannot change: its
 members' content would be taken over by the other mode's as if it were empty (acknowledged
 appends overwritten, reads stalled; docs/design/quorum.md). An upsert changing it is refused
@@ -48,6 +53,7 @@ import grpc
 import grpc.aio
 
 from broker.apply_txn import apply_txn
+from broker.journal_nesting import nesting_conflict
 from broker.keyspace.backend import (
     Backend,
     Compare,
@@ -318,7 +324,7 @@ class ListApplyAPI:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{err}")
         for _ in range(apply_attempts_max):
             compares, ops, guarded = _txn(self._root, self._ks, request)
-            problem = self._mode_change(request)
+            problem = self._mode_change(request) or self._nesting(request)
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ApplyRequest.{problem}")
             succeeded, revision = await apply_txn(
@@ -365,6 +371,35 @@ class ListApplyAPI:
                     " delete this one and create it again"
                 )
         return ""
+
+    def _nesting(self, request: pb.ApplyRequest) -> str:
+        """What is wrong if the request makes a journal named under another share a fragment
+        store with it (journal_nesting.py), else "". Read from the mirror, as `_mode_change`."""
+        upserts: dict[str, pb.JournalSpec] = {}
+        index: dict[str, int] = {}
+        deleted: set[str] = set()
+        for i, change in enumerate(request.changes):
+            if change.HasField("upsert"):
+                upserts[change.upsert.name] = change.upsert
+                index[change.upsert.name] = i
+            else:
+                deleted.add(change.delete)
+
+        def current(name: str) -> pb.JournalSpec | None:
+            entry = self._ks.get(item_key(self._root, name))
+            if entry is None or not isinstance(entry.decoded, JournalItem):
+                return None
+            return entry.decoded.spec
+
+        def named_under(name: str) -> Iterator[pb.JournalSpec]:
+            for entry in self._ks.search(item_key(self._root, name + "/")):
+                if isinstance(entry.decoded, JournalItem):
+                    yield entry.decoded.spec
+
+        found = nesting_conflict(upserts, deleted, current, named_under)
+        if found is None:
+            return ""
+        return f"changes[{index[found.journal]}].upsert.name: {found.describe()}"
 
     def _expectations_hold(self, request: pb.ApplyRequest) -> bool:
         """Whether the mirror shows each spec at the revision the client expects."""

@@ -91,6 +91,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "broker.fragments_api",
             "broker.list_apply_api",
             "broker.apply_txn",
+            "broker.journal_nesting",
             "broker.service_handlers",
             "broker.journal_service",
             "broker.http_gateway",

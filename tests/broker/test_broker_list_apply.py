@@ -23,6 +23,7 @@ from broker.client.list_apply import (
     watch_journals,
 )
 from broker.client.route_cache import JournalClient
+from broker.keyspace.backend import OpPut
 from broker.keyspace.embedded import EmbeddedBackend, EmbeddedStore
 from broker.keyspace.keyspace import KeySpace
 from broker.list_apply_api import ListApplyAPI, apply_changes_max
@@ -391,3 +392,53 @@ async def test_invalid_selectors_are_refused() -> None:
         assert "ListRequest.selector.include.labels[prefix]: must end in '/'" in (
             info.value.details() or ""
         )
+
+
+def _stored(name: str, *stores: str) -> pb.JournalSpec:
+    out = spec(name)
+    out.fragment.stores.extend(stores)
+    return out
+
+
+async def test_a_journal_named_under_another_may_not_share_its_fragment_store() -> None:
+    """Found by audit (2026-11-30): `nest/a/b`'s fragment files are under `<store>/nest/a/`,
+    so a listing of `nest/a` took them for its own (postfix `b`) and reads of `nest/a` returned
+    `nest/a/b`'s bytes, verified. An Apply making such a pair is refused, naming both, nothing
+    applied; other stores, other names, and edits of a pair made elsewhere are fine."""
+    s3, other = "s3://bucket/data/?profile=p", "s3://bucket/other/"
+    async with env() as e:
+        await apply_journals(e.client, [upsert(_stored("nest/a", s3))])
+        for changes, refused, named_under in (
+            ([upsert(_stored("nest/a/b", "s3://bucket/data/"))], "nest/a/b", "nest/a"),  # Query.
+            ([upsert(_stored("nest/x", other)), upsert(_stored("nest", s3))], "nest", "nest/a"),
+            ([upsert(_stored("nest/a/b/c", other, s3))], "nest/a/b/c", "nest/a"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await apply_journals(e.client, changes)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = info.value.details() or ""
+            index = len(changes) - 1
+            assert f"changes[{index}].upsert.name: journal {refused!r}" in details
+            assert "s3://bucket/data/" in details
+            assert f"{max(refused, named_under, key=len)!r} is named under" in details
+        assert names(await list_journals(e.client)) == ["nest/a"]  # Nothing applied.
+
+        # Other stores, names that are not nested ("nest/ab"), and both at once are fine.
+        await apply_journals(
+            e.client,
+            [upsert(_stored("nest/a/b", other)), upsert(_stored("nest/ab", s3))],
+        )
+        # A pair that shares a store already (written by another tool) may be edited...
+        made = _stored("nest/a/c", s3).SerializeToString()
+        written = await e.backend.txn([], [OpPut(item_key(ROOT, "nest/a/c").encode(), made)])
+        await e.ks.wait_for_revision(written.header.revision, 10)
+        edited = _stored("nest/a/c", s3)
+        edited.replication = 2
+        await apply_journals(e.client, [upsert(edited, -1)])
+        # ...but not made to share one more (nest/a/b kept to `other` so far).
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await apply_journals(e.client, [upsert(_stored("nest/a/b", other, s3), -1)])
+        assert "journal 'nest/a/b' and journal 'nest/a'" in (info.value.details() or "")
+        # Deleting the outer journal in the same Apply lifts it.
+        await apply_journals(e.client, [delete("nest/a"), upsert(_stored("nest/a/b", s3), -1)])
+        assert names(await list_journals(e.client)) == ["nest/a/b", "nest/a/c", "nest/ab"]
