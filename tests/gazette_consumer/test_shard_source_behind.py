@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import Engine
 
 from broker.cli.reset_head import reset_head
-from broker.client.list_apply import list_journals
 from broker.client.append_service import AppendService
+from broker.client.list_apply import list_journals
 from broker.client.route_cache import JournalClient
 from broker.client.write_head import probe_write_head
 from broker.fragment.stores.file_store import FileStore
