@@ -46,9 +46,10 @@ Streaming reads only:
     producerHorizonSeconds   producers idle for longer are forgotten (default 1 day)
     idleWaitMs  how long planning waits for an append when no journal has new data
                 (default 500; 0: do not wait)
-    storeGapGraceSeconds   with `store` and no broker: how long a gap between persisted
-                fragments may wait to be filled (a retried upload) before it is read as lost
-                (default 900)
+    storeGapGraceSeconds   how long a gap between fragments may wait to be filled (a
+                retried upload) before it is read as lost (default 900): streaming with
+                `store` and no broker, by the age of the fragment after it; through a broker
+                (batch and streaming), while the broker serves none of it (at least 1 s)
     maxPartitionBytes, minPartitions   as above, for micro-batches
 """
 
@@ -121,6 +122,7 @@ _READ_OPTIONS: Final = (
     "startingTimestamp",
     "maxPartitionBytes",
     "minPartitions",
+    "storeGapGraceSeconds",
 )
 BATCH_READ_OPTIONS: Final = frozenset(
     (*_READ_OPTIONS, "endingOffsets", "endingTimestamp", "begin", "end")
@@ -130,7 +132,6 @@ STREAM_READ_OPTIONS: Final = frozenset(
         *_READ_OPTIONS,
         "producerHorizonSeconds",
         "idleWaitMs",
-        "storeGapGraceSeconds",
         "maxBytesPerTrigger",
         "maxMessagesPerTrigger",
     )
@@ -160,7 +161,7 @@ class ReadOptions:
     ring_size: int
     producer_horizon_s: int
     idle_wait_ms: int  # Streaming: bound of the wait for an append when idle; 0: no wait.
-    store_gap_grace_s: int  # Streaming from a store: how long a gap may wait to be filled.
+    store_gap_grace_s: int  # How long a gap may wait to be filled (the docstring).
     lookback_bytes: int  # Read before a start offset to learn the open transactions.
     filter_pushdown: bool
     max_partition_bytes: int

@@ -64,6 +64,7 @@ class ReadContext:
             client=self.client,
             registry=self.registry,
             fail_on_data_loss=self.opts.fail_on_data_loss,
+            gap_wait_s=max(1, self.opts.store_gap_grace_s),
         )
 
 

@@ -10,9 +10,10 @@ fragment of up to `fragment_verify_bytes_max`; a larger one is verified as it st
 at its end). Content no store holds yet (the open fragment, fragments not yet persisted) is read
 from a broker, `end`-bounded and blocking, as a Read of that range.
 
-Lost content. A gap between fragments (removed by retention, or never persisted), a fragment
-whose file is missing or does not hold its content, or a broker that answers DATA_LOSS or jumps
-over removed content: each is a range of the journal that cannot be read. With
+Lost content. A gap between fragments (removed by retention, or never persisted; through a
+broker, once it served none of the gap for `gap_wait_s`), a fragment whose file is missing or
+does not hold its content, or a broker that answers DATA_LOSS or jumps over removed content:
+each is a range of the journal that cannot be read. With
 `failOnDataLoss` true (the default, as Kafka's source) the read fails with
 `GazetteDataLossError` naming the journal, the range and why; with false, the range is skipped
 with a warning (logged, and counted in `lost_bytes`), as Kafka's source skips offsets it can no
@@ -65,6 +66,11 @@ if TYPE_CHECKING:
     # is first built: a worker reading signed file:// URLs imports none.)
     from broker.fragment.stores.registry import StoreRegistry
 
+# How long a read through a broker waits at a gap between the planned fragments while the broker
+# serves none of it (option storeGapGraceSeconds): past it, the gap is lost content. A broker
+# itself waits for such a gap to be filled (an upload retried late) until the fragment after it
+# is 6 hours old (offset_jump_age_s), which would hold a Spark task that long.
+gap_wait_s_default: Final = 900.0
 # A fragment up to this size is decoded and verified whole before its first byte is handed out.
 fragment_verify_bytes_max: Final = 256 << 20
 # Pieces a fragment's content is handed out in.
@@ -137,9 +143,13 @@ class JournalSource:
         registry: StoreRegistry | None,
         fail_on_data_loss: bool,
         quiet: bool = False,
+        gap_wait_s: float = gap_wait_s_default,
     ) -> None:
+        if gap_wait_s <= 0:
+            raise ValueError(f"gap_wait_s: must be > 0 (got {gap_wait_s})")
         self.journal = journal
         self._quiet = quiet
+        self._gap_wait_s = gap_wait_s
         self._fragments = sorted(fragments, key=lambda f: f.begin)
         self._client = client
         self._registry = registry
@@ -157,6 +167,7 @@ class JournalSource:
             registry=self._registry,
             fail_on_data_loss=False,
             quiet=True,
+            gap_wait_s=self._gap_wait_s,
         )
 
     def lost(self, begin: int, end: int, reason: str) -> None:
@@ -186,7 +197,7 @@ class JournalSource:
                     # Not among the fragments given: a broker knows what became of it (and
                     # skips it as lost if it was removed); without one, it is lost.
                     if self._client is not None:
-                        async for chunk in self._broker_chunks(at, ref.begin):
+                        async for chunk in self._broker_chunks(at, ref.begin, gap=True):
                             yield chunk
                     else:
                         self.lost(at, ref.begin, "no fragment holds it (removed by retention?)")
@@ -342,7 +353,11 @@ class JournalSource:
             await raw.aclose()
             raise
 
-    async def _broker_chunks(self, begin: int, end: int) -> AsyncIterator[Chunk]:
+    async def _broker_chunks(
+        self, begin: int, end: int, *, gap: bool = False
+    ) -> AsyncIterator[Chunk]:
+        """[begin, end) through a broker. `gap`: a range between the fragments planned (see
+        the module docstring): a read of it that makes no progress for `gap_wait_s` is lost."""
         client = self._client
         assert client is not None  # Callers check.
         at = begin
@@ -353,7 +368,21 @@ class JournalSource:
             try:
                 while True:
                     try:
-                        chunk = await reader.read_chunk()
+                        if gap:
+                            async with asyncio.timeout(self._gap_wait_s):
+                                chunk = await reader.read_chunk()
+                        else:
+                            chunk = await reader.read_chunk()
+                    except TimeoutError:
+                        self.lost(
+                            at,
+                            end,
+                            "a gap between the journal's fragments that its broker served none"
+                            f" of for {self._gap_wait_s:g} s (never persisted, or removed; its"
+                            " broker waits for it until the fragment after it is"
+                            " 6 hours old): option storeGapGraceSeconds sets this wait",
+                        )
+                        return
                     except DataLossError as err:
                         reason = f"the broker reports lost content: {err}"
                         if self._fail:

@@ -1,0 +1,80 @@
+"""A gap between a journal's fragments, read through a broker (JournalSource, no Spark needed).
+
+Found by audit (2026-11-30): fragments [0, 100) and [200, 300) in the store, [100, 200) never
+persisted. A broker waits at such a gap until the fragment after it is 6 hours old (an upload
+may still land), and a partition reading it through the broker waited as long, failOnDataLoss
+or not, without an error. Now the read waits at most `gap_wait_s` (option
+storeGapGraceSeconds) while the broker serves none of the gap, then reports it as lost content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker.client.route_cache import JournalClient
+from broker.fragment.stores.registry import new_registry
+from spark_integration.fragment_plan import broker_fragments
+from spark_integration.sources import GazetteDataLossError, JournalSource
+from tests.broker.broker_testkit import Cluster, journal_spec, put_fragment, replica_of
+
+STORE = "file:///fragments/"
+JOURNAL = "gap/journal"
+BEFORE, AFTER = b"a" * 99 + b"\n", b"c" * 99 + b"\n"
+WAIT_S = 0.3
+
+
+@pytest.mark.parametrize("fail", [True, False], ids=["fail", "skip"])
+async def test_a_gap_the_broker_serves_none_of_is_lost_content_after_the_wait(
+    tmp_path: Path, fail: bool
+) -> None:
+    (tmp_path / "fragments").mkdir()
+    registry = new_registry(file_root=tmp_path)
+    await put_fragment(registry, STORE, JOURNAL, 0, BEFORE)
+    await put_fragment(registry, STORE, JOURNAL, 200, AFTER)
+    cluster = Cluster(stores=registry)
+    client: JournalClient | None = None
+    try:
+        broker = await cluster.start_broker("zone-a", "broker-a")
+        await cluster.create(journal_spec(JOURNAL, stores=[STORE]), [broker])
+        await replica_of(broker, JOURNAL).index.first_refresh.wait()
+        client = JournalClient(broker.endpoint)
+        planned = await broker_fragments(client, JOURNAL, 0)
+        assert [(f.begin, f.end) for f in planned.fragments] == [(0, 100), (200, 300)]
+        source = JournalSource(
+            JOURNAL,
+            planned.fragments,
+            client=client,
+            registry=None,
+            fail_on_data_loss=fail,
+            gap_wait_s=WAIT_S,
+        )
+        got: list[tuple[int, bytes]] = []
+        # Bounded by the test, far beyond the wait: without it, this read waits for hours.
+        async with asyncio.timeout(30):
+            if fail:
+                with pytest.raises(GazetteDataLossError) as caught:
+                    async for chunk in source.chunks(0, 300):
+                        got.append((chunk.offset, chunk.content))
+                assert "[100, 200)" in str(caught.value)
+                assert "served none of for 0.3 s" in str(caught.value)
+                assert "storeGapGraceSeconds" in str(caught.value)
+            else:
+                async for chunk in source.chunks(0, 300):
+                    got.append((chunk.offset, chunk.content))
+    finally:
+        if client is not None:
+            await client.close()
+        await cluster.close()
+    if fail:
+        assert got == [(0, BEFORE)]
+    else:
+        assert got == [(0, BEFORE), (200, AFTER)]
+        assert source.lost_bytes == 100
+
+
+def test_the_wait_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="gap_wait_s: must be > 0"):
+        JournalSource(JOURNAL, [], client=None, registry=None, fail_on_data_loss=True, gap_wait_s=0)
