@@ -152,6 +152,10 @@ class FragmentIndex:
         self._clock = clock
         self._set: CoverSet[IndexedFragment] = CoverSet()
         self._local: CoverSet[IndexedFragment] = CoverSet()
+        # The persisted fragments alone: in `_set`, a local fragment wider than persisted ones
+        # drops them (reads are served either way), yet what the store holds is asked too
+        # (`persisted_fragments`: a quorum log compacts what its store holds).
+        self._persisted: CoverSet[IndexedFragment] = CoverSet()
         self._lost: CoverSet[LostFragment] = CoverSet()
         # Fragments indexed by add_persisted, numbered, until a listing that began after them.
         self._persisted_seq = 0
@@ -191,6 +195,11 @@ class FragmentIndex:
     def snapshot(self) -> list[IndexedFragment]:
         """The indexed fragments themselves (not copies): read, do not modify."""
         return list(self._set)
+
+    def persisted_fragments(self) -> list[IndexedFragment]:
+        """The persisted (remote) fragments the index knows, in offset order, whether or not a
+        local fragment covers them in `snapshot` (read, do not modify)."""
+        return list(self._persisted)
 
     def local_fragments(self) -> list[IndexedFragment]:
         return list(self._local)
@@ -250,6 +259,7 @@ class FragmentIndex:
                     remote.add(entry)  # Uploaded while the listing ran: it may lack it.
             self._recent_persisted = [(q, e) for q, e in self._recent_persisted if q > since]
         previous = [entry for entry in self._set if entry.file is None]
+        self._persisted = remote.copy()  # Before the local fragments join it.
         self._local = self._local.difference(remote)
         for entry in self._local:
             # Not covered by the union of remote fragments, so by none of them alone.
@@ -282,6 +292,7 @@ class FragmentIndex:
             raise ValidationError("must be set on a persisted fragment", "backing_store")
         entry = IndexedFragment(_copy(fragment))
         self._set.add(entry)
+        self._persisted.add(entry)
         self._local = self._local.difference(CoverSet([entry]))
         self._persisted_seq += 1
         self._recent_persisted.append((self._persisted_seq, entry))

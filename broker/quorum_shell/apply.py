@@ -179,7 +179,10 @@ class CommitApplier:
             return told
         replica = self._replica_of(node.journal)
         if replica is not None:
-            fragments: Iterable[IndexedFragment] = replica.index.snapshot()
+            # Not `snapshot()`: a local fragment wider than stored ones drops them there
+            # (found by audit: a member re-applying its log from the base rolled one fragment
+            # over content the store held, and the leader's log, never compacted, filled).
+            fragments: Iterable[IndexedFragment] = replica.index.persisted_fragments()
         elif node.is_leader:
             fragments = await self._listed()
         else:

@@ -12,7 +12,9 @@ from pathlib import Path
 import grpc
 from broker_testkit import Cluster, journal_spec
 
-from broker.fragment.index import IndexedFragment
+from broker.fragment.index import FragmentIndex, IndexedFragment
+from broker.fragment.spool import LocalFragment
+from broker.fragment.spool_file import MemorySpoolFile
 from broker.fragment.stores.registry import new_registry
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
@@ -38,6 +40,33 @@ def test_persisted_end_chains_from_the_floor() -> None:
     assert persisted_end(fragments, 45) == 45  # Nothing chains from 45.
     assert persisted_end(fragments, 50) == 60
     assert persisted_end([], 7) == 7
+
+
+def test_a_wider_local_fragment_does_not_hide_what_the_store_holds() -> None:
+    """Found by audit (2026-11-30): a member re-applying its log from the base rolled one local
+    fragment over stored ones; the index's set (which serves reads) keeps the wider fragment
+    only, and the persisted end read from it stopped at that fragment's begin: the leader's
+    log, never compacted, refused every append as full. The index's persisted fragments hold
+    them all."""
+    index = FragmentIndex("j")
+    stored = [
+        pb.Fragment(journal="j", begin=b, end=b + 100, backing_store="file:///s/", mod_time=1)
+        for b in range(0, 1000, 100)
+    ]
+    index.replace_remote(stored)
+    index.spool_commit(
+        LocalFragment(pb.Fragment(journal="j", begin=450, end=1000), MemorySpoolFile())
+    )
+    assert [(f.begin, f.end) for f in index.snapshot()][-1] == (450, 1000)  # Serves reads.
+    assert persisted_end(index.snapshot(), 400) == 500  # What the set shows: hidden.
+    assert persisted_end(index.persisted_fragments(), 400) == 1000
+    # A fragment this broker persists joins them, and a listing replaces them.
+    index.add_persisted(
+        pb.Fragment(journal="j", begin=1000, end=1100, backing_store="file:///s/", mod_time=2)
+    )
+    assert persisted_end(index.persisted_fragments(), 400) == 1100
+    index.replace_remote(stored[:5])
+    assert persisted_end(index.persisted_fragments(), 0) == 500
 
 
 async def _append_with_retry(cluster: Cluster, broker: Broker, journal: str, data: bytes) -> int:
