@@ -50,7 +50,9 @@ the decisions once the journal is assigned to this broker again.
       SHA1 this broker verifies over its own content (the primary holds a prefix of it), or an
       empty fragment at or before the begin of all recovered content (the primary holds
       nothing there: a broker that started afresh after every replica of the journal was
-      lost). In the last two cases this broker's greater offset then wins, as a live
+      lost), or an empty fragment at or before the open fragment's begin and at or after the
+      end of the completed ones (the primary holds nothing past them: its own open fragment
+      was damaged and set aside). In the last three cases this broker's greater offset then wins, as a live
       replica's would. Anything else, a proposal beyond its end or within it that it cannot
       verify (the journal went on), and it *disowns* the recovered spool: its content is set
       aside, its offset and registers forgotten, and the proposal is applied to a fresh
@@ -230,19 +232,30 @@ def settle_verdict(
     recovered: pb.Fragment,
     proposal: pb.Fragment | None,
     prefix_sum: pb.SHA1Sum | None = None,
-    content_begin: int | None = None,
+    completed: tuple[int, int] | None = None,
 ) -> Verdict:
     """The synchronisation check (module docstring, 2b). `proposal` is the primary's first
     proposal to this broker as a replica (None: this broker is the primary); `prefix_sum` is
     the SHA1 of the recovered content over `prefix_to_verify`'s range, if there is one;
-    `content_begin` is where the recovered content begins, completed fragments included
-    (default: the recovered fragment's begin)."""
+    `completed` is where the recovered completed fragments begin and end (None: there are
+    none)."""
     if proposal is None or same_fragment(proposal, recovered):
         return Verdict.ADOPT
     if prefix_to_verify(recovered, proposal) is not None and prefix_sum == proposal.sum:
         return Verdict.ADOPT
-    begin = recovered.begin if content_begin is None else min(content_begin, recovered.begin)
-    if proposal.begin == proposal.end and proposal.end <= begin:
+    if proposal.begin != proposal.end:
+        return Verdict.DISOWN
+    begin = recovered.begin if completed is None else min(completed[0], recovered.begin)
+    if proposal.end <= begin:
+        return Verdict.ADOPT  # It holds nothing at or past any of our content.
+    completed_end = 0 if completed is None else completed[1]
+    if completed_end <= proposal.end <= recovered.begin:
+        # It holds nothing past where our open fragment begins, and our completed fragments
+        # end at or before its offset (kept either way: `keeps_completed`). Found by audit:
+        # every replica restarted over its data directory, the one that became primary with
+        # its open fragment damaged (set aside); disowning here set aside the healthy
+        # replicas' acknowledged copies too, and the journal went on from the lower offset,
+        # writing those offsets again. Our greater offset wins instead, as a live replica's.
         return Verdict.ADOPT
     return Verdict.DISOWN
 

@@ -140,8 +140,13 @@ class RecoverySettler:
             local = spool.local_fragment
             if span is not None and local is not None:
                 prefix_sum = await asyncio.to_thread(_hash_range, local.file, *span)
-        content_begin = min((c.fragment.begin for c in completed), default=None)
-        verdict = settle_verdict(spool.fragment, proposal, prefix_sum, content_begin)
+        span = None
+        if completed:
+            span = (
+                min(c.fragment.begin for c in completed),
+                max(c.fragment.end for c in completed),
+            )
+        verdict = settle_verdict(spool.fragment, proposal, prefix_sum, span)
         if verdict is Verdict.ADOPT:
             self._adopt(spool, primary=proposal is None)
         else:

@@ -163,9 +163,16 @@ def test_a_primary_adopts_and_a_replica_only_what_its_primary_holds() -> None:
     # greater offset then wins, as a live replica's does.
     assert settle_verdict(recovered, frag(100, 100)) is Verdict.ADOPT
     assert settle_verdict(recovered, frag(0, 0)) is Verdict.ADOPT
-    # ... unless completed recovered fragments lie before it.
-    assert settle_verdict(recovered, frag(100, 100), content_begin=50) is Verdict.DISOWN
-    assert settle_verdict(recovered, frag(40, 40), content_begin=50) is Verdict.ADOPT
+    # With completed recovered fragments before it: kept if it holds nothing past their end
+    # and our open fragment's begin (found by audit: the primary's own open fragment was
+    # damaged and set aside; disowning set the healthy replicas' acknowledged copies aside
+    # too, and the journal was written again from there)...
+    assert settle_verdict(recovered, frag(100, 100), completed=(50, 100)) is Verdict.ADOPT
+    assert settle_verdict(recovered, frag(40, 40), completed=(50, 100)) is Verdict.ADOPT
+    assert settle_verdict(recovered, frag(70, 70), completed=(50, 70)) is Verdict.ADOPT
+    # ... not if our completed ones go past its offset, nor if it is past our open begin.
+    assert settle_verdict(recovered, frag(70, 70), completed=(50, 100)) is Verdict.DISOWN
+    assert settle_verdict(recovered, frag(150, 150), completed=(50, 100)) is Verdict.DISOWN
     assert settle_verdict(recovered, frag(40, 50)) is Verdict.DISOWN  # It holds content.
     # An empty recovered spool is kept if the primary proposes it, or holds less.
     empty = frag(200, 200)
