@@ -387,7 +387,7 @@ class JournalSource:
                         reason = f"the broker reports lost content: {err}"
                         if self._fail:
                             raise GazetteDataLossError(self.journal, at, end, reason) from err
-                        skip_to = await self._fragment_end(at)
+                        skip_to = await self._fragment_end(at, end)
                         self.lost(at, skip_to, reason)
                         at = skip_to
                         break
@@ -402,18 +402,22 @@ class JournalSource:
             finally:
                 await reader.close()
 
-    async def _fragment_end(self, offset: int) -> int:
-        """The end of the fragment covering `offset` (a lost one is skipped whole)."""
+    async def _fragment_end(self, offset: int, end: int) -> int:
+        """Where reading on after content lost at `offset` starts, at most `end`: the end of
+        the fragment covering it (a lost one is skipped whole), else the begin of the next
+        fragment (a gap the broker knows was lost: found by audit, a fragment file removed
+        between others failed a read with failOnDataLoss false), else `end`."""
         from broker.client.list_apply import list_all_fragments
 
         assert self._client is not None
         listing = await list_all_fragments(self._client, pb.FragmentsRequest(journal=self.journal))
+        after = end
         for item in listing.fragments:
             if item.spec.begin <= offset < item.spec.end:
-                return item.spec.end
-        raise GazetteDataLossError(
-            self.journal, offset, offset, "lost content, and no fragment covers it to skip"
-        )
+                return min(end, item.spec.end)
+            if offset < item.spec.begin < after:
+                after = item.spec.begin
+        return after
 
 
 class _Unopened(Exception):

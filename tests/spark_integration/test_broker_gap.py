@@ -15,10 +15,17 @@ from pathlib import Path
 import pytest
 
 from broker.client.route_cache import JournalClient
+from broker.fragment import naming
 from broker.fragment.stores.registry import new_registry
 from spark_integration.fragment_plan import broker_fragments
 from spark_integration.sources import GazetteDataLossError, JournalSource
-from tests.broker.broker_testkit import Cluster, journal_spec, put_fragment, replica_of
+from tests.broker.broker_testkit import (
+    Cluster,
+    journal_spec,
+    put_fragment,
+    replica_of,
+    wait_until,
+)
 
 STORE = "file:///fragments/"
 JOURNAL = "gap/journal"
@@ -78,3 +85,49 @@ async def test_a_gap_the_broker_serves_none_of_is_lost_content_after_the_wait(
 def test_the_wait_must_be_positive() -> None:
     with pytest.raises(ValueError, match="gap_wait_s: must be > 0"):
         JournalSource(JOURNAL, [], client=None, registry=None, fail_on_data_loss=True, gap_wait_s=0)
+
+
+@pytest.mark.parametrize("fail", [True, False], ids=["fail", "skip"])
+async def test_a_fragment_lost_between_others_is_skipped_unless_failing(
+    tmp_path: Path, fail: bool
+) -> None:
+    """Found by audit (2026-11-30): a fragment file removed from between others, which the
+    broker then reports lost (DATA_LOSS), failed a read with failOnDataLoss false ("no
+    fragment covers it to skip"): the range to skip ends where the next fragment begins."""
+    (tmp_path / "fragments").mkdir()
+    registry = new_registry(file_root=tmp_path)
+    await put_fragment(registry, STORE, JOURNAL, 0, BEFORE)
+    middle = await put_fragment(registry, STORE, JOURNAL, 100, b"b" * 99 + b"\n")
+    await put_fragment(registry, STORE, JOURNAL, 200, AFTER)
+    cluster = Cluster(stores=registry)
+    client: JournalClient | None = None
+    try:
+        broker = await cluster.start_broker("zone-a", "broker-a")
+        await cluster.create(journal_spec(JOURNAL, stores=[STORE]), [broker])
+        index = replica_of(broker, JOURNAL).index
+        await index.first_refresh.wait()
+        (tmp_path / "fragments" / naming.content_path(middle)).unlink()
+        await wait_until(lambda: [(f.begin, f.end) for f in index.lost_fragments()] == [(100, 200)])
+        client = JournalClient(broker.endpoint)
+        planned = await broker_fragments(client, JOURNAL, 0)
+        source = JournalSource(
+            JOURNAL, planned.fragments, client=client, registry=None, fail_on_data_loss=fail
+        )
+        got: list[tuple[int, bytes]] = []
+        async with asyncio.timeout(30):
+            if fail:
+                with pytest.raises(GazetteDataLossError, match=r"\[100, 200\)"):
+                    async for chunk in source.chunks(0, 300):
+                        got.append((chunk.offset, chunk.content))
+            else:
+                async for chunk in source.chunks(0, 300):
+                    got.append((chunk.offset, chunk.content))
+    finally:
+        if client is not None:
+            await client.close()
+        await cluster.close()
+    if fail:
+        assert got == [(0, BEFORE)]
+    else:
+        assert got == [(0, BEFORE), (200, AFTER)]
+        assert source.lost_bytes == 100
