@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from e2e_workload import (
@@ -33,6 +34,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker.client.appender import append
 from broker.client.retry_reader import RetryReader
+from broker.fragment.spool_dir import journal_dir_name
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.process_cluster import BrokerProcess, ProcessCluster
 
@@ -132,3 +134,69 @@ async def test_restarted_brokers_recover_their_spools_without_writing_offsets_tw
     files = fragment_files(cluster.fragments_dir, JOURNAL)
     assert stored_prefix(files) == content
     assert max(f.end for f in files) == len(content)
+
+
+DAMAGED = "durable/damaged-primary"
+
+
+async def test_a_primary_whose_open_fragment_was_damaged_does_not_make_its_replicas_drop_theirs(
+    cluster: ProcessCluster,
+) -> None:
+    """Found by audit (2026-11-30): every broker of an R=3 route killed with an unpersisted
+    completed fragment and an open one in its spool (the store refusing this journal's
+    uploads); the one restarted first, the new primary, had its open fragment's content file
+    truncated (set aside), and proposed an empty fragment at that fragment's begin. Its
+    replicas disowned their healthy copies, and the journal was written again from there:
+    the read returned the new bytes where acknowledged ones had been. Now their greater offset
+    wins: every acknowledged byte reads back, and appends go on at the end."""
+    spec = journal_spec(DAMAGED, 3, cluster.store_url, codec=pb.NONE)
+    spec.fragment.length = 1024
+    spec.fragment.flush_interval.CopyFrom(Duration(seconds=3600))
+    await cluster.apply([spec])
+    await cluster.wait_until(cluster.journals_ready([DAMAGED], 3))
+
+    async def acked(data: bytes) -> Committed:
+        resp = await append(cluster.client(), pb.AppendRequest(journal=DAMAGED), data)
+        return Committed(DAMAGED, resp.commit.begin, resp.commit.end, data)
+
+    committed = [await acked(b"A" * 300)]
+    # The store refuses this journal's uploads (its directory is a file) and still lists.
+    blocker = cluster.fragments_dir / DAMAGED
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_bytes(b"")
+    for data in (b"a" * 300, b"b" * 300, b"c" * 300, b"B" * 100, b"C" * 100):
+        committed.append(await acked(data))
+    primary = cluster.primary(DAMAGED)
+    assert primary is not None
+    spools = {b.suffix: _spool_files(b, DAMAGED) for b in cluster.brokers}
+    assert all(len(files) >= 2 for files in spools.values()), spools  # Completed and open.
+    await asyncio.gather(*(cluster.kill(b) for b in cluster.brokers))
+    open_fragment = max(_spool_files(primary, DAMAGED))
+    open_fragment.write_bytes(b"")  # Its content is gone: set aside at recovery.
+    for b in cluster.brokers:
+        await cluster.wait_until(cluster.member_gone(b))
+    await cluster.start_broker(primary)  # First: the journal's primary again.
+    await cluster.wait_until(lambda: None if cluster.primary(DAMAGED) is primary else "waiting")
+    await asyncio.gather(*(cluster.start_broker(b) for b in cluster.brokers if b is not primary))
+    await cluster.wait_until(cluster.journals_ready([DAMAGED], 3))
+    blocker.unlink()
+    after = await acked(b"N" * 50)
+    assert after.begin == committed[-1].end  # At the old end: no offset written twice.
+    committed.append(after)
+    reader = RetryReader(cluster.client(), pb.ReadRequest(journal=DAMAGED, offset=0, block=True))
+    content = bytearray()
+    try:
+        async with asyncio.timeout(30):
+            while len(content) < after.end:
+                chunk = await reader.read_chunk()
+                assert chunk.offset == len(content), f"read jumped to {chunk.offset}"
+                content += chunk.content
+    finally:
+        await reader.close()
+    for c in committed:
+        assert content[c.begin : c.end] == c.data, (c.begin, c.end)
+
+
+def _spool_files(b: BrokerProcess, journal: str) -> list[Path]:
+    """The content files of `journal`'s spool in `b`'s data directory, by begin offset."""
+    return sorted((b.data_dir / "spools" / journal_dir_name(journal)).glob("*.spool"))
