@@ -218,6 +218,7 @@ class PrimaryShard:
                         on_phase=self._notifier.notify,
                         on_read=self._record_read,
                         create_revisions=opened.create_revisions,
+                        fingerprints=opened.fingerprints,
                     )
                     self._notifier.notify()
                     await self._driver.run()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
 from gazette_consumer.application import Application, MessageSource, Shard
 from gazette_consumer.checkpoint import (
     Checkpoint,
@@ -40,13 +41,18 @@ from gazette_consumer.source_heads import (
     resume_checkpoint,
 )
 from gazette_consumer.source_revisions import (
+    SourceFingerprints,
     create_revisions_of,
     current_create_revisions,
+    known_fingerprints,
+    restored_sources,
     verify_source,
 )
 from gazette_consumer.stores.base import Store
 
 __all__ = ["NoSource", "OpenedSource", "open_source"]
+
+_log = get_logger(__name__)
 
 
 # What an Application's own source must have (the MessageSource protocol, `in_sequence`
@@ -65,6 +71,8 @@ class OpenedSource:
     # The sources' etcd create revisions, for the checkpoints the shard commits (empty for an
     # Application's own source: source_revisions.py).
     create_revisions: Mapping[str, int] = field(default_factory=dict)
+    # Their fingerprints, for the same checkpoints (None for an Application's own source).
+    fingerprints: SourceFingerprints | None = None
 
 
 async def open_source(
@@ -94,13 +102,31 @@ async def open_source(
     revisions = await current_create_revisions(client, journals)
     recorded = create_revisions_of(checkpoint)
     asked = {j: stored.get(j, 0) for j in journals}
+    known = known_fingerprints(checkpoint)
+    restored = await restored_sources(
+        client, asked, recorded, revisions, {j: d for j, (_, d) in known.items()}
+    )
+    for journal in sorted(restored):
+        # Its content below the checkpoint is what the shard read: resumed as Gazette does.
+        _log.warning(
+            "source journal was created again over the content the shard read: resuming",
+            shard=shard.spec.id,
+            journal=journal,
+            checkpoint=asked[journal],
+            create_revisions=(recorded[journal], revisions[journal]),
+        )
+    recorded = {**recorded, **{j: revisions[j] for j in restored}}
     behind = await find_sources_behind(client, asked)
     behind = find_recreated(asked, recorded, revisions, behind)
     policy = checkpoint_ahead_policy(shard.spec)
     checkpoint = resume_checkpoint(shard.spec.id, policy, behind, checkpoint)
+    for b in behind:  # Their fingerprints describe content that is gone, or not known.
+        known.pop(b.journal, None)
     offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
     if not offsets:
-        return OpenedSource(NoSource(resume), checkpoint, revisions)
+        return OpenedSource(
+            NoSource(resume), checkpoint, revisions, SourceFingerprints(known, None)
+        )
 
     async def verify(journal: str, at_least: int) -> None:
         await verify_source(client, journal, revisions[journal], at_least)
@@ -115,7 +141,9 @@ async def open_source(
         on_idle=on_idle,
         verify_journal=verify,
     )
-    return OpenedSource(reader, checkpoint, revisions)
+    return OpenedSource(
+        reader, checkpoint, revisions, SourceFingerprints(known, reader.fingerprint)
+    )
 
 
 class NoSource:

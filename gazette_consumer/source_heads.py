@@ -94,8 +94,11 @@ class SourceBehind:
                 f" {self.checkpoint}, but the journal was deleted and created again since"
                 f" (etcd create revision {was}, now {now}): if it holds new content, resuming"
                 f" there would skip offsets [0, {self.checkpoint}) of it (rewind); if it was"
-                " restored from its fragment store with the content the shard read, resuming"
-                " there is right (wait, and remove the label once the shard committed)"
+                " restored from its fragment store with the content the shard read (the"
+                " shard resumes one by itself when its checkpoint's fingerprint of the bytes"
+                " below the offset matches them; this one's does not, or it has none),"
+                " resuming there is right (wait, and remove the label once the shard"
+                " committed)"
             )
         return (
             f"the checkpoint read source journal {self.journal!r} through offset"
@@ -182,14 +185,10 @@ def find_recreated(
     `current` holds the revisions now), in journal order. A revision of 0 (brokers before
     Gazette filled the field) is unknown, never a change.
 
-    Each is handled as content lost, whatever its head, though a journal created again over
-    the same fragment store has its persisted content back at the same offsets (and Gazette
-    takes it for the same journal): nothing at hand tells that restored content from new
-    content written past the checkpoint since, and only the second is lost silently if the
-    shard resumes. Two attempts to tell them apart were broken by review (a stored fragment
-    holding the last offset read: new content persisted past it; a fingerprint of the bytes
-    below an earlier offset: a store that kept only part of what was read). So the policy
-    decides, and its message names both cases (``wait`` resumes a restored journal)."""
+    Each is handled as content lost, whatever its head. (A journal restored over the content
+    the shard read is taken out before, by its fingerprint: source_revisions.restored_sources;
+    what remains here is new content, or a checkpoint without a fingerprint, so the policy
+    decides, and its message names both cases: ``wait`` resumes a restored journal.)"""
     found = {b.journal: b for b in behind}
     for journal, offset in sorted(offsets.items()):
         was, now = recorded.get(journal, 0), current.get(journal, 0)

@@ -10,10 +10,21 @@ So the checkpoint also records, per source, the etcd create revision of the jour
 was read from, and a primary compares it with the journal's current create revision (one List
 of its sources) before it reads: a different revision means the journal was created again.
 The spec's ``gazette.dev/checkpoint-ahead`` policy then applies as to a head found behind
-(source_heads.find_recreated), even to a journal created again over the same fragment store,
-whose persisted content is back at the same offsets: nothing at hand tells that from new
-content appended past the checkpoint since, which resuming would skip (its docstring says
-why). While a primary reads, its readers check the create revision again (`verify_source`)
+(source_heads.find_recreated), unless the journal was created again over the content the
+shard read: restored from its fragment store (specs applied again to a rebuilt etcd), which
+Gazette resumes. What tells the two apart is the checkpoint's fingerprint of the bytes just
+below its offset, taken at every commit from what the reader consumed
+(gazette_consumer/sequencer/read_tails.py), compared with the journal's bytes there now
+(`restored_sources`). It is exact: content appended to the new journal starts at its first
+offset or at the end of what its store kept, so if the bytes just below the offset are those
+read, the store kept everything below the offset, and nothing new lies there (two earlier
+attempts, "a stored fragment holds the last offset read" and a fingerprint taken once per
+incarnation below an earlier offset, each passed new content persisted below or past the
+checkpoint: reviews broke them). Its one limit: new content identical, byte for byte, over
+those `TAIL_BYTES` at the same offsets (messages with Gazette UUIDs never are: each carries
+its producer's random id and a clock) is taken for the old. A checkpoint without a
+fingerprint (the reader did not hold the bytes, or it was written by Go or before this) is
+handled by the policy. While a primary reads, its readers check the create revision again (`verify_source`)
 when each Read RPC of theirs first answers with content, before handing it out, and before the
 next RPC after one ended (a broker stopping, a journal deleted); a change restarts the shard,
 whose start decides as above.
@@ -27,24 +38,35 @@ checked until the shard's next commit records it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from google.protobuf.unknown_fields import UnknownFieldSet
+from prometheus_client import Counter
 
 from broker.client.list_apply import list_journals
+from broker.client.reader import DataLossError
+from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.status import JournalNotFoundError
+from broker.protocol.status import JournalNotFoundError, OffsetNotYetAvailableError
+from gazette_consumer.sequencer.read_tails import tail_digest, tail_range
 
 __all__ = [
     "CREATE_REVISION_FIELD",
+    "FINGERPRINT_FIELD",
+    "RESTORED_TOTAL",
+    "SourceFingerprints",
     "SourceRecreatedError",
     "StaleListingError",
     "create_revisions_of",
     "current_create_revisions",
+    "fingerprints_of",
+    "known_fingerprints",
+    "restored_sources",
     "stamp_create_revisions",
     "verify_source",
 ]
@@ -52,8 +74,13 @@ __all__ = [
 # Field number of the create revision in a checkpoint's Source message: far above Gazette's
 # (1, 2), so that a field Gazette adds later is not mistaken for it.
 CREATE_REVISION_FIELD: Final = 1000
-_VARINT: Final = 0  # Wire type.
+# And the fingerprint of the bytes just below its offset (gazette_consumer/sequencer/
+# read_tails.py): a SHA-256 digest, as bytes.
+FINGERPRINT_FIELD: Final = 1001
+_VARINT: Final = 0  # Wire types.
+_BYTES: Final = 2
 _TAG: Final = (CREATE_REVISION_FIELD << 3) | _VARINT
+_FINGERPRINT_TAG: Final = (FINGERPRINT_FIELD << 3) | _BYTES
 
 
 class SourceRecreatedError(Exception):
@@ -81,15 +108,72 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def stamp_create_revisions(cp: cpb.Checkpoint, revisions: Mapping[str, int]) -> None:
-    """Record in `cp` the create revision of each of its sources that `revisions` names
-    (replacing one recorded before)."""
+def stamp_create_revisions(
+    cp: cpb.Checkpoint,
+    revisions: Mapping[str, int],
+    fingerprints: Mapping[str, bytes] | None = None,
+) -> None:
+    """Record in `cp` the create revision of each of its sources that `revisions` names, and
+    with it the source's fingerprint if `fingerprints` has one (replacing those recorded
+    before; a fingerprint is kept only beside a revision: it describes that incarnation)."""
+    fingerprints = fingerprints or {}
     for journal, revision in revisions.items():
         if journal not in cp.sources or revision <= 0:
             continue
         source = cp.sources[journal]
-        source.DiscardUnknownFields()  # Ours is the only unknown field a Source carries.
-        source.MergeFromString(_varint(_TAG) + _varint(revision))
+        source.DiscardUnknownFields()  # Ours are the only unknown fields a Source carries.
+        stamp = _varint(_TAG) + _varint(revision)
+        digest = fingerprints.get(journal)
+        if digest:
+            stamp += _varint(_FINGERPRINT_TAG) + _varint(len(digest)) + digest
+        source.MergeFromString(stamp)
+
+
+class SourceFingerprints:
+    """Each source's fingerprint for the checkpoints a shard commits (`at`): the reader's, of the
+    bytes it consumed just below the checkpoint's offset (`take`, ReadCommittedIter.fingerprint),
+    else the last one known at the same offset (`known`: journal -> (offset, digest), at first
+    the stored checkpoint's); a source whose offset moved without the reader holding the bytes
+    below it has none."""
+
+    def __init__(
+        self,
+        known: Mapping[str, tuple[int, bytes]],
+        take: Callable[[str, int], bytes | None] | None,
+    ) -> None:
+        self._known = dict(known)
+        self._take = take
+
+    def at(self, cp: cpb.Checkpoint) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for journal, source in cp.sources.items():
+            offset = source.read_through
+            fresh = self._take(journal, offset) if self._take is not None else None
+            if fresh is not None:
+                self._known[journal] = (offset, fresh)
+            known = self._known.get(journal)
+            if known is not None and known[0] == offset:
+                out[journal] = known[1]
+            elif known is not None:
+                del self._known[journal]
+        return out
+
+
+def known_fingerprints(cp: cpb.Checkpoint) -> dict[str, tuple[int, bytes]]:
+    """`cp`'s fingerprints with the offsets they were taken at, by journal."""
+    return {j: (cp.sources[j].read_through, d) for j, d in fingerprints_of(cp).items()}
+
+
+def fingerprints_of(cp: cpb.Checkpoint) -> dict[str, bytes]:
+    """The fingerprints `cp` records (read_tails.py), by journal."""
+    out: dict[str, bytes] = {}
+    for journal, source in cp.sources.items():
+        unknown = UnknownFieldSet(source)
+        for i in range(len(unknown)):
+            field = unknown[i]
+            if field.field_number == FINGERPRINT_FIELD and field.wire_type == _BYTES:
+                out[journal] = bytes(field.data)
+    return out
 
 
 def create_revisions_of(cp: cpb.Checkpoint) -> dict[str, int]:
@@ -143,3 +227,61 @@ async def verify_source(
     # 0 is unknown (a broker older than the field), never a change.
     if 0 < read_from != current > 0:
         raise SourceRecreatedError(journal, read_from, current)
+
+
+RESTORED_TOTAL: Final = Counter(
+    "gazette_consumer_source_restored_total",
+    "Source journals found at a primary's start created again over the content the shard read"
+    " (restored from their fragment store), and resumed",
+    ["journal"],
+)
+
+# A restored journal's tail is read within this (a bounded non-blocking read of TAIL_BYTES).
+tail_read_timeout_s: Final = 30.0
+
+
+async def restored_sources(
+    client: JournalClient,
+    offsets: Mapping[str, int],
+    recorded: Mapping[str, int],
+    current: Mapping[str, int],
+    fingerprints: Mapping[str, bytes],
+) -> set[str]:
+    """The journals of `offsets` (journal -> the checkpoint's read-through offset) created
+    again since the checkpoint (`recorded` and `current` create revisions differ, neither 0)
+    whose bytes just below the checkpoint's offset are now those the shard read (its
+    `fingerprints`): content restored from their fragment store, which the shard resumes (see
+    the module docstring). Transient errors reading a tail propagate (the shard retries); a
+    tail that cannot be read (not there, lost) is not restored."""
+    out: set[str] = set()
+    for journal, offset in sorted(offsets.items()):
+        was, now = recorded.get(journal, 0), current.get(journal, 0)
+        digest = fingerprints.get(journal)
+        if offset <= 0 or was <= 0 or now <= 0 or was == now or not digest:
+            continue
+        tail = await _tail_now(client, journal, offset)
+        if tail is not None and tail_digest(tail) == digest:
+            RESTORED_TOTAL.labels(journal).inc()
+            out.add(journal)
+    return out
+
+
+async def _tail_now(client: JournalClient, journal: str, offset: int) -> bytes | None:
+    """The journal's bytes in `tail_range(offset)` now, or None if they cannot all be read."""
+    begin, end = tail_range(offset)
+    reader = RetryReader(client, pb.ReadRequest(journal=journal, offset=begin, end_offset=end))
+    parts: list[bytes] = []
+    at = begin
+    try:
+        async with asyncio.timeout(tail_read_timeout_s):
+            while at < end:
+                chunk = await reader.read_chunk()
+                if not chunk.content or chunk.offset != at:
+                    return None  # Ended short, or jumped over content lost.
+                parts.append(chunk.content)
+                at += len(chunk.content)
+    except (OffsetNotYetAvailableError, DataLossError):
+        return None  # Not there (its head is below the offset), or lost.
+    finally:
+        await reader.close()
+    return b"".join(parts)[: end - begin]

@@ -38,7 +38,7 @@ from gazette_consumer.message.clock import clock_span
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.metrics import ShardMetrics
 from gazette_consumer.shard_spec import PRODUCER_PRUNE_HORIZON_S, recovery_log, txn_durations_s
-from gazette_consumer.source_revisions import stamp_create_revisions
+from gazette_consumer.source_revisions import SourceFingerprints, stamp_create_revisions
 from gazette_consumer.stores.base import OpFuture, Store
 from gazette_consumer.transaction import (
     Await,
@@ -134,10 +134,13 @@ class TxnDriver:
         on_phase: Callable[[], None],
         on_read: Callable[[Mapping[str, int]], None] = lambda _read_through: None,
         create_revisions: Mapping[str, int] | None = None,
+        fingerprints: SourceFingerprints | None = None,
     ) -> None:
         self._shard, self._app, self._store, self._source = shard, app, store, source
-        # The sources' etcd create revisions, recorded in every checkpoint (source_revisions.py).
+        # The sources' etcd create revisions, and the fingerprints of the bytes below each
+        # one's offset, recorded in every checkpoint (source_revisions.py).
         self._create_revisions: Mapping[str, int] = create_revisions or {}
+        self._fingerprints = fingerprints
         self._id = shard.id
         self._recovery_log = recovery_log(shard.spec)
         self._clock = clock
@@ -418,7 +421,10 @@ class TxnDriver:
             intents = publisher.build_ack_intents()
             positions = self._source.checkpoint(_PRUNE_HORIZON)
             checkpoint = from_sequencer_checkpoint(positions, intents)
-            stamp_create_revisions(checkpoint, self._create_revisions)
+            prints = self._fingerprints
+            stamp_create_revisions(
+                checkpoint, self._create_revisions, prints.at(checkpoint) if prints else None
+            )
         except Exception as err:
             raise ShardFailedError(self._id, "building the checkpoint", err) from err
         # The futures rather than the AsyncAppends: a store may wrap a plain awaitable in a

@@ -37,6 +37,7 @@ Signature::
                       verify_journal: Verify | None = None)
     async next() -> Envelope        try_next() -> Envelope | None      __aiter__
     checkpoint(horizon=0) -> SequencerCheckpoint                has_pending(since) -> bool
+    fingerprint(journal, offset) -> bytes | None
     in_sequence: bool               take_sequence(limit) -> list[Envelope]
     replays: int    replays_from_memory: int    replays_from_decoded: int
     sources: Mapping[str, int]
@@ -103,6 +104,7 @@ from gazette_consumer.sequencer.read_runs import (
     alone_next,
     run_next,
 )
+from gazette_consumer.sequencer.read_tails import ReadTails
 from gazette_consumer.sequencer.read_uncommitted import ReadUncommittedIter
 from gazette_consumer.sequencer.replay import Replay
 from gazette_consumer.sequencer.replays import Replays
@@ -202,7 +204,10 @@ class ReadCommittedIter:
             self._read_ahead, replay_retained_bytes_max, replay_decoded_messages_max
         )
         # The chunks read ahead, decoded a piece at a time once `_pending` is consumed.
-        self._pieces = ChunkPieces(self._channel, self._replays, self._seq, self._floors)
+        self._tails = ReadTails()
+        self._pieces = ChunkPieces(
+            self._channel, self._replays, self._seq, self._floors, self._tails
+        )
         # A committed message stepped out of the Sequencer but not returned yet: looking one
         # message ahead is what tells `in_sequence`. `_ahead_after` is the returned message it
         # follows in its sequence, for checkpoints taken while it is held (None only while
@@ -564,6 +569,11 @@ class ReadCommittedIter:
             horizon,
             self._run_before,
         )
+
+    def fingerprint(self, journal: str, offset: int) -> bytes | None:
+        """The digest of the bytes this iterator consumed just below `offset` of `journal`
+        (read_tails.py), or None if it does not hold them all."""
+        return self._tails.fingerprint(journal, offset)
 
     def _run_left(self) -> int:
         """How many messages of the run held (`_run_all`) are not returned yet."""

@@ -17,6 +17,7 @@ from typing import Any, Final
 from gazette_consumer.message.message import Envelope
 from gazette_consumer.sequencer.read_ahead import Chunk
 from gazette_consumer.sequencer.read_channel import ReadChannel
+from gazette_consumer.sequencer.read_tails import ReadTails
 from gazette_consumer.sequencer.replays import Replays
 from gazette_consumer.sequencer.sequencer import Sequencer
 from gazette_consumer.sequencer.types import FLAG_CONTINUE_TXN
@@ -33,7 +34,8 @@ class ChunkPieces:
     """The next piece of the chunks in `channel`, decoded (see the module docstring).
 
     `floors` (per journal, the offset through which every queued envelope was consumed) is the
-    iterator's, moved forward here past a consumed chunk's skipped content."""
+    iterator's, moved forward here past a consumed chunk's skipped content. `tails`, if given,
+    is handed each chunk taken (read_tails.py)."""
 
     def __init__(
         self,
@@ -41,8 +43,10 @@ class ChunkPieces:
         replays: Replays,
         seq: Sequencer[Envelope[Any]],
         floors: dict[str, int],
+        tails: ReadTails | None = None,
     ) -> None:
         self._channel = channel
+        self._tails = tails
         self._replays = replays
         self._seq = seq
         self._floors = floors
@@ -81,6 +85,8 @@ class ChunkPieces:
                 return None
             if self._replays.retained_bytes_max:
                 self._replays.retain(chunk, self._seq)
+            if self._tails is not None:
+                self._tails.add(chunk.journal, chunk.offset, chunk.content)
         replays = self._replays
         if replays.gc_hold.held:
             replays.release_gc_hold()

@@ -34,6 +34,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.topology import item_key
 from gazette_consumer.checkpoint import flatten_read_through
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
+from gazette_consumer.sequencer.read_tails import TAIL_BYTES
 from gazette_consumer.shard_retry import Transience, classify
 from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.source_heads import (
@@ -43,8 +44,10 @@ from gazette_consumer.source_heads import (
     find_sources_behind,
 )
 from gazette_consumer.source_revisions import (
+    RESTORED_TOTAL,
     SourceRecreatedError,
     StaleListingError,
+    fingerprints_of,
     verify_source,
 )
 from tests.broker.broker_testkit import (
@@ -396,58 +399,117 @@ async def test_a_suspended_journal_whose_fragments_are_gone_is_not_behind(
         await cluster.close()
 
 
-async def test_a_journal_restored_over_its_fragment_store_fails_until_told_to_resume(
-    tmp_path: Path,
-) -> None:
-    """Deleted and created again over the same fragment store (specs applied again to a
-    rebuilt etcd, a spec deleted by mistake), a journal has its persisted content back at the
-    same offsets. Nothing tells that from new content appended past the checkpoint since
-    (source_heads.find_recreated: two attempts were broken by review), so the shard fails
-    naming both cases, rather than risk skipping new content; labelled ``wait`` it resumes
-    where it was and reads on exactly once. The shard reads while it happens: its reader's
-    check restarts it, and its start decides."""
+@contextlib.asynccontextmanager
+async def stored_journal(tmp_path: Path) -> AsyncIterator[tuple[Cluster, JournalClient]]:
+    """A broker whose JOURNAL keeps its fragments in a file:// store under tmp_path/frags."""
     (tmp_path / "frags").mkdir()
     registry = StoreRegistry({"file": lambda url: FileStore(url, root=tmp_path)})
-    spec = journal_spec(JOURNAL, stores=["file:///frags/"])
-    spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
     cluster = Cluster(stores=registry)
     broker = await cluster.start_broker("zone-a", "broker-a")
     client = JournalClient(broker.endpoint)
     try:
+        await cluster.create(_stored_spec(), [broker])
+        yield cluster, client
+    finally:
+        await client.close()
+        await cluster.close()
+
+
+def _stored_spec() -> pb.JournalSpec:
+    """JOURNAL in a file:// store, in fragments of ~1 KiB (the least length)."""
+    spec = journal_spec(JOURNAL, length=1024, stores=["file:///frags/"])
+    spec.labels.CopyFrom(labels.label_set([(labels.CONTENT_TYPE, CONTENT_TYPE_JSON_LINES)]))
+    return spec
+
+
+async def _recreate_over_store(cluster: Cluster, tmp_path: Path, end: int) -> None:
+    """Persist JOURNAL's content through `end` (its replica stops), delete the journal and create
+    it again over the same store."""
+    await cluster.assign(JOURNAL, [])
+    await wait_until(lambda: _stored_end(tmp_path) >= end)
+    header, _ = await cluster.admin.delete(item_key(ROOT, JOURNAL).encode())
+    await cluster.sync(header.revision)
+    await cluster.create(_stored_spec(), [cluster.brokers[0]])
+
+
+async def test_a_journal_restored_over_its_fragment_store_is_resumed_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """Deleted and created again over the same fragment store (specs applied again to a
+    rebuilt etcd, a spec deleted by mistake), a journal has its persisted content back at the
+    same offsets, and Gazette resumes it. The checkpoint's fingerprint of the bytes below its
+    offset (read_tails.py) matches the journal's bytes there now, so the shard resumes (its
+    reader's check restarts it, its start decides) and reads on exactly once. Before, it
+    FAILED until an operator labelled it ``wait``."""
+    async with stored_journal(tmp_path) as (cluster, client):
         async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
-            await cluster.create(spec, [broker])
             old = Producer(appends, "old")
             for _ in range(4):
                 end = await _end(old)
             shard = _labelled(None)
             changed = Notifier()
+            before = RESTORED_TOTAL.labels(JOURNAL)._value.get()
             async with ShardRunner(CountingApp(engine), client, root="/test/same") as runner:
                 handle = runner.start(shard, on_change=changed.notify)
                 await changed.read_through(handle, JOURNAL, end)
-                # Its replica stops and persists its spool: the store holds [0, end).
-                await cluster.assign(JOURNAL, [])
-                await wait_until(lambda: _stored_end(tmp_path) >= end)
-                header, _ = await cluster.admin.delete(item_key(ROOT, JOURNAL).encode())
-                await cluster.sync(header.revision)
-                await cluster.create(spec, [broker])
-                await changed.until(lambda: handle.status().code == Code.FAILED)
-                error = handle.status().errors[0]
-                assert "CheckpointAheadError" in error and "deleted and created again" in error
-                assert "restored from its fragment store" in error and "(wait" in error
+                checkpoint = await read_checkpoint(engine, runner.fqn(shard.id))
+                assert checkpoint is not None and JOURNAL in fingerprints_of(checkpoint)
+                await _recreate_over_store(cluster, tmp_path, end)
+                await wait_until(lambda: _listed(cluster))
                 # As in Gazette, its spool starts empty below an index that holds [0, end):
                 # appends are refused until an operator confirms the journal's end.
                 assert await reset_head(client, JOURNAL) == (end, "reset")
                 last = await _end(Producer(appends, "more"))
                 assert last > end  # Appended past the restored content.
-                await runner.stop(shard.id)
-                waiting = _labelled(labels.CHECKPOINT_AHEAD_WAIT)
-                handle = runner.start(waiting, on_change=changed.notify)
                 await changed.read_through(handle, JOURNAL, last)
                 assert handle.status().code != Code.FAILED, handle.status().errors
+                assert RESTORED_TOTAL.labels(JOURNAL)._value.get() == before + 1
             assert await read_counts(engine, "shard-behind") == {"old": 4, "more": 1}
-    finally:
-        await client.close()
-        await cluster.close()
+
+
+def _listed(cluster: Cluster) -> bool:
+    """Whether the broker's replica of JOURNAL (created again) listed its store once."""
+    replica = cluster.brokers[0].resolver.replicas.get(JOURNAL)
+    return replica is not None and replica.index.first_refresh.is_set()
+
+
+async def test_a_store_that_kept_part_of_what_was_read_is_not_taken_for_restored(
+    tmp_path: Path,
+) -> None:
+    """The case that broke a fingerprint taken once per incarnation (review of 0081006): the
+    store kept only the first messages the shard read, so the journal created again over it
+    has its head there, and new content appended since lies below the checkpoint's offset.
+    The bytes below that offset are new, not those read: the shard fails, nothing skipped."""
+    async with stored_journal(tmp_path) as (cluster, client):
+        async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
+            old = Producer(appends, "old")
+            ends = [await _end(old) for _ in range(30)]
+            shard = _labelled(None)
+            changed = Notifier()
+            async with ShardRunner(CountingApp(engine), client, root="/test/part") as runner:
+                handle = runner.start(shard, on_change=changed.notify)
+                await changed.read_through(handle, JOURNAL, ends[-1])
+                await runner.stop(shard.id)
+                await _recreate_over_store(cluster, tmp_path, ends[-1])
+                await cluster.assign(JOURNAL, [])  # The store is changed with no broker on it:
+                kept = _keep_stored_below(tmp_path, ends[15])  # it kept only part,
+                assert 0 < kept < ends[-1] - TAIL_BYTES
+                await cluster.assign(JOURNAL, [cluster.brokers[0]])
+                assert await reset_head(client, JOURNAL) == (kept, "reset")
+                await _grow_past(appends, "new", ends[-1])  # and new content went on from there.
+                handle = runner.start(shard, on_change=changed.notify)
+                await changed.until(lambda: handle.status().code == Code.FAILED)
+                error = handle.status().errors[0]
+                assert "CheckpointAheadError" in error and "deleted and created again" in error
+            assert await read_counts(engine, "shard-behind") == {"old": 30}
+
+
+def _keep_stored_below(tmp_path: Path, offset: int) -> int:
+    """Remove JOURNAL's stored fragments that end past `offset`; where those kept end."""
+    for path in (tmp_path / "frags" / JOURNAL).glob("*"):
+        if int(path.name.split("-")[1], 16) > offset:
+            path.unlink()
+    return _stored_end(tmp_path)
 
 
 def _stored_end(tmp_path: Path) -> int:

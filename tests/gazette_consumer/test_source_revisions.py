@@ -11,9 +11,18 @@ from gazette_consumer.checkpoint import (
     equivalent,
     merge,
 )
+from gazette_consumer.sequencer.read_tails import (
+    TAIL_BYTES,
+    TAIL_KEEP_BYTES,
+    ReadTails,
+    tail_digest,
+)
 from gazette_consumer.source_revisions import (
+    SourceFingerprints,
     SourceRecreatedError,
     create_revisions_of,
+    fingerprints_of,
+    known_fingerprints,
     stamp_create_revisions,
 )
 
@@ -35,7 +44,7 @@ def test_gazettes_message_reads_a_stamped_checkpoint_as_the_same_checkpoint() ->
     plain = build_checkpoint({"a/j": 5}, {}, {"out/j": b"ack"})
     stamped = cpb.Checkpoint()
     stamped.CopyFrom(plain)
-    stamp_create_revisions(stamped, {"a/j": 42})
+    stamp_create_revisions(stamped, {"a/j": 42}, {"a/j": tail_digest(b"x")})
     data = encode_checkpoint(stamped)
     assert data != encode_checkpoint(plain)
     # Gazette's decoder skips the unknown field: the same offsets, producers and intents.
@@ -46,6 +55,61 @@ def test_gazettes_message_reads_a_stamped_checkpoint_as_the_same_checkpoint() ->
     assert as_gazette.SerializeToString(deterministic=True) == encode_checkpoint(plain)
     # A checkpoint without the field (Go's, or an older one's) records nothing.
     assert create_revisions_of(plain) == {}
+    assert fingerprints_of(plain) == {}
+
+
+def test_fingerprints_ride_with_their_revision_through_encoding_and_merging() -> None:
+    one, two = tail_digest(b"one"), tail_digest(b"two")
+    cp = build_checkpoint({"a/j": 5, "b/j": 7}, {}, {})
+    # Only beside a revision (a fingerprint describes that incarnation).
+    stamp_create_revisions(cp, {"a/j": 3}, {"a/j": one, "b/j": two})
+    assert fingerprints_of(cp) == {"a/j": one}
+    stamp_create_revisions(cp, {"a/j": 3, "b/j": 4}, {"b/j": two})  # a/j's replaced: none.
+    decoded = decode_checkpoint(encode_checkpoint(cp))
+    assert fingerprints_of(decoded) == {"b/j": two}
+    assert create_revisions_of(decoded) == {"a/j": 3, "b/j": 4}
+    assert known_fingerprints(decoded) == {"b/j": (7, two)}
+    later = build_checkpoint({"a/j": 9}, {}, {})
+    stamp_create_revisions(later, {"a/j": 3}, {"a/j": one})
+    assert fingerprints_of(merge(decoded, later)) == {"a/j": one, "b/j": two}
+
+
+def test_a_fingerprint_is_the_readers_else_carried_at_the_same_offset_else_none() -> None:
+    taken: dict[tuple[str, int], bytes] = {("a/j", 9): b"A9"}
+    prints = SourceFingerprints(
+        {"a/j": (5, b"A5"), "b/j": (7, b"B7")}, lambda j, offset: taken.get((j, offset))
+    )
+    # a/j moved to 9 and the reader holds the bytes below: its; b/j did not move: carried.
+    assert prints.at(build_checkpoint({"a/j": 9, "b/j": 7}, {}, {})) == {"a/j": b"A9", "b/j": b"B7"}
+    # b/j moved and the reader does not hold the bytes below 8: none, and never again at 7.
+    assert prints.at(build_checkpoint({"a/j": 9, "b/j": 8}, {}, {})) == {"a/j": b"A9"}
+    assert prints.at(build_checkpoint({"a/j": 9, "b/j": 7}, {}, {})) == {"a/j": b"A9"}
+
+
+def test_read_tails_hold_the_bytes_below_offsets_of_the_chunks_consumed() -> None:
+    tails = ReadTails()
+    content = bytes(range(256)) * 8  # 2 KiB, no repeats within TAIL_BYTES.
+    tails.add("a/j", 1000, content[:600])
+    tails.add("a/j", 1600, content[600:])
+    # Across the two chunks, and below offset TAIL_BYTES only the bytes there are.
+    assert tails.fingerprint("a/j", 1700) == tail_digest(content[700 - TAIL_BYTES : 700])
+    assert tails.fingerprint("a/j", 1000 + TAIL_BYTES) == tail_digest(content[:TAIL_BYTES])
+    assert tails.fingerprint("a/j", 1000 + TAIL_BYTES - 1) is None  # Not all held.
+    assert tails.fingerprint("a/j", 1000 + len(content) + 1) is None
+    assert tails.fingerprint("b/j", 1700) is None
+    tails.add("b/j", 0, b"abc")
+    assert tails.fingerprint("b/j", 2) == tail_digest(b"ab")
+    assert tails.fingerprint("b/j", 0) is None
+    # Content skipped (an offset jump): nothing before it is held.
+    tails.add("a/j", 5000, b"z" * 300)
+    assert tails.fingerprint("a/j", 1700) is None
+    assert tails.fingerprint("a/j", 5000 + TAIL_BYTES) == tail_digest(b"z" * TAIL_BYTES)
+    # Older chunks are kept only within TAIL_KEEP_BYTES below the newest one's start.
+    tails.add("a/j", 5300, b"y" * TAIL_KEEP_BYTES)
+    tails.add("a/j", 5300 + TAIL_KEEP_BYTES, b"x")
+    assert tails.fingerprint("a/j", 5300 + TAIL_BYTES) is not None
+    tails.add("a/j", 5301 + TAIL_KEEP_BYTES, b"w")
+    assert tails.fingerprint("a/j", 5300) is None
 
 
 def test_the_error_names_the_journal_and_both_revisions() -> None:

@@ -1,0 +1,84 @@
+"""The bytes a read-committed reader consumed just below an offset, as a fingerprint (sans-IO).
+
+A shard's checkpoint says how far it read each source journal, and which incarnation of it (its
+etcd create revision, gazette_consumer/source_revisions.py). A journal deleted and created
+again may be new content, which resuming at the checkpoint would skip, or the same content
+restored from its fragment store (Gazette resumes it). What tells them apart exactly is the
+content itself: a digest of the `TAIL_BYTES` just below the checkpoint's offset, taken at every
+commit from the bytes the reader consumed, compared with the same range of the journal now. New
+content starts at the new journal's first offset or at the end of what its store kept, so if
+the range just below the offset holds the bytes the shard read, nothing below the offset is
+new (see `source_revisions.py` for the argument and its limit).
+
+`ReadTails` keeps, per journal, references to the last chunks consumed (no copy): the newest
+whole, and older ones while they lie within `TAIL_KEEP_BYTES` below the newest's start, which
+covers the offsets a checkpoint can stand at (the read-through offset of what was consumed,
+never more than a chunk or two behind the chunk being decoded). An offset they do not cover
+(content skipped by an offset jump, or nothing consumed since the reader started) has no
+fingerprint: the check then knows nothing, and falls back to the safe answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from typing import Final
+
+TAIL_BYTES: Final = 256
+"""The bytes below a checkpoint's offset its fingerprint covers (fewer only below offset 256)."""
+TAIL_KEEP_BYTES: Final = 256 << 10
+"""How far below the start of its newest consumed chunk a journal's older chunks are kept."""
+
+
+def tail_digest(content: bytes) -> bytes:
+    """The fingerprint of the bytes below an offset (SHA-256)."""
+    return hashlib.sha256(content).digest()
+
+
+def tail_range(offset: int) -> tuple[int, int]:
+    """The range a fingerprint at `offset` covers."""
+    return max(0, offset - TAIL_BYTES), offset
+
+
+class ReadTails:
+    """See the module docstring."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self) -> None:
+        # Per journal: contiguous (offset, content) chunks, oldest first.
+        self._chunks: dict[str, deque[tuple[int, bytes]]] = {}
+
+    def add(self, journal: str, offset: int, content: bytes) -> None:
+        """`content`, read at `offset`, was taken for decoding (chunks of a journal come in
+        order; one after a gap drops those before it)."""
+        if not content:
+            return
+        chunks = self._chunks.get(journal)
+        if chunks is None:
+            chunks = self._chunks[journal] = deque()
+        elif chunks and chunks[-1][0] + len(chunks[-1][1]) != offset:
+            chunks.clear()
+        chunks.append((offset, content))
+        floor = offset - TAIL_KEEP_BYTES
+        while len(chunks) > 1 and chunks[0][0] + len(chunks[0][1]) <= floor:
+            chunks.popleft()
+
+    def fingerprint(self, journal: str, offset: int) -> bytes | None:
+        """The digest of the bytes consumed in `tail_range(offset)`, or None if they are not
+        all held."""
+        begin, end = tail_range(offset)
+        chunks = self._chunks.get(journal)
+        if end <= 0 or not chunks:
+            return None
+        if chunks[0][0] > begin or chunks[-1][0] + len(chunks[-1][1]) < end:
+            return None
+        parts = []
+        for at, content in chunks:
+            stop = at + len(content)
+            if stop <= begin:
+                continue
+            if at >= end:
+                break
+            parts.append(content[max(begin - at, 0) : min(end, stop) - at])
+        return tail_digest(b"".join(parts))
