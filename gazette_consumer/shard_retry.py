@@ -44,7 +44,7 @@ from broker.protocol.status import (
 )
 from gazette_consumer.recovery import RecoveryLogError, RecoveryLogMissingError
 from gazette_consumer.recoverylog.recorder import RecorderFencedError
-from gazette_consumer.source_revisions import SourceRecreatedError
+from gazette_consumer.source_revisions import SourceRecreatedError, StaleReadError
 from gazette_consumer.stores.base import FencedError, StoreIOError
 from gazette_consumer.txn_driver import StrayCancelledError
 
@@ -84,6 +84,7 @@ TRANSIENCE: Final[tuple[tuple[type[BaseException], Transience], ...]] = (
     # its start compares the checkpoint's create revisions (source_revisions.py) under the
     # spec's checkpoint-ahead policy (fail, by default, naming the journal).
     (SourceRecreatedError, Transience.TRANSIENT),
+    (StaleReadError, Transience.TRANSIENT),
     # etcd unreachable for a while.
     (UnavailableError, Transience.TRANSIENT),
     # A journal's fragment store found down by the primary's health check: its appends are

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from broker.client.route_cache import JournalClient
 from broker.logging import get_logger
+from broker.protocol import labels as gl
 from gazette_consumer.application import Application, MessageSource, Shard
 from gazette_consumer.checkpoint import (
     Checkpoint,
@@ -43,9 +44,10 @@ from gazette_consumer.source_heads import (
 from gazette_consumer.source_revisions import (
     SourceFingerprints,
     create_revisions_of,
-    current_create_revisions,
     known_fingerprints,
+    list_sources,
     restored_sources,
+    tails_now,
     verify_source,
 )
 from gazette_consumer.stores.base import Store
@@ -99,12 +101,22 @@ async def open_source(
         return OpenedSource(custom, checkpoint)
     stored = flatten_read_through(checkpoint)
     journals = [s.journal for s in shard.spec.sources]
-    revisions = await current_create_revisions(client, journals)
+    listed = await list_sources(client, journals)
+    revisions = {j: listed[j].create_revision for j in journals}
+    quorum = {
+        j
+        for j in journals
+        if gl.value_of(listed[j].spec.labels, gl.REPLICATION_MODE) == gl.REPLICATION_MODE_QUORUM
+    }
     recorded = create_revisions_of(checkpoint)
+    # Journals the checkpoint read that are no longer sources keep what it recorded of them
+    # (found by review: dropped at the next commit, a journal made a source again after it
+    # was created again was resumed unchecked).
+    stamped = {**{j: r for j, r in recorded.items() if j not in revisions}, **revisions}
     asked = {j: stored.get(j, 0) for j in journals}
     known = known_fingerprints(checkpoint)
     restored = await restored_sources(
-        client, asked, recorded, revisions, {j: d for j, (_, d) in known.items()}
+        client, asked, recorded, revisions, {j: d for j, (_, d) in known.items()}, quorum
     )
     for journal in sorted(restored):
         # Its content below the checkpoint is what the shard read: resumed as Gazette does.
@@ -124,9 +136,15 @@ async def open_source(
         known.pop(b.journal, None)
     offsets, resume = start_checkpoint(shard.spec, to_sequencer_checkpoint(checkpoint))
     if not offsets:
-        return OpenedSource(
-            NoSource(resume), checkpoint, revisions, SourceFingerprints(known, None)
-        )
+        return OpenedSource(NoSource(resume), checkpoint, stamped, SourceFingerprints(known, None))
+    # The bytes below where each source resumes, if they are still those its fingerprint
+    # describes: its reader holds them, so the next checkpoint has a fingerprint even if it
+    # read less than a fingerprint's worth since.
+    seeds = await tails_now(
+        client,
+        {j: known[j] for j in offsets if j in known and known[j][0] == offsets[j]},
+        revisions,
+    )
 
     async def verify(journal: str, at_least: int) -> None:
         await verify_source(client, journal, revisions[journal], at_least)
@@ -141,9 +159,9 @@ async def open_source(
         on_idle=on_idle,
         verify_journal=verify,
     )
-    return OpenedSource(
-        reader, checkpoint, revisions, SourceFingerprints(known, reader.fingerprint)
-    )
+    for journal, (offset, content) in seeds.items():
+        reader.seed_tail(journal, offset, content)
+    return OpenedSource(reader, checkpoint, stamped, SourceFingerprints(known, reader.fingerprint))
 
 
 class NoSource:

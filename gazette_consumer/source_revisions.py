@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Final
 
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -62,12 +63,15 @@ __all__ = [
     "SourceFingerprints",
     "SourceRecreatedError",
     "StaleListingError",
+    "StaleReadError",
     "create_revisions_of",
     "current_create_revisions",
     "fingerprints_of",
     "known_fingerprints",
+    "list_sources",
     "restored_sources",
     "stamp_create_revisions",
+    "tails_now",
     "verify_source",
 ]
 
@@ -188,17 +192,23 @@ def create_revisions_of(cp: cpb.Checkpoint) -> dict[str, int]:
     return out
 
 
+class StaleReadError(Exception):
+    """A source's Read was answered by a broker whose view of etcd predates the journal the
+    shard reads: what it served may be the journal deleted before it. Not retried by the
+    reader (its content is held back, never handed out); the shard starts over (transient)."""
+
+
 class StaleListingError(ConnectionError):
     """The broker asked for a journal's create revision answered from an older view of etcd
     than the read being checked (transient: its view catches up)."""
 
 
-async def current_create_revisions(
+async def list_sources(
     client: JournalClient, journals: Sequence[str], at_least: int = 0
-) -> dict[str, int]:
-    """The create revision of each of `journals` (one List RPC); raises JournalNotFoundError
-    naming the first journal that does not exist, and StaleListingError if the broker listed
-    them from an etcd revision below `at_least`."""
+) -> dict[str, pb.ListResponse.Journal]:
+    """Each of `journals` as listed (one List RPC); raises JournalNotFoundError naming the
+    first journal that does not exist, and StaleListingError if the broker listed them from
+    an etcd revision below `at_least`."""
     if not journals:
         return {}
     selector = pb.LabelSelector(include=gl.label_set([(gl.META_NAME, j) for j in journals]))
@@ -209,11 +219,19 @@ async def current_create_revisions(
             f"listing {', '.join(journals)}: the broker answered from etcd revision {listed_at},"
             f" older than the read being checked ({at_least}); asking again"
         )
-    found = {j.spec.name: j.create_revision for j in listed.journals}
+    found = {j.spec.name: j for j in listed.journals}
     for journal in journals:
         if journal not in found:
             raise JournalNotFoundError(f"source journal {journal!r} does not exist")
     return found
+
+
+async def current_create_revisions(
+    client: JournalClient, journals: Sequence[str], at_least: int = 0
+) -> dict[str, int]:
+    """The create revision of each of `journals` (`list_sources`)."""
+    listed = await list_sources(client, journals, at_least)
+    return {j: listed[j].create_revision for j in journals}
 
 
 async def verify_source(
@@ -223,6 +241,12 @@ async def verify_source(
     (JournalNotFoundError if it is gone), as of etcd revision `at_least` or later: that of the
     read checked, which an older view could show as the incarnation before it
     (StaleListingError, transient, if the broker asked lags it)."""
+    if 0 < at_least < read_from:
+        raise StaleReadError(
+            f"source journal {journal!r}: a read was answered from etcd revision {at_least},"
+            f" before the journal the shard reads was created (revision {read_from}): a broker"
+            " that had not seen it yet may have served the journal deleted before it"
+        )
     current = (await current_create_revisions(client, [journal], at_least))[journal]
     # 0 is unknown (a broker older than the field), never a change.
     if 0 < read_from != current > 0:
@@ -238,6 +262,8 @@ RESTORED_TOTAL: Final = Counter(
 
 # A restored journal's tail is read within this (a bounded non-blocking read of TAIL_BYTES).
 tail_read_timeout_s: Final = 30.0
+# Tails read at once when a primary starts (a shard may read hundreds of journals).
+tail_reads_max: Final = 16
 
 
 async def restored_sources(
@@ -246,28 +272,72 @@ async def restored_sources(
     recorded: Mapping[str, int],
     current: Mapping[str, int],
     fingerprints: Mapping[str, bytes],
+    quorum: AbstractSet[str] = frozenset(),
 ) -> set[str]:
     """The journals of `offsets` (journal -> the checkpoint's read-through offset) created
     again since the checkpoint (`recorded` and `current` create revisions differ, neither 0)
     whose bytes just below the checkpoint's offset are now those the shard read (its
     `fingerprints`): content restored from their fragment store, which the shard resumes (see
     the module docstring). Transient errors reading a tail propagate (the shard retries); a
-    tail that cannot be read (not there, lost) is not restored."""
-    out: set[str] = set()
+    tail that cannot be read (not there, lost) is not restored. Journals of `quorum` are never
+    (found by review): a quorum leader without a replica on its broker appends without
+    checking its stores, so a journal created again may take new content below the end of
+    what its store kept, which the premise above rules out."""
+    gate = asyncio.Semaphore(tail_reads_max)
+
+    async def restored(journal: str, offset: int, digest: bytes) -> bool:
+        async with gate:
+            tail = await _tail_now(client, journal, offset, current[journal])
+        return tail is not None and tail_digest(tail) == digest
+
+    asked = []
     for journal, offset in sorted(offsets.items()):
         was, now = recorded.get(journal, 0), current.get(journal, 0)
         digest = fingerprints.get(journal)
         if offset <= 0 or was <= 0 or now <= 0 or was == now or not digest:
             continue
-        tail = await _tail_now(client, journal, offset)
-        if tail is not None and tail_digest(tail) == digest:
-            RESTORED_TOTAL.labels(journal).inc()
-            out.add(journal)
+        if journal in quorum:
+            continue  # Their content below the store's end may be new (`restored_sources`).
+        asked.append((journal, offset, digest))
+    found = await asyncio.gather(*(restored(*a) for a in asked))
+    out = {journal for (journal, _, _), same in zip(asked, found, strict=True) if same}
+    for journal in out:
+        RESTORED_TOTAL.labels(journal).inc()
     return out
 
 
-async def _tail_now(client: JournalClient, journal: str, offset: int) -> bytes | None:
-    """The journal's bytes in `tail_range(offset)` now, or None if they cannot all be read."""
+async def tails_now(
+    client: JournalClient,
+    known: Mapping[str, tuple[int, bytes]],
+    current: Mapping[str, int],
+) -> dict[str, tuple[int, bytes]]:
+    """Per journal of `known` (journal -> its fingerprint's offset and digest), the bytes below
+    that offset now, if their digest is the known one: what a reader resumed there is seeded
+    with (ReadCommittedIter.seed_tail), so that its next checkpoint has a fingerprint even if
+    it read fewer than TAIL_BYTES since (found by review: a commit soon after a start dropped
+    it). Tails that cannot be read or differ are left out; transient errors propagate."""
+    gate = asyncio.Semaphore(tail_reads_max)
+
+    async def tail(journal: str, offset: int) -> bytes | None:
+        async with gate:
+            return await _tail_now(client, journal, offset, current.get(journal, 0))
+
+    asked = sorted((j, o, d) for j, (o, d) in known.items() if o > 0)
+    found = await asyncio.gather(*(tail(j, o) for j, o, _ in asked))
+    out: dict[str, tuple[int, bytes]] = {}
+    for (journal, offset, digest), content in zip(asked, found, strict=True):
+        if content is not None and tail_digest(content) == digest:
+            out[journal] = (offset - len(content), content)
+    return out
+
+
+async def _tail_now(
+    client: JournalClient, journal: str, offset: int, incarnation: int
+) -> bytes | None:
+    """The journal's bytes in `tail_range(offset)` now, or None if they cannot all be read.
+    Raises StaleListingError (transient) if the broker that served them had not seen the
+    journal's `incarnation` (its create revision) yet: it may have served the journal
+    deleted before it (found by review)."""
     begin, end = tail_range(offset)
     reader = RetryReader(client, pb.ReadRequest(journal=journal, offset=begin, end_offset=end))
     parts: list[bytes] = []
@@ -280,6 +350,12 @@ async def _tail_now(client: JournalClient, journal: str, offset: int) -> bytes |
                     return None  # Ended short, or jumped over content lost.
                 parts.append(chunk.content)
                 at += len(chunk.content)
+        served_at = reader.response.header.etcd.revision
+        if 0 < served_at < incarnation:
+            raise StaleListingError(
+                f"reading {journal}: answered from etcd revision {served_at}, before the"
+                f" journal was created (revision {incarnation}); asking again"
+            )
     except (OffsetNotYetAvailableError, DataLossError):
         return None  # Not there (its head is below the offset), or lost.
     finally:

@@ -570,6 +570,11 @@ class ReadCommittedIter:
             self._run_before,
         )
 
+    def seed_tail(self, journal: str, offset: int, content: bytes) -> None:
+        """`content` is `journal`'s bytes at `offset`, just below where this iterator resumes
+        reading it: held for `fingerprint` (read_tails.py). Call before the first `next()`."""
+        self._tails.seed(journal, offset, content)
+
     def fingerprint(self, journal: str, offset: int) -> bytes | None:
         """The digest of the bytes this iterator consumed just below `offset` of `journal`
         (read_tails.py), or None if it does not hold them all."""

@@ -10,12 +10,14 @@ content starts at the new journal's first offset or at the end of what its store
 the range just below the offset holds the bytes the shard read, nothing below the offset is
 new (see `source_revisions.py` for the argument and its limit).
 
-`ReadTails` keeps, per journal, references to the last chunks consumed (no copy): the newest
-whole, and older ones while they lie within `TAIL_KEEP_BYTES` below the newest's start, which
-covers the offsets a checkpoint can stand at (the read-through offset of what was consumed,
-never more than a chunk or two behind the chunk being decoded). An offset they do not cover
-(content skipped by an offset jump, or nothing consumed since the reader started) has no
-fingerprint: the check then knows nothing, and falls back to the safe answer.
+`ReadTails` keeps, per journal, references to the last `TAIL_CHUNKS` chunks consumed (no copy),
+which covers the offsets a checkpoint can stand at (the read-through offset of what was
+consumed, never more than a chunk or so behind the chunk being decoded), and bounds what it
+holds per source journal to a few chunks (a Read's chunks are at most 128 KiB). A reader
+resumed at a checkpoint is seeded with the bytes below it (`seed`, read again at its start and
+checked against the checkpoint's fingerprint), so a commit soon after a start has one too. An
+offset they do not cover (content skipped by an offset jump) has no fingerprint: the check
+then knows nothing, and falls back to the safe answer.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from typing import Final
 
 TAIL_BYTES: Final = 256
 """The bytes below a checkpoint's offset its fingerprint covers (fewer only below offset 256)."""
-TAIL_KEEP_BYTES: Final = 256 << 10
-"""How far below the start of its newest consumed chunk a journal's older chunks are kept."""
+TAIL_CHUNKS: Final = 3
+"""The chunks consumed last kept per journal (the newest included)."""
 
 
 def tail_digest(content: bytes) -> bytes:
@@ -60,9 +62,13 @@ class ReadTails:
         elif chunks and chunks[-1][0] + len(chunks[-1][1]) != offset:
             chunks.clear()
         chunks.append((offset, content))
-        floor = offset - TAIL_KEEP_BYTES
-        while len(chunks) > 1 and chunks[0][0] + len(chunks[0][1]) <= floor:
+        if len(chunks) > TAIL_CHUNKS:
             chunks.popleft()
+
+    def seed(self, journal: str, offset: int, content: bytes) -> None:
+        """Hold `content`, the journal's bytes at `offset`, before any chunk is consumed: the
+        bytes below where a reader resumes."""
+        self.add(journal, offset, content)
 
     def fingerprint(self, journal: str, offset: int) -> bytes | None:
         """The digest of the bytes consumed in `tail_range(offset)`, or None if they are not

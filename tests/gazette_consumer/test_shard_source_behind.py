@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from broker.cli.reset_head import reset_head
 from broker.client.append_service import AppendService
 from broker.client.list_apply import list_journals
+from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
 from broker.client.write_head import probe_write_head
 from broker.fragment.stores.file_store import FileStore
@@ -34,7 +35,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.topology import item_key
 from gazette_consumer.checkpoint import flatten_read_through
 from gazette_consumer.message import CONTENT_TYPE_JSON_LINES
-from gazette_consumer.sequencer.read_tails import TAIL_BYTES
+from gazette_consumer.sequencer.read_tails import TAIL_BYTES, tail_digest
 from gazette_consumer.shard_retry import Transience, classify
 from gazette_consumer.shard_runner import LocalShard, ShardRunner
 from gazette_consumer.source_heads import (
@@ -47,7 +48,9 @@ from gazette_consumer.source_revisions import (
     RESTORED_TOTAL,
     SourceRecreatedError,
     StaleListingError,
+    StaleReadError,
     fingerprints_of,
+    restored_sources,
     verify_source,
 )
 from tests.broker.broker_testkit import (
@@ -473,6 +476,39 @@ def _listed(cluster: Cluster) -> bool:
     return replica is not None and replica.index.first_refresh.is_set()
 
 
+async def test_a_shard_restarted_then_restored_over_its_store_resumes_after_a_small_commit(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a shard started again holds nothing below where it resumes, so a
+    commit fewer than TAIL_BYTES past it recorded no fingerprint, and a journal then restored
+    over its store failed the shard (a false alarm). Its reader is now seeded with the bytes
+    below the checkpoint (read again at its start, checked against its fingerprint)."""
+    async with stored_journal(tmp_path) as (cluster, client):
+        async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
+            old = Producer(appends, "old")
+            for _ in range(4):
+                end = await _end(old)
+            shard = _labelled(None)
+            changed = Notifier()
+            async with ShardRunner(CountingApp(engine), client, root="/test/window") as runner:
+                handle = runner.start(shard, on_change=changed.notify)
+                await changed.read_through(handle, JOURNAL, end)
+                await runner.stop(shard.id)  # A rebalance, say.
+                handle = runner.start(shard, on_change=changed.notify)
+                small = await _end(old)
+                assert small - end < TAIL_BYTES
+                await changed.read_through(handle, JOURNAL, small)
+                checkpoint = await read_checkpoint(engine, runner.fqn(shard.id))
+                assert checkpoint is not None and JOURNAL in fingerprints_of(checkpoint)
+                await _recreate_over_store(cluster, tmp_path, small)
+                await wait_until(lambda: _listed(cluster))
+                assert await reset_head(client, JOURNAL) == (small, "reset")
+                last = await _end(Producer(appends, "more"))
+                await changed.read_through(handle, JOURNAL, last)
+                assert handle.status().code != Code.FAILED, handle.status().errors
+            assert await read_counts(engine, "shard-behind") == {"old": 5, "more": 1}
+
+
 async def test_a_store_that_kept_part_of_what_was_read_is_not_taken_for_restored(
     tmp_path: Path,
 ) -> None:
@@ -548,3 +584,37 @@ async def test_a_check_from_a_view_older_than_the_read_is_asked_again(tmp_path: 
             await verify_source(env.client, JOURNAL, created, now + 1)
         assert classify(StaleListingError("x")) == Transience.TRANSIENT
         await verify_source(env.client, JOURNAL, created, now)  # As fresh as the read: passes.
+
+
+async def test_a_read_answered_before_the_journal_was_created_is_not_taken(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a broker whose view of etcd predates the journal the shard reads may
+    serve the journal deleted before it, and a List (fresher) then shows the revision the
+    shard expects. A read answered from a revision below the journal's create revision is
+    refused (StaleReadError: the shard starts over), as is a tail read for a restored check;
+    quorum journals are never taken for restored."""
+    async with shard_env(tmp_path) as (env, _engine, appends):
+        await env.journal(JOURNAL)
+        end = await _end(Producer(appends, "one"))
+        listed = await list_journals(env.client, f"name={JOURNAL}")
+        created, now = listed.journals[0].create_revision, listed.header.etcd.revision
+        with pytest.raises(StaleReadError, match=f"answered from etcd revision {created - 1}"):
+            await verify_source(env.client, JOURNAL, created, created - 1)
+        assert classify(StaleReadError("x")) == Transience.TRANSIENT
+        await verify_source(env.client, JOURNAL, created, created)
+        await verify_source(env.client, JOURNAL, created, 0)  # Before any answer: nothing.
+        reader = RetryReader(env.client, pb.ReadRequest(journal=JOURNAL, end_offset=end))
+        content = b"".join([chunk.content async for chunk in reader])
+        await reader.close()
+        assert len(content) == end < TAIL_BYTES
+        ask = (
+            {JOURNAL: end}, {JOURNAL: created - 1}, {JOURNAL: created},
+            {JOURNAL: tail_digest(content)},
+        )  # fmt: skip
+        assert await restored_sources(env.client, *ask) == {JOURNAL}
+        assert await restored_sources(env.client, *ask, quorum={JOURNAL}) == set()
+        # A tail answered from a revision before the incarnation it is checked for: asked again.
+        ahead = ({JOURNAL: end}, {JOURNAL: created - 1}, {JOURNAL: now + 100}, ask[3])
+        with pytest.raises(StaleListingError, match="before the journal was created"):
+            await restored_sources(env.client, *ahead)

@@ -13,7 +13,7 @@ from gazette_consumer.checkpoint import (
 )
 from gazette_consumer.sequencer.read_tails import (
     TAIL_BYTES,
-    TAIL_KEEP_BYTES,
+    TAIL_CHUNKS,
     ReadTails,
     tail_digest,
 )
@@ -104,12 +104,19 @@ def test_read_tails_hold_the_bytes_below_offsets_of_the_chunks_consumed() -> Non
     tails.add("a/j", 5000, b"z" * 300)
     assert tails.fingerprint("a/j", 1700) is None
     assert tails.fingerprint("a/j", 5000 + TAIL_BYTES) == tail_digest(b"z" * TAIL_BYTES)
-    # Older chunks are kept only within TAIL_KEEP_BYTES below the newest one's start.
-    tails.add("a/j", 5300, b"y" * TAIL_KEEP_BYTES)
-    tails.add("a/j", 5300 + TAIL_KEEP_BYTES, b"x")
-    assert tails.fingerprint("a/j", 5300 + TAIL_BYTES) is not None
-    tails.add("a/j", 5301 + TAIL_KEEP_BYTES, b"w")
-    assert tails.fingerprint("a/j", 5300) is None
+    # Only the last TAIL_CHUNKS chunks are kept; a seed is held as one.
+    ys = TAIL_CHUNKS - 1
+    for i in range(ys):
+        tails.add("a/j", 5300 + i, b"y")
+    assert tails.fingerprint("a/j", 5300 + ys) is not None  # z's tail, and the y's.
+    tails.add("a/j", 5300 + ys, b"x")
+    assert tails.fingerprint("a/j", 5300 + ys) is None  # z's chunk is gone.
+    seeded = ReadTails()
+    seeded.seed("c/j", 700, b"s" * TAIL_BYTES)
+    seeded.add("c/j", 700 + TAIL_BYTES, b"t" * 10)
+    assert seeded.fingerprint("c/j", 705 + TAIL_BYTES) == tail_digest(
+        b"s" * (TAIL_BYTES - 5) + b"t" * 5
+    )
 
 
 def test_the_error_names_the_journal_and_both_revisions() -> None:
