@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Final
+from typing import Any, Final
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 from prometheus_client import Counter
@@ -50,6 +50,7 @@ from broker.client.list_apply import list_journals
 from broker.client.reader import DataLossError
 from broker.client.retry_reader import RetryReader
 from broker.client.route_cache import JournalClient
+from broker.logging import get_logger
 from broker.protocol import consumer_pb2 as cpb
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
@@ -74,6 +75,8 @@ __all__ = [
     "tails_now",
     "verify_source",
 ]
+
+_log = get_logger(__name__)
 
 # Field number of the create revision in a checkpoint's Source message: far above Gazette's
 # (1, 2), so that a field Gazette adds later is not mistaken for it.
@@ -152,6 +155,10 @@ class SourceFingerprints:
         out: dict[str, bytes] = {}
         for journal, source in cp.sources.items():
             offset = source.read_through
+            known = self._known.get(journal)
+            if known is not None and known[0] == offset:
+                out[journal] = known[1]  # Not moved: the bytes below it are the same.
+                continue
             fresh = self._take(journal, offset) if self._take is not None else None
             if fresh is not None:
                 self._known[journal] = (offset, fresh)
@@ -170,24 +177,22 @@ def known_fingerprints(cp: cpb.Checkpoint) -> dict[str, tuple[int, bytes]]:
 
 def fingerprints_of(cp: cpb.Checkpoint) -> dict[str, bytes]:
     """The fingerprints `cp` records (read_tails.py), by journal."""
-    out: dict[str, bytes] = {}
-    for journal, source in cp.sources.items():
-        unknown = UnknownFieldSet(source)
-        for i in range(len(unknown)):
-            field = unknown[i]
-            if field.field_number == FINGERPRINT_FIELD and field.wire_type == _BYTES:
-                out[journal] = bytes(field.data)
-    return out
+    return {j: bytes(data) for j, data in _our_fields(cp, FINGERPRINT_FIELD, _BYTES).items()}
 
 
 def create_revisions_of(cp: cpb.Checkpoint) -> dict[str, int]:
     """The create revisions `cp` records, by journal (journals without one are left out)."""
-    out: dict[str, int] = {}
+    return {j: int(data) for j, data in _our_fields(cp, CREATE_REVISION_FIELD, _VARINT).items()}
+
+
+def _our_fields(cp: cpb.Checkpoint, number: int, wire_type: int) -> dict[str, Any]:
+    """Per journal of `cp`, the data of its Source's unknown field `number` of `wire_type`."""
+    out: dict[str, Any] = {}
     for journal, source in cp.sources.items():
         unknown = UnknownFieldSet(source)
         for i in range(len(unknown)):
             field = unknown[i]
-            if field.field_number == CREATE_REVISION_FIELD and field.wire_type == _VARINT:
+            if field.field_number == number and field.wire_type == wire_type:
                 out[journal] = field.data
     return out
 
@@ -315,12 +320,22 @@ async def tails_now(
     that offset now, if their digest is the known one: what a reader resumed there is seeded
     with (ReadCommittedIter.seed_tail), so that its next checkpoint has a fingerprint even if
     it read fewer than TAIL_BYTES since (found by review: a commit soon after a start dropped
-    it). Tails that cannot be read or differ are left out; transient errors propagate."""
+    it). Tails that cannot be read (any error: logged) or differ are left out."""
     gate = asyncio.Semaphore(tail_reads_max)
 
     async def tail(journal: str, offset: int) -> bytes | None:
-        async with gate:
-            return await _tail_now(client, journal, offset, current.get(journal, 0))
+        try:
+            async with gate:
+                return await _tail_now(client, journal, offset, current.get(journal, 0))
+        except Exception as err:  # A seed is optional (found by review): never a failed start.
+            _log.warning(
+                "could not read the bytes below a source's checkpoint: its next checkpoint may"
+                " have no fingerprint",
+                journal=journal,
+                offset=offset,
+                error=repr(err),
+            )
+            return None
 
     asked = sorted((j, o, d) for j, (o, d) in known.items() if o > 0)
     found = await asyncio.gather(*(tail(j, o) for j, o, _ in asked))

@@ -10,26 +10,25 @@ content starts at the new journal's first offset or at the end of what its store
 the range just below the offset holds the bytes the shard read, nothing below the offset is
 new (see `source_revisions.py` for the argument and its limit).
 
-`ReadTails` keeps, per journal, references to the last `TAIL_CHUNKS` chunks consumed (no copy),
-which covers the offsets a checkpoint can stand at (the read-through offset of what was
-consumed, never more than a chunk or so behind the chunk being decoded), and bounds what it
-holds per source journal to a few chunks (a Read's chunks are at most 128 KiB). A reader
-resumed at a checkpoint is seeded with the bytes below it (`seed`, read again at its start and
-checked against the checkpoint's fingerprint), so a commit soon after a start has one too. An
-offset they do not cover (content skipped by an offset jump) has no fingerprint: the check
-then knows nothing, and falls back to the safe answer.
+`ReadTails` keeps, per journal, references to the last two chunks consumed (no copy) and a copy
+of the `TAIL_BYTES` before them (at most that many bytes copied per chunk), which covers the
+offsets a checkpoint can stand at (the read-through offset of what was consumed, never more
+than a chunk or so behind the chunk being decoded) whatever the chunks' sizes (a live journal
+of small appends is a chunk per append; found by review), and holds per source journal at
+most two chunks and `TAIL_BYTES`. A reader resumed at a checkpoint is seeded with the bytes
+below it (`seed`, read again at its start and checked against the checkpoint's fingerprint),
+so a commit soon after a start has one too. An offset they do not cover (content skipped by
+an offset jump) has no fingerprint: the check then knows nothing, and falls back to the safe
+answer.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from typing import Final
 
 TAIL_BYTES: Final = 256
 """The bytes below a checkpoint's offset its fingerprint covers (fewer only below offset 256)."""
-TAIL_CHUNKS: Final = 3
-"""The chunks consumed last kept per journal (the newest included)."""
 
 
 def tail_digest(content: bytes) -> bytes:
@@ -48,22 +47,25 @@ class ReadTails:
     __slots__ = ("_chunks",)
 
     def __init__(self) -> None:
-        # Per journal: contiguous (offset, content) chunks, oldest first.
-        self._chunks: dict[str, deque[tuple[int, bytes]]] = {}
+        # Per journal: contiguous (offset, content) pieces, oldest first: a copy of at most
+        # TAIL_BYTES, then the last two chunks consumed (fewer at first).
+        self._chunks: dict[str, list[tuple[int, bytes]]] = {}
 
     def add(self, journal: str, offset: int, content: bytes) -> None:
         """`content`, read at `offset`, was taken for decoding (chunks of a journal come in
         order; one after a gap drops those before it)."""
         if not content:
             return
-        chunks = self._chunks.get(journal)
-        if chunks is None:
-            chunks = self._chunks[journal] = deque()
-        elif chunks and chunks[-1][0] + len(chunks[-1][1]) != offset:
-            chunks.clear()
-        chunks.append((offset, content))
-        if len(chunks) > TAIL_CHUNKS:
-            chunks.popleft()
+        pieces = self._chunks.get(journal)
+        if pieces is None or (pieces and pieces[-1][0] + len(pieces[-1][1]) != offset):
+            pieces = self._chunks[journal] = []
+        pieces.append((offset, content))
+        if len(pieces) > 3:
+            # Fold the oldest two into a copy of their last TAIL_BYTES.
+            (at, first), (_, second) = pieces[0], pieces[1]
+            kept = (first[-TAIL_BYTES:] + second[-TAIL_BYTES:])[-TAIL_BYTES:]
+            end = at + len(first) + len(second)
+            pieces[:2] = [(end - len(kept), kept)]
 
     def seed(self, journal: str, offset: int, content: bytes) -> None:
         """Hold `content`, the journal's bytes at `offset`, before any chunk is consumed: the
@@ -74,13 +76,13 @@ class ReadTails:
         """The digest of the bytes consumed in `tail_range(offset)`, or None if they are not
         all held."""
         begin, end = tail_range(offset)
-        chunks = self._chunks.get(journal)
-        if end <= 0 or not chunks:
+        pieces = self._chunks.get(journal)
+        if end <= 0 or not pieces:
             return None
-        if chunks[0][0] > begin or chunks[-1][0] + len(chunks[-1][1]) < end:
+        if pieces[0][0] > begin or pieces[-1][0] + len(pieces[-1][1]) < end:
             return None
         parts = []
-        for at, content in chunks:
+        for at, content in pieces:
             stop = at + len(content)
             if stop <= begin:
                 continue

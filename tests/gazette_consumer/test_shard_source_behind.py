@@ -49,6 +49,7 @@ from gazette_consumer.source_revisions import (
     SourceRecreatedError,
     StaleListingError,
     StaleReadError,
+    create_revisions_of,
     fingerprints_of,
     restored_sources,
     verify_source,
@@ -509,6 +510,27 @@ async def test_a_shard_restarted_then_restored_over_its_store_resumes_after_a_sm
             assert await read_counts(engine, "shard-behind") == {"old": 5, "more": 1}
 
 
+async def test_a_live_journal_of_small_appends_keeps_a_fingerprint(tmp_path: Path) -> None:
+    """Found by review: a shard reading a journal as it is written takes a chunk per append;
+    tails bounded by a count of chunks held fewer than TAIL_BYTES of small ones, and the
+    checkpoint recorded no fingerprint."""
+    async with stored_journal(tmp_path) as (_cluster, client):
+        async with sqlite_engine(tmp_path) as engine, AppendService(client) as appends:
+            shard = _labelled(None)
+            changed = Notifier()
+            async with ShardRunner(CountingApp(engine), client, root="/test/live") as runner:
+                handle = runner.start(shard, on_change=changed.notify)
+                producer, end = Producer(appends, "o"), 0
+                for _ in range(8):
+                    begin, end = end, await _end(producer)
+                    assert end - begin < TAIL_BYTES // 3
+                    await changed.read_through(handle, JOURNAL, end)
+                checkpoint = await read_checkpoint(engine, runner.fqn(shard.id))
+                assert checkpoint is not None
+                assert checkpoint.sources[JOURNAL].read_through == end
+                assert JOURNAL in fingerprints_of(checkpoint)
+
+
 async def test_a_store_that_kept_part_of_what_was_read_is_not_taken_for_restored(
     tmp_path: Path,
 ) -> None:
@@ -618,3 +640,37 @@ async def test_a_read_answered_before_the_journal_was_created_is_not_taken(
         ahead = ({JOURNAL: end}, {JOURNAL: created - 1}, {JOURNAL: now + 100}, ask[3])
         with pytest.raises(StaleListingError, match="before the journal was created"):
             await restored_sources(env.client, *ahead)
+
+
+async def test_a_journal_made_a_source_again_after_it_was_created_again_is_checked(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a journal the checkpoint read that is no longer a source lost its
+    recorded revision at the next commit; made a source again after it was deleted and created
+    again, it was resumed at the old offset unchecked. Its revision is now carried."""
+    other = "in/other"
+    async with shard_env(tmp_path) as (env, engine, appends):
+        await env.journal(JOURNAL)
+        await env.journal(other)
+        both, alone = (
+            shard_spec("shard-behind", [JOURNAL, other]),
+            shard_spec("shard-behind", [other]),
+        )
+        changed = Notifier()
+        async with ShardRunner(CountingApp(engine), env.client, root="/test/again") as runner:
+            handle = runner.start(both, on_change=changed.notify)
+            for _ in range(4):
+                end = await _end(Producer(appends, "old"))
+            await changed.read_through(handle, JOURNAL, end)
+            await runner.stop(both.id)
+            handle = runner.start(alone, on_change=changed.notify)  # JOURNAL no longer a source,
+            other_end = (await (await Producer(appends, "o").committed(other, "o"))).commit.end
+            await changed.read_through(handle, other, other_end)  # and a commit since.
+            await runner.stop(alone.id)
+            checkpoint = await read_checkpoint(engine, runner.fqn(alone.id))
+            assert checkpoint is not None and JOURNAL in create_revisions_of(checkpoint)
+            await _recreate(env)
+            await _grow_past(appends, "new", end)
+            handle = runner.start(both, on_change=changed.notify)
+            await changed.until(lambda: handle.status().code == Code.FAILED)
+            assert "deleted and created again" in handle.status().errors[0]

@@ -13,7 +13,6 @@ from gazette_consumer.checkpoint import (
 )
 from gazette_consumer.sequencer.read_tails import (
     TAIL_BYTES,
-    TAIL_CHUNKS,
     ReadTails,
     tail_digest,
 )
@@ -104,13 +103,24 @@ def test_read_tails_hold_the_bytes_below_offsets_of_the_chunks_consumed() -> Non
     tails.add("a/j", 5000, b"z" * 300)
     assert tails.fingerprint("a/j", 1700) is None
     assert tails.fingerprint("a/j", 5000 + TAIL_BYTES) == tail_digest(b"z" * TAIL_BYTES)
-    # Only the last TAIL_CHUNKS chunks are kept; a seed is held as one.
-    ys = TAIL_CHUNKS - 1
-    for i in range(ys):
-        tails.add("a/j", 5300 + i, b"y")
-    assert tails.fingerprint("a/j", 5300 + ys) is not None  # z's tail, and the y's.
-    tails.add("a/j", 5300 + ys, b"x")
-    assert tails.fingerprint("a/j", 5300 + ys) is None  # z's chunk is gone.
+    # Whatever the chunks' sizes, the bytes below offsets in the last two are held (a live
+    # journal of small appends is a chunk each: found by review), older ones as a copy.
+    small = ReadTails()
+    for i in range(40):
+        small.add("d/j", 10 * i, bytes([i]) * 10)
+    want = b"".join(bytes([i]) * 10 for i in range(40))
+    assert small.fingerprint("d/j", 400) == tail_digest(want[400 - TAIL_BYTES :])
+    assert small.fingerprint("d/j", 385) == tail_digest(want[385 - TAIL_BYTES : 385])
+    assert small.fingerprint("d/j", 380) == tail_digest(want[380 - TAIL_BYTES : 380])
+    assert small.fingerprint("d/j", 379) is None  # Below the copy before the last two.
+    big = ReadTails()
+    for i in range(4):
+        big.add("e/j", 1000 * i, bytes([i]) * 1000)
+    assert big.fingerprint("e/j", 2000) == tail_digest(bytes([1]) * TAIL_BYTES)
+    assert big.fingerprint("e/j", 2000 + 3) == tail_digest(
+        bytes([1]) * (TAIL_BYTES - 3) + bytes([2]) * 3
+    )
+    assert big.fingerprint("e/j", 1999) is None  # Only TAIL_BYTES kept before the last two.
     seeded = ReadTails()
     seeded.seed("c/j", 700, b"s" * TAIL_BYTES)
     seeded.add("c/j", 700 + TAIL_BYTES, b"t" * 10)
