@@ -133,6 +133,8 @@ class CommitApplier:
         self._clock = clock
         self._stores = stores  # listed by a leader without a replica (the module docstring)
         self._listed_at: float | None = None  # when (loop time) they were listed last
+        # The replica and term the persister was last told this member leads (uploads) in.
+        self._expedited: tuple[Replica, int] | None = None
         # Whether this member completes fragments as the leader does (uploaded at once)
         # though it does not lead: the leader has no replica here to upload from (journals.py
         # sets it: the leader is outside the assigned route, and this broker is its primary).
@@ -179,6 +181,7 @@ class CommitApplier:
             return told
         replica = self._replica_of(node.journal)
         if replica is not None:
+            self._expedite_as_leader(replica)
             # Not `snapshot()`: a local fragment wider than stored ones drops them there
             # (found by audit: a member re-applying its log from the base rolled one fragment
             # over content the store held, and the leader's log, never compacted, filled).
@@ -192,6 +195,34 @@ class CommitApplier:
             node.on_stored(end)
             return end
         return told
+
+    def _expedite_as_leader(self, replica: Replica) -> None:
+        """Once per term this member leads (or uploads for the leader) with `replica`: what
+        its spool completed before, as a follower's (held for the persister's replica delay,
+        120 s), is uploaded now, as an all-replicas primary's pulse does
+        (`Persister.expedite`). The store lacks it when the former leader died before its own
+        upload (or set its copy aside at a restart): until it is stored, the log cannot
+        compact past it, and a full log refuses every append. Found by audit (2026-11-30):
+        members restarted under chaos re-applied their logs from the base as followers, then
+        led; the log stayed full for as long as restarts kept resetting that delay."""
+        node = self._node
+        if not (node.is_leader or self.uploads_for_leader):
+            self._expedited = None
+            return
+        key = (replica, node.member.term)
+        if self._expedited == key:
+            return
+        self._expedited = key
+        # The broker's Persister has it; a test's sink of completed spools may not.
+        expedite = getattr(replica.env.persister, "expedite", None)
+        if expedite is not None:
+            made_due = expedite(node.journal)
+            if made_due:
+                log.info(
+                    "quorum: leading; fragments completed as a follower's uploaded now",
+                    journal=node.journal,
+                    fragments=made_due,
+                )
 
     async def _listed(self) -> list[IndexedFragment]:
         """The journal's fragments in its stores, listed at most once per refresh interval of

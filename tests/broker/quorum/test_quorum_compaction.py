@@ -15,6 +15,8 @@ from broker_testkit import Cluster, journal_spec
 from broker.fragment.index import FragmentIndex, IndexedFragment
 from broker.fragment.spool import LocalFragment
 from broker.fragment.spool_file import MemorySpoolFile
+from broker.fragment.stores.base import Content, StoreError
+from broker.fragment.stores.file_store import FileStore
 from broker.fragment.stores.registry import new_registry
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
@@ -22,7 +24,12 @@ from broker.protocol.labels import label_set
 from broker.quorum_shell.apply import persisted_end
 from broker.quorum_shell.node import broker_quorum_config
 from broker.server import Broker
-from tests.broker.quorum.quorum_brokers_testkit import broker_name, term_record, until
+from tests.broker.quorum.quorum_brokers_testkit import (
+    append_until_ok,
+    broker_name,
+    term_record,
+    until,
+)
 
 log_bytes_max = 64 << 10
 append_bytes = 4 << 10
@@ -161,5 +168,93 @@ async def test_a_leader_without_a_replica_here_compacts_and_appends_go_on(
     node = leader.quorum.nodes[spec.name]
     assert node.is_leader  # the appends above were its own
     assert node.member.log.base.end > 0  # compacted: the store holds what it dropped
+    assert node.member.log.held_bytes <= log_bytes_max
+    assert node.commit_offset == total
+
+
+class OutageFileStore(FileStore):
+    """The file:// store as one broker reaches it: its uploads fail while `down`."""
+
+    down = False
+
+    async def _put(self, key: str, content: Content, content_encoding: str) -> None:
+        if self.down:
+            raise StoreError(f"{self.url}: down (test)")
+        await super()._put(key, content, content_encoding)
+
+
+async def test_a_new_leader_uploads_what_it_completed_as_a_follower(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Found by audit (2026-11-30; chaos: kill -9 and SIGSTOP of `gazette serve` brokers with
+    --data-dir): the leader died before uploading what it had committed; the member elected
+    next held that content in fragments it had completed as a follower's, which its persister
+    holds for the replica delay (120 s), and nothing made them due when it led (an
+    all-replicas primary's pulse expedites them; a quorum journal's pulse does not). The
+    store lacked them, the log could not compact past them, and once full it refused every
+    append RESOURCE_EXHAUSTED until the delay passed; under restarts (each restart re-applies
+    the log as a follower's and starts the delay again) for good."""
+    (tmp_path / "frags").mkdir()
+    registries = []
+    brokers = []
+    for i in range(3):
+        registry = new_registry(file_root=tmp_path)
+        registry.register("file", lambda url: OutageFileStore(url, root=tmp_path))
+        registries.append(registry)
+        cluster.stores = registry
+        brokers.append(await cluster.start_broker(f"zone-{i}", f"broker-{i}", persist_drain_s=1.0))
+    small = replace(broker_quorum_config(), log_bytes_max=log_bytes_max)
+    for b in brokers:
+        b.quorum.quorum_config = small
+    spec = journal_spec(
+        "quorum/new-leader", replication=3, length=16 << 10, stores=["file:///frags/"]
+    )
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    await append_until_ok(cluster, brokers[0], spec.name, b"x" * append_bytes)
+    await until(
+        "the register settled with a leader",
+        lambda: (
+            (r := term_record(brokers[0], spec.name)) is not None and bool(r.leader) and r.settled
+        ),
+    )
+    record = term_record(brokers[0], spec.name)
+    assert record is not None
+    i_old = next(i for i, b in enumerate(brokers) if broker_name(b) == record.leader)
+    old = brokers[i_old]
+    # The leader's uploads fail from here: the followers hold the only copies outside it.
+    store = registries[i_old].get("file:///frags/")
+    assert isinstance(store, OutageFileStore)
+    store.down = True
+    total = append_bytes
+    while total < log_bytes_max // 2:
+        await _append_with_retry(cluster, old, spec.name, b"y" * append_bytes)
+        total += append_bytes
+    others = [b for b in brokers if b is not old]
+    # Both followers completed fragments of it (held for the replica delay).
+    await until(
+        "the followers applied it",
+        lambda: all(b.quorum.appliers[spec.name].applied == total for b in others),
+    )
+    await cluster.stop_broker(old)  # Gone with its copy (its drain fails: the store is down).
+
+    await append_until_ok(cluster, others[0], spec.name, b"z" * append_bytes)
+    total += append_bytes
+    await until(
+        "a new leader",
+        lambda: (
+            (r := term_record(others[0], spec.name)) is not None
+            and bool(r.leader)
+            and r.leader != record.leader
+        ),
+    )
+    new_record = term_record(others[0], spec.name)
+    assert new_record is not None
+    leader = next(b for b in others if broker_name(b) == new_record.leader)
+    while total <= 4 * log_bytes_max:
+        await _append_with_retry(cluster, leader, spec.name, b"w" * append_bytes)
+        total += append_bytes
+    node = leader.quorum.nodes[spec.name]
+    assert node.member.log.base.end > 0  # Compacted: the store holds what it dropped.
     assert node.member.log.held_bytes <= log_bytes_max
     assert node.commit_offset == total
