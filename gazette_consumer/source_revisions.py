@@ -365,7 +365,7 @@ async def _tail_now(
                     return None  # Ended short, or jumped over content lost.
                 parts.append(chunk.content)
                 at += len(chunk.content)
-        served_at = reader.response.header.etcd.revision
+        served_at = reader.header.etcd.revision
         if 0 < served_at < incarnation:
             raise StaleListingError(
                 f"reading {journal}: answered from etcd revision {served_at}, before the"

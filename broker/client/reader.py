@@ -304,6 +304,10 @@ class Reader:
         self.request = pb.ReadRequest()
         self.request.CopyFrom(request)
         self.response = pb.ReadResponse()
+        # The header of the latest response that carried one: a broker sends it with its first
+        # metadata response only, and `response` moves on to later ones (a fragment persisted
+        # under the read is answered again, without it).
+        self.header = pb.Header()
         self.jumps = 0
         # OK responses received (metadata or content): lets a retrying caller tell a stream
         # that made progress from one that failed or ended before it got going.
@@ -366,6 +370,7 @@ class Reader:
                 self.ok_responses += 1
             self._last = response
             if response.HasField("header"):
+                self.header = response.header
                 self.client.update_route(self.request.journal, response.header)
             if response.offset > self.request.offset:
                 if self.request.offset != -1:  # A read of -1 resolving is no jump.

@@ -194,6 +194,11 @@ class RetryReader:
         return self.reader.response
 
     @property
+    def header(self) -> pb.Header:
+        """The header of the latest response that carried one (Reader.header)."""
+        return self.reader.header
+
+    @property
     def jumps(self) -> int:
         return self.reader.jumps
 
@@ -243,7 +248,7 @@ class RetryReader:
     async def _verify_journal(self) -> None:
         assert self._verify is not None
         # The current RPC's answer's revision (before it answers: the last RPC's, kept).
-        await self._verify(self.journal, self.reader.response.header.etcd.revision)
+        await self._verify(self.journal, self.reader.header.etcd.revision)
         self._verify_pending = False
         self._verified_at = self._clock()
 
@@ -329,6 +334,7 @@ class RetryReader:
         self.reader = self._new_reader(request)
         self.reader.jumps = spent.jumps
         self.reader.response = spent.response
+        self.reader.header = spent.header
         self.restarts += 1
         return progressed
 
