@@ -456,19 +456,38 @@ async def test_a_journal_restored_over_its_fragment_store_is_resumed_exactly_onc
             async with ShardRunner(CountingApp(engine), client, root="/test/same") as runner:
                 handle = runner.start(shard, on_change=changed.notify)
                 await changed.read_through(handle, JOURNAL, end)
-                checkpoint = await read_checkpoint(engine, runner.fqn(shard.id))
-                assert checkpoint is not None and JOURNAL in fingerprints_of(checkpoint)
-                await _recreate_over_store(cluster, tmp_path, end)
-                await wait_until(lambda: _listed(cluster))
-                # As in Gazette, its spool starts empty below an index that holds [0, end):
-                # appends are refused until an operator confirms the journal's end.
-                assert await reset_head(client, JOURNAL) == (end, "reset")
-                last = await _end(Producer(appends, "more"))
-                assert last > end  # Appended past the restored content.
-                await changed.read_through(handle, JOURNAL, last)
-                assert handle.status().code != Code.FAILED, handle.status().errors
+                await _restored_then_read_on(
+                    cluster, tmp_path, engine, client, runner, handle, changed, end
+                )
                 assert RESTORED_TOTAL.labels(JOURNAL)._value.get() == before + 1
             assert await read_counts(engine, "shard-behind") == {"old": 4, "more": 1}
+
+
+async def _restored_then_read_on(
+    cluster: Cluster,
+    tmp_path: Path,
+    engine: Engine,
+    client: JournalClient,
+    runner: ShardRunner,
+    handle: LocalShard,
+    changed: Notifier,
+    end: int,
+) -> None:
+    """The shard read JOURNAL through `end` (committed, with a fingerprint); the journal is
+    created again over its store, a message "more" is appended past `end`, and the shard reads
+    it without failing."""
+    checkpoint = await read_checkpoint(engine, runner.fqn(handle.id))
+    assert checkpoint is not None and JOURNAL in fingerprints_of(checkpoint)
+    await _recreate_over_store(cluster, tmp_path, end)
+    await wait_until(lambda: _listed(cluster))
+    # As in Gazette, its spool starts empty below an index that holds [0, end): appends are
+    # refused until an operator confirms the journal's end.
+    assert await reset_head(client, JOURNAL) == (end, "reset")
+    async with AppendService(client) as appends:
+        last = await _end(Producer(appends, "more"))
+    assert last > end  # Appended past the restored content.
+    await changed.read_through(handle, JOURNAL, last)
+    assert handle.status().code != Code.FAILED, handle.status().errors
 
 
 def _listed(cluster: Cluster) -> bool:
@@ -499,14 +518,9 @@ async def test_a_shard_restarted_then_restored_over_its_store_resumes_after_a_sm
                 small = await _end(old)
                 assert small - end < TAIL_BYTES
                 await changed.read_through(handle, JOURNAL, small)
-                checkpoint = await read_checkpoint(engine, runner.fqn(shard.id))
-                assert checkpoint is not None and JOURNAL in fingerprints_of(checkpoint)
-                await _recreate_over_store(cluster, tmp_path, small)
-                await wait_until(lambda: _listed(cluster))
-                assert await reset_head(client, JOURNAL) == (small, "reset")
-                last = await _end(Producer(appends, "more"))
-                await changed.read_through(handle, JOURNAL, last)
-                assert handle.status().code != Code.FAILED, handle.status().errors
+                await _restored_then_read_on(
+                    cluster, tmp_path, engine, client, runner, handle, changed, small
+                )
             assert await read_counts(engine, "shard-behind") == {"old": 5, "more": 1}
 
 

@@ -21,6 +21,7 @@ from broker.fragment.stores.registry import new_registry
 from broker.protocol import labels as gl
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import label_set
+from broker.quorum.register import TermRecord
 from broker.quorum_shell.apply import persisted_end
 from broker.quorum_shell.node import broker_quorum_config
 from broker.server import Broker
@@ -140,23 +141,7 @@ async def test_a_leader_without_a_replica_here_compacts_and_appends_go_on(
     (tmp_path / "frags").mkdir()
     cluster.stores = new_registry(file_root=tmp_path)
     brokers = [await cluster.start_broker(f"zone-{i}", f"broker-{i}") for i in range(3)]
-    small = replace(broker_quorum_config(), log_bytes_max=log_bytes_max)
-    for b in brokers:
-        b.quorum.quorum_config = small
-    spec = journal_spec(
-        "quorum/kept-leader", replication=3, length=16 << 10, stores=["file:///frags/"]
-    )
-    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-    await cluster.create(spec, brokers)
-    await _append_with_retry(cluster, brokers[0], spec.name, b"x" * append_bytes)
-    await until(
-        "the register settled with a leader",
-        lambda: (
-            (r := term_record(brokers[0], spec.name)) is not None and bool(r.leader) and r.settled
-        ),
-    )
-    record = term_record(brokers[0], spec.name)
-    assert record is not None
+    spec, record = await _small_log_journal(cluster, brokers, "quorum/kept-leader")
     leader = next(b for b in brokers if broker_name(b) == record.leader)
     await cluster.assign(spec.name, [b for b in brokers if b is not leader])
     assert spec.name in leader.quorum.kept and spec.name not in leader.resolver.replicas
@@ -170,6 +155,29 @@ async def test_a_leader_without_a_replica_here_compacts_and_appends_go_on(
     assert node.member.log.base.end > 0  # compacted: the store holds what it dropped
     assert node.member.log.held_bytes <= log_bytes_max
     assert node.commit_offset == total
+
+
+async def _small_log_journal(
+    cluster: Cluster, brokers: list[Broker], name: str
+) -> tuple[pb.JournalSpec, TermRecord]:
+    """A quorum journal of `brokers` (whose logs hold at most `log_bytes_max`) in the
+    file:// store, with one append committed: its spec, and its settled term's record."""
+    small = replace(broker_quorum_config(), log_bytes_max=log_bytes_max)
+    for b in brokers:
+        b.quorum.quorum_config = small
+    spec = journal_spec(name, replication=3, length=16 << 10, stores=["file:///frags/"])
+    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
+    await cluster.create(spec, brokers)
+    await append_until_ok(cluster, brokers[0], spec.name, b"x" * append_bytes)
+    await until(
+        "the register settled with a leader",
+        lambda: (
+            (r := term_record(brokers[0], spec.name)) is not None and bool(r.leader) and r.settled
+        ),
+    )
+    record = term_record(brokers[0], spec.name)
+    assert record is not None
+    return spec, record
 
 
 class OutageFileStore(FileStore):
@@ -203,23 +211,7 @@ async def test_a_new_leader_uploads_what_it_completed_as_a_follower(
         registries.append(registry)
         cluster.stores = registry
         brokers.append(await cluster.start_broker(f"zone-{i}", f"broker-{i}", persist_drain_s=1.0))
-    small = replace(broker_quorum_config(), log_bytes_max=log_bytes_max)
-    for b in brokers:
-        b.quorum.quorum_config = small
-    spec = journal_spec(
-        "quorum/new-leader", replication=3, length=16 << 10, stores=["file:///frags/"]
-    )
-    spec.labels.CopyFrom(label_set([(gl.REPLICATION_MODE, gl.REPLICATION_MODE_QUORUM)]))
-    await cluster.create(spec, brokers)
-    await append_until_ok(cluster, brokers[0], spec.name, b"x" * append_bytes)
-    await until(
-        "the register settled with a leader",
-        lambda: (
-            (r := term_record(brokers[0], spec.name)) is not None and bool(r.leader) and r.settled
-        ),
-    )
-    record = term_record(brokers[0], spec.name)
-    assert record is not None
+    spec, record = await _small_log_journal(cluster, brokers, "quorum/new-leader")
     i_old = next(i for i, b in enumerate(brokers) if broker_name(b) == record.leader)
     old = brokers[i_old]
     # The leader's uploads fail from here: the followers hold the only copies outside it.
